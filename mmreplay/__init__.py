@@ -1,0 +1,41 @@
+"""mmreplay: a disk-persistent, memory-mapped replay store for reinforcement learning."""
+
+from .errors import (
+    BadInputError,
+    ClosedError,
+    CorruptBufferError,
+    DiskFullError,
+    Error,
+    LockedError,
+    NotABufferError,
+    NotEnoughDataError,
+    ReadOnlyError,
+    SpecError,
+    SpecMismatchError,
+    UnsupportedFormatError,
+)
+from .spec import ArraySpec, to_spec
+from .store import BufferExistsError, Store, create, open
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArraySpec",
+    "Store",
+    "create",
+    "open",
+    "to_spec",
+    "Error",
+    "BadInputError",
+    "BufferExistsError",
+    "ClosedError",
+    "CorruptBufferError",
+    "DiskFullError",
+    "LockedError",
+    "NotABufferError",
+    "NotEnoughDataError",
+    "ReadOnlyError",
+    "SpecError",
+    "SpecMismatchError",
+    "UnsupportedFormatError",
+]

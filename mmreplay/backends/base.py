@@ -1,0 +1,285 @@
+"""The leaf-array contract shared by the backends.
+
+A leaf is one ``[capacity, num_envs, *shape]`` array used as a ring of slots. The store
+talks to leaves only through :class:`Leaf`; the backends decide how the bytes are laid
+out and hand back either a :class:`MappedLeaf` (uncompressed, local: a numpy view of a
+memory map, so reads and writes are plain numpy) or a :class:`ChunkedLeaf` (compressed:
+whole chunks decoded and encoded through zarr / h5py, with writes staged in RAM).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import CorruptBufferError, DiskFullError, SpecError
+from ..metadata import LeafInfo
+
+__all__ = [
+    "Leaf",
+    "MappedLeaf",
+    "ChunkedLeaf",
+    "Compression",
+    "parse_compression",
+    "map_file",
+    "preallocate",
+]
+
+CHUNK_CACHE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Compression:
+    """A parsed compression setting: ``"zstd"``, ``"zstd:5"``, ``"blosc"``,
+    ``"blosc:lz4:5"``, ``"gzip:4"`` or ``"lzf"``."""
+
+    codec: str
+    level: int | None = None
+    cname: str | None = None
+
+    def __str__(self) -> str:
+        parts = [self.codec] + ([self.cname] if self.cname else []) + (
+            [str(self.level)] if self.level is not None else []
+        )
+        return ":".join(parts)
+
+
+_CODECS = ("zstd", "blosc", "gzip", "lzf")
+_BLOSC_CNAMES = ("zstd", "lz4", "lz4hc", "blosclz", "zlib")
+
+
+def parse_compression(text: str) -> Compression:
+    parts = text.lower().split(":")
+    codec, rest = parts[0], parts[1:]
+    if codec not in _CODECS:
+        raise SpecError(f"compression {text!r}: expected one of {', '.join(_CODECS)}")
+    cname = None
+    if codec == "blosc":
+        cname = "zstd"
+        if rest and not rest[0].isdigit():
+            cname = rest.pop(0)
+            if cname not in _BLOSC_CNAMES:
+                raise SpecError(
+                    f"compression {text!r}: blosc compressor must be one of {', '.join(_BLOSC_CNAMES)}"
+                )
+    level = None
+    if rest:
+        if len(rest) > 1 or not rest[0].lstrip("-").isdigit() or codec == "lzf":
+            raise SpecError(f"compression {text!r}: expected CODEC[:LEVEL], e.g. 'zstd:3'")
+        level = int(rest[0])
+    return Compression(codec, level, cname)
+
+
+class Leaf(Protocol):
+    """What the store needs of a leaf. Slots are step indices into the ring."""
+
+    info: LeafInfo
+
+    def read(self, slots: Any) -> np.ndarray:
+        """Rows at ``slots`` (an int, a slice or an index array), as a new array."""
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        """Write ``values[i]`` to slot ``start + i`` (no wrap: the store splits)."""
+
+    def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """Write ``values[i]`` to ``slots[i]`` (for ``set``)."""
+
+    def flush(self, fsync: bool) -> None:
+        """Make every write so far reach the file (and the disk with ``fsync``)."""
+
+    def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
+        """Forget cached copies of the slot ranges ``[a, b)`` (a reader's refresh)."""
+
+    def close(self) -> None: ...
+
+
+def preallocate(fd: int, length: int, where: str) -> None:
+    """Reserve the file's blocks now, so a full disk is an error here, not a SIGBUS later."""
+    if length <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, length)
+    except OSError as exc:
+        if exc.errno in (28, 122):  # ENOSPC, EDQUOT
+            free = os.fstatvfs(fd)
+            raise DiskFullError(
+                f"{where}: needs {length} bytes, the file system has "
+                f"{free.f_bavail * free.f_frsize} free"
+            ) from None
+        if exc.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: no fallocate here; extend
+            raise
+        if os.fstat(fd).st_size < length:
+            os.ftruncate(fd, length)
+
+
+def map_file(path: str, writable: bool, need: int) -> mmap.mmap | None:
+    """Map a whole data file, checking it holds at least ``need`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    except FileNotFoundError:
+        raise CorruptBufferError(f"{path}: data file is missing") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size < need:
+            raise CorruptBufferError(
+                f"{path}: data file is truncated: expected at least {need} bytes, found {size}"
+            )
+        if size == 0:
+            return None
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+
+
+class MappedLeaf:
+    """A leaf whose bytes are one C-order block of a memory-mapped file."""
+
+    def __init__(self, info: LeafInfo, capacity: int, num_envs: int, mm: mmap.mmap | None):
+        self.info = info
+        self.mm = mm
+        shape = (capacity, num_envs, *info.spec.shape)
+        dtype = info.spec.dtype.newbyteorder("<")
+        if mm is None:  # zero-byte leaf
+            self.array = np.zeros(shape, dtype)
+        else:
+            self.array = np.ndarray(shape, dtype, buffer=mm, offset=info.offset or 0)
+
+    def read(self, slots: Any) -> np.ndarray:
+        return self.array[slots]
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        self.array[start : start + len(values)] = values
+
+    def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
+        self.array[slots] = values
+
+    def flush(self, fsync: bool) -> None:
+        if fsync and self.mm is not None:
+            self.mm.flush()
+
+    def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
+        pass  # a shared mapping is never stale
+
+    def close(self) -> None:
+        self.array = None  # type: ignore[assignment]
+        if self.mm is not None:
+            try:
+                self.mm.close()
+            except BufferError:
+                pass  # a caller still holds a view; the mapping closes with it
+            self.mm = None
+
+
+class ChunkedLeaf:
+    """A compressed leaf, read and written as whole chunks along the step axis.
+
+    ``array`` is anything with numpy slicing over ``[capacity, num_envs, *shape]`` that
+    encodes a chunk per ``array[a:b] = ...`` (a zarr array or an h5py dataset). Writes go
+    to decoded chunks staged in RAM; a chunk is encoded once, when the write head leaves
+    it or at flush. Reads keep an LRU of decoded chunks.
+    """
+
+    def __init__(self, info: LeafInfo, capacity: int, array: Any, on_flush: Any = None):
+        self.info = info
+        self.capacity = capacity
+        self.cs = info.chunk_steps
+        self.nchunks = -(-capacity // self.cs)
+        self.array = array
+        self.on_flush = on_flush
+        self.staged: dict[int, np.ndarray] = {}
+        self.written: set[int] = set()  # chunks encoded since the last flush
+        self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        chunk_bytes = self.cs * max(1, int(np.prod(array.shape[1:]))) * info.spec.dtype.itemsize
+        self.cache_chunks = max(2, CHUNK_CACHE_BYTES // max(1, chunk_bytes))
+
+    def _bounds(self, k: int) -> tuple[int, int]:
+        return k * self.cs, min((k + 1) * self.cs, self.capacity)
+
+    def _decoded(self, k: int) -> np.ndarray:
+        staged = self.staged.get(k)
+        if staged is not None:
+            return staged
+        chunk = self.cache.get(k)
+        if chunk is None:
+            a, b = self._bounds(k)
+            chunk = np.asarray(self.array[a:b])
+            self.cache[k] = chunk
+            if len(self.cache) > self.cache_chunks:
+                self.cache.popitem(last=False)
+        else:
+            self.cache.move_to_end(k)
+        return chunk
+
+    def read(self, slots: Any) -> np.ndarray:
+        if isinstance(slots, slice):
+            slots = np.arange(self.capacity)[slots]
+        idx = np.asarray(slots, dtype=np.int64)
+        scalar = idx.ndim == 0
+        flat = idx.reshape(-1) % self.capacity
+        out = np.empty((flat.size, *self.array.shape[1:]), self.info.spec.dtype)
+        chunk_of = flat // self.cs
+        for k in np.unique(chunk_of):
+            sel = chunk_of == k
+            out[sel] = self._decoded(int(k))[flat[sel] - k * self.cs]
+        out = out.reshape(idx.shape + out.shape[1:])
+        return out[()] if scalar else out
+
+    def _stage(self, k: int) -> np.ndarray:
+        chunk = self.staged.get(k)
+        if chunk is None:
+            chunk = np.array(self._decoded(k))  # a private copy
+            self.cache.pop(k, None)
+            self.staged[k] = chunk
+        return chunk
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        pos, end = start, start + len(values)
+        while pos < end:
+            k = pos // self.cs
+            a, b = self._bounds(k)
+            n = min(end, b) - pos
+            self._stage(k)[pos - a : pos - a + n] = values[pos - start : pos - start + n]
+            pos += n
+            if pos == b:  # the write head leaves chunk k: encode it now
+                self._encode(k)
+
+    def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
+        chunk_of = slots // self.cs
+        for k in np.unique(chunk_of):
+            sel = chunk_of == k
+            self._stage(int(k))[slots[sel] - k * self.cs] = values[sel]
+
+    def _encode(self, k: int) -> None:
+        chunk = self.staged.pop(k)
+        a, b = self._bounds(k)
+        self.array[a:b] = chunk
+        self.written.add(k)
+        self.cache[k] = chunk
+
+    def flush(self, fsync: bool) -> None:
+        for k in list(self.staged):
+            chunk = self.staged[k]
+            a, b = self._bounds(k)
+            self.array[a:b] = chunk  # stays staged: the head is still inside it
+            self.written.add(k)
+        if self.on_flush is not None:
+            self.on_flush(fsync, self.written)
+        self.written = set()
+
+    def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
+        for a, b in slots:
+            for k in range(a // self.cs, (b - 1) // self.cs + 1):
+                self.cache.pop(k, None)
+        refresh = getattr(self.array, "refresh", None)
+        if refresh is not None:
+            refresh()
+
+    def close(self) -> None:
+        self.staged.clear()
+        self.cache.clear()

@@ -1,0 +1,238 @@
+"""HDF5 backend: ``data.h5``, one dataset per leaf path.
+
+An uncompressed leaf is a contiguous dataset allocated at creation, so it sits at a fixed
+file offset and is memory-mapped; h5py is not involved after creation. A compressed leaf
+is a chunked dataset written through h5py in SWMR mode: HDF5 then orders its own
+metadata writes so the file stays readable if the writer dies, and readers open it with
+``swmr=True``. A writer killed in SWMR mode leaves the superblock's "open for write"
+flag set; the next writer (which holds the buffer's lock, so the old one is gone)
+clears it, as ``h5clear -s`` would.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import replace
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..errors import CorruptBufferError
+from ..metadata import LeafInfo, Metadata
+from .base import ChunkedLeaf, Leaf, MappedLeaf, map_file, parse_compression, preallocate
+
+DATA_FILE = "data.h5"
+
+
+def _compression(text: str) -> dict[str, Any]:
+    c = parse_compression(text)
+    if c.codec == "gzip":
+        return {"compression": "gzip", "compression_opts": 4 if c.level is None else c.level}
+    if c.codec == "lzf":
+        return {"compression": "lzf"}
+    try:
+        import hdf5plugin
+    except ImportError:
+        raise ImportError(
+            f"compression {text!r} in the hdf5 backend needs hdf5plugin: "
+            "pip install 'mmreplay[hdf5plugin]' (gzip and lzf need nothing)"
+        ) from None
+    if c.codec == "zstd":
+        return dict(hdf5plugin.Zstd(clevel=3 if c.level is None else c.level))
+    return dict(
+        hdf5plugin.Blosc(
+            cname=c.cname or "zstd",
+            clevel=5 if c.level is None else c.level,
+            shuffle=hdf5plugin.Blosc.SHUFFLE,
+        )
+    )
+
+
+def check_compression(text: str) -> None:
+    _compression(text)
+
+
+def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
+    path = os.path.join(folder, DATA_FILE)
+    out = []
+    with h5py.File(path, "w-", libver="latest") as f:
+        for leaf in leaves:
+            dtype = leaf.spec.dtype.newbyteorder("<")
+            shape = (capacity, num_envs, *leaf.spec.shape)
+            if leaf.compression is not None:
+                f.create_dataset(
+                    leaf.path,
+                    shape=shape,
+                    dtype=dtype,
+                    chunks=(leaf.chunk_steps, num_envs, *leaf.spec.shape),
+                    fillvalue=np.zeros((), dtype)[()],
+                    **_compression(leaf.compression),
+                )
+                out.append(replace(leaf, file=DATA_FILE, offset=None))
+                continue
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_layout(h5py.h5d.CONTIGUOUS)
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+            parent, _, name = leaf.path.rpartition("/")
+            group = f.require_group(parent) if parent else f
+            dsid = h5py.h5d.create(
+                group.id,
+                name.encode(),
+                h5py.h5t.py_create(dtype),
+                h5py.h5s.create_simple(shape),
+                dcpl=dcpl,
+            )
+            offset = dsid.get_offset()
+            out.append(replace(leaf, file=DATA_FILE, offset=0 if offset is None else int(offset)))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        preallocate(fd, os.fstat(fd).st_size, path)
+    finally:
+        os.close(fd)
+    return out
+
+
+def leaf_nbytes(meta: Metadata, leaf: LeafInfo) -> int:
+    return meta.capacity * meta.num_envs * leaf.spec.nbytes
+
+
+class _SwmrFile:
+    """The h5py handle of the compressed leaves, shared by them."""
+
+    def __init__(self, path: str, writable: bool):
+        self.path = path
+        try:
+            if writable:
+                clear_status_flags(path)
+                self.file = h5py.File(path, "r+", libver="latest")
+                self.file.swmr_mode = True
+            else:
+                self.file = h5py.File(path, "r", libver="latest", swmr=True)
+        except OSError as exc:
+            raise CorruptBufferError(f"{path}: cannot open HDF5 file: {exc}") from None
+
+    def flush(self, fsync: bool, chunks: set[int]) -> None:
+        self.file.flush()
+        if fsync:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except Exception:
+            pass
+
+
+def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
+    path = os.path.join(folder, DATA_FILE)
+    mapped = [leaf for leaf in meta.leaves if leaf.mapped]
+    need = max(((leaf.offset or 0) + leaf_nbytes(meta, leaf) for leaf in mapped), default=0)
+    mm = map_file(path, writable, need) if mapped else None
+    handle = _SwmrFile(path, writable) if len(mapped) < len(meta.leaves) else None
+    out: list[Leaf] = []
+    for leaf in meta.leaves:
+        if leaf.mapped:
+            out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm))
+            continue
+        assert handle is not None
+        dset = handle.file.get(leaf.path)
+        expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
+        if not isinstance(dset, h5py.Dataset) or dset.shape != expected or dset.dtype != leaf.spec.dtype:
+            found = "nothing" if dset is None else f"{getattr(dset, 'shape', '?')} {getattr(dset, 'dtype', '?')}"
+            raise CorruptBufferError(f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype}, found {found}")
+        out.append(ChunkedLeaf(leaf, meta.capacity, dset, handle.flush))
+    if handle is not None:
+        out.append(_Closer(handle))  # type: ignore[arg-type]
+    return out
+
+
+class _Closer:
+    """Closes the shared h5py handle after the leaves (the store closes every entry)."""
+
+    info = None
+
+    def __init__(self, handle: _SwmrFile):
+        self.handle = handle
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def data_paths(folder: str, meta: Metadata) -> list[str]:
+    return [os.path.join(folder, DATA_FILE)]
+
+
+# --- superblock status flags (what h5clear -s does) -------------------------------------
+
+_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def clear_status_flags(path: str) -> bool:
+    """Clear the "open for write" flags a dead SWMR writer left; True if it did.
+
+    Only version 2 and 3 superblocks (``libver="latest"``) carry the flags and a
+    checksum; the checksum is verified first, so a damaged superblock is never blessed.
+    """
+    with open(path, "r+b") as f:
+        head = f.read(48)
+        if len(head) < 12 or head[:8] != _SIGNATURE or head[8] not in (2, 3):
+            return False
+        size = 12 + 4 * head[9] + 4
+        f.seek(0)
+        block = f.read(size)
+        if len(block) < size or head[11] == 0:
+            return False
+        (stored,) = struct.unpack("<I", block[-4:])
+        if lookup3(block[:-4]) != stored:
+            raise CorruptBufferError(f"{path}: HDF5 superblock checksum mismatch")
+        fixed = block[:11] + b"\x00" + block[12:-4]
+        f.seek(0)
+        f.write(fixed + struct.pack("<I", lookup3(fixed)))
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def lookup3(data: bytes, initval: int = 0) -> int:
+    """Bob Jenkins' lookup3 ``hashlittle``, the checksum of HDF5 metadata."""
+    m = 0xFFFFFFFF
+
+    def rot(x: int, k: int) -> int:
+        return ((x << k) | (x >> (32 - k))) & m
+
+    length = len(data)
+    a = b = c = (0xDEADBEEF + length + initval) & m
+    i = 0
+    while length > 12:
+        a = (a + int.from_bytes(data[i : i + 4], "little")) & m
+        b = (b + int.from_bytes(data[i + 4 : i + 8], "little")) & m
+        c = (c + int.from_bytes(data[i + 8 : i + 12], "little")) & m
+        a = (a - c) & m; a ^= rot(c, 4); c = (c + b) & m  # noqa: E702
+        b = (b - a) & m; b ^= rot(a, 6); a = (a + c) & m  # noqa: E702
+        c = (c - b) & m; c ^= rot(b, 8); b = (b + a) & m  # noqa: E702
+        a = (a - c) & m; a ^= rot(c, 16); c = (c + b) & m  # noqa: E702
+        b = (b - a) & m; b ^= rot(a, 19); a = (a + c) & m  # noqa: E702
+        c = (c - b) & m; c ^= rot(b, 4); b = (b + a) & m  # noqa: E702
+        length -= 12
+        i += 12
+    if length == 0:
+        return c
+    tail = data[i:] + b"\x00" * (12 - length)
+    a = (a + int.from_bytes(tail[0:4], "little")) & m
+    b = (b + int.from_bytes(tail[4:8], "little")) & m
+    c = (c + int.from_bytes(tail[8:12], "little")) & m
+    c ^= b; c = (c - rot(b, 14)) & m  # noqa: E702
+    a ^= c; a = (a - rot(c, 11)) & m  # noqa: E702
+    b ^= a; b = (b - rot(a, 25)) & m  # noqa: E702
+    c ^= b; c = (c - rot(b, 16)) & m  # noqa: E702
+    a ^= c; a = (a - rot(c, 4)) & m  # noqa: E702
+    b ^= a; b = (b - rot(a, 14)) & m  # noqa: E702
+    c ^= b; c = (c - rot(b, 24)) & m  # noqa: E702
+    return c

@@ -1,0 +1,55 @@
+"""The error hierarchy: one base class, each error also the matching built-in.
+
+A caller can catch ``mmreplay.Error`` for everything the library raises on purpose, or
+the familiar built-in (``ValueError``, ``FileNotFoundError``...) it derives from.
+"""
+
+from __future__ import annotations
+
+
+class Error(Exception):
+    """Base class of every error mmreplay raises on purpose."""
+
+
+class SpecError(Error, TypeError):
+    """A data spec that cannot be stored (not array-like, bad leaf path, bad dtype)."""
+
+
+class SpecMismatchError(Error, ValueError):
+    """A spec or value that does not match the buffer's spec."""
+
+
+class BadInputError(Error, ValueError):
+    """A value given to ``add`` / ``extend`` / ``set`` that does not fit the spec."""
+
+
+class LockedError(Error, BlockingIOError):
+    """Another writer holds the buffer."""
+
+
+class NotABufferError(Error, FileNotFoundError):
+    """The path holds no mmreplay buffer."""
+
+
+class CorruptBufferError(Error, OSError):
+    """The buffer's files are damaged or inconsistent with its metadata."""
+
+
+class UnsupportedFormatError(Error, ValueError):
+    """The buffer was written by a format version this release cannot read."""
+
+
+class ReadOnlyError(Error, PermissionError):
+    """A write was attempted on a buffer opened read-only."""
+
+
+class ClosedError(Error, ValueError):
+    """An operation on a closed store."""
+
+
+class NotEnoughDataError(Error, ValueError):
+    """A read that asks for more committed data than the buffer holds."""
+
+
+class DiskFullError(Error, OSError):
+    """The file system has no room for the buffer's files."""

@@ -1,0 +1,71 @@
+"""The single-writer lock: an OS ``flock`` on ``.lock``, so a dead holder never blocks.
+
+The file keeps the holder's pid for error messages only; whether the lock is held is
+decided by the kernel, which drops it when the holder's process ends however it ends.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+from .errors import LockedError
+
+LOCK_FILE = ".lock"
+
+
+class WriterLock:
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, LOCK_FILE)
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            who = f"process {holder}" if holder else "another writer"
+            raise LockedError(
+                f"{os.path.dirname(self.path)}: buffer is open for writing by {who}; "
+                "open it with mode='r' to read, or stop that writer first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            try:
+                os.ftruncate(fd, 0)
+            except OSError:
+                pass
+            os.close(fd)  # closing drops the flock
+
+
+def holder_pid(folder: str) -> int | None:
+    """The pid of the live writer of ``folder``, or None when no writer holds it."""
+    path = os.path.join(folder, LOCK_FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_pid(fd) or -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode().strip()
+        return int(text) if text.isdigit() else None
+    except (OSError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,333 @@
+"""Data specs: the nest of array leaves a buffer stores, with no I/O.
+
+A spec is a nest of ``dict`` / ``tuple`` / ``list`` / namedtuple whose leaves are
+:class:`ArraySpec`. It is flattened in a fixed order, the one ``tf.nest`` uses: dict keys
+sorted, sequences in order. Each leaf has a path, the nest keys joined with ``/``
+(tuple items by their index), e.g. ``observation/pixels`` or ``policy_info/0``.
+
+Anything spec-like converts with :func:`to_spec` without importing its framework:
+objects with ``.shape`` and ``.dtype`` (TF-Agents ``ArraySpec`` / ``BoundedArraySpec`` /
+``TensorSpec``, gymnasium ``Box`` / ``Discrete`` / ``MultiDiscrete`` / ``MultiBinary``,
+numpy arrays and torch tensors as example values), gymnasium ``Dict`` / ``Tuple`` spaces,
+and Python scalars.
+"""
+
+from __future__ import annotations
+
+import collections
+import keyword
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import SpecError
+
+__all__ = [
+    "ArraySpec",
+    "SUPPORTED_DTYPES",
+    "to_spec",
+    "flatten",
+    "leaf_paths",
+    "unflatten",
+    "map_structure",
+    "spec_to_json",
+    "spec_from_json",
+    "validate_leaf_path",
+    "is_namedtuple",
+]
+
+#: dtypes a leaf may have; stored little-endian on disk.
+SUPPORTED_DTYPES = tuple(
+    np.dtype(t)
+    for t in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+)
+_SUPPORTED = {d.name: d for d in SUPPORTED_DTYPES}
+
+MAX_NDIM = 32
+MAX_LEAF_PATH_PARTS = 32
+_FORBIDDEN_PATH_CHARS = ("/", "\\", "\x00")
+
+
+def _as_dtype(dtype: Any, where: str) -> np.dtype:
+    """A numpy dtype from numpy / TF / torch / string dtypes, refusing the unstorable."""
+    if hasattr(dtype, "as_numpy_dtype"):  # tf.DType
+        dtype = dtype.as_numpy_dtype
+    elif type(dtype).__module__ == "torch":  # torch.dtype prints as "torch.float32"
+        dtype = str(dtype).rsplit(".", 1)[-1]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise SpecError(f"{where}: dtype {dtype!r} is not a numpy dtype") from exc
+    if dt.name not in _SUPPORTED:
+        raise SpecError(
+            f"{where}: dtype {dt} cannot be stored; expected one of "
+            + ", ".join(_SUPPORTED)
+        )
+    return _SUPPORTED[dt.name]
+
+
+def _as_shape(shape: Any, where: str) -> tuple[int, ...]:
+    if shape is None:
+        raise SpecError(f"{where}: shape is unknown (None); a stored leaf needs a fixed shape")
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = (shape,)
+    out = []
+    for d in dims:
+        if d is None or not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+            raise SpecError(f"{where}: shape {tuple(dims)!r} must be non-negative ints")
+        out.append(int(d))
+    if len(out) > MAX_NDIM:
+        raise SpecError(f"{where}: shape {tuple(out)} has more than {MAX_NDIM} dimensions")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """The shape and dtype of one stored leaf (per env, per step).
+
+    Example:
+        >>> ArraySpec((84, 84, 4), "uint8")
+        ArraySpec(shape=(84, 84, 4), dtype=uint8)
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    name: str | None = None
+
+    def __init__(self, shape: Any, dtype: Any = "float32", name: str | None = None):
+        object.__setattr__(self, "shape", _as_shape(shape, "ArraySpec"))
+        object.__setattr__(self, "dtype", _as_dtype(dtype, "ArraySpec"))
+        object.__setattr__(self, "name", None if name is None else str(name))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one item (one env, one step)."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        name = "" if self.name is None else f", name={self.name!r}"
+        return f"ArraySpec(shape={self.shape}, dtype={self.dtype}{name})"
+
+
+def is_namedtuple(x: Any) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+
+
+def _is_space_container(x: Any) -> bool:
+    """gymnasium ``Dict`` / ``Tuple`` spaces, recognised without importing gymnasium."""
+    return hasattr(x, "spaces") and getattr(x, "shape", None) is None
+
+
+def to_spec(obj: Any, _path: str = "") -> Any:
+    """Convert anything spec-like into a nest of :class:`ArraySpec`.
+
+    Example:
+        >>> to_spec({"obs": np.zeros(3, "float32"), "done": False})
+        {'done': ArraySpec(shape=(), dtype=bool), 'obs': ArraySpec(shape=(3,), dtype=float32)}
+    """
+    where = _path or "spec"
+    if isinstance(obj, ArraySpec):
+        return obj
+    if isinstance(obj, Mapping):
+        bad = [k for k in obj if not isinstance(k, str)]
+        if bad:
+            raise SpecError(f"{where}: dict keys must be strings, got {bad[0]!r}")
+        out = {}
+        for key in sorted(obj):
+            _check_key(key, where)
+            out[key] = to_spec(obj[key], _join(_path, key))
+        return out
+    if is_namedtuple(obj):
+        return type(obj)(*(to_spec(v, _join(_path, f)) for f, v in zip(obj._fields, obj)))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(to_spec(v, _join(_path, str(i))) for i, v in enumerate(obj))
+    if _is_space_container(obj):
+        return to_spec(obj.spaces, _path)
+    if isinstance(obj, (bool, np.bool_)):
+        return ArraySpec((), "bool")
+    if isinstance(obj, (int, float, complex, np.generic)):
+        return ArraySpec((), np.asarray(obj).dtype)
+    if hasattr(obj, "shape") and hasattr(obj, "dtype"):
+        name = getattr(obj, "name", None)
+        return ArraySpec(
+            _as_shape(obj.shape, where),
+            _as_dtype(obj.dtype, where),
+            name if isinstance(name, str) else None,
+        )
+    raise SpecError(
+        f"{where}: expected an array spec, a gymnasium space, an array or a nest of them, "
+        f"got {type(obj).__name__}: {obj!r:.80}"
+    )
+
+
+def _check_key(key: str, where: str) -> None:
+    if key in ("", ".", "..") or any(c in key for c in _FORBIDDEN_PATH_CHARS):
+        raise SpecError(
+            f"{where}: key {key!r} cannot name a leaf (no empty, '.', '..', '/', '\\\\' or NUL)"
+        )
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}/{key}" if path else key
+
+
+def validate_leaf_path(path: str) -> str:
+    """Refuse leaf paths that could point outside the buffer's folder."""
+    if not isinstance(path, str) or not path:
+        raise SpecError(f"leaf path must be a non-empty string, got {path!r}")
+    parts = path.split("/")
+    if len(parts) > MAX_LEAF_PATH_PARTS:
+        raise SpecError(f"leaf path {path!r} is nested deeper than {MAX_LEAF_PATH_PARTS}")
+    for part in parts:
+        if part in ("", ".", "..") or "\\" in part or "\x00" in part:
+            raise SpecError(
+                f"leaf path {path!r}: expected '/'-joined names, none empty, '.' or '..'"
+            )
+    return path
+
+
+def _items(nest: Any) -> Iterator[tuple[str, Any]]:
+    """Children of a nest node with their path keys, in flatten order."""
+    if isinstance(nest, Mapping):
+        for key in sorted(nest):
+            yield key, nest[key]
+    elif is_namedtuple(nest):
+        yield from zip(nest._fields, nest)
+    else:
+        for i, v in enumerate(nest):
+            yield str(i), v
+
+
+def _is_node(x: Any) -> bool:
+    return isinstance(x, (Mapping, tuple, list))
+
+
+def flatten(nest: Any) -> list[Any]:
+    """Leaves of a nest in the documented order (dict keys sorted)."""
+    if not _is_node(nest):
+        return [nest]
+    out: list[Any] = []
+    for _, child in _items(nest):
+        out.extend(flatten(child))
+    return out
+
+
+def leaf_paths(nest: Any, _prefix: str = "") -> list[str]:
+    """``/``-joined paths of the leaves, in :func:`flatten` order."""
+    if not _is_node(nest):
+        return [_prefix]
+    out: list[str] = []
+    for key, child in _items(nest):
+        out.extend(leaf_paths(child, _join(_prefix, key)))
+    return out
+
+
+def unflatten(structure: Any, leaves: Sequence[Any]) -> Any:
+    """Pack ``leaves`` (in flatten order) into the nest shape of ``structure``."""
+    it = iter(leaves)
+    out = _pack(structure, it)
+    if next(it, _END) is not _END:
+        raise ValueError("more leaves than the structure has")
+    return out
+
+
+_END = object()
+
+
+def _pack(structure: Any, it: Iterator[Any]) -> Any:
+    if isinstance(structure, Mapping):
+        return {k: _pack(structure[k], it) for k in sorted(structure)}
+    if is_namedtuple(structure):
+        return type(structure)(*(_pack(v, it) for v in structure))
+    if isinstance(structure, (tuple, list)):
+        return type(structure)(_pack(v, it) for v in structure)
+    return next(it)
+
+
+def map_structure(fn: Callable[[Any], Any], nest: Any) -> Any:
+    return unflatten(nest, [fn(x) for x in flatten(nest)])
+
+
+# --- JSON ---------------------------------------------------------------------------
+
+
+def spec_to_json(nest: Any) -> Any:
+    """A JSON-able description of a spec nest (namedtuples keep their type and fields)."""
+    if isinstance(nest, ArraySpec):
+        out: dict[str, Any] = {"shape": list(nest.shape), "dtype": nest.dtype.name}
+        if nest.name is not None:
+            out["name"] = nest.name
+        return out
+    if isinstance(nest, Mapping):
+        return {"dict": {k: spec_to_json(v) for k, v in sorted(nest.items())}}
+    if is_namedtuple(nest):
+        return {
+            "namedtuple": type(nest).__name__,
+            "fields": {f: spec_to_json(v) for f, v in zip(nest._fields, nest)},
+        }
+    if isinstance(nest, (tuple, list)):
+        return {type(nest).__name__: [spec_to_json(v) for v in nest]}
+    raise SpecError(f"not a spec nest: {nest!r:.80}")
+
+
+_NAMEDTUPLES: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+def _namedtuple(name: str, fields: tuple[str, ...]) -> type:
+    """A namedtuple class rebuilt from its name and fields, never imported from the file."""
+    for ident in (name, *fields):
+        if not ident.isidentifier() or keyword.iskeyword(ident) or ident.startswith("_"):
+            raise SpecError(f"namedtuple name or field {ident!r} is not a valid identifier")
+    key = (name, fields)
+    if key not in _NAMEDTUPLES:
+        _NAMEDTUPLES[key] = collections.namedtuple(name, fields)  # type: ignore[misc]
+    return _NAMEDTUPLES[key]
+
+
+def spec_from_json(obj: Any, _path: str = "") -> Any:
+    """Rebuild a spec from :func:`spec_to_json` output, validating untrusted input."""
+    where = _path or "spec"
+    if not isinstance(obj, dict) or not obj:
+        raise SpecError(f"{where}: expected a JSON object describing a spec, got {obj!r:.80}")
+    if "dtype" in obj:
+        name = obj.get("name")
+        if name is not None and not isinstance(name, str):
+            raise SpecError(f"{where}: name must be a string, got {name!r:.80}")
+        if not isinstance(obj.get("shape"), list) or not isinstance(obj["dtype"], str):
+            raise SpecError(f"{where}: expected shape list and dtype string, got {obj!r:.80}")
+        return ArraySpec(_as_shape(obj["shape"], where), _as_dtype(obj["dtype"], where), name)
+    if len(obj) == 1 and isinstance(obj.get("dict"), dict):
+        out = {}
+        for key, value in obj["dict"].items():
+            _check_key(key, where)
+            out[key] = spec_from_json(value, _join(_path, key))
+        return out
+    if len(obj) == 1 and isinstance(obj.get("tuple", obj.get("list")), list):
+        kind = "tuple" if "tuple" in obj else "list"
+        items = [spec_from_json(v, _join(_path, str(i))) for i, v in enumerate(obj[kind])]
+        return tuple(items) if kind == "tuple" else items
+    if isinstance(obj.get("namedtuple"), str) and isinstance(obj.get("fields"), dict):
+        fields = obj["fields"]
+        cls = _namedtuple(obj["namedtuple"], tuple(fields))
+        return cls(*(spec_from_json(v, _join(_path, f)) for f, v in fields.items()))
+    raise SpecError(f"{where}: unrecognised spec description {obj!r:.80}")

@@ -1,0 +1,633 @@
+"""The store: a folder holding one ring array per leaf and the committed state.
+
+The store owns the write cursor, the commit protocol, the open modes and the writer
+lock. Global step ids count every step ever added; step ``g`` lives in slot
+``g % capacity`` of every leaf.
+
+Commit protocol (DESIGN.md): flush the rows written since the last commit to the files
+(and the disk with ``durability="power"``), then atomically replace ``mmreplay.json``
+with the new state, and only then count the rows committed. Before the writer
+overwrites slots whose steps are still committed, a commit raises ``reserved`` past
+them, so a crash or a reader never sees a torn row as committed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import backends
+from .errors import (
+    ClosedError,
+    DiskFullError,
+    Error,
+    NotEnoughDataError,
+    ReadOnlyError,
+    SpecError,
+    SpecMismatchError,
+)
+from .lock import WriterLock
+from .metadata import (
+    DURABILITIES,
+    METADATA_FILE,
+    LeafInfo,
+    Metadata,
+    State,
+    atomic_write,
+    read_metadata,
+    render,
+    write_metadata,
+)
+from .roles import validate_roles
+from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
+from .values import StepValidator
+
+__all__ = ["Store", "create", "open", "BufferExistsError"]
+
+CHUNK_TARGET_BYTES = 4 << 20
+DEFAULT_COMMIT_EVERY = 1000
+MODES = ("r", "a")
+
+
+class BufferExistsError(Error, FileExistsError):
+    """``create`` found something at the path and ``exist_ok`` was not set."""
+
+
+class Store:
+    """A replay store on disk. Make one with :func:`create` or :func:`open`.
+
+    Example:
+        >>> import mmreplay as mr, numpy as np, tempfile
+        >>> spec = {"obs": mr.ArraySpec((3,), "float32"), "reward": mr.ArraySpec((), "float32")}
+        >>> with mr.create(tempfile.mkdtemp() + "/buf", spec, capacity=10, num_envs=2) as store:
+        ...     store.add({"obs": np.ones((2, 3), "float32"), "reward": np.zeros(2, "float32")})
+        >>> len(store)
+        1
+    """
+
+    def __init__(self, path: str, meta: Metadata, mode: str, lock: WriterLock | None):
+        self.path = path
+        self.mode = mode
+        self._meta = meta
+        self._lock = lock
+        self._state = meta.state
+        self._static = meta.static_json()
+        self._validator = StepValidator(meta.spec, meta.num_envs)
+        self._leaves: list[Any] = []
+        self._closed = False
+        try:
+            entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        self._closers = entries
+        self._leaves = [e for e in entries if getattr(e, "info", None) is not None]
+        self._all_mapped = all(hasattr(leaf, "array") for leaf in self._leaves)
+        self._setters = [
+            leaf.array.__setitem__ if hasattr(leaf, "array") else _step_writer(leaf)
+            for leaf in self._leaves
+        ]
+        capacity = meta.capacity
+        # Slots of steps before `_floor` may hold other data (a dead writer's reservation).
+        self._floor = max(self._state.start, self._state.reserved - capacity)
+        self._written = self._state.end
+        self._ahead = max(1, min(meta.commit_every, capacity // 8))
+        self._dirty = False
+        self._state_stamp = self._stat_state()
+        self._live = self._state
+
+    # --- description ---------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """Time steps the ring holds (each step holds ``num_envs`` rows)."""
+        return self._meta.capacity
+
+    @property
+    def num_envs(self) -> int:
+        return self._meta.num_envs
+
+    @property
+    def spec(self) -> Any:
+        return self._meta.spec
+
+    @property
+    def roles(self) -> dict[str, str]:
+        return dict(self._meta.roles)
+
+    @property
+    def backend(self) -> str:
+        return self._meta.backend
+
+    @property
+    def metadata(self) -> Metadata:
+        """The static description and the committed state, as last read or written."""
+        return self._meta.with_state(self._state)
+
+    @property
+    def leaf_paths(self) -> list[str]:
+        return [leaf.info.path for leaf in self._leaves]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def total_steps(self) -> int:
+        """Steps ever added (in a writer, also those not committed yet)."""
+        return self._written
+
+    @property
+    def committed_steps(self) -> int:
+        """The committed cursor: global id one past the newest committed step."""
+        return self._state.end
+
+    @property
+    def first_step(self) -> int:
+        """Global id of the oldest retained committed step."""
+        return min(self._state.end, max(self._floor, self._written - self.capacity))
+
+    @property
+    def cursor(self) -> int:
+        """The slot the next step is written to."""
+        return self._written % self.capacity
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def __len__(self) -> int:
+        """Committed steps retained (each holds ``num_envs`` rows)."""
+        return self._state.end - self.first_step
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"<closed mmreplay.Store {self.path!r}>"
+        leaves = ", ".join(
+            f"{leaf.info.path}: {leaf.info.spec.shape} {leaf.info.spec.dtype}"
+            + (f" [{leaf.info.compression}]" if leaf.info.compression else "")
+            for leaf in self._leaves
+        )
+        return (
+            f"<mmreplay.Store {self.path!r} {self.backend} mode={self.mode!r} "
+            f"steps={len(self)}/{self.capacity} num_envs={self.num_envs} "
+            f"total_steps={self.total_steps} leaves={{{leaves}}}>"
+        )
+
+    # --- life cycle --------------------------------------------------------------
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True) and getattr(self, "_leaves", None):
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        """Commit what was written (in a writer) and release files and lock. Safe twice."""
+        if self._closed:
+            return
+        try:
+            if self.mode == "a":
+                self._commit(reserve_to=self._written)
+        finally:
+            self._closed = True
+            for entry in self._closers:
+                entry.close()
+            self._leaves = []
+            self._setters = []
+            if self._lock is not None:
+                self._lock.release()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self.path}: store is closed")
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self.path}: store is closed")
+        if self.mode != "a":
+            raise ReadOnlyError(f"{self.path}: store is open read-only (mode='r'); open it with mode='a' to write")
+
+    # --- writes --------------------------------------------------------------------
+
+    def add(self, step: Any) -> None:
+        """Write one step: every leaf ``[num_envs, *shape]``.
+
+        Every leaf is validated before anything is written; a bad step raises
+        :class:`~mmreplay.BadInputError` naming the leaf and changes nothing.
+        """
+        self._check_writable()
+        values = self._validator.step(step)
+        g = self._written
+        if g >= self._state.reserved:
+            self._commit(reserve_to=g + self._ahead)
+        slot = g % self._meta.capacity
+        for set_row, value in zip(self._setters, values):
+            set_row(slot, value)
+        self._written = g + 1
+        if self._written - self._state.end >= self._meta.commit_every:
+            self._commit()
+
+    def extend(self, steps: Any) -> None:
+        """Write ``T`` steps: every leaf ``[T, num_envs, *shape]``, validated first."""
+        self._check_writable()
+        n, values = self._validator.batch(steps)
+        if n == 0:
+            return
+        g = self._written
+        capacity = self._meta.capacity
+        keep = min(n, capacity)  # of more than a ring's worth, only the newest survive
+        first = g + n - keep
+        if g + n > self._state.reserved:
+            self._commit(reserve_to=g + n + self._ahead)
+        pos = first
+        while pos < g + n:
+            slot = pos % capacity
+            count = min(g + n - pos, capacity - slot)
+            lo = pos - g
+            for leaf, value in zip(self._leaves, values):
+                leaf.write(slot, value[lo : lo + count])
+            pos += count
+        self._written = g + n
+        if self._written - self._state.end >= self._meta.commit_every:
+            self._commit()
+
+    def commit(self) -> None:
+        """Make every step added so far durable; cheap when nothing is new."""
+        self._check_writable()
+        self._commit()
+
+    def _commit(self, reserve_to: int | None = None) -> None:
+        fsync = self._meta.durability == "power"
+        written = self._written
+        if reserve_to is None:
+            reserve_to = written + self._ahead
+        reserved = max(self._state.reserved, reserve_to, written)
+        if written == self._state.end and reserved == self._state.reserved and not self._dirty:
+            return
+        if written != self._state.end or self._dirty:
+            if not self._all_mapped or fsync:
+                for leaf in self._leaves:
+                    leaf.flush(fsync)
+        state = State(
+            start=self._state.start,
+            end=written,
+            reserved=reserved,
+            commits=self._state.commits + 1,
+            commit_time=time.time(),
+        )
+        self._write_state(state, fsync)
+        self._dirty = False
+
+    def _write_state(self, state: State, fsync: bool) -> None:
+        meta = self._meta.with_state(state)
+        atomic_write(os.path.join(self.path, METADATA_FILE), render(meta, self._static), fsync)
+        self._state = state
+
+    def clear(self) -> None:
+        """Drop every retained step (committed at once); ``total_steps`` keeps counting."""
+        self._check_writable()
+        self._commit()
+        state = State(self._written, self._written, self._state.reserved, self._state.commits + 1, time.time())
+        self._write_state(state, self._meta.durability == "power")
+        self._floor = self._written
+
+    # --- reads ---------------------------------------------------------------------
+
+    def _steps_for(self, index: Any) -> tuple[np.ndarray | int, bool]:
+        """Global step ids for a logical index over the retained committed steps."""
+        n = len(self)
+        first = self.first_step
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+            i = int(index)
+            if not -n <= i < n:
+                raise IndexError(f"{self.path}: index {i} out of range for {n} committed steps")
+            return first + (i % n), True
+        if isinstance(index, slice):
+            return first + np.arange(n)[index], False
+        idx = np.asarray(index)
+        if idx.dtype.kind not in "iu":
+            raise IndexError(f"{self.path}: expected an int, a slice or an integer array, got {idx.dtype}")
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"{self.path}: index out of range for {n} committed steps")
+        return first + (idx % max(n, 1)), False
+
+    def read_steps(self, steps: Any) -> list[np.ndarray]:
+        """Leaf arrays (flatten order) for global step ids, each ``[*steps.shape, num_envs, *shape]``.
+
+        Raises :class:`~mmreplay.NotEnoughDataError` when a step is not retained or was
+        overwritten by the writer while it was read.
+        """
+        self._check_open()
+        slots = np.asarray(steps, dtype=np.int64) % self.capacity
+        out = [np.array(leaf.read(slots)) for leaf in self._leaves]
+        if self.mode == "r":
+            self._check_still_retained(steps)
+        return out
+
+    def _check_still_retained(self, steps: Any) -> None:
+        """Seqlock check for readers: were the rows just read still retained after the read?"""
+        live = self.live_state()
+        lo = np.min(steps) if np.size(steps) else None
+        if lo is not None and lo < live.first(self.capacity):
+            raise NotEnoughDataError(
+                f"{self.path}: step {int(lo)} was overwritten by the writer while it was read "
+                f"(oldest retained is now {live.first(self.capacity)}); call refresh()"
+            )
+
+    def get(self, index: Any) -> Any:
+        """Stored steps by logical index (0 = oldest retained, -1 = newest committed).
+
+        An int gives the nest of ``[num_envs, *shape]`` arrays; a slice or an index array
+        gives ``[k, num_envs, *shape]``. The arrays are copies.
+        """
+        self._check_open()
+        steps, _ = self._steps_for(index)
+        return unflatten(self.spec, self.read_steps(steps))
+
+    def set(self, index: Any, value: Any) -> None:
+        """Overwrite stored steps by logical index, with values shaped as :meth:`get` returns.
+
+        The change is durable at the next commit. It is not atomic under a crash: a
+        process killed during ``set`` may leave those steps partly updated.
+        """
+        self._check_writable()
+        steps, scalar = self._steps_for(index)
+        if scalar:
+            values = self._validator.step(value)
+            slots = np.array([steps % self.capacity])
+            values = [v[None] for v in values]
+        else:
+            steps = np.asarray(steps)
+            _, values = self._validator.batch(value, lead=steps.shape)
+            slots = steps.reshape(-1) % self.capacity
+            values = [v.reshape(-1, *v.shape[steps.ndim :]) for v in values]
+        for leaf, v in zip(self._leaves, values):
+            leaf.write_slots(slots, v)
+        self._dirty = True
+
+    # --- readers --------------------------------------------------------------------
+
+    def _stat_state(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(os.path.join(self.path, METADATA_FILE))
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def live_state(self) -> State:
+        """The committed state on disk now (for a writer, its own)."""
+        if self.mode == "a":
+            return self._state
+        stamp = self._stat_state()
+        if stamp is not None and stamp == self._state_stamp:
+            return self._live
+        meta = read_metadata(self.path)
+        self._state_stamp = stamp
+        self._live = meta.state
+        return meta.state
+
+    def refresh(self) -> bool:
+        """Pick up the writer's newer commits (readers); True if the state changed."""
+        self._check_open()
+        if self.mode == "a":
+            return False
+        old = self._state
+        new = self.live_state()
+        if new == old:
+            return False
+        changed = _slot_ranges(old.end, new.end, self.capacity)
+        for leaf in self._leaves:
+            leaf.invalidate(changed)
+        self._state = new
+        self._written = new.end
+        self._floor = max(new.start, new.reserved - self.capacity)
+        return True
+
+
+def _step_writer(leaf: Any) -> Any:
+    def write(slot: int, value: np.ndarray) -> None:
+        leaf.write(slot, value[None])
+
+    return write
+
+
+def _slot_ranges(a: int, b: int, capacity: int) -> list[tuple[int, int]]:
+    """Slot ranges ``[x, y)`` holding global steps ``[a, b)``."""
+    if b <= a:
+        return []
+    if b - a >= capacity:
+        return [(0, capacity)]
+    x, y = a % capacity, b % capacity
+    if x < y:
+        return [(x, y)]
+    return [(x, capacity)] + ([(0, y)] if y else [])
+
+
+# --- create / open ----------------------------------------------------------------
+
+
+def _chunk_steps(leaf: ArraySpec, num_envs: int, capacity: int, given: Any, path: str) -> int:
+    if isinstance(given, Mapping):
+        given = given.get(path)
+    if given is None:
+        step_bytes = max(1, num_envs * leaf.nbytes)
+        return max(1, min(capacity, CHUNK_TARGET_BYTES // step_bytes))
+    if not isinstance(given, (int, np.integer)) or isinstance(given, bool) or given < 1:
+        raise SpecError(f"leaf {path!r}: chunk_steps must be a positive int, got {given!r}")
+    return int(min(given, capacity))
+
+
+def _compression_for(given: Any, path: str) -> str | None:
+    if isinstance(given, Mapping):
+        unknown = [k for k in given if not isinstance(k, str)]
+        if unknown:
+            raise SpecError(f"compression keys must be leaf paths, got {unknown[0]!r}")
+        given = given.get(path)
+    if given is None or given is False:
+        return None
+    if not isinstance(given, str):
+        raise SpecError(f"leaf {path!r}: compression must be a string such as 'zstd', got {given!r}")
+    return given.lower()
+
+
+def _check_int(name: str, value: Any, lo: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
+        raise SpecError(f"{name} must be an int >= {lo}, got {value!r}")
+    return int(value)
+
+
+def create(
+    path: str | os.PathLike,
+    spec: Any,
+    capacity: int,
+    num_envs: int = 1,
+    backend: str = "zarr",
+    chunk_steps: int | Mapping[str, int] | None = None,
+    compression: str | Mapping[str, str | None] | None = None,
+    commit_every: int = DEFAULT_COMMIT_EVERY,
+    durability: str = "process",
+    roles: Mapping[str, str] | None = None,
+    exist_ok: bool = False,
+) -> Store:
+    """Create a buffer folder and open it for writing.
+
+    Args:
+        path: the folder to create (its parent must exist).
+        spec: a nest of :class:`ArraySpec` or anything :func:`mmreplay.spec.to_spec` takes.
+        capacity: time steps the ring holds; each step holds ``num_envs`` rows.
+        num_envs: parallel environments written per step.
+        backend: ``"zarr"`` (zarr v3) or ``"hdf5"``.
+        chunk_steps: steps per chunk, for every leaf or per leaf path; default chunks of
+            about 4 MiB.
+        compression: ``None`` (memory-mapped), a codec such as ``"zstd"``, ``"zstd:5"``,
+            ``"blosc"``, ``"gzip"`` (``"lzf"`` for hdf5), or a dict leaf path -> codec.
+        commit_every: steps between automatic commits.
+        durability: ``"process"`` (survives the process being killed) or ``"power"``
+            (also fsyncs data, state and folder at each commit).
+        roles: role -> leaf path, overriding the roles inferred from the names.
+        exist_ok: if a buffer with the same layout exists there, open it for writing.
+
+    Example:
+        >>> import mmreplay as mr, tempfile
+        >>> store = mr.create(tempfile.mkdtemp() + "/b", {"x": mr.ArraySpec((), "int64")}, 100)
+        >>> store.close()
+    """
+    path = os.fspath(path)
+    spec = to_spec(spec)
+    leaves_spec = flatten(spec)
+    if not leaves_spec or not all(isinstance(s, ArraySpec) for s in leaves_spec):
+        raise SpecError("spec must hold at least one array leaf")
+    capacity = _check_int("capacity", capacity, 1)
+    num_envs = _check_int("num_envs", num_envs, 1)
+    commit_every = _check_int("commit_every", commit_every, 1)
+    if durability not in DURABILITIES:
+        raise SpecError(f"durability must be one of {DURABILITIES}, got {durability!r}")
+    module = backends.get(backend)
+    paths = leaf_paths(spec)
+    if isinstance(compression, Mapping):
+        unknown = sorted(set(compression) - set(paths))
+        if unknown:
+            raise SpecError(f"compression names leaves not in the spec: {unknown}")
+    if isinstance(chunk_steps, Mapping):
+        unknown = sorted(set(chunk_steps) - set(paths))
+        if unknown:
+            raise SpecError(f"chunk_steps names leaves not in the spec: {unknown}")
+    infos = []
+    for p, s in zip(paths, leaves_spec):
+        if 0 in s.shape:
+            raise SpecError(f"leaf {p!r}: shape {s.shape} holds no elements")
+        comp = _compression_for(compression, p)
+        if comp is not None:
+            module.check_compression(comp)
+        infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps, p), comp))
+    roles_found = validate_roles(spec, roles)
+    meta = Metadata(
+        backend=backend,
+        capacity=capacity,
+        num_envs=num_envs,
+        spec=spec,
+        leaves=tuple(infos),
+        roles=roles_found,
+        commit_every=commit_every,
+        durability=durability,
+    )
+
+    if os.path.lexists(path):
+        if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
+            store = open(path, "a")
+            _check_same_layout(store, meta)
+            return store
+        if not (os.path.isdir(path) and not os.listdir(path)):
+            raise BufferExistsError(
+                f"{path}: already exists; pass exist_ok=True to reopen a buffer, or choose a new path"
+            )
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"{parent}: parent folder does not exist")
+    _check_free_space(parent, meta)
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.creating-{os.getpid()}")
+    if os.path.lexists(tmp):
+        shutil.rmtree(tmp)
+    os.mkdir(tmp)
+    lock = WriterLock(tmp)
+    try:
+        lock.acquire()
+        created = module.create(tmp, list(infos), capacity, num_envs)
+        meta = Metadata(**{**meta.__dict__, "leaves": tuple(created)})
+        write_metadata(tmp, meta, fsync=durability == "power")
+        os.rename(tmp, path)
+    except BaseException:
+        lock.release()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    lock.path = os.path.join(path, os.path.basename(lock.path))
+    if durability == "power":
+        _fsync_dir(parent)
+    return Store(path, meta, "a", lock)
+
+
+def _check_free_space(parent: str, meta: Metadata) -> None:
+    need = sum(meta.capacity * meta.num_envs * leaf.spec.nbytes for leaf in meta.leaves if leaf.compression is None)
+    free = shutil.disk_usage(parent).free
+    if need > free:
+        raise DiskFullError(
+            f"{parent}: the buffer needs {need} bytes ({need / 2**30:.2f} GiB) for its uncompressed leaves, "
+            f"the file system has {free} ({free / 2**30:.2f} GiB) free"
+        )
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_same_layout(store: Store, meta: Metadata) -> None:
+    have, want = store.metadata, meta
+    diffs = []
+    if spec_to_json(have.spec) != spec_to_json(want.spec):
+        diffs.append(f"spec: existing {have.spec} vs new {want.spec}")
+    for name in ("capacity", "num_envs", "backend"):
+        if getattr(have, name) != getattr(want, name):
+            diffs.append(f"{name}: existing {getattr(have, name)} vs new {getattr(want, name)}")
+    if diffs:
+        store.close()
+        raise SpecMismatchError(f"{store.path}: a different buffer exists there ({'; '.join(diffs)})")
+
+
+def open(path: str | os.PathLike, mode: str = "r") -> Store:  # noqa: A001 - mirrors h5py.File / zarr.open
+    """Open an existing buffer: ``mode="r"`` to read, ``"a"`` to resume writing.
+
+    Opening reads the metadata file and maps the data files; its cost does not grow with
+    the buffer's size. Nothing in the folder is ever executed or unpickled.
+    """
+    path = os.fspath(path)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    meta = read_metadata(path)
+    lock = None
+    if mode == "a":
+        lock = WriterLock(path)
+        lock.acquire()
+        try:
+            meta = read_metadata(path)  # the state as the previous writer left it
+        except BaseException:
+            lock.release()
+            raise
+    return Store(path, meta, mode, lock)

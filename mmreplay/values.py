@@ -1,0 +1,167 @@
+"""Turning user values into leaf arrays, or refusing them before anything is written.
+
+Casts allowed: any safe numpy cast; integer to integer when every value fits; integer
+to float; float to a narrower float (float64 rewards into a float32 leaf, as RL code
+does everywhere). Refused: anything to bool (but bool), float to integer, complex to
+real, strings, objects and ``None``. Shapes must match exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .errors import BadInputError
+from .spec import ArraySpec, flatten, is_namedtuple, leaf_paths
+
+__all__ = ["StepValidator", "cast_refusal"]
+
+
+def cast_refusal(a: np.ndarray, dst: np.dtype) -> str | None:
+    """Why ``a`` may not be stored as ``dst``, or None when it may."""
+    src = a.dtype
+    if src == dst or np.can_cast(src, dst, "safe"):
+        return None
+    if src.kind in "iu" and dst.kind in "iu":
+        if a.size == 0:
+            return None
+        info = np.iinfo(dst)
+        lo, hi = a.min(), a.max()
+        if lo >= info.min and hi <= info.max:
+            return None
+        return f"values {lo}..{hi} do not fit {dst}"
+    if src.kind in "iu" and dst.kind in "fc":
+        return None
+    if src.kind == "f" and dst.kind in "fc":
+        return None
+    if src.kind == "c" and dst.kind == "c":
+        return None
+    return f"casting {src} to {dst} is not safe"
+
+
+def _structure(spec: Any, value: Any, path: str, out: list[Any]) -> None:
+    """Flatten ``value`` along ``spec``'s nest, naming the first place they differ."""
+    where = path or "the step"
+    if isinstance(spec, Mapping):
+        if not isinstance(value, Mapping):
+            raise BadInputError(f"{where}: expected a dict with keys {sorted(spec)}, got {type(value).__name__}")
+        missing = [k for k in spec if k not in value]
+        extra = [k for k in value if k not in spec]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append("missing " + ", ".join(repr(_j(path, k)) for k in sorted(missing)))
+            if extra:
+                parts.append("unexpected " + ", ".join(repr(_j(path, str(k))) for k in extra))
+            raise BadInputError(f"{where}: {'; '.join(parts)} (expected keys {sorted(spec)})")
+        for key in sorted(spec):
+            _structure(spec[key], value[key], _j(path, key), out)
+    elif is_namedtuple(spec):
+        if isinstance(value, Mapping):
+            value = tuple(_pick(value, spec._fields, where))
+        if not isinstance(value, (tuple, list)) or len(value) != len(spec):
+            raise BadInputError(
+                f"{where}: expected {type(spec).__name__} with fields {spec._fields}, got {type(value).__name__}"
+            )
+        for field, s, v in zip(spec._fields, spec, value):
+            _structure(s, v, _j(path, field), out)
+    elif isinstance(spec, (tuple, list)):
+        if not isinstance(value, (tuple, list)) or is_namedtuple(value) or len(value) != len(spec):
+            got = f"{type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list)) else type(value).__name__
+            raise BadInputError(f"{where}: expected a {type(spec).__name__} of {len(spec)} items, got {got}")
+        for i, (s, v) in enumerate(zip(spec, value)):
+            _structure(s, v, _j(path, str(i)), out)
+    else:
+        out.append(value)
+
+
+def _pick(value: Mapping, fields: tuple[str, ...], where: str) -> list[Any]:
+    missing = [f for f in fields if f not in value]
+    extra = [k for k in value if k not in fields]
+    if missing or extra:
+        raise BadInputError(f"{where}: expected fields {fields}, missing {missing}, unexpected {extra}")
+    return [value[f] for f in fields]
+
+
+def _j(path: str, key: str) -> str:
+    return f"{path}/{key}" if path else key
+
+
+class StepValidator:
+    """Validates and converts values for one spec and ``num_envs``."""
+
+    def __init__(self, spec: Any, num_envs: int):
+        self.spec = spec
+        self.num_envs = num_envs
+        self.paths = leaf_paths(spec)
+        self.leaves: list[ArraySpec] = flatten(spec)
+        self.dtypes = [s.dtype for s in self.leaves]
+        self.step_shapes = [(num_envs, *s.shape) for s in self.leaves]
+        flat = isinstance(spec, dict) and all(isinstance(v, ArraySpec) for v in spec.values())
+        self.flat_keys = tuple(self.paths) if flat else None
+
+    def _flatten(self, value: Any) -> list[Any]:
+        keys = self.flat_keys
+        if keys is not None and type(value) is dict and len(value) == len(keys):
+            try:
+                return [value[k] for k in keys]
+            except KeyError:
+                pass
+        out: list[Any] = []
+        _structure(self.spec, value, "", out)
+        return out
+
+    def coerce(self, i: int, v: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+        dtype = self.dtypes[i]
+        if type(v) is np.ndarray and v.dtype == dtype and v.shape == shape:
+            return v
+        path = self.paths[i]
+        if v is None:
+            raise BadInputError(f"leaf {path!r}: expected {what} {shape} {dtype}, got None")
+        try:
+            a = np.asarray(v)
+        except Exception as exc:
+            raise BadInputError(f"leaf {path!r}: cannot read {type(v).__name__} as an array: {exc}") from None
+        if a.dtype.kind not in "biufc":
+            raise BadInputError(
+                f"leaf {path!r}: expected {what} {shape} {dtype}, got {a.dtype} values "
+                f"({type(v).__name__})"
+            )
+        if a.shape != shape:
+            hint = ""
+            if a.shape == shape[1:]:
+                hint = " (the leading axis is missing)"
+            raise BadInputError(f"leaf {path!r}: expected {what} {shape}, got shape {a.shape}{hint}")
+        why = cast_refusal(a, dtype)
+        if why is not None:
+            raise BadInputError(f"leaf {path!r}: {why} (expected {dtype}, got {a.dtype})")
+        return a
+
+    def step(self, value: Any) -> list[np.ndarray]:
+        """Leaves of one step, each ``[num_envs, *shape]``."""
+        vals = self._flatten(value)
+        return [
+            self.coerce(i, v, self.step_shapes[i], f"[num_envs={self.num_envs}, *shape] =")
+            for i, v in enumerate(vals)
+        ]
+
+    def batch(self, value: Any, lead: tuple[int, ...] | None = None) -> tuple[int, list[np.ndarray]]:
+        """Leaves of ``T`` steps, each ``[T, num_envs, *shape]``; T from the first leaf
+        unless ``lead`` fixes the leading axes."""
+        vals = self._flatten(value)
+        if lead is None:
+            first = vals[0]
+            n = getattr(first, "shape", None)
+            if n is None:
+                first = np.asarray(first)
+                n = first.shape
+            if len(n) < 1:
+                raise BadInputError(f"leaf {self.paths[0]!r}: expected [T, num_envs, *shape], got a scalar")
+            lead = (int(n[0]),)
+        out = [
+            self.coerce(i, v, (*lead, *self.step_shapes[i]), "[T, num_envs, *shape] =")
+            for i, v in enumerate(vals)
+        ]
+        return int(np.prod(lead)), out
