@@ -1,0 +1,75 @@
+"""The ``mmreplay`` command line.
+
+Each command lives in its own module and is imported only when it runs. This module is
+the one place where library errors become one line on stderr and an exit status.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+import mmreplay
+
+#: command name -> (module under mmreplay.cli, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("demo", "Collect, crash, resume, sample and export on a built-in environment."),
+}
+
+#: exit status per error class (the first match in this order wins)
+EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (mmreplay.NotABufferError, 3),
+    (mmreplay.CorruptBufferError, 4),
+    (mmreplay.UnsupportedFormatError, 4),
+    (mmreplay.LockedError, 5),
+    (mmreplay.Error, 2),
+    (FileExistsError, 2),
+    (FileNotFoundError, 3),
+    (PermissionError, 6),
+    (ImportError, 7),
+]
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"{__name__}.{COMMANDS[name][0]}")
+        return module.command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.Exit:
+            raise
+        except click.ClickException:
+            raise
+        except click.exceptions.Abort:
+            raise
+        except Exception as exc:
+            for cls, code in EXIT_CODES:
+                if isinstance(exc, cls):
+                    click.echo(f"Error: {exc}", err=True)
+                    ctx.exit(code)
+            raise
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(mmreplay.__version__, prog_name="mmreplay")
+def main() -> None:
+    """mmreplay: a disk-persistent, memory-mapped replay store for RL."""
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
