@@ -36,6 +36,7 @@ __all__ = [
     "State",
     "Metadata",
     "read_metadata",
+    "read_state",
     "write_metadata",
     "atomic_write",
 ]
@@ -340,6 +341,22 @@ def read_metadata(folder: str) -> Metadata:
     if len(raw) > MAX_METADATA_BYTES:
         raise CorruptBufferError(f"{path}: larger than {MAX_METADATA_BYTES} bytes")
     return parse_metadata(raw, path)
+
+
+def read_state(folder: str) -> State:
+    """Only the committed state, for readers polling a live writer (no spec validation)."""
+    path = os.path.join(folder, METADATA_FILE)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_METADATA_BYTES + 1)
+        obj = json.loads(raw)
+    except FileNotFoundError:
+        raise NotABufferError(f"{folder}: not an mmreplay buffer (no {METADATA_FILE})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptBufferError(f"{path}: metadata is not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise CorruptBufferError(f"{path}: metadata must be a JSON object")
+    return parse_state(obj.get("state"), path)
 
 
 def step_nbytes(meta: Metadata) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import backends
+from .backends.base import MappedLeaf
 from .errors import (
     ClosedError,
     DiskFullError,
@@ -40,6 +41,7 @@ from .metadata import (
     State,
     atomic_write,
     read_metadata,
+    read_state,
     render,
     write_metadata,
 )
@@ -88,19 +90,21 @@ class Store:
             raise
         self._closers = entries
         self._leaves = [e for e in entries if getattr(e, "info", None) is not None]
-        self._all_mapped = all(hasattr(leaf, "array") for leaf in self._leaves)
+        self._all_mapped = all(isinstance(leaf, MappedLeaf) for leaf in self._leaves)
         self._setters = [
-            leaf.array.__setitem__ if hasattr(leaf, "array") else _step_writer(leaf)
+            leaf.array.__setitem__ if isinstance(leaf, MappedLeaf) else _step_writer(leaf)
             for leaf in self._leaves
         ]
+        # With every leaf mapped, `add` stores into the arrays directly: `a[i] = v` is
+        # cheaper than calling a bound `__setitem__`.
+        self._arrays = [leaf.array for leaf in self._leaves] if self._all_mapped else None
         capacity = meta.capacity
-        # Slots of steps before `_floor` may hold other data (a dead writer's reservation).
-        self._floor = max(self._state.start, self._state.reserved - capacity)
+        # Steps before `_floor` are gone: cleared, or their slots may hold a dead
+        # writer's uncommitted rows (its reservation).
+        self._floor = min(self._state.end, max(self._state.start, self._state.reserved - capacity))
         self._written = self._state.end
         self._ahead = max(1, min(meta.commit_every, capacity // 8))
         self._dirty = False
-        self._state_stamp = self._stat_state()
-        self._live = self._state
 
     # --- description ---------------------------------------------------------------
 
@@ -204,6 +208,7 @@ class Store:
                 self._commit(reserve_to=self._written)
         finally:
             self._closed = True
+            self._arrays = None  # drop the views first, so the mappings can close
             for entry in self._closers:
                 entry.close()
             self._leaves = []
@@ -235,8 +240,13 @@ class Store:
         if g >= self._state.reserved:
             self._commit(reserve_to=g + self._ahead)
         slot = g % self._meta.capacity
-        for set_row, value in zip(self._setters, values):
-            set_row(slot, value)
+        arrays = self._arrays
+        if arrays is not None:
+            for array, value in zip(arrays, values):
+                array[slot] = value
+        else:
+            for set_row, value in zip(self._setters, values):
+                set_row(slot, value)
         self._written = g + 1
         if self._written - self._state.end >= self._meta.commit_every:
             self._commit()
@@ -273,9 +283,9 @@ class Store:
     def _commit(self, reserve_to: int | None = None) -> None:
         fsync = self._meta.durability == "power"
         written = self._written
-        if reserve_to is None:
-            reserve_to = written + self._ahead
-        reserved = max(self._state.reserved, reserve_to, written)
+        # This writer has overwritten only slots of steps before `written - capacity`,
+        # and `start` covers what earlier writers may have, so `reserved` may also shrink.
+        reserved = max(written, written + self._ahead if reserve_to is None else reserve_to)
         if written == self._state.end and reserved == self._state.reserved and not self._dirty:
             return
         if written != self._state.end or self._dirty:
@@ -283,7 +293,7 @@ class Store:
                 for leaf in self._leaves:
                     leaf.flush(fsync)
         state = State(
-            start=self._state.start,
+            start=self._floor,
             end=written,
             reserved=reserved,
             commits=self._state.commits + 1,
@@ -381,24 +391,16 @@ class Store:
 
     # --- readers --------------------------------------------------------------------
 
-    def _stat_state(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(os.path.join(self.path, METADATA_FILE))
-        except OSError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
     def live_state(self) -> State:
-        """The committed state on disk now (for a writer, its own)."""
+        """The committed state on disk now (for a writer, its own).
+
+        Always read from the file: a stat stamp cannot tell two states apart (inode
+        numbers are reused and mtimes are coarse), and a stale state here would let a
+        reader accept rows the writer overwrote.
+        """
         if self.mode == "a":
             return self._state
-        stamp = self._stat_state()
-        if stamp is not None and stamp == self._state_stamp:
-            return self._live
-        meta = read_metadata(self.path)
-        self._state_stamp = stamp
-        self._live = meta.state
-        return meta.state
+        return read_state(self.path)
 
     def refresh(self) -> bool:
         """Pick up the writer's newer commits (readers); True if the state changed."""
@@ -414,7 +416,7 @@ class Store:
             leaf.invalidate(changed)
         self._state = new
         self._written = new.end
-        self._floor = max(new.start, new.reserved - self.capacity)
+        self._floor = min(new.end, max(new.start, new.reserved - self.capacity))
         return True
 
 
