@@ -1,0 +1,93 @@
+"""Imports flow one way, and optional frameworks are imported only when used."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "mmreplay"
+
+#: layers in import order: a module may import only from its own layer or earlier ones
+LAYERS = [
+    {"errors"},
+    {"spec"},
+    {"roles", "values"},
+    {"metadata", "lock"},
+    {"backends"},
+    {"store", "sampling", "episodes"},
+    {"export", "compat", "importers", "convert", "verify", "torture", "demo"},
+]
+STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
+OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas"}
+
+
+def layer_of(name: str) -> int | None:
+    for i, layer in enumerate(LAYERS):
+        if name in layer:
+            return i
+    return None
+
+
+def top_level_imports(path: pathlib.Path) -> list[tuple[str, int]]:
+    """(imported name, line) for imports executed when the module loads."""
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the package
+                rel = path.relative_to(PACKAGE).with_suffix("").parts[:-1]
+                base = list(rel[: len(rel) - (node.level - 1)]) if node.level > 1 else list(rel)
+                mod = ".".join(["mmreplay", *base, *(node.module.split(".") if node.module else [])])
+                names = [mod] if node.module else [f"{mod}.{a.name}" for a in node.names]
+                out += [(n, node.lineno) for n in names]
+            else:
+                out.append((node.module or "", node.lineno))
+    return out
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        yield path, parts[0] if parts[0] != "__init__" else None
+
+
+def test_core_modules_import_only_earlier_layers():
+    problems = []
+    for path, top in modules():
+        here = layer_of(top) if top else None
+        if here is None:
+            continue
+        for name, line in top_level_imports(path):
+            parts = name.split(".")
+            if parts[0] != "mmreplay" or len(parts) < 2:
+                continue
+            there = layer_of(parts[1])
+            if there is not None and there > here:
+                problems.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not problems, problems
+
+
+def test_only_backends_import_zarr_and_h5py_in_the_core():
+    core = {"errors", "spec", "roles", "values", "metadata", "lock", "store", "sampling", "episodes"}
+    problems = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path, top in modules()
+        if top in core
+        for name, line in top_level_imports(path)
+        if name.split(".")[0] in STORAGE_LIBS
+    ]
+    assert not problems, problems
+
+
+def test_importing_mmreplay_imports_no_optional_framework():
+    code = (
+        "import sys, mmreplay, mmreplay.compat, mmreplay.export, mmreplay.cli\n"
+        f"print(sorted(m for m in {sorted(OPTIONAL)!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
