@@ -101,6 +101,9 @@ class StepValidator:
         self.step_shapes = [(num_envs, *s.shape) for s in self.leaves]
         flat = isinstance(spec, dict) and all(isinstance(v, ArraySpec) for v in spec.values())
         self.flat_keys = tuple(self.paths) if flat else None
+        # (key, dtype, shape) per leaf of a flat dict spec: the per-step fast path
+        self._fast = tuple(zip(self.paths, self.dtypes, self.step_shapes)) if flat else None
+        self._step_what = f"[num_envs={num_envs}, *shape] ="
 
     def _flatten(self, value: Any) -> list[Any]:
         keys = self.flat_keys
@@ -141,11 +144,21 @@ class StepValidator:
 
     def step(self, value: Any) -> list[np.ndarray]:
         """Leaves of one step, each ``[num_envs, *shape]``."""
+        fast = self._fast
+        if fast is not None and type(value) is dict and len(value) == len(fast):
+            # Arrays already of the right dtype and shape pass as they are, as in coerce.
+            out = []
+            ndarray = np.ndarray
+            for key, dtype, shape in fast:
+                v = value.get(key)
+                if type(v) is not ndarray or v.shape != shape or (v.dtype is not dtype and v.dtype != dtype):
+                    break
+                out.append(v)
+            else:
+                return out
         vals = self._flatten(value)
-        return [
-            self.coerce(i, v, self.step_shapes[i], f"[num_envs={self.num_envs}, *shape] =")
-            for i, v in enumerate(vals)
-        ]
+        what = self._step_what
+        return [self.coerce(i, v, self.step_shapes[i], what) for i, v in enumerate(vals)]
 
     def batch(self, value: Any, lead: tuple[int, ...] | None = None) -> tuple[int, list[np.ndarray]]:
         """Leaves of ``T`` steps, each ``[T, num_envs, *shape]``; T from the first leaf
