@@ -1,0 +1,109 @@
+"""Offline dataset exports, one module per format, imported only when used.
+
+Episode formats (``minari``, ``d4rl``, ``d3rlpy``, ``parquet``) walk the store episode by
+episode; an episode still open at the end of an env's stream is written as truncated,
+or left out with ``complete_only``. Step-major formats (``npz``, ``csv``, ``pt``,
+``zarr``, ``hdf5``) write every retained committed step as ``[steps, num_envs, *shape]``
+arrays keyed by leaf path, in time order (the layout skrl's ``Memory.save`` uses). Both
+kinds read the store in bounded blocks, so a store larger than RAM exports in bounded
+memory.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..errors import UnsupportedFormatError
+from ._base import ExportResult, Progress
+
+__all__ = ["FORMATS", "FormatInfo", "ExportResult", "export", "get"]
+
+
+@dataclass(frozen=True)
+class FormatInfo:
+    """A registered format: its module, what OUT names, and what loads it."""
+
+    module: str
+    target: str  # "file" or "folder"
+    kind: str  # "episodes" or "steps"
+    loads_with: str
+
+
+FORMATS: dict[str, FormatInfo] = {
+    "minari": FormatInfo("minari", "folder", "episodes", "minari.load_dataset (OUT is the datasets root)"),
+    "d4rl": FormatInfo("d4rl", "file", "episodes", "h5py; d3rlpy.dataset.MDPDataset from its arrays"),
+    "d3rlpy": FormatInfo(
+        "d3rlpy", "file", "episodes", "d3rlpy.dataset.ReplayBuffer.load(f, InfiniteBuffer())"
+    ),
+    "parquet": FormatInfo(
+        "parquet", "folder", "episodes", 'pyarrow.parquet, datasets.load_dataset("parquet")'
+    ),
+    "npz": FormatInfo("npz", "file", "steps", "numpy.load (skrl Memory layout)"),
+    "csv": FormatInfo("csv", "file", "steps", "any CSV reader (skrl Memory layout, name.i headers)"),
+    "pt": FormatInfo("pt", "file", "steps", "torch.load(weights_only=True) (skrl Memory layout)"),
+    "zarr": FormatInfo("zarr", "folder", "steps", "zarr.open_group, dask.array.from_zarr"),
+    "hdf5": FormatInfo("hdf5", "file", "steps", "h5py.File"),
+}
+
+
+def get(fmt: str) -> ModuleType:
+    """The exporter module for a format name."""
+    info = FORMATS.get(str(fmt).lower())
+    if info is None:
+        raise UnsupportedFormatError(f"unknown export format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return importlib.import_module(f"{__name__}.{info.module}")
+
+
+def export(
+    store: Any,
+    out: str | os.PathLike,
+    format: str = "minari",  # noqa: A002 - the CLI option's name
+    compression: str | None = None,
+    complete_only: bool = False,
+    force: bool = False,
+    progress: Progress | None = None,
+    **options: Any,
+) -> ExportResult:
+    """Export a store's retained committed data to an offline format.
+
+    Args:
+        store: an open store (readers are fine, also while a writer runs).
+        out: the file or folder to write (see :data:`FORMATS`; for ``minari`` the
+            datasets root, the dataset goes to ``out/<dataset_id>/data``).
+        format: one of :data:`FORMATS`.
+        compression: a codec the format supports (``gzip``/``lzf`` for HDF5 formats,
+            ``zstd``/``snappy``/``gzip`` for parquet, ``zstd``/``blosc``/``gzip`` for zarr,
+            ``deflate`` for npz, ``gzip`` for csv).
+        complete_only: leave out episodes still open at the end of an env's stream
+            (episode formats).
+        force: replace an existing target (an earlier export of the same format).
+        progress: called with the number of rows (steps x envs) written at each block.
+        **options: format options (``dataset_id`` for minari, ``rows_per_file`` for parquet).
+
+    Returns:
+        An :class:`ExportResult`.
+
+    Example:
+        >>> import mmreplay as mr, numpy as np, tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> spec = {"obs": mr.ArraySpec((2,), "float32"), "reward": mr.ArraySpec((), "float32")}
+        >>> with mr.create(d + "/buf", spec, capacity=10) as s:
+        ...     s.extend({"obs": np.ones((3, 1, 2), "float32"), "reward": np.zeros((3, 1), "float32")})
+        ...     s.commit()
+        ...     export(s, d + "/buf.npz", format="npz").steps
+        3
+    """
+    module = get(format)
+    return module.write(
+        store,
+        os.fspath(out),
+        compression=compression,
+        complete_only=complete_only,
+        force=force,
+        progress=progress or (lambda n: None),
+        **options,
+    )

@@ -1,0 +1,358 @@
+"""What every exporter shares: the target path, the role view of episodes, step blocks.
+
+Exports are written to a temporary name beside the target and renamed into place when
+complete, so an interrupted export never leaves a file that looks finished, and an
+existing target is replaced only with ``force``. Nothing is written outside the target's
+folder: names that come from the store (leaf paths, dataset ids) are validated first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadInputError, NotEnoughDataError
+from ..roles import subtree
+from ..spec import ArraySpec, flatten, leaf_paths
+
+__all__ = [
+    "ExportResult",
+    "Roles",
+    "StepBlocks",
+    "Target",
+    "check_compression",
+    "episode_flags",
+    "marker",
+]
+
+#: bytes of store data read per block by the step-major exporters
+BLOCK_BYTES = 32 << 20
+#: the file an export folder carries to be recognised (and replaced with ``force``)
+MARKER_FILE = "mmreplay_export.json"
+
+Progress = Callable[[int], Any]
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote.
+
+    Attributes:
+        format: the format name.
+        path: the file or folder a loader opens (for Minari, the dataset's ``data`` folder).
+        episodes: episodes written (0 for the step-major formats).
+        steps: rows written (steps x envs for the step-major formats).
+        nbytes: bytes on disk of what was written.
+        info: format-specific facts (the Minari dataset id, the parquet files...).
+    """
+
+    format: str
+    path: str
+    episodes: int
+    steps: int
+    nbytes: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def check_compression(fmt: str, compression: str | None, allowed: Sequence[str]) -> str | None:
+    """The compression a format accepts, lower-cased, or a clear error."""
+    if compression is None:
+        return None
+    text = str(compression).lower()
+    if text in ("none", "off", ""):
+        return None
+    if text.split(":", 1)[0] not in allowed:
+        choices = ", ".join(allowed) if allowed else "none"
+        raise BadInputError(
+            f"{fmt} export: compression {compression!r} is not supported; expected one of: {choices}"
+        )
+    return text
+
+
+def disk_usage(path: str) -> int:
+    """Bytes of a file, or of every file under a folder."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def marker(fmt: str, store: Any, **extra: Any) -> str:
+    """The JSON text of the marker file that identifies an export folder and its source."""
+    body = {"format": f"mmreplay-export/{fmt}", "source": os.path.abspath(store.path), **extra}
+    return json.dumps(body, indent=1) + "\n"
+
+
+class Target:
+    """A file or folder written under a temporary sibling name, then renamed into place.
+
+    Args:
+        out: the final path.
+        kind: ``"file"`` or ``"folder"``.
+        force: replace an existing target (a folder only if it is empty or carries
+            ``recognise`` -- a previous export of the same kind).
+        recognise: a file name whose presence marks a folder as replaceable.
+    """
+
+    def __init__(self, out: str, kind: str, force: bool, recognise: str | None = MARKER_FILE):
+        self.out = os.path.abspath(os.fspath(out))
+        self.kind = kind
+        self.force = force
+        self.recognise = recognise
+        parent = os.path.dirname(self.out)
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"{parent}: folder does not exist (the export target's parent)")
+        if os.path.lexists(self.out):
+            self._check_replaceable()
+        base = os.path.basename(self.out)
+        self.tmp = os.path.join(parent, f".{base}.partial-{os.getpid()}")
+        _remove(self.tmp)
+        if kind == "folder":
+            os.mkdir(self.tmp)
+
+    def _check_replaceable(self) -> None:
+        out = self.out
+        if not self.force:
+            raise FileExistsError(f"{out}: already exists; pass --force (force=True) to replace it")
+        if self.kind == "file":
+            if os.path.isdir(out) and not os.path.islink(out):
+                raise FileExistsError(f"{out}: is a folder; this format writes a file, choose another path")
+            return
+        if os.path.isdir(out) and not os.path.islink(out):
+            entries = os.listdir(out)
+            if not entries or (self.recognise is not None and self.recognise in entries):
+                return
+            raise FileExistsError(
+                f"{out}: a folder that is not an earlier export of this format; "
+                "refusing to replace it even with --force"
+            )
+        raise FileExistsError(f"{out}: exists and is not a folder; this format writes a folder")
+
+    def path(self, *parts: str) -> str:
+        """A path inside the temporary target (a folder target), checked to stay inside."""
+        if self.kind == "file":
+            if parts:
+                raise ValueError("a file target has no inner paths")
+            return self.tmp
+        joined = os.path.normpath(os.path.join(self.tmp, *parts))
+        if os.path.commonpath([joined, self.tmp]) != self.tmp:
+            raise BadInputError(f"export path {os.path.join(*parts)!r} leaves the target folder {self.out}")
+        return joined
+
+    def commit(self) -> str:
+        """Move the finished export into place; returns the final path."""
+        if os.path.lexists(self.out):
+            old = self.out + f".old-{os.getpid()}"
+            os.rename(self.out, old)
+            try:
+                os.rename(self.tmp, self.out)
+            except BaseException:
+                os.rename(old, self.out)
+                raise
+            _remove(old)
+        else:
+            os.rename(self.tmp, self.out)
+        return self.out
+
+    def abort(self) -> None:
+        _remove(self.tmp)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+# --- roles -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The store's roles resolved against its spec.
+
+    ``observation`` etc. are role paths (None when the store has no such role); ``spec_of``
+    gives the sub-spec (a leaf or a nest) at a role path.
+    """
+
+    spec: Any
+    paths: tuple[str, ...]
+    roles: dict[str, str]
+
+    @classmethod
+    def of(cls, store: Any) -> Roles:
+        return cls(store.spec, tuple(leaf_paths(store.spec)), dict(store.roles))
+
+    def get(self, role: str) -> str | None:
+        return self.roles.get(role)
+
+    def need(self, role: str, fmt: str) -> str:
+        path = self.roles.get(role)
+        if path is None:
+            known = ", ".join(f"{r}={p}" for r, p in sorted(self.roles.items())) or "none"
+            raise BadInputError(
+                f"{fmt} export needs a {role} leaf, and the store has none (its roles: {known}); "
+                "give roles= when creating the store"
+            )
+        return path
+
+    def spec_of(self, path: str) -> Any:
+        return subtree(self.spec, path)
+
+    def leaves_of(self, path: str) -> list[str]:
+        """Leaf paths under a role path, in flatten order."""
+        return [p for p in self.paths if p == path or p.startswith(path + "/")]
+
+    def covered(self) -> set[str]:
+        out: set[str] = set()
+        for path in self.roles.values():
+            out.update(self.leaves_of(path))
+        return out
+
+    def extras(self, used: Sequence[str]) -> list[str]:
+        """Leaf paths not under any of the given role names."""
+        taken: set[str] = set()
+        for role in used:
+            path = self.roles.get(role)
+            if path is not None:
+                taken.update(self.leaves_of(path))
+        return [p for p in self.paths if p not in taken]
+
+
+def part(data: Any, path: str) -> Any:
+    """The node of an episode's data nest at a role path."""
+    return subtree(data, path)
+
+
+def episode_flags(episode: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``terminations`` and ``truncations`` of length N: only the last step may be set.
+
+    An open episode (cut by the end of the stream) is marked truncated; an episode that
+    both terminated and was truncated counts as terminated (terminals and timeouts are
+    never both set, as d3rlpy and D4RL require).
+    """
+    n = episode.length
+    term = np.zeros(n, bool)
+    trunc = np.zeros(n, bool)
+    if n:
+        if episode.status == "terminated":
+            term[-1] = True
+        else:
+            trunc[-1] = True
+    return term, trunc
+
+
+def episodes(store: Any, complete_only: bool) -> Iterator[Any]:
+    """The store's episodes (env by env, time order), ``complete_only`` as asked."""
+    return iter(store.episodes(complete_only=complete_only))
+
+
+def episode_total(store: Any, complete_only: bool) -> tuple[int, int]:
+    """(episodes, steps) an episode export will write, from the episode index."""
+    spans = store.episode_index(complete_only=complete_only)
+    return len(spans), sum(int(s.length) for s in spans)
+
+
+# --- step-major reading --------------------------------------------------------------
+
+
+class StepBlocks:
+    """The retained committed steps in time order, read in blocks of bounded size.
+
+    Yields ``(first_global_step, leaves)`` with each leaf ``[k, num_envs, *shape]`` in
+    flatten order. A block is about :data:`BLOCK_BYTES`; ``align`` makes blocks a multiple
+    of a chunk length (for chunked targets).
+    """
+
+    def __init__(self, store: Any, align: int = 1, block_bytes: int = BLOCK_BYTES):
+        self.store = store
+        self.first = int(store.first_step)
+        self.end = int(store.committed_steps)
+        self.steps = max(0, self.end - self.first)
+        specs: list[ArraySpec] = flatten(store.spec)
+        step_bytes = max(1, store.num_envs * sum(s.nbytes for s in specs))
+        k = max(1, block_bytes // step_bytes)
+        if align > 1:
+            k = max(align, k // align * align)
+        self.block = k
+
+    def __iter__(self) -> Iterator[tuple[int, list[np.ndarray]]]:
+        for a in range(self.first, self.end, self.block):
+            b = min(self.end, a + self.block)
+            try:
+                leaves = self.store.read_steps(np.arange(a, b))
+            except NotEnoughDataError as exc:
+                raise NotEnoughDataError(
+                    f"{exc}; the writer overwrote rows the export had not read yet -- "
+                    "export a copy (mmreplay convert) or pause the writer"
+                ) from None
+            yield a, leaves
+
+
+def reject_complete_only(fmt: str, complete_only: bool) -> None:
+    if complete_only:
+        raise BadInputError(
+            f"{fmt} export writes every retained step as [steps, num_envs, ...] arrays, so it cannot "
+            "leave out open episodes; --complete-only applies to minari, d4rl, d3rlpy and parquet"
+        )
+
+
+def spec_json(store: Any) -> dict[str, Any]:
+    """What a step-major export records about its source, enough to import it back."""
+    from ..spec import spec_to_json
+
+    return {
+        "format": "mmreplay-arrays/1",
+        "spec": spec_to_json(store.spec),
+        "roles": dict(store.roles),
+        "num_envs": int(store.num_envs),
+        "first_step": int(store.first_step),
+        "steps": int(len(store)),
+        "leaves": list(leaf_paths(store.spec)),
+    }
+
+
+def read_leaf(store: Any, index: int, steps: np.ndarray) -> np.ndarray:
+    """One leaf's rows ``[len(steps), num_envs, *shape]`` for global step ids.
+
+    ``read_steps`` reads every leaf; formats that write one leaf at a time (zip members)
+    read only the one they write. A reader re-checks that the rows were still retained.
+    """
+    leaves = getattr(store, "_leaves", None)
+    if leaves is None:
+        return store.read_steps(steps)[index]
+    out = np.array(leaves[index].read(np.asarray(steps) % store.capacity))
+    if store.mode == "r" and len(steps):
+        store._check_still_retained(steps)
+    return out
+
+
+class Ticker:
+    """Turns work done in any unit into the row counts ``progress`` expects."""
+
+    def __init__(self, progress: Progress, rows: int, work: int):
+        self.progress = progress
+        self.rows = rows
+        self.work = max(1, work)
+        self.done = 0
+        self.reported = 0
+
+    def advance(self, work: int) -> None:
+        self.done += work
+        rows = min(self.rows, self.rows * self.done // self.work)
+        if rows > self.reported:
+            self.progress(rows - self.reported)
+            self.reported = rows

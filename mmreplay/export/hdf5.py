@@ -1,0 +1,79 @@
+"""``hdf5``: one HDF5 file, one ``[steps, num_envs, *shape]`` dataset per leaf path.
+
+Groups mirror the nest (``obs/pixels``), the steps are in time order, and the root's
+``mmreplay`` attribute holds the spec and roles as JSON, enough for ``mmreplay import``
+to rebuild the store. Read it with plain ``h5py.File(path)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..spec import flatten
+from ._base import ExportResult, StepBlocks, Target, check_compression, reject_complete_only, spec_json
+
+COMPRESSIONS = ("gzip", "lzf")
+
+
+def h5py_module() -> Any:
+    try:
+        import h5py
+    except ImportError as exc:  # h5py is a core dependency; this is a broken install
+        raise ImportError("the hdf5 export needs h5py: pip install h5py") from exc
+    return h5py
+
+
+def dataset_options(compression: str | None, chunks: tuple[int, ...] | None) -> dict[str, Any]:
+    """h5py ``create_dataset`` keywords for a compression setting such as ``gzip:4``."""
+    if compression is None:
+        return {}
+    codec, _, level = compression.partition(":")
+    opts: dict[str, Any] = {"compression": codec, "chunks": chunks or True}
+    if codec == "gzip":
+        opts["compression_opts"] = int(level) if level else 4
+        opts["shuffle"] = True
+    elif level:
+        raise ValueError(f"compression {compression!r}: lzf takes no level")
+    return opts
+
+
+def write(
+    store: Any,
+    out: str,
+    *,
+    compression: str | None,
+    complete_only: bool,
+    force: bool,
+    progress: Any,
+    **options: Any,
+) -> ExportResult:
+    if options:
+        raise TypeError(f"hdf5 export: unexpected options {sorted(options)}")
+    reject_complete_only("hdf5", complete_only)
+    comp = check_compression("hdf5", compression, COMPRESSIONS)
+    h5py = h5py_module()
+    target = Target(out, "file", force)
+    try:
+        blocks = StepBlocks(store)
+        specs = flatten(store.spec)
+        with h5py.File(target.path(), "w") as f:
+            f.attrs["mmreplay"] = json.dumps(spec_json(store))
+            dsets = []
+            for path, spec in zip(store.leaf_paths, specs):
+                shape = (blocks.steps, store.num_envs, *spec.shape)
+                chunk = (max(1, min(blocks.block, blocks.steps)), store.num_envs, *spec.shape)
+                dsets.append(
+                    f.create_dataset(path, shape=shape, dtype=spec.dtype, **dataset_options(comp, chunk))
+                )
+            for a, leaves in blocks:
+                lo = a - blocks.first
+                for dset, values in zip(dsets, leaves):
+                    dset[lo : lo + len(values)] = values
+                progress(len(leaves[0]) * store.num_envs)
+        path = target.commit()
+    except BaseException:
+        target.abort()
+        raise
+    return ExportResult("hdf5", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))

@@ -1,0 +1,137 @@
+"""``pt``: ``torch.save`` of a dict leaf path -> ``[steps, num_envs, *shape]`` tensor.
+
+The layout skrl's ``Memory.save(format="pt")`` writes, steps in time order, plain
+tensors only, so ``torch.load(path, weights_only=True)`` (and ``mmap=True``) reads it.
+
+To stay in bounded memory, the file is first written by ``torch.save`` under
+``torch.serialization.skip_data`` (which writes the archive with room for every
+tensor's bytes but not the bytes), then each tensor's record is filled in place, block
+by block, from the store. The tensors handed to ``torch.save`` live on an unreserved
+anonymous mapping that is never touched, so they cost no memory.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptBufferError
+from ..spec import flatten
+from ._base import ExportResult, StepBlocks, Target, check_compression, reject_complete_only
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise ImportError("the pt export needs PyTorch: pip install 'mmreplay[torch]'") from exc
+    return torch
+
+
+def _placeholder(torch: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
+    """A tensor of this shape whose memory is mapped but never touched."""
+    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_NORESERVE", 0x4000)
+    mm = mmap.mmap(-1, nbytes, flags=flags)
+    arr = np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    return torch.from_numpy(arr), mm
+
+
+def _record_offsets(path: str) -> dict[str, tuple[int, int]]:
+    """Zip record name -> (offset of its data in the file, size)."""
+    out = {}
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
+        for info in zf.infolist():
+            f.seek(info.header_offset)
+            head = f.read(30)
+            if head[:4] != b"PK\x03\x04":
+                raise CorruptBufferError(f"{path}: unexpected zip layout from torch.save")
+            name_len, extra_len = struct.unpack("<HH", head[26:30])
+            out[info.filename] = (info.header_offset + 30 + name_len + extra_len, info.file_size)
+    return out
+
+
+def write(
+    store: Any,
+    out: str,
+    *,
+    compression: str | None,
+    complete_only: bool,
+    force: bool,
+    progress: Any,
+    **options: Any,
+) -> ExportResult:
+    if options:
+        raise TypeError(f"pt export: unexpected options {sorted(options)}")
+    reject_complete_only("pt", complete_only)
+    check_compression("pt", compression, ())
+    torch = _torch()
+    target = Target(out, "file", force)
+    keep = []
+    try:
+        blocks = StepBlocks(store)
+        specs = flatten(store.spec)
+        tensors = {}
+        for path, spec in zip(store.leaf_paths, specs):
+            dtype = spec.dtype.newbyteorder("=")
+            t, mm = _placeholder(torch, (blocks.steps, store.num_envs, *spec.shape), dtype)
+            tensors[path] = t
+            keep.append(mm)
+        with torch.serialization.skip_data():
+            torch.save(tensors, target.path())
+        del tensors
+        records = _record_offsets(target.path())
+        # torch.save numbers storages in the order it meets them: dict order here
+        data = sorted(
+            (
+                (name, off, size)
+                for name, (off, size) in records.items()
+                if "/data/" in name and name.rsplit("/", 1)[1].isdigit()
+            ),
+            key=lambda r: int(r[0].rsplit("/", 1)[1]),
+        )
+        sizes = [blocks.steps * store.num_envs * s.nbytes for s in specs]
+        if len(data) != len(specs) or any(size != n for (_, _, size), n in zip(data, sizes)):
+            raise CorruptBufferError(
+                f"{target.out}: torch.save laid out {len(data)} records, expected one per leaf "
+                f"({len(specs)}); this PyTorch version is not supported by the pt export"
+            )
+        fd = os.open(target.path(), os.O_WRONLY)
+        try:
+            for a, leaves in blocks:
+                lo = a - blocks.first
+                for (_, offset, _), spec, values in zip(data, specs, leaves):
+                    row = store.num_envs * spec.nbytes
+                    buf = (
+                        np.ascontiguousarray(values, dtype=spec.dtype.newbyteorder("="))
+                        .reshape(-1)
+                        .view(np.uint8)
+                    )
+                    _pwrite_all(fd, buf, offset + lo * row)
+                progress(len(leaves[0]) * store.num_envs)
+        finally:
+            os.close(fd)
+        path = target.commit()
+    except BaseException:
+        target.abort()
+        raise
+    finally:
+        for mm in keep:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+    return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+
+
+def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
+    view = memoryview(buf)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
