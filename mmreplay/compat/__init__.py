@@ -1,0 +1,13 @@
+"""Replay APIs people already use, over a persistent store.
+
+One module per framework, each imported on its own and importing its framework only
+when used:
+
+- :mod:`mmreplay.compat.tf_agents`: ``NumpyStorage`` and ``UniformReplayBuffer``
+  (the behaviour of TF-Agents' ``TFUniformReplayBuffer``), numpy outputs.
+- :mod:`mmreplay.compat.skrl`: skrl / rofunc ``Memory`` and ``RandomMemory``, torch outputs.
+- :mod:`mmreplay.compat.gymnasium`: the transition spec of an env's spaces and a
+  recorder that writes every transition of an env or a vector env into a store.
+
+This package itself imports nothing.
+"""

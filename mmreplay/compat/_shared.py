@@ -1,0 +1,188 @@
+"""What the compatibility layers share: opening or creating their store, sizing its ring.
+
+Each layer is a thin shell over one :class:`mmreplay.Store`. These helpers decide the
+store's capacity for a window of ``n`` steps, open an existing buffer after checking
+that it is the one the caller describes, create a new one (or a temporary one, removed
+when its owner is closed or collected), and read ``(step, env)`` rows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpecError, SpecMismatchError
+from ..metadata import METADATA_FILE
+from ..roles import infer_roles, validate_roles
+from ..spec import ArraySpec, flatten, leaf_paths
+from ..store import Store, create, open
+
+__all__ = ["ring_capacity", "StoreOptions", "attach_store", "lenient_roles", "read_rows", "describe", "window_of", "check_same", "storable"]
+
+
+def ring_capacity(n: int, commit_every: int) -> int:
+    """The store capacity that keeps the newest ``n`` steps across a crash and a reopen.
+
+    Before it overwrites old slots a writer reserves them in the committed state, up to
+    ``max(1, min(commit_every, capacity // 8))`` steps ahead of what it wrote, and a
+    reopened store treats reserved slots as gone. A ring of ``n`` plus that reservation
+    therefore still holds ``n`` whole steps after a reopen.
+    """
+    capacity = n
+    while capacity - max(1, min(commit_every, capacity // 8)) < n:
+        capacity += 1
+    return capacity
+
+
+class StoreOptions:
+    """How a layer's store is created: backend, compression, commit policy, durability."""
+
+    def __init__(
+        self,
+        backend: str = "zarr",
+        compression: Any = None,
+        chunk_steps: Any = None,
+        commit_every: int = 1,
+        durability: str = "process",
+    ):
+        self.backend = backend
+        self.compression = compression
+        self.chunk_steps = chunk_steps
+        self.commit_every = commit_every
+        self.durability = durability
+
+    def create_kwargs(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "compression": self.compression,
+            "chunk_steps": self.chunk_steps,
+            "commit_every": self.commit_every,
+            "durability": self.durability,
+        }
+
+
+#: the key a spec that is a single leaf is stored under (a store's spec is a nest)
+SINGLE_LEAF_KEY = "item"
+
+
+def storable(spec: Any) -> Any:
+    """The spec a store holds: a single leaf is wrapped as ``{"item": leaf}``."""
+    return {SINGLE_LEAF_KEY: spec} if isinstance(spec, ArraySpec) else spec
+
+
+def describe(spec: Any) -> list[tuple[str, tuple[int, ...], str]]:
+    """(leaf path, shape, dtype) of every leaf: what must agree for a reopen."""
+    return [(p, s.shape, s.dtype.name) for p, s in zip(leaf_paths(spec), flatten(spec))]
+
+
+def lenient_roles(spec: Any) -> dict[str, None]:
+    """Roles to drop: the inferred ones the spec cannot hold (e.g. a vector reward).
+
+    A framework's own spec (a TF-Agents trajectory with a multi-objective reward) must
+    still be storable; such a leaf is stored without its role.
+    """
+    drop: dict[str, None] = {}
+    inferred = infer_roles(spec)
+    for role in inferred:
+        others = {r: None for r in inferred if r != role}
+        try:
+            validate_roles(spec, others)
+        except SpecError:
+            drop[role] = None
+    return drop
+
+
+def _remove_tree(store: Store, folder: str) -> None:
+    try:
+        store.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def attach_store(
+    owner: Any,
+    path: str | os.PathLike | None,
+    spec: Any,
+    window: int,
+    num_envs: int,
+    options: StoreOptions,
+    roles: Mapping[str, Any] | None = None,
+    what: str = "buffer",
+    window_name: str = "capacity",
+) -> tuple[Store, bool]:
+    """Open the buffer at ``path`` (checking it matches) or create it; ``(store, created)``.
+
+    The store's capacity is :func:`ring_capacity` of ``window`` steps. Without ``path``
+    the store lives in a temporary folder removed when ``owner`` is closed (call
+    ``owner._cleanup()``) or garbage-collected.
+
+    Raises:
+        SpecMismatchError: a buffer exists at ``path`` with other leaves, window or
+            number of envs; it is left untouched.
+    """
+    spec = storable(spec)
+    if roles is None:
+        roles = lenient_roles(spec)
+    if path is None:
+        folder = tempfile.mkdtemp(prefix="mmreplay-")
+        capacity = ring_capacity(window, options.commit_every)
+        store = create(os.path.join(folder, "buffer"), spec, capacity, num_envs, roles=roles, **options.create_kwargs())
+        owner._cleanup = weakref.finalize(owner, _remove_tree, store, folder)
+        return store, True
+    path = os.fspath(path)
+    if os.path.exists(os.path.join(path, METADATA_FILE)):
+        store = open(path, "a")
+        check_same(store, spec, window, num_envs, what, window_name)
+        return store, False
+    capacity = ring_capacity(window, options.commit_every)
+    store = create(path, spec, capacity, num_envs, roles=roles, **options.create_kwargs())
+    return store, True
+
+
+def window_of(store: Store) -> int:
+    """The steps per env a layer's store keeps: its capacity less the writer's reservation."""
+    capacity = store.capacity
+    return capacity - max(1, min(store.metadata.commit_every, capacity // 8))
+
+
+def check_same(store: Store, spec: Any, window: int, num_envs: int, what: str, window_name: str) -> None:
+    """Refuse (closing the store) a buffer other than the one the caller describes."""
+    diffs = []
+    have, want = describe(store.spec), describe(storable(spec))
+    if have != want:
+        missing = [w for w in want if w not in have]
+        extra = [h for h in have if h not in want]
+        diffs.append(f"leaves differ: existing has {_fmt(extra)} where the new spec has {_fmt(missing)}")
+    if store.capacity != ring_capacity(window, store.metadata.commit_every):
+        diffs.append(f"{window_name}: existing {window_of(store)} vs new {window}")
+    if store.num_envs != num_envs:
+        diffs.append(f"num_envs: existing {store.num_envs} vs new {num_envs}")
+    if diffs:
+        path = store.path
+        store.close()
+        raise SpecMismatchError(f"{path}: a different {what} exists there ({'; '.join(diffs)})")
+
+
+def _fmt(leaves: list[tuple[str, tuple[int, ...], str]]) -> str:
+    if not leaves:
+        return "nothing"
+    return ", ".join(f"{p} {s} {d}" for p, s, d in leaves)
+
+
+def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:
+    """Leaf arrays (flatten order) of the rows ``(steps[i...], envs[i...])``, broadcast together.
+
+    Each distinct step is read once (every env of it), then the rows are picked.
+    """
+    steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
+    if steps.size == 0:
+        return [np.empty((*steps.shape, *s.shape), s.dtype) for s in flatten(store.spec)]
+    unique, inverse = np.unique(steps, return_inverse=True)
+    inverse = inverse.reshape(steps.shape)
+    return [leaf[inverse, envs] for leaf in store.read_steps(unique)]
