@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -105,6 +105,8 @@ class Store:
         self._written = self._state.end
         self._ahead = max(1, min(meta.commit_every, capacity // 8))
         self._dirty = False
+        self._episodes: Any = None  # mmreplay.episodes.EpisodeIndex, made on first use
+        self._reads: Any = None  # mmreplay.reads.Reader, made on first read
 
     # --- description ---------------------------------------------------------------
 
@@ -209,6 +211,10 @@ class Store:
         finally:
             self._closed = True
             self._arrays = None  # drop the views first, so the mappings can close
+            for part in (self._reads, self._episodes):
+                if part is not None:
+                    part.close()
+            self._reads = self._episodes = None
             for entry in self._closers:
                 entry.close()
             self._leaves = []
@@ -299,6 +305,10 @@ class Store:
             commits=self._state.commits + 1,
             commit_time=time.time(),
         )
+        if written > self._state.end:  # the episode index covers a step before its commit
+            from .episodes import index_for
+
+            index_for(self).commit(self._state.end, written, self.first_step, fsync)
         self._write_state(state, fsync)
         self._dirty = False
 
@@ -388,6 +398,128 @@ class Store:
         for leaf, v in zip(self._leaves, values):
             leaf.write_slots(slots, v)
         self._dirty = True
+        from .episodes import index_for
+
+        index_for(self).rescan(self, np.asarray(steps).reshape(-1))
+
+    # --- sampling, passes, episodes (mmreplay.reads, mmreplay.episodes) ----------------
+
+    def sample(
+        self,
+        batch_size: int,
+        num_steps: int | None = None,
+        replacement: bool = True,
+        rng: Any = None,
+        within_episodes: bool = False,
+        return_info: bool = False,
+    ) -> Any:
+        """A random batch of committed rows, uniform over every (step, env) pair.
+
+        Args:
+            batch_size: items in the batch (without replacement: at most the number of
+                valid items).
+            num_steps: if given, each item is a sequence of that many consecutive steps of
+                one env, never crossing the write cursor or the oldest retained step.
+            replacement: False gives distinct items.
+            rng: an int seed, a ``numpy.random.Generator``, or None (the store's own).
+            within_episodes: sequences also never cross an episode end.
+            return_info: also return a :class:`mmreplay.reads.SampleInfo` (global step id
+                and slot of each item's first step, its env, its probability).
+
+        Returns:
+            The spec's nest of arrays ``[batch_size, *shape]``, or
+            ``[batch_size, num_steps, *shape]``; with ``return_info``, ``(nest, info)``.
+
+        Raises:
+            NotEnoughDataError: the store is empty, or too short for ``num_steps``.
+
+        Example:
+            >>> import mmreplay as mr, numpy as np, tempfile
+            >>> store = mr.create(tempfile.mkdtemp() + "/b", {"x": mr.ArraySpec((), "int64")}, 10)
+            >>> store.extend({"x": np.arange(6).reshape(6, 1)}); store.commit()
+            >>> store.sample(4, num_steps=3, rng=0)["x"].shape
+            (4, 3)
+        """
+        from . import reads
+
+        return reads.sample(self, batch_size, num_steps, replacement, rng, within_episodes, return_info)
+
+    def iterate(
+        self,
+        batch_size: int | None = None,
+        num_steps: int | None = None,
+        window_shift: int | None = None,
+        drop_remainder: bool = False,
+        shuffle: bool = False,
+        rng: Any = None,
+    ) -> Iterator[Any]:
+        """One deterministic pass over every committed row, env by env in time order.
+
+        The window is read when this is called. Items are windows of ``num_steps``
+        starting every ``window_shift`` steps (default ``num_steps``) within one env's
+        stream; the shorter windows at the end of a stream are kept unless
+        ``drop_remainder``. With ``batch_size``, windows are stacked: full windows
+        first, then the shorter ones grouped by length; a last smaller batch is kept
+        unless ``drop_remainder``. ``shuffle`` permutes the windows with ``rng``.
+
+        Yields:
+            Nests of ``[*shape]`` (no sizes), ``[n, *shape]`` (``num_steps`` or
+            ``batch_size``), or ``[batch, n, *shape]`` (both).
+
+        Example:
+            >>> import mmreplay as mr, numpy as np, tempfile
+            >>> store = mr.create(tempfile.mkdtemp() + "/b", {"x": mr.ArraySpec((), "int64")}, 5)
+            >>> store.extend({"x": np.arange(5).reshape(5, 1)}); store.commit()
+            >>> [b["x"][:, 0].tolist() for b in store.iterate(num_steps=2)]
+            [[0, 1], [2, 3], [4]]
+        """
+        from . import reads
+
+        return reads.iterate(self, batch_size, num_steps, window_shift, drop_remainder, shuffle, rng)
+
+    def episodes(self, env: int | None = None, complete_only: bool = False) -> Iterator[Any]:
+        """Each episode of the committed window with its data, env by env, in time order.
+
+        Yields :class:`mmreplay.episodes.Episode` (env, first and last global step id,
+        status ``"terminated"``, ``"truncated"`` or ``"open"``, and ``data``: the spec's
+        nest of ``[length, *shape]`` arrays). ``complete_only`` skips open episodes.
+
+        Example:
+            >>> import mmreplay as mr, numpy as np, tempfile
+            >>> spec = {"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}
+            >>> store = mr.create(tempfile.mkdtemp() + "/b", spec, 10)
+            >>> store.extend({"x": np.arange(5)[:, None], "terminated": np.array([[0], [1], [0], [0], [0]], bool)})
+            >>> store.commit()
+            >>> [(ep.first_step, ep.last_step, ep.status) for ep in store.episodes()]
+            [(0, 1, 'terminated'), (2, 4, 'open')]
+        """
+        from . import episodes
+
+        return episodes.episodes(self, env, complete_only)
+
+    def episode_index(self, env: int | None = None, complete_only: bool = False) -> list[Any]:
+        """The :class:`mmreplay.episodes.EpisodeSpan` of each episode, as :meth:`episodes`
+        orders them, from the episode index alone (no data is read)."""
+        from . import episodes
+
+        return episodes.episode_index(self, env, complete_only)
+
+    def to_arrays(self) -> dict[str, Any]:
+        """Every committed episode as flat D4RL-style arrays, env by env, episode by episode.
+
+        Keys: ``observations``, ``actions``, ``rewards`` (from the roles present),
+        ``terminals`` and ``timeouts`` (bool, never both set: a terminated episode ends
+        with ``terminals``, a truncated or still open one with ``timeouts``),
+        ``next_observations``, and ``infos/<leaf path>`` for leaves with no role. With a
+        ``next_observation`` leaf every step is kept; otherwise a step's next observation
+        is the next step's observation in the episode, and the last step of an episode
+        that did not terminate is dropped (its next observation is not stored; the step
+        before it carries the episode's ``timeouts``). A terminal step's
+        ``next_observations`` row repeats its own observation (no TD target uses it).
+        """
+        from . import episodes
+
+        return episodes.to_arrays(self)
 
     # --- readers --------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ LAYERS = [
     {"roles", "values"},
     {"metadata", "lock"},
     {"backends"},
-    {"store", "sampling", "episodes"},
+    {"store", "sampling", "episodes", "reads"},
     {"export", "compat", "importers", "convert", "verify", "torture", "demo"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
@@ -73,7 +73,7 @@ def test_core_modules_import_only_earlier_layers():
 
 
 def test_only_backends_import_zarr_and_h5py_in_the_core():
-    core = {"errors", "spec", "roles", "values", "metadata", "lock", "store", "sampling", "episodes"}
+    core = {"errors", "spec", "roles", "values", "metadata", "lock", "store", "sampling", "episodes", "reads"}
     problems = [
         f"{path.relative_to(ROOT)}:{line} imports {name}"
         for path, top in modules()

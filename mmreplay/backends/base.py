@@ -149,9 +149,59 @@ class MappedLeaf:
             self.array = np.zeros(shape, dtype)
         else:
             self.array = np.ndarray(shape, dtype, buffer=mm, offset=info.offset or 0)
+        self.num_envs = num_envs
+        # Rows in (slot, env) order: one ``take`` gathers any (step, env) pairs.
+        self.flat = self.array.reshape(capacity * num_envs, *info.spec.shape)
+        self.advice: str | None = None
+        self.row_bytes = max(1, info.spec.nbytes)
 
     def read(self, slots: Any) -> np.ndarray:
         return self.array[slots]
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows by flat id ``slot * num_envs + env`` (any index shape), as a new array."""
+        return self.flat.take(rows, axis=0)
+
+    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
+        """Rows of the (slot, env) pairs (broadcast together), as a new array."""
+        return self.flat.take(np.asarray(slots, np.int64) * self.num_envs + envs, axis=0)
+
+    def advise(self, pattern: str) -> None:
+        """Tell the kernel how the leaf is read next: ``"random"`` (no readahead: random
+        rows from a buffer larger than RAM read only their own pages) or ``"normal"``
+        (readahead, for sequences and passes). Costs one syscall when the pattern changes."""
+        if pattern == self.advice or self.mm is None:
+            return
+        start = (self.info.offset or 0) // mmap.PAGESIZE * mmap.PAGESIZE
+        length = (self.info.offset or 0) + self.flat.nbytes - start
+        option = mmap.MADV_RANDOM if pattern == "random" else mmap.MADV_NORMAL
+        try:
+            self.mm.madvise(option, start, length)
+        except (OSError, ValueError):
+            return  # advice only; a closed or unusual mapping reads correctly without it
+        self.advice = pattern
+
+    def willneed(self, rows: np.ndarray) -> None:
+        """Start reading the pages of these rows from disk, without waiting (MADV_WILLNEED)."""
+        mm = self.mm
+        if mm is None or self.flat is None:
+            return
+        base = self.info.offset or 0
+        lo = np.unique(np.asarray(rows, np.int64).reshape(-1)) * self.row_bytes + base
+        page = mmap.PAGESIZE
+        first = lo // page
+        last = (lo + self.row_bytes - 1) // page
+        # Merge rows whose pages touch into one call per run of pages.
+        brk = np.flatnonzero(first[1:] > last[:-1] + 1) + 1
+        starts = first[np.r_[0, brk]] if len(first) else first
+        stops = last[np.r_[brk - 1, len(last) - 1]] + 1 if len(last) else last
+        advise = mm.madvise
+        willneed = mmap.MADV_WILLNEED
+        try:
+            for a, b in zip((starts * page).tolist(), ((stops - starts) * page).tolist()):
+                advise(willneed, a, b)
+        except (OSError, ValueError):
+            pass  # the mapping was closed meanwhile: nothing left to prefetch
 
     def write(self, start: int, values: np.ndarray) -> None:
         self.array[start : start + len(values)] = values
@@ -168,6 +218,7 @@ class MappedLeaf:
 
     def close(self) -> None:
         self.array = None  # type: ignore[assignment]
+        self.flat = None  # type: ignore[assignment]
         if self.mm is not None:
             try:
                 self.mm.close()
@@ -229,6 +280,39 @@ class ChunkedLeaf:
             out[sel] = self._decoded(int(k))[flat[sel] - k * self.cs]
         out = out.reshape(idx.shape + out.shape[1:])
         return out[()] if scalar else out
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows by flat id ``slot * num_envs + env`` (any index shape), as a new array.
+
+        The rows are grouped by chunk, so each chunk a batch needs is decoded (or found in
+        the LRU) once, however many rows of the batch it holds.
+        """
+        rows = np.asarray(rows, np.int64)
+        flat = rows.reshape(-1)
+        num_envs = self.array.shape[1]
+        tail = self.array.shape[2:]
+        slots = flat // num_envs
+        envs = flat - slots * num_envs
+        chunk_of = slots // self.cs
+        out = np.empty((flat.size, *tail), self.info.spec.dtype)
+        if flat.size:
+            order = np.argsort(chunk_of, kind="stable")
+            sorted_chunks = chunk_of[order]
+            cuts = np.flatnonzero(sorted_chunks[1:] != sorted_chunks[:-1]) + 1
+            for sel in np.split(order, cuts):
+                k = int(chunk_of[sel[0]])
+                out[sel] = self._decoded(k)[slots[sel] - k * self.cs, envs[sel]]
+        return out.reshape(rows.shape + tail)
+
+    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
+        """Rows of the (slot, env) pairs (broadcast together), as a new array."""
+        return self.take(np.asarray(slots, np.int64) * self.array.shape[1] + envs)
+
+    def advise(self, pattern: str) -> None:
+        """Chunks are read whole through zarr / h5py: there is no mapping to advise."""
+
+    def willneed(self, rows: np.ndarray) -> None:
+        """Chunks are decoded on demand: nothing to prefetch from the page cache."""
 
     def _stage(self, k: int) -> np.ndarray:
         chunk = self.staged.get(k)

@@ -1,0 +1,683 @@
+"""Episodes: where each env's episodes end, kept up to date at every commit.
+
+Episode ends come from the role leaves (:mod:`mmreplay.roles`): ``terminated`` /
+``truncated``; else TF-Agents ``next_step_type == LAST`` (terminated when ``discount`` is
+0, truncated otherwise); else ``step_type == LAST`` when only ``step_type`` exists. With
+both ``step_type`` and ``next_step_type``, a row with ``step_type == LAST`` is the
+boundary row TF-Agents drivers write between episodes and belongs to no episode. Without
+end roles each env's retained stream is one open episode.
+
+The index is a list of end records ``(step, env, code)`` in step order. The writer scans
+only the steps each commit adds (the role leaves are one byte or so per row) and appends
+their records to ``episodes.idx`` before the state that commits them is written, so the
+file always covers every committed step. The file is plain binary, never pickled:
+
+- a 32-byte header: magic ``b"MMREPIX1"``, ``origin`` (int64 LE: records are complete
+  for steps ``>= origin``), a random int64 generation (changes when the file is
+  rewritten), 8 zero bytes;
+- 16-byte records: step int64 LE, env int32 LE, code uint8 (1 terminated, 2 truncated,
+  3 boundary), 3 zero bytes.
+
+Appending keeps a commit cheap and the file survives reopen; records past the committed
+end (a writer killed between the append and the state write) and a torn last record are
+ignored by readers and cut off by the next writer. The file is rewritten (atomically,
+temp file + rename) only to drop records the ring has overwritten, when they are more
+than half of it, and after ``set`` changes an end. A buffer without the file (written by
+another tool, or the file deleted) rebuilds it by scanning the role leaves of the
+retained steps once. Readers load the records below their committed end, so the episodes
+they see always match their committed window.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import NotEnoughDataError
+from .roles import subtree
+from .spec import leaf_paths, unflatten
+
+__all__ = [
+    "Episode",
+    "EpisodeSpan",
+    "EpisodeIndex",
+    "INDEX_FILE",
+    "index_for",
+    "episode_index",
+    "episodes",
+    "to_arrays",
+]
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "episodes.idx"
+MAGIC = b"MMREPIX1"
+HEADER_BYTES = 32
+RECORD = np.dtype({"names": ["step", "env", "code"], "formats": ["<i8", "<i4", "u1"], "offsets": [0, 8, 12], "itemsize": 16})
+TERMINATED, TRUNCATED, BOUNDARY = 1, 2, 3
+STATUS = {TERMINATED: "terminated", TRUNCATED: "truncated"}
+LAST = 2  # TF-Agents StepType.LAST
+SCAN_STEPS = 1 << 16  # steps per block when rebuilding from the role leaves
+COMPACT_MIN_RECORDS = 1 << 16
+
+
+@dataclass(frozen=True)
+class EpisodeSpan:
+    """Where one episode lies: its env, first and last global step id (inclusive) and how
+    it ended: ``"terminated"``, ``"truncated"`` or ``"open"`` (still running at the
+    cursor, or its start was overwritten by the ring)."""
+
+    env: int
+    first_step: int
+    last_step: int
+    status: str
+
+    @property
+    def length(self) -> int:
+        return self.last_step - self.first_step + 1
+
+
+@dataclass(frozen=True, eq=False)
+class Episode:
+    """One episode of one env with its data: a nest shaped like ``store.spec`` whose
+    leaves are ``[length, *shape]`` arrays."""
+
+    env: int
+    first_step: int
+    last_step: int
+    status: str
+    data: Any = field(repr=False)
+
+    @property
+    def length(self) -> int:
+        return self.last_step - self.first_step + 1
+
+    @property
+    def span(self) -> EpisodeSpan:
+        return EpisodeSpan(self.env, self.first_step, self.last_step, self.status)
+
+    def __repr__(self) -> str:
+        return (
+            f"Episode(env={self.env}, first_step={self.first_step}, last_step={self.last_step}, "
+            f"length={self.length}, status={self.status!r})"
+        )
+
+
+# --- end detection ----------------------------------------------------------------
+
+
+class EndRule:
+    """Turns the role leaves' rows into end codes ``[n, num_envs]`` (0 where no end)."""
+
+    def __init__(self, store: Any):
+        roles = store.roles
+        index = {p: i for i, p in enumerate(store.leaf_paths)}
+        self.leaves: dict[str, Any] = {}
+        if "terminated" in roles or "truncated" in roles:
+            wanted = ("terminated", "truncated")
+            self.kind = "flags"
+        elif "next_step_type" in roles:
+            wanted = ("next_step_type", "discount", "step_type")
+            self.kind = "next_step_type"
+        elif "step_type" in roles:
+            wanted = ("step_type", "discount")
+            self.kind = "step_type"
+        else:
+            self.kind = None
+            return
+        for role in wanted:
+            if role in roles and roles[role] in index:
+                self.leaves[role] = store._leaves[index[roles[role]]]
+
+    def codes(self, slots: np.ndarray, num_envs: int) -> np.ndarray:
+        v = {role: leaf.read(slots).reshape(len(slots), num_envs) for role, leaf in self.leaves.items()}
+        out = np.zeros((len(slots), num_envs), np.uint8)
+        if self.kind == "flags":
+            if "truncated" in v:
+                out[v["truncated"] != 0] = TRUNCATED
+            if "terminated" in v:
+                out[v["terminated"] != 0] = TERMINATED  # terminated wins over truncated
+            return out
+        last = v["next_step_type" if self.kind == "next_step_type" else "step_type"] == LAST
+        if "discount" in v:
+            out[last] = np.where(v["discount"][last] == 0, TERMINATED, TRUNCATED)
+        else:
+            out[last] = TERMINATED
+        if self.kind == "next_step_type" and "step_type" in v:
+            out[v["step_type"] == LAST] = BOUNDARY
+        return out
+
+
+# --- the index --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Episode spans as arrays, env by env, each env's in time order.
+
+    ``code`` is how the span really ended (0 still running); ``cut`` marks a first span
+    whose beginning the ring overwrote. Both make the status ``"open"`` when set/zero.
+    """
+
+    env: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    code: np.ndarray
+    cut: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.env)
+
+    @property
+    def length(self) -> np.ndarray:
+        return self.last - self.first + 1
+
+    @property
+    def complete(self) -> np.ndarray:
+        return (self.code > 0) & ~self.cut
+
+    def status(self, i: int) -> str:
+        return STATUS[int(self.code[i])] if self.code[i] and not self.cut[i] else "open"
+
+    def select(self, mask: np.ndarray) -> Spans:
+        return Spans(self.env[mask], self.first[mask], self.last[mask], self.code[mask], self.cut[mask])
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    """Concatenate record arrays keeping the padded 16-byte layout (np.concatenate packs it)."""
+    out = np.zeros(sum(len(p) for p in parts), RECORD)
+    i = 0
+    for p in parts:
+        out[i : i + len(p)] = p
+        i += len(p)
+    return out
+
+
+def _empty_spans() -> Spans:
+    z = np.zeros(0, np.int64)
+    return Spans(z, z, z, np.zeros(0, np.uint8), np.zeros(0, bool))
+
+
+class EpisodeIndex:
+    """The end records of one store, in memory and (for stores with end roles) on disk."""
+
+    def __init__(self, store: Any):
+        self.path = os.path.join(store.path, INDEX_FILE)
+        self.rule = EndRule(store)
+        self.writable = store.mode == "a"
+        self.capacity = store.capacity
+        self.num_envs = store.num_envs
+        self.fsync = store.metadata.durability == "power"
+        self.buf = np.zeros(0, RECORD)
+        self.n = 0
+        self.origin: int | None = None  # None: nothing loaded yet
+        self.generation: bytes | None = None
+        self.parsed = HEADER_BYTES  # file bytes read into memory so far (readers)
+        self.synced: Any = None  # the committed state the records were last synced to
+        self.fd: int | None = None  # the writer's append handle
+        self.file_records = 0
+        self.compact_at = COMPACT_MIN_RECORDS
+        self.scan_mode = False  # no file: records come from scanning the role leaves
+        self.covered = 0  # scan mode: steps below this were scanned
+        self.version = 0
+        self._cache: tuple[Any, Spans] | None = None
+
+    @property
+    def has_ends(self) -> bool:
+        return self.rule.kind is not None
+
+    @property
+    def records(self) -> np.ndarray:
+        return self.buf[: self.n]
+
+    # --- memory -------------------------------------------------------------------
+
+    def _append_memory(self, rec: np.ndarray) -> None:
+        need = self.n + len(rec)
+        if need > len(self.buf):
+            grown = np.zeros(max(need, 2 * len(self.buf), 1024), RECORD)
+            grown[: self.n] = self.buf[: self.n]
+            self.buf = grown
+        self.buf[self.n : need] = rec
+        self.n = need
+        self.version += 1
+
+    def _set_memory(self, rec: np.ndarray) -> None:
+        self.buf = np.array(rec, RECORD)
+        self.n = len(rec)
+        self.version += 1
+
+    def _scan_steps(self, steps: np.ndarray) -> np.ndarray:
+        """End records of these (ascending) steps, read from the role leaves."""
+        codes = self.rule.codes(steps % self.capacity, self.num_envs)
+        t, e = np.nonzero(codes)
+        rec = np.zeros(len(t), RECORD)
+        rec["step"], rec["env"], rec["code"] = steps[t], e, codes[t, e]
+        return rec
+
+    def _scan(self, lo: int, hi: int) -> np.ndarray:
+        """End records of steps ``[lo, hi)``, in blocks so memory stays small."""
+        parts = [
+            self._scan_steps(np.arange(a, min(hi, a + SCAN_STEPS), dtype=np.int64))
+            for a in range(lo, hi, SCAN_STEPS)
+        ]
+        return _cat(parts)
+
+    # --- file ---------------------------------------------------------------------
+
+    def _read_file(self) -> tuple[int, bytes, np.ndarray, int] | None:
+        """``(origin, generation, records, bytes parsed)`` of the file, None if absent or bad."""
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        if len(raw) < HEADER_BYTES or raw[:8] != MAGIC:
+            log.warning("%s: not an episode index (bad header); rebuilding it from the role leaves", self.path)
+            return None
+        origin = int(np.frombuffer(raw, "<i8", 1, 8)[0])
+        count = (len(raw) - HEADER_BYTES) // RECORD.itemsize
+        rec = np.frombuffer(raw, RECORD, count, HEADER_BYTES).copy()
+        if not self._valid(rec, origin):
+            log.warning("%s: episode index is inconsistent; rebuilding it from the role leaves", self.path)
+            return None
+        return origin, raw[16:24], rec, HEADER_BYTES + count * RECORD.itemsize
+
+    def _valid(self, rec: np.ndarray, origin: int) -> bool:
+        steps = rec["step"]
+        return bool(
+            origin >= 0
+            and (len(rec) == 0 or (steps[0] >= origin - 1 and np.all(steps[1:] >= steps[:-1])))
+            and np.all((rec["env"] >= 0) & (rec["env"] < self.num_envs))
+            and np.all((rec["code"] >= TERMINATED) & (rec["code"] <= BOUNDARY))
+        )
+
+    def _write_file(self, origin: int, rec: np.ndarray) -> None:
+        """Replace the file atomically with these records, and reopen the append handle."""
+        self._close_fd()
+        generation = secrets.token_bytes(8)
+        header = MAGIC + np.int64(origin).astype("<i8").tobytes() + generation + bytes(8)
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, header + _cat([rec]).tobytes())
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        self.origin, self.generation = origin, generation
+        self.file_records = len(rec)
+        self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(rec))
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    def _close_fd(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def close(self) -> None:
+        self._close_fd()
+
+    # --- writer -------------------------------------------------------------------
+
+    def _open_writer(self, end: int, first: int) -> None:
+        """Load the file for the committed window ``[first, end)``, or rebuild it.
+
+        Records past ``end`` (a writer killed between its append and its state write)
+        are dropped by rewriting the file, so readers that parsed them notice (the
+        generation changes); a torn last record is cut off in place.
+        """
+        found = self._read_file()
+        if found is None:
+            rec = self._scan(first, end)
+            self._write_file(first, rec)
+        else:
+            origin, generation, rec, parsed = found
+            keep = int(np.searchsorted(rec["step"], end, side="left"))
+            if keep < len(rec):
+                rec = rec[:keep]
+                self._write_file(origin, rec)
+            else:
+                if parsed != os.path.getsize(self.path):
+                    os.truncate(self.path, parsed)
+                self.origin, self.generation = origin, generation
+                self.file_records = len(rec)
+                self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(rec))
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._set_memory(rec)
+
+    def commit(self, old_end: int, new_end: int, first: int, fsync: bool) -> None:
+        """Record the ends of the steps ``[old_end, new_end)`` about to be committed.
+
+        Called by the writer before it writes the state that commits them.
+        """
+        if not self.has_ends:
+            return
+        if self.fd is None:
+            self._open_writer(old_end, first)
+        lo = max(old_end, new_end - self.capacity)
+        if self.n and self.buf["step"][self.n - 1] >= lo:
+            # an earlier commit appended these steps, then failed before its state write
+            keep = self.records[self.records["step"] < lo]
+            self._write_file(self.origin or 0, keep)
+            self._set_memory(keep)
+        rec = self._scan(lo, new_end)
+        if len(rec):
+            os.write(self.fd, rec.tobytes())
+            self._append_memory(rec)
+            self.file_records += len(rec)
+        if fsync and len(rec):
+            os.fsync(self.fd)
+        if self.file_records > self.compact_at:
+            self._compact(max(first, new_end - self.capacity))
+
+    def _compact(self, first: int) -> None:
+        rec = self.records
+        keep = rec[rec["step"] >= first - 1]
+        if len(keep) * 2 <= len(rec):
+            self._write_file(max(self.origin or 0, first - 1), keep)
+            self._set_memory(keep)
+        else:
+            self.compact_at = 2 * len(rec)
+
+    def rescan(self, store: Any, steps: np.ndarray) -> None:
+        """After ``set`` rewrote committed steps: re-read their ends and rewrite the file."""
+        if not self.has_ends:
+            return
+        self.sync(store)
+        steps = np.unique(np.asarray(steps, np.int64))
+        if not len(steps):
+            return
+        rec = self.records
+        fresh = self._scan_steps(steps)
+        lo, hi = np.searchsorted(rec["step"], [steps[0], steps[-1] + 1])
+        old = rec[lo:hi][np.isin(rec["step"][lo:hi], steps)]
+        if len(old) == len(fresh) and all(np.array_equal(old[k], fresh[k]) for k in RECORD.names):
+            return  # no end changed: the common case, and it costs no file write
+        kept = rec[~np.isin(rec["step"], steps)]
+        merged = _cat([kept, fresh])
+        merged = merged[np.lexsort((merged["env"], merged["step"]))]
+        self._write_file(self.origin if self.origin is not None else store.first_step, merged)
+        self._set_memory(merged)
+
+    # --- readers and queries --------------------------------------------------------
+
+    def sync(self, store: Any) -> None:
+        """Bring the records up to the store's committed window."""
+        if not self.has_ends:
+            return
+        state = store.state
+        if state is self.synced:
+            return
+        if self.writable:
+            if self.fd is None:
+                self._open_writer(state.end, store.first_step)
+            self.synced = state
+            return
+        if self.scan_mode:
+            self._scan_up_to(store)
+        else:
+            self._read_new(store)
+        self.synced = state
+
+    def _read_new(self, store: Any) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._start_scan_mode(store)
+            return
+        try:
+            head = os.pread(fd, HEADER_BYTES, 0)
+            if self.origin is None or head[16:24] != self.generation or head[:8] != MAGIC:
+                self._reload(store)
+                return
+            size = os.fstat(fd).st_size
+            count = (size - self.parsed) // RECORD.itemsize
+            if count > 0:
+                raw = os.pread(fd, count * RECORD.itemsize, self.parsed)
+                rec = np.frombuffer(raw, RECORD, len(raw) // RECORD.itemsize).copy()
+                if len(rec) and self.n and rec["step"][0] < self.records["step"][-1]:
+                    self._reload(store)  # not an append of what we have: read it whole
+                    return
+                self._append_memory(rec)
+                self.parsed += len(rec) * RECORD.itemsize
+        finally:
+            os.close(fd)
+
+    def _reload(self, store: Any) -> None:
+        found = self._read_file()
+        if found is None:
+            self._start_scan_mode(store)
+            return
+        origin, generation, rec, parsed = found
+        self.origin, self.generation, self.parsed = origin, generation, parsed
+        self._set_memory(rec)
+
+    def _start_scan_mode(self, store: Any) -> None:
+        self.scan_mode = True
+        first = store.first_step
+        self.origin = first
+        self._set_memory(self._scan(first, store.state.end))
+        self.covered = store.state.end
+
+    def _scan_up_to(self, store: Any) -> None:
+        end = store.state.end
+        lo = max(self.covered, store.first_step)
+        if lo > self.covered:  # steps were overwritten before we saw them
+            self.origin = max(self.origin or 0, lo)
+        if end > lo:
+            self._append_memory(self._scan(lo, end))
+        self.covered = max(self.covered, end)
+
+    def spans(self, store: Any) -> Spans:
+        """Every episode span of the store's committed window (cached per window)."""
+        self.sync(store)
+        first, end = store.first_step, store.state.end
+        key = (first, end, self.version, self.origin)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        out = self._compute(first, end)
+        self._cache = (key, out)
+        return out
+
+    def _compute(self, first: int, end: int) -> Spans:
+        E = self.num_envs
+        if end <= first:
+            return _empty_spans()
+        envs_all = np.arange(E, dtype=np.int64)
+        if not self.has_ends:
+            zeros = np.zeros(E, np.int64)
+            return Spans(envs_all, zeros + first, zeros + end - 1, np.zeros(E, np.uint8), np.zeros(E, bool))
+        rec = self.records
+        steps = rec["step"]
+        lo, mid, hi = np.searchsorted(steps, [first - 1, first, end], side="left")
+        # Did the step before the window end an episode? Then the window starts a fresh one.
+        fresh = np.zeros(E, bool)
+        if first == 0:
+            fresh[:] = True
+        elif self.origin is not None and self.origin <= first - 1:
+            fresh[rec["env"][lo:mid]] = True
+        inside = rec[mid:hi]
+        order = np.lexsort((inside["step"], inside["env"]))
+        st = inside["step"][order].astype(np.int64)
+        ev = inside["env"][order].astype(np.int64)
+        cd = inside["code"][order]
+        new_env = np.ones(len(st), bool)
+        new_env[1:] = ev[1:] != ev[:-1]
+        prev = np.empty(len(st), np.int64)
+        prev[0:1] = first
+        prev[1:] = st[:-1] + 1
+        starts = np.where(new_env, first, prev)
+        cut = new_env & ~fresh[ev]
+        # The open tail of each env: after its last end, or the whole stream without ends.
+        last_end = np.full(E, first - 1, np.int64)
+        has_end = np.zeros(E, bool)
+        if len(st):
+            tails_idx = np.r_[np.flatnonzero(new_env)[1:] - 1, len(st) - 1]
+            last_end[ev[tails_idx]] = st[tails_idx]
+            has_end[ev[tails_idx]] = True
+        tail = last_end + 1 <= end - 1
+        t_env = envs_all[tail]
+        env = np.r_[ev, t_env]
+        first_a = np.r_[starts, last_end[tail] + 1]
+        last_a = np.r_[st, np.full(len(t_env), end - 1, np.int64)]
+        code = np.r_[cd, np.zeros(len(t_env), np.uint8)].astype(np.uint8)
+        cut_a = np.r_[cut, ~has_end[tail] & ~fresh[tail]]
+        # Boundary rows belong to no episode: drop them from the span they close.
+        boundary = code == BOUNDARY
+        if boundary.any():
+            last_a = np.where(boundary, last_a - 1, last_a)
+            code = np.where(boundary, TRUNCATED, code).astype(np.uint8)
+            keep = last_a >= first_a
+            env, first_a, last_a, code, cut_a = env[keep], first_a[keep], last_a[keep], code[keep], cut_a[keep]
+        order = np.lexsort((first_a, env))
+        return Spans(env[order], first_a[order], last_a[order], code[order], cut_a[order])
+
+
+def index_for(store: Any) -> EpisodeIndex:
+    """The store's episode index, made on first use."""
+    index = store._episodes
+    if index is None:
+        index = store._episodes = EpisodeIndex(store)
+    return index
+
+
+# --- queries ----------------------------------------------------------------------
+
+
+def _select(store: Any, env: int | None, complete_only: bool) -> Spans:
+    store._check_open()
+    spans = index_for(store).spans(store)
+    if env is not None:
+        if not isinstance(env, (int, np.integer)) or isinstance(env, bool) or not 0 <= env < store.num_envs:
+            raise ValueError(f"env must be an int in [0, {store.num_envs}), got {env!r}")
+        spans = spans.select(spans.env == env)
+    if complete_only:
+        spans = spans.select(spans.complete)
+    return spans
+
+
+def episode_index(store: Any, env: int | None = None, complete_only: bool = False) -> list[EpisodeSpan]:
+    """The episode spans of the committed window, env by env, in time order (no data read)."""
+    spans = _select(store, env, complete_only)
+    return [
+        EpisodeSpan(int(spans.env[i]), int(spans.first[i]), int(spans.last[i]), spans.status(i))
+        for i in range(len(spans))
+    ]
+
+
+def _rows(first: np.ndarray, last: np.ndarray, env: np.ndarray, capacity: int, num_envs: int) -> np.ndarray:
+    """Flat row ids of every step of the spans, concatenated."""
+    lengths = last - first + 1
+    offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    steps = np.repeat(first, lengths) + offsets
+    return (steps % capacity) * num_envs + np.repeat(env, lengths)
+
+
+def _check_retained(store: Any, lowest: int) -> None:
+    if store.mode == "r" and lowest < store.live_state().first(store.capacity):
+        raise NotEnoughDataError(
+            f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
+            "call refresh() and read again"
+        )
+
+
+def episodes(store: Any, env: int | None = None, complete_only: bool = False) -> Iterator[Episode]:
+    """Yield each episode with its data, env by env, each env's episodes in time order."""
+    spans = _select(store, env, complete_only)
+    capacity, num_envs = store.capacity, store.num_envs
+
+    def gen() -> Iterator[Episode]:
+        for i in range(len(spans)):
+            a, b, e = int(spans.first[i]), int(spans.last[i]), int(spans.env[i])
+            rows = (np.arange(a, b + 1, dtype=np.int64) % capacity) * num_envs + e
+            store._check_open()
+            data = [leaf.take(rows) for leaf in store._leaves]
+            _check_retained(store, a)
+            yield Episode(e, a, b, spans.status(i), unflatten(store.spec, data))
+
+    return gen()
+
+
+# --- offline arrays ---------------------------------------------------------------
+
+_ROLE_KEYS = {"observation": "observations", "action": "actions", "reward": "rewards"}
+_END_ROLES = ("terminated", "truncated", "step_type", "next_step_type", "discount")
+
+
+def _role_leaves(store: Any, role: str) -> tuple[Any, list[int]] | None:
+    """The spec node and leaf numbers of a role (a leaf or a subtree)."""
+    path = store.roles.get(role)
+    if path is None:
+        return None
+    paths = store.leaf_paths
+    idx = [i for i, p in enumerate(paths) if p == path or p.startswith(path + "/")]
+    return subtree(store.spec, path), idx
+
+
+def to_arrays(store: Any) -> dict[str, Any]:
+    """Flat D4RL-style arrays over every env's episodes (see :meth:`Store.to_arrays`)."""
+    spans = _select(store, None, False)
+    capacity, num_envs = store.capacity, store.num_envs
+    length = spans.length
+    terminated = (spans.code == TERMINATED) & (length > 0)
+    obs_role = _role_leaves(store, "observation")
+    next_role = _role_leaves(store, "next_observation")
+    # Without a next_observation leaf, a step's next observation is the next step's
+    # observation; the last step of an episode has none stored, so it is dropped unless
+    # the episode terminated (its next observation never enters a TD target).
+    keep_len = length if next_role is not None or obs_role is None else np.where(terminated, length, length - 1)
+    keep = keep_len > 0
+    first, env, keep_len, term = spans.first[keep], spans.env[keep], keep_len[keep], terminated[keep]
+    rows = _rows(first, first + keep_len - 1, env, capacity, num_envs)
+    ends = np.cumsum(keep_len) - 1
+    n = len(rows)
+    terminals = np.zeros(n, bool)
+    timeouts = np.zeros(n, bool)
+    terminals[ends[term]] = True
+    timeouts[ends[~term]] = True
+    out: dict[str, Any] = {}
+    used: set[int] = set()
+    leaves = store._leaves
+
+    def gather(role_info: tuple[Any, list[int]], r: np.ndarray) -> Any:
+        node, idx = role_info
+        return unflatten(node, [leaves[i].take(r) for i in idx])
+
+    for role, key in _ROLE_KEYS.items():
+        info = _role_leaves(store, role)
+        if info is None:
+            continue
+        used.update(info[1])
+        value = gather(info, rows)
+        if role == "reward" and isinstance(value, np.ndarray) and value.ndim == 2 and value.shape[1] == 1:
+            value = value.reshape(-1)
+        out[key] = value
+    out["terminals"] = terminals
+    out["timeouts"] = timeouts
+    if next_role is not None:
+        used.update(next_role[1])
+        out["next_observations"] = gather(next_role, rows)
+    elif obs_role is not None:
+        steps_next = rows // num_envs + 1  # slot of the next step (mod capacity below)
+        next_rows = (steps_next % capacity) * num_envs + rows % num_envs
+        next_rows[ends[term]] = rows[ends[term]]  # a terminal step's own observation, never used
+        out["next_observations"] = gather(obs_role, next_rows)
+    for role in _END_ROLES:
+        info = _role_leaves(store, role)
+        if info is not None:
+            used.update(info[1])
+    for i, path in enumerate(leaf_paths(store.spec)):
+        if i not in used:
+            out[f"infos/{path}"] = leaves[i].take(rows)
+    if len(first):
+        _check_retained(store, int(first.min()))
+    return out
+

@@ -1,0 +1,390 @@
+"""Reading a store: random batches, deterministic passes, and the page-cache advice.
+
+:mod:`mmreplay.sampling` turns the committed window and an rng into flat row ids
+``slot * num_envs + env``; here each leaf gathers those rows with one ``take`` (a numpy
+``take`` on the memory map, or a chunk-grouped read through the LRU for compressed
+leaves), and the rows are packed into the spec's nest.
+
+Readers (mode ``"r"``) check after reading that the rows were still retained (the
+seqlock of DESIGN.md): ``sample`` moves the reader's window forward with ``refresh()``
+and re-samples the items the writer overwrote meanwhile; a deterministic pass cannot
+re-sample and raises :class:`~mmreplay.NotEnoughDataError` instead.
+
+Buffers larger than RAM: random rows are read with ``MADV_RANDOM`` (no readahead, so a
+row costs its own pages only) after a ``MADV_WILLNEED`` for exactly the pages of the
+batch, which lets the disk serve them in parallel instead of one page fault at a time;
+when the next batch is known (``rng=None``, a pass) a background thread issues its
+``MADV_WILLNEED`` while the caller works on the current one. Sequences and passes keep
+the normal readahead. The prefetch is on when the mapped leaves exceed half the memory
+available to the process (``set_prefetch`` overrides it); on page-cached data it would
+only cost syscalls.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import episodes as _episodes
+from . import sampling
+from .errors import NotEnoughDataError
+from .spec import ArraySpec, unflatten
+
+__all__ = ["SampleInfo", "sample", "iterate", "set_prefetch"]
+
+MAX_RESAMPLES = 16
+
+
+@dataclass(frozen=True)
+class SampleInfo:
+    """Where each sampled item came from.
+
+    Attributes:
+        step: global step id of the item's first step, ``[B]``.
+        env: env index, ``[B]``.
+        slot: ring slot of the item's first step (``step % capacity``), ``[B]``.
+        probability: probability of drawing this item in one draw, ``[B]`` (uniform:
+            one over the number of valid starts).
+    """
+
+    step: np.ndarray
+    env: np.ndarray
+    slot: np.ndarray
+    probability: np.ndarray
+
+
+def _packer(spec: Any) -> Any:
+    """A fast ``unflatten`` for the spec: a flat dict of leaves is packed with one zip."""
+    if isinstance(spec, Mapping) and type(spec) is dict and all(isinstance(v, ArraySpec) for v in spec.values()):
+        keys = sorted(spec)
+        return lambda arrays: dict(zip(keys, arrays))
+    return lambda arrays: unflatten(spec, arrays)
+
+
+class Reader:
+    """Per-store read state: the leaves' gathers, the packer, the store's own rng and the
+    prefetch thread. Made on first read, dropped when the store closes."""
+
+    def __init__(self, store: Any):
+        self.leaves = list(store._leaves)
+        self.takes = [leaf.take for leaf in self.leaves]
+        self.pack = _packer(store.spec)
+        self.capacity = store.capacity
+        self.num_envs = store.num_envs
+        self.gen: np.random.Generator | None = None
+        self.mapped = [leaf for leaf in self.leaves if getattr(leaf, "mm", None) is not None]
+        mapped_bytes = sum(leaf.flat.nbytes for leaf in self.mapped)
+        self.prefetch = bool(self.mapped) and mapped_bytes > memory_available() // 2
+        self.pending: tuple[Any, sampling.Draw] | None = None
+        self.thread: _Prefetcher | None = None
+
+    def own_gen(self) -> np.random.Generator:
+        if self.gen is None:
+            self.gen = np.random.default_rng()
+        return self.gen
+
+    def advise(self, pattern: str) -> None:
+        for leaf in self.mapped:
+            if leaf.advice != pattern:
+                leaf.advise(pattern)
+
+    def willneed(self, rows: np.ndarray) -> None:
+        for leaf in self.mapped:
+            leaf.willneed(rows)
+
+    def prefetch_later(self, rows: np.ndarray) -> None:
+        if self.thread is None:
+            self.thread = _Prefetcher(self)
+        self.thread.submit(rows)
+
+    def take(self, rows: np.ndarray) -> list[np.ndarray]:
+        return [take(rows) for take in self.takes]
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+            self.thread = None
+        self.leaves = []
+        self.takes = []
+        self.mapped = []
+
+
+class _Prefetcher:
+    """A daemon thread that issues ``MADV_WILLNEED`` for the rows it is handed (the latest
+    request replaces one not started yet)."""
+
+    def __init__(self, reader: Reader):
+        self.reader = reader
+        self.cond = threading.Condition()
+        self.job: np.ndarray | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="mmreplay-prefetch", daemon=True)
+        self.thread.start()
+
+    def submit(self, rows: np.ndarray) -> None:
+        with self.cond:
+            self.job = rows
+            self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while self.job is None and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    return
+                rows, self.job = self.job, None
+                leaves = list(self.reader.mapped)
+            for leaf in leaves:
+                leaf.willneed(rows)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join()
+
+
+def reader_for(store: Any) -> Reader:
+    reader = store._reads
+    if reader is None:
+        reader = store._reads = Reader(store)
+    return reader
+
+
+def set_prefetch(store: Any, enabled: bool | None) -> None:
+    """Turn the page prefetch for buffers larger than RAM on or off (None: decide from
+    the memory available to the process, the default)."""
+    reader = reader_for(store)
+    if enabled is None:
+        mapped_bytes = sum(leaf.flat.nbytes for leaf in reader.mapped)
+        enabled = bool(reader.mapped) and mapped_bytes > memory_available() // 2
+    reader.prefetch = bool(enabled) and bool(reader.mapped)
+    if not reader.prefetch:
+        reader.pending = None
+
+
+def memory_available() -> int:
+    """Bytes of memory this process may use: MemAvailable, capped by its cgroup's limit."""
+    best = 1 << 62
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    best = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return best
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            candidates = [f"/sys/fs/cgroup{parts[2]}/memory.max", f"/sys/fs/cgroup/unified{parts[2]}/memory.max"]
+        elif "memory" in parts[1].split(","):
+            candidates = [f"/sys/fs/cgroup/memory{parts[2]}/memory.limit_in_bytes"]
+        else:
+            continue
+        for path in candidates:
+            try:
+                with open(path) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            if text.isdigit():
+                best = min(best, int(text))
+    return best
+
+
+# --- sampling -----------------------------------------------------------------------
+
+
+def _draw(
+    store: Any, batch_size: int, num_steps: int, replacement: bool, gen: np.random.Generator, within: bool
+) -> sampling.Draw:
+    if within:
+        spans = _episodes.index_for(store).spans(store)
+        return sampling.draw_in_spans(
+            spans.env, spans.first, spans.length, batch_size, num_steps, replacement, gen
+        )
+    return sampling.draw_uniform(
+        store.first_step, store.state.end, store.num_envs, batch_size, num_steps, replacement, gen
+    )
+
+
+def sample(
+    store: Any,
+    batch_size: int,
+    num_steps: int | None = None,
+    replacement: bool = True,
+    rng: Any = None,
+    within_episodes: bool = False,
+    return_info: bool = False,
+) -> Any:
+    """See :meth:`mmreplay.Store.sample`."""
+    store._check_open()
+    if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if num_steps is not None:
+        sampling.check_sizes(batch_size, num_steps)
+    reader = store._reads or reader_for(store)
+    steps = 1 if num_steps is None else num_steps
+    draw = None
+    key = None
+    if rng is None:
+        gen = reader.own_gen()
+        if reader.prefetch:
+            key = (batch_size, steps, replacement, within_episodes, store.first_step, store.state.end)
+            if reader.pending is not None and reader.pending[0] == key:
+                draw = reader.pending[1]
+            reader.pending = None
+    else:
+        gen = sampling.as_generator(rng)
+    prefetched = draw is not None
+    if draw is None:
+        draw = _draw(store, batch_size, steps, replacement, gen, within_episodes)
+    rows = sampling.rows_of(draw.step, draw.env, num_steps, reader.capacity, reader.num_envs)
+    if reader.prefetch:
+        reader.advise("random" if num_steps is None else "normal")
+        if not prefetched:
+            reader.willneed(rows)
+    out = reader.take(rows)
+    if store.mode == "r":
+        draw, rows = _resample_overwritten(store, reader, draw, rows, out, batch_size, steps, num_steps, replacement, gen, within_episodes)
+    if key is not None:  # the next batch with the same request: draw it now, prefetch it
+        nxt = _draw(store, batch_size, steps, replacement, gen, within_episodes)
+        reader.pending = (key, nxt)
+        reader.prefetch_later(sampling.rows_of(nxt.step, nxt.env, num_steps, reader.capacity, reader.num_envs))
+    nest = reader.pack(out)
+    if return_info:
+        return nest, SampleInfo(draw.step, draw.env, draw.step % reader.capacity, draw.probability)
+    return nest
+
+
+def _resample_overwritten(
+    store: Any,
+    reader: Reader,
+    draw: sampling.Draw,
+    rows: np.ndarray,
+    out: list[np.ndarray],
+    batch_size: int,
+    steps: int,
+    num_steps: int | None,
+    replacement: bool,
+    gen: np.random.Generator,
+    within: bool,
+) -> tuple[sampling.Draw, np.ndarray]:
+    """Seqlock for readers: redraw (and read again) the items the writer overwrote while
+    they were read, from the reader's window moved forward to the writer's."""
+    for _ in range(MAX_RESAMPLES):
+        lowest = store.live_state().first(reader.capacity)
+        bad = draw.step < lowest
+        if not bad.any():
+            return draw, rows
+        store.refresh()
+        if not replacement:  # redraw all, so the batch stays free of repeats
+            bad[:] = True
+        fresh = _draw(store, int(bad.sum()), steps, replacement, gen, within)
+        if not replacement and len(fresh) != len(draw):
+            raise NotEnoughDataError(f"{store.path}: fewer rows are retained now than were sampled; sample again")
+        fresh_rows = sampling.rows_of(fresh.step, fresh.env, num_steps, reader.capacity, reader.num_envs)
+        for arr, got in zip(out, reader.take(fresh_rows)):
+            arr[bad] = got
+        step, env, prob, rows = draw.step.copy(), draw.env.copy(), draw.probability.copy(), rows.copy()
+        step[bad], env[bad], prob[bad], rows[bad] = fresh.step, fresh.env, fresh.probability, fresh_rows
+        draw = sampling.Draw(step, env, prob)
+    raise NotEnoughDataError(
+        f"{store.path}: the writer overwrote the sampled rows {MAX_RESAMPLES} times in a row; "
+        "the ring is too small for this reader"
+    )
+
+
+# --- deterministic passes -------------------------------------------------------------
+
+
+def iterate(
+    store: Any,
+    batch_size: int | None = None,
+    num_steps: int | None = None,
+    window_shift: int | None = None,
+    drop_remainder: bool = False,
+    shuffle: bool = False,
+    rng: Any = None,
+) -> Iterator[Any]:
+    """See :meth:`mmreplay.Store.iterate`."""
+    store._check_open()
+    batch_size, num_steps, window_shift = sampling.check_sizes(batch_size, num_steps, window_shift)
+    if window_shift is not None and num_steps is None:
+        raise ValueError("window_shift needs num_steps: it is the step between the starts of two windows")
+    first, end = store.first_step, store.state.end
+    env, start, length = sampling.pass_windows(
+        first, end, store.num_envs, num_steps, window_shift, drop_remainder
+    )
+    if drop_remainder and end > first:
+        if len(env) == 0:
+            raise NotEnoughDataError(
+                f"{store.path}: all data would be dropped: num_steps={num_steps} is longer than the "
+                f"{end - first} committed steps retained"
+            )
+        if batch_size is not None and len(env) < batch_size:
+            raise NotEnoughDataError(
+                f"{store.path}: all data would be dropped: batch_size={batch_size} is larger than the "
+                f"{len(env)} windows of one pass"
+            )
+    gen = sampling.as_generator(rng) if shuffle else None
+    groups = sampling.pass_batches(length, batch_size, drop_remainder, gen)
+    reader = reader_for(store)
+    return _pass(store, reader, groups, env, start, length, batch_size, num_steps, shuffle)
+
+
+def _pass(
+    store: Any,
+    reader: Reader,
+    groups: Iterator[np.ndarray],
+    env: np.ndarray,
+    start: np.ndarray,
+    length: np.ndarray,
+    batch_size: int | None,
+    num_steps: int | None,
+    shuffle: bool,
+) -> Iterator[Any]:
+    capacity, num_envs = reader.capacity, reader.num_envs
+
+    def rows_for(group: np.ndarray) -> np.ndarray:
+        n = int(length[group[0]])
+        steps = start[group][:, None] + np.arange(n, dtype=np.int64)
+        rows = (steps % capacity) * num_envs + env[group][:, None]
+        if num_steps is None:
+            rows = rows[:, 0]
+        return rows if batch_size is not None else rows[0]
+
+    pattern = "random" if shuffle and num_steps is None else "normal"
+    group = next(groups, None)
+    while group is not None:
+        store._check_open()
+        rows = rows_for(group)
+        nxt = next(groups, None)
+        if reader.prefetch:
+            reader.advise(pattern)
+            if shuffle and nxt is not None:
+                reader.prefetch_later(rows_for(nxt))
+        out = reader.take(rows)
+        if store.mode == "r":
+            lowest = int(start[group].min())
+            if lowest < store.live_state().first(capacity):
+                raise NotEnoughDataError(
+                    f"{store.path}: step {lowest} was overwritten by the writer during the pass; "
+                    "a pass over a ring being written must keep ahead of the writer"
+                )
+        yield reader.pack(out)
+        group = nxt
