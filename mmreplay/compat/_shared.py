@@ -8,6 +8,8 @@ when its owner is closed or collected), and read ``(step, env)`` rows.
 
 from __future__ import annotations
 
+import builtins
+import json
 import os
 import shutil
 import tempfile
@@ -17,13 +19,26 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SpecError, SpecMismatchError
-from ..metadata import METADATA_FILE
+from ..errors import CorruptBufferError, SpecError, SpecMismatchError
+from ..metadata import METADATA_FILE, atomic_write
 from ..roles import infer_roles, validate_roles
-from ..spec import ArraySpec, flatten, leaf_paths
+from ..spec import ArraySpec, flatten, is_namedtuple, leaf_paths
 from ..store import Store, create, open
 
-__all__ = ["ring_capacity", "StoreOptions", "attach_store", "lenient_roles", "read_rows", "describe", "window_of", "check_same", "storable"]
+__all__ = [
+    "ring_capacity",
+    "StoreOptions",
+    "attach_store",
+    "lenient_roles",
+    "read_rows",
+    "describe",
+    "window_of",
+    "check_same",
+    "storable",
+    "flatten_like",
+    "read_origin",
+    "write_origin",
+]
 
 
 def ring_capacity(n: int, commit_every: int) -> int:
@@ -132,7 +147,9 @@ def attach_store(
     if path is None:
         folder = tempfile.mkdtemp(prefix="mmreplay-")
         capacity = ring_capacity(window, options.commit_every)
-        store = create(os.path.join(folder, "buffer"), spec, capacity, num_envs, roles=roles, **options.create_kwargs())
+        store = create(
+            os.path.join(folder, "buffer"), spec, capacity, num_envs, roles=roles, **options.create_kwargs()
+        )
         owner._cleanup = weakref.finalize(owner, _remove_tree, store, folder)
         return store, True
     path = os.fspath(path)
@@ -173,6 +190,61 @@ def _fmt(leaves: list[tuple[str, tuple[int, ...], str]]) -> str:
     if not leaves:
         return "nothing"
     return ", ".join(f"{p} {s} {d}" for p, s, d in leaves)
+
+
+def flatten_like(spec: Any, value: Any) -> list[Any] | None:
+    """Leaves of ``value`` walked along ``spec``'s nest (so a list *value* stays one leaf),
+    or None where the structures differ (the store's validator then names the place)."""
+    out: list[Any] = []
+
+    def walk(s: Any, v: Any) -> bool:
+        if isinstance(s, Mapping):
+            if not isinstance(v, Mapping) or set(v) != set(s):
+                return False
+            return all(walk(s[k], v[k]) for k in sorted(s))
+        if is_namedtuple(s) and isinstance(v, Mapping):
+            if set(v) != set(s._fields):
+                return False
+            return all(walk(x, v[f]) for f, x in zip(s._fields, s))
+        if isinstance(s, (tuple, list)):
+            if not isinstance(v, (tuple, list)) or len(v) != len(s):
+                return False
+            return all(walk(x, y) for x, y in zip(s, v))
+        out.append(v)
+        return True
+
+    return out if walk(spec, value) else None
+
+
+#: a layer's own state beside the store's metadata: the global step id its cursor counts from
+ORIGIN_FILE = "compat.json"
+
+
+def read_origin(store: Store) -> int:
+    """The global step id a layer's ids and cursor count from (0 unless moved).
+
+    ``clear`` / ``reset`` move it to the store's ``total_steps``; a migrated memory may set
+    it below 0 to keep its cursor phase. It lives in ``compat.json`` because the store's
+    own ``state.start`` also moves when old slots are given up.
+    """
+    try:
+        with builtins.open(os.path.join(store.path, ORIGIN_FILE), "rb") as f:
+            raw = f.read(4096)
+    except FileNotFoundError:
+        return 0
+    try:
+        origin = json.loads(raw)["origin"]
+    except (ValueError, KeyError, TypeError):
+        origin = None
+    if not isinstance(origin, int) or isinstance(origin, bool) or abs(origin) > 1 << 62:
+        raise CorruptBufferError(f'{os.path.join(store.path, ORIGIN_FILE)}: expected {{"origin": <int>}}')
+    return origin
+
+
+def write_origin(store: Store, origin: int) -> None:
+    """Replace ``compat.json`` atomically (fsynced with ``durability="power"``)."""
+    data = json.dumps({"origin": int(origin)}).encode()
+    atomic_write(os.path.join(store.path, ORIGIN_FILE), data, store.metadata.durability == "power")
 
 
 def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:

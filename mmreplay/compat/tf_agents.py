@@ -16,7 +16,8 @@ How the TF-Agents model maps onto the store:
 
 - ``batch_size`` segments are the store's envs, and one ``add_batch`` is one step
   (``store.add``). Frame ids are the global add counter since the last ``clear``
-  (the store's ``total_steps - state.start``), so they survive a reopen.
+  (the store's global step id less the origin kept in ``compat.json``), so they
+  survive a reopen.
 - The store's ring is ``max_length`` plus the writer's reservation (see
   :func:`mmreplay.compat._shared.ring_capacity`), so the newest ``max_length`` frames
   are still there after a crash; the layer only ever shows those.
@@ -37,13 +38,20 @@ import numpy as np
 from ..errors import NotEnoughDataError
 from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..values import StepValidator
-from ._shared import SINGLE_LEAF_KEY, StoreOptions, attach_store, read_rows, storable
+from ._shared import (
+    SINGLE_LEAF_KEY,
+    StoreOptions,
+    attach_store,
+    flatten_like,
+    read_origin,
+    read_rows,
+    storable,
+    write_origin,
+)
 
 __all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo"]
 
-_EMPTY = (
-    "TFUniformReplayBuffer is empty. Make sure to add items before sampling the buffer."
-)
+_EMPTY = "TFUniformReplayBuffer is empty. Make sure to add items before sampling the buffer."
 
 
 class BufferInfo(NamedTuple):
@@ -86,26 +94,17 @@ def _nest_leaves(nest: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 def _broadcast_leaves(spec: Any, value: Any, lead: tuple[int, ...]) -> Any:
     """Broadcast scalar leaves of ``value`` to ``lead + leaf shape`` (as TF's scatter does)."""
-    leaves = flatten(spec)
-    try:
-        values = flatten(value)
-    except TypeError:
-        return value
-    if len(values) != len(leaves):
+    values = flatten_like(spec, value)
+    if values is None:
         return value  # the store names the structural mismatch
     out = []
     changed = False
-    for s, v in zip(leaves, values):
+    for s, v in zip(flatten(spec), values):
         if v is not None and np.ndim(v) == 0 and (lead or s.shape):
             v = np.broadcast_to(np.asarray(v), (*lead, *s.shape))
             changed = True
         out.append(v)
-    if not changed:
-        return value
-    try:
-        return unflatten(value, out)
-    except (TypeError, ValueError):
-        return value
+    return unflatten(spec, out) if changed else value
 
 
 # --- NumpyStorage --------------------------------------------------------------------
@@ -190,7 +189,9 @@ class NumpyStorage:
         try:
             slots = np.arange(self._capacity)[idx]
         except IndexError as exc:
-            raise IndexError(f"index {idx!r} is out of range for a NumpyStorage of capacity {self._capacity}") from exc
+            raise IndexError(
+                f"index {idx!r} is out of range for a NumpyStorage of capacity {self._capacity}"
+            ) from exc
         return np.asarray(slots, np.int64), scalar
 
     def get(self, idx: Any) -> Any:
@@ -223,7 +224,9 @@ class NumpyStorage:
             leaves = [v[None] for v in leaves]
             flat_slots = slots.reshape(1)
         else:
-            _, leaves = self._validator.batch(self._wrap(_add_env_axis(self._spec, value, len(lead))), lead=lead)
+            _, leaves = self._validator.batch(
+                self._wrap(_add_env_axis(self._spec, value, len(lead))), lead=lead
+            )
             flat_slots = slots.reshape(-1)
             leaves = [v.reshape(-1, *v.shape[len(lead) :]) for v in leaves]
         top = int(flat_slots.max()) + 1 if flat_slots.size else 0
@@ -241,7 +244,9 @@ class NumpyStorage:
         block = max(1, min(n, (64 << 20) // step_bytes))
         while n > 0:
             k = min(block, n)
-            self.store.extend(unflatten(self._store_spec, [np.zeros((k, 1, *s.shape), s.dtype) for s in self._leaf_specs]))
+            self.store.extend(
+                unflatten(self._store_spec, [np.zeros((k, 1, *s.shape), s.dtype) for s in self._leaf_specs])
+            )
             n -= k
 
     def close(self) -> None:
@@ -264,17 +269,10 @@ class NumpyStorage:
 
 def _add_env_axis(spec: Any, value: Any, axis: int) -> Any:
     """Insert the store's env axis (one env) into every leaf of ``value`` at ``axis``."""
-    try:
-        values = flatten(value)
-    except TypeError:
+    values = flatten_like(spec, value)
+    if values is None:
         return value
-    if len(values) != len(flatten(spec)):
-        return value
-    out = [np.expand_dims(np.asarray(v), axis) if v is not None else v for v in values]
-    try:
-        return unflatten(value, out)
-    except (TypeError, ValueError):
-        return value
+    return unflatten(spec, [v if v is None else np.expand_dims(np.asarray(v), axis) for v in values])
 
 
 # --- UniformReplayBuffer -----------------------------------------------------------
@@ -353,7 +351,9 @@ class UniformReplayBuffer:
         if dataset_window_shift is not None and (
             not isinstance(dataset_window_shift, (int, np.integer)) or dataset_window_shift < 1
         ):
-            raise ValueError(f"dataset_window_shift must be a positive int or None, got {dataset_window_shift!r}")
+            raise ValueError(
+                f"dataset_window_shift must be a positive int or None, got {dataset_window_shift!r}"
+            )
         self._data_spec = data_spec
         self._spec = to_spec(data_spec)
         self._leaf_specs: list[ArraySpec] = flatten(self._spec)
@@ -376,6 +376,7 @@ class UniformReplayBuffer:
             what="UniformReplayBuffer",
             window_name="max_length",
         )
+        self._origin = read_origin(self.store)
 
     # --- description -----------------------------------------------------------------
 
@@ -399,12 +400,12 @@ class UniformReplayBuffer:
     def _window(self) -> tuple[int, int]:
         """Global step ids ``[lo, hi)`` of the frames the buffer shows (newest ``max_length``)."""
         hi = self.store.total_steps
-        return max(self.store.first_step, hi - self._max_length), hi
+        return max(self.store.first_step, self._origin, hi - self._max_length), hi
 
     @property
     def last_id(self) -> int:
         """Id of the newest frame (-1 when empty): adds since the last ``clear``, minus one."""
-        return self.store.total_steps - self.store.state.start - 1
+        return self.store.total_steps - self._origin - 1
 
     def num_frames(self) -> int:
         """``min(adds * batch_size, batch_size * max_length)``."""
@@ -426,12 +427,16 @@ class UniformReplayBuffer:
 
     def clear(self) -> None:
         """Drop every frame; ids restart at 0 (the store keeps counting global steps)."""
+        self.store.commit()
+        origin = self.store.total_steps
+        write_origin(self.store, origin)  # first: a crash before the clear still shows no frames
+        self._origin = origin
         self.store.clear()
 
     # --- reads ----------------------------------------------------------------------
 
     def _ids(self, steps: np.ndarray) -> np.ndarray:
-        return steps - self.store.state.start
+        return steps - self._origin
 
     def _read(self, steps: np.ndarray, segments: np.ndarray) -> list[np.ndarray]:
         return read_rows(self.store, steps, segments)
@@ -533,7 +538,9 @@ class UniformReplayBuffer:
             return make()
         return self._tf_dataset(make, sample_batch_size, num_steps, single_deterministic_pass)
 
-    def _random_items(self, sample_batch_size: int | None, num_steps: int | None) -> Iterator[tuple[Any, BufferInfo]]:
+    def _random_items(
+        self, sample_batch_size: int | None, num_steps: int | None
+    ) -> Iterator[tuple[Any, BufferInfo]]:
         while True:
             yield self.get_next(sample_batch_size, num_steps, time_stacked=True)
 
@@ -572,7 +579,9 @@ class UniformReplayBuffer:
                     ids = ids[0]
                 yield unflatten(self._spec, leaves), BufferInfo(ids, ())
 
-    def _tf_dataset(self, make: Any, sample_batch_size: int | None, num_steps: int | None, deterministic: bool) -> Any:
+    def _tf_dataset(
+        self, make: Any, sample_batch_size: int | None, num_steps: int | None, deterministic: bool
+    ) -> Any:
         import tensorflow as tf  # only here: the iterator path needs no TensorFlow
 
         outer: tuple[int | None, ...] = ()
@@ -585,7 +594,11 @@ class UniformReplayBuffer:
             structure, [tf.TensorSpec(outer + s.shape, tf.as_dtype(s.dtype)) for s in self._leaf_specs]
         )
         ids_sig = tf.TensorSpec(outer, tf.int64)
-        prob_sig = () if deterministic else tf.TensorSpec(outer[:1] if sample_batch_size is not None else (), tf.float32)
+        prob_sig = (
+            ()
+            if deterministic
+            else tf.TensorSpec(outer[:1] if sample_batch_size is not None else (), tf.float32)
+        )
 
         def generate() -> Iterator[Any]:
             for items, info in make():
