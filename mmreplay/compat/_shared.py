@@ -113,11 +113,32 @@ def lenient_roles(spec: Any) -> dict[str, None]:
     return drop
 
 
-def _remove_tree(store: Store, folder: str) -> None:
-    try:
-        store.close()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+class TempFolder:
+    """A temporary folder holding a layer's store; :meth:`remove` closes it and deletes all.
+
+    The layer registers ``weakref.finalize(owner, temp.remove)`` so an owner that is
+    garbage-collected without ``close()`` leaves nothing behind; a layer that replaces
+    its store updates :attr:`store`.
+    """
+
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="mmreplay-")
+        self.store: Store | None = None
+
+    def remove(self) -> None:
+        try:
+            if self.store is not None:
+                self.store.close()
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def temporary(owner: Any) -> TempFolder:
+    """A :class:`TempFolder` removed with ``owner`` (``owner._cleanup()`` removes it now)."""
+    temp = TempFolder()
+    owner._temp = temp
+    owner._cleanup = weakref.finalize(owner, temp.remove)
+    return temp
 
 
 def attach_store(
@@ -145,12 +166,17 @@ def attach_store(
     if roles is None:
         roles = lenient_roles(spec)
     if path is None:
-        folder = tempfile.mkdtemp(prefix="mmreplay-")
+        temp = temporary(owner)
         capacity = ring_capacity(window, options.commit_every)
         store = create(
-            os.path.join(folder, "buffer"), spec, capacity, num_envs, roles=roles, **options.create_kwargs()
+            os.path.join(temp.folder, "buffer"),
+            spec,
+            capacity,
+            num_envs,
+            roles=roles,
+            **options.create_kwargs(),
         )
-        owner._cleanup = weakref.finalize(owner, _remove_tree, store, folder)
+        temp.store = store
         return store, True
     path = os.fspath(path)
     if os.path.exists(os.path.join(path, METADATA_FILE)):

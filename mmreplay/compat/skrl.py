@@ -1,0 +1,964 @@
+"""skrl / rofunc memories over a persistent store: ``Memory`` and ``RandomMemory``.
+
+Change the import, add ``path=``, and the memory survives crashes and outgrows RAM::
+
+    # from skrl.memories.torch import RandomMemory
+    from mmreplay.compat.skrl import RandomMemory
+    memory = RandomMemory(memory_size=100_000, num_envs=env.num_envs, device=device,
+                          path="run/memory")
+
+Outputs are torch tensors on ``device``. The original's data model is kept: every
+tensor is ``(memory_size, num_envs, size)``, rows are indexed physically (``memory_index``,
+``env_index``), flat indexes are ``row * num_envs + env``, and ``sample_all`` /
+``get_tensor_by_name`` / ``save`` see rows in that physical order.
+
+How it maps onto the store:
+
+- Each tensor is a leaf; one step of ``num_envs`` rows is one store step. The store's
+  ring is ``memory_size`` plus the writer's reservation, so the newest ``memory_size``
+  steps survive a crash. Complete steps count from an origin kept in ``compat.json``
+  (moved by ``reset``), so ``memory_index = steps % memory_size`` and ``filled`` survive
+  a reopen; physical row ``r`` holds the newest step whose count is ``r`` modulo
+  ``memory_size``.
+- A step is written when all its envs are in: adds of fewer than ``num_envs`` envs are
+  staged in RAM (readable at once) and the whole step is written when the last env
+  arrives. What is durable is every complete step as of the last commit (by default
+  each complete step is committed when it is written); a staged partial step is lost
+  in a crash.
+- The store's spec is fixed at creation. The store is created at the first
+  ``add_samples`` with the tensors declared so far; a ``create_tensor`` after that
+  rewrites the memory into a new store holding the new tensor too (NaN / zero for the
+  rows already stored) and swaps the folders, keeping every stored row and the cursor.
+
+Deliberate differences from skrl / rofunc (their behaviour in brackets):
+
+- ``create_tensor`` never touches data already stored [it refills every floating tensor
+  with NaN]. A tensor that exists with the same size and dtype returns False (skrl 2.0);
+  another size or dtype raises ``ValueError``.
+- A multi-row add (one env, ``n > 1`` rows) writes every tensor to the same rows, sets
+  ``filled`` when it wraps, and takes any ``n`` [a second tensor lands on shifted rows,
+  a wrap does not set ``filled``, ``n > 2 * memory_size - memory_index`` fails].
+- A row's tensors not given to ``add_samples`` read NaN / zero [they keep stale data].
+  Values are cast by :mod:`mmreplay.values`' rules (float into an integer tensor is
+  refused) [``copy_`` truncates]. An add of all envs while a partial step is staged,
+  or a partial add overflowing ``num_envs``, raises ``RuntimeError`` and changes nothing.
+- After a wrap, sequences (``sequence_length > 1``) follow each env's stream from its
+  oldest row, across the physical end of the ring, and never join the newest and the
+  oldest rows [they do]. The draws, the count of valid starts and, before a wrap, the
+  indexes are the original's.
+- ``sample_all`` / ``sample_by_index`` with ``mini_batches > 1`` split the indexes into
+  exactly that many batches, dropping nothing (``numpy.array_split``) [``sample_all``
+  drops the remainder]. An unknown name samples as ``None`` (skrl 2.0).
+- ``get_tensor_by_name`` returns a copy; write back with ``set_tensor_by_name``, which
+  sets the rows that hold steps (a row never written stays unwritten).
+- ``reset`` also drops the retained data from the store (its rows read NaN / zero).
+- ``save`` writes ``keep_dimensions`` tensors to csv as flat columns ``name.i`` [as
+  list-valued cells under too few headers]; ``export_format="np"`` means npz [it fails
+  at the first export]. ``load`` restores data *and* cursor for pt, npz and csv [pt and
+  npz set unused attributes, csv does nothing or raises].
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import logging
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - torch is an install extra
+    raise ImportError("mmreplay.compat.skrl needs torch: pip install 'mmreplay[torch]'") from exc
+
+from ..errors import NotEnoughDataError, SpecError, SpecMismatchError
+from ..metadata import METADATA_FILE
+from ..spec import ArraySpec
+from ..store import Store, create
+from ..store import open as open_store
+from ..values import cast_refusal
+from ._shared import (
+    lenient_roles,
+    read_origin,
+    read_rows,
+    ring_capacity,
+    temporary,
+    window_of,
+    write_origin,
+)
+
+__all__ = ["Memory", "RandomMemory", "MemoryEmptyError"]
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("pt", "npz", "csv")
+
+
+class MemoryEmptyError(NotEnoughDataError, RuntimeError):
+    """Sampling asked for more than the memory holds (a ``RuntimeError`` too, as in skrl)."""
+
+
+def _numpy_dtype(dtype: torch.dtype, name: str) -> np.dtype:
+    try:
+        return torch.empty((), dtype=dtype).numpy().dtype
+    except TypeError as exc:
+        raise SpecError(
+            f"tensor {name!r}: dtype {dtype} has no numpy equivalent and cannot be stored"
+        ) from exc
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+def _fill_value(dtype: np.dtype) -> Any:
+    """What an unwritten row reads as: NaN for floating tensors, zero / False otherwise."""
+    return np.nan if dtype.kind in "fc" else 0
+
+
+def _space_size(space: Any, keep_dimensions: bool) -> int | tuple[int, ...]:
+    """Elements of a size given as an int, a sequence or a gymnasium space."""
+    if isinstance(space, (int, float, np.integer)) and not isinstance(space, bool):
+        return (int(space),) if keep_dimensions else int(space)
+    if isinstance(space, (tuple, list)):
+        dims = tuple(int(d) for d in space)
+        return dims if keep_dimensions else math.prod(dims)
+    if type(space).__module__.startswith("gymnasium"):
+        from gymnasium import spaces  # only when a space is given
+
+        if isinstance(space, spaces.Discrete):
+            return (1,) if keep_dimensions else 1
+        if isinstance(space, spaces.Box):
+            return tuple(space.shape) if keep_dimensions else math.prod(space.shape)
+        if isinstance(space, spaces.MultiDiscrete):
+            return tuple(space.nvec.shape) if keep_dimensions else len(space.nvec)
+        if isinstance(space, (spaces.Dict, spaces.Tuple)):
+            if keep_dimensions:
+                raise ValueError(f"keep_dimensions=True cannot be used with {type(space).__name__} spaces")
+            subs = space.spaces.values() if isinstance(space, spaces.Dict) else space.spaces
+            return sum(_space_size(s, False) for s in subs)  # type: ignore[misc]
+        size = spaces.flatdim(space)
+        return (size,) if keep_dimensions else size
+    raise ValueError(f"Space type {type(space)} not supported")
+
+
+class _Tensor:
+    """A declared tensor: its per-row shape and dtypes."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype):
+        self.shape = shape
+        self.dtype = dtype
+        self.torch_dtype = _torch_dtype(dtype)
+        self.fill = _fill_value(dtype)
+
+    @property
+    def keep_dimensions(self) -> bool:
+        return len(self.shape) != 1
+
+    def spec(self) -> ArraySpec:
+        return ArraySpec(self.shape, self.dtype)
+
+
+class Memory:
+    """skrl's ``Memory``: a circular buffer of named tensors ``(memory_size, num_envs, size)``.
+
+    Args:
+        memory_size: rows (steps) per env.
+        num_envs: parallel environments.
+        device: where outputs go (default ``cuda:0`` if available, else ``cpu``).
+        export: save the memory each time it fills (wraps).
+        export_format: ``"pt"``, ``"npz"`` (``"np"`` accepted for it) or ``"csv"``.
+        export_directory: where exports go (``<dir>/memories/``).
+        path: the buffer folder; reopened (tensors, data and cursor) if it exists.
+            ``None`` keeps the data in a temporary folder removed on ``close()`` or
+            when the memory is garbage-collected.
+        backend, compression, durability: as :func:`mmreplay.create`.
+        commit_every: complete steps per commit (1: each is durable when written).
+
+    Raises:
+        ValueError: an unsupported ``export_format``.
+        mmreplay.SpecMismatchError: a memory of another size or number of envs exists
+            at ``path``.
+
+    Example:
+        >>> import torch, tempfile
+        >>> memory = RandomMemory(memory_size=4, num_envs=2, device="cpu", path=tempfile.mkdtemp() + "/m")
+        >>> memory.create_tensor("observations", 3)
+        True
+        >>> for t in range(5):
+        ...     memory.add_samples(observations=torch.full((2, 3), float(t)))
+        >>> len(memory), memory.memory_index, memory.filled
+        (8, 1, True)
+        >>> [[obs]] = memory.sample(["observations"], batch_size=6)
+        >>> obs.shape
+        torch.Size([6, 3])
+        >>> memory.close()
+    """
+
+    def __init__(
+        self,
+        memory_size: int,
+        num_envs: int = 1,
+        device: str | torch.device | None = None,
+        export: bool = False,
+        export_format: str = "pt",
+        export_directory: str = "",
+        path: str | os.PathLike | None = None,
+        *,
+        backend: str = "zarr",
+        compression: Any = None,
+        commit_every: int = 1,
+        durability: str = "process",
+    ):
+        for name, value in (("memory_size", memory_size), ("num_envs", num_envs)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        fmt = "npz" if export_format == "np" else export_format
+        if fmt not in FORMATS:
+            raise ValueError(f"Export format not supported ({export_format}); expected one of pt, npz, csv")
+        self.memory_size = int(memory_size)
+        self.num_envs = int(num_envs)
+        if device is None:
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.export = bool(export)
+        self.export_format = fmt
+        self.export_directory = export_directory
+        self.sampling_indexes: torch.Tensor | None = None
+        M, E = self.memory_size, self.num_envs
+        self.all_sequence_indexes = np.concatenate([np.arange(i, M * E + i, E) for i in range(E)])
+        self._options = {
+            "backend": backend,
+            "compression": compression,
+            "commit_every": commit_every,
+            "durability": durability,
+        }
+        self._tensors: dict[str, _Tensor] = {}
+        self._staged: dict[str, np.ndarray] | None = None
+        self._env_index = 0
+        self._origin = 0
+        self.store: Store | None = None
+        self._path = None if path is None else os.fspath(path)
+        self._temp = temporary(self) if path is None else None
+        if self._path is not None:
+            _finish_swap(self._path)
+            if os.path.exists(os.path.join(self._path, METADATA_FILE)):
+                self._attach(open_store(self._path, "a"))
+
+    # --- the store ------------------------------------------------------------------
+
+    def _attach(self, store: Store) -> None:
+        """Adopt an opened store: check its size, take its tensors and cursor."""
+        problems = []
+        if store.num_envs != self.num_envs:
+            problems.append(f"num_envs: existing {store.num_envs} vs new {self.num_envs}")
+        if store.capacity != ring_capacity(self.memory_size, store.metadata.commit_every):
+            problems.append(f"memory_size: existing {window_of(store)} vs new {self.memory_size}")
+        if not isinstance(store.spec, dict) or not all(isinstance(v, ArraySpec) for v in store.spec.values()):
+            problems.append("its spec is not a flat dict of tensors")
+        if problems:
+            where = store.path
+            store.close()
+            raise SpecMismatchError(f"{where}: a different memory exists there ({'; '.join(problems)})")
+        self.store = store
+        if self._temp is not None:
+            self._temp.store = store
+        self._origin = read_origin(store)
+        for name, spec in store.spec.items():
+            self._tensors[name] = _Tensor(spec.shape, spec.dtype)
+
+    def _store_path(self) -> str:
+        if self._path is not None:
+            return self._path
+        return os.path.join(self._temp.folder, "buffer")  # type: ignore[union-attr]
+
+    def _create_store(self, path: str) -> Store:
+        spec = {name: t.spec() for name, t in self._tensors.items()}
+        capacity = ring_capacity(self.memory_size, self._options["commit_every"])
+        store = create(path, spec, capacity, self.num_envs, roles=lenient_roles(spec), **self._options)
+        return store
+
+    def _ensure_store(self) -> Store:
+        if self.store is None:
+            if not self._tensors:
+                raise RuntimeError("the memory has no tensors: call create_tensor() before add_samples()")
+            self.store = self._create_store(self._store_path())
+            if self._temp is not None:
+                self._temp.store = self.store
+        return self.store
+
+    # --- cursor ---------------------------------------------------------------------
+
+    @property
+    def _steps(self) -> int:
+        """Complete steps since the origin (the last reset)."""
+        return 0 if self.store is None else self.store.total_steps - self._origin
+
+    @property
+    def memory_index(self) -> int:
+        return self._steps % self.memory_size
+
+    @property
+    def env_index(self) -> int:
+        return self._env_index
+
+    @property
+    def filled(self) -> bool:
+        return self._steps >= self.memory_size
+
+    def __len__(self) -> int:
+        """``memory_size * num_envs`` once filled, else ``memory_index * num_envs + env_index``."""
+        if self.filled:
+            return self.memory_size * self.num_envs
+        return self.memory_index * self.num_envs + self._env_index
+
+    # --- tensors --------------------------------------------------------------------
+
+    def get_tensor_names(self) -> list[str]:
+        """Names of the tensors, sorted."""
+        return sorted(self._tensors)
+
+    def create_tensor(
+        self,
+        name: str,
+        size: Any,
+        dtype: torch.dtype | None = None,
+        keep_dimensions: bool = False,
+    ) -> bool:
+        """Declare a tensor ``(memory_size, num_envs, size)`` (or ``(..., *size)`` with
+        ``keep_dimensions``). ``size``: an int, a sequence (its product), or a gymnasium
+        space (Box: product of the shape; Discrete: 1; MultiDiscrete: ``len(nvec)``;
+        Dict / Tuple: the sum of their parts).
+
+        Returns:
+            True if created; False if ``size`` is None or the tensor exists with the
+            same size and dtype.
+
+        Raises:
+            ValueError: the tensor exists with another size or dtype.
+        """
+        if size is None:
+            return False
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"tensor name must be a Python identifier, got {name!r}")
+        dims = _space_size(size, keep_dimensions)
+        shape = dims if isinstance(dims, tuple) else (int(dims),)
+        if any(d < 1 for d in shape):
+            raise ValueError(f"tensor {name!r}: size {size!r} holds no elements")
+        existing = self._tensors.get(name)
+        if existing is not None:
+            if math.prod(existing.shape) != math.prod(shape) or (keep_dimensions and existing.shape != shape):
+                raise ValueError(
+                    f"Size of tensor {name} ({shape}) doesn't match the existing one ({existing.shape})"
+                )
+            if dtype is not None and existing.torch_dtype != dtype:
+                raise ValueError(
+                    f"Dtype of tensor {name} ({dtype}) doesn't match the existing one ({existing.torch_dtype})"
+                )
+            return False
+        np_dtype = _numpy_dtype(torch.get_default_dtype() if dtype is None else dtype, name)
+        tensor = _Tensor(shape, np_dtype)
+        ArraySpec(shape, np_dtype)  # refuse an unstorable dtype before anything changes
+        self._tensors[name] = tensor
+        if self._staged is not None:
+            self._staged[name] = np.full((self.num_envs, *shape), tensor.fill, np_dtype)
+        if self.store is not None:
+            try:
+                self._migrate()
+            except BaseException:
+                del self._tensors[name]
+                if self._staged is not None:
+                    self._staged.pop(name, None)
+                raise
+        return True
+
+    def _migrate(self) -> None:
+        """Rewrite the memory into a new store with the current tensors, then swap folders.
+
+        The new store is complete before the old one is touched; a crash at any point
+        leaves one whole memory at the path (finished by :func:`_finish_swap` on reopen).
+        """
+        old = self.store
+        assert old is not None
+        old.commit()
+        path = self._store_path()
+        building, replaced = _swap_names(path)
+        if os.path.exists(building):
+            shutil.rmtree(building)
+        lo, hi = self._window()
+        steps = self._steps
+        # Keep the cursor phase: the copy's step count is congruent to the old one.
+        kept = steps if steps < self.memory_size else self.memory_size + steps % self.memory_size
+        new = self._create_store(building)
+        try:
+            block = max(1, (32 << 20) // max(1, _step_bytes(self._tensors, self.num_envs)))
+            for a in range(lo, hi, block):
+                b = min(hi, a + block)
+                leaves = dict(zip(old.leaf_paths, old.read_steps(np.arange(a, b))))
+                new.extend(
+                    {
+                        name: leaves[name]
+                        if name in leaves
+                        else np.full((b - a, self.num_envs, *t.shape), t.fill, t.dtype)
+                        for name, t in self._tensors.items()
+                    }
+                )
+            write_origin(new, (hi - lo) - kept)
+        finally:
+            new.close()
+        old.close()
+        os.rename(path, replaced)
+        os.rename(building, path)
+        shutil.rmtree(replaced, ignore_errors=True)
+        self.store = None
+        self._attach(open_store(path, "a"))
+
+    def get_tensor_by_name(self, name: str, keepdim: bool = True) -> torch.Tensor:
+        """A copy of the tensor: ``(memory_size, num_envs, *size)``, or
+        ``(memory_size * num_envs, *size)`` without ``keepdim``.
+
+        Raises:
+            KeyError: no such tensor.
+        """
+        t = self._tensors[name]
+        full = self._physical([name])[name]
+        if not keepdim:
+            full = full.reshape(-1, *t.shape)
+        return self._out(full)
+
+    def set_tensor_by_name(self, name: str, tensor: Any) -> None:
+        """Overwrite the tensor (broadcast to ``(memory_size, num_envs, *size)``).
+
+        Rows holding stored steps are rewritten (durable at the next commit, made here);
+        rows of a staged partial step are updated in RAM; rows never written stay so.
+
+        Raises:
+            KeyError: no such tensor.
+        """
+        t = self._tensors[name]
+        M, E = self.memory_size, self.num_envs
+        value = self._as_array(name, tensor, (M, E, *t.shape))
+        if self._staged is not None and self._env_index:
+            self._staged[name][: self._env_index] = value[self.memory_index, : self._env_index]
+        if self.store is None:
+            return
+        store = self.store
+        store.commit()
+        rows = np.arange(M)
+        steps, valid = self._steps_of_rows(rows)
+        if not valid.any():
+            return
+        steps, rows = steps[valid], rows[valid]
+        leaves = dict(zip(store.leaf_paths, store.read_steps(steps)))
+        leaves[name] = value[rows]
+        store.set(steps - store.first_step, leaves)
+        store.commit()
+
+    # --- writes ---------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Empty the memory: cursor to 0, not filled; stored steps are dropped."""
+        self._staged = None
+        self._env_index = 0
+        if self.store is not None:
+            self.store.commit()
+            origin = self.store.total_steps
+            write_origin(self.store, origin)  # first: a crash before the clear shows an empty memory
+            self._origin = origin
+            self.store.clear()
+
+    def add_samples(self, **tensors: Any) -> None:
+        """Record samples: each tensor ``(num_envs, *size)`` (one step of all envs),
+        ``(n, *size)`` with ``n < num_envs`` (the next ``n`` envs of the step), ``(*size)``
+        (the next env), or with one env ``(n, *size)`` (``n`` steps). Unknown names and
+        ``None`` values are skipped; the kind of add is read from ``observations`` (or
+        ``states``, else the first tensor).
+
+        Raises:
+            ValueError: no tensors, or shapes that fit none of the kinds above; a value
+                that cannot be stored in its tensor.
+            RuntimeError: envs beyond ``num_envs`` in a step.
+        """
+        if not tensors:
+            raise ValueError(
+                "No samples to be recorded in memory. Pass samples as key-value arguments (where key is the tensor name)"
+            )
+        given = {k: v for k, v in tensors.items() if v is not None}
+        if not given:
+            raise ValueError("every sample given to add_samples is None")
+        ref_name = next((k for k in ("observations", "states") if k in given), next(iter(given)))
+        ref_shape = tuple(given[ref_name].shape)
+        ref = self._tensors.get(ref_name)
+        lead = len(ref_shape) - (len(ref.shape) if ref is not None else 1)
+        E, ei = self.num_envs, self._env_index
+        known = {k: v for k, v in given.items() if k in self._tensors}
+        if lead == 1 and ref_shape[0] == E:
+            if ei:
+                raise RuntimeError(
+                    f"a step of all {E} envs was added while envs 0..{ei - 1} of the current step are staged; "
+                    f"add the remaining {E - ei} envs first"
+                )
+            kind, n = "step", E
+        elif lead == 1 and ref_shape[0] < E:
+            kind, n = "envs", ref_shape[0]
+        elif lead == 1 and E == 1:
+            kind, n = "rows", ref_shape[0]
+        elif lead == 0:
+            kind, n = "envs", 1
+        else:
+            raise ValueError(f"Expected shape (number of environments = {E}, data size), got {ref_shape}")
+        if kind == "envs" and ei + n > E:
+            raise RuntimeError(f"{n} envs added at env index {ei} overflow num_envs={E}; nothing was added")
+        arrays = {
+            name: self._as_array(name, value, (n, *self._tensors[name].shape)) if lead else
+            self._as_array(name, value, self._tensors[name].shape)[None]
+            for name, value in known.items()
+        }  # fmt: skip
+        store = self._ensure_store()
+        before = self._steps
+        if kind == "step":
+            store.add(self._complete({name: a for name, a in arrays.items()}, E))
+        elif kind == "rows":
+            store.extend(self._complete({name: a[:, None] for name, a in arrays.items()}, E, lead=(n,)))
+        else:
+            if self._staged is None:
+                self._staged = {
+                    name: np.full((E, *t.shape), t.fill, t.dtype) for name, t in self._tensors.items()
+                }
+            for name, a in arrays.items():
+                self._staged[name][ei : ei + n] = a
+            self._env_index = ei + n
+            if self._env_index == E:
+                staged, self._staged, self._env_index = self._staged, None, 0
+                store.add(staged)
+        if self.export and self._steps // self.memory_size > before // self.memory_size:
+            self.save(self.export_directory, self.export_format)
+
+    def _complete(
+        self, arrays: dict[str, np.ndarray], E: int, lead: tuple[int, ...] = ()
+    ) -> dict[str, np.ndarray]:
+        """A whole step (or steps): tensors not given read as unwritten (NaN / zero)."""
+        out = {}
+        for name, t in self._tensors.items():
+            a = arrays.get(name)
+            out[name] = a if a is not None else np.full((*lead, E, *t.shape), t.fill, t.dtype)
+        return out
+
+    def _as_array(self, name: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """``value`` as a numpy array of ``shape`` in the tensor's dtype, or ValueError."""
+        t = self._tensors[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            if value.dtype == torch.bfloat16:
+                value = value.float()
+            value = value.cpu().numpy()
+        a = np.asarray(value)
+        if a.dtype.kind not in "biufc":
+            raise ValueError(f"tensor {name!r}: expected numbers, got {a.dtype} values")
+        why = cast_refusal(a, t.dtype)
+        if why is not None:
+            raise ValueError(f"tensor {name!r}: {why} (tensor dtype {t.dtype}, got {a.dtype})")
+        try:
+            return np.broadcast_to(a, shape).astype(t.dtype, copy=False)
+        except ValueError:
+            raise ValueError(f"tensor {name!r}: expected shape {shape}, got {a.shape}") from None
+
+    # --- reads ----------------------------------------------------------------------
+
+    def _window(self) -> tuple[int, int]:
+        """Global step ids ``[lo, hi)`` of the stored steps the memory shows."""
+        store = self.store
+        if store is None:
+            return 0, 0
+        hi = store.total_steps
+        return max(store.first_step, self._origin, hi - self.memory_size), hi
+
+    def _steps_of_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global step id held by each physical row, and whether the row holds one."""
+        T = self._steps
+        offset = T - 1 - np.mod(T - 1 - rows, self.memory_size)
+        steps = self._origin + offset
+        lo, _ = self._window()
+        return steps, (offset >= 0) & (steps >= lo)
+
+    def _gather(self, names: Sequence[str], flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows at flat physical indexes ``row * num_envs + env``, per name."""
+        E = self.num_envs
+        rows, envs = np.divmod(flat, E)
+        steps, valid = self._steps_of_rows(rows)
+        staged = None
+        if self._staged is not None and self._env_index:
+            staged = (rows == self.memory_index) & (envs < self._env_index)
+            valid &= ~staged
+        out = {
+            name: np.full(
+                (*flat.shape, *self._tensors[name].shape), self._tensors[name].fill, self._tensors[name].dtype
+            )
+            for name in names
+        }
+        if valid.any():
+            paths = self.store.leaf_paths  # type: ignore[union-attr]
+            leaves = read_rows(self.store, steps[valid], envs[valid])  # type: ignore[arg-type]
+            by_name = dict(zip(paths, leaves))
+            for name in names:
+                out[name][valid] = by_name[name]
+        if staged is not None and staged.any():
+            for name in names:
+                out[name][staged] = self._staged[name][envs[staged]]  # type: ignore[index]
+        return out
+
+    def _physical(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Whole tensors ``(memory_size, num_envs, *size)`` in physical row order."""
+        M, E = self.memory_size, self.num_envs
+        out = {
+            name: np.full(
+                (M, E, *self._tensors[name].shape), self._tensors[name].fill, self._tensors[name].dtype
+            )
+            for name in names
+        }
+        rows = np.arange(M)
+        steps, valid = self._steps_of_rows(rows)
+        if valid.any():
+            by_name = dict(zip(self.store.leaf_paths, self.store.read_steps(steps[valid])))  # type: ignore[union-attr]
+            for name in names:
+                out[name][rows[valid]] = by_name[name]
+        if self._staged is not None and self._env_index:
+            for name in names:
+                out[name][self.memory_index, : self._env_index] = self._staged[name][: self._env_index]
+        return out
+
+    def _out(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+    def _flat_indexes(self, indexes: Any) -> np.ndarray:
+        if isinstance(indexes, torch.Tensor):
+            indexes = indexes.detach().cpu().numpy()
+        idx = np.asarray(indexes)
+        if idx.size == 0:
+            return idx.astype(np.int64).reshape(-1)
+        if idx.dtype.kind not in "iu":
+            raise IndexError(f"indexes must be integers, got {idx.dtype}")
+        n = self.memory_size * self.num_envs
+        if idx.min() < -n or idx.max() >= n:
+            raise IndexError(f"index out of range for a memory of {n} rows")
+        return np.mod(idx.astype(np.int64), n)
+
+    def sample(
+        self, names: Sequence[str], batch_size: int, mini_batches: int = 1, sequence_length: int = 1
+    ) -> list[list[torch.Tensor | None]]:
+        """Implemented by :class:`RandomMemory`."""
+        raise NotImplementedError("The sampling method (.sample()) is not implemented")
+
+    def sample_by_index(
+        self, names: Sequence[str], indexes: Any, mini_batches: int = 1
+    ) -> list[list[torch.Tensor | None]]:
+        """Rows at flat physical indexes, split into ``mini_batches`` batches; ``None`` for
+        an unknown name."""
+        flat = self._flat_indexes(indexes)
+        batches = np.array_split(flat, mini_batches) if mini_batches > 1 else [flat]
+        known = [n for n in names if n in self._tensors]
+        out = []
+        for batch in batches:
+            got = self._gather(known, batch)
+            out.append([self._out(got[n]) if n in got else None for n in names])
+        return out
+
+    def sample_all(
+        self, names: Sequence[str], mini_batches: int = 1, sequence_length: int = 1
+    ) -> list[list[torch.Tensor | None]]:
+        """Every row (``memory_size * num_envs``) in physical order, or env by env with
+        ``sequence_length > 1``; rows never written read NaN / zero."""
+        M, E = self.memory_size, self.num_envs
+        known = [n for n in names if n in self._tensors]
+        full = self._physical(known)
+        order = self.all_sequence_indexes if sequence_length > 1 else None
+        views = {n: full[n].reshape(M * E, *self._tensors[n].shape) for n in known}
+        if order is not None:
+            views = {n: v[order] for n, v in views.items()}
+        parts = np.array_split(np.arange(M * E), mini_batches) if mini_batches > 1 else [slice(None)]
+        return [[self._out(views[n][p]) if n in views else None for n in names] for p in parts]
+
+    def get_sampling_indexes(self) -> torch.Tensor | None:
+        """The flat indexes of the last :meth:`sample` (None before the first)."""
+        return self.sampling_indexes
+
+    def share_memory(self) -> None:
+        """Nothing to do: the data is already in files other processes can open."""
+
+    # --- files ----------------------------------------------------------------------
+
+    def save(self, directory: str = "", format: str = "pt") -> str:  # noqa: A002 - skrl's name
+        """Write the memory to ``<directory>/memories/<time>_memory_<id>.<format>``.
+
+        ``pt``: ``torch.save`` of ``{name: (memory_size, num_envs, *size)}``; ``npz``: the
+        same arrays (no pickle); ``csv``: a header ``name.i`` (names sorted, ``i`` the
+        flat element index) and the first ``len(memory)`` rows in physical order.
+
+        Returns:
+            The file's path.
+        """
+        fmt = "npz" if format == "np" else format
+        if fmt not in FORMATS:
+            raise ValueError(f"Unsupported format: {format}. Available formats: pt, csv, npz")
+        directory = directory or self.export_directory
+        os.makedirs(os.path.join(directory, "memories"), exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%y-%m-%d_%H-%M-%S-%f")
+        path = os.path.join(directory, "memories", f"{stamp}_memory_{hex(id(self))}.{fmt}")
+        names = self.get_tensor_names()
+        full = self._physical(names)
+        if fmt == "pt":
+            torch.save({n: self._out(full[n]) for n in names}, path)
+        elif fmt == "npz":
+            np.savez(path, **full)
+        else:
+            M, E = self.memory_size, self.num_envs
+            views = {n: full[n].reshape(M * E, -1) for n in names}
+            with open(path, "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow([f"{n}.{i}" for n in names for i in range(views[n].shape[1])])
+                for i in range(len(self)):
+                    writer.writerow([x for n in names for x in views[n][i].tolist()])
+        return path
+
+    def load(self, path: str) -> None:
+        """Replace the memory's contents (and cursor) with a file :meth:`save` wrote.
+
+        ``pt`` (``weights_only``) and ``npz`` (no pickle) hold whole tensors: rows up to
+        the last one holding any non-NaN value are loaded as steps in physical order, so
+        a memory saved before it filled resumes at its cursor and a full one resumes
+        filled at row 0. ``csv`` holds ``len(memory)`` rows: complete steps are stored
+        and a trailing partial step is staged. Tensors in the file that the memory
+        lacks are created; tensors the file lacks read NaN / zero.
+
+        Raises:
+            ValueError: an unknown extension, or tensors of another memory size or
+                number of envs.
+        """
+        path = os.fspath(path)
+        if path.endswith(".pt"):
+            data = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(data, dict):
+                raise ValueError(f"{path}: expected a dict of tensors, got {type(data).__name__}")
+            arrays = {
+                str(k): (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in data.items()
+            }
+            self._load_tensors(arrays, path)
+        elif path.endswith(".npz"):
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+            self._load_tensors(arrays, path)
+        elif path.endswith(".csv"):
+            self._load_csv(path)
+        else:
+            raise ValueError(f"Unsupported format: {path}")
+
+    def _load_tensors(self, arrays: dict[str, np.ndarray], path: str) -> None:
+        M, E = self.memory_size, self.num_envs
+        for name, a in arrays.items():
+            if a.ndim < 3 or a.shape[:2] != (M, E):
+                raise ValueError(f"{path}: tensor {name!r} has shape {a.shape}, expected ({M}, {E}, ...)")
+        self._declare({name: (a.shape[2:], a.dtype) for name, a in arrays.items()}, path)
+        written = np.zeros(M, bool)
+        floats = [a for a in arrays.values() if a.dtype.kind in "fc"]
+        if floats:
+            for a in floats:
+                written |= ~np.isnan(a.reshape(M, -1)).all(axis=1)
+        else:
+            written[:] = True
+        n = int(np.flatnonzero(written)[-1]) + 1 if written.any() else 0
+        self._refill({name: a[:n] for name, a in arrays.items()}, n, None)
+
+    def _load_csv(self, path: str) -> None:
+        with open(path, newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            rows = [row for row in reader if row]
+        columns: dict[str, list[int]] = {}
+        for i, head in enumerate(header):
+            name, _, index = head.rpartition(".")
+            if not name or not index.isdigit():
+                raise ValueError(f"{path}: column {head!r} is not of the form name.i")
+            columns.setdefault(name, []).append(i)
+        M, E = self.memory_size, self.num_envs
+        if len(rows) > M * E:
+            raise ValueError(f"{path}: {len(rows)} rows, more than memory_size * num_envs = {M * E}")
+        values = np.array([[_cell(c) for c in row] for row in rows], np.float64).reshape(
+            len(rows), len(header)
+        )
+        shapes = {}
+        for name, cols in columns.items():
+            t = self._tensors.get(name)
+            shapes[name] = (
+                t.shape if t is not None and math.prod(t.shape) == len(cols) else (len(cols),),
+                None,
+            )
+        self._declare(shapes, path)
+        n_steps, partial = divmod(len(rows), E)
+        arrays = {}
+        for name, cols in columns.items():
+            t = self._tensors[name]
+            flat = values[:, cols].reshape(len(rows), *t.shape)
+            arrays[name] = flat.astype(t.dtype)
+        steps = {name: a[: n_steps * E].reshape(n_steps, E, *a.shape[1:]) for name, a in arrays.items()}
+        tail = {name: a[n_steps * E :] for name, a in arrays.items()} if partial else None
+        self._refill(steps, n_steps, tail)
+
+    def _declare(self, found: dict[str, tuple[tuple[int, ...], Any]], path: str) -> None:
+        """Create the tensors a file holds and the memory lacks (dtype None: the default)."""
+        for name, (shape, dtype) in found.items():
+            t = self._tensors.get(name)
+            if t is not None:
+                if math.prod(t.shape) != math.prod(shape):
+                    raise ValueError(f"{path}: tensor {name!r} has size {shape}, the memory's is {t.shape}")
+                continue
+            torch_dtype = None if dtype is None else _torch_dtype(np.dtype(dtype))
+            self.create_tensor(name, tuple(shape) or (1,), torch_dtype, keep_dimensions=True)
+
+    def _refill(self, steps: dict[str, np.ndarray], n: int, tail: dict[str, np.ndarray] | None) -> None:
+        """Empty the memory, then write ``n`` steps and stage a partial one."""
+        self.reset()
+        store = self._ensure_store()
+        if n:
+            store.extend(self._complete(
+                {name: a.reshape(n, self.num_envs, *self._tensors[name].shape).astype(self._tensors[name].dtype)
+                 for name, a in steps.items()}, self.num_envs, lead=(n,)))  # fmt: skip
+        if tail:
+            k = len(next(iter(tail.values())))
+            self._staged = {
+                name: np.full((self.num_envs, *t.shape), t.fill, t.dtype) for name, t in self._tensors.items()
+            }
+            for name, a in tail.items():
+                self._staged[name][:k] = a.reshape(k, *self._tensors[name].shape)
+            self._env_index = k
+        store.commit()
+
+    # --- life cycle -----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Commit and release the store (a temporary one is deleted). Safe twice.
+
+        A staged partial step (fewer than ``num_envs`` envs added) is not written.
+        """
+        if self._env_index and self.store is not None and not self.store.closed:
+            log.warning(
+                "%s: closing with envs 0..%d of a step staged; they are not written",
+                self.store.path,
+                self._env_index - 1,
+            )
+        if self._temp is not None:
+            self._cleanup()  # type: ignore[attr-defined]
+        elif self.store is not None:
+            self.store.close()
+
+    def __enter__(self) -> Memory:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self._store_path()
+        return (
+            f"<mmreplay.compat.skrl.{type(self).__name__} memory_size={self.memory_size} "
+            f"num_envs={self.num_envs} len={len(self) if self.store is None or not self.store.closed else '?'} "
+            f"tensors={self.get_tensor_names()} path={where!r}>"
+        )
+
+
+class RandomMemory(Memory):
+    """skrl's ``RandomMemory``: uniform random batches, with or without replacement.
+
+    Args:
+        replacement: draw with replacement (the batch size is always met); without,
+            at most ``len(memory)`` distinct rows (or sequence starts) are returned.
+        others: as :class:`Memory`.
+    """
+
+    def __init__(
+        self,
+        memory_size: int,
+        num_envs: int = 1,
+        device: str | torch.device | None = None,
+        export: bool = False,
+        export_format: str = "pt",
+        export_directory: str = "",
+        replacement: bool = True,
+        path: str | os.PathLike | None = None,
+        **options: Any,
+    ):
+        super().__init__(
+            memory_size, num_envs, device, export, export_format, export_directory, path, **options
+        )
+        self._replacement = bool(replacement)
+
+    def sample(
+        self, names: Sequence[str], batch_size: int, mini_batches: int = 1, sequence_length: int = 1
+    ) -> list[list[torch.Tensor | None]]:
+        """A random batch: ``[[tensor per name] per mini-batch]``, each ``(batch_size *
+        sequence_length, *size)``; a sequence is one env's consecutive rows.
+
+        Raises:
+            MemoryEmptyError: with replacement, nothing (or no whole sequence) to draw.
+        """
+        E = self.num_envs
+        size = len(self) - (sequence_length - 1) * E
+        if self._replacement:
+            if size <= 0:
+                raise MemoryEmptyError(
+                    f"cannot sample: the memory holds {len(self)} rows"
+                    + (f", no sequence of {sequence_length} steps" if sequence_length > 1 else "")
+                )
+            starts = torch.randint(0, size, (batch_size,))
+        else:
+            if size < 0:
+                raise MemoryEmptyError(
+                    f"cannot sample sequences of {sequence_length} steps from {len(self)} rows"
+                )
+            starts = torch.randperm(size, dtype=torch.long)[:batch_size]
+        if sequence_length > 1:
+            u = starts.numpy()
+            k, envs = np.divmod(u, E)
+            oldest = 0
+            if self.filled:  # each env's stream starts after its newest row
+                oldest = (self.memory_index + (envs < self._env_index)) % self.memory_size
+            rows = (oldest + k)[:, None] + np.arange(sequence_length)
+            indexes = torch.from_numpy(((rows % self.memory_size) * E + envs[:, None]).reshape(-1))
+        else:
+            indexes = starts
+        self.sampling_indexes = indexes
+        return self.sample_by_index(names, indexes, mini_batches)
+
+
+def _step_bytes(tensors: dict[str, _Tensor], num_envs: int) -> int:
+    return sum(math.prod(t.shape) * t.dtype.itemsize for t in tensors.values()) * num_envs
+
+
+def _cell(text: str) -> float:
+    if text == "True":
+        return 1.0
+    if text == "False":
+        return 0.0
+    return float(text)
+
+
+def _swap_names(path: str) -> tuple[str, str]:
+    """Sibling folders of a migration: the new memory being built, the old one set aside."""
+    parent, base = os.path.split(os.path.abspath(path))
+    return os.path.join(parent, f".{base}.migrating"), os.path.join(parent, f".{base}.replaced")
+
+
+def _finish_swap(path: str) -> None:
+    """Complete or undo a migration a crash interrupted, so one whole memory is at ``path``."""
+    building, replaced = _swap_names(path)
+    if os.path.exists(replaced):
+        if not os.path.exists(path):
+            # Both renames pending or the second one: the new memory is complete if present.
+            os.rename(building if os.path.exists(building) else replaced, path)
+        shutil.rmtree(replaced, ignore_errors=True)
+    if os.path.exists(building):
+        shutil.rmtree(building, ignore_errors=True)  # an unfinished copy; the old memory is intact
