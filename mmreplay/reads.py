@@ -35,7 +35,7 @@ from . import sampling
 from .errors import NotEnoughDataError
 from .spec import ArraySpec, unflatten
 
-__all__ = ["SampleInfo", "sample", "iterate", "set_prefetch"]
+__all__ = ["SampleInfo", "sample", "iterate", "read_rows", "set_prefetch"]
 
 MAX_RESAMPLES = 16
 
@@ -307,6 +307,37 @@ def _resample_overwritten(
         f"{store.path}: the writer overwrote the sampled rows {MAX_RESAMPLES} times in a row; "
         "the ring is too small for this reader"
     )
+
+
+def read_rows(store: Any, steps: Any, envs: Any) -> Any:
+    """The spec's nest of the rows ``(steps, envs)`` (global step ids and env indices,
+    broadcast together): each leaf ``[*shape_of_the_ids, *leaf_shape]``.
+
+    Raises:
+        NotEnoughDataError: a step is not committed and retained, or (readers) the
+            writer overwrote it while it was read.
+    """
+    store._check_open()
+    steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
+    if steps.size:
+        lo, hi = int(steps.min()), int(steps.max())
+        first, end = store.first_step, store.state.end
+        if lo < first or hi >= end:
+            raise NotEnoughDataError(
+                f"{store.path}: steps [{lo}, {hi}] asked, the committed steps retained are [{first}, {end})"
+            )
+        if envs.min() < 0 or envs.max() >= store.num_envs:
+            raise IndexError(f"{store.path}: env index out of range for {store.num_envs} envs")
+    reader = store._reads or reader_for(store)
+    out = reader.take((steps % reader.capacity) * reader.num_envs + envs)
+    if store.mode == "r" and steps.size:
+        lowest = int(steps.min())
+        if lowest < store.live_state().first(reader.capacity):
+            raise NotEnoughDataError(
+                f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
+                "call refresh() and read again"
+            )
+    return reader.pack(out)
 
 
 # --- deterministic passes -------------------------------------------------------------

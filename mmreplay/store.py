@@ -470,7 +470,7 @@ class Store:
             >>> import mmreplay as mr, numpy as np, tempfile
             >>> store = mr.create(tempfile.mkdtemp() + "/b", {"x": mr.ArraySpec((), "int64")}, 5)
             >>> store.extend({"x": np.arange(5).reshape(5, 1)}); store.commit()
-            >>> [b["x"][:, 0].tolist() for b in store.iterate(num_steps=2)]
+            >>> [b["x"].tolist() for b in store.iterate(num_steps=2)]
             [[0, 1], [2, 3], [4]]
         """
         from . import reads

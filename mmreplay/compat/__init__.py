@@ -8,6 +8,8 @@ when used:
 - :mod:`mmreplay.compat.skrl`: skrl / rofunc ``Memory`` and ``RandomMemory``, torch outputs.
 - :mod:`mmreplay.compat.gymnasium`: the transition spec of an env's spaces and a
   recorder that writes every transition of an env or a vector env into a store.
+- :mod:`mmreplay.compat.torch`: a map-style ``Dataset`` of steps or sequences and an
+  ``IterableDataset`` that samples, both safe with ``DataLoader(num_workers>0)``.
 
 This package itself imports nothing.
 """

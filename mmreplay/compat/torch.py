@@ -1,0 +1,221 @@
+"""PyTorch datasets over a store, without an export.
+
+- :class:`StoreDataset`: map-style, one item per step row (``num_steps=None``) or per
+  sequence of ``num_steps`` consecutive steps of one env, optionally only those inside
+  one episode; items are nests of tensors. ``DataLoader(..., shuffle=True)`` gives
+  epochs over the committed window.
+- :class:`SampleDataset`: iterable, yields random batches from ``store.sample``
+  forever (or ``num_batches``), picking up the writer's newer commits between batches,
+  for a learner reading a store that is still being collected. Use it with
+  ``DataLoader(..., batch_size=None)``.
+
+Both hold only the buffer's path and the window they were made for: every process (each
+``DataLoader`` worker, with fork or spawn) opens its own read-only store on first use,
+mapping the files itself.
+
+Example:
+    >>> import mmreplay as mr, numpy as np, tempfile, torch
+    >>> from mmreplay.compat.torch import StoreDataset
+    >>> path = tempfile.mkdtemp() + "/b"
+    >>> with mr.create(path, {"x": mr.ArraySpec((2,), "float32")}, 100, num_envs=2) as s:
+    ...     s.extend({"x": np.ones((10, 2, 2), "float32")})
+    >>> loader = torch.utils.data.DataLoader(StoreDataset(path, num_steps=4), batch_size=8, shuffle=True)
+    >>> next(iter(loader))["x"].shape
+    torch.Size([8, 4, 2])
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from .. import reads, sampling
+from ..episodes import index_for
+from ..spec import map_structure
+from ..store import Store
+from ..store import open as open_store
+
+__all__ = ["StoreDataset", "SampleDataset"]
+
+
+def _tensors(nest: Any) -> Any:
+    return map_structure(torch.from_numpy, nest)
+
+
+class _Opened:
+    """A read-only store opened lazily in the process that uses it (never pickled)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.store: Store | None = None
+        self.pid: int | None = None
+
+    def get(self) -> Store:
+        if self.store is None or self.pid != os.getpid():
+            self.store = open_store(self.path, "r")
+            self.pid = os.getpid()
+        return self.store
+
+    def close(self) -> None:
+        if self.store is not None and self.pid == os.getpid():
+            self.store.close()
+        self.store = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
+
+
+def _path_of(store: str | os.PathLike | Store) -> str:
+    return store.path if isinstance(store, Store) else os.fspath(store)
+
+
+class StoreDataset(Dataset):
+    """Map-style dataset over the committed window of a store, as it was when made.
+
+    Items are numbered env by env, each env in time order. An item is the spec's nest of
+    tensors ``[*shape]`` (one step) or ``[num_steps, *shape]`` (a sequence that stays in
+    one env's stream and, with ``within_episodes``, in one episode).
+
+    Args:
+        store: a buffer path, or an open :class:`mmreplay.Store` (its window is used; the
+            dataset opens its own read-only store to read).
+        num_steps: steps per item; None for single steps.
+        within_episodes: only sequences that do not cross an episode end.
+
+    Reading a step the writer has overwritten since raises
+    :class:`~mmreplay.NotEnoughDataError`; for a store still being written, prefer
+    :class:`SampleDataset`.
+    """
+
+    def __init__(
+        self, store: str | os.PathLike | Store, num_steps: int | None = None, within_episodes: bool = False
+    ):
+        sampling.check_sizes(None, num_steps)
+        self.num_steps = num_steps
+        self._opened = _Opened(_path_of(store))
+        src = store if isinstance(store, Store) else self._opened.get()
+        steps = 1 if num_steps is None else num_steps
+        self.first, self.end = src.first_step, src.state.end
+        self.num_envs = src.num_envs
+        if within_episodes:
+            spans = index_for(src).spans(src)
+            starts = np.maximum(spans.length - (steps - 1), 0)
+            keep = starts > 0
+            self._span_env = spans.env[keep]
+            self._span_first = spans.first[keep]
+            self._cum = np.cumsum(starts[keep])
+            self._len = int(self._cum[-1]) if len(self._cum) else 0
+        else:
+            self._cum = None
+            self._per_env = max(0, self.end - self.first - steps + 1)
+            self._len = self._per_env * self.num_envs
+
+    def __len__(self) -> int:
+        return self._len
+
+    def locate(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(first step, env)`` of the items at ``index`` (an int or an int array)."""
+        i = np.asarray(index, np.int64)
+        if i.size and (i.min() < -self._len or i.max() >= self._len):
+            raise IndexError(f"index out of range for a dataset of {self._len} items")
+        i = i % max(self._len, 1)
+        if self._cum is None:
+            env = i // max(self._per_env, 1)
+            return self.first + i - env * self._per_env, env
+        span = np.searchsorted(self._cum, i, side="right")
+        before = np.where(span > 0, self._cum[np.maximum(span - 1, 0)], 0)
+        return self._span_first[span] + (i - before), self._span_env[span]
+
+    def _read(self, index: Any) -> Any:
+        step, env = self.locate(index)
+        if self.num_steps is not None:
+            step = step[..., None] + np.arange(self.num_steps, dtype=np.int64)
+            env = env[..., None]
+        return reads.read_rows(self._opened.get(), step, env)
+
+    def __getitem__(self, index: int) -> Any:
+        return _tensors(self._read(int(index)))
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A whole batch in one read per leaf (the DataLoader's batched fetch)."""
+        batch = _tensors(self._read(np.asarray(indices, np.int64)))
+        if isinstance(batch, torch.Tensor):
+            return list(batch)
+        return [map_structure(lambda t, k=k: t[k], batch) for k in range(len(indices))]
+
+    def close(self) -> None:
+        self._opened.close()
+
+
+class SampleDataset(IterableDataset):
+    """Random batches from a store: ``store.sample(batch_size, num_steps, ...)`` as tensors.
+
+    Each DataLoader worker opens its own reader and draws from its own generator, seeded
+    from ``seed`` and the worker id (or from torch's per-worker seed when ``seed`` is
+    None, so ``DataLoader(generator=...)`` makes runs repeatable). Before each batch the
+    reader picks up the writer's newer commits (``refresh``), unless ``refresh=False``.
+
+    Args:
+        store: a buffer path or an open :class:`mmreplay.Store`.
+        batch_size: items per batch.
+        num_steps: steps per item; None for single steps.
+        within_episodes: sequences never cross an episode end.
+        num_batches: batches per pass, shared among the workers; None for no end.
+        seed: base seed.
+        refresh: pick up new commits before each batch.
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike | Store,
+        batch_size: int,
+        num_steps: int | None = None,
+        within_episodes: bool = False,
+        num_batches: int | None = None,
+        seed: int | None = None,
+        refresh: bool = True,
+    ):
+        sampling.check_sizes(batch_size, num_steps)
+        if batch_size is None:
+            raise ValueError("batch_size must be a positive int, got None")
+        if num_batches is not None and (not isinstance(num_batches, int) or num_batches < 0):
+            raise ValueError(f"num_batches must be a non-negative int or None, got {num_batches!r}")
+        self._opened = _Opened(_path_of(store))
+        self.batch_size = batch_size
+        self.num_steps = num_steps
+        self.within_episodes = within_episodes
+        self.num_batches = num_batches
+        self.seed = seed
+        self.refresh = refresh
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if self.seed is not None:
+            gen = np.random.default_rng([self.seed, worker])
+        else:
+            gen = np.random.default_rng(torch.initial_seed() % (1 << 63))
+        count = None
+        if self.num_batches is not None:
+            count = self.num_batches // workers + (1 if worker < self.num_batches % workers else 0)
+        store = self._opened.get()
+        done = 0
+        while count is None or done < count:
+            if self.refresh:
+                store.refresh()
+            batch = store.sample(
+                self.batch_size, self.num_steps, rng=gen, within_episodes=self.within_episodes
+            )
+            yield _tensors(batch)
+            done += 1
+
+    def close(self) -> None:
+        self._opened.close()
