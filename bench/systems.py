@@ -280,6 +280,8 @@ class TorchRL(System):
         super().__init__(folder, workload, capacity)
         import logging
 
+        import torchrl  # noqa: F401 - configures its logger on import; quiet it after
+
         logging.getLogger("torchrl").setLevel(logging.WARNING)
         self.ckpt = os.path.join(folder, "checkpoint")
         self.rb = self._buffer(existsok=False)
