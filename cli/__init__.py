@@ -17,6 +17,14 @@ import mmreplay
 #: command name -> (module under mmreplay.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "Collect, crash, resume, sample and export on a built-in environment."),
+    "inspect": ("inspect", "Show a buffer's size, fill, episodes, leaves and storage (read-only)."),
+    "export": ("export", "Export to minari, d4rl, d3rlpy, parquet, npz, csv, pt, zarr or hdf5."),
+    "import": ("import_", "Create a store from a Minari dataset, a D4RL HDF5 file or an npz."),
+    "convert": ("convert", "Copy a store to another backend, chunking, compression or capacity."),
+    "sample": ("sample", "Print a few random rows."),
+    "stats": ("stats", "Episode return / length statistics and per-leaf value ranges."),
+    "plot": ("plot", "Plot episode returns and the episode length histogram to an image."),
+    "create": ("create", "Create an empty store from a JSON or YAML spec file."),
 }
 
 #: exit status per error class (the first match in this order wins)

@@ -1,0 +1,69 @@
+"""``mmreplay convert PATH OUT``: copy a store to another backend, chunking or compression."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import click
+
+import mmreplay as mr
+from mmreplay.convert import convert
+
+from .inspect import human_bytes
+
+
+@click.command("convert")
+@click.argument("path", type=click.Path())
+@click.argument("out", type=click.Path())
+@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[the source's]")
+@click.option(
+    "--compression",
+    default="same",
+    show_default=True,
+    help="'same' keeps each leaf's codec, 'none' maps every leaf uncompressed; or zstd, blosc, gzip, lzf (hdf5).",
+)
+@click.option(
+    "--chunk-steps", type=click.IntRange(min=1), default=None, help="Steps per chunk [about 4 MiB]."
+)
+@click.option(
+    "--capacity", type=click.IntRange(min=1), default=None, help="[the source's]; smaller keeps the newest."
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def command(
+    path: str,
+    out: str,
+    backend: str | None,
+    compression: str,
+    chunk_steps: int | None,
+    capacity: int | None,
+    quiet: bool,
+) -> None:
+    """Copy the store at PATH into the new store OUT with another layout.
+
+    The copy holds the retained committed steps in time order with the same spec,
+    roles and envs. PATH is only read (a writer may keep running).
+    """
+    if os.path.lexists(out):
+        raise FileExistsError(f"{out}: already exists; convert writes a new store")
+    comp = None if compression.lower() in ("none", "off") else compression
+    t = time.perf_counter()
+    with mr.open(path, mode="r") as store:
+        rows = len(store) * store.num_envs
+    with click.progressbar(
+        length=max(1, rows), label="converting", file=click.get_text_stream("stderr"), hidden=quiet
+    ) as bar:
+        result = convert(
+            path,
+            out,
+            backend=backend,
+            compression=comp,
+            chunk_steps=chunk_steps,
+            capacity=capacity,
+            progress=bar.update,
+        )
+    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, files in os.walk(result.path) for f in files)
+    click.echo(
+        f"converted {result.steps:,} steps into {result.path} ({result.backend}, capacity {result.capacity:,}, "
+        f"{human_bytes(size)}, {time.perf_counter() - t:.1f} s)"
+    )

@@ -1,0 +1,93 @@
+"""``mmreplay export PATH OUT --format F``: write the buffer as an offline RL dataset."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+import mmreplay as mr
+from mmreplay.export import FORMATS, export
+from mmreplay.export import get as get_format
+
+from .inspect import human_bytes
+
+
+@click.command("export")
+@click.argument("path", type=click.Path())
+@click.argument("out", type=click.Path())
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    default="minari",
+    show_default=True,
+    metavar="FORMAT",
+    help="One of: " + ", ".join(FORMATS) + ".",
+)
+@click.option("--compression", default=None, help="A codec the format supports (gzip, lzf, zstd, snappy...).")
+@click.option(
+    "--complete-only", is_flag=True, help="Leave out episodes still open at the end of each env's stream."
+)
+@click.option("--force", is_flag=True, help="Replace OUT if it is an earlier export of this format.")
+@click.option("--dataset-id", default=None, help="Minari: the dataset id, [namespace/]name-v<N>.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def command(
+    path: str,
+    out: str,
+    fmt: str,
+    compression: str | None,
+    complete_only: bool,
+    force: bool,
+    dataset_id: str | None,
+    quiet: bool,
+) -> None:
+    """Export the buffer at PATH to OUT in an offline RL format.
+
+    Episode formats (minari, d4rl, d3rlpy, parquet) write episode after episode; an
+    episode still open at the end of an env's stream is written as truncated unless
+    --complete-only. Step-major formats (npz, csv, pt, zarr, hdf5) write every retained
+    step as [steps, num_envs, ...] arrays keyed by leaf path. For minari, OUT is the
+    datasets root (MINARI_DATASETS_PATH). The store is read in bounded blocks, so a
+    buffer larger than RAM exports in bounded memory. Read-only on PATH.
+    """
+    options = {}
+    if dataset_id is not None:
+        if fmt.lower() != "minari":
+            raise click.UsageError("--dataset-id applies to --format minari only")
+        options["dataset_id"] = dataset_id
+    get_format(fmt)  # an unknown format fails before the store is opened
+    t = time.perf_counter()
+    with mr.open(path, mode="r") as store:
+        rows = len(store) * store.num_envs
+        with click.progressbar(
+            length=max(1, rows),
+            label=f"exporting to {fmt}",
+            file=click.get_text_stream("stderr"),
+            hidden=quiet,
+        ) as bar:
+            result = export(
+                store,
+                out,
+                format=fmt,
+                compression=compression,
+                complete_only=complete_only,
+                force=force,
+                progress=bar.update,
+                **options,
+            )
+    seconds = time.perf_counter() - t
+    what = (
+        f"{result.episodes:,} episodes, {result.steps:,} steps"
+        if result.episodes
+        else f"{result.steps:,} rows"
+    )
+    rate = result.nbytes / 2**20 / seconds if seconds > 0 else 0.0
+    click.echo(
+        f"wrote {what} to {result.path} ({human_bytes(result.nbytes)}, {seconds:.1f} s, {rate:.0f} MB/s)"
+    )
+    if result.format == "minari":
+        click.echo(
+            f"load with: MINARI_DATASETS_PATH={result.info['root']} "
+            f"python -c \"import minari; print(minari.load_dataset('{result.info['dataset_id']}'))\""
+        )

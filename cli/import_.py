@@ -1,0 +1,71 @@
+"""``mmreplay import SRC PATH``: a new store from a Minari dataset, a D4RL file or an npz."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import click
+
+from mmreplay.importers import FORMATS, import_dataset
+
+from .inspect import human_bytes
+
+
+@click.command("import")
+@click.argument("src", type=click.Path())
+@click.argument("path", type=click.Path())
+@click.option("--format", "fmt", default="auto", show_default=True, help="auto, " + ", ".join(FORMATS) + ".")
+@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default="zarr", show_default=True)
+@click.option("--compression", default=None, help="Codec for every leaf (zstd, blosc, gzip, lzf for hdf5).")
+@click.option(
+    "--capacity", type=click.IntRange(min=1), default=None, help="Steps the store holds [the dataset's]."
+)
+@click.option(
+    "--num-envs", type=click.IntRange(min=1), default=None, help="Plain npz: arrays are [T, N, ...]."
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def command(
+    src: str,
+    path: str,
+    fmt: str,
+    backend: str,
+    compression: str | None,
+    capacity: int | None,
+    num_envs: int | None,
+    quiet: bool,
+) -> None:
+    """Create the store PATH from the dataset SRC.
+
+    SRC is a Minari dataset folder (HDF5 format), a D4RL-style HDF5 file, an npz of
+    arrays, or an npz / hdf5 / zarr export of mmreplay (which comes back exactly).
+    """
+    if os.path.lexists(path):
+        raise FileExistsError(f"{path}: already exists; import creates a new store")
+    t = time.perf_counter()
+    with click.progressbar(
+        length=1, label="importing", file=click.get_text_stream("stderr"), hidden=quiet
+    ) as bar:
+
+        def progress(rows: int) -> None:
+            bar.length = max(bar.length or 1, bar.pos + rows)
+            bar.update(rows)
+
+        result = import_dataset(
+            src,
+            path,
+            format=fmt,
+            backend=backend,
+            compression=compression,
+            capacity=capacity,
+            num_envs=num_envs,
+            progress=progress,
+        )
+    size = sum(
+        os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(result.path) for f in files
+    )
+    episodes = f", {result.episodes:,} episodes" if result.episodes is not None else ""
+    click.echo(
+        f"imported {result.format} {src}: {result.steps:,} steps x {result.num_envs} envs{episodes} "
+        f"into {result.path} ({backend}, {human_bytes(size)}, {time.perf_counter() - t:.1f} s)"
+    )

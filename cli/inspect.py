@@ -1,0 +1,210 @@
+"""``mmreplay inspect PATH``: what is in a buffer, how full, how stored.
+
+Opens the buffer read-only (no lock), so it works while a writer is running; it shows
+the last committed state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import time
+from typing import Any
+
+import click
+
+import mmreplay as mr
+from mmreplay.metadata import FORMAT
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _du(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _hdf5_storage(folder: str, leaves: list[Any]) -> dict[str, int]:
+    """Bytes each compressed HDF5 leaf takes in the file (read-only, SWMR-safe)."""
+    paths = [leaf.path for leaf in leaves if not leaf.mapped]
+    if not paths:
+        return {}
+    try:
+        import h5py
+
+        with h5py.File(os.path.join(folder, "data.h5"), "r", libver="latest", swmr=True) as f:
+            return {p: int(f[p].id.get_storage_size()) for p in paths}
+    except Exception:
+        return {}
+
+
+def leaf_bytes(store: mr.Store) -> dict[str, int | None]:
+    """Bytes on disk per leaf path."""
+    meta = store.metadata
+    out: dict[str, int | None] = {}
+    h5 = _hdf5_storage(store.path, list(meta.leaves)) if meta.backend == "hdf5" else {}
+    for leaf in meta.leaves:
+        if meta.backend == "zarr":
+            out[leaf.path] = _du(os.path.join(store.path, "data.zarr", leaf.path))
+        elif leaf.mapped:
+            out[leaf.path] = meta.capacity * meta.num_envs * leaf.spec.nbytes
+        else:
+            out[leaf.path] = h5.get(leaf.path)
+    return out
+
+
+def describe(store: mr.Store) -> dict[str, Any]:
+    """Everything ``inspect`` shows, as JSON-able data."""
+    meta = store.metadata
+    state = store.state
+    n = len(store)
+    spans = store.episode_index()
+    statuses = [s.status for s in spans]
+    on_disk = leaf_bytes(store)
+    leaves = []
+    for leaf in meta.leaves:
+        raw = n * meta.num_envs * leaf.spec.nbytes
+        disk = on_disk.get(leaf.path)
+        ratio = None
+        if leaf.compression is not None and disk:
+            ratio = round(raw / disk, 2)
+        leaves.append(
+            {
+                "path": leaf.path,
+                "shape": list(leaf.spec.shape),
+                "dtype": leaf.spec.dtype.name,
+                "chunk_steps": leaf.chunk_steps,
+                "chunks": [leaf.chunk_steps, meta.num_envs, *leaf.spec.shape],
+                "compression": leaf.compression,
+                "mapped": leaf.mapped,
+                "bytes_on_disk": disk,
+                "bytes_stored": raw,
+                "compression_ratio": ratio,
+            }
+        )
+    return {
+        "path": os.path.abspath(store.path),
+        "format": FORMAT,
+        "backend": meta.backend,
+        "capacity": meta.capacity,
+        "num_envs": meta.num_envs,
+        "steps": n,
+        "rows": n * meta.num_envs,
+        "fill": n / meta.capacity,
+        "first_step": store.first_step,
+        "cursor": state.end % meta.capacity,
+        "total_steps": state.end,
+        "wrapped": state.end > meta.capacity,
+        "commits": state.commits,
+        "last_commit": state.commit_time,
+        "commit_every": meta.commit_every,
+        "durability": meta.durability,
+        "roles": dict(meta.roles),
+        "episodes": {
+            "total": len(spans),
+            "complete": sum(s != "open" for s in statuses),
+            "open": statuses.count("open"),
+            "terminated": statuses.count("terminated"),
+            "truncated": statuses.count("truncated"),
+        },
+        "leaves": leaves,
+        "bytes_on_disk": _du(store.path),
+    }
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "never"
+    stamp = datetime.datetime.fromtimestamp(t).isoformat(sep=" ", timespec="seconds")
+    ago = time.time() - t
+    if ago < 120:
+        rel = f"{ago:.0f} s ago"
+    elif ago < 7200:
+        rel = f"{ago / 60:.0f} min ago"
+    elif ago < 172800:
+        rel = f"{ago / 3600:.0f} h ago"
+    else:
+        rel = f"{ago / 86400:.0f} days ago"
+    return f"{stamp} ({rel})"
+
+
+def render(info: dict[str, Any]) -> str:
+    """The human-readable table."""
+    ep = info["episodes"]
+    lines = [
+        f"{info['path']}",
+        f"  format        {info['format']}, backend {info['backend']}, durability {info['durability']}",
+        f"  capacity      {info['capacity']:,} steps x {info['num_envs']} envs",
+        f"  committed     {info['steps']:,} steps ({info['rows']:,} rows), {info['fill']:.1%} full"
+        + (", wrapped" if info["wrapped"] else ""),
+        "  steps         "
+        + (
+            f"{info['first_step']:,} .. {info['total_steps'] - 1:,} retained; "
+            if info["steps"]
+            else "none retained; "
+        )
+        + f"{info['total_steps']:,} added in all; cursor at slot {info['cursor']:,}",
+        f"  commits       {info['commits']:,}, last {_when(info['last_commit'])}; every {info['commit_every']:,} steps",
+        f"  episodes      {ep['total']:,}: {ep['complete']:,} complete ({ep['terminated']:,} terminated, "
+        f"{ep['truncated']:,} truncated), {ep['open']:,} open",
+        "  roles         " + (", ".join(f"{r}={p}" for r, p in info["roles"].items()) or "none"),
+        f"  on disk       {human_bytes(info['bytes_on_disk'])}",
+        "",
+    ]
+    head = ("leaf", "shape", "dtype", "chunks", "compression", "on disk", "ratio")
+    rows = [
+        (
+            leaf["path"],
+            "(" + ", ".join(map(str, leaf["shape"])) + ("," if len(leaf["shape"]) == 1 else "") + ")",
+            leaf["dtype"],
+            "x".join(map(str, leaf["chunks"])),
+            leaf["compression"] or "none (mapped)",
+            human_bytes(leaf["bytes_on_disk"]),
+            "-" if leaf["compression_ratio"] is None else f"{leaf['compression_ratio']:.1f}x",
+        )
+        for leaf in info["leaves"]
+    ]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return "\n".join(lines)
+
+
+@click.command("inspect")
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def command(path: str, as_json: bool) -> None:
+    """Show what is in the buffer at PATH: size, fill, episodes, leaves and storage.
+
+    Read-only; safe while a writer is running (shows its last commit).
+    """
+    with mr.open(path, mode="r") as store:
+        info = describe(store)
+    if as_json:
+        click.echo(json.dumps(info, indent=1, default=_json_default))
+    else:
+        click.echo(render(info))
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    raise TypeError(f"not JSON-able: {type(x).__name__}")

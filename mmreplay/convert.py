@@ -1,0 +1,104 @@
+"""Copy a store into a new one with another backend, chunking, compression or capacity.
+
+The copy holds the source's retained committed steps in time order (global step ids
+restart at 0), with the same spec, roles and env count. It streams in bounded blocks, so
+a store larger than RAM converts in bounded memory, and it reads the source as a reader,
+so a writer may keep running (the copy is of the state when it started).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import NotEnoughDataError
+from .spec import flatten, unflatten
+from .store import create
+from .store import open as open_store
+
+__all__ = ["ConvertResult", "convert"]
+
+BLOCK_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    path: str
+    steps: int
+    backend: str
+    capacity: int
+
+
+def convert(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    backend: str | None = None,
+    compression: Any = "same",
+    chunk_steps: Any = None,
+    capacity: int | None = None,
+    commit_every: int | None = None,
+    progress: Callable[[int], Any] | None = None,
+) -> ConvertResult:
+    """Write a copy of the store at ``src`` to the new path ``out``.
+
+    Args:
+        src: the source store.
+        out: the new store's path (must not exist).
+        backend: ``"zarr"`` or ``"hdf5"``; default the source's.
+        compression: as :func:`mmreplay.create`; ``"same"`` keeps each leaf's codec,
+            ``None`` stores every leaf uncompressed (memory-mapped).
+        chunk_steps: as :func:`mmreplay.create`; default the source's per-leaf chunking.
+        capacity: steps the copy holds; default the source's. A smaller capacity keeps
+            the newest steps.
+        commit_every: default the source's.
+        progress: called with the rows (steps x envs) copied after each block.
+    """
+    src, out = os.fspath(src), os.fspath(out)
+    with open_store(src, mode="r") as store:
+        meta = store.metadata
+        leaves = meta.leaves
+        if compression == "same":
+            compression = {leaf.path: leaf.compression for leaf in leaves if leaf.compression}
+        if chunk_steps is None and backend in (None, meta.backend) and capacity in (None, meta.capacity):
+            chunk_steps = {leaf.path: leaf.chunk_steps for leaf in leaves}
+        cap = capacity or meta.capacity
+        first, end = store.first_step, store.committed_steps
+        first = max(first, end - cap)
+        dst = create(
+            out,
+            store.spec,
+            capacity=cap,
+            num_envs=meta.num_envs,
+            backend=backend or meta.backend,
+            chunk_steps=chunk_steps,
+            compression=compression,
+            commit_every=commit_every or meta.commit_every,
+            durability=meta.durability,
+            roles=meta.roles,
+        )
+        try:
+            step_bytes = max(1, meta.num_envs * sum(s.nbytes for s in flatten(store.spec)))
+            k = max(1, BLOCK_BYTES // step_bytes)
+            for a in range(first, end, k):
+                b = min(end, a + k)
+                try:
+                    values = store.read_steps(np.arange(a, b))
+                except NotEnoughDataError as exc:
+                    raise NotEnoughDataError(
+                        f"{exc}; the writer overwrote rows before they were copied"
+                    ) from None
+                dst.extend(unflatten(store.spec, values))
+                if progress is not None:
+                    progress((b - a) * meta.num_envs)
+            dst.close()
+            result = ConvertResult(os.path.abspath(out), end - first, dst.backend, cap)
+        except BaseException:
+            dst.close()
+            shutil.rmtree(out, ignore_errors=True)
+            raise
+    return result

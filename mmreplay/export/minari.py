@@ -1,0 +1,249 @@
+"""``minari``: a Minari 0.5 HDF5 dataset, written with h5py and json alone.
+
+``out`` is a Minari datasets root (what ``MINARI_DATASETS_PATH`` points at); the dataset
+goes to ``out/<namespace>/<name>-v<N>/data/`` with ``metadata.json`` and
+``main_data.hdf5``. Each episode is a group ``episode_<i>`` holding ``observations``
+(N + 1 rows: the first observation and every next observation), ``actions``,
+``rewards``, ``terminations`` and ``truncations`` (N rows). Nested observations and
+actions become subgroups (dict keys; tuple items as ``_index_<i>``), as Minari writes.
+
+Observations are stored raw with ``"jpeg_encoding": false``, so uint8 images come back
+bit-exact. ``minari_version`` is the oldest release that reads the file correctly:
+"0.5.3" in general, "0.5.4" when some observation or action looks like an image to
+Minari (0.5.3 would try to JPEG-decode it).
+
+The final observation of an episode is its last step's next observation, so the store
+needs a ``next_observation`` leaf (role).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadInputError
+from ..spec import ArraySpec, is_namedtuple
+from ._base import (
+    ExportResult,
+    Roles,
+    Target,
+    Ticker,
+    check_compression,
+    disk_usage,
+    episode_flags,
+    episode_total,
+    episodes,
+    part,
+)
+from .hdf5 import dataset_options, h5py_module
+
+COMPRESSIONS = ("gzip", "lzf")
+#: the dataset id: optional namespace parts, a name, and a version, as Minari parses it
+DATASET_ID = re.compile(r"^(?:(?P<namespace>[-_\w][-_\w/]*[-_\w])/)?(?P<name>[-_.\w]+?)-v(?P<version>\d+)$")
+
+
+def default_dataset_id(store: Any) -> str:
+    base = os.path.basename(os.path.normpath(store.path)) or "buffer"
+    name = re.sub(r"[^-_\w]+", "_", base).strip("_-") or "buffer"
+    return f"mmreplay/{name}-v0"
+
+
+def check_dataset_id(dataset_id: str) -> tuple[str, ...]:
+    """The path parts of a dataset id; refuses ids that would leave the root."""
+    m = DATASET_ID.match(dataset_id or "")
+    parts = tuple(dataset_id.split("/")) if m else ()
+    if not m or any(p in ("", ".", "..") for p in parts):
+        raise BadInputError(
+            f"minari export: dataset id {dataset_id!r} is not of the form [namespace/]name-v<N> "
+            "(letters, digits, '-', '_'; e.g. 'mmreplay/pointmass-v0')"
+        )
+    return parts
+
+
+# --- spaces, in minari.serialization's JSON -----------------------------------------
+
+
+def _box(spec: ArraySpec) -> dict[str, Any]:
+    dtype = spec.dtype
+    if dtype.kind == "f":
+        low, high = float("-inf"), float("inf")
+    elif dtype.kind == "b":
+        low, high = 0, 1
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        low, high = int(info.min), int(info.max)
+    else:
+        raise BadInputError(f"minari export: dtype {dtype} has no gymnasium space")
+    # full arrays: gymnasium's Box refuses a 0-d low / high for a shaped space
+    return {
+        "type": "Box",
+        "dtype": dtype.name,
+        "shape": list(spec.shape),
+        "low": np.full(spec.shape, low, dtype=object).tolist(),
+        "high": np.full(spec.shape, high, dtype=object).tolist(),
+    }
+
+
+def space_json(spec: Any) -> dict[str, Any]:
+    """A gymnasium space for a spec nest, as ``minari.serialization.serialize_space`` writes it."""
+    if isinstance(spec, ArraySpec):
+        return _box(spec)
+    if isinstance(spec, Mapping):
+        return {"type": "Dict", "subspaces": {k: space_json(v) for k, v in spec.items()}}
+    if is_namedtuple(spec):
+        return {"type": "Dict", "subspaces": {k: space_json(v) for k, v in zip(spec._fields, spec)}}
+    if isinstance(spec, (tuple, list)):
+        return {"type": "Tuple", "subspaces": [space_json(v) for v in spec]}
+    raise BadInputError(f"minari export: cannot describe {spec!r:.80} as a gymnasium space")
+
+
+def looks_like_image(spec: Any) -> bool:
+    """What Minari 0.5 treats as an image (and JPEG-decodes unless told not to)."""
+    if isinstance(spec, ArraySpec):
+        s = spec.shape
+        return spec.dtype == np.uint8 and len(s) in (2, 3) and s[0] >= 32 and s[1] >= 32
+    if isinstance(spec, Mapping):
+        return any(looks_like_image(v) for v in spec.values())
+    if isinstance(spec, (tuple, list)):
+        return any(looks_like_image(v) for v in spec)
+    return False
+
+
+# --- writing ---------------------------------------------------------------------------
+
+
+def _write_nest(group: Any, name: str, spec: Any, value: Any, opts: Any) -> None:
+    """One leaf as a dataset, or a nest as subgroups (dict keys, tuple ``_index_i``)."""
+    if isinstance(spec, ArraySpec):
+        arr = np.ascontiguousarray(value)
+        group.create_dataset(name, data=arr, **opts(arr))
+        return
+    sub = group.create_group(name)
+    if isinstance(spec, Mapping):
+        for key in spec:
+            _write_nest(sub, key, spec[key], value[key], opts)
+    elif is_namedtuple(spec):
+        for key, s, v in zip(spec._fields, spec, value):
+            _write_nest(sub, key, s, v, opts)
+    else:
+        for i, (s, v) in enumerate(zip(spec, value)):
+            _write_nest(sub, f"_index_{i}", s, v, opts)
+
+
+def _observations(obs_spec: Any, obs: Any, last_next: Any) -> Any:
+    """N observations and the final next observation, as N + 1 rows per leaf."""
+    if isinstance(obs_spec, ArraySpec):
+        return np.concatenate([obs, last_next[-1:]], axis=0)
+    if isinstance(obs_spec, Mapping):
+        return {k: _observations(obs_spec[k], obs[k], last_next[k]) for k in obs_spec}
+    return type(obs)(_observations(s, o, n) for s, o, n in zip(obs_spec, obs, last_next))
+
+
+def write(
+    store: Any,
+    out: str,
+    *,
+    compression: str | None,
+    complete_only: bool,
+    force: bool,
+    progress: Any,
+    dataset_id: str | None = None,
+    **options: Any,
+) -> ExportResult:
+    if options:
+        raise TypeError(f"minari export: unexpected options {sorted(options)}")
+    comp = check_compression("minari", compression, COMPRESSIONS)
+    roles = Roles.of(store)
+    obs_path = roles.need("observation", "minari")
+    next_path = roles.get("next_observation")
+    if next_path is None:
+        raise BadInputError(
+            "minari export needs each episode's final observation, which is its last step's next "
+            "observation, and the store has no next_observation leaf; record one (role "
+            "'next_observation'), or export to d3rlpy, d4rl or parquet, which need no final observation"
+        )
+    act_path = roles.need("action", "minari")
+    rew_path = roles.need("reward", "minari")
+    obs_spec, act_spec = roles.spec_of(obs_path), roles.spec_of(act_path)
+    if roles.spec_of(next_path) != obs_spec:
+        raise BadInputError(
+            f"minari export: next_observation {roles.spec_of(next_path)} does not match observation {obs_spec}"
+        )
+    dataset_id = dataset_id or default_dataset_id(store)
+    parts = check_dataset_id(dataset_id)
+    h5py = h5py_module()
+
+    root = os.path.abspath(out)
+    parent = os.path.dirname(root)
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"{parent}: folder does not exist (the Minari datasets root's parent)")
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise FileExistsError(
+            f"{root}: is not a folder; the minari export writes into a datasets root folder"
+        )
+    os.makedirs(os.path.join(root, *parts[:-1]), exist_ok=True)
+    target = Target(os.path.join(root, *parts), "folder", force, recognise="data")
+    n_episodes, n_steps = episode_total(store, complete_only)
+    ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
+
+    def opts(arr: np.ndarray) -> dict[str, Any]:
+        if comp is None or arr.ndim == 0 or arr.size == 0:
+            return {}
+        return dataset_options(comp, None)
+
+    try:
+        data_dir = target.path("data")
+        os.mkdir(data_dir)
+        count = steps = 0
+        with h5py.File(os.path.join(data_dir, "main_data.hdf5"), "w", track_order=True) as f:
+            for ep in episodes(store, complete_only):
+                n = ep.length
+                if n == 0:
+                    continue
+                g = f.create_group(f"episode_{count}")
+                g.attrs["id"] = count
+                g.attrs["total_steps"] = n
+                term, trunc = episode_flags(ep)
+                obs = _observations(obs_spec, part(ep.data, obs_path), part(ep.data, next_path))
+                _write_nest(g, "observations", obs_spec, obs, opts)
+                _write_nest(g, "actions", act_spec, part(ep.data, act_path), opts)
+                g.create_dataset("rewards", data=np.asarray(part(ep.data, rew_path)).reshape(n))
+                g.create_dataset("terminations", data=term)
+                g.create_dataset("truncations", data=trunc)
+                count += 1
+                steps += n
+                ticker.advance(n)
+        image = looks_like_image(obs_spec) or looks_like_image(act_spec)
+        metadata = {
+            "dataset_id": dataset_id,
+            "minari_version": "0.5.4" if image else "0.5.3",
+            "data_format": "hdf5",
+            "total_episodes": count,
+            "total_steps": steps,
+            "observation_space": json.dumps(space_json(obs_spec)),
+            "action_space": json.dumps(space_json(act_spec)),
+            "jpeg_encoding": False,
+            "algorithm_name": "mmreplay export",
+            "description": f"Exported by mmreplay from {os.path.abspath(store.path)}",
+            "dataset_size": round(disk_usage(data_dir) / 2**20, 1),
+        }
+        with open(os.path.join(data_dir, "metadata.json"), "w") as fm:
+            json.dump(metadata, fm, indent=1)
+        path = target.commit()
+    except BaseException:
+        target.abort()
+        raise
+    data = os.path.join(path, "data")
+    return ExportResult(
+        "minari",
+        data,
+        count,
+        steps,
+        disk_usage(data),
+        {"dataset_id": dataset_id, "root": root, "planned": n_episodes},
+    )
