@@ -521,6 +521,17 @@ class Store:
 
         return episodes.to_arrays(self)
 
+    def export(self, out: str | os.PathLike, format: str = "minari", **options: Any) -> Any:  # noqa: A002
+        """Export the retained committed data to an offline format; see :func:`mmreplay.export.export`.
+
+        Formats: minari, d4rl, d3rlpy, parquet, npz, csv, pt, zarr, hdf5. Options:
+        ``compression``, ``complete_only``, ``force``, ``progress``, ``dataset_id`` (minari).
+        Returns an :class:`mmreplay.export.ExportResult`.
+        """
+        from .export import export
+
+        return export(self, out, format=format, **options)
+
     # --- readers --------------------------------------------------------------------
 
     def live_state(self) -> State:
