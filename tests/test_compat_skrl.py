@@ -1,0 +1,508 @@
+"""skrl / rofunc layer: Memory and RandomMemory against the originals' behaviour, on real torch.
+
+The numbered comments refer to the conformance checks of the reference semantics;
+"adapted" marks where mmreplay keeps the intended behaviour instead of a bug.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+gymnasium = pytest.importorskip("gymnasium")
+
+import mmreplay as mr  # noqa: E402
+from mmreplay.compat.skrl import Memory, MemoryEmptyError, RandomMemory  # noqa: E402
+
+
+def memory(tmp_path, M, E=1, name="m", cls=RandomMemory, **kw):
+    return cls(M, E, device="cpu", path=tmp_path / name, **kw)
+
+
+def col(t: torch.Tensor) -> list:
+    return t.reshape(-1).tolist()
+
+
+def add_steps(m, n, start=0, name="x"):
+    """Add ``n`` steps of all envs; env e of step t holds ``t + 100 * e``."""
+    E = m.num_envs
+    for t in range(start, start + n):
+        m.add_samples(**{name: (t + 100 * torch.arange(E, dtype=torch.float32)).view(E, 1)})
+
+
+# --- cursor arithmetic ----------------------------------------------------------------
+
+
+def test_single_env_adds_wrap_and_sample_all_is_physical(tmp_path):  # 27
+    with memory(tmp_path, 5) as m:
+        m.create_tensor("x", 1)
+        for t in range(7):
+            m.add_samples(x=torch.tensor([float(t)]))  # one env, one dimension
+        assert (m.memory_index, m.env_index, m.filled, len(m)) == (2, 0, True, 5)
+        [[x]] = m.sample_all(["x"])
+        assert col(x) == [5, 6, 2, 3, 4]
+
+
+def test_partial_env_adds(tmp_path):  # 28
+    with memory(tmp_path, 3, 4) as m:
+        m.create_tensor("x", 1)
+        m.add_samples(x=torch.zeros(4, 1))
+        assert (m.memory_index, m.env_index) == (1, 0)
+        m.add_samples(x=torch.ones(2, 1))
+        assert (m.memory_index, m.env_index, len(m)) == (1, 2, 6)
+        m.add_samples(x=torch.full((2, 1), 2.0))
+        assert (m.memory_index, m.env_index, len(m)) == (2, 0, 8)
+        assert m.get_tensor_by_name("x")[1].reshape(-1).tolist() == [1, 1, 2, 2]
+        m.add_samples(x=torch.tensor([7.0]))  # one env of the next step
+        m.add_samples(x=torch.tensor([[8.0], [9.0]]))
+        assert (m.memory_index, m.env_index, len(m)) == (2, 3, 11)
+        with pytest.raises(RuntimeError, match="overflow"):
+            m.add_samples(x=torch.zeros(2, 1))
+        with pytest.raises(RuntimeError, match="staged"):
+            m.add_samples(x=torch.zeros(4, 1))
+        assert (m.memory_index, m.env_index, len(m)) == (2, 3, 11)  # refused adds changed nothing
+        assert col(m.get_tensor_by_name("x")[2])[:3] == [7, 8, 9]
+        with pytest.raises(ValueError, match="Expected shape"):
+            m.add_samples(x=torch.zeros(5, 1))
+        with pytest.raises(ValueError, match="No samples"):
+            m.add_samples()
+
+
+def test_multi_row_add_for_one_env_wraps_and_fills(tmp_path):  # 29, adapted
+    with memory(tmp_path, 5) as m:
+        m.create_tensor("x", 1)
+        m.add_samples(x=torch.tensor([[10.0], [11.0], [12.0]]))
+        assert m.memory_index == 3
+        m.add_samples(x=torch.tensor([[13.0], [14.0], [15.0], [16.0]]))
+        assert (m.memory_index, m.filled, len(m)) == (2, True, 5)
+        assert col(m.get_tensor_by_name("x")) == [15, 16, 12, 13, 14]
+        m.add_samples(x=torch.arange(100.0, 112.0).view(12, 1))  # more than the memory holds
+        assert (m.memory_index, len(m)) == (4, 5)
+        assert col(m.get_tensor_by_name("x")) == [108, 109, 110, 111, 107]
+
+
+def test_multi_row_add_writes_every_tensor_to_the_same_rows(tmp_path):  # 30, adapted
+    with memory(tmp_path, 10) as m:
+        m.create_tensor("x", 1)
+        m.create_tensor("y", 1)
+        m.add_samples(x=torch.tensor([[1.0], [2.0], [3.0]]), y=torch.tensor([[4.0], [5.0], [6.0]]))
+        assert m.memory_index == 3
+        x, y = col(m.get_tensor_by_name("x")), col(m.get_tensor_by_name("y"))
+        assert x[:3] == [1, 2, 3] and y[:3] == [4, 5, 6]
+        assert np.isnan(x[3:]).all() and np.isnan(y[3:]).all()
+
+
+def test_unknown_and_none_values_are_skipped_missing_tensors_read_unwritten(tmp_path):
+    with memory(tmp_path, 4, 2) as m:
+        m.create_tensor("x", 1)
+        m.create_tensor("n", 1, dtype=torch.int64)
+        m.add_samples(x=torch.ones(2, 1), n=torch.tensor([[3], [4]]), other=torch.zeros(2, 7), y=None)
+        m.add_samples(x=torch.ones(2, 1))
+        assert len(m) == 4
+        n = m.get_tensor_by_name("n")
+        assert n.dtype == torch.int64 and n[:, :, 0].tolist() == [[3, 4], [0, 0], [0, 0], [0, 0]]
+        assert torch.isnan(m.get_tensor_by_name("x")[2:]).all()
+        with pytest.raises(ValueError, match="'n'"):
+            m.add_samples(x=torch.ones(2, 1), n=torch.full((2, 1), 0.5))  # float into an integer tensor
+        assert len(m) == 4
+
+
+# --- create_tensor --------------------------------------------------------------------
+
+
+def test_create_tensor_sizes_from_ints_sequences_and_spaces(tmp_path):  # 33
+    spaces = gymnasium.spaces
+    with memory(tmp_path, 2) as m:
+        assert m.create_tensor("a", 3) and m.create_tensor("b", (2, 3)) and m.create_tensor("c", [4])
+        assert m.create_tensor("box", spaces.Box(-1, 1, (2, 3)))
+        assert m.create_tensor("disc", spaces.Discrete(5))
+        assert m.create_tensor("dict", spaces.Dict({"p": spaces.Box(-1, 1, (2,)), "q": spaces.Discrete(3)}))
+        assert m.create_tensor("md", spaces.MultiDiscrete([3, 4]))
+        assert m.create_tensor("tup", spaces.Tuple((spaces.Discrete(2), spaces.Box(0, 1, (3,)))))
+        assert m.create_tensor("kept", spaces.Box(-1, 1, (2, 3)), keep_dimensions=True)
+        shapes = {n: tuple(m.get_tensor_by_name(n).shape[2:]) for n in m.get_tensor_names()}
+        assert shapes == {
+            "a": (3,), "b": (6,), "c": (4,), "box": (6,), "disc": (1,), "dict": (3,),
+            "md": (2,), "tup": (4,), "kept": (2, 3),
+        }  # fmt: skip
+        assert m.get_tensor_names() == sorted(shapes)
+        with pytest.raises(ValueError, match="keep_dimensions"):
+            m.create_tensor("d2", spaces.Dict({"p": spaces.Discrete(2)}), keep_dimensions=True)
+
+
+def test_create_tensor_existing_names(tmp_path):  # 32
+    with memory(tmp_path, 2) as m:
+        assert m.create_tensor("x", 3, dtype=torch.float32) is True
+        assert m.create_tensor("x", 3) is False
+        assert m.create_tensor("x", 3, dtype=torch.float32) is False
+        assert m.create_tensor("y", None) is False and "y" not in m.get_tensor_names()
+        with pytest.raises(ValueError, match="Size"):
+            m.create_tensor("x", 4)
+        with pytest.raises(ValueError, match="Dtype"):
+            m.create_tensor("x", 3, dtype=torch.int32)
+
+
+def test_create_tensor_after_data_keeps_data_and_cursor(tmp_path):  # 31, adapted
+    with memory(tmp_path, 4, 2) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 6)  # wrapped: memory_index 2
+        m.add_samples(x=torch.tensor([[50.0]]))  # a staged env
+        before = m.get_tensor_by_name("x").clone()
+        assert m.create_tensor("y", 2, dtype=torch.int16) is True
+        assert (m.memory_index, m.env_index, m.filled, len(m)) == (2, 1, True, 8)
+        assert torch.equal(m.get_tensor_by_name("x"), before)
+        y = m.get_tensor_by_name("y")
+        assert y.dtype == torch.int16 and not y.any()
+        assert m.store.leaf_paths == ["x", "y"]
+        m.add_samples(x=torch.tensor([[51.0]]), y=torch.tensor([[1, 2]], dtype=torch.int16))
+        assert m.memory_index == 3 and m.get_tensor_by_name("y")[2, 1].tolist() == [1, 2]
+        assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no folder left aside
+    with memory(tmp_path, 4, 2) as m:
+        assert m.get_tensor_names() == ["x", "y"] and (m.memory_index, m.filled) == (3, True)
+        assert col(m.get_tensor_by_name("x")) == [4, 104, 5, 105, 50, 51, 3, 103]
+
+
+def test_an_interrupted_tensor_migration_is_finished_on_reopen(tmp_path):
+    """Set up the folders a crash between the two renames of a migration leaves."""
+    import shutil
+
+    with memory(tmp_path, 4) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 3)
+    shutil.copytree(tmp_path / "m", tmp_path / ".m.replaced")
+    with memory(tmp_path, 4, name="new") as m:
+        m.create_tensor("x", 1)
+        m.create_tensor("y", 1)
+        add_steps(m, 2, start=20)
+    shutil.rmtree(tmp_path / "m")
+    os.rename(tmp_path / "new", tmp_path / ".m.migrating")
+    with memory(tmp_path, 4) as m:  # the complete new memory wins
+        assert m.get_tensor_names() == ["x", "y"] and col(m.get_tensor_by_name("x"))[:2] == [20, 21]
+    assert sorted(os.listdir(tmp_path)) == ["m"]
+    # a crash while the copy was being built: the old memory stays, the copy goes
+    shutil.copytree(tmp_path / "m", tmp_path / ".m.migrating")
+    with memory(tmp_path, 4) as m:
+        assert len(m) == 2
+    assert sorted(os.listdir(tmp_path)) == ["m"]
+
+
+# --- sampling -------------------------------------------------------------------------
+
+
+def test_sampling_draws_the_original_indexes_before_a_wrap(tmp_path):
+    with memory(tmp_path, 10, 3) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 4)
+        m.add_samples(x=torch.tensor([[9.0]]))
+        torch.manual_seed(7)
+        m.sample(["x"], 16)
+        torch.manual_seed(7)
+        assert torch.equal(m.get_sampling_indexes(), torch.randint(0, len(m), (16,)))
+        torch.manual_seed(7)
+        m.sample(["x"], 16, sequence_length=3)
+        torch.manual_seed(7)
+        starts = torch.randint(0, len(m) - 2 * 3, (16,))
+        assert torch.equal(m.get_sampling_indexes(), (starts.view(-1, 1) + torch.tensor([0, 3, 6])).view(-1))
+
+
+def test_sequences_are_one_envs_consecutive_steps(tmp_path):  # 34
+    with memory(tmp_path, 10, 3) as m:
+        assert m.sample_by_index(["x"], [0])[0] == [None] and m.get_sampling_indexes() is None
+        m.create_tensor("x", 1)
+        add_steps(m, 6)
+        [[x]] = m.sample(["x"], 8, sequence_length=3)
+        idx = m.get_sampling_indexes().view(8, 3)
+        assert x.shape == (24, 1)
+        assert ((idx[:, 1:] - idx[:, :-1]) == 3).all()
+        x = x.view(8, 3)
+        assert ((x[:, 1:] - x[:, :-1]) == 1).all()
+
+
+def test_sequences_after_a_wrap_never_join_newest_and_oldest(tmp_path):  # adapted
+    with memory(tmp_path, 5, 2) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 7)
+        m.add_samples(x=torch.tensor([[7.0]]))  # env 0 is one step ahead
+        for _ in range(20):
+            [[x]] = m.sample(["x"], 32, sequence_length=3)
+            x = x.view(32, 3)
+            assert ((x[:, 1:] - x[:, :-1]) == 1).all()  # consecutive in time, same env
+            env = (x[:, 0] >= 100).long()
+            t = x[:, 0] - 100 * env
+            assert ((env == 0) & (t >= 3) | (env == 1) & (t >= 2)).all()  # from each env's oldest row
+
+
+def test_sampling_without_replacement_and_empty(tmp_path):  # 35
+    with memory(tmp_path, 3, 2, replacement=False) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 3)
+        [[x]] = m.sample(["x"], 10)
+        assert x.shape == (6, 1) and len(set(col(x))) == 6
+    with memory(tmp_path, 3, 2, name="empty") as m:
+        m.create_tensor("x", 1)
+        with pytest.raises(RuntimeError, match="holds 0 rows"):
+            m.sample(["x"], 4)
+        add_steps(m, 1)
+        with pytest.raises(MemoryEmptyError):
+            m.sample(["x"], 4, sequence_length=2)
+        assert isinstance(MemoryEmptyError("x"), mr.NotEnoughDataError)
+
+
+def test_sampling_is_uniform_over_rows(tmp_path):
+    with memory(tmp_path, 4, 2) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 6)
+        torch.manual_seed(0)
+        [[x]] = m.sample(["x"], 8000)
+        _, counts = np.unique(col(x), return_counts=True)
+        assert len(counts) == 8
+        chi2 = ((counts - 1000) ** 2 / 1000).sum()
+        assert chi2 < 24.3  # 7 degrees of freedom, p = 0.001
+
+
+def test_mini_batches_drop_nothing(tmp_path):  # 36, 37 adapted
+    with memory(tmp_path, 4, 3) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 4)
+        batches = m.sample_by_index(["x", "missing"], np.array([0, 1, 2, 3, 4]), mini_batches=2)
+        assert [len(b[0]) for b in batches] == [3, 2] and batches[0][1] is None
+        batches = m.sample_all(["x"], mini_batches=5)
+        assert [len(b[0]) for b in batches] == [3, 3, 2, 2, 2]
+        assert torch.cat([b[0] for b in batches]).view(-1).tolist() == col(m.get_tensor_by_name("x"))
+        [[seq]] = m.sample_all(["x"], sequence_length=2)
+        assert col(seq) == [0, 1, 2, 3, 100, 101, 102, 103, 200, 201, 202, 203]
+        with pytest.raises(IndexError):
+            m.sample_by_index(["x"], [12])
+        assert col(m.sample_by_index(["x"], torch.tensor([-1]))[0][0]) == [203]
+
+
+def test_outputs_are_tensors_on_the_device_with_their_dtypes(tmp_path):
+    with memory(tmp_path, 4, 2) as m:
+        m.create_tensor("obs", (2, 2), keep_dimensions=True)
+        m.create_tensor("done", 1, dtype=torch.bool)
+        m.add_samples(obs=torch.ones(2, 2, 2), done=torch.tensor([[True], [False]]))
+        obs, done = m.sample(["obs", "done"], 5)[0]
+        assert obs.shape == (5, 2, 2) and obs.device == torch.device("cpu") and done.dtype == torch.bool
+        assert m.get_tensor_by_name("obs", keepdim=False).shape == (8, 2, 2)
+        with pytest.raises(KeyError):
+            m.get_tensor_by_name("nope")
+
+
+# --- set, reset, save, load, export ----------------------------------------------------
+
+
+def test_set_tensor_by_name_rewrites_stored_and_staged_rows(tmp_path):
+    with memory(tmp_path, 3, 2) as m:
+        m.create_tensor("x", 1)
+        m.create_tensor("returns", 1)
+        add_steps(m, 2)
+        m.add_samples(x=torch.tensor([[9.0]]))
+        m.set_tensor_by_name("returns", torch.arange(6.0).view(3, 2, 1))
+        r = m.get_tensor_by_name("returns")
+        assert r[:2].reshape(-1).tolist() == [0, 1, 2, 3] and r[2, 0].item() == 4 and torch.isnan(r[2, 1])
+        assert col(m.get_tensor_by_name("x"))[:5] == [0, 100, 1, 101, 9]  # other tensors untouched
+    with memory(tmp_path, 3, 2) as m:  # durable; the staged env was not
+        assert col(m.get_tensor_by_name("returns"))[:4] == [0, 1, 2, 3] and len(m) == 4
+
+
+def test_reset_empties_the_memory_durably(tmp_path):
+    with memory(tmp_path, 3) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 4)
+        m.reset()
+        assert (m.memory_index, m.env_index, m.filled, len(m)) == (0, 0, False, 0)
+        add_steps(m, 1, start=50)
+        assert col(m.get_tensor_by_name("x"))[0] == 50
+    with memory(tmp_path, 3) as m:
+        assert (m.memory_index, len(m)) == (1, 1)
+
+
+def test_save_layouts(tmp_path):  # 38
+    with memory(tmp_path, 3, 2) as m:
+        m.create_tensor("obs", 2)
+        m.create_tensor("act", 1, dtype=torch.int64)
+        m.add_samples(obs=torch.ones(2, 2), act=torch.tensor([[1], [2]]))
+        m.add_samples(obs=torch.tensor([3.0, 3.0]), act=torch.tensor([4]))
+        pt = m.save(str(tmp_path / "out"), "pt")
+        assert os.path.dirname(pt) == str(tmp_path / "out" / "memories") and pt.endswith(".pt")
+        assert f"_memory_{hex(id(m))}." in os.path.basename(pt)
+        data = torch.load(pt, weights_only=True)
+        assert (
+            list(data) == ["act", "obs"]
+            and data["obs"].shape == (3, 2, 2)
+            and data["act"].dtype == torch.int64
+        )
+        with np.load(m.save(str(tmp_path / "out"), "npz"), allow_pickle=False) as npz:
+            assert (
+                sorted(npz.files) == ["act", "obs"]
+                and npz["act"].dtype == np.int64
+                and npz["obs"].shape == (3, 2, 2)
+            )
+        lines = open(m.save(str(tmp_path / "out"), "csv")).read().splitlines()
+        assert lines[0] == "act.0,obs.0,obs.1" and len(lines) == 1 + len(m) == 4
+        assert lines[3] == "4,3.0,3.0"
+        with pytest.raises(ValueError, match="Unsupported format"):
+            m.save(str(tmp_path / "out"), "json")
+
+
+def test_load_restores_data_and_cursor(tmp_path):  # 39, adapted
+    with memory(tmp_path, 4, 2, name="src") as m:
+        m.create_tensor("x", 1)
+        m.create_tensor("k", (2, 2), dtype=torch.int32, keep_dimensions=True)
+        for t in range(3):
+            m.add_samples(x=torch.full((2, 1), float(t)), k=torch.full((2, 2, 2), t, dtype=torch.int32))
+        m.add_samples(x=torch.tensor([[7.0]]), k=torch.full((1, 2, 2), 7, dtype=torch.int32))
+        files = {fmt: m.save(str(tmp_path / "out"), fmt) for fmt in ("pt", "npz", "csv")}
+        want_x = m.get_tensor_by_name("x")
+        want_k = m.get_tensor_by_name("k")
+    for fmt, path in files.items():
+        with memory(tmp_path, 4, 2, name=f"dst-{fmt}") as d:
+            d.create_tensor("x", 1)
+            d.load(path)
+            assert d.get_tensor_names() == ["k", "x"]
+            x, k = d.get_tensor_by_name("x"), d.get_tensor_by_name("k")
+            assert torch.equal(x[:3], want_x[:3]) and x[3, 0].item() == 7
+            if fmt == "csv":  # len() rows, the staged env staged again; csv keeps no dtype or shape
+                assert (d.memory_index, d.env_index, len(d)) == (3, 1, 7)
+                assert k.shape == (4, 2, 4) and k.dtype == torch.float32
+                assert torch.equal(k[:3], want_k[:3].reshape(3, 2, 4).float())
+                [[s]] = d.sample(["x"], 50)
+                assert not torch.isnan(s).any()
+            else:  # whole rows up to the last one holding a value: row 3 has env 0's
+                assert (d.memory_index, d.env_index, d.filled, len(d)) == (0, 0, True, 8)
+                assert k.shape == (4, 2, 2, 2) and k.dtype == torch.int32 and torch.equal(k, want_k)
+    with memory(tmp_path, 5, 2, name="wrong") as w:
+        with pytest.raises(ValueError, match=r"expected \(5, 2"):
+            w.load(files["npz"])
+        with pytest.raises(ValueError, match="Unsupported format"):
+            w.load(str(tmp_path / "x.json"))
+
+
+def test_export_when_the_memory_fills(tmp_path):  # 40
+    out = tmp_path / "exports"
+    with memory(tmp_path, 2, export=True, export_format="np", export_directory=str(out)) as m:
+        m.create_tensor("x", 1)
+        for t in range(5):
+            m.add_samples(x=torch.tensor([float(t)]))
+        files = sorted(os.listdir(out / "memories"))
+        assert len(files) == 2 and all(f.endswith(".npz") for f in files)
+        with np.load(out / "memories" / files[0], allow_pickle=False) as first:
+            assert first["x"].reshape(-1).tolist() == [0, 1]
+    with pytest.raises(ValueError, match="Export format not supported"):
+        Memory(2, export_format="json")
+
+
+# --- persistence ------------------------------------------------------------------------
+
+
+def test_reopen_resumes_and_refuses_another_memory(tmp_path):
+    with memory(tmp_path, 4, 2) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 6)
+        m.add_samples(x=torch.tensor([[60.0]]))  # staged: not durable
+    with memory(tmp_path, 4, 2) as m:
+        assert m.create_tensor("x", 1) is False
+        assert (m.memory_index, m.env_index, m.filled, len(m)) == (2, 0, True, 8)
+        assert col(m.get_tensor_by_name("x")) == [4, 104, 5, 105, 2, 102, 3, 103]
+    with pytest.raises(mr.SpecMismatchError, match="memory_size: existing 4 vs new 5"):
+        memory(tmp_path, 5, 2)
+    with pytest.raises(mr.SpecMismatchError, match="num_envs: existing 2 vs new 3"):
+        memory(tmp_path, 4, 3)
+
+
+def test_without_path_the_store_is_temporary():
+    m = RandomMemory(4, 2, device="cpu")
+    m.create_tensor("x", 1)
+    add_steps(m, 2)
+    folder = os.path.dirname(m.store.path)
+    assert os.path.isdir(folder)
+    m.create_tensor("y", 1)  # a migration inside the temporary folder
+    assert len(m) == 4
+    del m
+    assert not os.path.exists(folder)
+    m = Memory(4)
+    m.create_tensor("x", 1)
+    add_steps(m, 1)
+    folder = os.path.dirname(m.store.path)
+    m.close()
+    assert not os.path.exists(folder)
+    with pytest.raises(NotImplementedError):
+        Memory(2).sample(["x"], 1)
+
+
+def test_ppo_style_rollouts(tmp_path):
+    """Fill a rollout memory, compute returns over physical rows, train on mini-batches."""
+    M, E = 8, 4
+    with memory(tmp_path, M, E, cls=RandomMemory) as m:
+        for name, size in (("states", 3), ("actions", 1), ("rewards", 1), ("values", 1), ("returns", 1)):
+            m.create_tensor(name, size)
+        m.create_tensor("terminated", 1, dtype=torch.bool)
+        for _rollout in range(2):
+            for _t in range(M):
+                m.add_samples(
+                    states=torch.randn(E, 3), actions=torch.randn(E, 1), rewards=torch.ones(E, 1),
+                    values=torch.zeros(E, 1), terminated=torch.zeros(E, 1, dtype=torch.bool),
+                )  # fmt: skip
+            assert m.memory_index == 0 and m.filled
+            rewards = m.get_tensor_by_name("rewards")
+            returns = torch.flip(torch.cumsum(torch.flip(rewards, [0]), 0), [0])
+            m.set_tensor_by_name("returns", returns)
+            batches = m.sample_all(["states", "returns"], mini_batches=4)
+            assert len(batches) == 4 and all(b[0].shape == (8, 3) for b in batches)
+            got = torch.cat([b[1] for b in batches]).view(M, E)
+            assert got[:, 0].tolist() == list(range(M, 0, -1))
+
+
+# --- crash: SIGKILL of a real writer -------------------------------------------------
+
+WRITER = textwrap.dedent(
+    """
+    import sys, torch
+    from mmreplay.compat.skrl import RandomMemory
+    m = RandomMemory(20, 3, device="cpu", path=sys.argv[1])
+    m.create_tensor("observations", 2)
+    m.create_tensor("terminated", 1, dtype=torch.bool)
+    t = 0
+    while True:
+        obs = torch.stack([torch.full((2,), float(t + 1000 * e)) for e in range(3)])
+        m.add_samples(observations=obs[:2], terminated=torch.tensor([[t % 2 == 0]] * 2))
+        m.add_samples(observations=obs[2:], terminated=torch.tensor([[t % 2 == 0]]))
+        print(t, flush=True)
+        t += 1
+    """
+)
+
+
+def test_memory_survives_sigkill(tmp_path):
+    path = tmp_path / "m"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if int(line) >= 45:
+                break
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    with RandomMemory(20, 3, device="cpu", path=path) as m:
+        assert m.filled and len(m) == 60 and m.env_index == 0
+        obs = m.get_tensor_by_name("observations")
+        t = obs[:, 0, 0]
+        steps = m.store.total_steps
+        assert steps >= 46 and m.memory_index == steps % 20
+        newest = (m.memory_index - 1) % 20
+        assert t[newest].item() == steps - 1
+        expected = [steps - 1 - ((steps - 1 - r) % 20) for r in range(20)]
+        assert t.tolist() == expected
+        assert (obs[:, 1, 0] == t + 1000).all() and (obs[:, 2, 0] == t + 2000).all()
+        assert (m.get_tensor_by_name("terminated")[:, :, 0] == (t % 2 == 0)[:, None]).all()
+        m.add_samples(observations=torch.zeros(3, 2), terminated=torch.zeros(3, 1, dtype=torch.bool))
+        assert m.memory_index == (steps + 1) % 20
