@@ -44,7 +44,7 @@ __all__ = ["StoreDataset", "SampleDataset"]
 
 
 def _tensors(nest: Any) -> Any:
-    return map_structure(torch.from_numpy, nest)
+    return map_structure(lambda x: torch.from_numpy(np.asarray(x)), nest)
 
 
 class _Opened:
@@ -85,8 +85,8 @@ class StoreDataset(Dataset):
     one env's stream and, with ``within_episodes``, in one episode).
 
     Args:
-        store: a buffer path, or an open :class:`mmreplay.Store` (its window is used; the
-            dataset opens its own read-only store to read).
+        store: a buffer path or an open :class:`mmreplay.Store`; the dataset opens its
+            own read-only store and uses the committed window it sees.
         num_steps: steps per item; None for single steps.
         within_episodes: only sequences that do not cross an episode end.
 
@@ -101,7 +101,9 @@ class StoreDataset(Dataset):
         sampling.check_sizes(None, num_steps)
         self.num_steps = num_steps
         self._opened = _Opened(_path_of(store))
-        src = store if isinstance(store, Store) else self._opened.get()
+        # The window as a reader sees it: a writer may count steps whose slots it has
+        # already reserved for overwriting, which a reader must treat as gone.
+        src = self._opened.get()
         steps = 1 if num_steps is None else num_steps
         self.first, self.end = src.first_step, src.state.end
         self.num_envs = src.num_envs

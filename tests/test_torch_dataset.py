@@ -1,0 +1,103 @@
+"""mmreplay.compat.torch: the map-style and the sampling datasets, with DataLoader workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from test_sampling import make, steps_of  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+import mmreplay as mr  # noqa: E402
+from mmreplay.compat.torch import SampleDataset, StoreDataset  # noqa: E402
+
+
+def test_steps_and_sequences_as_tensors(tmp_path, layout):
+    with make(tmp_path, 10, 3, 13, layout) as store:  # wrapped
+        ds = StoreDataset(store)
+        first = ds.first
+        with mr.open(store.path) as reader:
+            assert first == reader.first_step >= 3
+        assert len(ds) == 3 * (13 - first)
+        item = ds[0]
+        assert isinstance(item["obs"], torch.Tensor) and item["obs"].shape == (3,)
+        assert (item["step"].item(), item["env"].item()) == (first, 0)
+        assert (ds[-1]["step"].item(), ds[-1]["env"].item()) == (12, 2)
+        seq = StoreDataset(store, num_steps=4)
+        assert len(seq) == 3 * (13 - first - 3)
+        assert seq[1]["step"].tolist() == [first + 1 + i for i in range(4)]
+        assert seq[1]["obs"].shape == (4, 3)
+        with pytest.raises(IndexError):
+            ds[len(ds)]
+
+
+def test_sequences_within_episodes(tmp_path):
+    ends = {(2, 0), (6, 0), (4, 1)}
+    with make(tmp_path, 20, 2, 9, ends=ends) as store:
+        ds = StoreDataset(store.path, num_steps=3, within_episodes=True)
+        got = sorted((ds[i]["step"][0].item(), ds[i]["env"][0].item()) for i in range(len(ds)))
+        # env 0: [0..2] -> 0; [3..6] -> 3, 4; [7..8] none.  env 1: [0..4] -> 0, 1, 2; [5..8] -> 5, 6
+        assert got == sorted([(0, 0), (3, 0), (4, 0), (0, 1), (1, 1), (2, 1), (5, 1), (6, 1)])
+        for i in range(len(ds)):
+            assert not ds[i]["terminated"][:-1].any()
+
+
+def test_dataloader_with_two_workers_covers_every_row_once(tmp_path, layout):
+    with make(tmp_path, 64, 4, 50, layout) as store:
+        pass
+    ds = StoreDataset(tmp_path / "b")
+    loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0))
+    seen = []
+    for batch in loader:
+        assert batch["obs"].dtype == torch.float32 and batch["obs"].shape[1:] == (3,)
+        np.testing.assert_array_equal(batch["obs"][:, 2].numpy(), (batch["step"] * 10 + batch["env"]).numpy())
+        seen += (batch["step"] * 4 + batch["env"]).tolist()
+    assert sorted(seen) == list(range(200))
+
+
+def test_dataloader_with_two_workers_reads_sequences(tmp_path):
+    with make(tmp_path, 64, 2, 40):
+        pass
+    loader = DataLoader(StoreDataset(tmp_path / "b", num_steps=5), batch_size=8, num_workers=2)
+    batches = list(loader)
+    assert sum(len(b["step"]) for b in batches) == 2 * 36
+    for b in batches:
+        assert b["step"].shape[1] == 5
+        assert torch.all(b["step"][:, 1:] - b["step"][:, :-1] == 1)
+
+
+def test_sample_dataset_with_two_workers(tmp_path, layout):
+    with make(tmp_path, 32, 2, 20, layout):
+        pass
+    ds = SampleDataset(tmp_path / "b", batch_size=8, num_steps=3, num_batches=7, seed=1)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(batches) == 7
+    for b in batches:
+        assert b["obs"].shape == (8, 3, 3)
+        assert torch.all(b["step"][:, 1:] - b["step"][:, :-1] == 1)
+        assert torch.all(b["obs"][..., 2] == b["step"] * 10 + b["env"])
+    # the two workers draw from different streams
+    first_two = {tuple(b["step"][:, 0].tolist()) for b in batches[:2]}
+    assert len(first_two) == 2
+    again = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert all(torch.equal(a["step"], b["step"]) for a, b in zip(batches, again))
+
+
+def test_sample_dataset_picks_up_new_commits(tmp_path):
+    with make(tmp_path, 100, 1, 4) as writer:
+        it = iter(SampleDataset(writer.path, batch_size=64, seed=0))
+        assert int(next(it)["step"].max()) == 3
+        writer.extend(steps_of(4, 50, 1))
+        writer.commit()
+        assert int(next(it)["step"].max()) > 3
+
+
+def test_dataset_needs_data(tmp_path):
+    with make(tmp_path, 10, 1, 0) as store:
+        assert len(StoreDataset(store)) == 0
+        with pytest.raises(mr.NotEnoughDataError, match="empty"):
+            next(iter(SampleDataset(store, batch_size=2)))
+    with pytest.raises(ValueError, match="num_steps"):
+        StoreDataset(tmp_path / "b", num_steps=0)
+
