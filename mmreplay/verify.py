@@ -1,0 +1,701 @@
+"""Checking a buffer's files against its metadata, and bringing a damaged one back.
+
+:func:`verify` lists every problem it finds (an empty list means healthy): metadata that
+does not parse, data files missing or of the wrong size, arrays whose shape, dtype,
+chunking or compression differ from the metadata, a zarr shard index that no longer
+points at the mapped block, chunks of committed steps that are missing or do not decode,
+an HDF5 file left marked open by a writer that died, an episode index that disagrees
+with the data.
+
+:func:`recover` brings a damaged buffer back to its last consistent commit where that
+is possible. Rows cannot be rebuilt, so the recovered buffer keeps the newest committed
+steps whose rows are all intact and drops the older ones (a buffer's committed steps are
+one contiguous window); it says which steps it dropped and why. Damaged files are moved
+aside (``*.damaged-<time>``), never deleted.
+
+Both read the buffer as untrusted input: the metadata is validated before any file is
+opened, and no code in the folder is ever executed.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import struct
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .errors import CorruptBufferError, Error, NotABufferError
+from .lock import WriterLock, holder_pid
+from .metadata import METADATA_FILE, LeafInfo, Metadata, State, parse_metadata, read_metadata, write_metadata
+
+__all__ = ["verify", "recover", "Recovery", "leftovers"]
+
+BLOCK_BYTES = 64 << 20  # deep checks read at most this much at a time
+ZARR_DIR = "data.zarr"
+HDF5_FILE = "data.h5"
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+# --- verify -------------------------------------------------------------------------
+
+
+def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
+    """Problems found in the buffer at ``path``; an empty list means it is healthy.
+
+    Args:
+        path: the buffer folder.
+        deep: also decode every stored chunk of the committed steps (reads the
+            compressed data once); without it only structure and sizes are checked.
+
+    Example:
+        >>> import mmreplay as mr, tempfile
+        >>> from mmreplay.verify import verify
+        >>> p = tempfile.mkdtemp() + "/b"
+        >>> mr.create(p, {"x": mr.ArraySpec((), "int64")}, 10).close()
+        >>> verify(p)
+        []
+    """
+    folder = os.fspath(path)
+    try:
+        meta = read_metadata(folder)
+    except NotABufferError as exc:
+        return [str(exc)]
+    except Error as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    if meta.backend == "zarr":
+        _check_zarr(folder, meta, deep, problems)
+    else:
+        _check_hdf5(folder, meta, deep, problems)
+    _check_episodes(folder, meta, problems)
+    if not problems:
+        problems.extend(_check_opens(folder))
+    return problems
+
+
+def _check_opens(folder: str) -> list[str]:
+    """Whatever the structural checks missed, the store itself must open for reading."""
+    from .store import open as open_store
+
+    try:
+        open_store(folder, "r").close()
+    except Error as exc:
+        return [f"the buffer does not open: {exc}"]
+    return []
+
+
+def retained_slots(meta: Metadata) -> np.ndarray:
+    """Slots holding the retained committed steps."""
+    first = meta.state.first(meta.capacity)
+    return np.arange(first, meta.state.end, dtype=np.int64) % meta.capacity
+
+
+def _leaf_bytes(meta: Metadata, leaf: LeafInfo) -> int:
+    return meta.capacity * meta.num_envs * leaf.spec.nbytes
+
+
+def _shape(meta: Metadata, leaf: LeafInfo) -> tuple[int, ...]:
+    return (meta.capacity, meta.num_envs, *leaf.spec.shape)
+
+
+def _le(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
+def _chunks_of(meta: Metadata, leaf: LeafInfo) -> list[int]:
+    """Chunk numbers along the step axis that hold retained committed steps."""
+    return sorted(set((retained_slots(meta) // leaf.chunk_steps).tolist()))
+
+
+# --- zarr -----------------------------------------------------------------------------
+
+
+@dataclass
+class _ZarrLeafState:
+    """What the zarr checks found wrong with one leaf (recover acts on it)."""
+
+    unusable: str | None = None  # the array cannot be used at all
+    shard_short: int | None = None  # a mapped shard file shorter than this many bytes
+    bad_index: bool = False
+    bad_chunks: dict[int, str] = field(default_factory=dict)  # chunk -> why
+
+
+def _shard_layout(meta: Metadata, leaf: LeafInfo) -> tuple[int, int, np.ndarray]:
+    """(data bytes, file bytes, expected index) of a mapped leaf's shard file."""
+    nchunks = -(-meta.capacity // leaf.chunk_steps)
+    chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
+    index = np.empty((nchunks, 2), "<u8")
+    index[:, 0] = np.arange(nchunks, dtype="<u8") * chunk_bytes
+    index[:, 1] = chunk_bytes
+    data = nchunks * chunk_bytes
+    return data, data + index.nbytes, index
+
+
+def _zarr_leaf(
+    folder: str, meta: Metadata, leaf: LeafInfo, deep: bool, problems: list[str]
+) -> _ZarrLeafState:
+    import zarr
+
+    found = _ZarrLeafState()
+    where = f"leaf {leaf.path!r}"
+    arr_dir = os.path.join(folder, ZARR_DIR, leaf.path)
+
+    def problem(text: str) -> None:
+        problems.append(f"{where}: {text}")
+
+    if not os.path.isfile(os.path.join(arr_dir, "zarr.json")):
+        found.unusable = f"{arr_dir}/zarr.json is missing"
+        problem(found.unusable)
+        return found
+    try:
+        arr = zarr.open_array(store=zarr.storage.LocalStore(arr_dir, read_only=True), mode="r")
+    except Exception as exc:
+        found.unusable = f"zarr cannot open {arr_dir}: {exc}"
+        problem(found.unusable)
+        return found
+    expected = _shape(meta, leaf)
+    if arr.shape != expected or arr.dtype != _le(leaf.spec.dtype):
+        found.unusable = (
+            f"{arr_dir}: expected {expected} {leaf.spec.dtype}, the array is {arr.shape} {arr.dtype}"
+        )
+        problem(found.unusable)
+        return found
+    if leaf.mapped:
+        nchunks = -(-meta.capacity // leaf.chunk_steps)
+        key = arr.metadata.encode_chunk_key((0,) * arr.ndim)
+        want_file = f"{ZARR_DIR}/{leaf.path}/{key}"
+        if arr.shards != (nchunks * leaf.chunk_steps, *expected[1:]) or arr.chunks != (
+            leaf.chunk_steps,
+            *expected[1:],
+        ):
+            found.unusable = f"{arr_dir}: expected one shard of chunks of {leaf.chunk_steps} steps, found shards {arr.shards} chunks {arr.chunks}"
+            problem(found.unusable)
+            return found
+        if arr.compressors:
+            found.unusable = f"{arr_dir}: a mapped leaf must be uncompressed, the array has {arr.compressors}"
+            problem(found.unusable)
+            return found
+        if leaf.file != want_file or leaf.offset != 0:
+            found.unusable = f"metadata says file {leaf.file!r} offset {leaf.offset}, the array stores {want_file!r} offset 0"
+            problem(found.unusable)
+            return found
+        shard = os.path.join(folder, want_file)
+        data_bytes, file_bytes, index = _shard_layout(meta, leaf)
+        try:
+            size = os.path.getsize(shard)
+        except FileNotFoundError:
+            found.shard_short = 0
+            problem(f"data file {shard} is missing")
+            return found
+        if size != file_bytes:
+            if size < file_bytes:
+                found.shard_short = size
+            problem(f"data file {shard} has {size} bytes, expected {file_bytes}")
+            if size < file_bytes:
+                return found
+        with open(shard, "rb") as f:
+            f.seek(data_bytes)
+            raw = f.read(index.nbytes)
+        if raw != index.tobytes():
+            found.bad_index = True
+            problem(
+                f"{shard}: the shard index does not point at the mapped block (zarr readers would see other rows)"
+            )
+        elif deep and meta.state.end > meta.state.first(meta.capacity):
+            try:
+                np.asarray(arr[int(retained_slots(meta)[-1])])
+            except Exception as exc:
+                found.bad_index = True
+                problem(f"zarr cannot read {shard}: {exc}")
+        return found
+    if arr.chunks != (leaf.chunk_steps, *expected[1:]) or arr.shards is not None:
+        found.unusable = f"{arr_dir}: expected chunks of {leaf.chunk_steps} steps, the array has {arr.chunks}"
+        problem(found.unusable)
+        return found
+    if not arr.compressors:
+        found.unusable = f"{arr_dir}: metadata says compression {leaf.compression!r}, the array has none"
+        problem(found.unusable)
+        return found
+    for k in _chunks_of(meta, leaf):
+        chunk = os.path.join(arr_dir, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
+        if not os.path.isfile(chunk):
+            found.bad_chunks[k] = f"chunk file {chunk} is missing"
+            continue
+        if deep:
+            a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
+            try:
+                np.asarray(arr[a:b])
+            except Exception as exc:
+                found.bad_chunks[k] = f"chunk file {chunk} does not decode ({type(exc).__name__}: {exc})"
+    for why in found.bad_chunks.values():
+        problem(f"{why} (it holds committed steps)")
+    return found
+
+
+def _check_zarr(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> dict[str, _ZarrLeafState]:
+    root = os.path.join(folder, ZARR_DIR)
+    if not os.path.isdir(root):
+        problems.append(f"{root}: the data folder is missing")
+        return {leaf.path: _ZarrLeafState(unusable="data folder missing") for leaf in meta.leaves}
+    return {leaf.path: _zarr_leaf(folder, meta, leaf, deep, problems) for leaf in meta.leaves}
+
+
+# --- hdf5 ------------------------------------------------------------------------------
+
+
+def hdf5_status(path: str) -> tuple[int, int] | None:
+    """(status flags, end-of-file address) of a version 2/3 superblock, or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(48)
+    except OSError:
+        return None
+    if len(head) < 48 or head[:8] != _HDF5_SIGNATURE or head[8] not in (2, 3) or head[9] != 8:
+        return None
+    (eof,) = struct.unpack("<Q", head[28:36])
+    return head[11], eof
+
+
+@dataclass
+class _Hdf5State:
+    unusable: str | None = None
+    flags_set: bool = False
+    short: int | None = None  # the file is shorter than HDF5's end-of-file address
+    bad_chunks: dict[str, dict[int, str]] = field(default_factory=dict)
+
+
+def _check_hdf5(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> _Hdf5State:
+    import h5py
+
+    found = _Hdf5State()
+    path = os.path.join(folder, HDF5_FILE)
+    if not os.path.isfile(path):
+        found.unusable = f"data file {path} is missing"
+        problems.append(found.unusable)
+        return found
+    size = os.path.getsize(path)
+    status = hdf5_status(path)
+    if status is None:
+        found.unusable = f"{path}: not an HDF5 file with a version 2/3 superblock"
+        problems.append(found.unusable)
+        return found
+    flags, eof = status
+    if size < eof:
+        found.short = size
+        problems.append(f"data file {path} is truncated: {size} bytes, HDF5 expects {eof}")
+    need = max((leaf.offset + _leaf_bytes(meta, leaf) for leaf in meta.leaves if leaf.mapped), default=0)
+    if size < need:
+        found.short = size if found.short is None else min(found.short, size)
+        problems.append(f"data file {path} has {size} bytes, the mapped leaves need {need}")
+    if flags and holder_pid(folder) is None:
+        found.flags_set = True
+        problems.append(
+            f"{path}: marked open for writing by a writer that died (HDF5 status flags); "
+            "plain h5py cannot open it until `mmreplay recover` or the next writer clears them"
+        )
+    if found.short is not None:
+        return found
+    try:
+        f = h5py.File(path, "r", libver="latest", swmr=True)
+    except Exception as exc:
+        found.unusable = f"h5py cannot open {path}: {exc}"
+        problems.append(found.unusable)
+        return found
+    with f:
+        for leaf in meta.leaves:
+            where = f"leaf {leaf.path!r}"
+            dset = f.get(leaf.path)
+            expected = _shape(meta, leaf)
+            if not isinstance(dset, h5py.Dataset):
+                found.unusable = f"{path}: {where}: no dataset {leaf.path!r}"
+                problems.append(found.unusable)
+                continue
+            if dset.shape != expected or dset.dtype != leaf.spec.dtype:
+                found.unusable = (
+                    f"{path}: {where}: expected {expected} {leaf.spec.dtype}, found {dset.shape} {dset.dtype}"
+                )
+                problems.append(found.unusable)
+                continue
+            if leaf.mapped:
+                offset = dset.id.get_offset()
+                if dset.chunks is not None or offset is None or int(offset) != leaf.offset:
+                    found.unusable = (
+                        f"{path}: {where}: metadata maps offset {leaf.offset}, the dataset is "
+                        f"{'chunked' if dset.chunks else 'at offset ' + str(offset)}"
+                    )
+                    problems.append(found.unusable)
+                continue
+            if (
+                dset.chunks != (leaf.chunk_steps, *expected[1:])
+                or dset.id.get_create_plist().get_nfilters() == 0
+            ):
+                found.unusable = f"{path}: {where}: expected compressed chunks of {leaf.chunk_steps} steps, found {dset.chunks}"
+                problems.append(found.unusable)
+                continue
+            if not deep:
+                continue
+            for k in _chunks_of(meta, leaf):
+                a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
+                try:
+                    np.asarray(dset[a:b])
+                except Exception as exc:
+                    found.bad_chunks.setdefault(leaf.path, {})[k] = str(exc)
+                    problems.append(
+                        f"{path}: {where}: chunk {k} (steps in slots {a}..{b - 1}) does not decode: {exc}"
+                    )
+    return found
+
+
+# --- episodes ------------------------------------------------------------------------------
+
+
+def _check_episodes(folder: str, meta: Metadata, problems: list[str]) -> None:
+    """An episode index, where the store keeps one, must agree with the done leaves."""
+    try:
+        from . import episodes
+    except ImportError:
+        return
+    check = getattr(episodes, "check_index", None)
+    if check is None:
+        return
+    try:
+        problems.extend(check(folder, meta))
+    except Error as exc:
+        problems.append(f"episode index: {exc}")
+
+
+# --- leftovers -----------------------------------------------------------------------------
+
+
+def leftovers(path: str | os.PathLike) -> list[str]:
+    """Files a killed writer may leave behind, harmless but untidy (temp state, zarr partials)."""
+    folder = os.fspath(path)
+    out = glob.glob(os.path.join(glob.escape(folder), METADATA_FILE + ".*.tmp"))
+    zroot = os.path.join(folder, ZARR_DIR)
+    if os.path.isdir(zroot):
+        for dirpath, _, files in os.walk(zroot):
+            out.extend(os.path.join(dirpath, name) for name in files if name.endswith(".partial"))
+    return sorted(out)
+
+
+# --- recover -------------------------------------------------------------------------------
+
+
+@dataclass
+class Recovery:
+    """What :func:`recover` did.
+
+    ``lost`` is the committed window it dropped ``(first, end)`` (None when nothing was
+    lost); ``kept`` the committed window the buffer holds now; ``actions`` each change
+    made, in order; ``problems`` what :func:`verify` still finds afterwards.
+    """
+
+    path: str
+    actions: list[str] = field(default_factory=list)
+    lost: tuple[int, int] | None = None
+    kept: tuple[int, int] | None = None
+    reasons: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        lines = []
+        if self.lost is not None:
+            a, b = self.lost
+            lines.append(f"lost committed steps [{a}, {b}) ({b - a} steps): " + "; ".join(self.reasons))
+        else:
+            lines.append("no committed step was lost")
+        if self.kept is not None:
+            a, b = self.kept
+            lines.append(f"kept committed steps [{a}, {b}) ({b - a} steps)")
+        lines.extend(f"- {a}" for a in self.actions)
+        if self.problems:
+            lines.append("still damaged:")
+            lines.extend(f"- {p}" for p in self.problems)
+        return "\n".join(lines)
+
+
+def recover(path: str | os.PathLike) -> Recovery:
+    """Bring a damaged buffer back to its last consistent commit, where that is possible.
+
+    Holds the writer lock while it works, so it refuses a buffer a live writer holds.
+    It clears the HDF5 "open for writing" flags a dead writer left, rewrites a damaged
+    zarr shard index, restores missing or truncated data files and undecodable chunks
+    (as zeros), drops from the committed window every step whose rows were damaged (and
+    the older ones, so the window stays contiguous), removes a killed writer's temporary
+    files, and rebuilds unreadable metadata from a killed commit's complete temporary
+    copy when one exists (its steps are then dropped, since the rows may have moved on).
+
+    Raises:
+        NotABufferError: nothing at ``path`` looks like a buffer.
+        LockedError: a live writer holds the buffer.
+        CorruptBufferError: the metadata is unreadable and no copy of it is left.
+
+    Example:
+        >>> import mmreplay as mr, tempfile
+        >>> from mmreplay.verify import recover
+        >>> p = tempfile.mkdtemp() + "/b"
+        >>> mr.create(p, {"x": mr.ArraySpec((), "int64")}, 10).close()
+        >>> print(recover(p))
+        no committed step was lost
+        kept committed steps [0, 0) (0 steps)
+    """
+    folder = os.fspath(path)
+    if not os.path.isdir(folder):
+        raise NotABufferError(f"{folder}: no such folder")
+    if not os.path.exists(os.path.join(folder, METADATA_FILE)) and not _tmp_copies(folder):
+        raise NotABufferError(f"{folder}: not an mmreplay buffer (no {METADATA_FILE})")
+    lock = WriterLock(folder)
+    lock.acquire()
+    try:
+        return _recover(folder)
+    finally:
+        lock.release()
+
+
+def _tmp_copies(folder: str) -> list[str]:
+    return glob.glob(os.path.join(glob.escape(folder), METADATA_FILE + ".*.tmp"))
+
+
+def _recover(folder: str) -> Recovery:
+    out = Recovery(folder)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    try:
+        meta = read_metadata(folder)
+    except NotABufferError:
+        meta = None
+        why = f"{METADATA_FILE} is missing"
+    except Error as exc:
+        meta = None
+        why = str(exc)
+    if meta is None:
+        meta = _metadata_from_copy(folder, out, why, stamp)
+    first, end = meta.state.first(meta.capacity), meta.state.end
+    drop_before = first  # every step before this is dropped
+    damaged_slots: list[tuple[int, int, str]] = []  # slot ranges [a, b) whose rows are gone
+
+    if meta.backend == "zarr":
+        meta, damaged_slots = _repair_zarr(folder, meta, out, stamp)
+    else:
+        meta, damaged_slots = _repair_hdf5(folder, meta, out, stamp)
+
+    for a, b, why in damaged_slots:
+        steps = np.arange(first, end, dtype=np.int64)
+        hit = steps[(steps % meta.capacity >= a) & (steps % meta.capacity < b)]
+        if hit.size:
+            drop_before = max(drop_before, int(hit.max()) + 1)
+            out.reasons.append(why)
+    if drop_before > first:
+        out.lost = (first, drop_before)
+        state = meta.state
+        meta = meta.with_state(
+            State(
+                start=max(state.start, drop_before),
+                end=state.end,
+                reserved=state.reserved,
+                commits=state.commits + 1,
+                commit_time=time.time(),
+            )
+        )
+        write_metadata(folder, meta, fsync=True)
+        out.actions.append(f"committed state now starts at step {drop_before}")
+    out.kept = (meta.state.first(meta.capacity), meta.state.end)
+    for extra in leftovers(folder):
+        os.unlink(extra)
+        out.actions.append(f"removed {os.path.relpath(extra, folder)} (left by a killed writer)")
+    out.problems = verify(folder)
+    return out
+
+
+def _metadata_from_copy(folder: str, out: Recovery, why: str, stamp: str) -> Metadata:
+    """Static metadata from a killed commit's complete temporary copy, with an empty state.
+
+    The copy's committed window cannot be trusted (a later writer may have reused its
+    slots), so every step is dropped; the buffer keeps its layout and its step count.
+    """
+    copies = []
+    for tmp in _tmp_copies(folder):
+        try:
+            with open(tmp, "rb") as f:
+                copies.append((parse_metadata(f.read(), tmp), tmp))
+        except (OSError, Error):
+            continue
+    if not copies:
+        raise CorruptBufferError(
+            f"{folder}: {why}, and no complete copy of the metadata is left to rebuild it from; "
+            "the data files are untouched"
+        )
+    meta, tmp = max(copies, key=lambda c: (c[0].state.commits, c[0].state.end))
+    main = os.path.join(folder, METADATA_FILE)
+    if os.path.exists(main):
+        os.replace(main, f"{main}.damaged-{stamp}")
+        out.actions.append(f"moved the unreadable {METADATA_FILE} to {METADATA_FILE}.damaged-{stamp}")
+    end = max(meta.state.reserved, meta.state.end)
+    first = meta.state.first(meta.capacity)
+    meta = meta.with_state(State(end, end, end, meta.state.commits + 1, time.time()))
+    write_metadata(folder, meta, fsync=True)
+    os.unlink(tmp)
+    out.actions.append(f"rebuilt {METADATA_FILE} from {os.path.basename(tmp)} ({why})")
+    out.lost = (first, end)
+    out.reasons.append(f"the committed state was unreadable ({why})")
+    return meta
+
+
+def _move_aside(path: str, stamp: str, out: Recovery, folder: str) -> None:
+    if os.path.lexists(path):
+        dest = f"{path}.damaged-{stamp}"
+        os.replace(path, dest)
+        out.actions.append(f"moved {os.path.relpath(path, folder)} aside to {os.path.relpath(dest, folder)}")
+
+
+def _fresh_layout(folder: str, meta: Metadata) -> tuple[str, list[LeafInfo]]:
+    """A fresh, empty copy of the data files in a temporary folder inside ``folder``."""
+    from . import backends
+
+    tmp = os.path.join(folder, f".recover-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.mkdir(tmp)
+    bare = [replace(leaf, file=None, offset=None) for leaf in meta.leaves]
+    infos = backends.get(meta.backend).create(tmp, bare, meta.capacity, meta.num_envs)
+    return tmp, infos
+
+
+def _all_slots(meta: Metadata) -> tuple[int, int]:
+    return 0, meta.capacity
+
+
+def _repair_zarr(folder: str, meta: Metadata, out: Recovery, stamp: str) -> tuple[Metadata, list]:
+    import zarr
+
+    problems: list[str] = []
+    found = _check_zarr(folder, meta, True, problems)
+    damaged: list[tuple[int, int, str]] = []
+    fresh: str | None = None
+    try:
+        if any(s.unusable for s in found.values()) and not os.path.isdir(os.path.join(folder, ZARR_DIR)):
+            fresh, infos = _fresh_layout(folder, meta)
+            os.replace(os.path.join(fresh, ZARR_DIR), os.path.join(folder, ZARR_DIR))
+            out.actions.append(f"recreated the missing {ZARR_DIR} folder, empty")
+            damaged.append((*_all_slots(meta), f"{ZARR_DIR} was missing"))
+            return meta, damaged
+        for leaf in meta.leaves:
+            s = found[leaf.path]
+            arr_dir = os.path.join(folder, ZARR_DIR, leaf.path)
+            if s.unusable:
+                if fresh is None:
+                    fresh, _ = _fresh_layout(folder, meta)
+                _move_aside(arr_dir, stamp, out, folder)
+                os.makedirs(os.path.dirname(arr_dir), exist_ok=True)
+                os.replace(os.path.join(fresh, ZARR_DIR, leaf.path), arr_dir)
+                out.actions.append(f"recreated leaf {leaf.path!r}, empty")
+                damaged.append((*_all_slots(meta), f"leaf {leaf.path!r}: {s.unusable}"))
+                continue
+            if leaf.mapped and (s.shard_short is not None or s.bad_index):
+                shard = os.path.join(folder, leaf.file or "")
+                data_bytes, file_bytes, index = _shard_layout(meta, leaf)
+                short = s.shard_short
+                os.makedirs(os.path.dirname(shard), exist_ok=True)
+                fd = os.open(shard, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    if short is not None:
+                        os.ftruncate(fd, file_bytes)
+                    os.pwrite(fd, index.tobytes(), data_bytes)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if short is not None:
+                    step_bytes = meta.num_envs * leaf.spec.nbytes
+                    lo = min(meta.capacity, short // max(1, step_bytes))
+                    what = "missing" if short == 0 else f"truncated to {short} bytes"
+                    out.actions.append(
+                        f"leaf {leaf.path!r}: restored its data file ({what}) to {file_bytes} bytes"
+                    )
+                    damaged.append((lo, meta.capacity, f"leaf {leaf.path!r}: its data file was {what}"))
+                else:
+                    out.actions.append(f"leaf {leaf.path!r}: rewrote the shard index")
+            if s.bad_chunks:
+                arr = zarr.open_array(store=zarr.storage.LocalStore(arr_dir), mode="r+").with_config(
+                    {"write_empty_chunks": True}
+                )
+                for k, why in sorted(s.bad_chunks.items()):
+                    a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
+                    chunk = os.path.join(arr_dir, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
+                    _move_aside(chunk, stamp, out, folder)
+                    arr[a:b] = np.zeros((b - a, *arr.shape[1:]), arr.dtype)
+                    out.actions.append(f"leaf {leaf.path!r}: rewrote chunk {k} (slots {a}..{b - 1}) as zeros")
+                    damaged.append((a, b, f"leaf {leaf.path!r}: {why}"))
+    finally:
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+    return meta, damaged
+
+
+def _repair_hdf5(folder: str, meta: Metadata, out: Recovery, stamp: str) -> tuple[Metadata, list]:
+    from .backends.hdf5 import clear_status_flags
+
+    path = os.path.join(folder, HDF5_FILE)
+    problems: list[str] = []
+    found = _check_hdf5(folder, meta, True, problems)
+    damaged: list[tuple[int, int, str]] = []
+    if found.short is not None and found.unusable is None:
+        status = hdf5_status(path)
+        need = max(
+            [status[1] if status else 0]
+            + [leaf.offset + _leaf_bytes(meta, leaf) for leaf in meta.leaves if leaf.mapped]
+        )
+        short = found.short
+        with open(path, "r+b") as f:
+            f.truncate(need)
+            os.fsync(f.fileno())
+        out.actions.append(f"extended the truncated {HDF5_FILE} from {short} to {need} bytes")
+        for leaf in meta.leaves:
+            if leaf.mapped:
+                step_bytes = meta.num_envs * leaf.spec.nbytes
+                if leaf.offset + _leaf_bytes(meta, leaf) > short:
+                    lo = max(0, (short - leaf.offset) // max(1, step_bytes))
+                    damaged.append(
+                        (
+                            min(lo, meta.capacity),
+                            meta.capacity,
+                            f"leaf {leaf.path!r}: {HDF5_FILE} was truncated",
+                        )
+                    )
+            else:
+                damaged.append(
+                    (
+                        *_all_slots(meta),
+                        f"leaf {leaf.path!r}: {HDF5_FILE} was truncated (its chunks may be gone)",
+                    )
+                )
+        problems = []
+        found = _check_hdf5(folder, meta, True, problems)
+    if found.flags_set:
+        clear_status_flags(path)
+        out.actions.append(f"cleared the HDF5 status flags a dead writer left in {HDF5_FILE}")
+    if found.unusable is not None or found.bad_chunks:
+        why = found.unusable or "; ".join(
+            f"leaf {p!r} chunks {sorted(c)} do not decode" for p, c in found.bad_chunks.items()
+        )
+        fresh, infos = _fresh_layout(folder, meta)
+        try:
+            _move_aside(path, stamp, out, folder)
+            os.replace(os.path.join(fresh, HDF5_FILE), path)
+        finally:
+            shutil.rmtree(fresh, ignore_errors=True)
+        meta = replace(
+            meta,
+            leaves=tuple(
+                replace(old, file=new.file, offset=new.offset) for old, new in zip(meta.leaves, infos)
+            ),
+        )
+        write_metadata(folder, meta, fsync=True)
+        out.actions.append(f"recreated {HDF5_FILE} with the same layout, empty")
+        damaged.append((*_all_slots(meta), f"{HDF5_FILE}: {why}"))
+    return meta, damaged
