@@ -25,6 +25,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("stats", "Episode return / length statistics and per-leaf value ranges."),
     "plot": ("plot", "Plot episode returns and the episode length histogram to an image."),
     "create": ("create", "Create an empty store from a JSON or YAML spec file."),
+    "verify": ("verify", "Check a buffer's files against its metadata; exit 0 only if healthy."),
+    "recover": ("recover", "Bring a damaged buffer back to its last consistent commit; say what was lost."),
+    "torture": ("torture", "Kill writers with SIGKILL at random moments; check no committed step is lost."),
 }
 
 #: exit status per error class (the first match in this order wins)

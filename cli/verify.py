@@ -1,0 +1,37 @@
+"""``mmreplay verify PATH``: check a buffer's files against its metadata.
+
+Exit status 0 only for a healthy buffer; 1 when problems were found (each printed on
+its own line); the usual error statuses when the path holds no buffer.
+"""
+
+from __future__ import annotations
+
+import click
+
+from mmreplay.lock import holder_pid
+from mmreplay.verify import leftovers, verify
+
+
+@click.command("verify")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--quick", is_flag=True, help="Check structure and sizes only; do not decode compressed chunks."
+)
+def command(path: str, quick: bool) -> None:
+    """Check that a buffer's data files match its metadata and decode."""
+    pid = holder_pid(path)
+    if pid is not None:
+        who = f"process {pid}" if pid > 0 else "a live writer"
+        click.echo(f"note: {path} is open for writing by {who}; checking its last commit", err=True)
+    problems = verify(path, deep=not quick)
+    extra = leftovers(path)
+    if extra:
+        click.echo(
+            f"note: {len(extra)} temporary file(s) left by a killed writer (harmless; `mmreplay recover` removes them)"
+        )
+    if problems:
+        for p in problems:
+            click.echo(f"problem: {p}")
+        click.echo(f"{path}: {len(problems)} problem(s); `mmreplay recover {path}` repairs what it can")
+        raise SystemExit(1)
+    click.echo(f"{path}: ok")
