@@ -214,6 +214,10 @@ def test_vector_env_final_observations_under_next_step_autoreset(tmp_path):
     for i in range(n):
         got = rows(venv.store, i)
         assert_rows_equal(got, ref[i])
+        eps = list(venv.store.episodes(env=i))
+        assert [ep.status for ep in eps[:-1]] == ["terminated"] * (len(eps) - 1)
+        assert sum(ep.last_step - ep.first_step + 1 for ep in eps) == written
+        assert len([ep for ep in eps if ep.status == "terminated"]) == int(got["terminated"].sum())
         ends = got["terminated"] | got["truncated"]
         assert ends.sum() >= 3
         # the row after an episode end starts from the reset observation, not the final one

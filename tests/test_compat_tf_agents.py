@@ -486,6 +486,9 @@ def test_trajectory_spec_roles_and_driver_observer(tmp_path):  # 25, 26
     assert got.policy_info == ()
     items, _ = rb.get_next(sample_batch_size=4, num_steps=2)
     assert isinstance(items, Trajectory) and items.observation.shape == (4, 2, 3)
+    # episodes end where next_step_type is LAST; the boundary rows belong to none
+    eps = [(ep.first_step, ep.last_step, ep.status) for ep in rb.store.episodes()]
+    assert eps == [(0, 3, "terminated"), (5, 6, "terminated")]
     rb.close()
     with UniformReplayBuffer(trajectory_spec(), batch_size=1, max_length=32, path=tmp_path / "rb") as rb:
         assert rb.num_frames() == 8
