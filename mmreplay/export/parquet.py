@@ -4,10 +4,11 @@ Columns: ``episode_index``, ``env``, ``step`` (within the episode), ``global_ste
 store's step id), then the roles -- ``observation`` (a nested observation as
 ``observation.<key>`` columns), ``next_observation.*``, ``action.*``, ``reward`` --
 then ``terminated``, ``truncated``, ``is_first``, ``is_last``, then every other leaf by
-its path with ``.`` for ``/``. Scalars are plain columns; vectors are fixed-size lists;
-arrays of more dimensions are nested fixed-size lists, so their shape is part of the
-type, and every array column also carries ``shape`` and ``dtype`` in its field
-metadata. Loads with ``pyarrow.parquet.read_table(out)`` and with
+its path with ``.`` for ``/``. Scalars are plain columns and vectors fixed-size lists;
+arrays of more dimensions (images) are flattened into one fixed-size list, and every
+array column carries ``shape`` and ``dtype`` in its field metadata to reshape it by (a
+flat list reads fast everywhere; nested lists are slow to convert in HF datasets).
+Loads with ``pyarrow.parquet.read_table(out)`` and with
 ``datasets.load_dataset("parquet", data_files=f"{out}/*.parquet")``.
 """
 
@@ -93,17 +94,16 @@ def role_columns(roles: Roles) -> list[tuple[str, str, ArraySpec]]:
 
 
 def arrow_column(pa: Any, values: np.ndarray) -> Any:
-    """Scalars as a plain array, arrays as (nested) fixed-size lists."""
+    """Scalars as a plain array, anything else as one flat fixed-size list per row."""
     arr = pa.array(np.ascontiguousarray(values).reshape(-1))
-    for d in reversed(values.shape[1:]):
-        arr = pa.FixedSizeListArray.from_arrays(arr, int(d))
-    return arr
+    size = int(np.prod(values.shape[1:], dtype=np.int64))
+    return arr if values.ndim == 1 else pa.FixedSizeListArray.from_arrays(arr, size)
 
 
 def _field(pa: Any, name: str, spec: ArraySpec) -> Any:
     typ = pa.from_numpy_dtype(spec.dtype)
-    for d in reversed(spec.shape):
-        typ = pa.list_(typ, int(d))
+    if spec.shape:
+        typ = pa.list_(typ, int(np.prod(spec.shape, dtype=np.int64)))
     meta = {"shape": json.dumps(list(spec.shape)), "dtype": spec.dtype.name} if spec.shape else None
     return pa.field(name, typ, metadata=meta)
 
