@@ -1,0 +1,269 @@
+"""Imports from Minari, D4RL-style HDF5 and npz; import -> export -> import is lossless."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import h5py
+import numpy as np
+import pytest
+
+import mmreplay as mr
+from mmreplay.export import export
+from mmreplay.importers import detect_format, import_dataset
+
+DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
+
+
+def all_rows(store):
+    return store.read_steps(np.arange(store.first_step, store.committed_steps))
+
+
+def assert_same_store(a: mr.Store, b: mr.Store) -> None:
+    assert mr.spec.spec_to_json(a.spec) == mr.spec.spec_to_json(b.spec)
+    assert a.roles == b.roles and a.num_envs == b.num_envs and len(a) == len(b)
+    for p, x, y in zip(a.leaf_paths, all_rows(a), all_rows(b)):
+        assert x.dtype == y.dtype and np.array_equal(x, y), p
+
+
+def minari_dataset(root, monkeypatch, images=False, jpeg=True):
+    """A dataset written by Minari itself (create_dataset_from_buffers)."""
+    minari = pytest.importorskip("minari")
+    gym = pytest.importorskip("gymnasium")
+    from minari.data_collector import EpisodeBuffer
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    rng = np.random.default_rng(0)
+    if images:
+        obs_space = gym.spaces.Box(0, 255, (32, 32, 3), np.uint8)
+    else:
+        obs_space = gym.spaces.Dict(
+            {"pos": gym.spaces.Box(-1, 1, (3,), np.float32), "vel": gym.spaces.Box(-1, 1, (2,), np.float64)}
+        )
+    act_space = gym.spaces.Discrete(4)
+    buffers = []
+    for i, n in enumerate([5, 9, 3]):
+        if images:
+            obs = rng.integers(0, 255, (n + 1, 32, 32, 3)).astype(np.uint8)
+        else:
+            obs = {
+                "pos": rng.uniform(-1, 1, (n + 1, 3)).astype(np.float32),
+                "vel": rng.uniform(-1, 1, (n + 1, 2)),
+            }
+        term = np.zeros(n, bool)
+        trunc = np.zeros(n, bool)
+        (term if i != 1 else trunc)[-1] = True
+        buffers.append(
+            EpisodeBuffer(
+                observations=obs,
+                actions=rng.integers(0, 4, n),
+                rewards=rng.standard_normal(n),
+                terminations=term,
+                truncations=trunc,
+            )
+        )
+    minari.create_dataset_from_buffers(
+        "test/made-v0",
+        buffers,
+        observation_space=obs_space,
+        action_space=act_space,
+        data_format="hdf5",
+        jpeg_encoding=jpeg,
+    )
+    return minari.load_dataset("test/made-v0"), root / "test" / "made-v0"
+
+
+def test_import_a_dataset_minari_wrote(tmp_path, monkeypatch):
+    ds, folder = minari_dataset(tmp_path / "root", monkeypatch)
+    assert detect_format(str(folder)) == "minari" and detect_format(str(folder / "data")) == "minari"
+    result = import_dataset(folder, tmp_path / "store")
+    assert (result.format, result.episodes, result.steps, result.num_envs) == ("minari", 3, 17, 1)
+    with mr.open(tmp_path / "store") as store:
+        assert (
+            store.roles["observation"] == "observation"
+            and store.roles["next_observation"] == "next_observation"
+        )
+        eps = list(store.episodes())
+        assert [e.length for e in eps] == [5, 9, 3]
+        assert [e.status for e in eps] == ["terminated", "truncated", "terminated"]
+        for ep, src in zip(eps, ds.iterate_episodes()):
+            for key in ("pos", "vel"):
+                assert np.array_equal(ep.data["observation"][key], src.observations[key][:-1])
+                assert np.array_equal(ep.data["next_observation"][key], src.observations[key][1:])
+                assert ep.data["observation"][key].dtype == src.observations[key].dtype
+            assert np.array_equal(ep.data["action"], src.actions)
+            assert np.array_equal(ep.data["reward"], src.rewards) and ep.data["reward"].dtype == np.float64
+
+
+def test_import_minari_jpeg_images_as_minari_decodes_them(tmp_path, monkeypatch):
+    pytest.importorskip("PIL")
+    ds, folder = minari_dataset(tmp_path / "root", monkeypatch, images=True, jpeg=True)
+    import_dataset(folder, tmp_path / "store")
+    with mr.open(tmp_path / "store") as store:
+        for ep, src in zip(store.episodes(), ds.iterate_episodes()):
+            assert np.array_equal(ep.data["observation"], src.observations[:-1])
+            assert ep.data["observation"].dtype == np.uint8
+
+
+def test_import_d4rl_file(tmp_path):
+    rng = np.random.default_rng(1)
+    T = 40
+    term = np.zeros(T, bool)
+    term[[9, 30]] = True
+    timeouts = np.zeros(T, bool)
+    timeouts[19] = True
+    with h5py.File(tmp_path / "d4rl.hdf5", "w") as f:
+        f["observations"] = rng.standard_normal((T, 11)).astype(np.float32)
+        f["actions"] = rng.uniform(-1, 1, (T, 3)).astype(np.float32)
+        f["rewards"] = rng.standard_normal(T).astype(np.float32)
+        f["terminals"] = term
+        f["timeouts"] = timeouts
+        f["infos/qpos"] = rng.standard_normal((T, 6))
+        f["metadata/algorithm"] = "SAC"
+        f["metadata/policy/fc0/weight"] = np.zeros((4, 4))
+    assert detect_format(str(tmp_path / "d4rl.hdf5")) == "d4rl"
+    result = import_dataset(tmp_path / "d4rl.hdf5", tmp_path / "store", backend="hdf5")
+    assert result.steps == T and result.format == "d4rl"
+    with mr.open(tmp_path / "store") as store:
+        assert store.backend == "hdf5"
+        assert set(store.leaf_paths) == {
+            "actions",
+            "infos/qpos",
+            "observations",
+            "rewards",
+            "terminals",
+            "timeouts",
+        }
+        assert store.roles == {
+            "observation": "observations",
+            "action": "actions",
+            "reward": "rewards",
+            "terminated": "terminals",
+            "truncated": "timeouts",
+        }
+        spans = store.episode_index()
+        assert [(s.first_step, s.last_step, s.status) for s in spans] == [
+            (0, 9, "terminated"),
+            (10, 19, "truncated"),
+            (20, 30, "terminated"),
+            (31, 39, "open"),
+        ]
+        with h5py.File(tmp_path / "d4rl.hdf5") as f:
+            assert np.array_equal(store.get(slice(None))["infos"]["qpos"][:, 0], f["infos/qpos"][()])
+
+
+def test_import_plain_npz_with_and_without_envs(tmp_path):
+    x = np.arange(60, dtype=np.int16).reshape(10, 2, 3)
+    np.savez(
+        tmp_path / "a.npz", obs=x, reward=np.ones((10, 2), np.float32), **{"extra/deep": np.zeros((10, 2))}
+    )
+    with pytest.raises(mr.SpecError, match="scalar"):  # read as one env, 'reward' would be a vector
+        import_dataset(tmp_path / "a.npz", tmp_path / "one")
+    assert not (tmp_path / "one").exists()
+    np.savez(tmp_path / "a.npz", obs=x, **{"extra/deep": np.zeros((10, 2))})
+    import_dataset(tmp_path / "a.npz", tmp_path / "one")
+    with mr.open(tmp_path / "one") as store:
+        assert (
+            store.num_envs == 1
+            and store.spec["obs"].shape == (2, 3)
+            and store.spec["extra"]["deep"].shape == (2,)
+        )
+        assert np.array_equal(store.get(slice(None))["obs"][:, 0], x)
+    import_dataset(tmp_path / "a.npz", tmp_path / "two", num_envs=2, capacity=4)
+    with mr.open(tmp_path / "two") as store:
+        assert store.num_envs == 2 and store.spec["obs"].shape == (3,) and len(store) == 4
+        assert np.array_equal(store.get(slice(None))["obs"], x[-4:])  # the newest steps
+
+
+def test_npz_with_objects_is_refused_without_unpickling(tmp_path):
+    np.savez(tmp_path / "evil.npz", obs=np.array([{"a": 1}, None], dtype=object))
+    with pytest.raises(mr.BadInputError, match="unpickle"):
+        import_dataset(tmp_path / "evil.npz", tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+
+
+def test_import_errors(tmp_path):
+    with pytest.raises(mr.NotABufferError):
+        import_dataset(tmp_path / "nothing", tmp_path / "s")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(mr.UnsupportedFormatError, match="neither"):
+        import_dataset(tmp_path / "folder", tmp_path / "s")
+    (tmp_path / "text.txt").write_text("hello")
+    with pytest.raises(mr.UnsupportedFormatError):
+        import_dataset(tmp_path / "text.txt", tmp_path / "s")
+    np.savez(tmp_path / "ragged.npz", a=np.zeros(3), b=np.zeros(4))
+    with pytest.raises(mr.BadInputError, match="differ in length"):
+        import_dataset(tmp_path / "ragged.npz", tmp_path / "s")
+    np.savez(tmp_path / "ok.npz", a=np.zeros(3))
+    import_dataset(tmp_path / "ok.npz", tmp_path / "s")
+    with pytest.raises(FileExistsError):
+        import_dataset(tmp_path / "ok.npz", tmp_path / "s")
+    assert not any(n.startswith(".") for n in os.listdir(tmp_path))
+
+
+# --- import -> export -> import ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["minari", "d4rl", "npz", "hdf5", "zarr"])
+def test_import_export_import_is_lossless(tmp_path, monkeypatch, fmt):
+    """A store made by an import exports and imports back to the same store."""
+    # start from a Minari dataset: complete episodes, nested observations, int actions
+    _, folder = minari_dataset(tmp_path / "root", monkeypatch)
+    if fmt in ("minari", "npz", "hdf5", "zarr"):
+        import_dataset(folder, tmp_path / "a")
+    else:  # a D4RL store: its own key names and roles
+        export_target = tmp_path / "seed.hdf5"
+        import_dataset(folder, tmp_path / "m")
+        with mr.open(tmp_path / "m") as m:
+            export(m, export_target, "d4rl")
+        import_dataset(export_target, tmp_path / "a")
+    out = tmp_path / ("out" if fmt in ("minari", "zarr") else f"out.{fmt}")
+    with mr.open(tmp_path / "a") as a:
+        result = export(a, out, fmt, **({"dataset_id": "rt/again-v0"} if fmt == "minari" else {}))
+    src = out / "rt" / "again-v0" if fmt == "minari" else out
+    import_dataset(src, tmp_path / "b")
+    with mr.open(tmp_path / "a") as a, mr.open(tmp_path / "b") as b:
+        assert_same_store(a, b)
+        assert [s.status for s in a.episode_index()] == [s.status for s in b.episode_index()]
+    assert result.steps == 17
+
+
+@pytest.mark.parametrize("name", ["pointchase-zarr", "pointchase-pixels-zstd", "pointchase-wrapped"])
+@pytest.mark.parametrize("fmt", ["npz", "hdf5", "zarr"])
+def test_step_major_export_imports_back_exactly(tmp_path, name, fmt):
+    out = tmp_path / ("x" if fmt == "zarr" else f"x.{fmt}")
+    with mr.open(os.path.join(DATASETS, name)) as src:
+        export(src, out, fmt)
+        import_dataset(
+            out,
+            tmp_path / "copy",
+            compression={p: "zstd" for p in src.leaf_paths} if "zstd" in name else None,
+        )
+        with mr.open(tmp_path / "copy") as copy:
+            assert_same_store(src, copy)
+            a, b = src.episode_index(), copy.episode_index()
+            assert [(s.env, s.length) for s in a] == [(s.env, s.length) for s in b]
+            for x, y in zip(a, b):
+                # an episode whose start the ring overwrote is open in the source; the copy
+                # starts with it and cannot know it was cut, so it shows how it ended
+                cut = x.first_step == src.first_step and src.first_step > 0
+                assert x.status == y.status or (cut and x.status == "open"), (x, y)
+
+
+def test_npz_export_is_a_plain_zip_of_npy_members(tmp_path):
+    with mr.open(os.path.join(DATASETS, "pointchase-wrapped")) as src:
+        export(src, tmp_path / "x.npz", "npz")
+    with zipfile.ZipFile(tmp_path / "x.npz") as zf:
+        names = sorted(zf.namelist())
+    assert names == sorted(
+        [
+            "__mmreplay__.npy",
+            "action.npy",
+            "next_observation.npy",
+            "observation.npy",
+            "reward.npy",
+            "terminated.npy",
+            "truncated.npy",
+        ]
+    )
