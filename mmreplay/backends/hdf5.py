@@ -107,8 +107,12 @@ class _SwmrFile:
         try:
             if writable:
                 clear_status_flags(path)
-                self.file = h5py.File(path, "r+", libver="latest")
-                self.file.swmr_mode = True
+                # open straight into SWMR-write mode: File("r+") then swmr_mode = True
+                # leaves a moment where a killed writer's flags lock readers out
+                fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+                fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+                flags = h5py.h5f.ACC_RDWR | h5py.h5f.ACC_SWMR_WRITE
+                self.file = h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=fapl))
             else:
                 self.file = h5py.File(path, "r", libver="latest", swmr=True)
         except OSError as exc:
@@ -179,6 +183,9 @@ def clear_status_flags(path: str) -> bool:
 
     Only version 2 and 3 superblocks (``libver="latest"``) carry the flags and a
     checksum; the checksum is verified first, so a damaged superblock is never blessed.
+    The end-of-file address is raised to the file's size too (``h5clear -s
+    --increment``): a dead writer's flushed chunk index may point past the address its
+    superblock recorded, and HDF5 would cut those chunks off at the next flush.
     """
     with open(path, "r+b") as f:
         head = f.read(48)
@@ -193,6 +200,11 @@ def clear_status_flags(path: str) -> bool:
         if lookup3(block[:-4]) != stored:
             raise CorruptBufferError(f"{path}: HDF5 superblock checksum mismatch")
         fixed = block[:11] + b"\x00" + block[12:-4]
+        if head[9] == 8:  # 8-byte addresses: base, extension, end of file at byte 28
+            (eof,) = struct.unpack("<Q", block[28:36])
+            size = os.fstat(f.fileno()).st_size
+            if size > eof:
+                fixed = fixed[:28] + struct.pack("<Q", size) + fixed[36:]
         f.seek(0)
         f.write(fixed + struct.pack("<I", lookup3(fixed)))
         f.flush()

@@ -120,6 +120,8 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
             )
         except Exception as exc:
             raise CorruptBufferError(f"{path}: cannot open zarr array for leaf {leaf.path!r}: {exc}") from None
+        # store all-zero chunks too, so a missing chunk file is always damage (verify)
+        arr = arr.with_config({"write_empty_chunks": True})
         expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
         if arr.shape != expected or arr.dtype != leaf.spec.dtype:
             raise CorruptBufferError(

@@ -1,0 +1,202 @@
+"""Crash torture: writers killed with SIGKILL at random moments never lose a committed step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mmreplay.cli import main
+
+import mmreplay as mr
+from mmreplay.spec import flatten
+from mmreplay.torture import (
+    LAYOUTS,
+    SPEC,
+    Expectation,
+    Summary,
+    TortureFailure,
+    TrialConfig,
+    WriterServer,
+    _run_writer,
+    check_store,
+    run,
+    run_trial,
+    step_values,
+)
+from mmreplay.verify import hdf5_status, verify
+
+LEAVES = flatten(SPEC)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[str(x) for x in LAYOUTS])
+def test_torture_trials_lose_nothing(tmp_path, layout):
+    summary = run(4, root=str(tmp_path), seed=hash(str(layout)) % 1000, layouts=[layout], kills_per_trial=3)
+    assert summary.failures == 0, "\n".join(summary.messages)
+    assert summary.trials == 4
+    assert summary.kills >= 4  # most runs end in a kill; a few finish before their kill moment
+    assert summary.steps_checked > 0
+
+
+@pytest.mark.long
+def test_torture_long(tmp_path):
+    summary = run(400, root=str(tmp_path), seed=12345, kills_per_trial=4)
+    assert summary.failures == 0, "\n".join(summary.messages)
+    assert summary.kills > 800
+
+
+def test_cli_torture_prints_the_summary_line(tmp_path):
+    result = CliRunner().invoke(main, ["torture", "--trials", "2", "--dir", str(tmp_path), "-q"])
+    assert result.exit_code == 0, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("trials 2, kills ") and line.endswith("failures 0")
+
+
+def test_step_values_differ_between_steps_envs_and_laps():
+    a = step_values(LEAVES, 8, np.arange(0, 100))
+    b = step_values(LEAVES, 8, np.arange(100, 200))  # the next lap of a ring of 100
+    pixels = a[1]  # flatten order: action, obs/pixels, obs/state, reward, terminated
+    assert pixels.shape == (100, 8, 6, 6, 3)
+    assert not np.array_equal(pixels[:, 0], pixels[:, 1])
+    for x, y, spec in zip(a, b, LEAVES):
+        assert x.dtype == y.dtype == spec.dtype
+        if spec.dtype != bool:  # a bool leaf alone carries a bit or so per row
+            assert all(x[i].tobytes() != y[i].tobytes() for i in range(100)), "a stale row would pass"
+    whole = [b"".join(x[i].tobytes() for x in a) for i in range(100)]
+    assert len(set(whole)) == 100
+    np.testing.assert_array_equal(step_values(LEAVES, 8, [5])[1][0], pixels[5])
+
+
+def _filled(tmp_path, layout, steps: int):
+    config = TrialConfig(
+        layout,
+        capacity=20,
+        chunk_steps=4,
+        commit_every=5,
+        durability="process",
+        compression="zstd" if layout.compressed else None,
+        kills=0,
+        seed=1,
+    )
+    path = str(tmp_path / "b")
+    with mr.create(
+        path,
+        SPEC,
+        capacity=20,
+        num_envs=layout.num_envs,
+        backend=layout.backend,
+        chunk_steps=4,
+        compression=config.compression,
+    ) as store:
+        for g in range(steps):
+            store.add(mr.spec.unflatten(SPEC, [v[0] for v in step_values(LEAVES, layout.num_envs, [g])]))
+    return path, config
+
+
+@pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[3]], ids=str)
+def test_check_store_catches_a_stale_row(tmp_path, layout):
+    path, config = _filled(tmp_path, layout, 30)
+    exp = Expectation(reported=30, announced=30)
+    assert check_store(path, config, exp) == 20
+    with mr.open(path, "a") as store:  # put step 15's rows where step 25 belongs
+        store.set(25 - store.first_step, store.get(15 - store.first_step))
+    with pytest.raises(TortureFailure, match=r"\(b\).*\[25\]"):
+        check_store(path, config, Expectation(reported=30, announced=30))
+
+
+def test_check_store_catches_a_lost_commit_and_rows_past_the_cursor(tmp_path):
+    path, config = _filled(tmp_path, LAYOUTS[0], 12)
+    with pytest.raises(TortureFailure, match=r"\(b\) committed cursor 12 is behind the reported commit 13"):
+        check_store(path, config, Expectation(reported=13, announced=13))
+    with pytest.raises(TortureFailure, match=r"\(c\) committed cursor 12 is past every step written \(11\)"):
+        check_store(path, config, Expectation(reported=11, announced=11))
+    with pytest.raises(TortureFailure, match=r"\(a\)"):
+        os.remove(os.path.join(path, "mmreplay.json"))
+        check_store(path, config, Expectation())
+
+
+def test_a_trial_fails_when_resume_is_not_at_the_committed_cursor(tmp_path):
+    """(d): the harness knows where the next writer must resume."""
+    layout = LAYOUTS[0]
+    config = TrialConfig(layout, 16, 4, 4, "process", None, kills=1, seed=3)
+    path = str(tmp_path / "b")
+    with WriterServer() as server:
+        run_trial(path, config, server)  # a healthy trial passes
+        exp = Expectation(checked_end=10**6)
+        with pytest.raises(TortureFailure, match=r"\(d\) the next writer resumed at step"):
+            _run_writer(server, path, config, exp, np.random.default_rng(0), None, Summary())
+
+
+# --- regressions found by the torture ---------------------------------------------------
+
+KILLED_WRITER = """
+import os, signal, numpy as np, mmreplay as mr
+s = mr.open({path!r}, "a")
+rng = np.random.default_rng(0)
+for i in range({steps}):
+    s.add({{"x": rng.random((1, 64)).astype("float32")}})
+    if i % 3 == 2:
+        s.commit()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _kill_a_writer(path: str, steps: int) -> None:
+    code = textwrap.dedent(KILLED_WRITER.format(path=path, steps=steps))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr.decode()
+
+
+def test_hdf5_next_writer_keeps_what_a_dead_writer_wrote_past_its_recorded_end(tmp_path):
+    """A writer killed mid-flush can leave chunks (and an index pointing at them) past the
+    end-of-file address in its superblock; HDF5 would cut them off at the next flush."""
+    path = str(tmp_path / "b")
+    mr.create(
+        path, {"x": mr.ArraySpec((64,), "float32")}, 64, backend="hdf5", compression="gzip", chunk_steps=4
+    ).close()
+    _kill_a_writer(path, 20)
+    data = os.path.join(path, "data.h5")
+    flags, eof = hdf5_status(data)
+    assert flags != 0  # left open for SWMR writing
+    marker = b"written by the dead writer past its recorded end" * 64
+    with open(data, "ab") as f:
+        f.write(marker)
+    at = eof
+    with mr.open(path, "a") as store:
+        store.add({"x": np.ones((1, 64), "float32")})
+        store.commit()
+    with open(data, "rb") as f:
+        f.seek(at)
+        assert f.read(len(marker)) == marker
+    assert verify(path) == []
+
+
+def test_hdf5_killed_writer_leaves_the_file_open_for_readers(tmp_path):
+    path = str(tmp_path / "b")
+    mr.create(
+        path, {"x": mr.ArraySpec((64,), "float32")}, 64, backend="hdf5", compression="gzip", chunk_steps=4
+    ).close()
+    _kill_a_writer(path, 7)
+    flags, _ = hdf5_status(os.path.join(path, "data.h5"))
+    assert flags & 4, "flags of a SWMR writer (readers may open the file)"
+    with mr.open(path) as reader:
+        assert len(reader) == 6
+        reader.get(slice(None))
+
+
+def test_zarr_all_zero_chunks_are_stored_so_a_lost_chunk_is_found(tmp_path):
+    path = str(tmp_path / "b")
+    spec = {"x": mr.ArraySpec((3,), "float32"), "done": mr.ArraySpec((), "bool")}
+    with mr.create(path, spec, 12, compression="zstd", chunk_steps=4) as store:
+        for _ in range(6):
+            store.add({"x": np.zeros((1, 3), "float32"), "done": np.zeros(1, bool)})
+    for key in ("x/c/0/0/0", "x/c/1/0/0", "done/c/0/0", "done/c/1/0"):
+        assert os.path.isfile(os.path.join(path, "data.zarr", key)), key
+    assert verify(path) == []
+    os.remove(os.path.join(path, "data.zarr", "done", "c", "1", "0"))
+    assert any("chunk file" in p and "missing" in p for p in verify(path))
