@@ -466,7 +466,7 @@ WRITER = textwrap.dedent(
     """
     import sys, torch
     from mmreplay.compat.skrl import RandomMemory
-    m = RandomMemory(20, 3, device="cpu", path=sys.argv[1])
+    m = RandomMemory(20, 3, device="cpu", path=sys.argv[1], commit_every=1)
     m.create_tensor("observations", 2)
     m.create_tensor("terminated", 1, dtype=torch.bool)
     t = 0

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import reads
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE, atomic_write
 from ..roles import infer_roles, validate_roles
@@ -276,11 +277,21 @@ def write_origin(store: Store, origin: int) -> None:
 def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:
     """Leaf arrays (flatten order) of the rows ``(steps[i...], envs[i...])``, broadcast together.
 
-    Each distinct step is read once (every env of it), then the rows are picked.
+    Committed rows are gathered one by one (:func:`mmreplay.reads.read_rows`); a writer's
+    rows not committed yet are read a step at a time (every env of it), then picked.
     """
     steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
-    if steps.size == 0:
-        return [np.empty((*steps.shape, *s.shape), s.dtype) for s in flatten(store.spec)]
-    unique, inverse = np.unique(steps, return_inverse=True)
-    inverse = inverse.reshape(steps.shape)
-    return [leaf[inverse, envs] for leaf in store.read_steps(unique)]
+    end = store.state.end
+    if steps.size == 0 or steps.max() < end:
+        return [np.asarray(x) for x in flatten(reads.read_rows(store, steps, envs))]
+    leaf_specs = flatten(store.spec)
+    out = [np.empty((*steps.shape, *s.shape), s.dtype) for s in leaf_specs]
+    done = steps < end
+    if done.any():
+        for o, x in zip(out, flatten(reads.read_rows(store, steps[done], envs[done]))):
+            o[done] = x
+    late = ~done
+    unique, inverse = np.unique(steps[late], return_inverse=True)
+    for o, leaf in zip(out, store.read_steps(unique)):
+        o[late] = leaf[inverse, envs[late]]
+    return out

@@ -22,9 +22,9 @@ How it maps onto the store:
   ``memory_size``.
 - A step is written when all its envs are in: adds of fewer than ``num_envs`` envs are
   staged in RAM (readable at once) and the whole step is written when the last env
-  arrives. What is durable is every complete step as of the last commit (by default
-  each complete step is committed when it is written); a staged partial step is lost
-  in a crash.
+  arrives. What is durable is every complete step as of the last commit (every
+  ``commit_every`` steps, the store's default 1000; ``commit_every=1`` commits each
+  complete step when it is written); a staged partial step is lost in a crash.
 - The store's spec is fixed at creation. The store is created at the first
   ``add_samples`` with the tensors declared so far; a ``create_tensor`` after that
   rewrites the memory into a new store holding the new tensor too (NaN / zero for the
@@ -79,7 +79,7 @@ except ImportError as exc:  # pragma: no cover - torch is an install extra
 from ..errors import NotEnoughDataError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
 from ..spec import ArraySpec
-from ..store import Store, create
+from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ..store import open as open_store
 from ..values import cast_refusal
 from ._shared import (
@@ -178,7 +178,8 @@ class Memory:
             ``None`` keeps the data in a temporary folder removed on ``close()`` or
             when the memory is garbage-collected.
         backend, compression, durability: as :func:`mmreplay.create`.
-        commit_every: complete steps per commit (1: each is durable when written).
+        commit_every: complete steps per commit (1: each is durable when written); a
+            reopened memory keeps the value it was created with.
 
     Raises:
         ValueError: an unsupported ``export_format``.
@@ -212,7 +213,7 @@ class Memory:
         *,
         backend: str = "zarr",
         compression: Any = None,
-        commit_every: int = 1,
+        commit_every: int = DEFAULT_COMMIT_EVERY,
         durability: str = "process",
     ):
         for name, value in (("memory_size", memory_size), ("num_envs", num_envs)):
@@ -558,6 +559,8 @@ class Memory:
                 value = value.float()
             value = value.cpu().numpy()
         a = np.asarray(value)
+        if a.dtype == t.dtype and a.shape == shape:
+            return a
         if a.dtype.kind not in "biufc":
             raise ValueError(f"tensor {name!r}: expected numbers, got {a.dtype} values")
         why = cast_refusal(a, t.dtype)
@@ -595,6 +598,9 @@ class Memory:
         if self._staged is not None and self._env_index:
             staged = (rows == self.memory_index) & (envs < self._env_index)
             valid &= ~staged
+        if valid.all() and names:  # the common case: every row is stored
+            by_name = dict(zip(self.store.leaf_paths, read_rows(self.store, steps, envs)))  # type: ignore[union-attr,arg-type]
+            return {name: by_name[name] for name in names}
         out = {
             name: np.full(
                 (*flat.shape, *self._tensors[name].shape), self._tensors[name].fill, self._tensors[name].dtype

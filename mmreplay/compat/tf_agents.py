@@ -21,9 +21,11 @@ How the TF-Agents model maps onto the store:
 - The store's ring is ``max_length`` plus the writer's reservation (see
   :func:`mmreplay.compat._shared.ring_capacity`), so the newest ``max_length`` frames
   are still there after a crash; the layer only ever shows those.
-- Every ``add_batch`` is committed when it returns (``commit_every=1``, about the cost
-  of replacing a small file); a larger ``commit_every`` trades that for losing at most
-  that many adds in a crash. Either way the writing process reads every frame it added.
+- Adds are committed every ``commit_every`` calls (the store's default, 1000), so a
+  crash loses at most that many; ``commit_every=1`` makes each ``add_batch`` durable
+  when it returns, at the cost of one atomic replace of the metadata file per add
+  (0.2 to 0.8 ms on the machine the README quotes, against about 8 us for the add).
+  Either way the writing process reads every frame it added, committed or not.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import NotEnoughDataError
+from ..errors import BadInputError, NotEnoughDataError
 from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
+from ..store import DEFAULT_COMMIT_EVERY
 from ..values import StepValidator
 from ._shared import (
     SINGLE_LEAF_KEY,
@@ -293,7 +296,7 @@ class UniformReplayBuffer:
         dataset_drop_remainder, dataset_window_shift: as TF-Agents, for the
             deterministic pass of :meth:`as_dataset`.
         commit_every: ``add_batch`` calls per commit (1: each add is durable when it
-            returns).
+            returns); a reopened buffer keeps the value it was created with.
         backend, compression, durability: as :func:`mmreplay.create`.
         seed: seed of the sampling rng (``None``: fresh entropy).
 
@@ -339,7 +342,7 @@ class UniformReplayBuffer:
         dataset_drop_remainder: bool = False,
         dataset_window_shift: int | None = None,
         *,
-        commit_every: int = 1,
+        commit_every: int = DEFAULT_COMMIT_EVERY,
         backend: str = "zarr",
         compression: Any = None,
         durability: str = "process",
@@ -422,8 +425,15 @@ class UniformReplayBuffer:
             mmreplay.BadInputError: wrong structure, batch size, shape or dtype; nothing
                 is written and no id is used.
         """
-        items = _broadcast_leaves(self._spec, items, (self._batch_size,))
-        self.store.add({SINGLE_LEAF_KEY: items} if self._single else items)
+        wrap = (lambda x: {SINGLE_LEAF_KEY: x}) if self._single else (lambda x: x)  # noqa: E731
+        try:
+            self.store.add(wrap(items))
+        except BadInputError:
+            # A scalar for a leaf TF-Agents broadcasts to the batch; else the first error.
+            broadcast = _broadcast_leaves(self._spec, items, (self._batch_size,))
+            if broadcast is items:
+                raise
+            self.store.add(wrap(broadcast))
 
     def clear(self) -> None:
         """Drop every frame; ids restart at 0 (the store keeps counting global steps)."""
