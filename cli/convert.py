@@ -10,6 +10,7 @@ import click
 import mmreplay as mr
 from mmreplay.convert import convert
 
+from .export import LazyBar
 from .inspect import human_bytes
 
 
@@ -50,9 +51,7 @@ def command(
     t = time.perf_counter()
     with mr.open(path, mode="r") as store:
         rows = len(store) * store.num_envs
-    with click.progressbar(
-        length=max(1, rows), label="converting", file=click.get_text_stream("stderr"), hidden=quiet
-    ) as bar:
+    with LazyBar(rows, "converting", quiet) as bar:
         result = convert(
             path,
             out,

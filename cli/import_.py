@@ -9,6 +9,7 @@ import click
 
 from mmreplay.importers import FORMATS, import_dataset
 
+from .export import LazyBar
 from .inspect import human_bytes
 
 
@@ -43,14 +44,7 @@ def command(
     if os.path.lexists(path):
         raise FileExistsError(f"{path}: already exists; import creates a new store")
     t = time.perf_counter()
-    with click.progressbar(
-        length=1, label="importing", file=click.get_text_stream("stderr"), hidden=quiet
-    ) as bar:
-
-        def progress(rows: int) -> None:
-            bar.length = max(bar.length or 1, bar.pos + rows)
-            bar.update(rows)
-
+    with LazyBar(1, "importing", quiet) as bar:
         result = import_dataset(
             src,
             path,
@@ -59,7 +53,7 @@ def command(
             compression=compression,
             capacity=capacity,
             num_envs=num_envs,
-            progress=progress,
+            progress=bar.update,
         )
     size = sum(
         os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(result.path) for f in files

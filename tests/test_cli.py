@@ -1,0 +1,292 @@
+"""The ``mmreplay`` commands, through click's runner and through the installed command."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mmreplay.cli import COMMANDS, main
+
+import mmreplay as mr
+
+DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
+VECTOR = os.path.join(DATASETS, "pointchase-zarr")
+WRAPPED = os.path.join(DATASETS, "pointchase-wrapped")
+PIXELS = os.path.join(DATASETS, "pointchase-pixels-hdf5")
+MMREPLAY = shutil.which("mmreplay") or os.path.join(os.path.dirname(sys.executable), "mmreplay")
+
+
+def run(*args: str, ok: bool = True):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, (result.output, result.stderr, result.exception)
+    return result
+
+
+def shell(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([MMREPLAY, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_every_command_is_registered_and_listed():
+    assert {"inspect", "export", "import", "convert", "sample", "stats", "plot", "create", "demo"} <= set(
+        COMMANDS
+    )
+    out = shell("--help")
+    assert out.returncode == 0
+    for name in ("inspect", "export", "import", "convert", "sample", "stats", "plot", "create", "demo"):
+        assert f"  {name} " in out.stdout
+
+
+# --- inspect ---------------------------------------------------------------------------------
+
+
+def test_inspect_table_and_json_agree_with_the_store():
+    info = json.loads(run("inspect", WRAPPED, "--json").output)
+    with mr.open(WRAPPED) as store:
+        spans = store.episode_index()
+        assert info["steps"] == len(store) == 300 and info["num_envs"] == 4
+        assert info["total_steps"] == store.committed_steps == 1000 and info["wrapped"] is True
+        assert info["first_step"] == 700 and info["cursor"] == 1000 % 300
+        assert info["episodes"]["total"] == len(spans)
+        assert info["episodes"]["open"] == sum(s.status == "open" for s in spans)
+        assert info["episodes"]["terminated"] == sum(s.status == "terminated" for s in spans)
+        assert [leaf["path"] for leaf in info["leaves"]] == store.leaf_paths
+    obs = next(leaf for leaf in info["leaves"] if leaf["path"] == "observation")
+    assert obs["shape"] == [7] and obs["dtype"] == "float32" and obs["bytes_on_disk"] >= 300 * 4 * 28
+    table = run("inspect", WRAPPED).output
+    assert "300 steps x 4 envs" in table and "wrapped" in table and "cursor at slot 100" in table
+    assert "observation" in table and "float32" in table
+
+
+def test_inspect_shows_compression_ratio():
+    info = json.loads(run("inspect", os.path.join(DATASETS, "pointchase-pixels-zstd"), "--json").output)
+    pixels = next(leaf for leaf in info["leaves"] if leaf["path"] == "observation/pixels")
+    assert pixels["compression"] == "zstd" and pixels["compression_ratio"] > 5
+    assert pixels["bytes_on_disk"] * pixels["compression_ratio"] == pytest.approx(
+        pixels["bytes_stored"], rel=0.02
+    )
+
+
+def test_inspect_while_a_writer_is_running(tmp_path):
+    path = tmp_path / "live"
+    code = textwrap.dedent(
+        f"""
+        import sys, time, mmreplay as mr
+        from mmreplay.demo import collect, spec
+        store = mr.create({str(path)!r}, spec(), capacity=100_000, num_envs=2, commit_every=20)
+        collect(store, 100, seed=1); store.commit()
+        print("ready", flush=True)
+        collect(store, 100_000, seed=1, on_commit=lambda end: time.sleep(0.01))
+        """
+    )
+    writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        out = shell("inspect", path, "--json")
+        assert out.returncode == 0, out.stderr
+        info = json.loads(out.stdout)
+        assert info["steps"] >= 100 and info["rows"] == info["steps"] * 2
+        assert writer.poll() is None  # still writing: inspect took no lock
+        more = json.loads(shell("inspect", path, "--json").stdout)
+        assert more["steps"] >= info["steps"]
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+# --- export / import / convert ---------------------------------------------------------------
+
+
+def test_export_with_progress_then_import_back(tmp_path):
+    result = run("export", VECTOR, tmp_path / "minari", "--format", "minari", "--dataset-id", "ref/vec-v0")
+    assert (
+        "wrote" in result.output and "episodes" in result.output and "MINARI_DATASETS_PATH" in result.output
+    )
+    assert "exporting to minari" in result.stderr  # the progress bar
+    folder = tmp_path / "minari" / "ref" / "vec-v0"
+    assert (folder / "data" / "main_data.hdf5").exists()
+    imported = run("import", folder, tmp_path / "store")
+    assert "imported minari" in imported.output
+    with mr.open(VECTOR) as src, mr.open(tmp_path / "store") as dst:
+        assert len(dst) == len(src) * src.num_envs and dst.num_envs == 1
+        first = next(iter(src.episodes()))
+        got = next(iter(dst.episodes()))
+        assert np.array_equal(got.data["observation"], first.data["observation"])
+
+
+@pytest.mark.parametrize("fmt", ["d4rl", "d3rlpy", "parquet", "npz", "csv", "pt", "zarr", "hdf5"])
+def test_export_every_format_from_the_command_line(tmp_path, fmt):
+    pytest.importorskip({"pt": "torch", "parquet": "pyarrow"}.get(fmt, "numpy"))
+    out = tmp_path / "out"
+    result = run("export", WRAPPED, out, "-f", fmt, "-q")
+    assert str(out) in result.output and os.path.exists(out)
+    assert result.stderr == ""  # -q: no progress bar
+
+
+def test_export_complete_only_and_force(tmp_path):
+    run("export", WRAPPED, tmp_path / "a.h5", "-f", "d4rl", "--complete-only", "-q")
+    again = run("export", WRAPPED, tmp_path / "a.h5", "-f", "d4rl", "-q", ok=False)
+    assert again.exit_code != 0 and "--force" in again.stderr
+    run("export", WRAPPED, tmp_path / "a.h5", "-f", "d4rl", "-q", "--force")
+    bad = run("export", WRAPPED, tmp_path / "x.npz", "-f", "npz", "--complete-only", ok=False)
+    assert bad.exit_code != 0 and "complete-only" in bad.stderr
+
+
+def test_convert_to_hdf5_with_compression(tmp_path):
+    out = run("convert", WRAPPED, tmp_path / "c", "--backend", "hdf5", "--compression", "gzip", "-q").output
+    assert "converted 300 steps" in out
+    with mr.open(WRAPPED) as a, mr.open(tmp_path / "c") as b:
+        assert b.backend == "hdf5" and all(leaf.compression == "gzip" for leaf in b.metadata.leaves)
+        assert b.capacity == a.capacity and len(b) == len(a) and b.roles == a.roles
+        for x, y in zip(a.get(slice(None)).values(), b.get(slice(None)).values()):
+            assert np.array_equal(x, y)
+    run("convert", PIXELS, tmp_path / "small", "--capacity", "30", "--compression", "zstd", "-q")
+    with mr.open(PIXELS) as a, mr.open(tmp_path / "small") as b:
+        assert len(b) == 30 and np.array_equal(
+            b.get(0)["observation"]["pixels"], a.get(70)["observation"]["pixels"]
+        )
+
+
+# --- sample / stats / plot / create ----------------------------------------------------------------
+
+
+def test_sample_prints_rows_readably_and_as_json():
+    text = run("sample", PIXELS, "-n", "3", "--seed", "1").output
+    assert text.count("row ") == 3 and "observation/pixels" in text and "uint8[32, 32, 3] min" in text
+    rows = json.loads(run("sample", VECTOR, "-n", "2", "--json").output)
+    assert len(rows) == 2
+    with mr.open(VECTOR) as store:
+        for r in rows:
+            stored = store.read_steps(np.array([r["step"]]))
+            obs = stored[store.leaf_paths.index("observation")][0, r["env"]]
+            assert np.allclose(r["values"]["observation"], obs)
+
+
+def test_stats_agree_with_the_episodes():
+    info = json.loads(run("stats", VECTOR, "--json").output)
+    with mr.open(VECTOR) as store:
+        complete = list(store.episodes(complete_only=True))
+        rows = store.get(slice(None))
+    returns = [float(np.sum(e.data["reward"], dtype=np.float64)) for e in complete]
+    ep = info["episodes"]
+    assert ep["complete"] == len(complete) and ep["length"]["count"] == len(complete)
+    assert ep["return"]["mean"] == pytest.approx(np.mean(returns))
+    assert ep["length"]["max"] == max(e.length for e in complete)
+    reward = info["leaves"]["reward"]
+    assert reward["min"] == pytest.approx(float(rows["reward"].min())) and reward["nan"] == 0
+    assert reward["mean"] == pytest.approx(float(rows["reward"].astype(np.float64).mean()))
+    assert "return" in run("stats", VECTOR).output
+
+
+def test_stats_counts_nans(tmp_path):
+    with mr.create(tmp_path / "n", {"x": mr.ArraySpec((2,), "float32")}, 10) as store:
+        store.extend({"x": np.array([[[np.nan, 1.0]], [[2.0, np.inf]], [[-3.0, np.nan]]], np.float32)})
+    leaf = json.loads(run("stats", tmp_path / "n", "--json").output)["leaves"]["x"]
+    assert (leaf["nan"], leaf["inf"], leaf["min"], leaf["max"]) == (2, 1, -3.0, 2.0)
+
+
+def test_plot_writes_an_image(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plot.png"
+    assert "complete episodes" in run("plot", VECTOR, "-o", out).output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    exists = run("plot", VECTOR, "-o", out, ok=False)
+    assert exists.exit_code != 0 and "--force" in exists.stderr
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path):
+    blocker = tmp_path / "block" / "matplotlib"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "block"))
+    out = shell("plot", VECTOR, "-o", tmp_path / "p.png", env=env)
+    assert out.returncode != 0 and "mmreplay[plot]" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_create_from_json_and_yaml(tmp_path):
+    (tmp_path / "spec.json").write_text(
+        json.dumps(
+            {
+                "spec": {
+                    "obs": {"shape": [3], "dtype": "float32"},
+                    "reward": {"shape": [], "dtype": "float32"},
+                },
+                "num_envs": 2,
+                "compression": "zstd",
+            }
+        )
+    )
+    out = run("create", tmp_path / "a", "--spec", tmp_path / "spec.json", "--capacity", "50").output
+    assert "created" in out
+    with mr.open(tmp_path / "a") as store:
+        assert store.capacity == 50 and store.num_envs == 2 and store.spec["obs"].shape == (3,)
+        assert store.roles == {"observation": "obs", "reward": "reward"}
+        assert all(leaf.compression == "zstd" for leaf in store.metadata.leaves)
+    pytest.importorskip("yaml")
+    (tmp_path / "spec.yaml").write_text(
+        "capacity: 20\nbackend: hdf5\nspec:\n  obs:\n    pixels: {shape: [8, 8, 3], dtype: uint8}\n"
+        "  action: {shape: [], dtype: int64}\n"
+    )
+    run("create", tmp_path / "b", "--spec", tmp_path / "spec.yaml")
+    with mr.open(tmp_path / "b") as store:
+        assert store.backend == "hdf5" and store.spec["obs"]["pixels"].shape == (8, 8, 3)
+
+
+# --- errors: one line on stderr, a non-zero status, no traceback --------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, needle, code",
+    [
+        (["inspect", "{tmp}/missing"], "no such folder", 3),
+        (["inspect", "{tmp}"], "not an mmreplay buffer", 3),
+        (["export", WRAPPED, "{tmp}/x", "--format", "tfrecord"], "unknown export format", 4),
+        (["export", "{tmp}/missing", "{tmp}/x", "--format", "npz"], "no such folder", 3),
+        (["export", WRAPPED, "{tmp}/exists", "--format", "npz"], "already exists", 2),
+        (["import", "{tmp}/missing.npz", "{tmp}/new"], "no such file", 3),
+        (["import", WRAPPED + "/mmreplay.json", "{tmp}/new"], "not a Minari dataset", 4),
+        (["convert", WRAPPED, "{tmp}/exists"], "already exists", 2),
+        (
+            ["create", "{tmp}/new", "--spec", "{tmp}/missing.json", "--capacity", "5"],
+            "spec file not found",
+            3,
+        ),
+        (["create", "{tmp}/new", "--spec", "{tmp}/bad.json", "--capacity", "5"], "not valid JSON", 2),
+        (["sample", "{tmp}/missing"], "no such folder", 3),
+        (["stats", "{tmp}"], "not an mmreplay buffer", 3),
+    ],
+)
+def test_user_mistakes_are_one_line_errors(tmp_path, args, needle, code):
+    (tmp_path / "exists").write_text("")
+    (tmp_path / "bad.json").write_text("{not json")
+    out = shell(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert out.returncode == code, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and needle in lines[0], out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_import_and_convert_refuse_an_existing_target_and_change_nothing(tmp_path):
+    (tmp_path / "store").mkdir()
+    before = os.listdir(tmp_path / "store")
+    out = run("import", os.path.join(DATASETS, "pointchase-zarr"), tmp_path / "store", ok=False)
+    assert out.exit_code != 0 and os.listdir(tmp_path / "store") == before
+
+
+def test_the_installed_command_runs_a_full_session(tmp_path):
+    """inspect -> export -> import -> stats -> sample, as a user types them."""
+    assert shell("inspect", PIXELS).returncode == 0
+    out = shell("export", PIXELS, tmp_path / "px.npz", "--format", "npz", "--compression", "deflate")
+    assert out.returncode == 0 and "wrote" in out.stdout
+    assert shell("import", tmp_path / "px.npz", tmp_path / "copy").returncode == 0
+    stats = json.loads(shell("stats", tmp_path / "copy", "--json").stdout)
+    assert stats["leaves"]["observation/pixels"]["max"] == 255
+    sample = shell("sample", tmp_path / "copy", "-n", "1")
+    assert sample.returncode == 0 and sample.stdout.startswith("row 0: step ")
