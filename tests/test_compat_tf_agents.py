@@ -593,3 +593,17 @@ def test_as_dataset_is_a_tf_dataset_with_tensorflow(tmp_path):
         assert items.shape == (3, 2) and info.ids.shape == (3, 2)
         passes = [x.numpy().tolist() for x, _ in rb.as_dataset(num_steps=2, single_deterministic_pass=True)]
         assert passes == [[2, 3], [4, 5], [6], [102, 103], [104, 105], [106]]
+
+
+def test_real_tf_agents_specs(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    array_spec = pytest.importorskip("tf_agents.specs.array_spec")
+    spec = {
+        "obs": array_spec.BoundedArraySpec((2,), np.float32, -1, 1),
+        "act": array_spec.ArraySpec((), np.int32),
+    }
+    with NumpyStorage(spec, 3, path=tmp_path / "s") as s:
+        s.set(1, {"obs": [0.5, -0.5], "act": 2})
+        assert s.get(1)["act"] == 2
+    with pytest.raises(ValueError, match="array_spec.ArraySpec"):
+        NumpyStorage({"obs": tf.TensorSpec((2,), tf.float32)}, 3, path=tmp_path / "t")

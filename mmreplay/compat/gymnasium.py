@@ -220,7 +220,7 @@ class RecordTransitions(gymnasium.Wrapper):
         >>> env = RecordTransitions(gymnasium.make("CartPole-v1"), tempfile.mkdtemp() + "/b", capacity=100)
         >>> obs, info = env.reset(seed=0)
         >>> obs, reward, terminated, truncated, info = env.step(0)
-        >>> len(env.store)
+        >>> env.store.total_steps
         1
         >>> env.close()
     """
@@ -290,7 +290,7 @@ class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
         >>> venv = RecordVectorTransitions(venv, tempfile.mkdtemp() + "/b", capacity=100)
         >>> obs, info = venv.reset(seed=0)
         >>> obs, rewards, terminations, truncations, infos = venv.step(venv.action_space.sample())
-        >>> len(venv.store), venv.store.num_envs
+        >>> venv.store.total_steps, venv.store.num_envs
         (1, 2)
         >>> venv.close()
     """
