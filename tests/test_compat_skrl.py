@@ -288,6 +288,12 @@ def test_outputs_are_tensors_on_the_device_with_their_dtypes(tmp_path):
         m.create_tensor("obs", (2, 2), keep_dimensions=True)
         m.create_tensor("done", 1, dtype=torch.bool)
         m.add_samples(obs=torch.ones(2, 2, 2), done=torch.tensor([[True], [False]]))
+        m.add_samples(
+            obs=torch.ones(2, 2, 2), done=torch.tensor([[1], [0]], dtype=torch.uint8)
+        )  # 0 / 1 flags
+        with pytest.raises(ValueError, match="'done'"):
+            m.add_samples(obs=torch.ones(2, 2, 2), done=torch.tensor([[2], [0]]))
+        assert m.get_tensor_by_name("done")[:2, :, 0].tolist() == [[True, False], [True, False]]
         obs, done = m.sample(["obs", "done"], 5)[0]
         assert obs.shape == (5, 2, 2) and obs.device == torch.device("cpu") and done.dtype == torch.bool
         assert m.get_tensor_by_name("obs", keepdim=False).shape == (8, 2, 2)

@@ -40,7 +40,7 @@ Deliberate differences from skrl / rofunc (their behaviour in brackets):
   a wrap does not set ``filled``, ``n > 2 * memory_size - memory_index`` fails].
 - A row's tensors not given to ``add_samples`` read NaN / zero [they keep stale data].
   Values are cast by :mod:`mmreplay.values`' rules (float into an integer tensor is
-  refused) [``copy_`` truncates]. An add of all envs while a partial step is staged,
+  refused; 0 / 1 numbers go into bool tensors) [``copy_`` truncates]. An add of all envs while a partial step is staged,
   or a partial add overflowing ``num_envs``, raises ``RuntimeError`` and changes nothing.
 - After a wrap, sequences (``sequence_length > 1``) follow each env's stream from its
   oldest row, across the physical end of the ring, and never join the newest and the
@@ -563,6 +563,8 @@ class Memory:
             return a
         if a.dtype.kind not in "biufc":
             raise ValueError(f"tensor {name!r}: expected numbers, got {a.dtype} values")
+        if t.dtype == np.bool_ and a.dtype.kind in "iuf" and np.isin(a, (0, 1)).all():
+            a = a.astype(bool)  # 0 / 1 flags (uint8 dones, float masks) into a bool tensor
         why = cast_refusal(a, t.dtype)
         if why is not None:
             raise ValueError(f"tensor {name!r}: {why} (tensor dtype {t.dtype}, got {a.dtype})")
