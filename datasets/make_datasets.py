@@ -46,7 +46,7 @@ class Dataset:
 
 DATASETS = [
     Dataset("pointchase-zarr", False, "zarr", 8, 2_000, 1_500, seed=1, description="vector, zarr, partly filled"),
-    Dataset("pointchase-pixels-hdf5", True, "hdf5", 4, 100, 100, seed=2, description="32x32x3 frames, HDF5"),
+    Dataset("pointchase-pixels-hdf5", True, "hdf5", 4, 100, 100, seed=7, description="32x32x3 frames, HDF5"),
     Dataset(
         "pointchase-pixels-zstd", True, "zarr", 8, 400, 400, compression="zstd", seed=3, description="frames, zstd"
     ),
