@@ -22,17 +22,20 @@ only cost syscalls.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from . import episodes as _episodes
 from . import sampling
-from .errors import NotEnoughDataError
+from .errors import CorruptBufferError, NotEnoughDataError
+from .metadata import MAX_METADATA_BYTES, METADATA_FILE, parse_state
 from .spec import ArraySpec, unflatten
 
 __all__ = ["SampleInfo", "sample", "iterate", "read_rows", "set_prefetch"]
@@ -72,16 +75,61 @@ class Reader:
 
     def __init__(self, store: Any):
         self.leaves = list(store._leaves)
-        self.takes = [leaf.take for leaf in self.leaves]
+        # One gather per leaf: ``take`` on the mapping's flat rows, bound once.
+        self.takes = [
+            partial(leaf.flat.take, axis=0, mode="wrap") if getattr(leaf, "flat", None) is not None else leaf.take
+            for leaf in self.leaves
+        ]
         self.pack = _packer(store.spec)
         self.capacity = store.capacity
         self.num_envs = store.num_envs
+        self.is_reader = store.mode == "r"
         self.gen: np.random.Generator | None = None
         self.mapped = [leaf for leaf in self.leaves if getattr(leaf, "mm", None) is not None]
         mapped_bytes = sum(leaf.flat.nbytes for leaf in self.mapped)
         self.prefetch = bool(self.mapped) and mapped_bytes > memory_available() // 2
         self.pending: tuple[Any, sampling.Draw] | None = None
         self.thread: _Prefetcher | None = None
+        self.state_path = os.path.join(store.path, METADATA_FILE)
+        self.state_fd: int | None = None
+        self.state_id: tuple[int, int] | None = None
+        self.state_first = 0
+
+    def live_first(self, store: Any) -> int:
+        """The oldest step the writer retains now: the readers' seqlock check.
+
+        The state file is only ever replaced by rename, never rewritten in place. The
+        reader keeps the file it last parsed open, so that file's inode cannot be
+        reused: the path still naming the same (device, inode) means the same state,
+        and one ``stat`` answers. Otherwise the new file is opened, identified and
+        parsed from the same descriptor.
+        """
+        try:
+            st = os.stat(self.state_path)
+        except OSError:
+            st = None
+        if st is not None and self.state_id == (st.st_dev, st.st_ino):
+            return self.state_first
+        try:
+            fd = os.open(self.state_path, os.O_RDONLY)
+        except OSError:
+            return store.live_state().first(self.capacity)  # raises the right error
+        try:
+            fst = os.fstat(fd)
+            raw = os.pread(fd, min(fst.st_size, MAX_METADATA_BYTES) + 1, 0)
+            state = parse_state(_json_object(raw, self.state_path).get("state"), self.state_path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._close_state()
+        self.state_fd, self.state_id = fd, (fst.st_dev, fst.st_ino)
+        self.state_first = state.first(self.capacity)
+        return self.state_first
+
+    def _close_state(self) -> None:
+        if self.state_fd is not None:
+            os.close(self.state_fd)
+            self.state_fd = self.state_id = None
 
     def own_gen(self) -> np.random.Generator:
         if self.gen is None:
@@ -109,6 +157,7 @@ class Reader:
         if self.thread is not None:
             self.thread.stop()
             self.thread = None
+        self._close_state()
         self.leaves = []
         self.takes = []
         self.mapped = []
@@ -148,6 +197,16 @@ class _Prefetcher:
             self.stopping = True
             self.cond.notify()
         self.thread.join()
+
+
+def _json_object(raw: bytes, path: str) -> dict:
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptBufferError(f"{path}: metadata is not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise CorruptBufferError(f"{path}: metadata must be a JSON object")
+    return obj
 
 
 def reader_for(store: Any) -> Reader:
@@ -215,10 +274,10 @@ def _draw(
     if within:
         spans = _episodes.index_for(store).spans(store)
         return sampling.draw_in_spans(
-            spans.env, spans.first, spans.length, batch_size, num_steps, replacement, gen
+            spans.env, spans.first, spans.length, store.num_envs, store.capacity, batch_size, num_steps, replacement, gen
         )
     return sampling.draw_uniform(
-        store.first_step, store.state.end, store.num_envs, batch_size, num_steps, replacement, gen
+        store.first_step, store.state.end, store.num_envs, store.capacity, batch_size, num_steps, replacement, gen
     )
 
 
@@ -232,9 +291,13 @@ def sample(
     return_info: bool = False,
 ) -> Any:
     """See :meth:`mmreplay.Store.sample`."""
-    store._check_open()
-    if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if store._closed:
+        store._check_open()
+    if type(batch_size) is not int or batch_size < 1:
+        sampling.check_sizes(batch_size, None)
+        if batch_size is None:
+            raise ValueError("batch_size must be a positive int, got None")
+        batch_size = int(batch_size)
     if num_steps is not None:
         sampling.check_sizes(batch_size, num_steps)
     reader = store._reads or reader_for(store)
@@ -248,26 +311,34 @@ def sample(
             if reader.pending is not None and reader.pending[0] == key:
                 draw = reader.pending[1]
             reader.pending = None
+    elif type(rng) is np.random.Generator:
+        gen = rng
     else:
         gen = sampling.as_generator(rng)
     prefetched = draw is not None
     if draw is None:
-        draw = _draw(store, batch_size, steps, replacement, gen, within_episodes)
-    rows = sampling.rows_of(draw.step, draw.env, num_steps, reader.capacity, reader.num_envs)
+        if within_episodes:
+            draw = _draw(store, batch_size, steps, replacement, gen, True)
+        else:
+            draw = sampling.draw_uniform(
+                store.first_step, store._state.end, reader.num_envs, reader.capacity, batch_size, steps, replacement, gen
+            )
+    rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
     if reader.prefetch:
         reader.advise("random" if num_steps is None else "normal")
         if not prefetched:
             reader.willneed(rows)
-    out = reader.take(rows)
-    if store.mode == "r":
-        draw, rows = _resample_overwritten(store, reader, draw, rows, out, batch_size, steps, num_steps, replacement, gen, within_episodes)
+    out = [take(rows) for take in reader.takes]
+    if reader.is_reader and reader.live_first(store) > store.first_step:  # some may be overwritten
+        draw = _resample_overwritten(store, reader, draw, out, steps, num_steps, replacement, gen, within_episodes)
     if key is not None:  # the next batch with the same request: draw it now, prefetch it
         nxt = _draw(store, batch_size, steps, replacement, gen, within_episodes)
         reader.pending = (key, nxt)
-        reader.prefetch_later(sampling.rows_of(nxt.step, nxt.env, num_steps, reader.capacity, reader.num_envs))
+        reader.prefetch_later(sampling.rows_of(nxt.start, num_steps, reader.num_envs))
     nest = reader.pack(out)
     if return_info:
-        return nest, SampleInfo(draw.step, draw.env, draw.step % reader.capacity, draw.probability)
+        step = draw.step
+        return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability)
     return nest
 
 
@@ -275,34 +346,33 @@ def _resample_overwritten(
     store: Any,
     reader: Reader,
     draw: sampling.Draw,
-    rows: np.ndarray,
     out: list[np.ndarray],
-    batch_size: int,
     steps: int,
     num_steps: int | None,
     replacement: bool,
     gen: np.random.Generator,
     within: bool,
-) -> tuple[sampling.Draw, np.ndarray]:
+) -> sampling.Draw:
     """Seqlock for readers: redraw (and read again) the items the writer overwrote while
     they were read, from the reader's window moved forward to the writer's."""
+    num_envs = reader.num_envs
     for _ in range(MAX_RESAMPLES):
-        lowest = store.live_state().first(reader.capacity)
-        bad = draw.step < lowest
+        lowest = reader.live_first(store)
+        bad = draw.flat < lowest * num_envs  # the item's first step is older than the oldest retained
         if not bad.any():
-            return draw, rows
+            return draw
         store.refresh()
         if not replacement:  # redraw all, so the batch stays free of repeats
             bad[:] = True
         fresh = _draw(store, int(bad.sum()), steps, replacement, gen, within)
         if not replacement and len(fresh) != len(draw):
             raise NotEnoughDataError(f"{store.path}: fewer rows are retained now than were sampled; sample again")
-        fresh_rows = sampling.rows_of(fresh.step, fresh.env, num_steps, reader.capacity, reader.num_envs)
-        for arr, got in zip(out, reader.take(fresh_rows)):
-            arr[bad] = got
-        step, env, prob, rows = draw.step.copy(), draw.env.copy(), draw.probability.copy(), rows.copy()
-        step[bad], env[bad], prob[bad], rows[bad] = fresh.step, fresh.env, fresh.probability, fresh_rows
-        draw = sampling.Draw(step, env, prob)
+        fresh_rows = sampling.rows_of(fresh.start, num_steps, num_envs)
+        for arr, take in zip(out, reader.takes):
+            arr[bad] = take(fresh_rows)
+        flat, start, prob = draw.flat.copy(), draw.start.copy(), np.array(draw.probability)
+        flat[bad], start[bad], prob[bad] = fresh.flat, fresh.start, fresh.probability
+        draw = sampling.Draw(start, num_envs, prob, flat=flat)
     raise NotEnoughDataError(
         f"{store.path}: the writer overwrote the sampled rows {MAX_RESAMPLES} times in a row; "
         "the ring is too small for this reader"
@@ -332,7 +402,7 @@ def read_rows(store: Any, steps: Any, envs: Any) -> Any:
     out = reader.take((steps % reader.capacity) * reader.num_envs + envs)
     if store.mode == "r" and steps.size:
         lowest = int(steps.min())
-        if lowest < store.live_state().first(reader.capacity):
+        if lowest < reader.live_first(store):
             raise NotEnoughDataError(
                 f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
                 "call refresh() and read again"
@@ -412,7 +482,7 @@ def _pass(
         out = reader.take(rows)
         if store.mode == "r":
             lowest = int(start[group].min())
-            if lowest < store.live_state().first(capacity):
+            if lowest < reader.live_first(store):
                 raise NotEnoughDataError(
                     f"{store.path}: step {lowest} was overwritten by the writer during the pass; "
                     "a pass over a ring being written must keep ahead of the writer"

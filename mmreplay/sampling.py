@@ -14,7 +14,6 @@ every valid sequence is equally likely and, for ``num_steps=1``, every row is.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,16 +32,46 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
 class Draw:
-    """Where sampled items start: global step id, env, and the probability of each draw."""
+    """Where sampled items start, and the probability of each draw.
 
-    step: np.ndarray
-    env: np.ndarray
-    probability: np.ndarray
+    ``start`` holds the row ids ``slot * num_envs + env`` of each item's first step, not
+    yet folded into the ring: they lie in ``[0, 2 * capacity * num_envs)`` and the
+    gathers wrap them (``take(mode="wrap")``), which spares a modulo pass on the hot
+    path. The global flat ids ``step * num_envs + env``, and from them ``step`` and
+    ``env``, are derived only when asked.
+    """
+
+    __slots__ = ("start", "num_envs", "p", "_shift", "_flat")
+
+    def __init__(self, start: np.ndarray, num_envs: int, p: float | np.ndarray, shift: int | None = None, flat: np.ndarray | None = None):
+        self.start = start
+        self.num_envs = num_envs
+        self.p = p
+        self._shift = shift
+        self._flat = flat
+
+    @property
+    def flat(self) -> np.ndarray:
+        """Global flat ids ``step * num_envs + env`` of each item's first step."""
+        return self._flat if self._flat is not None else self.start + self._shift
+
+    @property
+    def step(self) -> np.ndarray:
+        return self.flat // self.num_envs
+
+    @property
+    def env(self) -> np.ndarray:
+        return self.flat % self.num_envs
+
+    @property
+    def probability(self) -> np.ndarray:
+        if np.ndim(self.p):
+            return self.p
+        return np.full(len(self.start), self.p)
 
     def __len__(self) -> int:
-        return len(self.step)
+        return len(self.start)
 
 
 def as_generator(rng: Any) -> np.random.Generator:
@@ -82,6 +111,7 @@ def draw_uniform(
     first: int,
     end: int,
     num_envs: int,
+    capacity: int,
     batch_size: int,
     num_steps: int,
     replacement: bool,
@@ -93,24 +123,27 @@ def draw_uniform(
         NotEnoughDataError: the window is empty or shorter than ``num_steps``.
     """
     stored = end - first
-    if stored <= 0:
-        raise NotEnoughDataError("cannot sample: the store holds no committed steps (it is empty)")
     if num_steps > stored:
+        if stored <= 0:
+            raise NotEnoughDataError("cannot sample: the store holds no committed steps (it is empty)")
         raise NotEnoughDataError(
             f"cannot sample sequences of num_steps={num_steps}: only {stored} committed steps are "
             f"retained, too short (each env's stream is at most {stored} steps long)"
         )
     n = (stored - num_steps + 1) * num_envs
-    k = _pick(n, batch_size, replacement, gen)
-    flat = first * num_envs + k  # (step, env) pairs in step-major order
-    step = flat // num_envs
-    return Draw(step, flat - step * num_envs, np.full(len(k), 1.0 / n))
+    k = gen.integers(0, n, batch_size) if replacement else _pick(n, batch_size, False, gen)
+    # The valid starts are consecutive rows from the first step's slot, past the ring end.
+    offset = (first % capacity) * num_envs
+    k += offset
+    return Draw(k, num_envs, 1.0 / n, shift=first * num_envs - offset)
 
 
 def draw_in_spans(
     span_env: np.ndarray,
     span_first: np.ndarray,
     span_length: np.ndarray,
+    num_envs: int,
+    capacity: int,
     batch_size: int,
     num_steps: int,
     replacement: bool,
@@ -134,19 +167,18 @@ def draw_in_spans(
     k = _pick(total, batch_size, replacement, gen)
     span = np.searchsorted(cum, k, side="right")
     offset = k - (cum[span] - starts[span])
-    return Draw(
-        np.asarray(span_first, np.int64)[span] + offset,
-        np.asarray(span_env, np.int64)[span],
-        np.full(len(k), 1.0 / total),
-    )
+    step = np.asarray(span_first, np.int64)[span] + offset
+    flat = step * num_envs + np.asarray(span_env, np.int64)[span]
+    return Draw(flat % (capacity * num_envs), num_envs, 1.0 / total, flat=flat)
 
 
-def rows_of(step: np.ndarray, env: np.ndarray, num_steps: int | None, capacity: int, num_envs: int) -> np.ndarray:
-    """Flat row ids ``slot * num_envs + env``: ``[B]``, or ``[B, T]`` for sequences."""
+def rows_of(start: np.ndarray, num_steps: int | None, num_envs: int) -> np.ndarray:
+    """Row ids of items starting at rows ``start``: ``[B]``, or ``[B, T]`` for sequences
+    (the next step of the same env is ``num_envs`` rows on). Not folded into the ring:
+    gather them with ``take(mode="wrap")`` or reduce them modulo ``capacity * num_envs``."""
     if num_steps is None:
-        return (step % capacity) * num_envs + env
-    steps = step[:, None] + np.arange(num_steps, dtype=np.int64)
-    return (steps % capacity) * num_envs + env[:, None]
+        return start
+    return start[:, None] + np.arange(0, num_steps * num_envs, num_envs, dtype=np.int64)
 
 
 # --- deterministic passes -----------------------------------------------------------

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from . import backends
+from . import episodes as _episodes
+from . import reads as _reads
 from .backends.base import MappedLeaf
 from .errors import (
     ClosedError,
@@ -306,9 +308,7 @@ class Store:
             commit_time=time.time(),
         )
         if written > self._state.end:  # the episode index covers a step before its commit
-            from .episodes import index_for
-
-            index_for(self).commit(self._state.end, written, self.first_step, fsync)
+            _episodes.index_for(self).commit(self._state.end, written, self.first_step, fsync)
         self._write_state(state, fsync)
         self._dirty = False
 
@@ -398,9 +398,7 @@ class Store:
         for leaf, v in zip(self._leaves, values):
             leaf.write_slots(slots, v)
         self._dirty = True
-        from .episodes import index_for
-
-        index_for(self).rescan(self, np.asarray(steps).reshape(-1))
+        _episodes.index_for(self).rescan(self, np.asarray(steps).reshape(-1))
 
     # --- sampling, passes, episodes (mmreplay.reads, mmreplay.episodes) ----------------
 
@@ -440,9 +438,7 @@ class Store:
             >>> store.sample(4, num_steps=3, rng=0)["x"].shape
             (4, 3)
         """
-        from . import reads
-
-        return reads.sample(self, batch_size, num_steps, replacement, rng, within_episodes, return_info)
+        return _reads.sample(self, batch_size, num_steps, replacement, rng, within_episodes, return_info)
 
     def iterate(
         self,
@@ -473,9 +469,7 @@ class Store:
             >>> [b["x"].tolist() for b in store.iterate(num_steps=2)]
             [[0, 1], [2, 3], [4]]
         """
-        from . import reads
-
-        return reads.iterate(self, batch_size, num_steps, window_shift, drop_remainder, shuffle, rng)
+        return _reads.iterate(self, batch_size, num_steps, window_shift, drop_remainder, shuffle, rng)
 
     def episodes(self, env: int | None = None, complete_only: bool = False) -> Iterator[Any]:
         """Each episode of the committed window with its data, env by env, in time order.
@@ -493,16 +487,12 @@ class Store:
             >>> [(ep.first_step, ep.last_step, ep.status) for ep in store.episodes()]
             [(0, 1, 'terminated'), (2, 4, 'open')]
         """
-        from . import episodes
-
-        return episodes.episodes(self, env, complete_only)
+        return _episodes.episodes(self, env, complete_only)
 
     def episode_index(self, env: int | None = None, complete_only: bool = False) -> list[Any]:
         """The :class:`mmreplay.episodes.EpisodeSpan` of each episode, as :meth:`episodes`
         orders them, from the episode index alone (no data is read)."""
-        from . import episodes
-
-        return episodes.episode_index(self, env, complete_only)
+        return _episodes.episode_index(self, env, complete_only)
 
     def to_arrays(self) -> dict[str, Any]:
         """Every committed episode as flat D4RL-style arrays, env by env, episode by episode.
@@ -517,9 +507,7 @@ class Store:
         before it carries the episode's ``timeouts``). A terminal step's
         ``next_observations`` row repeats its own observation (no TD target uses it).
         """
-        from . import episodes
-
-        return episodes.to_arrays(self)
+        return _episodes.to_arrays(self)
 
     def export(self, out: str | os.PathLike, format: str = "minari", **options: Any) -> Any:  # noqa: A002
         """Export the retained committed data to an offline format; see :func:`mmreplay.export.export`.

@@ -64,16 +64,22 @@ def chi2(counts: np.ndarray) -> float:
 
 def test_draw_uniform_covers_exactly_the_valid_starts():
     gen = np.random.default_rng(0)
-    d = sampling.draw_uniform(first=3, end=10, num_envs=2, batch_size=5000, num_steps=3, replacement=True, gen=gen)
+    d = sampling.draw_uniform(
+        first=3, end=10, num_envs=2, capacity=7, batch_size=5000, num_steps=3, replacement=True, gen=gen
+    )
     assert set(zip(d.step.tolist(), d.env.tolist())) == {(s, e) for s in range(3, 8) for e in range(2)}
     assert np.all(d.probability == 1 / 10)
+    # start rows are slot * num_envs + env, before folding into the ring of 7 * 2 rows
+    assert np.array_equal(d.start % 14, (d.step % 7) * 2 + d.env) and d.start.max() < 28
 
 
-def test_rows_of_wraps_the_ring():
-    rows = sampling.rows_of(np.array([4, 6]), np.array([1, 0]), 3, capacity=5, num_envs=2)
-    # steps 4,5,6 -> slots 4,0,1; steps 6,7,8 -> slots 1,2,3
-    assert rows.tolist() == [[9, 1, 3], [2, 4, 6]]
-    assert sampling.rows_of(np.array([7]), np.array([1]), None, 5, 2).tolist() == [5]
+def test_rows_of_steps_by_num_envs_and_wraps_in_the_gather():
+    start = np.array([4 * 2 + 1, 6 * 2 + 0])  # (slot 4, env 1) and (slot 6, env 0) in a ring of 5
+    rows = sampling.rows_of(start, 3, num_envs=2)
+    assert rows.tolist() == [[9, 11, 13], [12, 14, 16]]
+    # folded into the ring of 5 slots: slots 4,0,1 and 1,2,3
+    assert (rows % 10).tolist() == [[9, 1, 3], [2, 4, 6]]
+    assert sampling.rows_of(start, None, 2) is start
 
 
 def test_as_generator_accepts_seed_generator_none_only():
@@ -88,12 +94,12 @@ def test_as_generator_accepts_seed_generator_none_only():
 def test_draw_in_spans_stays_in_spans():
     gen = np.random.default_rng(0)
     env, first, length = np.array([0, 0, 1]), np.array([0, 4, 2]), np.array([4, 2, 5])
-    d = sampling.draw_in_spans(env, first, length, 4000, 3, True, gen)
+    d = sampling.draw_in_spans(env, first, length, 2, 10, 4000, 3, True, gen)
     got = set(zip(d.step.tolist(), d.env.tolist()))
     assert got == {(0, 0), (1, 0), (2, 1), (3, 1), (4, 1)}  # the span of 2 holds no window of 3
     assert np.all(d.probability == 1 / 5)
     with pytest.raises(mr.NotEnoughDataError, match="longest retained episode has 5 steps"):
-        sampling.draw_in_spans(env, first, length, 1, 6, True, gen)
+        sampling.draw_in_spans(env, first, length, 2, 10, 1, 6, True, gen)
 
 
 # --- shapes and values --------------------------------------------------------------

@@ -9,6 +9,7 @@ whole chunks decoded and encoded through zarr / h5py, with writes staged in RAM)
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from collections import OrderedDict
@@ -118,6 +119,15 @@ def preallocate(fd: int, length: int, where: str) -> None:
             os.ftruncate(fd, length)
 
 
+def no_space(exc: BaseException) -> bool:
+    """Whether an error from the OS, zarr or h5py (whose messages carry the errno) means
+    the file system is full."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return f"errno = {errno.ENOSPC}," in text or f"errno = {errno.EDQUOT}," in text
+
+
 def map_file(path: str, writable: bool, need: int) -> mmap.mmap | None:
     """Map a whole data file, checking it holds at least ``need`` bytes."""
     try:
@@ -159,8 +169,9 @@ class MappedLeaf:
         return self.array[slots]
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """Rows by flat id ``slot * num_envs + env`` (any index shape), as a new array."""
-        return self.flat.take(rows, axis=0)
+        """Rows by flat id ``slot * num_envs + env`` (any index shape; ids past the ring's
+        end wrap around), as a new array."""
+        return self.flat.take(rows, axis=0, mode="wrap")
 
     def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
         """Rows of the (slot, env) pairs (broadcast together), as a new array."""
@@ -187,7 +198,7 @@ class MappedLeaf:
         if mm is None or self.flat is None:
             return
         base = self.info.offset or 0
-        lo = np.unique(np.asarray(rows, np.int64).reshape(-1)) * self.row_bytes + base
+        lo = np.unique(np.asarray(rows, np.int64).reshape(-1) % len(self.flat)) * self.row_bytes + base
         page = mmap.PAGESIZE
         first = lo // page
         last = (lo + self.row_bytes - 1) // page
@@ -236,13 +247,17 @@ class ChunkedLeaf:
     it or at flush. Reads keep an LRU of decoded chunks.
     """
 
-    def __init__(self, info: LeafInfo, capacity: int, array: Any, on_flush: Any = None):
+    def __init__(
+        self, info: LeafInfo, capacity: int, array: Any, on_flush: Any = None, chunk_exists: Any = None
+    ):
         self.info = info
         self.capacity = capacity
         self.cs = info.chunk_steps
         self.nchunks = -(-capacity // self.cs)
         self.array = array
         self.on_flush = on_flush
+        # chunk number -> whether it is stored; a read of a missing chunk is damage, not zeros
+        self.chunk_exists = chunk_exists
         self.staged: dict[int, np.ndarray] = {}
         self.written: set[int] = set()  # chunks encoded since the last flush
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -252,14 +267,21 @@ class ChunkedLeaf:
     def _bounds(self, k: int) -> tuple[int, int]:
         return k * self.cs, min((k + 1) * self.cs, self.capacity)
 
-    def _decoded(self, k: int) -> np.ndarray:
+    def _decoded(self, k: int, committed: bool = True) -> np.ndarray:
+        """Chunk ``k`` decoded; ``committed``: it holds committed rows, so it must be stored."""
         staged = self.staged.get(k)
         if staged is not None:
             return staged
         chunk = self.cache.get(k)
         if chunk is None:
             a, b = self._bounds(k)
-            chunk = np.asarray(self.array[a:b])
+            where = f"leaf {self.info.path!r}: chunk {k} (slots {a}..{b - 1})"
+            if committed and self.chunk_exists is not None and not self.chunk_exists(k):
+                raise CorruptBufferError(f"{where} holds committed steps but is missing; see `mmreplay verify`")
+            try:
+                chunk = np.asarray(self.array[a:b])
+            except Exception as exc:
+                raise CorruptBufferError(f"{where} cannot be read: {exc}") from exc
             self.cache[k] = chunk
             if len(self.cache) > self.cache_chunks:
                 self.cache.popitem(last=False)
@@ -282,14 +304,15 @@ class ChunkedLeaf:
         return out[()] if scalar else out
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """Rows by flat id ``slot * num_envs + env`` (any index shape), as a new array.
+        """Rows by flat id ``slot * num_envs + env`` (any index shape; ids past the ring's
+        end wrap around), as a new array.
 
         The rows are grouped by chunk, so each chunk a batch needs is decoded (or found in
         the LRU) once, however many rows of the batch it holds.
         """
         rows = np.asarray(rows, np.int64)
-        flat = rows.reshape(-1)
         num_envs = self.array.shape[1]
+        flat = rows.reshape(-1) % (self.capacity * num_envs)  # rows past the ring end wrap
         tail = self.array.shape[2:]
         slots = flat // num_envs
         envs = flat - slots * num_envs
@@ -317,7 +340,7 @@ class ChunkedLeaf:
     def _stage(self, k: int) -> np.ndarray:
         chunk = self.staged.get(k)
         if chunk is None:
-            chunk = np.array(self._decoded(k))  # a private copy
+            chunk = np.array(self._decoded(k, committed=False))  # a private copy
             self.cache.pop(k, None)
             self.staged[k] = chunk
         return chunk
@@ -339,21 +362,37 @@ class ChunkedLeaf:
             sel = chunk_of == k
             self._stage(int(k))[slots[sel] - k * self.cs] = values[sel]
 
+    def _put(self, k: int, chunk: np.ndarray) -> None:
+        a, b = self._bounds(k)
+        try:
+            self.array[a:b] = chunk
+        except Exception as exc:
+            if not no_space(exc):
+                raise
+            raise DiskFullError(
+                f"leaf {self.info.path!r}: no space left on the file system for chunk {k} "
+                f"(slots {a}..{b - 1}); the last commit is intact"
+            ) from exc
+
     def _encode(self, k: int) -> None:
         chunk = self.staged.pop(k)
-        a, b = self._bounds(k)
-        self.array[a:b] = chunk
+        self._put(k, chunk)
         self.written.add(k)
         self.cache[k] = chunk
 
     def flush(self, fsync: bool) -> None:
         for k in list(self.staged):
-            chunk = self.staged[k]
-            a, b = self._bounds(k)
-            self.array[a:b] = chunk  # stays staged: the head is still inside it
+            self._put(k, self.staged[k])  # stays staged: the head is still inside it
             self.written.add(k)
         if self.on_flush is not None:
-            self.on_flush(fsync, self.written)
+            try:
+                self.on_flush(fsync, self.written)
+            except Exception as exc:
+                if not no_space(exc):
+                    raise
+                raise DiskFullError(
+                    f"leaf {self.info.path!r}: no space left on the file system to flush; the last commit is intact"
+                ) from exc
         self.written = set()
 
     def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
