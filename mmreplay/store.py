@@ -13,10 +13,12 @@ them, so a crash or a reader never sees a torn row as committed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from . import episodes as _episodes
 from . import reads as _reads
 from .backends.base import MappedLeaf
 from .errors import (
+    BadInputError,
     ClosedError,
     DiskFullError,
     Error,
@@ -137,6 +140,33 @@ class Store:
     def metadata(self) -> Metadata:
         """The static description and the committed state, as last read or written."""
         return self._meta.with_state(self._state)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """User attributes kept in the metadata (JSON values), as of open or the last
+        :meth:`set_attrs`."""
+        return json.loads(json.dumps(self._meta.attrs))
+
+    def set_attrs(self, **values: Any) -> None:
+        """Set attributes in the metadata, replaced atomically with the committed state.
+
+        Values must be JSON-serialisable; ``None`` removes a key. Layers built on the store
+        keep their small state here, so it lives and dies with the buffer's own.
+        """
+        self._check_writable()
+        attrs = dict(self._meta.attrs)
+        for key, value in values.items():
+            if value is None:
+                attrs.pop(key, None)
+            else:
+                attrs[key] = value
+        try:
+            attrs = json.loads(json.dumps(attrs, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise BadInputError(f"{self.path}: attrs must be JSON values: {exc}") from None
+        self._meta = replace(self._meta, attrs=attrs)
+        self._static = self._meta.static_json()
+        self._write_state(self._state, self._meta.durability == "power")
 
     @property
     def leaf_paths(self) -> list[str]:

@@ -8,8 +8,6 @@ when its owner is closed or collected), and read ``(step, env)`` rows.
 
 from __future__ import annotations
 
-import builtins
-import json
 import os
 import shutil
 import tempfile
@@ -21,7 +19,7 @@ import numpy as np
 
 from .. import reads
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
-from ..metadata import METADATA_FILE, atomic_write
+from ..metadata import METADATA_FILE
 from ..roles import infer_roles, validate_roles
 from ..spec import ArraySpec, flatten, is_namedtuple, leaf_paths
 from ..store import Store, create, open
@@ -243,35 +241,26 @@ def flatten_like(spec: Any, value: Any) -> list[Any] | None:
     return out if walk(spec, value) else None
 
 
-#: a layer's own state beside the store's metadata: the global step id its cursor counts from
-ORIGIN_FILE = "compat.json"
+#: the store attribute holding the global step id a layer's ids and cursor count from
+ORIGIN_ATTR = "compat_origin"
 
 
 def read_origin(store: Store) -> int:
     """The global step id a layer's ids and cursor count from (0 unless moved).
 
     ``clear`` / ``reset`` move it to the store's ``total_steps``; a migrated memory may set
-    it below 0 to keep its cursor phase. It lives in ``compat.json`` because the store's
-    own ``state.start`` also moves when old slots are given up.
+    it below 0 to keep its cursor phase. It is a store attribute because the store's own
+    ``state.start`` also moves when old slots are given up.
     """
-    try:
-        with builtins.open(os.path.join(store.path, ORIGIN_FILE), "rb") as f:
-            raw = f.read(4096)
-    except FileNotFoundError:
-        return 0
-    try:
-        origin = json.loads(raw)["origin"]
-    except (ValueError, KeyError, TypeError):
-        origin = None
+    origin = store.attrs.get(ORIGIN_ATTR, 0)
     if not isinstance(origin, int) or isinstance(origin, bool) or abs(origin) > 1 << 62:
-        raise CorruptBufferError(f'{os.path.join(store.path, ORIGIN_FILE)}: expected {{"origin": <int>}}')
+        raise CorruptBufferError(f"{store.path}: attribute {ORIGIN_ATTR!r} must be an int, got {origin!r:.40}")
     return origin
 
 
 def write_origin(store: Store, origin: int) -> None:
-    """Replace ``compat.json`` atomically (fsynced with ``durability="power"``)."""
-    data = json.dumps({"origin": int(origin)}).encode()
-    atomic_write(os.path.join(store.path, ORIGIN_FILE), data, store.metadata.durability == "power")
+    """Persist the origin in the store's metadata (atomically, with its state)."""
+    store.set_attrs(**{ORIGIN_ATTR: int(origin)})
 
 
 def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:

@@ -16,7 +16,7 @@ How it maps onto the store:
 
 - Each tensor is a leaf; one step of ``num_envs`` rows is one store step. The store's
   ring is ``memory_size`` plus the writer's reservation, so the newest ``memory_size``
-  steps survive a crash. Complete steps count from an origin kept in ``compat.json``
+  steps survive a crash. Complete steps count from an origin kept in the store attribute ``compat_origin``
   (moved by ``reset``), so ``memory_index = steps % memory_size`` and ``filled`` survive
   a reopen; physical row ``r`` holds the newest step whose count is ``r`` modulo
   ``memory_size``.

@@ -16,7 +16,7 @@ How the TF-Agents model maps onto the store:
 
 - ``batch_size`` segments are the store's envs, and one ``add_batch`` is one step
   (``store.add``). Frame ids are the global add counter since the last ``clear``
-  (the store's global step id less the origin kept in ``compat.json``), so they
+  (the store's global step id less the origin kept in the store attribute ``compat_origin``), so they
   survive a reopen.
 - The store's ring is ``max_length`` plus the writer's reservation (see
   :func:`mmreplay.compat._shared.ring_capacity`), so the newest ``max_length`` frames
