@@ -232,10 +232,17 @@ def flatten(nest: Any) -> list[Any]:
     return out
 
 
+#: the path of the one leaf of a spec that is a bare leaf rather than a nest
+BARE_LEAF_PATH = "value"
+
+
 def leaf_paths(nest: Any, _prefix: str = "") -> list[str]:
-    """``/``-joined paths of the leaves, in :func:`flatten` order."""
+    """``/``-joined paths of the leaves, in :func:`flatten` order.
+
+    A spec that is a single leaf has one leaf, named :data:`BARE_LEAF_PATH`.
+    """
     if not _is_node(nest):
-        return [_prefix]
+        return [_prefix or BARE_LEAF_PATH]
     out: list[str] = []
     for key, child in _items(nest):
         out.extend(leaf_paths(child, _join(_prefix, key)))

@@ -173,3 +173,9 @@ def test_json_round_trip_keeps_nest_types_and_names():
 def test_spec_from_json_refuses_untrusted_descriptions(bad):
     with pytest.raises(mr.SpecError):
         spec_from_json(bad)
+
+
+def test_a_bare_leaf_spec_has_one_named_leaf():
+    spec = mr.ArraySpec((3,), "float32")
+    assert leaf_paths(spec) == ["value"] and flatten(spec) == [spec]
+    assert unflatten(spec, ["x"]) == "x"

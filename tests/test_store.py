@@ -137,6 +137,17 @@ def test_get_and_set_follow_numpy_storage_indexing(tmp_path, layout):
         assert store.get(slice(None))["a"][:, 0, 0].tolist() == [2, 30, 9, 9]
 
 
+def test_a_bare_leaf_spec_stores_plain_arrays(tmp_path, layout):
+    with mr.create(tmp_path / "b", mr.ArraySpec((2,), "int32"), capacity=4, num_envs=3, **layout) as store:
+        store.add(np.ones((3, 2), "int32"))
+        store.extend(np.full((2, 3, 2), 5, "int32"))
+        with pytest.raises(mr.BadInputError, match="leaf 'value'"):
+            store.add(np.ones((2, 2), "int32"))
+    with mr.open(tmp_path / "b") as store:
+        assert store.leaf_paths == ["value"]
+        assert store.get(0).tolist() == [[1, 1]] * 3 and store.get(slice(None)).shape == (3, 3, 2)
+
+
 def test_clear_drops_retained_steps_and_keeps_counting(tmp_path, layout):
     spec = {"x": mr.ArraySpec((), "int32")}
     with mr.create(tmp_path / "b", spec, capacity=4, **layout) as store:
