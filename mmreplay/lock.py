@@ -6,10 +6,11 @@ decided by the kernel, which drops it when the holder's process ends however it 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 
-from .errors import LockedError
+from .errors import LockedError, ReadOnlyError
 
 LOCK_FILE = ".lock"
 
@@ -20,7 +21,15 @@ class WriterLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            raise ReadOnlyError(
+                f"{os.path.dirname(self.path)}: cannot open for writing ({exc.strerror}); "
+                "open it with mode='r' to read"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

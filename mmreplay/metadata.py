@@ -17,16 +17,19 @@ The retained committed steps are ``[max(start, reserved - capacity), end)``.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
 import time
+import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from .errors import CorruptBufferError, NotABufferError, UnsupportedFormatError
+from .errors import CorruptBufferError, DiskFullError, NotABufferError, UnsupportedFormatError
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json, validate_leaf_path
 
 __all__ = [
@@ -152,8 +155,29 @@ class Metadata:
 
 
 def render(meta: Metadata, static_prefix: str | None = None) -> bytes:
+    """The file's bytes; a CRC-32 of everything before it ends the file (see :func:`check_checksum`)."""
     prefix = static_prefix if static_prefix is not None else meta.static_json()
-    return f'{prefix},\n "state": {meta.state.to_json()}\n}}\n'.encode()
+    body = f'{prefix},\n "state": {meta.state.to_json()}'.encode()
+    return body + b',\n "checksum": "crc32:%08x"\n}\n' % zlib.crc32(body)
+
+
+_CHECKSUM = re.compile(rb',\n "checksum": "crc32:([0-9a-f]{8})"\n}\n?\Z')
+
+
+def check_checksum(raw: bytes, obj: dict, where: str) -> None:
+    """Refuse a file whose checksum does not match, so a damaged digit (a capacity, a
+    cursor, an offset) is an error, never a silently different buffer.
+
+    A file with no checksum at all (written by hand or by another tool) is accepted.
+    """
+    if "checksum" not in obj and b'"crc32:' not in raw:
+        return
+    found = _CHECKSUM.search(raw)
+    if found is None or zlib.crc32(raw[: found.start()]) != int(found.group(1), 16):
+        raise CorruptBufferError(
+            f"{where}: metadata checksum mismatch: the file was damaged (or edited: "
+            'to keep a deliberate edit, delete the "checksum" line)'
+        )
 
 
 def atomic_write(path: str, data: bytes, fsync: bool = False) -> None:
@@ -171,8 +195,13 @@ def atomic_write(path: str, data: bytes, fsync: bool = False) -> None:
             view = view[os.write(fd, view) :]
         if fsync:
             os.fsync(fd)
-    finally:
+    except BaseException as exc:
         os.close(fd)
+        _unlink_quietly(tmp)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"{path}: no space left on the file system to write it; the previous one is intact") from exc
+        raise
+    os.close(fd)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -261,6 +290,7 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
     if not isinstance(obj, dict):
         raise CorruptBufferError(f"{where}: metadata must be a JSON object")
     _parse_format(obj.get("format"), where)
+    check_checksum(raw, obj, where)
     backend = obj.get("backend")
     if backend not in BACKENDS:
         raise CorruptBufferError(f"{where}: backend must be one of {BACKENDS}, got {backend!r:.80}")

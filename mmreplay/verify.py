@@ -20,6 +20,7 @@ opened, and no code in the folder is ever executed.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import struct
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .errors import CorruptBufferError, Error, NotABufferError
+from .errors import CorruptBufferError, Error, NotABufferError, UnsupportedFormatError
 from .lock import WriterLock, holder_pid
 from .metadata import METADATA_FILE, LeafInfo, Metadata, State, parse_metadata, read_metadata, write_metadata
 
@@ -119,6 +120,7 @@ class _ZarrLeafState:
     """What the zarr checks found wrong with one leaf (recover acts on it)."""
 
     unusable: str | None = None  # the array cannot be used at all
+    meta_bad: bool = False  # because its zarr.json is missing or unreadable
     shard_short: int | None = None  # a mapped shard file shorter than this many bytes
     bad_index: bool = False
     bad_chunks: dict[int, str] = field(default_factory=dict)  # chunk -> why
@@ -149,12 +151,14 @@ def _zarr_leaf(
 
     if not os.path.isfile(os.path.join(arr_dir, "zarr.json")):
         found.unusable = f"{arr_dir}/zarr.json is missing"
+        found.meta_bad = True
         problem(found.unusable)
         return found
     try:
         arr = zarr.open_array(store=zarr.storage.LocalStore(arr_dir, read_only=True), mode="r")
     except Exception as exc:
         found.unusable = f"zarr cannot open {arr_dir}: {exc}"
+        found.meta_bad = True
         problem(found.unusable)
         return found
     expected = _shape(meta, leaf)
@@ -236,11 +240,40 @@ def _zarr_leaf(
     return found
 
 
+def _groups(meta: Metadata) -> list[str]:
+    """The zarr groups of the nest, root first ("" is the root)."""
+    out = {""}
+    for leaf in meta.leaves:
+        parts = leaf.path.split("/")[:-1]
+        out.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+    return sorted(out, key=lambda g: (g.count("/"), g))
+
+
+def _bad_groups(folder: str, meta: Metadata) -> list[str]:
+    """Groups whose zarr.json is missing or not a zarr v3 group (zarr readers need them)."""
+    bad = []
+    for group in _groups(meta):
+        path = os.path.join(folder, ZARR_DIR, group, "zarr.json")
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read(1 << 20))
+            ok = isinstance(doc, dict) and doc.get("node_type") == "group" and doc.get("zarr_format") == 3
+        except (OSError, ValueError):
+            ok = False
+        if not ok:
+            bad.append(group)
+    return bad
+
+
 def _check_zarr(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> dict[str, _ZarrLeafState]:
     root = os.path.join(folder, ZARR_DIR)
     if not os.path.isdir(root):
         problems.append(f"{root}: the data folder is missing")
         return {leaf.path: _ZarrLeafState(unusable="data folder missing") for leaf in meta.leaves}
+    for group in _bad_groups(folder, meta):
+        problems.append(
+            f"{os.path.join(root, group, 'zarr.json')}: zarr group metadata is missing or damaged"
+        )
     return {leaf.path: _zarr_leaf(folder, meta, leaf, deep, problems) for leaf in meta.leaves}
 
 
@@ -375,6 +408,7 @@ def leftovers(path: str | os.PathLike) -> list[str]:
     """Files a killed writer may leave behind, harmless but untidy (temp state, zarr partials)."""
     folder = os.fspath(path)
     out = glob.glob(os.path.join(glob.escape(folder), METADATA_FILE + ".*.tmp"))
+    out += glob.glob(os.path.join(glob.escape(folder), "episodes.idx.tmp-*"))
     zroot = os.path.join(folder, ZARR_DIR)
     if os.path.isdir(zroot):
         for dirpath, _, files in os.walk(zroot):
@@ -430,13 +464,18 @@ def recover(path: str | os.PathLike) -> Recovery:
     zarr shard index, restores missing or truncated data files and undecodable chunks
     (as zeros), drops from the committed window every step whose rows were damaged (and
     the older ones, so the window stays contiguous), removes a killed writer's temporary
-    files, and rebuilds unreadable metadata from a killed commit's complete temporary
-    copy when one exists (its steps are then dropped, since the rows may have moved on).
+    files, and rebuilds damaged metadata from a killed commit's complete temporary copy,
+    else from the damaged file itself when it still parses and agrees with the data
+    files; the committed window of either cannot be trusted, so all its steps are
+    dropped and the buffer goes on empty with the same layout.
 
     Raises:
         NotABufferError: nothing at ``path`` looks like a buffer.
         LockedError: a live writer holds the buffer.
-        CorruptBufferError: the metadata is unreadable and no copy of it is left.
+        ReadOnlyError: the buffer is on a read-only file system.
+        UnsupportedFormatError: a newer mmreplay wrote it (it is left alone).
+        CorruptBufferError: the metadata is damaged and nothing trustworthy is left to
+            rebuild it from (the files are left as they are).
 
     Example:
         >>> import mmreplay as mr, tempfile
@@ -469,6 +508,8 @@ def _recover(folder: str) -> Recovery:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
         meta = read_metadata(folder)
+    except UnsupportedFormatError:
+        raise  # a newer mmreplay wrote it: leave it alone
     except NotABufferError:
         meta = None
         why = f"{METADATA_FILE} is missing"
@@ -476,7 +517,7 @@ def _recover(folder: str) -> Recovery:
         meta = None
         why = str(exc)
     if meta is None:
-        meta = _metadata_from_copy(folder, out, why, stamp)
+        meta = _rebuild_metadata(folder, out, why, stamp)
     first, end = meta.state.first(meta.capacity), meta.state.end
     drop_before = first  # every step before this is dropped
     damaged_slots: list[tuple[int, int, str]] = []  # slot ranges [a, b) whose rows are gone
@@ -514,38 +555,76 @@ def _recover(folder: str) -> Recovery:
     return out
 
 
-def _metadata_from_copy(folder: str, out: Recovery, why: str, stamp: str) -> Metadata:
-    """Static metadata from a killed commit's complete temporary copy, with an empty state.
+def _ignoring_checksum(raw: bytes, where: str) -> Metadata:
+    """Parse metadata whose checksum failed: the JSON without its checksum member."""
+    obj = json.loads(raw)
+    if not isinstance(obj, dict):
+        raise CorruptBufferError(f"{where}: metadata must be a JSON object")
+    obj.pop("checksum", None)
+    return parse_metadata(json.dumps(obj).encode(), where)
 
-    The copy's committed window cannot be trusted (a later writer may have reused its
-    slots), so every step is dropped; the buffer keeps its layout and its step count.
+
+def _rebuild_metadata(folder: str, out: Recovery, why: str, stamp: str) -> Metadata:
+    """Metadata with an empty committed window, from the best description left.
+
+    That is a killed commit's complete temporary copy, else the damaged file itself when
+    it still parses once its checksum is ignored (the data files' structure is checked
+    against it afterwards). Either way its committed window cannot be trusted (a later
+    writer may have reused the copy's slots; the damaged file's numbers may be the
+    damage), so every step is dropped; the buffer keeps its layout and its step count.
     """
-    copies = []
+    main = os.path.join(folder, METADATA_FILE)
+    found: list[tuple[Metadata, str]] = []
     for tmp in _tmp_copies(folder):
         try:
             with open(tmp, "rb") as f:
-                copies.append((parse_metadata(f.read(), tmp), tmp))
-        except (OSError, Error):
+                found.append((parse_metadata(f.read(), tmp), tmp))
+        except (OSError, ValueError, Error):
             continue
-    if not copies:
-        raise CorruptBufferError(
-            f"{folder}: {why}, and no complete copy of the metadata is left to rebuild it from; "
-            "the data files are untouched"
-        )
-    meta, tmp = max(copies, key=lambda c: (c[0].state.commits, c[0].state.end))
-    main = os.path.join(folder, METADATA_FILE)
+    if found:
+        meta, source = max(found, key=lambda c: (c[0].state.commits, c[0].state.end))
+        what = f"a killed commit's copy {os.path.basename(source)}"
+    else:
+        try:
+            with open(main, "rb") as f:
+                meta = _ignoring_checksum(f.read(), main)
+        except (OSError, ValueError, Error):
+            raise CorruptBufferError(
+                f"{folder}: {why}; no readable copy of the metadata is left to rebuild it from, "
+                f"so it is not rebuilt: restore {METADATA_FILE} from a backup (the data files are untouched)"
+            ) from None
+        source, what = main, f"the damaged {METADATA_FILE} itself (checksum ignored)"
+        disagree = _structure_problems(folder, meta)
+        if disagree:
+            raise CorruptBufferError(
+                f"{folder}: {why}; what it still says disagrees with the data files ({disagree[0]}), "
+                f"so it is not rebuilt: restore {METADATA_FILE} from a backup, or correct it by hand "
+                'and delete its "checksum" line'
+            )
     if os.path.exists(main):
         os.replace(main, f"{main}.damaged-{stamp}")
-        out.actions.append(f"moved the unreadable {METADATA_FILE} to {METADATA_FILE}.damaged-{stamp}")
+        out.actions.append(f"moved the damaged {METADATA_FILE} aside to {METADATA_FILE}.damaged-{stamp}")
     end = max(meta.state.reserved, meta.state.end)
     first = meta.state.first(meta.capacity)
     meta = meta.with_state(State(end, end, end, meta.state.commits + 1, time.time()))
     write_metadata(folder, meta, fsync=True)
-    os.unlink(tmp)
-    out.actions.append(f"rebuilt {METADATA_FILE} from {os.path.basename(tmp)} ({why})")
+    if source != main:
+        os.unlink(source)
+    out.actions.append(f"rebuilt {METADATA_FILE} from {what}, with no committed step")
     out.lost = (first, end)
-    out.reasons.append(f"the committed state was unreadable ({why})")
+    out.reasons.append(f"the committed state could not be trusted ({why})")
     return meta
+
+
+def _structure_problems(folder: str, meta: Metadata) -> list[str]:
+    """Where the data files disagree with ``meta``'s description (its state aside)."""
+    empty = meta.with_state(State())
+    problems: list[str] = []
+    if meta.backend == "zarr":
+        _check_zarr(folder, empty, False, problems)
+    else:
+        _check_hdf5(folder, empty, False, problems)
+    return [p for p in problems if "status flags" not in p]
 
 
 def _move_aside(path: str, stamp: str, out: Recovery, folder: str) -> None:
@@ -585,9 +664,24 @@ def _repair_zarr(folder: str, meta: Metadata, out: Recovery, stamp: str) -> tupl
             out.actions.append(f"recreated the missing {ZARR_DIR} folder, empty")
             damaged.append((*_all_slots(meta), f"{ZARR_DIR} was missing"))
             return meta, damaged
+        bad_groups = _bad_groups(folder, meta)
+        if bad_groups or any(s.meta_bad for s in found.values()):
+            fresh, _ = _fresh_layout(folder, meta)
+        for group in bad_groups:  # the same layout makes the same group metadata
+            target = os.path.join(folder, ZARR_DIR, group, "zarr.json")
+            _move_aside(target, stamp, out, folder)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(os.path.join(fresh, ZARR_DIR, group, "zarr.json"), target)
+            out.actions.append(f"rewrote {os.path.relpath(target, folder)}")
         for leaf in meta.leaves:
             s = found[leaf.path]
             arr_dir = os.path.join(folder, ZARR_DIR, leaf.path)
+            if s.meta_bad and os.path.isdir(arr_dir):  # the data may be intact: restore the array metadata
+                target = os.path.join(arr_dir, "zarr.json")
+                _move_aside(target, stamp, out, folder)
+                shutil.copyfile(os.path.join(fresh, ZARR_DIR, leaf.path, "zarr.json"), target)
+                out.actions.append(f"leaf {leaf.path!r}: rewrote {os.path.relpath(target, folder)}")
+                s = found[leaf.path] = _zarr_leaf(folder, meta, leaf, True, [])
             if s.unusable:
                 if fresh is None:
                     fresh, _ = _fresh_layout(folder, meta)

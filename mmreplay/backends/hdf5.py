@@ -68,6 +68,7 @@ def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) ->
                     dtype=dtype,
                     chunks=(leaf.chunk_steps, num_envs, *leaf.spec.shape),
                     fillvalue=np.zeros((), dtype)[()],
+                    fletcher32=True,  # a checksum per chunk: a damaged chunk is an error, never other rows
                     **_compression(leaf.compression),
                 )
                 out.append(replace(leaf, file=DATA_FILE, offset=None))

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo, Metadata
@@ -63,7 +63,8 @@ def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) ->
                 shape=shape,
                 dtype=dtype,
                 chunks=inner,
-                compressors=[_compressor(leaf.compression)],
+                # a CRC-32C per chunk: a damaged chunk is an error, never other rows
+                compressors=[_compressor(leaf.compression), Crc32cCodec()],
                 fill_value=_fill(dtype),
             )
             out.append(replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None))
@@ -128,7 +129,7 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
                 f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype}, "
                 f"found {arr.shape} {arr.dtype}"
             )
-        out.append(ChunkedLeaf(leaf, meta.capacity, arr, _fsync_chunks(path, arr)))
+        out.append(ChunkedLeaf(leaf, meta.capacity, arr, _fsync_chunks(path, arr), _chunk_exists(path, arr)))
     return out
 
 
@@ -147,6 +148,13 @@ def _fsync_chunks(path: str, arr: Any) -> Any:
                 _fsync_path(d)
 
     return on_flush
+
+
+def _chunk_exists(path: str, arr: Any) -> Any:
+    def exists(k: int) -> bool:
+        return os.path.exists(os.path.join(path, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1))))
+
+    return exists
 
 
 def _fsync_path(path: str) -> None:

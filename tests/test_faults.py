@@ -1,0 +1,549 @@
+"""Faults: full and read-only file systems, damaged files, newer formats, rival and dead writers.
+
+Each fault ends in a clear error or a documented recovery (``mmreplay recover``), never in
+silently wrong data, and ``mmreplay verify`` finds every damage made here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mmreplay.cli import main
+
+import mmreplay as mr
+from mmreplay.metadata import METADATA_FILE, read_metadata
+from mmreplay.spec import flatten, unflatten
+from mmreplay.torture import SPEC, step_values
+from mmreplay.verify import leftovers, recover, verify
+
+LEAVES = flatten(SPEC)
+LAYOUTS = [("zarr", None), ("zarr", "zstd"), ("hdf5", None), ("hdf5", "gzip")]
+LAYOUT_IDS = [f"{b}-{c or 'mapped'}" for b, c in LAYOUTS]
+ENVS = 2
+
+
+def steps(lo: int, hi: int, num_envs: int = ENVS):
+    return unflatten(SPEC, step_values(LEAVES, num_envs, np.arange(lo, hi)))
+
+
+def fill(path, n: int, backend="zarr", compression=None, capacity=40, chunk_steps=4, **kw) -> str:
+    path = str(path)
+    with mr.create(
+        path,
+        SPEC,
+        capacity=capacity,
+        num_envs=ENVS,
+        backend=backend,
+        compression=compression,
+        chunk_steps=chunk_steps,
+        **kw,
+    ) as store:
+        store.extend(steps(0, n))
+    return path
+
+
+def assert_exact(path) -> tuple[int, int]:
+    """Every committed step of the buffer is bit-exact; returns its window."""
+    with mr.open(path) as store:
+        first, end = store.first_step, store.committed_steps
+        ids = np.arange(first, end)
+        for path_, got, want in zip(store.leaf_paths, store.read_steps(ids), step_values(LEAVES, ENVS, ids)):
+            assert got.tobytes() == want.tobytes(), path_
+    return first, end
+
+
+def cli_verify(path) -> int:
+    return CliRunner().invoke(main, ["verify", str(path)]).exit_code
+
+
+def assert_detected(path, *words: str) -> list[str]:
+    problems = verify(path)
+    assert problems, "verify found nothing"
+    text = "\n".join(problems)
+    for w in words:
+        assert w in text, text
+    assert cli_verify(path) == 1
+    return problems
+
+
+def assert_healthy(path) -> None:
+    assert verify(path) == []
+    assert cli_verify(path) == 0
+
+
+def files_of(folder) -> set[str]:
+    return {os.path.relpath(os.path.join(r, f), folder) for r, _, fs in os.walk(folder) for f in fs}
+
+
+# --- small file systems -----------------------------------------------------------------
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a small tmpfs; yields a function size -> mount point. Skips where not allowed."""
+    mounts = []
+
+    def make(size: str) -> str:
+        point = tmp_path / f"fs{len(mounts)}"
+        point.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)], capture_output=True
+        )
+        if done.returncode != 0:
+            pytest.skip(
+                f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {done.stderr.decode().strip()}"
+            )
+        mounts.append(point)
+        return str(point)
+
+    yield make
+    for point in mounts:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+def remount(point: str, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", point], check=True)
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_disk_full_at_creation_is_an_error_and_leaves_nothing(tmpfs, backend):
+    fs = tmpfs("1m")
+    with pytest.raises(mr.DiskFullError, match="needs"):
+        mr.create(
+            os.path.join(fs, "b"), {"x": mr.ArraySpec((1024,), "uint8")}, capacity=4096, backend=backend
+        )
+    assert os.listdir(fs) == []
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_disk_full_while_preallocating_is_an_error_and_leaves_nothing(tmpfs, backend):
+    """The free-space check passes (the leaf alone fits) but the files with their
+    metadata do not: preallocation fails with a clear error, not a SIGBUS later."""
+    fs = tmpfs("1m")
+    free = shutil.disk_usage(fs).free
+    capacity = free // 1024 - 1
+    with pytest.raises(mr.DiskFullError, match="free"):
+        mr.create(
+            os.path.join(fs, "b"), {"x": mr.ArraySpec((1024,), "uint8")}, capacity=capacity, backend=backend
+        )
+    assert os.listdir(fs) == []
+
+
+FILL_UNTIL_FULL = """
+import json, sys, numpy as np, mmreplay as mr
+from mmreplay.spec import flatten, unflatten
+from mmreplay.torture import SPEC, step_values
+store = mr.open({path!r}, "a")
+g, error = store.total_steps, None
+try:
+    while True:
+        store.extend(unflatten(SPEC, step_values(flatten(SPEC), {envs}, np.arange(g, g + 3))))
+        g += 3
+        if g % 12 == 0:
+            store.commit()
+except Exception as exc:
+    error = exc
+print(json.dumps({{"committed": store.committed_steps, "error": type(error).__name__, "message": str(error),
+                  "mro": [c.__name__ for c in type(error).__mro__]}}))
+"""
+
+
+@pytest.mark.parametrize(("backend", "codec"), [("zarr", "zstd"), ("hdf5", "gzip")])
+def test_disk_full_during_chunk_writes_keeps_every_commit(tmpfs, backend, codec):
+    fs = tmpfs("1m")
+    path = os.path.join(fs, "b")
+    mr.create(
+        path, SPEC, capacity=5000, num_envs=ENVS, backend=backend, compression=codec, chunk_steps=4
+    ).close()
+    with open(os.path.join(fs, "filler"), "wb") as f:
+        f.write(b"\0" * (200 << 10))
+    code = textwrap.dedent(FILL_UNTIL_FULL.format(path=path, envs=ENVS))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "DiskFullError" in report["mro"] or "no space" in report["message"].lower(), report
+    assert report["committed"] > 0
+    first, end = assert_exact(path)  # every commit made before the disk filled is intact
+    assert end >= report["committed"]
+    assert_healthy_or_only_flags(path)
+    os.remove(os.path.join(fs, "filler"))  # room again: the next writer resumes
+    with mr.open(path, "a") as store:
+        assert store.total_steps == end
+        store.extend(steps(end, end + 8))
+    assert assert_exact(path)[1] == end + 8
+    assert_healthy(path)
+
+
+def assert_healthy_or_only_flags(path) -> None:
+    """A writer that ran out of space may leave HDF5's open-for-writing flags (and nothing else)."""
+    for problem in verify(path):
+        assert "status flags" in problem, problem
+
+
+def test_full_disk_at_commit_keeps_the_previous_state(tmpfs):
+    fs = tmpfs("1m")
+    path = os.path.join(fs, "b")
+    spec = {"obs": mr.ArraySpec((4,), "float32"), "action": mr.ArraySpec((), "int64")}
+    store = mr.create(path, spec, capacity=50, commit_every=10**6)
+    store.add({"obs": np.ones((1, 4), "float32"), "action": np.ones(1, "int64")})
+    store.commit()
+    before = open(os.path.join(path, METADATA_FILE), "rb").read()
+    filler = os.path.join(fs, "filler")
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    store.add({"obs": np.full((1, 4), 2, "float32"), "action": np.full(1, 2, "int64")})
+    with pytest.raises(mr.DiskFullError, match="previous one is intact"):
+        store.commit()
+    assert open(os.path.join(path, METADATA_FILE), "rb").read() == before
+    assert leftovers(path) == []
+    os.remove(filler)
+    store.commit()
+    store.close()
+    with mr.open(path) as reader:
+        assert len(reader) == 2 and reader.get(1)["action"][0] == 2
+
+
+@pytest.mark.parametrize(("backend", "compression"), LAYOUTS, ids=LAYOUT_IDS)
+def test_read_only_file_system(tmpfs, backend, compression):
+    fs = tmpfs("8m")
+    path = fill(os.path.join(fs, "b"), 30, backend, compression)
+    before = files_of(path)
+    remount(fs, "ro")
+    try:
+        assert assert_exact(path) == (0, 30)  # readers work
+        with pytest.raises(mr.ReadOnlyError, match="Read-only file system"):
+            mr.open(path, "a")
+        with pytest.raises(OSError, match="Read-only file system"):
+            mr.create(os.path.join(fs, "other"), SPEC, capacity=10)
+        assert verify(path) == []  # verify only reads
+        with pytest.raises(mr.ReadOnlyError):
+            recover(path)
+        assert files_of(path) == before
+    finally:
+        remount(fs, "rw")
+
+
+# --- damaged metadata --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("backend", "compression"), LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("keep", [0, 1, 40, 0.5, -2, -40])
+def test_truncated_metadata_is_refused(tmp_path, backend, compression, keep):
+    path = fill(tmp_path / "b", 12, backend, compression)
+    meta_path = os.path.join(path, METADATA_FILE)
+    raw = open(meta_path, "rb").read()
+    cut = int(len(raw) * keep) if isinstance(keep, float) else keep % len(raw)
+    with open(meta_path, "wb") as f:
+        f.write(raw[:cut])
+    for mode in ("r", "a"):
+        with pytest.raises(mr.CorruptBufferError):
+            mr.open(path, mode)
+    assert_detected(path, METADATA_FILE)
+    with pytest.raises(mr.CorruptBufferError, match="no readable copy"):
+        recover(path)  # nothing to rebuild from: it says so and touches nothing
+    assert open(meta_path, "rb").read() == raw[:cut]
+
+
+def _garble(path, find: bytes, replace: bytes) -> None:
+    meta_path = os.path.join(path, METADATA_FILE)
+    raw = open(meta_path, "rb").read()
+    assert raw.count(find) >= 1, find
+    with open(meta_path, "wb") as f:
+        f.write(raw.replace(find, replace, 1))
+
+
+GARBLES = {
+    "cursor": (b'"end": 30', b'"end": 20'),
+    "capacity": (b'"capacity": 40', b'"capacity": 20'),
+    "chunking": (b'"chunk_steps": 4', b'"chunk_steps": 2'),
+    "shape": (b'"shape": [\n    5\n   ]', b'"shape": [\n    4\n   ]'),
+    "role": (b'"reward": "reward"', b'"reward": "action"'),
+    "noise": (b'"format"', b'"fo\x00mat"'),
+}
+
+
+#: garbles after which the damaged file no longer describes the data: recover refuses
+REFUSED = {"capacity", "shape", "noise"}
+
+
+@pytest.mark.parametrize(("backend", "compression"), LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("what", sorted(GARBLES))
+def test_garbled_metadata_is_refused_then_recovered_empty(tmp_path, backend, compression, what):
+    path = fill(tmp_path / "b", 30, backend, compression)
+    _garble(path, *GARBLES[what])
+    for mode in ("r", "a"):
+        with pytest.raises(mr.CorruptBufferError):
+            mr.open(path, mode)
+    assert_detected(path, METADATA_FILE)
+    # chunking only describes how the data is laid out when chunks are stored
+    refused = what in REFUSED or (what == "chunking" and (backend, compression) != ("hdf5", None))
+    if refused:
+        before = {f: open(os.path.join(path, f), "rb").read() for f in files_of(path)}
+        with pytest.raises(mr.CorruptBufferError, match="backup"):
+            recover(path)
+        assert {f: open(os.path.join(path, f), "rb").read() for f in files_of(path)} == before
+        return
+    report = recover(path)
+    assert report.ok, str(report)
+    assert report.lost is not None and "lost committed steps" in str(report)
+    assert_healthy(path)
+    with mr.open(path, "a") as store:  # a usable, empty buffer with the same layout
+        assert len(store) == 0 and store.capacity == 40
+        g = store.total_steps
+        store.extend(steps(g, g + 5))
+    with mr.open(path) as store:
+        ids = np.arange(store.first_step, store.committed_steps)
+        assert len(ids) == 5
+        assert all(
+            a.tobytes() == b.tobytes() for a, b in zip(store.read_steps(ids), step_values(LEAVES, ENVS, ids))
+        )
+
+
+def test_garbled_metadata_rebuilt_from_a_killed_commits_copy(tmp_path):
+    path = fill(tmp_path / "b", 30)
+    raw = open(os.path.join(path, METADATA_FILE), "rb").read()
+    with open(os.path.join(path, f"{METADATA_FILE}.4242.tmp"), "wb") as f:
+        f.write(raw)  # a complete copy a killed commit left behind
+    with open(os.path.join(path, f"{METADATA_FILE}.4243.tmp"), "wb") as f:
+        f.write(raw[:100])  # and a torn one
+    _garble(path, b'"end": 30', b'"end": 31')
+    report = recover(path)
+    assert report.ok and report.lost == (0, 30)
+    assert any("4242.tmp" in a for a in report.actions)
+    assert leftovers(path) == []
+    assert read_metadata(path).state.end == 30  # the step count goes on
+
+
+@pytest.mark.parametrize(("backend", "compression"), LAYOUTS, ids=LAYOUT_IDS)
+def test_format_from_the_future_is_refused_and_left_alone(tmp_path, backend, compression):
+    path = fill(tmp_path / "b", 5, backend, compression)
+    _garble(path, b'"format": "mmreplay/1"', b'"format": "mmreplay/2"')
+    raw = open(os.path.join(path, METADATA_FILE), "rb").read()
+    for mode in ("r", "a"):
+        with pytest.raises(mr.UnsupportedFormatError, match="newer.*upgrade mmreplay"):
+            mr.open(path, mode)
+    assert_detected(path, "mmreplay/2")
+    with pytest.raises(mr.UnsupportedFormatError):
+        recover(path)
+    assert open(os.path.join(path, METADATA_FILE), "rb").read() == raw
+    result = CliRunner().invoke(main, ["inspect", path])
+    assert result.exit_code == 4 and "upgrade mmreplay" in result.output
+
+
+# --- damaged data files --------------------------------------------------------------------
+
+
+def _truncate(file: str, size: int) -> None:
+    with open(file, "r+b") as f:
+        f.truncate(size)
+
+
+def _zarr_shard(path, leaf: str) -> str:
+    meta = read_metadata(path)
+    info = next(x for x in meta.leaves if x.path == leaf)
+    return os.path.join(path, info.file)
+
+
+def _zarr_chunk(path, leaf: str, k: int) -> str:
+    ndim = 2 + len(next(s for p, s in zip(mr.spec.leaf_paths(SPEC), LEAVES) if p == leaf).shape)
+    return os.path.join(path, "data.zarr", leaf, "c", str(k), *["0"] * (ndim - 1))
+
+
+def _recovered_keeps_the_rest(path, lost_through: int, end: int = 30) -> None:
+    report = recover(path)
+    assert report.ok, str(report)
+    assert report.lost is not None and report.lost[1] >= lost_through, str(report)
+    assert "lost committed steps" in str(report)
+    first, new_end = assert_exact(path)
+    assert new_end == end and first == report.lost[1]
+    assert_healthy(path)
+    with mr.open(path, "a") as store:  # and collection goes on
+        store.extend(steps(end, end + 3))
+    assert assert_exact(path)[1] == end + 3
+
+
+def test_zarr_mapped_leaf_truncated(tmp_path):
+    path = fill(tmp_path / "b", 30)
+    shard = _zarr_shard(path, "obs/pixels")
+    _truncate(shard, os.path.getsize(shard) // 2)
+    with pytest.raises(mr.CorruptBufferError, match="truncated"):
+        mr.open(path)
+    assert_detected(path, "obs/pixels")
+    _recovered_keeps_the_rest(path, lost_through=20)
+
+
+def test_zarr_mapped_leaf_missing(tmp_path):
+    path = fill(tmp_path / "b", 30)
+    os.remove(_zarr_shard(path, "action"))
+    with pytest.raises(mr.CorruptBufferError, match="missing"):
+        mr.open(path)
+    assert_detected(path, "missing")
+    report = recover(path)
+    assert report.ok and report.lost == (0, 30)
+    assert assert_exact(path) == (30, 30)
+
+
+def test_zarr_shard_index_damaged(tmp_path):
+    """The mapped rows are intact but zarr readers would read garbage through the index."""
+    path = fill(tmp_path / "b", 30)
+    shard = _zarr_shard(path, "reward")
+    with open(shard, "r+b") as f:
+        f.seek(-16, 2)
+        f.write(b"\xff" * 16)
+    assert_detected(path, "shard index")
+    report = recover(path)
+    assert report.ok and report.lost is None  # nothing lost
+    assert assert_exact(path) == (0, 30)
+
+
+@pytest.mark.parametrize("leaf", ["action", "obs/pixels"])
+def test_zarr_array_metadata_lost_is_restored_without_loss(tmp_path, leaf):
+    path = fill(tmp_path / "b", 30, compression={"obs/pixels": "zstd"})
+    os.remove(os.path.join(path, "data.zarr", leaf, "zarr.json"))
+    os.remove(os.path.join(path, "data.zarr", "zarr.json"))
+    assert_detected(path, "zarr.json")
+    report = recover(path)
+    assert report.ok and report.lost is None, str(report)
+    assert assert_exact(path) == (0, 30)
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbled", "truncated"])
+def test_zarr_compressed_chunk_damaged(tmp_path, damage):
+    path = fill(tmp_path / "b", 30, compression="zstd")
+    chunk = _zarr_chunk(path, "obs/state", 2)  # steps 8..11
+    if damage == "missing":
+        os.remove(chunk)
+    elif damage == "garbled":
+        raw = bytearray(open(chunk, "rb").read())
+        raw[len(raw) // 2 :] = bytes(len(raw) - len(raw) // 2)
+        open(chunk, "wb").write(bytes(raw))
+    else:
+        _truncate(chunk, 5)
+    with mr.open(path) as store:  # opens, but reading those rows is an error, not zeros
+        store.get(20)
+        with pytest.raises(mr.CorruptBufferError, match="chunk 2"):
+            store.get(9)
+    assert_detected(path, "obs/state")
+    _recovered_keeps_the_rest(path, lost_through=12)
+
+
+def test_hdf5_mapped_file_truncated(tmp_path):
+    path = fill(tmp_path / "b", 30, "hdf5")
+    data = os.path.join(path, "data.h5")
+    meta = read_metadata(path)
+    last = max(meta.leaves, key=lambda x: x.offset)  # cut into the last leaf, at step 25's slot
+    _truncate(data, last.offset + 25 * ENVS * last.spec.nbytes)
+    with pytest.raises(mr.CorruptBufferError, match="truncated"):
+        mr.open(path)
+    assert_detected(path, "truncated")
+    _recovered_keeps_the_rest(path, lost_through=26)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "garbled"])
+def test_hdf5_compressed_file_damaged(tmp_path, damage):
+    path = fill(tmp_path / "b", 30, "hdf5", "gzip")
+    data = os.path.join(path, "data.h5")
+    if damage == "truncated":
+        _truncate(data, os.path.getsize(data) * 2 // 3)
+    elif damage == "missing":
+        os.remove(data)
+    else:
+        with open(data, "r+b") as f:
+            f.seek(0)
+            f.write(b"\x00" * 64)  # the superblock
+    with pytest.raises(mr.CorruptBufferError):  # at open, or at the latest when the lost rows are read
+        with mr.open(path) as store:
+            store.get(slice(None))
+    assert_detected(path, "data.h5")
+    report = recover(path)  # the chunk index cannot be trusted: a fresh, empty file
+    assert report.ok and report.lost == (0, 30), str(report)
+    assert assert_exact(path) == (30, 30)
+    with mr.open(path, "a") as store:
+        store.extend(steps(30, 34))
+    assert assert_exact(path) == (30, 34)
+
+
+# --- writers ------------------------------------------------------------------------------
+
+HOLD = """
+import sys, time, numpy as np, mmreplay as mr
+from mmreplay.spec import flatten, unflatten
+from mmreplay.torture import SPEC, step_values
+store = mr.open({path!r}, "a")
+store.extend(unflatten(SPEC, step_values(flatten(SPEC), {envs}, np.arange(store.total_steps, store.total_steps + 5))))
+store.commit()
+store.extend(unflatten(SPEC, step_values(flatten(SPEC), {envs}, np.arange(store.total_steps, store.total_steps + 2))))
+print("ready", flush=True)
+{then}
+"""
+
+
+def _writer(path, then: str) -> subprocess.Popen:
+    code = textwrap.dedent(HOLD.format(path=path, envs=ENVS, then=then))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.mark.parametrize(("backend", "compression"), LAYOUTS, ids=LAYOUT_IDS)
+def test_second_writer_is_refused(tmp_path, backend, compression):
+    path = fill(tmp_path / "b", 10, backend, compression)
+    proc = _writer(path, "sys.stdin.read() if False else time.sleep(60)")
+    try:
+        with pytest.raises(mr.LockedError, match=f"process {proc.pid}"):
+            mr.open(path, "a")
+        with pytest.raises(mr.LockedError):
+            mr.create(
+                path,
+                SPEC,
+                capacity=40,
+                num_envs=ENVS,
+                backend=backend,
+                compression=compression,
+                exist_ok=True,
+            )
+        assert assert_exact(path) == (0, 15)  # readers are welcome
+        result = CliRunner().invoke(main, ["verify", path])
+        assert result.exit_code == 0 and f"process {proc.pid}" in result.output
+        with pytest.raises(mr.LockedError):
+            recover(path)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_second_writer_in_the_same_process_is_refused(tmp_path):
+    path = fill(tmp_path / "b", 3)
+    with mr.open(path, "a"):
+        with pytest.raises(mr.LockedError, match=f"process {os.getpid()}"):
+            mr.open(path, "a")
+
+
+@pytest.mark.parametrize(("backend", "compression"), LAYOUTS, ids=LAYOUT_IDS)
+def test_dead_writers_lock_is_released_by_the_os(tmp_path, backend, compression):
+    path = fill(tmp_path / "b", 10, backend, compression)
+    proc = _writer(path, "time.sleep(60)")
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    lock = os.path.join(path, ".lock")
+    assert os.path.exists(lock) and open(lock).read().strip() == str(proc.pid)  # a stale file, no lock
+    assert assert_exact(path) == (0, 15)  # the commit survived, the uncommitted steps did not show
+    with mr.open(path, "a") as store:
+        assert store.total_steps == 15
+        store.extend(steps(15, 20))
+    assert assert_exact(path) == (0, 20)
+    assert_healthy(path)
