@@ -7,7 +7,10 @@ and the group's ``mmreplay`` attribute holds the spec and roles. Read it with
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import numpy as np
 
 from ..spec import flatten
 from ._base import (
@@ -40,6 +43,59 @@ def _codec(compression: str | None) -> Any:
     return BloscCodec(cname=cname, clevel=int(parts[0]) if parts else 5, shuffle=BloscShuffle.shuffle)
 
 
+class _LeafWriter:
+    """Appends rows to one array and writes them a whole chunk at a time.
+
+    Uncompressed chunks are written as files of raw little-endian C-order bytes (what
+    zarr's ``bytes`` codec stores), which avoids zarr-python's per-chunk machinery; with a
+    compressor each whole chunk goes through zarr. The last chunk is padded with zeros,
+    the arrays' fill value, as zarr stores edge chunks.
+    """
+
+    def __init__(self, arr: Any, folder: str, chunk_steps: int, raw: bool):
+        self.arr = arr
+        self.folder = folder
+        self.cs = chunk_steps
+        self.raw = raw
+        self.pending: list[np.ndarray] = []
+        self.rows = 0
+        self.k = 0
+
+    def add(self, values: np.ndarray) -> None:
+        self.pending.append(values)
+        self.rows += len(values)
+        if self.rows >= self.cs:
+            data = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+            full = len(data) // self.cs * self.cs
+            for a in range(0, full, self.cs):
+                self._chunk(data[a : a + self.cs])
+            rest = data[full:]
+            self.pending = [rest] if len(rest) else []
+            self.rows = len(rest)
+
+    def finish(self) -> None:
+        if self.rows:
+            data = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+            pad = np.zeros((self.cs, *data.shape[1:]), data.dtype)
+            pad[: len(data)] = data
+            self._chunk(pad, len(data))
+        self.pending, self.rows = [], 0
+
+    def _chunk(self, data: np.ndarray, rows: int | None = None) -> None:
+        if self.raw:
+            key = self.arr.metadata.encode_chunk_key((self.k,) + (0,) * (data.ndim - 1))
+            path = os.path.join(self.folder, *key.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            dtype = data.dtype.newbyteorder("<") if data.dtype.itemsize > 1 else data.dtype
+            with open(path, "wb") as f:
+                f.write(np.ascontiguousarray(data, dtype=dtype).reshape(-1).view(np.uint8))
+        else:
+            a = self.k * self.cs
+            n = len(data) if rows is None else rows
+            self.arr[a : a + n] = data[:n]
+        self.k += 1
+
+
 def write(
     store: Any,
     out: str,
@@ -61,30 +117,29 @@ def write(
     target = Target(out, "folder", force, recognise="zarr.json")
     try:
         specs = flatten(store.spec)
-        step_bytes = max(1, store.num_envs * max(s.nbytes for s in specs))
-        chunk_steps = max(1, CHUNK_BYTES // step_bytes)
-        blocks = StepBlocks(store, align=chunk_steps)
+        blocks = StepBlocks(store)
         root = zarr.open_group(target.path(), mode="w", zarr_format=3)
         root.attrs["mmreplay"] = spec_json(store)
         codec = _codec(comp)
-        arrays = []
+        writers = []
         for path, spec in zip(store.leaf_paths, specs):
             shape = (blocks.steps, store.num_envs, *spec.shape)
-            arrays.append(
-                root.create_array(
-                    path,
-                    shape=shape,
-                    dtype=spec.dtype,
-                    chunks=(max(1, min(chunk_steps, blocks.steps)), store.num_envs, *spec.shape),
-                    compressors=[codec] if codec is not None else None,
-                    fill_value=0,
-                )
+            cs = max(1, min(max(1, blocks.steps), CHUNK_BYTES // max(1, store.num_envs * spec.nbytes)))
+            arr = root.create_array(
+                path,
+                shape=shape,
+                dtype=spec.dtype.newbyteorder("<") if spec.dtype.itemsize > 1 else spec.dtype,
+                chunks=(cs, store.num_envs, *spec.shape),
+                compressors=[codec] if codec is not None else None,
+                fill_value=0,
             )
-        for a, leaves in blocks:
-            lo = a - blocks.first
-            for arr, values in zip(arrays, leaves):
-                arr[lo : lo + len(values)] = values
+            writers.append(_LeafWriter(arr, target.path(*path.split("/")), cs, raw=codec is None))
+        for _, leaves in blocks:
+            for w, values in zip(writers, leaves):
+                w.add(values)
             progress(len(leaves[0]) * store.num_envs)
+        for w in writers:
+            w.finish()
         path = target.commit()
     except BaseException:
         target.abort()
