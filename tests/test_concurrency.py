@@ -138,7 +138,7 @@ def _check(path, seconds: float, readers: int) -> None:
 def test_readers_see_committed_bit_exact_rows_while_a_writer_runs(tmp_path, backend, compression):
     path = str(tmp_path / "b")
     mr.create(
-        path, SPEC, capacity=64, num_envs=ENVS, backend=backend, compression=compression, chunk_steps=8
+        path, SPEC, capacity=32, num_envs=ENVS, backend=backend, compression=compression, chunk_steps=4
     ).close()
     _check(path, seconds=3, readers=3)
 
