@@ -143,6 +143,7 @@ def write(
         b"mmreplay": json.dumps({**spec_json(store), "columns": {c: p for c, p, _ in columns}}).encode()
     }
     schema = pa.schema(fields, metadata=file_meta)
+    scalars = [f.name for f in fields if not pa.types.is_fixed_size_list(f.type)]
     target = Target(out, "folder", force, recognise=FIRST_FILE)
     _, n_steps = episode_total(store, complete_only)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
@@ -156,7 +157,14 @@ def write(
         path = target.path(f"part-{len(files):05d}.parquet")
         files.append(path)
         return pq.ParquetWriter(
-            path, schema, compression=name, compression_level=int(level) if level else None
+            path,
+            schema,
+            compression=name,
+            compression_level=int(level) if level else None,
+            # dictionaries and min/max statistics help scalar columns; over arrays and
+            # frames they cost most of the write time and save nothing
+            use_dictionary=scalars,
+            write_statistics=scalars,
         )
 
     def flush() -> None:
