@@ -444,3 +444,46 @@ def test_the_export_benchmark_runs_at_a_small_size(tmp_path):
     assert set(raw["runs"]) == {"npz", "minari", "csv"}
     assert all(r["peak_anon"] > 0 and r["seconds"] > 0 for runs in raw["runs"].values() for r in runs)
     assert os.listdir(tmp_path) == ["raw.json"]  # the work folder is removed
+
+
+def test_minari_from_a_tf_agents_trajectory_store_takes_final_observations_from_boundary_rows(
+    tmp_path, monkeypatch
+):
+    minari = pytest.importorskip("minari")
+    s = {
+        "step_type": mr.ArraySpec((), "int32"),
+        "observation": mr.ArraySpec((3,), "float32"),
+        "action": mr.ArraySpec((), "int64"),
+        "next_step_type": mr.ArraySpec((), "int32"),
+        "reward": mr.ArraySpec((), "float32"),
+        "discount": mr.ArraySpec((), "float32"),
+    }
+    # two episodes of 4 steps, each followed by its boundary row (step_type LAST), then 3 steps still open
+    st = np.array([0, 1, 1, 1, 2, 0, 1, 1, 1, 2, 0, 1, 1], np.int32)[:, None]
+    nst = np.array([1, 1, 1, 2, 0, 1, 1, 1, 2, 0, 1, 1, 1], np.int32)[:, None]
+    T = len(st)
+    obs = np.arange(T * 3, dtype=np.float32).reshape(T, 1, 3)
+    discount = np.where(nst == 2, 0, 1).astype(np.float32)
+    discount[8] = 1  # the second episode ends by a time limit
+    with mr.create(tmp_path / "tfa", s, 20) as store:
+        store.extend(
+            {
+                "step_type": st,
+                "observation": obs,
+                "action": np.arange(T)[:, None],
+                "next_step_type": nst,
+                "reward": np.ones((T, 1), np.float32),
+                "discount": discount,
+            }
+        )
+    with mr.open(tmp_path / "tfa") as store:
+        result = export(store, tmp_path / "m", "minari", dataset_id="tfa-v0")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "m"))
+    eps = list(minari.load_dataset("tfa-v0").iterate_episodes())
+    assert result.episodes == len(eps) == 3 and result.steps == 4 + 4 + 2
+    assert np.array_equal(eps[0].observations, obs[0:5, 0])  # the boundary row's observation ends it
+    assert eps[0].terminations.tolist() == [False, False, False, True] and not eps[0].truncations.any()
+    assert np.array_equal(eps[1].observations, obs[5:10, 0]) and eps[1].truncations[-1]
+    # the open episode has no final observation: its last step is left out, it ends truncated
+    assert np.array_equal(eps[2].observations, obs[10:13, 0]) and eps[2].actions.tolist() == [10, 11]
+    assert eps[2].truncations.tolist() == [False, True] and not eps[2].terminations.any()

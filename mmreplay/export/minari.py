@@ -13,7 +13,10 @@ bit-exact. ``minari_version`` is the oldest release that reads the file correctl
 Minari (0.5.3 would try to JPEG-decode it).
 
 The final observation of an episode is its last step's next observation, so the store
-needs a ``next_observation`` leaf (role).
+needs a ``next_observation`` leaf (role); a TF-Agents trajectory store instead has it in
+the boundary row (``step_type`` LAST) after each episode. An episode with neither (still
+open at the cursor) is written without its last step, ending truncated at its last
+observation.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadInputError
-from ..spec import ArraySpec, is_namedtuple
+from ..spec import ArraySpec, is_namedtuple, map_structure, unflatten
 from ._base import (
     ExportResult,
     Roles,
@@ -135,6 +138,33 @@ def _write_nest(group: Any, name: str, spec: Any, value: Any, opts: Any) -> None
             _write_nest(sub, f"_index_{i}", s, v, opts)
 
 
+class _FinalObservation:
+    """The final observation of an episode of a TF-Agents trajectory store.
+
+    Such a store has no next-observation leaf: a driver writes, after each episode, a
+    boundary row whose ``step_type`` is LAST and whose observation is the episode's final
+    one. An episode with no boundary row after it (still open at the cursor) has none.
+    """
+
+    LAST = 2  # TF-Agents StepType.LAST
+
+    def __init__(self, store: Any, roles: Roles, obs_path: str, step_type: str):
+        self.store = store
+        index = {p: i for i, p in enumerate(roles.paths)}
+        self.obs = [index[p] for p in roles.leaves_of(obs_path)]
+        self.step_type = index[step_type]
+        self.spec = roles.spec_of(obs_path)
+
+    def after(self, ep: Any) -> Any:
+        g = ep.last_step + 1
+        if g >= self.store.committed_steps:
+            return None
+        row = self.store.read_steps(np.array([g]))
+        if int(np.asarray(row[self.step_type])[0, ep.env]) != self.LAST:
+            return None
+        return unflatten(self.spec, [row[i][:, ep.env] for i in self.obs])
+
+
 def _observations(obs_spec: Any, obs: Any, last_next: Any) -> Any:
     """N observations and the final next observation, as N + 1 rows per leaf."""
     if isinstance(obs_spec, ArraySpec):
@@ -161,7 +191,8 @@ def write(
     roles = Roles.of(store)
     obs_path = roles.need("observation", "minari")
     next_path = roles.get("next_observation")
-    if next_path is None:
+    step_type = roles.get("step_type")
+    if next_path is None and step_type is None:
         raise BadInputError(
             "minari export needs each episode's final observation, which is its last step's next "
             "observation, and the store has no next_observation leaf; record one (role "
@@ -170,7 +201,8 @@ def write(
     act_path = roles.need("action", "minari")
     rew_path = roles.need("reward", "minari")
     obs_spec, act_spec = roles.spec_of(obs_path), roles.spec_of(act_path)
-    if roles.spec_of(next_path) != obs_spec:
+    final = _FinalObservation(store, roles, obs_path, step_type) if next_path is None else None
+    if next_path is not None and roles.spec_of(next_path) != obs_spec:
         raise BadInputError(
             f"minari export: next_observation {roles.spec_of(next_path)} does not match observation {obs_spec}"
         )
@@ -202,22 +234,35 @@ def write(
         count = steps = 0
         with h5py.File(os.path.join(data_dir, "main_data.hdf5"), "w", track_order=True) as f:
             for ep in episodes(store, complete_only):
+                ticker.advance(ep.length)
                 n = ep.length
+                obs, act = part(ep.data, obs_path), part(ep.data, act_path)
+                rew = np.asarray(part(ep.data, rew_path)).reshape(n)
+                term, trunc = episode_flags(ep)
+                if next_path is not None:
+                    last = map_structure(lambda x: x[-1:], part(ep.data, next_path))
+                else:
+                    last = final.after(ep) if final is not None else None
+                    if last is None:  # the outcome of the last step is not stored: drop that step
+                        if n < 2:
+                            continue
+                        last = map_structure(lambda x: x[-1:], obs)
+                        obs, act = (map_structure(lambda x: x[:-1], v) for v in (obs, act))
+                        n -= 1
+                        rew, term, trunc = rew[:-1], np.zeros(n, bool), np.zeros(n, bool)
+                        trunc[-1] = True
                 if n == 0:
                     continue
                 g = f.create_group(f"episode_{count}")
                 g.attrs["id"] = count
                 g.attrs["total_steps"] = n
-                term, trunc = episode_flags(ep)
-                obs = _observations(obs_spec, part(ep.data, obs_path), part(ep.data, next_path))
-                _write_nest(g, "observations", obs_spec, obs, opts)
-                _write_nest(g, "actions", act_spec, part(ep.data, act_path), opts)
-                g.create_dataset("rewards", data=np.asarray(part(ep.data, rew_path)).reshape(n))
+                _write_nest(g, "observations", obs_spec, _observations(obs_spec, obs, last), opts)
+                _write_nest(g, "actions", act_spec, act, opts)
+                g.create_dataset("rewards", data=rew)
                 g.create_dataset("terminations", data=term)
                 g.create_dataset("truncations", data=trunc)
                 count += 1
                 steps += n
-                ticker.advance(n)
         image = looks_like_image(obs_spec) or looks_like_image(act_spec)
         metadata = {
             "dataset_id": dataset_id,
