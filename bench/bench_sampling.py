@@ -14,12 +14,14 @@ Two parts:
 2. Data larger than memory: before each batch the store is closed, the page cache of its
    data files is dropped with ``posix_fadvise(POSIX_FADV_DONTNEED)`` and the store is
    reopened (none of that timed), so every batch starts with none of its rows in memory.
-   ``sample(256)`` is timed with the page advice off and on (``MADV_RANDOM`` plus
-   ``MADV_WILLNEED`` of the batch's pages), next to ``os.pread`` of the same rows, one call
-   per row and leaf, after the same drop (the disk's raw random-read rate at queue depth 1).
+   ``sample(256)`` is timed in a reader with the kernel's default readahead, with
+   ``MADV_RANDOM``, and with ``MADV_RANDOM`` plus ``MADV_WILLNEED`` of the batch's pages,
+   next to ``os.pread`` of the same rows, one call per row and leaf, after the same drop
+   (the disk's raw random-read rate at queue depth 1).
 
 Figures are medians over repeated blocks, interleaved so that noise from other processes
-hits every variant alike. Usage: ``python bench/bench_sampling.py [--quick] [--json OUT]``.
+hits every variant alike. Usage:
+``python bench/bench_sampling.py [--quick] [--clock wall|cpu] [--skip-cold] [--json OUT]``.
 """
 
 from __future__ import annotations
@@ -115,6 +117,9 @@ def warm(files: list[str]) -> None:
 # --- page-cached ---------------------------------------------------------------------------
 
 
+CLOCK = time.perf_counter
+
+
 def timed_blocks(fns: dict[str, Callable[[np.random.Generator], Any]], calls: int, repeats: int) -> dict[str, float]:
     """Median seconds per call of each function, blocks interleaved."""
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -125,10 +130,10 @@ def timed_blocks(fns: dict[str, Callable[[np.random.Generator], Any]], calls: in
     for r in range(repeats):
         for name, fn in fns.items():
             g = np.random.default_rng(r)
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             for _ in range(calls):
                 fn(g)
-            times[name].append((time.perf_counter() - t0) / calls)
+            times[name].append((CLOCK() - t0) / calls)
     return {name: float(np.median(ts)) for name, ts in times.items()}
 
 
@@ -233,14 +238,19 @@ def cold(workload: str, steps: int, batches: int, root: str) -> dict:
     files = data_files(path)
     size = sum(os.path.getsize(f) for f in files)
     out: dict[str, Any] = {"workload": workload, "data_bytes": size, "rows": steps * NUM_ENVS, "batch": 256}
-    times: dict[str, list[float]] = {"advice off": [], "advice on": [], "pread": []}
+    modes = {  # (prefetch, advise)
+        "kernel readahead": (False, False),
+        "MADV_RANDOM": (False, True),
+        "MADV_RANDOM+WILLNEED": (True, True),
+    }
+    times: dict[str, list[float]] = {name: [] for name in modes} | {"pread": []}
     try:
         for i in range(batches):
             slots = envs = None
-            for mode in ("advice off", "advice on"):
+            for mode, (prefetch, advise) in modes.items():
                 drop_cache(files)
                 with mr.open(path) as store:
-                    reads.set_prefetch(store, mode == "advice on")
+                    reads.set_prefetch(store, prefetch, advise=advise)
                     t0 = time.perf_counter()
                     _, info = store.sample(256, rng=i, return_info=True)
                     times[mode].append(time.perf_counter() - t0)
@@ -274,10 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="folder for the buffers (default: a temp folder)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     parser.add_argument("--skip-cold", action="store_true", help="only the page-cached part")
+    parser.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall",
+        help="page-cached part: wall time, or the calling thread's CPU time (steadier on a busy machine)",
+    )
     args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.perf_counter if args.clock == "wall" else time.thread_time
     root = tempfile.mkdtemp(prefix="mmreplay-bench-sampling-", dir=args.dir)
     q = args.quick
-    results: dict[str, Any] = {"conditions_before": conditions()}
+    results: dict[str, Any] = {"conditions_before": conditions(), "clock": args.clock}
     print(f"conditions: {results['conditions_before']}", flush=True)
     try:
         layouts = [("zarr", None), ("hdf5", None), ("zarr", "zstd")]

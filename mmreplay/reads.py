@@ -10,14 +10,17 @@ seqlock of DESIGN.md): ``sample`` moves the reader's window forward with ``refre
 and re-samples the items the writer overwrote meanwhile; a deterministic pass cannot
 re-sample and raises :class:`~mmreplay.NotEnoughDataError` instead.
 
-Buffers larger than RAM: random rows are read with ``MADV_RANDOM`` (no readahead, so a
-row costs its own pages only) after a ``MADV_WILLNEED`` for exactly the pages of the
-batch, which lets the disk serve them in parallel instead of one page fault at a time;
-when the next batch is known (``rng=None``, a pass) a background thread issues its
-``MADV_WILLNEED`` while the caller works on the current one. Sequences and passes keep
-the normal readahead. The prefetch is on when the mapped leaves exceed half the memory
-available to the process (``set_prefetch`` overrides it); on page-cached data it would
-only cost syscalls.
+Pages not in memory: random rows are read with ``MADV_RANDOM`` (no readahead, so a row
+costs its own pages, not the 128 KiB or more read around each fault by default), and
+sequences and passes with the normal readahead. Readers always advise; a writer advises
+only when its ring outgrows memory, and then keeps the slots ahead of its cursor on
+readahead, so that rewriting evicted pages does not fault page by page. When the mapped
+leaves exceed half the memory available to the process, each batch also issues
+``MADV_WILLNEED`` for exactly its pages before reading them, which lets the disk serve
+them in parallel instead of one page fault at a time, and when the next batch is known
+(``rng=None``, a shuffled pass) a background thread issues it while the caller works on
+the current one. ``set_prefetch`` overrides both choices; on page-cached data the
+prefetch would only cost syscalls.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from .spec import ArraySpec, unflatten
 __all__ = ["SampleInfo", "sample", "iterate", "read_rows", "set_prefetch"]
 
 MAX_RESAMPLES = 16
+WRITE_WINDOW_BYTES = 16 << 20  # a writer's slots ahead of its cursor kept on readahead
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,13 @@ class Reader:
         self.mapped = [leaf for leaf in self.leaves if getattr(leaf, "mm", None) is not None]
         mapped_bytes = sum(leaf.flat.nbytes for leaf in self.mapped)
         self.prefetch = bool(self.mapped) and mapped_bytes > memory_available() // 2
+        # Readers advise always; a writer only when its ring outgrows memory (its own
+        # recent rows are in the page cache otherwise, and readahead helps its writes).
+        self.advising = bool(self.mapped) and (self.is_reader or self.prefetch)
+        step_bytes = max(1, sum(leaf.num_envs * leaf.row_bytes for leaf in self.mapped))
+        self.window_slots = max(64, min(self.capacity, WRITE_WINDOW_BYTES // step_bytes))
+        self.write_window: tuple[int, int] | None = None
+        self.current_advice: tuple[str, Any] | None = None
         self.pending: tuple[Any, sampling.Draw] | None = None
         self.thread: _Prefetcher | None = None
         self.state_path = os.path.join(store.path, METADATA_FILE)
@@ -136,10 +147,21 @@ class Reader:
             self.gen = np.random.default_rng()
         return self.gen
 
-    def advise(self, pattern: str) -> None:
+    def advise(self, pattern: str, store: Any) -> None:
+        """Page advice for the next read (see the module docstring); in a writer the slots
+        ahead of its cursor stay on normal readahead, so that a ring larger than RAM does
+        not make the write head fault page by page."""
+        keep = None
+        if not self.is_reader and pattern == "random":
+            keep = self.write_window
+            cursor = store.total_steps % self.capacity
+            if keep is None or (cursor - keep[0]) % self.capacity > keep[1] // 2:
+                keep = self.write_window = (cursor, self.window_slots)
+        if (pattern, keep) == self.current_advice:
+            return
         for leaf in self.mapped:
-            if leaf.advice != pattern:
-                leaf.advise(pattern)
+            leaf.advise(pattern, keep)
+        self.current_advice = (pattern, keep)
 
     def willneed(self, rows: np.ndarray) -> None:
         for leaf in self.mapped:
@@ -216,14 +238,31 @@ def reader_for(store: Any) -> Reader:
     return reader
 
 
-def set_prefetch(store: Any, enabled: bool | None) -> None:
-    """Turn the page prefetch for buffers larger than RAM on or off (None: decide from
-    the memory available to the process, the default)."""
+def set_prefetch(store: Any, enabled: bool | None, advise: bool | None = None) -> None:
+    """Set the page-cache behaviour of a store's reads.
+
+    Args:
+        store: an open store.
+        enabled: ``MADV_WILLNEED`` prefetch of each batch's pages (and, when the next
+            batch is known, of its pages from a background thread): True, False, or None
+            to decide from the memory available to the process (the default: on when the
+            mapped leaves exceed half of it).
+        advise: ``MADV_RANDOM`` for random rows and ``MADV_NORMAL`` for sequences: True,
+            False (leave the kernel's readahead as it is), or None for the default (on
+            in readers, on in a writer only with the prefetch).
+    """
     reader = reader_for(store)
     if enabled is None:
         mapped_bytes = sum(leaf.flat.nbytes for leaf in reader.mapped)
-        enabled = bool(reader.mapped) and mapped_bytes > memory_available() // 2
+        enabled = mapped_bytes > memory_available() // 2
     reader.prefetch = bool(enabled) and bool(reader.mapped)
+    if advise is None:
+        advise = reader.is_reader or reader.prefetch
+    if not advise and reader.advising:
+        for leaf in reader.mapped:
+            leaf.advise("normal")
+        reader.current_advice = None
+    reader.advising = bool(advise) and bool(reader.mapped)
     if not reader.prefetch:
         reader.pending = None
 
@@ -324,10 +363,10 @@ def sample(
                 store.first_step, store._state.end, reader.num_envs, reader.capacity, batch_size, steps, replacement, gen
             )
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
-    if reader.prefetch:
-        reader.advise("random" if num_steps is None else "normal")
-        if not prefetched:
-            reader.willneed(rows)
+    if reader.advising:
+        reader.advise("random" if num_steps is None else "normal", store)
+    if reader.prefetch and not prefetched:
+        reader.willneed(rows)
     out = [take(rows) for take in reader.takes]
     if reader.is_reader and reader.live_first(store) > store.first_step:  # some may be overwritten
         draw = _resample_overwritten(store, reader, draw, out, steps, num_steps, replacement, gen, within_episodes)
@@ -475,10 +514,10 @@ def _pass(
         store._check_open()
         rows = rows_for(group)
         nxt = next(groups, None)
-        if reader.prefetch:
-            reader.advise(pattern)
-            if shuffle and nxt is not None:
-                reader.prefetch_later(rows_for(nxt))
+        if reader.advising:
+            reader.advise(pattern, store)
+        if reader.prefetch and shuffle and nxt is not None:
+            reader.prefetch_later(rows_for(nxt))
         out = reader.take(rows)
         if store.mode == "r":
             lowest = int(start[group].min())

@@ -293,11 +293,28 @@ def test_prefetch_mode_returns_the_same_rows(tmp_path, layout):
             check_rows(batch, info.step, info.env)
         if store._leaves[0].__class__.__name__ == "MappedLeaf":
             assert {leaf.advice for leaf in store._leaves} == {"random"}
+            # the writer keeps the slots ahead of its cursor on readahead
+            assert {leaf.advice_keep[0] for leaf in store._leaves} == {100 % 64}
             store.sample(4, num_steps=2)
             assert {leaf.advice for leaf in store._leaves} == {"normal"}
         reads.set_prefetch(store, False)
         np.testing.assert_array_equal(store.sample(50, rng=3)["obs"], plain["obs"])
     assert store._reads is None  # the prefetch thread was stopped with the store
+
+
+def test_page_advice_defaults(tmp_path):
+    with make(tmp_path, 64, 4, 100) as writer:
+        writer.sample(8, rng=0)
+        assert {leaf.advice for leaf in writer._leaves} == {None}  # a writer whose ring fits in memory
+        with mr.open(tmp_path / "b", "r") as reader:
+            reader.sample(8, rng=0)
+            assert {leaf.advice for leaf in reader._leaves} == {"random"}
+            assert {leaf.advice_keep for leaf in reader._leaves} == {None}
+            next(reader.iterate(num_steps=4))
+            assert {leaf.advice for leaf in reader._leaves} == {"normal"}
+            reads.set_prefetch(reader, False, advise=False)
+            reader.sample(8, rng=0)
+            assert {leaf.advice for leaf in reader._leaves} == {"normal"}
 
 
 def test_read_rows_reads_named_rows_and_refuses_others(tmp_path, layout):

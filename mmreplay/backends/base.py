@@ -163,6 +163,7 @@ class MappedLeaf:
         # Rows in (slot, env) order: one ``take`` gathers any (step, env) pairs.
         self.flat = self.array.reshape(capacity * num_envs, *info.spec.shape)
         self.advice: str | None = None
+        self.advice_keep: tuple[int, int] | None = None
         self.row_bytes = max(1, info.spec.nbytes)
 
     def read(self, slots: Any) -> np.ndarray:
@@ -177,20 +178,31 @@ class MappedLeaf:
         """Rows of the (slot, env) pairs (broadcast together), as a new array."""
         return self.flat.take(np.asarray(slots, np.int64) * self.num_envs + envs, axis=0)
 
-    def advise(self, pattern: str) -> None:
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
         """Tell the kernel how the leaf is read next: ``"random"`` (no readahead: random
         rows from a buffer larger than RAM read only their own pages) or ``"normal"``
-        (readahead, for sequences and passes). Costs one syscall when the pattern changes."""
-        if pattern == self.advice or self.mm is None:
+        (readahead, for sequences and passes). ``keep`` = ``(slot, count)`` leaves those
+        slots (wrapping) on normal readahead: a writer's next slots, which it fills in
+        order. Costs a few syscalls, only when the advice changes."""
+        if (pattern, keep) == (self.advice, self.advice_keep) or self.mm is None:
             return
-        start = (self.info.offset or 0) // mmap.PAGESIZE * mmap.PAGESIZE
-        length = (self.info.offset or 0) + self.flat.nbytes - start
+        base = self.info.offset or 0
         option = mmap.MADV_RANDOM if pattern == "random" else mmap.MADV_NORMAL
+        ranges = [(base, base + self.flat.nbytes, option)]
+        if keep is not None and pattern == "random":
+            capacity = len(self.flat) // self.num_envs
+            slot_bytes = self.num_envs * self.row_bytes
+            a, n = keep[0] % capacity, min(keep[1], capacity)
+            for x, y in ((a, min(a + n, capacity)), (0, max(0, a + n - capacity))):
+                if y > x:
+                    ranges.append((base + x * slot_bytes, base + y * slot_bytes, mmap.MADV_NORMAL))
         try:
-            self.mm.madvise(option, start, length)
+            for lo, hi, opt in ranges:
+                start = lo // mmap.PAGESIZE * mmap.PAGESIZE
+                self.mm.madvise(opt, start, hi - start)
         except (OSError, ValueError):
             return  # advice only; a closed or unusual mapping reads correctly without it
-        self.advice = pattern
+        self.advice, self.advice_keep = pattern, keep
 
     def willneed(self, rows: np.ndarray) -> None:
         """Start reading the pages of these rows from disk, without waiting (MADV_WILLNEED)."""
@@ -331,7 +343,7 @@ class ChunkedLeaf:
         """Rows of the (slot, env) pairs (broadcast together), as a new array."""
         return self.take(np.asarray(slots, np.int64) * self.array.shape[1] + envs)
 
-    def advise(self, pattern: str) -> None:
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
         """Chunks are read whole through zarr / h5py: there is no mapping to advise."""
 
     def willneed(self, rows: np.ndarray) -> None:
