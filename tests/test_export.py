@@ -14,6 +14,7 @@ import pytest
 import mmreplay as mr
 from mmreplay.demo import collect, spec
 from mmreplay.export import FORMATS, export
+from mmreplay.export.parquet import decode_image
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 REFERENCE = ["pointchase-zarr", "pointchase-pixels-hdf5", "pointchase-pixels-zstd", "pointchase-wrapped"]
@@ -197,12 +198,13 @@ def test_parquet_loads_with_pyarrow_and_hf_datasets(reference, tmp_path):
     assert table.num_rows == sum(e.length for e in eps)
     counts = np.bincount(table.column("episode_index").to_numpy())
     assert counts.tolist() == [e.length for e in eps]
-    ds = hf.load_dataset(
+    plain = hf.load_dataset(
         "parquet",
         data_files=sorted(glob.glob(str(out / "*.parquet"))),
         split="train",
         cache_dir=str(tmp_path / "hf"),
-    ).with_format("numpy")
+    )
+    ds = plain.with_format("numpy")
     pixels = isinstance(reference.spec["observation"], dict)
     if pixels:
         field = table.schema.field("observation.pixels")
@@ -212,11 +214,16 @@ def test_parquet_loads_with_pyarrow_and_hf_datasets(reference, tmp_path):
     for i, ep in enumerate(eps):
         n = ep.length
         sl = slice(row, row + n)
-        if pixels:  # images come as flat lists, reshaped by the field's shape metadata
-            for key in ("pixels", "state"):
-                for role in ("observation", "next_observation"):
-                    want = ep.data[role][key]
-                    assert np.array_equal(cols[f"{role}.{key}"][sl].reshape(want.shape), want)
+        if pixels:  # frames are raw bytes, decoded by the field's shape and dtype metadata
+            for role in ("observation", "next_observation"):
+                meta = table.schema.field(f"{role}.pixels").metadata
+                shape, dtype = json.loads(meta[b"shape"]), meta[b"dtype"].decode()
+                want = ep.data[role]["pixels"]
+                assert np.array_equal(decode_image(cols[f"{role}.pixels"][sl], shape, dtype), want)
+                assert np.array_equal(decode_image(table.column(f"{role}.pixels")[sl], shape, dtype), want)
+                as_bytes = plain[row : row + n][f"{role}.pixels"]  # a list of bytes
+                assert np.array_equal(decode_image(as_bytes, shape, dtype), want)
+                assert np.array_equal(cols[f"{role}.state"][sl], ep.data[role]["state"])
         else:
             assert np.array_equal(cols["observation"][sl], ep.data["observation"])
         assert np.array_equal(cols["action"][sl], ep.data["action"])

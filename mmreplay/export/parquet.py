@@ -5,10 +5,11 @@ store's step id), then the roles -- ``observation`` (a nested observation as
 ``observation.<key>`` columns), ``next_observation.*``, ``action.*``, ``reward`` --
 then ``terminated``, ``truncated``, ``is_first``, ``is_last``, then every other leaf by
 its path with ``.`` for ``/``. Scalars are plain columns and vectors fixed-size lists;
-arrays of more dimensions (images) are flattened into one fixed-size list, and every
-array column carries ``shape`` and ``dtype`` in its field metadata to reshape it by (a
-flat list reads fast everywhere; nested lists are slow to convert in HF datasets).
-Loads with ``pyarrow.parquet.read_table(out)`` and with
+leaves of two or more dimensions (images) are fixed-size binary values, the raw
+little-endian C-order bytes of each row, with ``shape`` and ``dtype`` in the field's
+metadata (:func:`decode_image` turns a column back into an array). Parquet writes list
+columns an element at a time, which made frames about 15 times slower to write. Loads
+with ``pyarrow.parquet.read_table(out)`` and with
 ``datasets.load_dataset("parquet", data_files=f"{out}/*.parquet")``.
 """
 
@@ -93,18 +94,52 @@ def role_columns(roles: Roles) -> list[tuple[str, str, ArraySpec]]:
     return out
 
 
+def is_image(spec: ArraySpec) -> bool:
+    """Leaves of two or more dimensions are stored as raw bytes per row."""
+    return len(spec.shape) >= 2
+
+
 def arrow_column(pa: Any, values: np.ndarray) -> Any:
-    """Scalars as a plain array, anything else as one flat fixed-size list per row."""
-    arr = pa.array(np.ascontiguousarray(values).reshape(-1))
-    size = int(np.prod(values.shape[1:], dtype=np.int64))
-    return arr if values.ndim == 1 else pa.FixedSizeListArray.from_arrays(arr, size)
+    """Scalars as a plain array, vectors as fixed-size lists, images as fixed-size binary."""
+    values = np.ascontiguousarray(values)
+    n = len(values)
+    if values.ndim >= 3:
+        raw = values.astype(values.dtype.newbyteorder("<"), copy=False).reshape(n, -1).view(np.uint8)
+        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(raw.shape[1]), n, [None, pa.py_buffer(raw)])
+    arr = pa.array(values.reshape(-1))
+    return arr if values.ndim == 1 else pa.FixedSizeListArray.from_arrays(arr, values.shape[1])
+
+
+def decode_image(column: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """The ``[rows, *shape]`` array of an image column: a pyarrow (chunked) array, the
+    ``|S<n>`` array HF datasets gives with ``with_format("numpy")``, or a list of bytes."""
+    dtype = np.dtype(dtype).newbyteorder("<")
+    if isinstance(column, np.ndarray) and column.dtype.kind == "S":
+        # the buffer holds every byte (indexing an |S array would strip trailing NULs)
+        return np.ascontiguousarray(column).view(np.uint8).view(dtype).reshape(-1, *shape)
+    if hasattr(column, "combine_chunks"):
+        column = column.combine_chunks()
+    if hasattr(column, "buffers"):
+        data = np.frombuffer(column.buffers()[1], np.uint8)
+        size = int(np.prod(shape)) * dtype.itemsize
+        data = data[column.offset * size : (column.offset + len(column)) * size]
+    else:
+        data = np.frombuffer(b"".join(bytes(b) for b in column), np.uint8)
+    return data.view(dtype).reshape(-1, *shape)
 
 
 def _field(pa: Any, name: str, spec: ArraySpec) -> Any:
-    typ = pa.from_numpy_dtype(spec.dtype)
+    if is_image(spec):
+        typ = pa.binary(spec.nbytes)
+    else:
+        typ = pa.from_numpy_dtype(spec.dtype)
+        if spec.shape:
+            typ = pa.list_(typ, int(spec.shape[0]))
+    meta = None
     if spec.shape:
-        typ = pa.list_(typ, int(np.prod(spec.shape, dtype=np.int64)))
-    meta = {"shape": json.dumps(list(spec.shape)), "dtype": spec.dtype.name} if spec.shape else None
+        meta = {"shape": json.dumps(list(spec.shape)), "dtype": spec.dtype.name}
+        if is_image(spec):
+            meta["encoding"] = "raw little-endian C-order bytes"
     return pa.field(name, typ, metadata=meta)
 
 
@@ -143,7 +178,11 @@ def write(
         b"mmreplay": json.dumps({**spec_json(store), "columns": {c: p for c, p, _ in columns}}).encode()
     }
     schema = pa.schema(fields, metadata=file_meta)
-    scalars = [f.name for f in fields if not pa.types.is_fixed_size_list(f.type)]
+    scalars = [
+        f.name
+        for f in fields
+        if not (pa.types.is_fixed_size_list(f.type) or pa.types.is_fixed_size_binary(f.type))
+    ]
     target = Target(out, "folder", force, recognise=FIRST_FILE)
     _, n_steps = episode_total(store, complete_only)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
@@ -161,8 +200,8 @@ def write(
             schema,
             compression=name,
             compression_level=int(level) if level else None,
-            # dictionaries and min/max statistics help scalar columns; over arrays and
-            # frames they cost most of the write time and save nothing
+            # dictionaries and min/max statistics help scalar columns; over vectors they
+            # cost most of the write time and save little
             use_dictionary=scalars,
             write_statistics=scalars,
         )
