@@ -99,6 +99,7 @@ class Reader:
         self.window_slots = max(64, min(self.capacity, WRITE_WINDOW_BYTES // step_bytes))
         self.write_window: tuple[int, int] | None = None
         self.current_advice: tuple[str, Any] | None = None
+        self.pattern: str | None = None  # the advice in force (readers: the whole of it)
         self.pending: tuple[Any, sampling.Draw] | None = None
         self.thread: _Prefetcher | None = None
         self.state_path = os.path.join(store.path, METADATA_FILE)
@@ -162,6 +163,7 @@ class Reader:
         for leaf in self.mapped:
             leaf.advise(pattern, keep)
         self.current_advice = (pattern, keep)
+        self.pattern = pattern
 
     def willneed(self, rows: np.ndarray) -> None:
         for leaf in self.mapped:
@@ -261,7 +263,7 @@ def set_prefetch(store: Any, enabled: bool | None, advise: bool | None = None) -
     if not advise and reader.advising:
         for leaf in reader.mapped:
             leaf.advise("normal")
-        reader.current_advice = None
+        reader.current_advice = reader.pattern = None
     reader.advising = bool(advise) and bool(reader.mapped)
     if not reader.prefetch:
         reader.pending = None
@@ -364,7 +366,9 @@ def sample(
             )
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
-        reader.advise("random" if num_steps is None else "normal", store)
+        pattern = "random" if num_steps is None else "normal"
+        if pattern is not reader.pattern or not reader.is_reader:
+            reader.advise(pattern, store)
     if reader.prefetch and not prefetched:
         reader.willneed(rows)
     out = [take(rows) for take in reader.takes]

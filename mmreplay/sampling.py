@@ -44,7 +44,14 @@ class Draw:
 
     __slots__ = ("start", "num_envs", "p", "_shift", "_flat")
 
-    def __init__(self, start: np.ndarray, num_envs: int, p: float | np.ndarray, shift: int | None = None, flat: np.ndarray | None = None):
+    def __init__(
+        self,
+        start: np.ndarray,
+        num_envs: int,
+        p: float | np.ndarray,
+        shift: int | None = None,
+        flat: np.ndarray | None = None,
+    ):
         self.start = start
         self.num_envs = num_envs
         self.p = p
@@ -131,11 +138,15 @@ def draw_uniform(
             f"retained, too short (each env's stream is at most {stored} steps long)"
         )
     n = (stored - num_steps + 1) * num_envs
-    k = gen.integers(0, n, batch_size) if replacement else _pick(n, batch_size, False, gen)
-    # The valid starts are consecutive rows from the first step's slot, past the ring end.
+    # The valid starts are n consecutive rows from the first step's slot, running past
+    # the ring's end (the gathers wrap them).
     offset = (first % capacity) * num_envs
-    k += offset
-    return Draw(k, num_envs, 1.0 / n, shift=first * num_envs - offset)
+    if replacement:
+        k = gen.integers(offset, offset + n, batch_size)
+    else:
+        k = _pick(n, batch_size, False, gen)
+        k += offset
+    return Draw(k, num_envs, 1.0 / n, first * num_envs - offset)
 
 
 def draw_in_spans(
