@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -142,13 +143,17 @@ def _status() -> dict[str, int]:
 
 
 def child(fmt: str, store_path: str, out: str) -> None:
+    # libraries are imported before timing: their import is a constant, not throughput
+    import h5py  # noqa: F401
+    import zarr  # noqa: F401
+
     import mmreplay as mr
     from mmreplay.export import export
 
     if fmt == "pt":
-        import torch  # noqa: F401 - imported before the baseline, as a user's process would have it
-    if fmt in ("parquet",):
-        import pyarrow  # noqa: F401
+        import torch  # noqa: F401
+    if fmt == "parquet":
+        import pyarrow.parquet  # noqa: F401
     peak_anon = [0]
     stop = threading.Event()
 
@@ -161,9 +166,11 @@ def child(fmt: str, store_path: str, out: str) -> None:
         base = _status()
         thread = threading.Thread(target=sample, daemon=True)
         thread.start()
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t = time.perf_counter()
         export(store, out, format=fmt)
         seconds = time.perf_counter() - t
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         stop.set()
         thread.join()
     end = _status()
@@ -171,6 +178,7 @@ def child(fmt: str, store_path: str, out: str) -> None:
         json.dumps(
             {
                 "seconds": seconds,
+                "cpu_seconds": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime),
                 "vm_hwm": end["VmHWM"],
                 "peak_anon": max(peak_anon[0], end["RssAnon"]),
                 "anon_before": base["RssAnon"],
@@ -247,18 +255,21 @@ def _bench(work: str, gb: float, formats: list[str], repeats: int, json_out: str
         "runs": {},
     }
 
-    def cp_once(src: str) -> float:
+    def cp_once(src: str) -> tuple[float, float]:
+        """Wall and CPU seconds of ``cp -r``."""
         dst = os.path.join(work, "cp-copy")
         remove(dst)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         subprocess.run(["cp", "-r", src, dst], check=True)
         seconds = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         remove(dst)
-        return seconds
+        return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
     runs: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
-    cps: list[float] = []
-    cps_vec: list[float] = []
+    cps: list[tuple[float, float]] = []
+    cps_vec: list[tuple[float, float]] = []
     sizes: dict[str, int] = {}
     for _ in range(repeats):
         cps.append(cp_once(store))
@@ -273,28 +284,46 @@ def _bench(work: str, gb: float, formats: list[str], repeats: int, json_out: str
             runs[fmt].append(r)
     raw["cp_seconds"] = cps
     raw["runs"] = runs
-    cp_mbs = data_bytes / 2**20 / statistics.median(cps)
-    print()
-    print("| export | store data | MB/s | x cp | output | peak RSS (VmHWM) | peak own memory (RssAnon) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    print(f"| `cp -r` (baseline) | {data_bytes / 2**30:.2f} GiB | {cp_mbs:,.0f} | 1.00 | - | - | - |")
+
+    def rate(nbytes: float, seconds: list[float]) -> float:
+        return nbytes / 2**20 / max(1e-9, statistics.median(seconds))
+
+    cp_wall = rate(data_bytes, [w for w, _ in cps])
+    cp_cpu = rate(data_bytes, [c for _, c in cps])
     if cps_vec:
-        cpv_mbs = vec_bytes / 2**20 / statistics.median(cps_vec)
+        cpv_wall = rate(vec_bytes, [w for w, _ in cps_vec])
+        cpv_cpu = rate(vec_bytes, [c for _, c in cps_vec])
+    print()
+    print(
+        "| export | store data | MB/s | x cp | MB per CPU-s | x cp (CPU) | output "
+        "| peak RSS (VmHWM) | peak own memory (RssAnon, + during the export) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        f"| `cp -r` (baseline) | {data_bytes / 2**30:.2f} GiB | {cp_wall:,.0f} | 1.00 | {cp_cpu:,.0f} | 1.00 "
+        "| - | - | - |"
+    )
     for fmt in formats:
         rs = runs[fmt]
-        nbytes = vec_bytes if fmt == "csv" else data_bytes
-        base = cpv_mbs if fmt == "csv" else cp_mbs
-        mbs = nbytes / 2**20 / statistics.median(r["seconds"] for r in rs)
+        csv = fmt == "csv"
+        nbytes = vec_bytes if csv else data_bytes
+        wall = rate(nbytes, [r["seconds"] for r in rs])
+        cpu = rate(nbytes, [r["cpu_seconds"] for r in rs])
         hwm = statistics.median(r["vm_hwm"] for r in rs) / 2**20
         anon = statistics.median(r["peak_anon"] for r in rs) / 2**20
-        name = f"{fmt} (vector store)" if fmt == "csv" else fmt
+        grew = statistics.median(r["peak_anon"] - r["anon_before"] for r in rs) / 2**20
+        name = f"{fmt} (vector store)" if csv else fmt
         print(
-            f"| {name} | {nbytes / 2**30:.2f} GiB | {mbs:,.0f} | {mbs / base:.2f} | "
-            f"{sizes[fmt] / 2**20:,.0f} MiB | {hwm:,.0f} MiB | {anon:,.0f} MiB |"
+            f"| {name} | {nbytes / 2**30:.2f} GiB | {wall:,.0f} | {wall / (cpv_wall if csv else cp_wall):.2f} "
+            f"| {cpu:,.0f} | {cpu / (cpv_cpu if csv else cp_cpu):.2f} "
+            f"| {sizes[fmt] / 2**20:,.0f} MiB | {hwm:,.0f} MiB | {anon:,.0f} MiB (+{grew:,.0f}) |"
         )
+    load = os.getloadavg()
     print(
         f"\nmedians of {repeats} runs; page cache warm; 'x cp' is the ratio to cp -r of the same store "
-        f"(csv: of the {vec_steps:,}-step vector store) in this run."
+        f"(csv: of the {vec_steps:,}-step vector store) in this run; CPU-s counts user + system time, "
+        f"which other jobs on the machine disturb less than wall time; load average "
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores at the end."
     )
     if json_out:
         with open(json_out, "w") as f:
