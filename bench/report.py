@@ -7,6 +7,7 @@ the other libraries (TorchRL, cpprb, SB3) on that figure; numpy-in-RAM is the li
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 __all__ = ["markdown", "FIGURES", "advantage", "targets"]
@@ -62,16 +63,16 @@ def _ratio(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}×"
 
 
-def _table(
-    rows: list[tuple[str, str, bool, dict[str, float | None], dict[str, str]]], names: list[str]
-) -> list[str]:
-    """rows: (label, unit, higher_better, system -> value in shown unit, system -> n/a reason)."""
+Row = tuple[str, str, bool, dict[str, "float | None"], dict[str, str], dict[str, "float | None"]]
+
+
+def _table(rows: list[Row], names: list[str]) -> list[str]:
+    """rows: (label, unit, higher_better, system -> value in shown unit, system -> n/a
+    reason, system -> value relative to the numpy baseline measured alongside it)."""
     peers = _peers(names)
     head = ["figure"] + names
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, unit, hb, values, reasons in rows:
-        base = values.get(BASELINE)
-        best = _best(values, peers, hb)
+    for label, unit, hb, values, reasons, norms in rows:
         cells = [f"{label} ({unit}, {'higher' if hb else 'lower'} is better)"]
         for n in names:
             v = values.get(n)
@@ -80,11 +81,12 @@ def _table(
                 continue
             cell = _num(v)
             if _is_mmreplay(n):
+                r_base, r_peer = _ratios(n, values, norms, peers, hb)
                 parts = []
-                if base is not None:
-                    parts.append(f"{_ratio(advantage(v, base, hb))} numpy")
-                if best is not None:
-                    parts.append(f"{_ratio(advantage(v, best[1], hb))} best peer")
+                if r_base is not None:
+                    parts.append(f"{_ratio(r_base)} numpy")
+                if r_peer is not None:
+                    parts.append(f"{_ratio(r_peer)} best peer")
                 if parts:
                     cell += " (" + ", ".join(parts) + ")"
             cells.append(cell)
@@ -92,21 +94,52 @@ def _table(
     return lines
 
 
-def _workload_rows(
-    per: dict[str, Any],
-) -> list[tuple[str, str, bool, dict[str, float | None], dict[str, str]]]:
+def _ratios(
+    name: str,
+    values: dict[str, float | None],
+    norms: dict[str, float | None],
+    peers: list[str],
+    hb: bool,
+) -> tuple[float | None, float | None]:
+    """mmreplay's advantage over numpy and over the best peer. Where each system was
+    measured alongside its own numpy baseline, both ratios use those pairings, so a
+    change of machine load between systems cancels out."""
+    if norms.get(name) is not None:
+        peer_norms = {p: norms.get(p) for p in peers}
+        best = _best(peer_norms, peers, hb)
+        r_peer = advantage(norms[name], best[1], hb) if best else None
+        return advantage(norms[name], 1.0, hb), r_peer
+    best = _best(values, peers, hb)
+    return (
+        advantage(values[name], values.get(BASELINE), hb),
+        advantage(values[name], best[1], hb) if best else None,
+    )
+
+
+def _workload_rows(per: dict[str, Any]) -> list[Row]:
     rows = []
     for key, label, unit, hb, scale in FIGURES:
         values: dict[str, float | None] = {}
         reasons: dict[str, str] = {}
+        norms: dict[str, float | None] = {}
         for name, figs in per.items():
             fig = figs.get(key, {})
             m = fig.get("median")
             values[name] = None if m is None else m * scale
             if "na" in fig:
                 reasons[name] = fig["na"]
-        rows.append((label, unit, hb, values, reasons))
+            norms[name] = _normalised(fig) if name != BASELINE else (1.0 if m is not None else None)
+        rows.append((label, unit, hb, values, reasons, norms))
     return rows
+
+
+def _normalised(fig: dict[str, Any]) -> float | None:
+    """A figure over the median of the numpy baseline measured alongside it."""
+    base = fig.get("baseline")
+    if fig.get("median") is None or not base:
+        return None
+    b = statistics.median(base)
+    return fig["median"] / b if b else None
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -121,13 +154,13 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         return w.get(name, {}).get(key, {}).get("median")
 
     for key, what, floor in (("add", "per-step add", 0.5), ("sample", "sample(256)", 0.8)):
+        values = {n: med(vec, n, key) for n in names}
+        norms = {n: _normalised(vec[n].get(key, {})) for n in names}
         for mm in ("mmreplay zarr", "mmreplay hdf5"):
             if mm not in vec:
                 continue
-            mine, base = med(vec, mm, key), med(vec, BASELINE, key)
-            best = _best({n: med(vec, n, key) for n in peers}, peers, True)
-            r_base = advantage(mine, base, True)
-            r_peer = advantage(mine, best[1], True) if best else None
+            r_base, r_peer = _ratios(mm, values, norms, peers, True)
+            best = _best(norms if norms.get(mm) is not None else values, peers, True)
             ok = None if r_base is None else (r_base >= floor and (r_peer is None or r_peer > 1))
             out.append(
                 (
@@ -164,8 +197,11 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     if "mmreplay zarr+zstd" in pix and "mmreplay zarr" in pix:
         disk = pix["mmreplay zarr+zstd"]["disk_bytes"]
         frac = disk["median"] / disk["raw_bytes"]
-        s_c, s_u = med(pix, "mmreplay zarr+zstd", "sample"), med(pix, "mmreplay zarr", "sample")
-        r = advantage(s_c, s_u, True)
+        n_c, n_u = (_normalised(pix[n].get("sample", {})) for n in ("mmreplay zarr+zstd", "mmreplay zarr"))
+        if n_c is not None and n_u is not None:
+            r = advantage(n_c, n_u, True)
+        else:
+            r = advantage(med(pix, "mmreplay zarr+zstd", "sample"), med(pix, "mmreplay zarr", "sample"), True)
         out.append(("compressed pixels: bytes on disk ≤ 1/5 of raw", f"{frac:.3f} of raw", frac <= 0.2))
         out.append(
             (
@@ -197,7 +233,10 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
     lines += [
         "Medians over repeated runs. mmreplay cells also give how many times better "
-        "(faster or smaller) mmreplay is than numpy-in-RAM and than the best peer: above 1× is better.",
+        "(faster or smaller) mmreplay is than numpy-in-RAM and than the best peer: above 1× is better. "
+        "Rates (add, extend, sample) are measured in alternate repeats with a numpy-in-RAM "
+        "baseline holding the same data, and their ratios are taken against that paired "
+        "baseline, so that load from other processes changing between systems cancels out.",
         "",
     ]
     sizes = results.get("sizes", {})
@@ -224,7 +263,7 @@ def markdown(results: dict[str, Any]) -> str:
             reasons = {
                 n: reopen[n][str(rows_n)]["na"] for n in names if "na" in reopen[n].get(str(rows_n), {})
             }
-            rows.append((f"{rows_n:.0e} rows", "ms", False, values, reasons))
+            rows.append((f"{rows_n:.0e} rows", "ms", False, values, reasons, {}))
         lines += _table(rows, names)
         skipped = sorted({f"{n}: {f['na']}" for n in names for f in reopen[n].values() if "na" in f})
         if skipped:

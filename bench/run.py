@@ -19,12 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 import mmreplay as mr
+from mmreplay import reads
 
 from . import report
 from .systems import SYSTEMS, Mmreplay, NumpyRAM, System, Unsupported, available, du, version
@@ -39,13 +41,16 @@ class Sizes:
     """How much each figure measures. Capacities and counts are in steps (``num_envs`` rows)."""
 
     capacity: dict[str, int]
-    add_steps: dict[str, int]  # per repeat
+    add_steps: dict[str, int]  # most add calls per repeat
     extend_block: dict[str, int]  # steps per extend call
-    extend_blocks: dict[str, int]  # calls per repeat
-    sample_batches: dict[str, int]  # sample(256) calls per repeat
-    seq_batches: int  # sample(32, num_steps) calls per repeat
+    extend_blocks: dict[str, int]  # most extend calls per repeat
+    sample_batches: dict[str, int]  # most sample(256) calls per repeat
+    seq_batches: int  # most sample(32, num_steps) calls per repeat
     num_steps: int
-    repeats: int
+    repeats: int  # of checkpoint, reopen and export
+    rate_repeats: int  # of add, extend and sample rates, alternating with the baseline
+    budget_s: float  # a repeat of a rate stops after this long
+    slow_budget_s: float  # repeats of a checkpoint / reopen / export stop after this long
     reopen_rows: tuple[int, ...]  # vector buffer sizes for the reopen figure
     reopen_repeats: int
     reopen_budget_s: float  # a peer whose checkpoint took longer skips the larger sizes
@@ -58,16 +63,19 @@ class Sizes:
 SIZES = {
     "full": Sizes(
         capacity={"vector": 100_000, "pixels": 2_000, "nested": 20_000},
-        add_steps={"vector": 5_000, "pixels": 200, "nested": 2_000},
+        add_steps={"vector": 100_000, "pixels": 2_000, "nested": 20_000},
         extend_block={"vector": 1_000, "pixels": 32, "nested": 250},
-        extend_blocks={"vector": 10, "pixels": 4, "nested": 8},
-        sample_batches={"vector": 50, "pixels": 10, "nested": 30},
-        seq_batches=5,
+        extend_blocks={"vector": 100, "pixels": 60, "nested": 80},
+        sample_batches={"vector": 1_000, "pixels": 200, "nested": 500},
+        seq_batches=100,
         num_steps=64,
-        repeats=5,
+        repeats=3,
+        rate_repeats=7,
+        budget_s=0.08,
+        slow_budget_s=3.0,
         reopen_rows=(10**5, 10**6, 10**7),
         reopen_repeats=3,
-        reopen_budget_s=20.0,
+        reopen_budget_s=5.0,
         ooc_steps=2_000,
         ooc_batches=8,
     ),
@@ -80,6 +88,9 @@ SIZES = {
         seq_batches=2,
         num_steps=16,
         repeats=2,
+        rate_repeats=2,
+        budget_s=0.05,
+        slow_budget_s=0.5,
         reopen_rows=(10**3, 4 * 10**3),
         reopen_repeats=2,
         reopen_budget_s=20.0,
@@ -123,102 +134,133 @@ def _na(reason: str) -> dict[str, Any]:
     return {"median": None, "na": reason}
 
 
+def _rate(call: Callable[[int], Any], units: float, max_calls: int, budget_s: float) -> float:
+    """Units per second over up to ``max_calls`` calls of ``call(i)``, stopping early once
+    ``budget_s`` has passed (a slow system is measured on fewer calls, not for longer)."""
+    clock = time.perf_counter
+    t0 = clock()
+    i = 0
+    while i < max_calls:
+        call(i)
+        i += 1
+        if not i & 15 and clock() - t0 > budget_s:
+            break
+    return i * units / (clock() - t0)
+
+
+def _paired(
+    system: System,
+    base: System | None,
+    make: Callable[[System], tuple[Callable[[int], Any], float, int]],
+    s: Sizes,
+) -> dict[str, Any]:
+    """A rate measured in alternate repeats on ``system`` and on the numpy baseline, so
+    that both see the same machine load; the baseline's samples go in ``baseline``."""
+    ours, theirs = [], []
+    calls = [make(system)] + ([make(base)] if base is not None else [])
+    for fn, units, n in calls:  # warm-up: first touches, caches
+        _rate(fn, units, min(n, 16), s.budget_s)
+    for _ in range(s.rate_repeats):
+        ours.append(_rate(*calls[0], s.budget_s))
+        if base is not None:
+            theirs.append(_rate(*calls[1], s.budget_s))
+    fig = _figure(ours, "rows/s")
+    if base is not None:
+        fig["baseline"] = theirs
+    return fig
+
+
 def bench_workload(
     ctx: Context, cls: type[System], workload: Workload, data: dict[str, np.ndarray]
 ) -> dict[str, Any]:
-    """Every per-workload figure of one system."""
+    """Every per-workload figure of one system (rates paired with a numpy baseline)."""
     s = ctx.sizes
     name = workload.name
     cap, e = s.capacity[name], workload.num_envs
-    folder = ctx.folder(f"{name}-{cls.name}")
+    block = s.extend_block[name]
     rng = np.random.default_rng(7)
     out: dict[str, Any] = {}
-    system = cls(folder, workload, cap)
+    system = base = None
     try:
-        block = s.extend_block[name]
-        for a in range(0, cap, block):  # fill the ring once: every page touched, every file grown
-            system.extend(system.native_block(data, a, min(cap, a + block)))
-        system.checkpoint()
+        system = cls(ctx.folder(f"{name}-{cls.name}"), workload, cap)
+        if cls is not NumpyRAM:
+            base = NumpyRAM(ctx.folder(f"{name}-baseline"), workload, cap)
+        for sys_ in filter(None, (system, base)):
+            for a in range(0, cap, block):  # fill the ring once: every page touched, every file grown
+                sys_.extend(sys_.native_block(data, a, min(cap, a + block)))
+            sys_.checkpoint()
 
-        pool = [system.native_step(data, t) for t in range(min(cap, 256))]
-        steps = s.add_steps[name]
+        def adds(x: System) -> tuple[Callable[[int], Any], float, int]:
+            pool = [x.native_step(data, t) for t in range(min(cap, 64))]
+            return (lambda i: x.add(pool[i % len(pool)])), e, s.add_steps[name]
 
-        def adds() -> None:
-            for t in range(steps):
-                system.add(pool[t % len(pool)])
+        out["add"] = _paired(system, base, adds, s)
 
-        out["add"] = _figure([steps * e / x for x in repeat_seconds(adds, s.repeats)], "rows/s")
+        def extends(x: System) -> tuple[Callable[[int], Any], float, int]:
+            blocks = [
+                x.native_block(data, a, a + block) for a in range(0, min(cap, 2 * block) - block + 1, block)
+            ]
+            return (lambda i: x.extend(blocks[i % len(blocks)])), block * e, s.extend_blocks[name]
 
-        blocks = [
-            system.native_block(data, a, a + block) for a in range(0, min(cap, 4 * block) - block + 1, block)
-        ]
-        nblocks = s.extend_blocks[name]
-
-        def extends() -> None:
-            for i in range(nblocks):
-                system.extend(blocks[i % len(blocks)])
-
-        out["extend"] = _figure(
-            [nblocks * block * e / x for x in repeat_seconds(extends, s.repeats)], "rows/s", block_steps=block
-        )
+        out["extend"] = _paired(system, base, extends, s)
+        out["extend"]["block_steps"] = block
         if "extend" in cls.notes:
             out["extend"]["note"] = cls.notes["extend"]
 
+        def samples(x: System) -> tuple[Callable[[int], Any], float, int]:
+            return (lambda i: x.sample(BATCH, rng)), BATCH, s.sample_batches[name]
+
+        def seqs(x: System) -> tuple[Callable[[int], Any], float, int]:
+            return (
+                (lambda i: x.sample_sequences(SEQ_BATCH, s.num_steps, rng)),
+                SEQ_BATCH * s.num_steps,
+                s.seq_batches,
+            )
+
+        for key, make in (("sample", samples), ("sample_seq", seqs)):
+            try:
+                out[key] = _paired(system, base, make, s)
+            except Unsupported as exc:
+                out[key] = _na(str(exc))
+        out["sample_seq"]["num_steps"] = s.num_steps
+        if base is not None:
+            base.close()
+            base = None
+
+        pool = [system.native_step(data, t) for t in range(min(cap, 64))]
         ckpt_steps = min(100, cap)
 
         def some_adds() -> None:
             for t in range(ckpt_steps):
                 system.add(pool[t % len(pool)])
 
-        slow = min(s.repeats, 3)  # whole-buffer checkpoints and loads take seconds
         out["checkpoint"] = _figure(
-            [x * 1e3 for x in repeat_seconds(system.checkpoint, slow, setup=some_adds)],
-            "ms",
-            after_steps=ckpt_steps,
+            [x * 1e3 for x in _repeat(system.checkpoint, s, setup=some_adds)], "ms", after_steps=ckpt_steps
         )
-
-        nb = s.sample_batches[name]
-
-        def samples() -> None:
-            for _ in range(nb):
-                system.sample(BATCH, rng)
-
-        try:
-            samples()  # warm: first touches, caches
-            out["sample"] = _figure([nb * BATCH / x for x in repeat_seconds(samples, s.repeats)], "rows/s")
-        except Unsupported as exc:
-            out["sample"] = _na(str(exc))
-
-        def seqs() -> None:
-            for _ in range(s.seq_batches):
-                system.sample_sequences(SEQ_BATCH, s.num_steps, rng)
-
-        try:
-            seqs()
-            out["sample_seq"] = _figure(
-                [s.seq_batches * SEQ_BATCH * s.num_steps / x for x in repeat_seconds(seqs, s.repeats)],
-                "rows/s",
-                num_steps=s.num_steps,
-            )
-        except Unsupported as exc:
-            out["sample_seq"] = _na(str(exc))
-
         system.checkpoint()
         out["disk_bytes"] = {
             "median": system.disk_bytes(),
             "unit": "bytes",
             "raw_bytes": cap * e * workload.row_bytes,
         }
-
-        def reopen() -> None:
-            system.reopen()
-
         out["reopen"] = _figure(
-            [x * 1e3 for x in repeat_seconds(reopen, slow, setup=system.drop)], "ms", rows=cap * e
+            [x * 1e3 for x in _repeat(system.reopen, s, setup=system.drop)], "ms", rows=cap * e
         )
     finally:
-        system.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        for sys_ in (system, base):
+            if sys_ is not None:
+                sys_.close()
+                shutil.rmtree(sys_.folder, ignore_errors=True)
+    return out
+
+
+def _repeat(fn: Callable[[], Any], s: Sizes, setup: Callable[[], Any] | None = None) -> list[float]:
+    """Seconds per call: up to ``repeats`` calls, fewer once ``slow_budget_s`` is spent."""
+    out: list[float] = []
+    spent = 0.0
+    while len(out) < s.repeats and (not out or spent < s.slow_budget_s):
+        out.extend(repeat_seconds(fn, 1, setup=setup))
+        spent += out[-1]
     return out
 
 
@@ -302,7 +344,7 @@ def bench_export(ctx: Context, workload: Workload, data: dict[str, np.ndarray]) 
         def savez() -> None:
             np.savez(os.path.join(folder, "numpy.npz"), **arrays)
 
-        out["numpy savez"] = _figure([raw / 1e6 / x for x in repeat_seconds(savez, s.repeats)], "MB/s")
+        out["numpy savez"] = _figure([raw / 1e6 / x for x in _repeat(savez, s)], "MB/s")
         path = os.path.join(folder, "buffer")
         with mr.create(path, workload.spec, cap, workload.num_envs) as store:
             store.extend({k: v for k, v in _nest(data, cap).items()})
@@ -314,7 +356,7 @@ def bench_export(ctx: Context, workload: Workload, data: dict[str, np.ndarray]) 
                     mr_export.export(store, target, format=fmt, force=True, **_export_options(fmt))
 
                 try:
-                    times = repeat_seconds(export, s.repeats, setup=lambda target=target: _rm(target))
+                    times = _repeat(export, s, setup=lambda target=target: _rm(target))
                     out[f"mmreplay {fmt}"] = _figure([raw / 1e6 / x for x in times], "MB/s")
                 except Exception as exc:  # a format the workload cannot be written in
                     out[f"mmreplay {fmt}"] = _na(f"{type(exc).__name__}: {exc}"[:200])
@@ -382,6 +424,9 @@ def bench_out_of_memory(ctx: Context) -> dict[str, Any]:
 
     Before each batch the store is closed, the page cache of its data files is dropped
     with ``posix_fadvise(DONTNEED)``, and the store is reopened (none of this is timed).
+    The buffer fits in RAM, so the store's page prefetch for larger-than-memory buffers
+    (``MADV_RANDOM`` plus ``MADV_WILLNEED`` of the batch's pages) is switched on as it
+    would be by itself for a buffer that does not fit.
     """
     s = ctx.sizes
     workload = WORKLOADS["pixels"]
@@ -390,7 +435,8 @@ def bench_out_of_memory(ctx: Context) -> dict[str, Any]:
     n = len(data["obs"])
     out: dict[str, Any] = {
         "method": "page cache of the data files dropped with posix_fadvise(POSIX_FADV_DONTNEED) before each "
-        "batch (no memory cgroup: this machine's memory cgroup belongs to the environment that runs it)",
+        "batch (no memory cgroup: this machine's memory cgroup belongs to the environment that runs it); "
+        "the store's larger-than-memory page prefetch switched on",
         "workload": "pixels",
         "rows": steps * workload.num_envs,
         "batch": BATCH,
@@ -414,11 +460,19 @@ def bench_out_of_memory(ctx: Context) -> dict[str, Any]:
                     store.extend(_nest(data, k))
                     done += k
             files = _data_files(path)
+            for f in files:  # dirty pages cannot be dropped: write them back first
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             times, pread_times, resident = [], [], []
             for _ in range(s.ooc_batches):
                 _drop_cache(files)
                 resident.append(_resident_bytes(files))
                 with mr.open(path) as store:
+                    # what the store does by itself once its leaves exceed the memory it may use
+                    reads.set_prefetch(store, True)
                     t0 = time.perf_counter()
                     _, info = store.sample(BATCH, rng=rng, return_info=True)
                     times.append(time.perf_counter() - t0)
