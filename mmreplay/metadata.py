@@ -272,13 +272,17 @@ def _parse_leaf(obj: Any, capacity: int, num_envs: int, where: str) -> LeafInfo:
         raise CorruptBufferError(f"{where} leaf {path!r}: compression must be a string or null")
     file = obj.get("file")
     if file is not None:
-        if not isinstance(file, str) or os.path.isabs(file) or ".." in file.replace("\\", "/").split("/"):
-            raise CorruptBufferError(f"{where} leaf {path!r}: file {file!r:.80} leaves the buffer folder")
+        try:  # a relative path of plain names: it cannot leave (or be) the buffer folder
+            validate_leaf_path(file)
+        except Exception:
+            raise CorruptBufferError(f"{where} leaf {path!r}: file {file!r:.80} is not a path inside the buffer folder") from None
     offset = obj.get("offset")
     if offset is not None:
         offset = _int(obj, "offset", 0, MAX_LEAF_BYTES, f"{where} leaf {path!r}")
         if file is None:
             raise CorruptBufferError(f"{where} leaf {path!r}: a mapped leaf needs a file")
+        if compression is not None:
+            raise CorruptBufferError(f"{where} leaf {path!r}: a mapped leaf (with an offset) cannot be compressed")
     return LeafInfo(path, spec, chunk_steps, compression, file, offset)
 
 
@@ -287,6 +291,8 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptBufferError(f"{where}: metadata is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise CorruptBufferError(f"{where}: metadata is nested too deeply to be a buffer's") from None
     if not isinstance(obj, dict):
         raise CorruptBufferError(f"{where}: metadata must be a JSON object")
     _parse_format(obj.get("format"), where)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -134,8 +135,13 @@ def map_file(path: str, writable: bool, need: int) -> mmap.mmap | None:
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     except FileNotFoundError:
         raise CorruptBufferError(f"{path}: data file is missing") from None
+    except IsADirectoryError:
+        raise CorruptBufferError(f"{path}: expected a data file, found a folder") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptBufferError(f"{path}: expected a data file, found something else (a folder or a device)")
+        size = st.st_size
         if size < need:
             raise CorruptBufferError(
                 f"{path}: data file is truncated: expected at least {need} bytes, found {size}"
