@@ -246,6 +246,7 @@ def bench_workload(
         out["reopen"] = _figure(
             [x * 1e3 for x in _repeat(system.reopen, s, setup=system.drop)], "ms", rows=cap * e
         )
+        out["reopen"]["rows_after"] = system.rows()
     finally:
         for sys_ in (system, base):
             if sys_ is not None:
@@ -312,6 +313,7 @@ def bench_reopen_sizes(ctx: Context) -> dict[str, Any]:
                     checkpoint_ms=ckpt_s * 1e3,
                     fill_s=fill_s,
                     disk_bytes=system.disk_bytes(),
+                    rows_after=system.rows(),
                 )
                 log(
                     f"  reopen {cls.name} {rows} rows: {statistics.median(times) * 1e3:.2f} ms (checkpoint {ckpt_s:.2f} s)"

@@ -94,6 +94,10 @@ class System:
     def disk_bytes(self) -> int:
         return du(self.folder)
 
+    def rows(self) -> int:
+        """Rows the buffer holds now (checks that a reopen brought the data back)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
@@ -171,6 +175,9 @@ class NumpyRAM(System):
     def size(self) -> int:
         return min(self.count, self.capacity)
 
+    def rows(self) -> int:
+        return self.size * self.num_envs
+
     def _take(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         # one take over the [capacity * num_envs] rows of each leaf: numpy's fastest gather
         return {p: np.take(a.reshape(-1, *a.shape[2:]), rows, axis=0) for p, a in self.items}
@@ -245,6 +252,9 @@ class Mmreplay(System):
         if not hasattr(self.store, "sample"):
             raise Unsupported("Store.sample is not available in this mmreplay")
         return self.store.sample(batch_size, num_steps=num_steps, rng=rng)
+
+    def rows(self) -> int:
+        return len(self.store) * self.num_envs
 
     def close(self) -> None:
         self.store.close()
@@ -328,6 +338,9 @@ class TorchRL(System):
     def sample(self, batch_size: int, rng: np.random.Generator) -> Any:
         return self.rb.sample(batch_size)
 
+    def rows(self) -> int:
+        return len(self.rb)
+
     def sample_sequences(self, batch_size: int, num_steps: int, rng: np.random.Generator) -> Any:
         raise Unsupported(
             "steps of 8 envs are interleaved in a flat storage; SliceSampler needs each trajectory contiguous"
@@ -386,6 +399,9 @@ class Cpprb(System):
         rb = self._buffer()
         rb.load_transitions(self.ckpt)
         self.rb = rb
+
+    def rows(self) -> int:
+        return int(self.rb.get_stored_size())
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> Any:
         return self.rb.sample(batch_size)
@@ -471,6 +487,9 @@ class SB3(System):
         from stable_baselines3.common.save_util import load_from_pkl
 
         self.rb = load_from_pkl(self.ckpt)
+
+    def rows(self) -> int:
+        return int(self.rb.size()) * self.num_envs
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> Any:
         return self.rb.sample(batch_size)

@@ -77,6 +77,7 @@ def test_every_workload_figure_is_measured_or_explained(small_run: tuple[dict, s
             if name.startswith("mmreplay") or name == "numpy (RAM)":
                 for key in FIGURE_KEYS:  # everything is supported here
                     assert figs[key]["median"] is not None, (wname, name, key)
+            assert figs["reopen"]["rows_after"] == figs["reopen"]["rows"], (wname, name)  # data came back
         raw = per["mmreplay zarr"]["disk_bytes"]["raw_bytes"]
         workload = WORKLOADS[wname]
         assert raw == results["sizes"]["capacity"][wname] * workload.num_envs * workload.row_bytes
@@ -89,7 +90,10 @@ def test_reopen_export_and_out_of_memory_sections(small_run: tuple[dict, str, st
     for name in results["systems"]:
         assert list(results["reopen_sizes"][name]) == sizes
         for rows in sizes:
-            _positive_or_na(results["reopen_sizes"][name][rows], f"reopen {name} {rows}")
+            fig = results["reopen_sizes"][name][rows]
+            _positive_or_na(fig, f"reopen {name} {rows}")
+            if fig["median"] is not None:
+                assert fig["rows_after"] == int(rows), (name, rows)
     for wname in ("vector", "pixels"):
         figs = results["export"][wname]
         assert figs["numpy savez"]["median"] > 0
