@@ -120,10 +120,12 @@ def warm(files: list[str]) -> None:
 CLOCK = time.perf_counter
 
 
-def timed_blocks(fns: dict[str, Callable[[np.random.Generator], Any]], calls: int, repeats: int) -> dict[str, float]:
+def timed_blocks(
+    fns: dict[str, Callable[[np.random.Generator], Any]], calls: int, repeats: int
+) -> dict[str, float]:
     """Median seconds per call of each function, blocks interleaved."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for name, fn in fns.items():  # warm up: page tables, caches, the prefetch decision
+    for fn in fns.values():  # warm up: page tables, caches, the prefetch decision
         g = np.random.default_rng(0)
         for _ in range(max(3, calls // 4)):
             fn(g)
@@ -137,7 +139,37 @@ def timed_blocks(fns: dict[str, Callable[[np.random.Generator], Any]], calls: in
     return {name: float(np.median(ts)) for name, ts in times.items()}
 
 
-def cached(workload: str, steps: int, layouts: list[tuple[str, str | None]], quick: bool, root: str) -> list[dict]:
+def variants(
+    writer: Any, reader: Any, ram: list, flat: list, steps: int, batch: int, num_steps: int | None
+) -> dict:
+    """The timed calls: two numpy baselines on RAM copies, the store's writer and a reader."""
+    T = 1 if num_steps is None else num_steps
+    ar = np.arange(T)
+
+    def numpy_te(g: np.random.Generator) -> list:
+        t = g.integers(0, steps - T + 1, batch)
+        e = g.integers(0, NUM_ENVS, batch)
+        if num_steps is None:
+            return [a[t, e] for a in ram]
+        return [a[t[:, None] + ar, e[:, None]] for a in ram]
+
+    def numpy_take(g: np.random.Generator) -> list:
+        k = g.integers(0, (steps - T + 1) * NUM_ENVS, batch)
+        if num_steps is not None:
+            k = k[:, None] + ar * NUM_ENVS
+        return [a.take(k, 0) for a in flat]
+
+    return {
+        "numpy arr[t, e]": numpy_te,
+        "numpy take": numpy_take,
+        "mmreplay writer": lambda g: writer.sample(batch, num_steps, rng=g),
+        "mmreplay reader": lambda g: reader.sample(batch, num_steps, rng=g),
+    }
+
+
+def cached(
+    workload: str, steps: int, layouts: list[tuple[str, str | None]], quick: bool, root: str
+) -> list[dict]:
     spec = WORKLOADS[workload]
     rows_out = []
     for backend, compression in layouts:
@@ -147,33 +179,16 @@ def cached(workload: str, steps: int, layouts: list[tuple[str, str | None]], qui
         writer = mr.open(path, "a")
         reader = mr.open(path, "r")
         try:
-            ram = [np.array(leaf.array if hasattr(leaf, "flat") else leaf.read(slice(None))) for leaf in writer._leaves]
+            ram = [
+                np.array(leaf.array if hasattr(leaf, "flat") else leaf.read(slice(None)))
+                for leaf in writer._leaves
+            ]
             flat = [a.reshape(steps * NUM_ENVS, *a.shape[2:]) for a in ram]
             first, end = writer.first_step, writer.state.end
             assert (first, end) == (0, steps)
             for batch, num_steps in ((256, None), (32, 64)):
                 T = 1 if num_steps is None else num_steps
-                ar = np.arange(T)
-
-                def numpy_te(g: np.random.Generator) -> list:
-                    t = g.integers(0, steps - T + 1, batch)
-                    e = g.integers(0, NUM_ENVS, batch)
-                    if num_steps is None:
-                        return [a[t, e] for a in ram]
-                    return [a[t[:, None] + ar, e[:, None]] for a in ram]
-
-                def numpy_take(g: np.random.Generator) -> list:
-                    k = g.integers(0, (steps - T + 1) * NUM_ENVS, batch)
-                    if num_steps is not None:
-                        k = k[:, None] + ar * NUM_ENVS
-                    return [a.take(k, 0) for a in flat]
-
-                fns = {
-                    "numpy arr[t, e]": numpy_te,
-                    "numpy take": numpy_take,
-                    "mmreplay writer": lambda g: writer.sample(batch, num_steps, rng=g),
-                    "mmreplay reader": lambda g: reader.sample(batch, num_steps, rng=g),
-                }
+                fns = variants(writer, reader, ram, flat, steps, batch, num_steps)
                 rows = batch * T
                 row_bytes = sum(s.nbytes for s in spec.values())
                 calls = max(5, int((2e6 if quick else 2e7) // (rows * row_bytes + 20000)))
@@ -285,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the figures to this file")
     parser.add_argument("--skip-cold", action="store_true", help="only the page-cached part")
     parser.add_argument(
-        "--clock", choices=("wall", "cpu"), default="wall",
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
         help="page-cached part: wall time, or the calling thread's CPU time (steadier on a busy machine)",
     )
     args = parser.parse_args(argv)

@@ -59,7 +59,9 @@ log = logging.getLogger(__name__)
 INDEX_FILE = "episodes.idx"
 MAGIC = b"MMREPIX1"
 HEADER_BYTES = 32
-RECORD = np.dtype({"names": ["step", "env", "code"], "formats": ["<i8", "<i4", "u1"], "offsets": [0, 8, 12], "itemsize": 16})
+RECORD = np.dtype(
+    {"names": ["step", "env", "code"], "formats": ["<i8", "<i4", "u1"], "offsets": [0, 8, 12], "itemsize": 16}
+)
 TERMINATED, TRUNCATED, BOUNDARY = 1, 2, 3
 STATUS = {TERMINATED: "terminated", TRUNCATED: "truncated"}
 LAST = 2  # TF-Agents StepType.LAST
@@ -279,7 +281,9 @@ class EpisodeIndex:
         except FileNotFoundError:
             return None
         if len(raw) < HEADER_BYTES or raw[:8] != MAGIC:
-            log.warning("%s: not an episode index (bad header); rebuilding it from the role leaves", self.path)
+            log.warning(
+                "%s: not an episode index (bad header); rebuilding it from the role leaves", self.path
+            )
             return None
         origin = int(np.frombuffer(raw, "<i8", 1, 8)[0])
         count = (len(raw) - HEADER_BYTES) // RECORD.itemsize
@@ -536,7 +540,13 @@ class EpisodeIndex:
             last_a = np.where(boundary, last_a - 1, last_a)
             code = np.where(boundary, TRUNCATED, code).astype(np.uint8)
             keep = last_a >= first_a
-            env, first_a, last_a, code, cut_a = env[keep], first_a[keep], last_a[keep], code[keep], cut_a[keep]
+            env, first_a, last_a, code, cut_a = (
+                env[keep],
+                first_a[keep],
+                last_a[keep],
+                code[keep],
+                cut_a[keep],
+            )
         order = np.lexsort((first_a, env))
         return Spans(env[order], first_a[order], last_a[order], code[order], cut_a[order])
 
@@ -633,7 +643,9 @@ def to_arrays(store: Any) -> dict[str, Any]:
     # Without a next_observation leaf, a step's next observation is the next step's
     # observation; the last step of an episode has none stored, so it is dropped unless
     # the episode terminated (its next observation never enters a TD target).
-    keep_len = length if next_role is not None or obs_role is None else np.where(terminated, length, length - 1)
+    keep_len = (
+        length if next_role is not None or obs_role is None else np.where(terminated, length, length - 1)
+    )
     keep = keep_len > 0
     first, env, keep_len, term = spans.first[keep], spans.env[keep], keep_len[keep], terminated[keep]
     rows = _rows(first, first + keep_len - 1, env, capacity, num_envs)
@@ -680,4 +692,3 @@ def to_arrays(store: Any) -> dict[str, Any]:
     if len(first):
         _check_retained(store, int(first.min()))
     return out
-

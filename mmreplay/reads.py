@@ -67,7 +67,11 @@ class SampleInfo:
 
 def _packer(spec: Any) -> Any:
     """A fast ``unflatten`` for the spec: a flat dict of leaves is packed with one zip."""
-    if isinstance(spec, Mapping) and type(spec) is dict and all(isinstance(v, ArraySpec) for v in spec.values()):
+    if (
+        isinstance(spec, Mapping)
+        and type(spec) is dict
+        and all(isinstance(v, ArraySpec) for v in spec.values())
+    ):
         keys = sorted(spec)
         return lambda arrays: dict(zip(keys, arrays))
     return lambda arrays: unflatten(spec, arrays)
@@ -81,7 +85,9 @@ class Reader:
         self.leaves = list(store._leaves)
         # One gather per leaf: ``take`` on the mapping's flat rows, bound once.
         self.takes = [
-            partial(leaf.flat.take, axis=0, mode="wrap") if getattr(leaf, "flat", None) is not None else leaf.take
+            partial(leaf.flat.take, axis=0, mode="wrap")
+            if getattr(leaf, "flat", None) is not None
+            else leaf.take
             for leaf in self.leaves
         ]
         self.pack = _packer(store.spec)
@@ -290,7 +296,10 @@ def memory_available() -> int:
         if len(parts) != 3:
             continue
         if parts[0] == "0" and parts[1] == "":
-            candidates = [f"/sys/fs/cgroup{parts[2]}/memory.max", f"/sys/fs/cgroup/unified{parts[2]}/memory.max"]
+            candidates = [
+                f"/sys/fs/cgroup{parts[2]}/memory.max",
+                f"/sys/fs/cgroup/unified{parts[2]}/memory.max",
+            ]
         elif "memory" in parts[1].split(","):
             candidates = [f"/sys/fs/cgroup/memory{parts[2]}/memory.limit_in_bytes"]
         else:
@@ -315,10 +324,25 @@ def _draw(
     if within:
         spans = _episodes.index_for(store).spans(store)
         return sampling.draw_in_spans(
-            spans.env, spans.first, spans.length, store.num_envs, store.capacity, batch_size, num_steps, replacement, gen
+            spans.env,
+            spans.first,
+            spans.length,
+            store.num_envs,
+            store.capacity,
+            batch_size,
+            num_steps,
+            replacement,
+            gen,
         )
     return sampling.draw_uniform(
-        store.first_step, store.state.end, store.num_envs, store.capacity, batch_size, num_steps, replacement, gen
+        store.first_step,
+        store.state.end,
+        store.num_envs,
+        store.capacity,
+        batch_size,
+        num_steps,
+        replacement,
+        gen,
     )
 
 
@@ -362,7 +386,14 @@ def sample(
             draw = _draw(store, batch_size, steps, replacement, gen, True)
         else:
             draw = sampling.draw_uniform(
-                store.first_step, store._state.end, reader.num_envs, reader.capacity, batch_size, steps, replacement, gen
+                store.first_step,
+                store._state.end,
+                reader.num_envs,
+                reader.capacity,
+                batch_size,
+                steps,
+                replacement,
+                gen,
             )
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
@@ -373,7 +404,9 @@ def sample(
         reader.willneed(rows)
     out = [take(rows) for take in reader.takes]
     if reader.is_reader and reader.live_first(store) > store.first_step:  # some may be overwritten
-        draw = _resample_overwritten(store, reader, draw, out, steps, num_steps, replacement, gen, within_episodes)
+        draw = _resample_overwritten(
+            store, reader, draw, out, steps, num_steps, replacement, gen, within_episodes
+        )
     if key is not None:  # the next batch with the same request: draw it now, prefetch it
         nxt = _draw(store, batch_size, steps, replacement, gen, within_episodes)
         reader.pending = (key, nxt)
@@ -409,7 +442,9 @@ def _resample_overwritten(
             bad[:] = True
         fresh = _draw(store, int(bad.sum()), steps, replacement, gen, within)
         if not replacement and len(fresh) != len(draw):
-            raise NotEnoughDataError(f"{store.path}: fewer rows are retained now than were sampled; sample again")
+            raise NotEnoughDataError(
+                f"{store.path}: fewer rows are retained now than were sampled; sample again"
+            )
         fresh_rows = sampling.rows_of(fresh.start, num_steps, num_envs)
         for arr, take in zip(out, reader.takes):
             arr[bad] = take(fresh_rows)

@@ -166,7 +166,9 @@ def draw_in_spans(
         NotEnoughDataError: no span exists, or none is ``num_steps`` long.
     """
     if len(span_length) == 0:
-        raise NotEnoughDataError("cannot sample within episodes: the store holds no committed steps (it is empty)")
+        raise NotEnoughDataError(
+            "cannot sample within episodes: the store holds no committed steps (it is empty)"
+        )
     starts = np.maximum(np.asarray(span_length, np.int64) - (num_steps - 1), 0)
     cum = np.cumsum(starts)
     total = int(cum[-1])

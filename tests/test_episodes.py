@@ -218,7 +218,7 @@ def test_a_commit_scans_only_the_new_steps(tmp_path):
 
 
 def test_records_past_the_committed_end_are_ignored_and_cut(tmp_path, layout):
-    with make(tmp_path, 30, 1, 6, {(2, 0): "term"}, layout) as store:
+    with make(tmp_path, 30, 1, 6, {(2, 0): "term"}, layout):
         pass
     # a writer killed between appending the ends of steps 6.. and committing them
     ghost = np.zeros(2, RECORD)

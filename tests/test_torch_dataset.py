@@ -44,7 +44,7 @@ def test_sequences_within_episodes(tmp_path):
 
 
 def test_dataloader_with_two_workers_covers_every_row_once(tmp_path, layout):
-    with make(tmp_path, 64, 4, 50, layout) as store:
+    with make(tmp_path, 64, 4, 50, layout):
         pass
     ds = StoreDataset(tmp_path / "b")
     loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0))
