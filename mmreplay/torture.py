@@ -358,9 +358,11 @@ class Expectation:
 
 
 def check_store(path: str, config: TrialConfig, exp: Expectation) -> int:
-    """Checks (a)-(c) through a reader; returns the number of steps compared bit-exact."""
+    """Checks (a)-(c) through a reader, then :func:`~mmreplay.verify.verify` on the files;
+    returns the number of steps compared bit-exact."""
     from .errors import Error
     from .store import open as open_store
+    from .verify import verify
 
     try:
         store = open_store(path, "r")
@@ -403,9 +405,14 @@ def check_store(path: str, config: TrialConfig, exp: Expectation) -> int:
                         f"are not bit-exact (committed [{first}, {end}))"
                     )
         exp.checked_end = end
-        return len(steps)
     finally:
         store.close()
+    # the files too: sizes, chunks that decode, the episode index against the role leaves
+    # (a killed HDF5 writer leaves its open-for-writing flags: the next writer clears them)
+    problems = [p for p in verify(path) if "status flags" not in p]
+    if problems:
+        raise TortureFailure("verify found: " + "; ".join(problems))
+    return len(steps)
 
 
 # --- one trial --------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
         _check_zarr(folder, meta, deep, problems)
     else:
         _check_hdf5(folder, meta, deep, problems)
-    _check_episodes(folder, meta, problems)
+    _check_episodes(folder, meta, deep, problems)
     if not problems:
         problems.extend(_check_opens(folder))
     return problems
@@ -386,19 +386,70 @@ def _check_hdf5(folder: str, meta: Metadata, deep: bool, problems: list[str]) ->
 # --- episodes ------------------------------------------------------------------------------
 
 
-def _check_episodes(folder: str, meta: Metadata, problems: list[str]) -> None:
-    """An episode index, where the store keeps one, must agree with the done leaves."""
+def _check_episodes(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> None:
+    """The episode index file, where there is one, must be well formed and (``deep``)
+    hold exactly the episode ends the role leaves give for the committed steps it covers.
+
+    Records at or past the committed cursor are a killed writer's and are ignored (the
+    next writer cuts them off); a damaged index is rebuilt from the role leaves once it
+    is removed, which :func:`recover` does.
+    """
+    from .episodes import HEADER_BYTES, INDEX_FILE, MAGIC, RECORD
+
+    path = os.path.join(folder, INDEX_FILE)
     try:
-        from . import episodes
-    except ImportError:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
         return
-    check = getattr(episodes, "check_index", None)
-    if check is None:
+    where = f"episode index {path}"
+    if len(raw) < HEADER_BYTES or raw[:8] != MAGIC:
+        problems.append(f"{where}: not an episode index (bad header)")
         return
+    origin = int(np.frombuffer(raw, "<i8", 1, 8)[0])
+    rec = np.frombuffer(raw, RECORD, (len(raw) - HEADER_BYTES) // RECORD.itemsize, HEADER_BYTES)
+    rec = rec[rec["step"] < meta.state.end]
+    steps = rec["step"]
+    bad = []
+    if origin < 0:
+        bad.append(f"origin {origin} is negative")
+    if len(rec) and (np.any(steps[1:] < steps[:-1]) or steps[0] < origin - 1):
+        bad.append("records are out of step order")
+    if np.any((rec["env"] < 0) | (rec["env"] >= meta.num_envs)):
+        bad.append(f"records name envs outside [0, {meta.num_envs})")
+    if np.any((rec["code"] < 1) | (rec["code"] > 3)):
+        bad.append("records hold unknown end codes")
+    if bad:
+        problems.append(f"{where}: " + "; ".join(bad))
+        return
+    if not deep or problems or holder_pid(folder) not in (None, os.getpid()):
+        return  # (a live writer may overwrite the rows being compared)
+    from .episodes import EndRule
+    from .store import open as open_store
+
     try:
-        problems.extend(check(folder, meta))
+        store = open_store(folder, "r")
+    except Error:
+        return  # the other checks say why
+    try:
+        rule = EndRule(store)
+        lo = max(origin, store.first_step)
+        hi = min(store.committed_steps, meta.state.end)
+        ids = np.arange(lo, hi, dtype=np.int64)
+        if rule.kind is None or not len(ids):
+            return
+        codes = rule.codes(ids % store.capacity, store.num_envs)
+        t, e = np.nonzero(codes)
+        mine = rec[(rec["step"] >= lo) & (rec["step"] < hi)]
+        want = np.zeros(len(t), RECORD)
+        want["step"], want["env"], want["code"] = ids[t], e, codes[t, e]
+        order = np.lexsort((mine["env"], mine["step"]))
+        if not all(np.array_equal(mine[k][order], want[k]) for k in ("step", "env", "code")):
+            problems.append(f"{where}: its episode ends for steps [{lo}, {hi}) disagree with the role leaves")
     except Error as exc:
-        problems.append(f"episode index: {exc}")
+        problems.append(f"{where}: the role leaves cannot be read to check it: {exc}")
+    finally:
+        store.close()
 
 
 # --- leftovers -----------------------------------------------------------------------------
@@ -548,6 +599,13 @@ def _recover(folder: str) -> Recovery:
         write_metadata(folder, meta, fsync=True)
         out.actions.append(f"committed state now starts at step {drop_before}")
     out.kept = (meta.state.first(meta.capacity), meta.state.end)
+    episode_problems: list[str] = []
+    _check_episodes(folder, meta, True, episode_problems)
+    if episode_problems:
+        from .episodes import INDEX_FILE
+
+        _move_aside(os.path.join(folder, INDEX_FILE), stamp, out, folder)
+        out.actions.append("the episode index is rebuilt from the role leaves when the buffer is next opened")
     for extra in leftovers(folder):
         os.unlink(extra)
         out.actions.append(f"removed {os.path.relpath(extra, folder)} (left by a killed writer)")

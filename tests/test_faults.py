@@ -547,3 +547,46 @@ def test_dead_writers_lock_is_released_by_the_os(tmp_path, backend, compression)
         store.extend(steps(15, 20))
     assert assert_exact(path) == (0, 20)
     assert_healthy(path)
+
+
+# --- the episode index ---------------------------------------------------------------------
+
+EPISODE_DAMAGE = {
+    "header": lambda raw: b"NOTANIDX" + raw[8:],
+    "an end code": lambda raw: (
+        raw[: 32 + 16 * 2 + 12] + bytes([raw[32 + 16 * 2 + 12] % 2 + 1]) + raw[32 + 16 * 2 + 13 :]
+    ),
+    "an env": lambda raw: raw[: 32 + 16 * 2 + 8] + (77).to_bytes(4, "little") + raw[32 + 16 * 2 + 12 :],
+    "order": lambda raw: raw[:32] + raw[48:64] + raw[32:48] + raw[64:],
+    "a lost record": lambda raw: raw[:32] + raw[48:],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(EPISODE_DAMAGE))
+def test_damaged_episode_index_is_found_and_rebuilt(tmp_path, damage):
+    path = fill(tmp_path / "b", 30)
+    with mr.open(path) as store:
+        episodes = store.episode_index()
+    index = os.path.join(path, "episodes.idx")
+    raw = open(index, "rb").read()
+    assert len(raw) > 32 + 16 * 4
+    with open(index, "wb") as f:
+        f.write(EPISODE_DAMAGE[damage](raw))
+    assert_detected(path, "episode index")
+    report = recover(path)
+    assert report.ok and report.lost is None, str(report)
+    with mr.open(path, "a") as store:  # rebuilt from the role leaves
+        assert store.episode_index() == episodes
+    assert_healthy(path)
+
+
+def test_a_torn_last_episode_record_is_not_damage(tmp_path):
+    """A writer killed while appending leaves part of a record: readers ignore it and the
+    next writer cuts it off."""
+    path = fill(tmp_path / "b", 30)
+    with open(os.path.join(path, "episodes.idx"), "ab") as f:
+        f.write(b"\x01\x02\x03")
+    assert_healthy(path)
+    with mr.open(path, "a") as store:
+        store.extend(steps(30, 33))
+    assert_healthy(path)
