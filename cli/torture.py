@@ -9,6 +9,8 @@ Prints ``trials N, kills K, failures F``; exits with status 1 if any trial faile
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from mmreplay.torture import LAYOUTS, run
@@ -56,7 +58,8 @@ def command(
     """Crash-torture writers and check that no committed step is ever lost."""
     chosen = [LAYOUT_NAMES[name] for name in layouts] or list(LAYOUTS)
     seconds = None if minutes is None else minutes * 60
-    with click.progressbar(length=trials, label="torture", file=None if not quiet else _Null()) as bar:
+    bar = None if quiet else click.progressbar(length=trials, label="torture")
+    with bar if bar is not None else contextlib.nullcontext():
         summary = run(
             trials,
             root=root,
@@ -65,7 +68,7 @@ def command(
             kills_per_trial=kills,
             keep_failed=keep_failed,
             seconds=seconds,
-            on_trial=lambda i, s: bar.update(1),
+            on_trial=None if bar is None else lambda i, s: bar.update(1),
         )
     for message in summary.messages:
         click.echo(f"FAILED {message}", err=True)
@@ -74,16 +77,3 @@ def command(
     click.echo(summary.line())
     if summary.failures:
         raise SystemExit(1)
-
-
-class _Null:
-    """A stream that drops the progress bar."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False

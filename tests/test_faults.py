@@ -590,3 +590,24 @@ def test_a_torn_last_episode_record_is_not_damage(tmp_path):
     with mr.open(path, "a") as store:
         store.extend(steps(30, 33))
     assert_healthy(path)
+
+
+def test_cli_recover_says_what_was_lost(tmp_path):
+    path = fill(tmp_path / "b", 30, compression="zstd")
+    os.remove(_zarr_chunk(path, "reward", 1))  # steps 4..7
+    result = CliRunner().invoke(main, ["recover", path])
+    assert result.exit_code == 0, result.output
+    assert (
+        "lost committed steps [0, 8) (8 steps)" in result.output
+        and "kept committed steps [8, 30)" in result.output
+    )
+    assert result.output.strip().endswith(": ok")
+    assert cli_verify(path) == 0
+
+
+def test_cli_recover_refuses_what_it_cannot_rebuild(tmp_path):
+    path = fill(tmp_path / "b", 3)
+    with open(os.path.join(path, METADATA_FILE), "wb") as f:
+        f.write(b"{")
+    result = CliRunner().invoke(main, ["recover", path])
+    assert result.exit_code == 4 and "Error:" in result.output and "backup" in result.output
