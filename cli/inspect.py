@@ -201,7 +201,7 @@ def command(path: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=1, default=_json_default))
     else:
-        click.echo(render(info))
+        click.echo(render({**info, "path": path}))
 
 
 def _json_default(x: Any) -> Any:
