@@ -41,7 +41,7 @@ from .errors import CorruptBufferError, NotEnoughDataError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, parse_state
 from .spec import ArraySpec, unflatten
 
-__all__ = ["SampleInfo", "sample", "iterate", "read_rows", "set_prefetch"]
+__all__ = ["SampleInfo", "sample", "iterate", "read_rows", "set_prefetch", "set_rng"]
 
 MAX_RESAMPLES = 16
 WRITE_WINDOW_BYTES = 16 << 20  # a writer's slots ahead of its cursor kept on readahead
@@ -273,6 +273,18 @@ def set_prefetch(store: Any, enabled: bool | None, advise: bool | None = None) -
     reader.advising = bool(advise) and bool(reader.mapped)
     if not reader.prefetch:
         reader.pending = None
+
+
+def set_rng(store: Any, rng: Any) -> None:
+    """Seed the generator ``sample(rng=None)`` uses (an int seed, a Generator, or None).
+
+    Sampling with the store's own generator lets the next batch be drawn ahead and its
+    pages prefetched in the background; with a seeded one the batches stay reproducible
+    as long as the committed window does not change between them.
+    """
+    reader = reader_for(store)
+    reader.gen = sampling.as_generator(rng)
+    reader.pending = None
 
 
 def memory_available() -> int:

@@ -302,6 +302,18 @@ def test_prefetch_mode_returns_the_same_rows(tmp_path, layout):
     assert store._reads is None  # the prefetch thread was stopped with the store
 
 
+def test_the_store_generator_can_be_seeded_and_prefetches_the_next_batch(tmp_path, layout):
+    with make(tmp_path, 64, 4, 100, layout) as store:
+        reads.set_rng(store, 11)
+        plain = [store.sample(16)["step"] for _ in range(3)]
+        reads.set_prefetch(store, True)
+        reads.set_rng(store, 11)
+        ahead = [store.sample(16)["step"] for _ in range(3)]
+        assert all(np.array_equal(a, b) for a, b in zip(plain, ahead))
+        mapped = store._reads.mapped
+        assert (store._reads.pending is not None) == bool(mapped)  # the next batch, drawn and prefetched
+
+
 def test_page_advice_defaults(tmp_path):
     with make(tmp_path, 64, 4, 100) as writer:
         writer.sample(8, rng=0)

@@ -209,13 +209,12 @@ class SampleDataset(IterableDataset):
         if self.num_batches is not None:
             count = self.num_batches // workers + (1 if worker < self.num_batches % workers else 0)
         store = self._opened.get()
+        reads.set_rng(store, gen)  # the store's own generator: the next batch is prefetched
         done = 0
         while count is None or done < count:
             if self.refresh:
                 store.refresh()
-            batch = store.sample(
-                self.batch_size, self.num_steps, rng=gen, within_episodes=self.within_episodes
-            )
+            batch = store.sample(self.batch_size, self.num_steps, within_episodes=self.within_episodes)
             yield _tensors(batch)
             done += 1
 
