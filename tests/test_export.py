@@ -494,3 +494,19 @@ def test_minari_from_a_tf_agents_trajectory_store_takes_final_observations_from_
     # the open episode has no final observation: its last step is left out, it ends truncated
     assert np.array_equal(eps[2].observations, obs[10:13, 0]) and eps[2].actions.tolist() == [10, 11]
     assert eps[2].truncations.tolist() == [False, True] and not eps[2].terminations.any()
+
+
+def test_pt_export_without_skip_data_saves_the_same_tensors(monkeypatch, tmp_path):
+    torch = pytest.importorskip("torch")
+    with mr.open(os.path.join(DATASETS, "pointchase-wrapped")) as store:
+        want = _retained(store)
+        export(store, tmp_path / "fast.pt", "pt")
+        monkeypatch.delattr(torch.serialization, "skip_data")  # as on PyTorch before 2.5
+        export(store, tmp_path / "slow.pt", "pt")
+        paths = store.leaf_paths
+    fast, slow = (
+        torch.load(tmp_path / "fast.pt", weights_only=True),
+        torch.load(tmp_path / "slow.pt", weights_only=True),
+    )
+    for p, w in zip(paths, want):
+        assert np.array_equal(fast[p].numpy(), w) and np.array_equal(slow[p].numpy(), w)

@@ -3,7 +3,7 @@
 The layout skrl's ``Memory.save(format="pt")`` writes, steps in time order, plain
 tensors only, so ``torch.load(path, weights_only=True)`` (and ``mmap=True``) reads it.
 
-To stay in bounded memory, the file is first written by ``torch.save`` under
+To stay in bounded memory (PyTorch 2.5 or later), the file is first written by ``torch.save`` under
 ``torch.serialization.skip_data`` (which writes the archive with room for every
 tensor's bytes but not the bytes), then each tensor's record is filled in place, block
 by block, from the store. The tensors handed to ``torch.save`` live on an unreserved
@@ -76,6 +76,10 @@ def write(
     try:
         blocks = StepBlocks(store)
         specs = flatten(store.spec)
+        if not hasattr(torch.serialization, "skip_data"):  # PyTorch before 2.5
+            _save_in_memory(torch, store, blocks, specs, target.path(), progress)
+            path = target.commit()
+            return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
         tensors = {}
         for path, spec in zip(store.leaf_paths, specs):
             dtype = spec.dtype.newbyteorder("=")
@@ -127,6 +131,19 @@ def write(
             except BufferError:
                 pass
     return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+
+
+def _save_in_memory(
+    torch: Any, store: Any, blocks: StepBlocks, specs: list[Any], path: str, progress: Any
+) -> None:
+    """Without ``skip_data`` the tensors are assembled in memory, then saved."""
+    arrays = [np.empty((blocks.steps, store.num_envs, *s.shape), s.dtype.newbyteorder("=")) for s in specs]
+    for a, leaves in blocks:
+        lo = a - blocks.first
+        for arr, values in zip(arrays, leaves):
+            arr[lo : lo + len(values)] = values
+        progress(len(leaves[0]) * store.num_envs)
+    torch.save({p: torch.from_numpy(arr) for p, arr in zip(store.leaf_paths, arrays)}, path)
 
 
 def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
