@@ -8,7 +8,7 @@ from mmreplay.demo import DemoConfig, run
 
 
 @click.command("demo")
-@click.argument("folder", required=False, type=click.Path())
+@click.argument("folder", metavar="[DIR]", required=False, type=click.Path())
 @click.option(
     "--steps",
     type=click.IntRange(min=100),
