@@ -1,6 +1,6 @@
 """What every exporter shares: the target path, the role view of episodes, step blocks.
 
-Exports are written to a temporary name beside the target and renamed into place when
+Exports are written under a temporary name beside the target and renamed into place when
 complete, so an interrupted export never leaves a file that looks finished, and an
 existing target is replaced only with ``force``. Nothing is written outside the target's
 folder: names that come from the store (leaf paths, dataset ids) are validated first.
@@ -8,7 +8,6 @@ folder: names that come from the store (leaf paths, dataset ids) are validated f
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
@@ -19,7 +18,7 @@ import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError
 from ..roles import subtree
-from ..spec import ArraySpec, flatten, leaf_paths
+from ..spec import ArraySpec, flatten, leaf_paths, spec_to_json
 
 __all__ = [
     "ExportResult",
@@ -28,13 +27,10 @@ __all__ = [
     "Target",
     "check_compression",
     "episode_flags",
-    "marker",
 ]
 
 #: bytes of store data read per block by the step-major exporters
 BLOCK_BYTES = 32 << 20
-#: the file an export folder carries to be recognised (and replaced with ``force``)
-MARKER_FILE = "mmreplay_export.json"
 
 Progress = Callable[[int], Any]
 
@@ -89,24 +85,18 @@ def disk_usage(path: str) -> int:
     return total
 
 
-def marker(fmt: str, store: Any, **extra: Any) -> str:
-    """The JSON text of the marker file that identifies an export folder and its source."""
-    body = {"format": f"mmreplay-export/{fmt}", "source": os.path.abspath(store.path), **extra}
-    return json.dumps(body, indent=1) + "\n"
-
-
 class Target:
     """A file or folder written under a temporary sibling name, then renamed into place.
 
     Args:
         out: the final path.
         kind: ``"file"`` or ``"folder"``.
-        force: replace an existing target (a folder only if it is empty or carries
+        force: replace an existing target (a folder only if it is empty or holds
             ``recognise`` -- a previous export of the same kind).
-        recognise: a file name whose presence marks a folder as replaceable.
+        recognise: for a folder, the entry whose presence marks it as replaceable.
     """
 
-    def __init__(self, out: str, kind: str, force: bool, recognise: str | None = MARKER_FILE):
+    def __init__(self, out: str, kind: str, force: bool, recognise: str | None = None):
         self.out = os.path.abspath(os.fspath(out))
         self.kind = kind
         self.force = force
@@ -216,12 +206,6 @@ class Roles:
         """Leaf paths under a role path, in flatten order."""
         return [p for p in self.paths if p == path or p.startswith(path + "/")]
 
-    def covered(self) -> set[str]:
-        out: set[str] = set()
-        for path in self.roles.values():
-            out.update(self.leaves_of(path))
-        return out
-
     def extras(self, used: Sequence[str]) -> list[str]:
         """Leaf paths not under any of the given role names."""
         taken: set[str] = set()
@@ -312,8 +296,6 @@ def reject_complete_only(fmt: str, complete_only: bool) -> None:
 
 def spec_json(store: Any) -> dict[str, Any]:
     """What a step-major export records about its source, enough to import it back."""
-    from ..spec import spec_to_json
-
     return {
         "format": "mmreplay-arrays/1",
         "spec": spec_to_json(store.spec),
