@@ -18,6 +18,7 @@ to Minari (loading it back when Minari is installed).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
@@ -285,12 +286,16 @@ def _slice(nest: Any, a: int, b: int) -> Any:
 
 
 def run(
-    folder: str | None = None, config: DemoConfig = DemoConfig(), echo: Callable[[str], Any] = print
+    folder: str | None = None, config: DemoConfig = DemoConfig(), echo: Callable[[str], Any] | None = None
 ) -> dict:
     """Run the demo in ``folder`` (a new temporary one by default) and report each step.
 
-    Returns the figures it printed, for scripts and tests.
+    ``echo`` receives each line of the report (``mmreplay demo`` passes ``click.echo``;
+    by default the lines go to this module's logger). Returns the figures it reported,
+    for scripts and tests.
     """
+    if echo is None:
+        echo = logging.getLogger(__name__).info
     from . import export as exporter
     from .store import create
     from .store import open as open_store

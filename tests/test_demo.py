@@ -104,9 +104,11 @@ def test_mmreplay_demo_runs_the_whole_job_and_leaves_an_exact_store(tmp_path):
 
 
 def test_demo_without_minari_says_it_skipped_the_check(tmp_path):
-    blocker = tmp_path / "block" / "minari"
-    blocker.mkdir(parents=True)
-    (blocker / "__init__.py").write_text("raise ImportError('no minari here')\n")
+    """After ``pip install -e .`` alone: none of the optional packages can be imported."""
+    for name in ("minari", "torch", "gymnasium", "pyarrow", "d3rlpy", "datasets", "PIL", "matplotlib", "yaml"):
+        blocker = tmp_path / "block" / name
+        blocker.mkdir(parents=True)
+        (blocker / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "block"))
     out = demo(tmp_path / "run", "--backend", "hdf5", env=env)
     assert out.returncode == 0, out.stderr
