@@ -84,7 +84,7 @@ def describe(store: mr.Store) -> dict[str, Any]:
         raw = n * meta.num_envs * leaf.spec.nbytes
         disk = on_disk.get(leaf.path)
         ratio = None
-        if leaf.compression is not None and disk:
+        if leaf.compression is not None and disk and raw:
             ratio = round(raw / disk, 2)
         leaves.append(
             {
