@@ -99,9 +99,13 @@ def test_minari_open_episodes_are_truncated_or_left_out(vector, tmp_path, monkey
     all_eps, complete = episodes_of(vector), episodes_of(vector, complete_only=True)
     assert len(all_eps) - len(complete) == 3  # one open episode per env
     export(vector, tmp_path, "minari", dataset_id="all-v0")
-    export(vector, tmp_path, "minari", dataset_id="done-v0", complete_only=True)
+    export(vector, tmp_path, "minari", dataset_id="done-v0", complete_only=True, compression="gzip")
     everything, done = minari.load_dataset("all-v0"), minari.load_dataset("done-v0")
     assert len(everything) == len(all_eps) and len(done) == len(complete)
+    with h5py.File(tmp_path / "done-v0" / "data" / "main_data.hdf5") as f:
+        assert f["episode_0/observations"].compression == "gzip"
+    for ep, got in zip(complete, done.iterate_episodes()):
+        assert np.array_equal(got.actions, ep.data["action"]) and len(got.observations) == ep.length + 1
     last = [ep for ep in everything.iterate_episodes()]
     open_ones = [i for i, e in enumerate(all_eps) if e.status == "open"]
     assert all(last[i].truncations[-1] and not last[i].terminations[-1] for i in open_ones)
