@@ -375,15 +375,17 @@ class Store:
             raise IndexError(f"{self.path}: index out of range for {n} committed steps")
         return first + (idx % max(n, 1)), False
 
-    def read_steps(self, steps: Any) -> list[np.ndarray]:
+    def read_steps(self, steps: Any, leaves: list[int] | None = None) -> list[np.ndarray]:
         """Leaf arrays (flatten order) for global step ids, each ``[*steps.shape, num_envs, *shape]``.
 
-        Raises :class:`~mmreplay.NotEnoughDataError` when a step is not retained or was
-        overwritten by the writer while it was read.
+        ``leaves`` picks leaves by their flatten-order index (default: all), for callers
+        that handle one leaf at a time. Raises :class:`~mmreplay.NotEnoughDataError` when
+        a step is not retained or was overwritten by the writer while it was read.
         """
         self._check_open()
         slots = np.asarray(steps, dtype=np.int64) % self.capacity
-        out = [np.array(leaf.read(slots)) for leaf in self._leaves]
+        chosen = self._leaves if leaves is None else [self._leaves[i] for i in leaves]
+        out = [np.array(leaf.read(slots)) for leaf in chosen]
         if self.mode == "r":
             self._check_still_retained(steps)
         return out

@@ -308,18 +308,9 @@ def spec_json(store: Any) -> dict[str, Any]:
 
 
 def read_leaf(store: Any, index: int, steps: np.ndarray) -> np.ndarray:
-    """One leaf's rows ``[len(steps), num_envs, *shape]`` for global step ids.
-
-    ``read_steps`` reads every leaf; formats that write one leaf at a time (zip members)
-    read only the one they write. A reader re-checks that the rows were still retained.
-    """
-    leaves = getattr(store, "_leaves", None)
-    if leaves is None:
-        return store.read_steps(steps)[index]
-    out = np.array(leaves[index].read(np.asarray(steps) % store.capacity))
-    if store.mode == "r" and len(steps):
-        store._check_still_retained(steps)
-    return out
+    """One leaf's rows ``[len(steps), num_envs, *shape]`` for global step ids, for formats
+    that write one leaf at a time (zip members)."""
+    return store.read_steps(steps, leaves=[index])[0]
 
 
 class Ticker:
