@@ -12,13 +12,14 @@ memory.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from ..errors import UnsupportedFormatError
-from ._base import ExportResult, Progress
+from ._base import ExportResult, Progress, check_compression, reject_complete_only
 
 __all__ = ["FORMATS", "FormatInfo", "ExportResult", "export", "get"]
 
@@ -98,6 +99,14 @@ def export(
         3
     """
     module = get(format)
+    name = str(format).lower()
+    accepted = [p for p in inspect.signature(module.write).parameters if p not in ("store", "out")]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"{name} export: unexpected options {unknown}; it takes {', '.join(accepted)}")
+    if FORMATS[name].kind == "steps":
+        reject_complete_only(name, complete_only)
+    compression = check_compression(name, compression, module.COMPRESSIONS)
     return module.write(
         store,
         os.fspath(out),

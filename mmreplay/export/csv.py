@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..spec import flatten
-from ._base import ExportResult, StepBlocks, Target, check_compression, reject_complete_only
+from ._base import ExportResult, StepBlocks, Target
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
@@ -45,12 +45,8 @@ def write(
     complete_only: bool,
     force: bool,
     progress: Any,
-    **options: Any,
 ) -> ExportResult:
-    if options:
-        raise TypeError(f"csv export: unexpected options {sorted(options)}")
-    reject_complete_only("csv", complete_only)
-    comp = check_compression("csv", compression, COMPRESSIONS)
+    comp = compression
     specs = flatten(store.spec)
     paths = store.leaf_paths
     fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError
 from ..spec import ArraySpec, flatten
-from ._base import ExportResult, Roles, Target, Ticker, check_compression, episode_total, episodes, part
+from ._base import ExportResult, Roles, Target, Ticker, episode_total, episodes, part
 from .hdf5 import dataset_options, h5py_module
 
 COMPRESSIONS = ("gzip", "lzf")
@@ -40,11 +40,8 @@ def write(
     complete_only: bool,
     force: bool,
     progress: Any,
-    **options: Any,
 ) -> ExportResult:
-    if options:
-        raise TypeError(f"d3rlpy export: unexpected options {sorted(options)}")
-    comp = check_compression("d3rlpy", compression, COMPRESSIONS)
+    comp = compression
     roles = Roles.of(store)
     obs_path = roles.need("observation", "d3rlpy")
     act_path = roles.need("action", "d3rlpy")

@@ -25,7 +25,6 @@ from ._base import (
     Roles,
     Target,
     Ticker,
-    check_compression,
     episode_flags,
     episode_total,
     episodes,
@@ -119,11 +118,8 @@ def write(
     complete_only: bool,
     force: bool,
     progress: Any,
-    **options: Any,
 ) -> ExportResult:
-    if options:
-        raise TypeError(f"d4rl export: unexpected options {sorted(options)}")
-    comp = check_compression("d4rl", compression, COMPRESSIONS)
+    comp = compression
     roles = Roles.of(store)
     obs_path = roles.need("observation", "d4rl")
     act_path = roles.need("action", "d4rl")

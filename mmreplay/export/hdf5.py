@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from ..spec import flatten
-from ._base import ExportResult, StepBlocks, Target, check_compression, reject_complete_only, spec_json
+from ._base import ExportResult, StepBlocks, Target, spec_json
 
 COMPRESSIONS = ("gzip", "lzf")
 
@@ -47,12 +47,8 @@ def write(
     complete_only: bool,
     force: bool,
     progress: Any,
-    **options: Any,
 ) -> ExportResult:
-    if options:
-        raise TypeError(f"hdf5 export: unexpected options {sorted(options)}")
-    reject_complete_only("hdf5", complete_only)
-    comp = check_compression("hdf5", compression, COMPRESSIONS)
+    comp = compression
     h5py = h5py_module()
     target = Target(out, "file", force)
     try:

@@ -36,7 +36,6 @@ from ._base import (
     Roles,
     Target,
     Ticker,
-    check_compression,
     disk_usage,
     episode_flags,
     episode_total,
@@ -183,11 +182,8 @@ def write(
     force: bool,
     progress: Any,
     dataset_id: str | None = None,
-    **options: Any,
 ) -> ExportResult:
-    if options:
-        raise TypeError(f"minari export: unexpected options {sorted(options)}")
-    comp = check_compression("minari", compression, COMPRESSIONS)
+    comp = compression
     roles = Roles.of(store)
     obs_path = roles.need("observation", "minari")
     next_path = roles.get("next_observation")

@@ -23,9 +23,7 @@ from ._base import (
     StepBlocks,
     Target,
     Ticker,
-    check_compression,
     read_leaf,
-    reject_complete_only,
     spec_json,
 )
 
@@ -41,12 +39,8 @@ def write(
     complete_only: bool,
     force: bool,
     progress: Any,
-    **options: Any,
 ) -> ExportResult:
-    if options:
-        raise TypeError(f"npz export: unexpected options {sorted(options)}")
-    reject_complete_only("npz", complete_only)
-    comp = check_compression("npz", compression, COMPRESSIONS)
+    comp = compression
     target = Target(out, "file", force)
     try:
         rows = write_arrays(store, target.path(), comp is not None, progress)

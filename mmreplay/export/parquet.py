@@ -29,7 +29,6 @@ from ._base import (
     Roles,
     Target,
     Ticker,
-    check_compression,
     disk_usage,
     episode_flags,
     episode_total,
@@ -152,14 +151,11 @@ def write(
     force: bool,
     progress: Any,
     file_bytes: int = FILE_BYTES,
-    **options: Any,
 ) -> ExportResult:
-    if options:
-        raise TypeError(f"parquet export: unexpected options {sorted(options)}")
     codec = (
         "snappy"
         if compression is None
-        else (check_compression("parquet", compression, COMPRESSIONS) or "none")
+        else (compression or "none")
     )
     name, _, level = codec.partition(":")
     pa, pq = _pyarrow()

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import CorruptBufferError
 from ..spec import flatten
-from ._base import ExportResult, StepBlocks, Target, check_compression, reject_complete_only
+from ._base import ExportResult, StepBlocks, Target
 
 
 def _torch() -> Any:
@@ -56,6 +56,9 @@ def _record_offsets(path: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+COMPRESSIONS: tuple[str, ...] = ()  # torch.save writes an uncompressed zip
+
+
 def write(
     store: Any,
     out: str,
@@ -64,12 +67,7 @@ def write(
     complete_only: bool,
     force: bool,
     progress: Any,
-    **options: Any,
 ) -> ExportResult:
-    if options:
-        raise TypeError(f"pt export: unexpected options {sorted(options)}")
-    reject_complete_only("pt", complete_only)
-    check_compression("pt", compression, ())
     torch = _torch()
     target = Target(out, "file", force)
     keep = []

@@ -17,9 +17,7 @@ from ._base import (
     ExportResult,
     StepBlocks,
     Target,
-    check_compression,
     disk_usage,
-    reject_complete_only,
     spec_json,
 )
 
@@ -104,12 +102,8 @@ def write(
     complete_only: bool,
     force: bool,
     progress: Any,
-    **options: Any,
 ) -> ExportResult:
-    if options:
-        raise TypeError(f"zarr export: unexpected options {sorted(options)}")
-    reject_complete_only("zarr", complete_only)
-    comp = check_compression("zarr", compression, COMPRESSIONS)
+    comp = compression
     try:
         import zarr
     except ImportError as exc:
