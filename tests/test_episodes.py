@@ -366,3 +366,59 @@ def test_to_arrays_of_an_empty_store(tmp_path):
     with make(tmp_path, 10, 2, 0, {}) as store:
         a = store.to_arrays()
     assert a["observations"].shape == (0, 2) and a["terminals"].shape == (0,)
+
+
+KILLED_WRITER = """
+import sys, numpy as np, mmreplay as mr
+sys.path.insert(0, {tests!r})
+from test_episodes import steps
+store = mr.create({path!r}, __import__("test_episodes").SPEC, 100_000, num_envs=3, commit_every=7)
+rng = np.random.default_rng({seed})
+t, ready = 0, False
+while True:
+    n = int(rng.integers(1, 9))
+    ends = {{(int(a), int(b)): ("term" if rng.random() < 0.5 else "trunc") for a, b in zip(rng.integers(t, t + n, 2), rng.integers(0, 3, 2))}}
+    store.extend(steps(t, n, 3, ends))
+    t += n
+    if t > 40 and not ready:
+        open({path!r} + ".ready", "a").close()
+        ready = True
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_index_after_sigkill_matches_a_rebuild_from_the_leaves(tmp_path, seed):
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = str(tmp_path / "b")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER.format(tests=os.path.dirname(__file__), path=path, seed=seed)]
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path + ".ready"):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.05 * seed)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rebuilt = str(tmp_path / "copy")
+    shutil.copytree(path, rebuilt, ignore=shutil.ignore_patterns(INDEX_FILE, ".lock"))
+    with mr.open(rebuilt, "r") as reader:
+        want = reader.episode_index()  # scanned from the role leaves of the committed steps
+    assert len(want) > 3
+    with mr.open(path, "r") as reader:
+        assert reader.episode_index() == want
+    with mr.open(path, "a") as writer:  # the next writer cuts what the killed one left past its commit
+        assert writer.episode_index() == want
+        end = writer.state.end
+    _, rec = read_index(path)
+    assert rec["step"].max() < end
