@@ -25,6 +25,7 @@ from ..spec import ArraySpec, flatten, is_namedtuple, leaf_paths
 from ..store import Store, create, open
 
 __all__ = [
+    "StoreShell",
     "ring_capacity",
     "StoreOptions",
     "attach_store",
@@ -110,6 +111,27 @@ def lenient_roles(spec: Any) -> dict[str, None]:
         except SpecError:
             drop[role] = None
     return drop
+
+
+class StoreShell:
+    """The life cycle every layer shares: a context manager whose ``close()`` commits
+    and releases the store, deleting it when it is a temporary one. Safe twice."""
+
+    store: Store | None
+
+    def close(self) -> None:
+        """Commit and release the store (a temporary one is deleted). Safe twice."""
+        cleanup = getattr(self, "_cleanup", None)
+        if cleanup is not None:
+            cleanup()
+        elif self.store is not None:
+            self.store.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class TempFolder:

@@ -83,6 +83,7 @@ from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ..store import open as open_store
 from ..values import cast_refusal
 from ._shared import (
+    StoreShell,
     lenient_roles,
     read_origin,
     read_rows,
@@ -164,7 +165,7 @@ class _Tensor:
         return ArraySpec(self.shape, self.dtype)
 
 
-class Memory:
+class Memory(StoreShell):
     """skrl's ``Memory``: a circular buffer of named tensors ``(memory_size, num_envs, size)``.
 
     Args:
@@ -858,16 +859,7 @@ class Memory:
                 self.store.path,
                 self._env_index - 1,
             )
-        if self._temp is not None:
-            self._cleanup()  # type: ignore[attr-defined]
-        elif self.store is not None:
-            self.store.close()
-
-    def __enter__(self) -> Memory:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        super().close()
 
     def __repr__(self) -> str:
         where = self._store_path()

@@ -44,6 +44,7 @@ from ..values import StepValidator
 from ._shared import (
     SINGLE_LEAF_KEY,
     StoreOptions,
+    StoreShell,
     attach_store,
     flatten_like,
     read_origin,
@@ -113,7 +114,7 @@ def _broadcast_leaves(spec: Any, value: Any, lead: tuple[int, ...]) -> Any:
 # --- NumpyStorage --------------------------------------------------------------------
 
 
-class NumpyStorage:
+class NumpyStorage(StoreShell):
     """``tf_agents.utils.numpy_storage.NumpyStorage`` on disk: one array per leaf.
 
     ``get(idx)`` / ``set(idx, value)`` take and return the spec's nest; ``idx`` is a
@@ -252,20 +253,6 @@ class NumpyStorage:
             )
             n -= k
 
-    def close(self) -> None:
-        """Commit and release the store (a temporary one is deleted). Safe twice."""
-        cleanup = getattr(self, "_cleanup", None)
-        if cleanup is not None:
-            cleanup()
-        else:
-            self.store.close()
-
-    def __enter__(self) -> NumpyStorage:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"<mmreplay.compat.tf_agents.NumpyStorage capacity={self._capacity} store={self.store!r}>"
 
@@ -281,7 +268,7 @@ def _add_env_axis(spec: Any, value: Any, axis: int) -> Any:
 # --- UniformReplayBuffer -----------------------------------------------------------
 
 
-class UniformReplayBuffer:
+class UniformReplayBuffer(StoreShell):
     """``TFUniformReplayBuffer`` on disk: batched adds, uniform sampling, numpy outputs.
 
     Args:
@@ -618,20 +605,6 @@ class UniformReplayBuffer:
         return ds.map(lambda items, info: (items, BufferInfo(*info)))
 
     # --- life cycle -----------------------------------------------------------------
-
-    def close(self) -> None:
-        """Commit and release the store (a temporary one is deleted). Safe twice."""
-        cleanup = getattr(self, "_cleanup", None)
-        if cleanup is not None:
-            cleanup()
-        else:
-            self.store.close()
-
-    def __enter__(self) -> UniformReplayBuffer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (
