@@ -21,7 +21,7 @@ from .. import reads
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
 from ..roles import infer_roles, validate_roles
-from ..spec import ArraySpec, flatten, is_namedtuple, leaf_paths
+from ..spec import flatten, is_namedtuple, leaf_paths
 from ..store import Store, create, open
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "describe",
     "window_of",
     "check_same",
-    "storable",
     "flatten_like",
     "read_origin",
     "write_origin",
@@ -80,15 +79,6 @@ class StoreOptions:
             "commit_every": self.commit_every,
             "durability": self.durability,
         }
-
-
-#: the key a spec that is a single leaf is stored under (a store's spec is a nest)
-SINGLE_LEAF_KEY = "item"
-
-
-def storable(spec: Any) -> Any:
-    """The spec a store holds: a single leaf is wrapped as ``{"item": leaf}``."""
-    return {SINGLE_LEAF_KEY: spec} if isinstance(spec, ArraySpec) else spec
 
 
 def describe(spec: Any) -> list[tuple[str, tuple[int, ...], str]]:
@@ -183,7 +173,6 @@ def attach_store(
         SpecMismatchError: a buffer exists at ``path`` with other leaves, window or
             number of envs; it is left untouched.
     """
-    spec = storable(spec)
     if roles is None:
         roles = lenient_roles(spec)
     if path is None:
@@ -218,7 +207,7 @@ def window_of(store: Store) -> int:
 def check_same(store: Store, spec: Any, window: int, num_envs: int, what: str, window_name: str) -> None:
     """Refuse (closing the store) a buffer other than the one the caller describes."""
     diffs = []
-    have, want = describe(store.spec), describe(storable(spec))
+    have, want = describe(store.spec), describe(spec)
     if have != want:
         missing = [w for w in want if w not in have]
         extra = [h for h in have if h not in want]

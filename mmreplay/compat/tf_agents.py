@@ -42,14 +42,12 @@ from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
 from ..values import StepValidator
 from ._shared import (
-    SINGLE_LEAF_KEY,
     StoreOptions,
     StoreShell,
     attach_store,
     flatten_like,
     read_origin,
     read_rows,
-    storable,
     write_origin,
 )
 
@@ -173,7 +171,7 @@ class NumpyStorage(StoreShell):
         self._spec = to_spec(data_spec)
         self._capacity = int(capacity)
         self._leaf_specs: list[ArraySpec] = flatten(self._spec)
-        self._store_spec = storable(self._spec)
+        self._store_spec = self._spec
         self._validator = StepValidator(self._store_spec, 1)
         options = StoreOptions(backend=backend, compression=compression, commit_every=1)
         self.store, _ = attach_store(
@@ -224,12 +222,12 @@ class NumpyStorage(StoreShell):
         store = self.store
         # Validate everything before the first byte (or zero gap) is written.
         if scalar:
-            leaves = self._validator.step(self._wrap(_add_env_axis(self._spec, value, 0)))
+            leaves = self._validator.step(_add_env_axis(self._spec, value, 0))
             leaves = [v[None] for v in leaves]
             flat_slots = slots.reshape(1)
         else:
             _, leaves = self._validator.batch(
-                self._wrap(_add_env_axis(self._spec, value, len(lead))), lead=lead
+                _add_env_axis(self._spec, value, len(lead)), lead=lead
             )
             flat_slots = slots.reshape(-1)
             leaves = [v.reshape(-1, *v.shape[len(lead) :]) for v in leaves]
@@ -238,9 +236,6 @@ class NumpyStorage(StoreShell):
             self._append_zeros(top - store.total_steps)
         store.set(flat_slots - store.first_step, unflatten(self._store_spec, leaves))
         store.commit()
-
-    def _wrap(self, value: Any) -> Any:
-        return {SINGLE_LEAF_KEY: value} if isinstance(self._spec, ArraySpec) else value
 
     def _append_zeros(self, n: int) -> None:
         """Append ``n`` zero slots, in blocks of at most about 64 MiB."""
@@ -347,7 +342,6 @@ class UniformReplayBuffer(StoreShell):
         self._data_spec = data_spec
         self._spec = to_spec(data_spec)
         self._leaf_specs: list[ArraySpec] = flatten(self._spec)
-        self._single = isinstance(self._spec, ArraySpec)
         self._batch_size = int(batch_size)
         self._max_length = int(max_length)
         self._drop_remainder = bool(dataset_drop_remainder)
@@ -412,15 +406,14 @@ class UniformReplayBuffer(StoreShell):
             mmreplay.BadInputError: wrong structure, batch size, shape or dtype; nothing
                 is written and no id is used.
         """
-        wrap = (lambda x: {SINGLE_LEAF_KEY: x}) if self._single else (lambda x: x)  # noqa: E731
         try:
-            self.store.add(wrap(items))
+            self.store.add(items)
         except BadInputError:
             # A scalar for a leaf TF-Agents broadcasts to the batch; else the first error.
             broadcast = _broadcast_leaves(self._spec, items, (self._batch_size,))
             if broadcast is items:
                 raise
-            self.store.add(wrap(broadcast))
+            self.store.add(broadcast)
 
     def clear(self) -> None:
         """Drop every frame; ids restart at 0 (the store keeps counting global steps)."""
