@@ -360,12 +360,20 @@ def parse_state(obj: Any, where: str) -> State:
     return State(start, end, reserved, commits, commit_time)
 
 
+def _read_bounded(path: str) -> bytes:
+    """The file's bytes, refusing one larger than any real metadata before reading it."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_METADATA_BYTES:
+            raise CorruptBufferError(f"{path}: {size} bytes, larger than metadata can be ({MAX_METADATA_BYTES})")
+        return f.read(size + 1)  # +1: a file that grew since fstat still ends the read
+
+
 def read_metadata(folder: str) -> Metadata:
     """Read and validate ``folder/mmreplay.json``."""
     path = os.path.join(folder, METADATA_FILE)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_METADATA_BYTES + 1)
+        raw = _read_bounded(path)
     except FileNotFoundError:
         if not os.path.exists(folder):
             raise NotABufferError(f"{folder}: no such folder") from None
@@ -374,8 +382,6 @@ def read_metadata(folder: str) -> Metadata:
         raise CorruptBufferError(f"{path}: is a folder, expected a JSON file") from None
     except NotADirectoryError:
         raise NotABufferError(f"{folder}: not a folder") from None
-    if len(raw) > MAX_METADATA_BYTES:
-        raise CorruptBufferError(f"{path}: larger than {MAX_METADATA_BYTES} bytes")
     return parse_metadata(raw, path)
 
 
@@ -383,9 +389,7 @@ def read_state(folder: str) -> State:
     """Only the committed state, for readers polling a live writer (no spec validation)."""
     path = os.path.join(folder, METADATA_FILE)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_METADATA_BYTES + 1)
-        obj = json.loads(raw)
+        obj = json.loads(_read_bounded(path))
     except FileNotFoundError:
         raise NotABufferError(f"{folder}: not an mmreplay buffer (no {METADATA_FILE})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
