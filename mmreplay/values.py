@@ -89,6 +89,42 @@ def _j(path: str, key: str) -> str:
     return f"{path}/{key}" if path else key
 
 
+def _dict_plan(spec: Any, num_envs: int) -> tuple | None:
+    """For a nest of plain dicts down to array leaves, per key in flatten order (sorted):
+    ``(key, dtype, step shape, None)`` for a leaf or ``(key, None, None, sub-plan)``."""
+    if type(spec) is not dict or not spec:
+        return None
+    plan = []
+    for key in sorted(spec):
+        sub = spec[key]
+        if isinstance(sub, ArraySpec):
+            plan.append((key, sub.dtype, (num_envs, *sub.shape), None))
+            continue
+        inner = _dict_plan(sub, num_envs)
+        if inner is None:
+            return None
+        plan.append((key, None, None, inner))
+    return tuple(plan)
+
+
+def _collect(plan: tuple, value: Any, out: list[np.ndarray]) -> bool:
+    """Append ``value``'s leaves if every dict has exactly the plan's keys and every leaf
+    is already an array of the leaf's dtype and step shape (what coerce passes as is)."""
+    if type(value) is not dict or len(value) != len(plan):
+        return False
+    ndarray = np.ndarray
+    for key, dtype, shape, sub in plan:
+        v = value.get(key)
+        if sub is not None:
+            if not _collect(sub, v, out):
+                return False
+        elif type(v) is not ndarray or v.shape != shape or (v.dtype is not dtype and v.dtype != dtype):
+            return False
+        else:
+            out.append(v)
+    return True
+
+
 class StepValidator:
     """Validates and converts values for one spec and ``num_envs``."""
 
@@ -103,6 +139,8 @@ class StepValidator:
         self.flat_keys = tuple(self.paths) if flat else None
         # (key, dtype, shape) per leaf of a flat dict spec: the per-step fast path
         self._fast = tuple(zip(self.paths, self.dtypes, self.step_shapes)) if flat else None
+        # the same for a nest of dicts: (key, dtype, shape, sub-plan or None) per key
+        self._fast_nest = None if flat else _dict_plan(spec, num_envs)
         self._step_what = f"[num_envs={num_envs}, *shape] ="
 
     def _flatten(self, value: Any) -> list[Any]:
@@ -155,6 +193,10 @@ class StepValidator:
                     break
                 out.append(v)
             else:
+                return out
+        elif self._fast_nest is not None:
+            out = []
+            if _collect(self._fast_nest, value, out):
                 return out
         vals = self._flatten(value)
         what = self._step_what
