@@ -14,9 +14,10 @@ write that wraps the ring — then reopens the store and checks that
     what the writer announced;
 (d) the next writer resumes at the committed cursor, and its kill passes the same checks.
 
-Each trial is a fresh buffer with a random layout (backend, compression, ``num_envs``,
-capacity, chunking, commit cadence) killed several times, then collected to a clean close
-and checked with :func:`mmreplay.verify.verify`.
+After each kill :func:`mmreplay.verify.verify` checks the files too (sizes, chunks that
+decode, the episode index against the role leaves). Each trial is a fresh buffer with a
+random layout (backend, compression, ``num_envs``, capacity, chunking, commit cadence)
+killed several times, then collected to a clean close and checked once more.
 
 Writers start from a fork server that has imported mmreplay, zarr and h5py once, so a
 kill costs milliseconds, not an interpreter start.
@@ -55,6 +56,10 @@ __all__ = [
     "run",
     "run_trial",
     "check_store",
+    "Expectation",
+    "TortureFailure",
+    "WriterServer",
+    "serve",
 ]
 
 #: the data each torture writer collects: pixels, a state vector, actions and scalars
