@@ -189,6 +189,10 @@ def _zarr_leaf(
             return found
         shard = os.path.join(folder, want_file)
         data_bytes, file_bytes, index = _shard_layout(meta, leaf)
+        if os.path.lexists(shard) and not os.path.isfile(shard):
+            found.shard_short = 0
+            problem(f"data file {shard} is not a regular file")
+            return found
         try:
             size = os.path.getsize(shard)
         except FileNotFoundError:
@@ -753,6 +757,8 @@ def _repair_zarr(folder: str, meta: Metadata, out: Recovery, stamp: str) -> tupl
                 shard = os.path.join(folder, leaf.file or "")
                 data_bytes, file_bytes, index = _shard_layout(meta, leaf)
                 short = s.shard_short
+                if os.path.lexists(shard) and not os.path.isfile(shard):
+                    _move_aside(shard, stamp, out, folder)
                 os.makedirs(os.path.dirname(shard), exist_ok=True)
                 fd = os.open(shard, os.O_RDWR | os.O_CREAT, 0o644)
                 try:

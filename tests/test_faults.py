@@ -611,3 +611,16 @@ def test_cli_recover_refuses_what_it_cannot_rebuild(tmp_path):
         f.write(b"{")
     result = CliRunner().invoke(main, ["recover", path])
     assert result.exit_code == 4 and "Error:" in result.output and "backup" in result.output
+
+
+@pytest.mark.parametrize("mode", ["r", "a"])
+def test_a_data_file_replaced_by_a_folder_is_an_error(tmp_path, mode):
+    path = fill(tmp_path / "b", 5)
+    shard = _zarr_shard(path, "reward")
+    os.remove(shard)
+    os.mkdir(shard)
+    with pytest.raises(mr.CorruptBufferError, match="expected a data file"):
+        mr.open(path, mode)
+    assert_detected(path, "not a regular file")
+    report = recover(path)
+    assert report.ok and report.lost == (0, 5), str(report)
