@@ -309,6 +309,6 @@ class LongBufferModel(BufferModel):
 
 
 LongBufferModel.TestCase.settings = settings(
-    max_examples=600, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=300, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_buffer_model_long = pytest.mark.long(LongBufferModel.TestCase)
