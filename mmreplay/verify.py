@@ -35,7 +35,7 @@ from .metadata import METADATA_FILE, LeafInfo, Metadata, State, parse_metadata, 
 
 __all__ = ["verify", "recover", "Recovery", "leftovers"]
 
-BLOCK_BYTES = 64 << 20  # deep checks read at most this much at a time
+EPISODE_BLOCK = 1 << 16  # steps of role leaves read at a time by the episode index check
 ZARR_DIR = "data.zarr"
 HDF5_FILE = "data.h5"
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -89,10 +89,29 @@ def _check_opens(folder: str) -> list[str]:
     return []
 
 
-def retained_slots(meta: Metadata) -> np.ndarray:
-    """Slots holding the retained committed steps."""
-    first = meta.state.first(meta.capacity)
-    return np.arange(first, meta.state.end, dtype=np.int64) % meta.capacity
+def retained_ranges(meta: Metadata) -> list[tuple[int, int]]:
+    """Slot ranges ``[a, b)`` holding the retained committed steps (at most two)."""
+    first, end, cap = meta.state.first(meta.capacity), meta.state.end, meta.capacity
+    if end <= first:
+        return []
+    if end - first >= cap:
+        return [(0, cap)]
+    a, b = first % cap, end % cap
+    if a < b:
+        return [(a, b)]
+    return [(a, cap)] + ([(0, b)] if b else [])
+
+
+def newest_in_slots(first: int, end: int, capacity: int, a: int, b: int) -> int | None:
+    """The newest step of ``[first, end)`` whose slot is in ``[a, b)``, or None."""
+    if end <= first or a >= b:
+        return None
+    top = (end - 1 - a) // capacity
+    for lap in (top, top - 1):
+        lo, hi = max(first, lap * capacity + a), min(end, lap * capacity + b)
+        if lap >= 0 and lo < hi:
+            return hi - 1
+    return None
 
 
 def _leaf_bytes(meta: Metadata, leaf: LeafInfo) -> int:
@@ -109,7 +128,8 @@ def _le(dtype: np.dtype) -> np.dtype:
 
 def _chunks_of(meta: Metadata, leaf: LeafInfo) -> list[int]:
     """Chunk numbers along the step axis that hold retained committed steps."""
-    return sorted(set((retained_slots(meta) // leaf.chunk_steps).tolist()))
+    cs = leaf.chunk_steps
+    return sorted({k for a, b in retained_ranges(meta) for k in range(a // cs, (b - 1) // cs + 1)})
 
 
 # --- zarr -----------------------------------------------------------------------------
@@ -215,7 +235,7 @@ def _zarr_leaf(
             )
         elif deep and meta.state.end > meta.state.first(meta.capacity):
             try:
-                np.asarray(arr[int(retained_slots(meta)[-1])])
+                np.asarray(arr[(meta.state.end - 1) % meta.capacity])
             except Exception as exc:
                 found.bad_index = True
                 problem(f"zarr cannot read {shard}: {exc}")
@@ -439,17 +459,29 @@ def _check_episodes(folder: str, meta: Metadata, deep: bool, problems: list[str]
         rule = EndRule(store)
         lo = max(origin, store.first_step)
         hi = min(store.committed_steps, meta.state.end)
-        ids = np.arange(lo, hi, dtype=np.int64)
-        if rule.kind is None or not len(ids):
+        if rule.kind is None or hi <= lo:
             return
-        codes = rule.codes(ids % store.capacity, store.num_envs)
-        t, e = np.nonzero(codes)
         mine = rec[(rec["step"] >= lo) & (rec["step"] < hi)]
-        want = np.zeros(len(t), RECORD)
-        want["step"], want["env"], want["code"] = ids[t], e, codes[t, e]
-        order = np.lexsort((mine["env"], mine["step"]))
-        if not all(np.array_equal(mine[k][order], want[k]) for k in ("step", "env", "code")):
-            problems.append(f"{where}: its episode ends for steps [{lo}, {hi}) disagree with the role leaves")
+        mine = mine[np.lexsort((mine["env"], mine["step"]))]
+        done = 0  # records of mine compared so far
+        for a in range(lo, hi, EPISODE_BLOCK):  # bounded memory however long the window
+            ids = np.arange(a, min(hi, a + EPISODE_BLOCK), dtype=np.int64)
+            codes = rule.codes(ids % store.capacity, store.num_envs)
+            t, e = np.nonzero(codes)
+            part = mine[done : done + len(t)]
+            done += len(t)
+            if not (
+                len(part) == len(t)
+                and np.array_equal(part["step"], ids[t])
+                and np.array_equal(part["env"], e)
+                and np.array_equal(part["code"], codes[t, e])
+            ):
+                problems.append(
+                    f"{where}: its episode ends for steps [{lo}, {hi}) disagree with the role leaves"
+                )
+                return
+        if done != len(mine):
+            problems.append(f"{where}: it holds episode ends the role leaves do not give in [{lo}, {hi})")
     except Error as exc:
         problems.append(f"{where}: the role leaves cannot be read to check it: {exc}")
     finally:
@@ -583,10 +615,9 @@ def _recover(folder: str) -> Recovery:
         meta, damaged_slots = _repair_hdf5(folder, meta, out, stamp)
 
     for a, b, why in damaged_slots:
-        steps = np.arange(first, end, dtype=np.int64)
-        hit = steps[(steps % meta.capacity >= a) & (steps % meta.capacity < b)]
-        if hit.size:
-            drop_before = max(drop_before, int(hit.max()) + 1)
+        hit = newest_in_slots(first, end, meta.capacity, a, b)
+        if hit is not None:
+            drop_before = max(drop_before, hit + 1)
             out.reasons.append(why)
     if drop_before > first:
         out.lost = (first, drop_before)
