@@ -6,9 +6,13 @@ its own line); the usual error statuses when the path holds no buffer.
 
 from __future__ import annotations
 
+import os
+
 import click
 
+from mmreplay import NotABufferError
 from mmreplay.lock import holder_pid
+from mmreplay.metadata import METADATA_FILE
 from mmreplay.verify import leftovers, verify
 
 
@@ -19,6 +23,8 @@ from mmreplay.verify import leftovers, verify
 )
 def command(path: str, quick: bool) -> None:
     """Check that a buffer's data files match its metadata and decode."""
+    if not os.path.exists(os.path.join(path, METADATA_FILE)) and not leftovers(path):
+        raise NotABufferError(f"{path}: not an mmreplay buffer (no {METADATA_FILE})")
     pid = holder_pid(path)
     if pid is not None:
         who = f"process {pid}" if pid > 0 else "a live writer"

@@ -624,3 +624,8 @@ def test_a_data_file_replaced_by_a_folder_is_an_error(tmp_path, mode):
     assert_detected(path, "not a regular file")
     report = recover(path)
     assert report.ok and report.lost == (0, 5), str(report)
+
+
+def test_cli_verify_on_a_folder_that_is_no_buffer(tmp_path):
+    result = CliRunner().invoke(main, ["verify", str(tmp_path)])
+    assert result.exit_code == 3 and "not an mmreplay buffer" in result.output
