@@ -221,15 +221,13 @@ class Mmreplay(System):
             compression=self.compression,
             chunk_steps=self.chunk_steps,
         )
+        self.add = self.store.add  # no adapter layer on the hot path
 
     def native_step(self, data: dict[str, np.ndarray], t: int) -> Any:
         return nest_from_flat({p: np.ascontiguousarray(v[t]) for p, v in data.items()})
 
     def native_block(self, data: dict[str, np.ndarray], a: int, b: int) -> Any:
         return nest_from_flat({p: v[a:b] for p, v in data.items()})
-
-    def add(self, step: Any) -> None:
-        self.store.add(step)
 
     def extend(self, block: Any) -> None:
         self.store.extend(block)
@@ -242,6 +240,7 @@ class Mmreplay(System):
 
     def reopen(self) -> None:
         self.store = mr.open(self.path, "a")
+        self.add = self.store.add
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> Any:
         if not hasattr(self.store, "sample"):
@@ -295,6 +294,7 @@ class TorchRL(System):
         logging.getLogger("torchrl").setLevel(logging.WARNING)
         self.ckpt = os.path.join(folder, "checkpoint")
         self.rb = self._buffer(existsok=False)
+        self.add = self.rb.extend  # one step of num_envs rows: no adapter layer on the hot path
 
     def _buffer(self, existsok: bool) -> Any:
         from torchrl.data import LazyMemmapStorage, ReplayBuffer
@@ -318,9 +318,6 @@ class TorchRL(System):
         rows = (b - a) * self.num_envs
         return self._td({p: v[a:b].reshape(rows, *v.shape[2:]) for p, v in data.items()}, rows)
 
-    def add(self, step: Any) -> None:
-        self.rb.extend(step)
-
     def extend(self, block: Any) -> None:
         self.rb.extend(block)
 
@@ -334,6 +331,7 @@ class TorchRL(System):
         rb = self._buffer(existsok=True)
         rb.loads(self.ckpt)
         self.rb = rb
+        self.add = rb.extend
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> Any:
         return self.rb.sample(batch_size)
