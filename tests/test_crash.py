@@ -36,7 +36,7 @@ LEAVES = flatten(SPEC)
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[str(x) for x in LAYOUTS])
 def test_torture_trials_lose_nothing(tmp_path, layout):
-    summary = run(4, root=str(tmp_path), seed=hash(str(layout)) % 1000, layouts=[layout], kills_per_trial=3)
+    summary = run(4, root=str(tmp_path), seed=LAYOUTS.index(layout), layouts=[layout], kills_per_trial=3)
     assert summary.failures == 0, "\n".join(summary.messages)
     assert summary.trials == 4
     assert summary.kills >= 4  # most runs end in a kill; a few finish before their kill moment
