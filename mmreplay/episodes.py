@@ -30,6 +30,7 @@ they see always match their committed window.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -39,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import NotEnoughDataError
+from .errors import DiskFullError, NotEnoughDataError
+from .metadata import atomic_write
 from .roles import subtree
 from .spec import leaf_paths, unflatten
 
@@ -307,15 +309,7 @@ class EpisodeIndex:
         self._close_fd()
         generation = secrets.token_bytes(8)
         header = MAGIC + np.int64(origin).astype("<i8").tobytes() + generation + bytes(8)
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, header + _cat([rec]).tobytes())
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        atomic_write(self.path, header + _cat([rec]).tobytes(), self.fsync)
         self.origin, self.generation = origin, generation
         self.file_records = len(rec)
         self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(rec))
@@ -374,7 +368,12 @@ class EpisodeIndex:
             self._set_memory(keep)
         rec = self._scan(lo, new_end)
         if len(rec):
-            os.write(self.fd, rec.tobytes())
+            try:
+                _append(self.fd, rec.tobytes(), self.path)
+            except BaseException:
+                # cut a partial append, so a retried commit does not append it twice
+                os.ftruncate(self.fd, HEADER_BYTES + RECORD.itemsize * self.file_records)
+                raise
             self._append_memory(rec)
             self.file_records += len(rec)
         if fsync and len(rec):
@@ -549,6 +548,18 @@ class EpisodeIndex:
             )
         order = np.lexsort((first_a, env))
         return Spans(env[order], first_a[order], last_a[order], code[order], cut_a[order])
+
+
+def _append(fd: int, data: bytes, path: str) -> None:
+    """Append every byte (a torn last record is cut by the next writer)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"{path}: no space left to record episode ends; nothing was committed") from exc
+        raise
 
 
 def index_for(store: Any) -> EpisodeIndex:

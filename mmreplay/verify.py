@@ -495,7 +495,7 @@ def leftovers(path: str | os.PathLike) -> list[str]:
     """Files a killed writer may leave behind, harmless but untidy (temp state, zarr partials)."""
     folder = os.fspath(path)
     out = glob.glob(os.path.join(glob.escape(folder), METADATA_FILE + ".*.tmp"))
-    out += glob.glob(os.path.join(glob.escape(folder), "episodes.idx.tmp-*"))
+    out += glob.glob(os.path.join(glob.escape(folder), "episodes.idx.*.tmp"))
     zroot = os.path.join(folder, ZARR_DIR)
     if os.path.isdir(zroot):
         for dirpath, _, files in os.walk(zroot):

@@ -217,6 +217,37 @@ def test_full_disk_at_commit_keeps_the_previous_state(tmpfs):
         assert len(reader) == 2 and reader.get(1)["action"][0] == 2
 
 
+def test_full_disk_while_recording_episode_ends_keeps_the_previous_state(tmpfs):
+    fs = tmpfs("1m")
+    path = os.path.join(fs, "b")
+    spec = {"obs": mr.ArraySpec((), "float32"), "terminated": mr.ArraySpec((), "bool")}
+    store = mr.create(path, spec, capacity=4000, commit_every=10**6)
+    store.add({"obs": np.ones(1, "float32"), "terminated": np.ones(1, bool)})
+    store.commit()
+    # every step ends an episode: the commit appends 2,000 records (32 KB) to episodes.idx
+    store.extend({"obs": np.full((2000, 1), 2, "float32"), "terminated": np.ones((2000, 1), bool)})
+    before = open(os.path.join(path, METADATA_FILE), "rb").read()
+    filler = os.path.join(fs, "filler")
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with pytest.raises(mr.DiskFullError, match="episode ends"):
+        store.commit()
+    assert open(os.path.join(path, METADATA_FILE), "rb").read() == before
+    assert leftovers(path) == []
+    os.remove(filler)
+    store.commit()
+    store.close()
+    with mr.open(path) as reader:
+        assert len(reader) == 2001 and len(reader.episode_index()) == 2001
+    assert verify(path) == []
+
+
 @pytest.mark.parametrize(("backend", "compression"), LAYOUTS, ids=LAYOUT_IDS)
 def test_read_only_file_system(tmpfs, backend, compression):
     fs = tmpfs("8m")
