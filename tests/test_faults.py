@@ -188,14 +188,8 @@ def assert_healthy_or_only_flags(path) -> None:
         assert "status flags" in problem, problem
 
 
-def test_full_disk_at_commit_keeps_the_previous_state(tmpfs):
-    fs = tmpfs("1m")
-    path = os.path.join(fs, "b")
-    spec = {"obs": mr.ArraySpec((4,), "float32"), "action": mr.ArraySpec((), "int64")}
-    store = mr.create(path, spec, capacity=50, commit_every=10**6)
-    store.add({"obs": np.ones((1, 4), "float32"), "action": np.ones(1, "int64")})
-    store.commit()
-    before = open(os.path.join(path, METADATA_FILE), "rb").read()
+def fill_disk(fs: str) -> str:
+    """Write a file until the file system is full; returns its path."""
     filler = os.path.join(fs, "filler")
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
     try:
@@ -205,6 +199,18 @@ def test_full_disk_at_commit_keeps_the_previous_state(tmpfs):
         pass
     finally:
         os.close(fd)
+    return filler
+
+
+def test_full_disk_at_commit_keeps_the_previous_state(tmpfs):
+    fs = tmpfs("1m")
+    path = os.path.join(fs, "b")
+    spec = {"obs": mr.ArraySpec((4,), "float32"), "action": mr.ArraySpec((), "int64")}
+    store = mr.create(path, spec, capacity=50, commit_every=10**6)
+    store.add({"obs": np.ones((1, 4), "float32"), "action": np.ones(1, "int64")})
+    store.commit()
+    before = open(os.path.join(path, METADATA_FILE), "rb").read()
+    filler = fill_disk(fs)
     store.add({"obs": np.full((1, 4), 2, "float32"), "action": np.full(1, 2, "int64")})
     with pytest.raises(mr.DiskFullError, match="previous one is intact"):
         store.commit()
@@ -227,15 +233,7 @@ def test_full_disk_while_recording_episode_ends_keeps_the_previous_state(tmpfs):
     # every step ends an episode: the commit appends 2,000 records (32 KB) to episodes.idx
     store.extend({"obs": np.full((2000, 1), 2, "float32"), "terminated": np.ones((2000, 1), bool)})
     before = open(os.path.join(path, METADATA_FILE), "rb").read()
-    filler = os.path.join(fs, "filler")
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    filler = fill_disk(fs)
     with pytest.raises(mr.DiskFullError, match="episode ends"):
         store.commit()
     assert open(os.path.join(path, METADATA_FILE), "rb").read() == before
