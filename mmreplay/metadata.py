@@ -311,8 +311,9 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         raise CorruptBufferError(f"{where}: 'leaves' must be a list")
     leaves = tuple(_parse_leaf(leaf, capacity, num_envs, where) for leaf in raw_leaves)
     expected = list(zip(leaf_paths(spec), flatten(spec)))
-    found = [(leaf.path, ArraySpec(leaf.spec.shape, leaf.spec.dtype)) for leaf in leaves]
-    if [(p, ArraySpec(s.shape, s.dtype)) for p, s in expected] != found:
+    # names aside (the leaves carry none): both sides hold normalised shapes and dtypes
+    found = [(leaf.path, leaf.spec.shape, leaf.spec.dtype) for leaf in leaves]
+    if [(p, s.shape, s.dtype) for p, s in expected] != found:
         raise CorruptBufferError(f"{where}: the leaves do not match the spec")
     leaves = tuple(replace(leaf, spec=s) for leaf, (_, s) in zip(leaves, expected))
     roles = obj.get("roles", {})

@@ -83,7 +83,7 @@ class Store:
         self._meta = meta
         self._lock = lock
         self._state = meta.state
-        self._static = meta.static_json()
+        self._static: str | None = None  # the metadata's static JSON, made at the first state write
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._leaves: list[Any] = []
         self._closed = False
@@ -343,6 +343,8 @@ class Store:
         self._dirty = False
 
     def _write_state(self, state: State, fsync: bool) -> None:
+        if self._static is None:
+            self._static = self._meta.static_json()
         meta = self._meta.with_state(state)
         atomic_write(os.path.join(self.path, METADATA_FILE), render(meta, self._static), fsync)
         self._state = state
