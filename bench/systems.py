@@ -237,6 +237,7 @@ class Mmreplay(System):
 
     def drop(self) -> None:
         self.store.close()
+        self.store = self.add = None  # type: ignore[assignment]  # freed here, not in reopen
 
     def reopen(self) -> None:
         self.store = mr.open(self.path, "a")
@@ -256,7 +257,8 @@ class Mmreplay(System):
         return len(self.store) * self.num_envs
 
     def close(self) -> None:
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
 
 
 class MmreplayZarr(Mmreplay):
