@@ -178,12 +178,13 @@ def markdown(fig: dict[str, Any]) -> str:
         "|---|---|---|---|",
         "| `add` of one step, 8 envs, 5 leaves, commit every 1000 steps (µs, median) | "
         + " | ".join(
-            f"{add[b]['us_per_add']['median']:.2f} ({add[b]['ratio_to_numpy']:.2f}x numpy)" for b in BACKENDS
+            f"{add[b]['us_per_add']['median']:.2f} ({add[b]['ratio_to_numpy']:.2f}x numpy's time)"
+            for b in BACKENDS
         )
         + f" | {add['numpy']['us_per_add']['median']:.2f} |",
         "| `add` alone, no auto-commit (µs, median) | "
         + " | ".join(
-            f"{add[k]['us_per_add']['median']:.2f} ({add[k]['ratio_to_numpy']:.2f}x numpy)"
+            f"{add[k]['us_per_add']['median']:.2f} ({add[k]['ratio_to_numpy']:.2f}x numpy's time)"
             for k in (f"{b} no auto-commit" for b in BACKENDS)
         )
         + f" | {add['numpy']['us_per_add']['median']:.2f} |",
