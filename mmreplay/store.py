@@ -82,11 +82,12 @@ class Store:
         self.mode = mode
         self._meta = meta
         self._lock = lock
-        self._state = meta.state
+        self._set_state(meta.state)
         self._static: str | None = None  # the metadata's static JSON, made at the first state write
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._leaves: list[Any] = []
         self._closed = False
+        self._writable = mode == "a"  # one check on the hot path; False once closed
         try:
             entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
         except BaseException:
@@ -242,6 +243,7 @@ class Store:
                 self._commit(reserve_to=self._written)
         finally:
             self._closed = True
+            self._writable = False
             self._arrays = None  # drop the views first, so the mappings can close
             for part in (self._reads, self._episodes):
                 if part is not None:
@@ -272,12 +274,13 @@ class Store:
         Every leaf is validated before anything is written; a bad step raises
         :class:`~mmreplay.BadInputError` naming the leaf and changes nothing.
         """
-        self._check_writable()
+        if not self._writable:
+            self._check_writable()
         values = self._validator.step(step)
         g = self._written
-        if g >= self._state.reserved:
+        if g >= self._reserved:
             self._commit(reserve_to=g + self._ahead)
-        slot = g % self._meta.capacity
+        slot = g % self._capacity
         arrays = self._arrays
         if arrays is not None:
             for array, value in zip(arrays, values):
@@ -285,8 +288,9 @@ class Store:
         else:
             for set_row, value in zip(self._setters, values):
                 set_row(slot, value)
-        self._written = g + 1
-        if self._written - self._state.end >= self._meta.commit_every:
+        g += 1
+        self._written = g
+        if g >= self._commit_at:
             self._commit()
 
     def extend(self, steps: Any) -> None:
@@ -310,7 +314,7 @@ class Store:
                 leaf.write(slot, value[lo : lo + count])
             pos += count
         self._written = g + n
-        if self._written - self._state.end >= self._meta.commit_every:
+        if self._written >= self._commit_at:
             self._commit()
 
     def commit(self) -> None:
@@ -347,7 +351,14 @@ class Store:
             self._static = self._meta.static_json()
         meta = self._meta.with_state(state)
         atomic_write(os.path.join(self.path, METADATA_FILE), render(meta, self._static), fsync)
+        self._set_state(state)
+
+    def _set_state(self, state: State) -> None:
+        """Take a new committed state, with the thresholds ``add`` compares against."""
         self._state = state
+        self._capacity = self._meta.capacity
+        self._reserved = state.reserved
+        self._commit_at = state.end + self._meta.commit_every
 
     def clear(self) -> None:
         """Drop every retained step (committed at once); ``total_steps`` keeps counting."""
@@ -579,7 +590,7 @@ class Store:
         changed = _slot_ranges(old.end, new.end, self.capacity)
         for leaf in self._leaves:
             leaf.invalidate(changed)
-        self._state = new
+        self._set_state(new)
         self._written = new.end
         self._floor = min(new.end, max(new.start, new.reserved - self.capacity))
         return True

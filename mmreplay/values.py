@@ -138,6 +138,7 @@ class StepValidator:
         flat = isinstance(spec, dict) and all(isinstance(v, ArraySpec) for v in spec.values())
         self.flat_keys = tuple(self.paths) if flat else None
         # (key, dtype, shape) per leaf of a flat dict spec: the per-step fast path
+        self._nfast = len(self.paths)
         self._fast = tuple(zip(self.paths, self.dtypes, self.step_shapes)) if flat else None
         # the same for a nest of dicts: (key, dtype, shape, sub-plan or None) per key
         self._fast_nest = None if flat else _dict_plan(spec, num_envs)
@@ -183,7 +184,7 @@ class StepValidator:
     def step(self, value: Any) -> list[np.ndarray]:
         """Leaves of one step, each ``[num_envs, *shape]``."""
         fast = self._fast
-        if fast is not None and type(value) is dict and len(value) == len(fast):
+        if fast is not None and type(value) is dict and len(value) == self._nfast:
             # Arrays already of the right dtype and shape pass as they are, as in coerce.
             out = []
             ndarray = np.ndarray
