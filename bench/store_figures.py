@@ -1,4 +1,4 @@
-"""The store's own costs (issue 2): per-step add against numpy, commit, and open by size.
+"""The store's own costs: per-step add against numpy, commit, and open by size.
 
 - ``add``: one step of 8 envs for the 5-leaf vector spec, against the same five numpy
   assignments into in-RAM arrays with the same ring logic, in the same run. Both rings
