@@ -82,6 +82,7 @@ class Store:
         self.mode = mode
         self._meta = meta
         self._lock = lock
+        self._capacity = meta.capacity
         self._set_state(meta.state)
         self._static: str | None = None  # the metadata's static JSON, made at the first state write
         self._validator = StepValidator(meta.spec, meta.num_envs)
@@ -356,7 +357,6 @@ class Store:
     def _set_state(self, state: State) -> None:
         """Take a new committed state, with the thresholds ``add`` compares against."""
         self._state = state
-        self._capacity = self._meta.capacity
         self._reserved = state.reserved
         self._commit_at = state.end + self._meta.commit_every
 
