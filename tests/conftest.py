@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import numpy as np
 import pytest
 
@@ -55,4 +58,17 @@ def make_step(spec: dict, num_envs: int, t: int) -> dict:
     out: dict = {}
     for i, (key, sub) in enumerate(sorted(spec.items())):
         out[key] = make_step(sub, num_envs, t) if isinstance(sub, dict) else leaf(sub, i)
+    return out
+
+
+def folder_digest(path) -> dict[str, str]:
+    """SHA-256 of every file under ``path`` but the lock: a refused write changes none."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            if name == ".lock":
+                continue
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
     return out

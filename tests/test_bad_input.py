@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import copy
-import hashlib
-import os
 
 import numpy as np
 import pytest
-from conftest import make_step
+from conftest import folder_digest, make_step
 
 import mmreplay as mr
 from mmreplay.spec import flatten
@@ -16,16 +14,6 @@ from mmreplay.spec import flatten
 ENVS = 3
 
 
-def digest(path) -> dict[str, str]:
-    out = {}
-    for root, _, files in os.walk(path):
-        for name in files:
-            if name == ".lock":
-                continue
-            full = os.path.join(root, name)
-            with open(full, "rb") as f:
-                out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def good(spec, t):
@@ -167,14 +155,14 @@ BATCH_CASES = [
 
 
 def _check_refused(store, path, call, words) -> None:
-    before = digest(path)
+    before = folder_digest(path)
     total, committed = store.total_steps, store.committed_steps
     with pytest.raises(mr.BadInputError) as info:
         call()
     message = str(info.value)
     for w in words:
         assert w in message, (w, message)
-    assert digest(path) == before
+    assert folder_digest(path) == before
     assert (store.total_steps, store.committed_steps) == (total, committed)
 
 

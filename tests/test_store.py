@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -14,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import make_step
+from conftest import folder_digest, make_step
 
 import mmreplay as mr
 from mmreplay.metadata import read_metadata
@@ -28,16 +27,6 @@ def assert_step_equal(got, want):
         np.testing.assert_array_equal(a, b)
 
 
-def folder_digest(path) -> dict:
-    out = {}
-    for root, _, files in os.walk(path):
-        for name in files:
-            if name == ".lock":
-                continue
-            full = os.path.join(root, name)
-            with open(full, "rb") as f:
-                out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def test_add_extend_and_read_back(tmp_path, layout, nested_spec):
