@@ -123,12 +123,6 @@ def vector_store(path: str, steps: int) -> None:
             )
 
 
-def du(path: str) -> int:
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
-
-
 # --- the child that exports ----------------------------------------------------------------
 
 
@@ -232,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(work: str, gb: float, formats: list[str], repeats: int, json_out: str | None) -> int:
+    from mmreplay.files import disk_usage
+
     store = os.path.join(work, "store")
     t = time.perf_counter()
     steps = build(store, gb)
@@ -244,7 +240,7 @@ def _bench(work: str, gb: float, formats: list[str], repeats: int, json_out: str
     vec_bytes = vec_steps * NUM_ENVS * (17 * 2 + 6 + 1 + 0.5) * 4
     print(
         f"pixel store: {steps:,} steps x {NUM_ENVS} envs, {data_bytes / 2**30:.2f} GiB of data "
-        f"({du(store) / 2**30:.2f} GiB on disk), written in {write_s:.1f} s; "
+        f"({disk_usage(store) / 2**30:.2f} GiB on disk), written in {write_s:.1f} s; "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
     raw: dict[str, Any] = {
@@ -279,7 +275,7 @@ def _bench(work: str, gb: float, formats: list[str], repeats: int, json_out: str
             src = vec if fmt == "csv" else store
             out = os.path.join(work, f"out-{fmt}")
             r = run_child(fmt, src, out)
-            sizes[fmt] = du(out)
+            sizes[fmt] = disk_usage(out)
             remove(out)
             runs[fmt].append(r)
     raw["cp_seconds"] = cps

@@ -24,6 +24,7 @@ import numpy as np
 
 import mmreplay as mr
 
+from .systems import du
 from .timing import per_call_ns, repeat_seconds, summary
 from .workloads import Workload, vector_spec
 
@@ -143,18 +144,10 @@ def measure_open(root: str, sizes: list[int], repeats: int) -> dict[str, Any]:
 
                 once()
                 entry[mode] = {"ms": summary([t * 1e3 for t in repeat_seconds(once, repeats)])}
-            entry["bytes_on_disk"] = _du(path)
+            entry["bytes_on_disk"] = du(path)
             out[f"{backend}/{rows}"] = entry
             shutil.rmtree(path)
     return out
-
-
-def _du(path: str) -> int:
-    total = 0
-    for folder, _, files in os.walk(path):
-        for f in files:
-            total += os.stat(os.path.join(folder, f)).st_blocks * 512
-    return total
 
 
 def run(root: str, small: bool = False) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import click
 
 import mmreplay as mr
 from mmreplay.convert import convert
+from mmreplay.files import disk_usage
 
 from .export import LazyBar
 from .inspect import human_bytes
@@ -61,7 +62,7 @@ def command(
             capacity=capacity,
             progress=bar.update,
         )
-    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, files in os.walk(result.path) for f in files)
+    size = disk_usage(result.path)
     click.echo(
         f"converted {result.steps:,} steps into {result.path} ({result.backend}, capacity {result.capacity:,}, "
         f"{human_bytes(size)}, {time.perf_counter() - t:.1f} s)"

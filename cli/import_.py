@@ -7,6 +7,7 @@ import time
 
 import click
 
+from mmreplay.files import disk_usage
 from mmreplay.importers import FORMATS, import_dataset
 
 from .export import LazyBar
@@ -55,9 +56,7 @@ def command(
             num_envs=num_envs,
             progress=bar.update,
         )
-    size = sum(
-        os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(result.path) for f in files
-    )
+    size = disk_usage(result.path)
     episodes = f", {result.episodes:,} episodes" if result.episodes is not None else ""
     click.echo(
         f"imported {result.format} {src}: {result.steps:,} steps x {result.num_envs} envs{episodes} "

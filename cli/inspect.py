@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 import mmreplay as mr
+from mmreplay.files import disk_usage
 from mmreplay.metadata import FORMAT
 
 
@@ -27,19 +28,6 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-def _du(path: str) -> int:
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def _hdf5_storage(folder: str, leaves: list[Any]) -> dict[str, int]:
@@ -63,7 +51,7 @@ def leaf_bytes(store: mr.Store) -> dict[str, int | None]:
     h5 = _hdf5_storage(store.path, list(meta.leaves)) if meta.backend == "hdf5" else {}
     for leaf in meta.leaves:
         if meta.backend == "zarr":
-            out[leaf.path] = _du(os.path.join(store.path, "data.zarr", leaf.path))
+            out[leaf.path] = disk_usage(os.path.join(store.path, "data.zarr", leaf.path))
         elif leaf.mapped:
             out[leaf.path] = meta.capacity * meta.num_envs * leaf.spec.nbytes
         else:
@@ -126,7 +114,7 @@ def describe(store: mr.Store) -> dict[str, Any]:
             "truncated": statuses.count("truncated"),
         },
         "leaves": leaves,
-        "bytes_on_disk": _du(store.path),
+        "bytes_on_disk": disk_usage(store.path),
     }
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .files import disk_usage
 from .spec import ArraySpec
 
 __all__ = ["PointChase", "DemoConfig", "spec", "pixel_spec", "collect", "reference", "run"]
@@ -263,14 +264,7 @@ class DemoConfig:
 
 
 def _mb(path: str) -> float:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total / 2**20
+    return disk_usage(path) / 2**20
 
 
 def _equal(a: Any, b: Any) -> bool:

@@ -394,19 +394,7 @@ def sample(
         gen = sampling.as_generator(rng)
     prefetched = draw is not None
     if draw is None:
-        if within_episodes:
-            draw = _draw(store, batch_size, steps, replacement, gen, True)
-        else:
-            draw = sampling.draw_uniform(
-                store.first_step,
-                store._state.end,
-                reader.num_envs,
-                reader.capacity,
-                batch_size,
-                steps,
-                replacement,
-                gen,
-            )
+        draw = _draw(store, batch_size, steps, replacement, gen, within_episodes)
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
         pattern = "random" if num_steps is None else "normal"

@@ -15,7 +15,7 @@ LAYERS = [
     {"errors"},
     {"spec"},
     {"roles", "values"},
-    {"metadata", "lock"},
+    {"metadata", "lock", "files"},
     {"backends"},
     {"store", "sampling", "episodes", "reads"},
     {"export", "compat", "importers", "convert", "verify", "torture", "demo"},

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError
+from ..files import disk_usage  # noqa: F401 - the exporters take it from here
 from ..roles import subtree
 from ..spec import ArraySpec, flatten, leaf_paths, spec_to_json
 
@@ -69,20 +70,6 @@ def check_compression(fmt: str, compression: str | None, allowed: Sequence[str])
             f"{fmt} export: compression {compression!r} is not supported; expected one of: {choices}"
         )
     return text
-
-
-def disk_usage(path: str) -> int:
-    """Bytes of a file, or of every file under a folder."""
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
 
 
 class Target:
