@@ -27,6 +27,7 @@ __all__ = [
     "Leaf",
     "MappedLeaf",
     "ChunkedLeaf",
+    "ChunkIO",
     "Compression",
     "parse_compression",
     "map_file",
@@ -256,30 +257,45 @@ class MappedLeaf:
             self.mm = None
 
 
+class ChunkIO(Protocol):
+    """Whole-chunk storage of one compressed leaf (zarr chunk files, HDF5 chunks)."""
+
+    shape: tuple[int, ...]
+
+    def read(self, k: int, a: int, b: int) -> np.ndarray:
+        """Chunk ``k`` (slots ``a..b-1``) decoded."""
+
+    def write(self, k: int, a: int, b: int, chunk: np.ndarray) -> None:
+        """Store chunk ``k``: the write head has left it."""
+
+    def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
+        """Store the chunks the head is still in and make every chunk stored so far
+        reach the file (and the disk with ``fsync``)."""
+
+    def exists(self, k: int) -> bool:
+        """Whether chunk ``k`` was ever stored (a committed chunk that is not is damage)."""
+
+    def refresh(self) -> None:
+        """See the writer's latest chunks (a reader)."""
+
+
 class ChunkedLeaf:
     """A compressed leaf, read and written as whole chunks along the step axis.
 
-    ``array`` is anything with numpy slicing over ``[capacity, num_envs, *shape]`` that
-    encodes a chunk per ``array[a:b] = ...`` (a zarr array or an h5py dataset). Writes go
-    to decoded chunks staged in RAM; a chunk is encoded once, when the write head leaves
-    it or at flush. Reads keep an LRU of decoded chunks.
+    Writes go to decoded chunks staged in RAM; a chunk is encoded once, when the write
+    head leaves it or at flush. Reads keep an LRU of decoded chunks.
     """
 
-    def __init__(
-        self, info: LeafInfo, capacity: int, array: Any, on_flush: Any = None, chunk_exists: Any = None
-    ):
+    def __init__(self, info: LeafInfo, capacity: int, io: ChunkIO):
         self.info = info
         self.capacity = capacity
         self.cs = info.chunk_steps
         self.nchunks = -(-capacity // self.cs)
-        self.array = array
-        self.on_flush = on_flush
-        # chunk number -> whether it is stored; a read of a missing chunk is damage, not zeros
-        self.chunk_exists = chunk_exists
+        self.io = io
+        self.shape = tuple(io.shape)
         self.staged: dict[int, np.ndarray] = {}
-        self.written: set[int] = set()  # chunks encoded since the last flush
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        chunk_bytes = self.cs * max(1, int(np.prod(array.shape[1:]))) * info.spec.dtype.itemsize
+        chunk_bytes = self.cs * max(1, int(np.prod(self.shape[1:]))) * info.spec.dtype.itemsize
         self.cache_chunks = max(2, CHUNK_CACHE_BYTES // max(1, chunk_bytes))
 
     def _bounds(self, k: int) -> tuple[int, int]:
@@ -294,10 +310,10 @@ class ChunkedLeaf:
         if chunk is None:
             a, b = self._bounds(k)
             where = f"leaf {self.info.path!r}: chunk {k} (slots {a}..{b - 1})"
-            if committed and self.chunk_exists is not None and not self.chunk_exists(k):
+            if committed and not self.io.exists(k):
                 raise CorruptBufferError(f"{where} holds committed steps but is missing; see `mmreplay verify`")
             try:
-                chunk = np.asarray(self.array[a:b])
+                chunk = self.io.read(k, a, b)
             except Exception as exc:
                 raise CorruptBufferError(f"{where} cannot be read: {exc}") from exc
             self.cache[k] = chunk
@@ -313,7 +329,7 @@ class ChunkedLeaf:
         idx = np.asarray(slots, dtype=np.int64)
         scalar = idx.ndim == 0
         flat = idx.reshape(-1) % self.capacity
-        out = np.empty((flat.size, *self.array.shape[1:]), self.info.spec.dtype)
+        out = np.empty((flat.size, *self.shape[1:]), self.info.spec.dtype)
         chunk_of = flat // self.cs
         for k in np.unique(chunk_of):
             sel = chunk_of == k
@@ -329,9 +345,9 @@ class ChunkedLeaf:
         the LRU) once, however many rows of the batch it holds.
         """
         rows = np.asarray(rows, np.int64)
-        num_envs = self.array.shape[1]
+        num_envs = self.shape[1]
         flat = rows.reshape(-1) % (self.capacity * num_envs)  # rows past the ring end wrap
-        tail = self.array.shape[2:]
+        tail = self.shape[2:]
         slots = flat // num_envs
         envs = flat - slots * num_envs
         chunk_of = slots // self.cs
@@ -347,7 +363,7 @@ class ChunkedLeaf:
 
     def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
         """Rows of the (slot, env) pairs (broadcast together), as a new array."""
-        return self.take(np.asarray(slots, np.int64) * self.array.shape[1] + envs)
+        return self.take(np.asarray(slots, np.int64) * self.shape[1] + envs)
 
     def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
         """Chunks are read whole through zarr / h5py: there is no mapping to advise."""
@@ -380,10 +396,11 @@ class ChunkedLeaf:
             sel = chunk_of == k
             self._stage(int(k))[slots[sel] - k * self.cs] = values[sel]
 
-    def _put(self, k: int, chunk: np.ndarray) -> None:
+    def _encode(self, k: int) -> None:
+        chunk = self.staged.pop(k)
         a, b = self._bounds(k)
         try:
-            self.array[a:b] = chunk
+            self.io.write(k, a, b, chunk)
         except Exception as exc:
             if not no_space(exc):
                 raise
@@ -391,36 +408,27 @@ class ChunkedLeaf:
                 f"leaf {self.info.path!r}: no space left on the file system for chunk {k} "
                 f"(slots {a}..{b - 1}); the last commit is intact"
             ) from exc
-
-    def _encode(self, k: int) -> None:
-        chunk = self.staged.pop(k)
-        self._put(k, chunk)
-        self.written.add(k)
         self.cache[k] = chunk
 
     def flush(self, fsync: bool) -> None:
-        for k in list(self.staged):
-            self._put(k, self.staged[k])  # stays staged: the head is still inside it
-            self.written.add(k)
-        if self.on_flush is not None:
-            try:
-                self.on_flush(fsync, self.written)
-            except Exception as exc:
-                if not no_space(exc):
-                    raise
-                raise DiskFullError(
-                    f"leaf {self.info.path!r}: no space left on the file system to flush; the last commit is intact"
-                ) from exc
-        self.written = set()
+        try:  # the staged chunks stay staged: the head is still inside them
+            self.io.flush(fsync, dict(self.staged))
+        except Exception as exc:
+            if not no_space(exc):
+                raise
+            raise DiskFullError(
+                f"leaf {self.info.path!r}: no space left on the file system to flush; the last commit is intact"
+            ) from exc
 
     def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
         for a, b in slots:
             for k in range(a // self.cs, (b - 1) // self.cs + 1):
                 self.cache.pop(k, None)
-        refresh = getattr(self.array, "refresh", None)
-        if refresh is not None:
-            refresh()
+        self.io.refresh()
 
     def close(self) -> None:
         self.staged.clear()
         self.cache.clear()
+        close = getattr(self.io, "close", None)
+        if close is not None:
+            close()

@@ -2,11 +2,13 @@
 
 An uncompressed leaf is a contiguous dataset allocated at creation, so it sits at a fixed
 file offset and is memory-mapped; h5py is not involved after creation. A compressed leaf
-is a chunked dataset written through h5py in SWMR mode: HDF5 then orders its own
+is a chunked dataset in a file the writer holds in SWMR mode: HDF5 then orders its own
 metadata writes so the file stays readable if the writer dies, and readers open it with
-``swmr=True``. A writer killed in SWMR mode leaves the superblock's "open for write"
-flag set; the next writer (which holds the buffer's lock, so the old one is gone)
-clears it, as ``h5clear -s`` would.
+``swmr=True``. Its chunks are encoded by mmreplay and rewritten in place behind a redo
+journal (:mod:`.h5chunks`), so the file does not grow as the ring turns. A writer killed
+in SWMR mode leaves the superblock's "open for write" flag set; the next writer (which
+holds the buffer's lock, so the old one is gone) clears it, as ``h5clear -s`` would,
+and writes the journal back.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import CorruptBufferError
+from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo, Metadata
 from .base import ChunkedLeaf, Leaf, MappedLeaf, map_file, parse_compression, preallocate
+from .h5chunks import H5Chunks, Journal, check_filters, journal_limits, replay
 
 DATA_FILE = "data.h5"
 
@@ -31,13 +34,17 @@ def _compression(text: str) -> dict[str, Any]:
     if c.codec == "gzip":
         return {"compression": "gzip", "compression_opts": 4 if c.level is None else c.level}
     if c.codec == "lzf":
-        return {"compression": "lzf"}
+        raise SpecError(
+            f"compression {text!r}: the hdf5 backend rewrites chunks in place, padded to "
+            "their slot, and an lzf stream cannot be padded; use 'gzip' (or zstd / blosc "
+            "with hdf5plugin)"
+        )
     try:
         import hdf5plugin
     except ImportError:
         raise ImportError(
             f"compression {text!r} in the hdf5 backend needs hdf5plugin: "
-            "pip install 'mmreplay[hdf5plugin]' (gzip and lzf need nothing)"
+            "pip install 'mmreplay[hdf5plugin]' (gzip needs nothing)"
         ) from None
     if c.codec == "zstd":
         return dict(hdf5plugin.Zstd(clevel=3 if c.level is None else c.level))
@@ -100,26 +107,40 @@ def leaf_nbytes(meta: Metadata, leaf: LeafInfo) -> int:
     return meta.capacity * meta.num_envs * leaf.spec.nbytes
 
 
-class _SwmrFile:
-    """The h5py handle of the compressed leaves, shared by them."""
+def _file_access() -> Any:
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    # no HDF5 chunk cache: chunks are rewritten in place, and the leaves keep their own
+    fapl.set_cache(0, 0, 0, 0.0)
+    return fapl
 
-    def __init__(self, path: str, writable: bool):
+
+class _SwmrFile:
+    """The h5py handle of the compressed leaves, shared by them, and their journal."""
+
+    def __init__(self, path: str, meta: Metadata, writable: bool):
         self.path = path
+        self.journal = Journal(path, journal_limits(meta))
         try:
             if writable:
                 clear_status_flags(path)
                 # open straight into SWMR-write mode: File("r+") then swmr_mode = True
                 # leaves a moment where a killed writer's flags lock readers out
-                fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-                fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
                 flags = h5py.h5f.ACC_RDWR | h5py.h5f.ACC_SWMR_WRITE
-                self.file = h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=fapl))
             else:
-                self.file = h5py.File(path, "r", libver="latest", swmr=True)
+                flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ
+            self.file = h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=_file_access()))
         except OSError as exc:
             raise CorruptBufferError(f"{path}: cannot open HDF5 file: {exc}") from None
+        if writable:
+            try:
+                if replay(self.file, self.journal):  # chunks a killed writer may have torn
+                    self.flush(meta.durability == "power")
+            except BaseException:
+                self.close()
+                raise
 
-    def flush(self, fsync: bool, chunks: set[int]) -> None:
+    def flush(self, fsync: bool) -> None:
         self.file.flush()
         if fsync:
             fd = os.open(self.path, os.O_RDONLY)
@@ -140,19 +161,27 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
     mapped = [leaf for leaf in meta.leaves if leaf.mapped]
     need = max(((leaf.offset or 0) + leaf_nbytes(meta, leaf) for leaf in mapped), default=0)
     mm = map_file(path, writable, need) if mapped else None
-    handle = _SwmrFile(path, writable) if len(mapped) < len(meta.leaves) else None
+    handle = _SwmrFile(path, meta, writable) if len(mapped) < len(meta.leaves) else None
     out: list[Leaf] = []
-    for leaf in meta.leaves:
-        if leaf.mapped:
-            out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm))
-            continue
-        assert handle is not None
-        dset = handle.file.get(leaf.path)
-        expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
-        if not isinstance(dset, h5py.Dataset) or dset.shape != expected or dset.dtype != leaf.spec.dtype:
-            found = "nothing" if dset is None else f"{getattr(dset, 'shape', '?')} {getattr(dset, 'dtype', '?')}"
-            raise CorruptBufferError(f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype}, found {found}")
-        out.append(ChunkedLeaf(leaf, meta.capacity, dset, handle.flush))
+    try:
+        for leaf in meta.leaves:
+            if leaf.mapped:
+                out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm))
+                continue
+            assert handle is not None
+            dset = handle.file.get(leaf.path)
+            expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
+            if not isinstance(dset, h5py.Dataset) or dset.shape != expected or dset.dtype != leaf.spec.dtype:
+                found = "nothing" if dset is None else f"{getattr(dset, 'shape', '?')} {getattr(dset, 'dtype', '?')}"
+                raise CorruptBufferError(f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype}, found {found}")
+            check_filters(dset, f"{path}: leaf {leaf.path!r}", writable)
+            out.append(ChunkedLeaf(leaf, meta.capacity, H5Chunks(dset, leaf.path, handle.journal, writable, handle.flush)))
+    except BaseException:
+        for entry in out:
+            entry.close()
+        if handle is not None:
+            handle.close()
+        raise
     if handle is not None:
         out.append(_Closer(handle))  # type: ignore[arg-type]
     return out

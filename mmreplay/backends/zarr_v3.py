@@ -129,32 +129,51 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
                 f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype}, "
                 f"found {arr.shape} {arr.dtype}"
             )
-        out.append(ChunkedLeaf(leaf, meta.capacity, arr, _fsync_chunks(path, arr), _chunk_exists(path, arr)))
+        out.append(ChunkedLeaf(leaf, meta.capacity, ZarrChunks(path, arr)))
     return out
 
 
-def _fsync_chunks(path: str, arr: Any) -> Any:
-    def on_flush(fsync: bool, chunks: set[int]) -> None:
-        if not fsync:
-            return
-        folders = set()
-        for k in chunks:
-            chunk = os.path.join(path, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
-            if os.path.exists(chunk):  # an all-zero chunk is not stored
-                _fsync_path(chunk)
-            folders.add(os.path.dirname(chunk))
-        for d in folders:
-            if os.path.isdir(d):
-                _fsync_path(d)
+class ZarrChunks:
+    """Chunk I/O of a compressed zarr leaf: zarr-python writes each chunk file by
+    rename, so a chunk is never torn and its old bytes are freed at once."""
 
-    return on_flush
+    def __init__(self, path: str, arr: Any):
+        self.path = path
+        self.arr = arr
+        self.shape = arr.shape
+        self.written: set[int] = set()  # chunks stored since the last flush
 
+    def _file(self, k: int) -> str:
+        return os.path.join(self.path, self.arr.metadata.encode_chunk_key((k,) + (0,) * (self.arr.ndim - 1)))
 
-def _chunk_exists(path: str, arr: Any) -> Any:
-    def exists(k: int) -> bool:
-        return os.path.exists(os.path.join(path, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1))))
+    def read(self, k: int, a: int, b: int) -> np.ndarray:
+        return np.asarray(self.arr[a:b])
 
-    return exists
+    def write(self, k: int, a: int, b: int, chunk: np.ndarray) -> None:
+        self.arr[a:b] = chunk
+        self.written.add(k)
+
+    def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
+        cs = self.arr.chunks[0]
+        for k, chunk in staged.items():
+            self.write(k, k * cs, min((k + 1) * cs, self.shape[0]), chunk)
+        if fsync:
+            folders = set()
+            for k in self.written:
+                chunk_file = self._file(k)
+                if os.path.exists(chunk_file):
+                    _fsync_path(chunk_file)
+                folders.add(os.path.dirname(chunk_file))
+            for d in folders:
+                if os.path.isdir(d):
+                    _fsync_path(d)
+        self.written = set()
+
+    def exists(self, k: int) -> bool:
+        return os.path.exists(self._file(k))
+
+    def refresh(self) -> None:
+        pass  # every read goes to the chunk files
 
 
 def _fsync_path(path: str) -> None:

@@ -1,0 +1,368 @@
+"""Compressed HDF5 chunks that are rewritten in place, with a redo journal.
+
+A ring rewrites every chunk again and again, and the head chunk at every commit. Left to
+itself, HDF5 in SWMR mode gives a chunk whose compressed size changed a new place in the
+file and never frees the old one (a SWMR reader may still be reading it), so the file
+grows with every rewrite; and a chunk whose size did not change is overwritten in place,
+where a writer killed mid-write tears rows that were already committed.
+
+So mmreplay encodes chunks itself and writes them with ``write_direct_chunk``:
+
+- Each chunk keeps one *slot*: its stored length. A new encoding shorter than the slot is
+  padded to it, so it is written in place and the file does not grow. The padding is
+  what each codec's decoder skips: bytes after the end of a deflate or blosc stream, a
+  zstd skippable frame. Only an encoding longer than the slot gets a new, larger slot
+  (half as large again, at most the raw chunk), so each chunk moves a bounded number of
+  times in the life of the file. lzf streams cannot be padded, so lzf is refused.
+- Before a commit overwrites chunks in place, their new bytes go to ``data.h5.journal``
+  (replaced atomically), together with every chunk written since the previous commit.
+  A torn chunk is therefore always in the journal: the next writer writes the journal
+  back (redo) when it opens the buffer, and a reader that finds a chunk that does not
+  decode reads the journal's copy instead.
+- The Fletcher-32 checksum the dataset declares is computed here, over the padded
+  bytes, so ``h5py`` and any HDF5 reader verify and decode the chunks as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import zlib
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..errors import CorruptBufferError, SpecError
+from ..metadata import atomic_write
+
+JOURNAL_SUFFIX = ".journal"
+_MAGIC = b"MMRJRNL1"
+_RECORD = struct.Struct("<HQIQ")  # path length, chunk number, filter mask, payload length
+
+_DEFLATE, _LZF, _BLOSC, _ZSTD = 1, 32000, 32001, 32015
+_PLUGIN_FILTERS = {_BLOSC, _ZSTD}
+_ZSTD_SKIPPABLE = 0x184D2A50
+
+
+def fletcher32(data: bytes | memoryview) -> int:
+    """HDF5's Fletcher-32 (``H5_checksum_fletcher32``): big-endian 16-bit words, sums
+    folded modulo 65535 with 0xFFFF, not 0, for a non-zero multiple."""
+    buf = np.frombuffer(data, np.uint8)
+    if len(buf) % 2:
+        buf = np.append(buf, np.uint8(0))
+    words = buf.view(">u2").astype(np.int64)
+    n = len(words)
+    s1 = int(words.sum())
+    s2 = 0
+    for lo in range(0, n, 1 << 24):  # weights n - i, reduced mod 65535, keep int64 sums exact
+        part = words[lo : lo + (1 << 24)]
+        weights = (n - lo - np.arange(len(part), dtype=np.int64)) % 65535
+        s2 += int((part * weights).sum())
+
+    def fold(s: int) -> int:
+        return 0 if s == 0 else (s - 1) % 65535 + 1
+
+    return (fold(s2) << 16) | fold(s1)
+
+
+def filters_of(dset: h5py.Dataset) -> list[tuple[int, int, tuple]]:
+    dcpl = dset.id.get_create_plist()
+    return [dcpl.get_filter(i)[:3] for i in range(dcpl.get_nfilters())]
+
+
+def check_filters(dset: h5py.Dataset, where: str, writable: bool) -> None:
+    """Load the filter plugins a dataset needs; refuse to write one that cannot be padded."""
+    codes = [code for code, _, _ in filters_of(dset)]
+    if any(code in _PLUGIN_FILTERS for code in codes):
+        import_plugins(where)
+    if writable and not (len(codes) >= 2 and codes[-1] == h5py.h5z.FILTER_FLETCHER32 and codes[-2] in (_DEFLATE, _BLOSC, _ZSTD)):
+        raise SpecError(
+            f"{where}: expected gzip, zstd or blosc chunks with Fletcher-32 to write in place, "
+            f"found filters {codes} (lzf cannot be padded); open it read-only, or make a "
+            "writable copy with `mmreplay convert SRC DST --compression gzip`"
+        )
+
+
+def _pad(filter_id: int, body: bytes, length: int) -> bytes | None:
+    """``body`` grown to ``length`` bytes that the decoder of ``filter_id`` ignores."""
+    gap = length - len(body)
+    if gap == 0:
+        return body
+    if gap < 0:
+        return None
+    if filter_id in (_DEFLATE, _BLOSC):
+        return body + bytes(gap)
+    if filter_id == _ZSTD and gap >= 8:
+        return body + struct.pack("<II", _ZSTD_SKIPPABLE, gap - 8) + bytes(gap - 8)
+    return None
+
+
+class Codec:
+    """Encodes and decodes one dataset's chunks through HDF5's own filters, in an
+    in-memory file holding one chunk, so the bytes are exactly what HDF5 would write."""
+
+    def __init__(self, dset: h5py.Dataset, where: str):
+        filters = filters_of(dset)
+        if not filters or filters[-1][0] != h5py.h5z.FILTER_FLETCHER32:
+            raise CorruptBufferError(f"{where}: expected a compressed dataset ending in Fletcher-32, found filters {filters}")
+        self.filters = filters[:-1]
+        if any(code in _PLUGIN_FILTERS for code, _, _ in self.filters):
+            import_plugins(where)
+        self.compressor = self.filters[-1][0] if self.filters else None
+        self.shape = dset.chunks
+        self.dtype = dset.dtype
+        self.origin = (0,) * len(self.shape)
+        self.raw_len = int(np.prod(self.shape)) * self.dtype.itemsize + 4
+        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+        fapl.set_fapl_core(block_size=1 << 16, backing_store=False)
+        fapl.set_cache(0, 0, 0, 0.0)  # no chunk cache: every write reaches the filters at once
+        name = f"mmreplay-codec-{id(self)}".encode()
+        self.file = h5py.File(h5py.h5f.create(name, h5py.h5f.ACC_TRUNC, fapl=fapl))
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk(self.shape)
+        for code, flags, values in self.filters:
+            dcpl.set_filter(code, flags, values)
+        space = h5py.h5s.create_simple(self.shape)
+        self.scratch = h5py.Dataset(
+            h5py.h5d.create(self.file.id, b"chunk", h5py.h5t.py_create(self.dtype), space, dcpl=dcpl)
+        )
+
+    def encode(self, chunk: np.ndarray) -> tuple[int, bytes]:
+        if chunk.shape != self.shape:  # the ring's last chunk is short: pad with the fill value
+            full = np.zeros(self.shape, self.dtype)
+            full[: len(chunk)] = chunk
+            chunk = full
+        self.scratch[...] = chunk
+        mask, data = self.scratch.id.read_direct_chunk(self.origin)
+        return int(mask), bytes(data)
+
+    def decode(self, mask: int, payload: bytes) -> np.ndarray:
+        """A chunk from its stored bytes (Fletcher-32 included)."""
+        body = payload[:-4]
+        (stored,) = struct.unpack("<I", payload[-4:])
+        if fletcher32(body) != stored:
+            raise CorruptBufferError("Fletcher-32 checksum mismatch")
+        self.scratch.id.write_direct_chunk(self.origin, body, mask)
+        return self.scratch[...]
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def import_plugins(where: str) -> None:
+    try:
+        import hdf5plugin  # noqa: F401  (registers the zstd / blosc filters with HDF5)
+    except ImportError:
+        raise ImportError(
+            f"{where}: its compression needs hdf5plugin: pip install 'mmreplay[hdf5plugin]'"
+        ) from None
+
+
+# --- the journal --------------------------------------------------------------------------
+
+Records = dict[str, dict[int, tuple[int, bytes]]]  # leaf path -> chunk -> (filter mask, bytes)
+
+
+def render_journal(records: Records) -> bytes:
+    parts = [_MAGIC, struct.pack("<I", sum(len(r) for r in records.values()))]
+    for path, chunks in sorted(records.items()):
+        name = path.encode()
+        for k, (mask, payload) in sorted(chunks.items()):
+            parts += [_RECORD.pack(len(name), k, mask, len(payload)), name, payload]
+    body = b"".join(parts)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def parse_journal(raw: bytes, where: str, limits: dict[str, tuple[int, int]]) -> Records:
+    """The records of a journal file; ``limits`` maps each compressed leaf path to
+    (number of chunks, largest chunk in bytes). Anything else is damage."""
+    if len(raw) < 16 or raw[:8] != _MAGIC:
+        raise CorruptBufferError(f"{where}: not a chunk journal (bad header)")
+    if zlib.crc32(raw[:-4]) != struct.unpack("<I", raw[-4:])[0]:
+        raise CorruptBufferError(f"{where}: checksum mismatch: the journal is damaged")
+    (count,) = struct.unpack("<I", raw[8:12])
+    out: Records = {}
+    pos, end = 12, len(raw) - 4
+    for _ in range(count):
+        if pos + _RECORD.size > end:
+            raise CorruptBufferError(f"{where}: truncated record")
+        n, k, mask, length = _RECORD.unpack_from(raw, pos)
+        pos += _RECORD.size
+        path = raw[pos : pos + n].decode("utf-8", "replace")
+        pos += n
+        if path not in limits:
+            raise CorruptBufferError(f"{where}: a record for {path!r}, which is not a compressed leaf")
+        nchunks, largest = limits[path]
+        if not (0 <= k < nchunks and 4 < length <= largest and pos + length <= end):
+            raise CorruptBufferError(
+                f"{where}: leaf {path!r}: record of chunk {k} with {length} bytes; "
+                f"expected a chunk below {nchunks} of at most {largest} bytes inside the file"
+            )
+        out.setdefault(path, {})[k] = (mask, raw[pos : pos + length])
+        pos += length
+    if pos != end:
+        raise CorruptBufferError(f"{where}: {end - pos} unexpected bytes after the records")
+    return out
+
+
+class Journal:
+    """``data.h5.journal``: the chunks a writer rewrites in place, written before it does."""
+
+    def __init__(self, h5_path: str, limits: dict[str, tuple[int, int]]):
+        self.path = h5_path + JOURNAL_SUFFIX
+        self.limits = limits
+        self.records: Records = {}
+
+    def load(self) -> Records:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return {}
+        return parse_journal(raw, self.path, self.limits)
+
+    def put(self, leaf_path: str, chunks: dict[int, tuple[int, bytes]], fsync: bool) -> None:
+        """Replace the leaf's records (the others are kept) and write the file atomically."""
+        self.records[leaf_path] = dict(chunks)
+        atomic_write(self.path, render_journal(self.records), fsync)
+
+
+class H5Chunks:
+    """The chunk I/O of one compressed HDF5 leaf, for :class:`~.base.ChunkedLeaf`."""
+
+    def __init__(self, dset: h5py.Dataset, leaf_path: str, journal: Journal, writable: bool, on_flush: Any):
+        self.dset = dset
+        self.path = leaf_path
+        self.journal = journal
+        self.writable = writable
+        self.on_flush = on_flush
+        self.shape = dset.shape
+        self.cs = dset.chunks[0]
+        self.tail = (0,) * (dset.ndim - 1)
+        self.where = f"{journal.path[: -len(JOURNAL_SUFFIX)]}: leaf {leaf_path!r}"
+        self._codec: Codec | None = None
+        self.slots: dict[int, int | None] = {}
+        self.pending: dict[int, tuple[int, bytes]] = {}  # written since the last commit
+
+    @property
+    def codec(self) -> Codec:
+        if self._codec is None:
+            self._codec = Codec(self.dset, self.where)
+        return self._codec
+
+    def slot(self, k: int) -> int | None:
+        """Stored length of chunk ``k`` (None: never written)."""
+        if k in self.slots:
+            return self.slots[k]
+        info = self.dset.id.get_chunk_info_by_coord((k * self.cs, *self.tail))
+        size = None if info.byte_offset is None else int(info.size)
+        if self.writable:  # only this process changes them
+            self.slots[k] = size
+        return size
+
+    def exists(self, k: int) -> bool:
+        return self.slot(k) is not None
+
+    def read(self, k: int, a: int, b: int) -> np.ndarray:
+        error: Exception | None = None
+        for attempt in range(4):
+            try:
+                return np.asarray(self.dset[a:b])
+            except Exception as exc:
+                error = exc
+            try:  # torn by a killed writer, or being rewritten right now: the journal has it
+                record = self.journal.load().get(self.path, {}).get(k)
+            except CorruptBufferError:
+                record = None
+            if record is not None:
+                return self.codec.decode(*record)[: b - a]
+            if self.writable:
+                break
+            time.sleep(0.01 * (attempt + 1))
+            self.refresh()
+        assert error is not None
+        raise error
+
+    def _encode(self, k: int, chunk: np.ndarray) -> tuple[int, bytes]:
+        mask, body = self.codec.encode(chunk)
+        old = self.slot(k)
+        padded = None
+        if old is not None and mask == 0 and self.codec.compressor is not None:
+            padded = _pad(self.codec.compressor, body, old - 4)
+        if padded is None:
+            need = len(body) + 4
+            if mask == 0 and self.codec.compressor is not None:
+                # room to spare, so later encodings of this chunk fit: as large as the
+                # previous chunk's slot, or half again the old slot, up to the raw chunk
+                before = self.slot(k - 1) if k > 0 else None
+                want = max(need + need // 8, (old or 0) * 3 // 2, before or 0)
+                length = max(need, min(want, self.codec.raw_len))
+                padded = _pad(self.codec.compressor, body, length - 4)
+                if padded is None:  # zstd cannot pad fewer than 8 bytes
+                    padded = _pad(self.codec.compressor, body, len(body) + 8)
+            if padded is None:
+                padded = body
+        payload = padded + struct.pack("<I", fletcher32(padded))
+        self.slots[k] = len(payload)
+        return mask, payload
+
+    def _store(self, k: int, mask: int, payload: bytes) -> None:
+        self.dset.id.write_direct_chunk((k * self.cs, *self.tail), payload, mask)
+
+    def write(self, k: int, a: int, b: int, chunk: np.ndarray) -> None:
+        """The write head left chunk ``k``: store it now (the last journal covers it)."""
+        mask, payload = self._encode(k, chunk)
+        self._store(k, mask, payload)
+        self.pending[k] = (mask, payload)
+
+    def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
+        """Store the chunks the head is still in, after the journal, and make it all durable."""
+        encoded = {k: self._encode(k, chunk) for k, chunk in staged.items()}
+        self.pending.update(encoded)
+        if self.pending:
+            self.journal.put(self.path, self.pending, fsync)
+        for k, (mask, payload) in encoded.items():
+            self._store(k, mask, payload)
+        self.on_flush(fsync)
+        self.pending = {}
+
+    def refresh(self) -> None:
+        if not self.writable:
+            self.dset.refresh()
+
+    def close(self) -> None:
+        if self._codec is not None:
+            self._codec.close()
+            self._codec = None
+
+
+def replay(f: h5py.File, journal: Journal) -> int:
+    """Write the journal's chunks back into the file (after a writer died); how many."""
+    records = journal.load()
+    count = 0
+    for path, chunks in records.items():
+        dset = f[path]
+        tail = (0,) * (dset.ndim - 1)
+        cs = dset.chunks[0]
+        for k, (mask, payload) in chunks.items():
+            dset.id.write_direct_chunk((k * cs, *tail), payload, mask)
+            count += 1
+    journal.records = records
+    return count
+
+
+def journal_limits(meta: Any) -> dict[str, tuple[int, int]]:
+    """For each compressed leaf: (number of chunks, largest stored chunk allowed)."""
+    out = {}
+    for leaf in meta.leaves:
+        if leaf.compression is None:
+            continue
+        raw = leaf.chunk_steps * meta.num_envs * max(1, leaf.spec.nbytes) + 4
+        out[leaf.path] = (-(-meta.capacity // leaf.chunk_steps), 2 * raw + 1024)
+    return out
+
+
+def journal_path(h5_path: str) -> str:
+    return os.fspath(h5_path) + JOURNAL_SUFFIX
