@@ -3,9 +3,10 @@
 :func:`verify` lists every problem it finds (an empty list means healthy): metadata that
 does not parse, data files missing or of the wrong size, arrays whose shape, dtype,
 chunking or compression differ from the metadata, a zarr shard index that no longer
-points at the mapped block, chunks of committed steps that are missing or do not decode,
-an HDF5 file left marked open by a writer that died, an episode index that disagrees
-with the data.
+points at the mapped block, chunks of committed steps that are missing or do not decode (an HDF5 chunk that a
+killed writer tore is fine while the chunk journal holds it: the next writer writes it
+back), a damaged chunk journal, an HDF5 file left marked open by a writer that died, an
+episode index that disagrees with the data.
 
 :func:`recover` brings a damaged buffer back to its last consistent commit where that
 is possible. Rows cannot be rebuilt, so the recovered buffer keeps the newest committed
@@ -323,6 +324,8 @@ class _Hdf5State:
     flags_set: bool = False
     short: int | None = None  # the file is shorter than HDF5's end-of-file address
     bad_chunks: dict[str, dict[int, str]] = field(default_factory=dict)
+    journal: dict = field(default_factory=dict)  # leaf path -> chunk -> (mask, bytes)
+    bad_journal: bool = False
 
 
 def _check_hdf5(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> _Hdf5State:
@@ -356,6 +359,14 @@ def _check_hdf5(folder: str, meta: Metadata, deep: bool, problems: list[str]) ->
         )
     if found.short is not None:
         return found
+    from .backends.h5chunks import Journal, journal_limits
+
+    journal = Journal(path, journal_limits(meta))
+    try:
+        found.journal = journal.load()
+    except CorruptBufferError as exc:
+        found.bad_journal = True
+        problems.append(f"{exc}; the chunks it protects are unprotected until the next commit")
     try:
         f = h5py.File(path, "r", libver="latest", swmr=True)
     except Exception as exc:
@@ -400,11 +411,33 @@ def _check_hdf5(folder: str, meta: Metadata, deep: bool, problems: list[str]) ->
                 try:
                     np.asarray(dset[a:b])
                 except Exception as exc:
+                    if _journal_decodes(dset, found.journal.get(leaf.path, {}).get(k), f"{path}: {where}"):
+                        continue
                     found.bad_chunks.setdefault(leaf.path, {})[k] = str(exc)
                     problems.append(
                         f"{path}: {where}: chunk {k} (steps in slots {a}..{b - 1}) does not decode: {exc}"
                     )
     return found
+
+
+def _journal_decodes(dset, record, where: str) -> bool:
+    """Whether the journal's copy of a chunk decodes (then readers use it, and the next
+    writer writes it back)."""
+    if record is None:
+        return False
+    from .backends.h5chunks import Codec
+
+    try:
+        codec = Codec(dset, where)
+    except Exception:
+        return False
+    try:
+        codec.decode(*record)
+        return True
+    except Exception:
+        return False
+    finally:
+        codec.close()
 
 
 # --- episodes ------------------------------------------------------------------------------
@@ -496,6 +529,7 @@ def leftovers(path: str | os.PathLike) -> list[str]:
     folder = os.fspath(path)
     out = glob.glob(os.path.join(glob.escape(folder), METADATA_FILE + ".*.tmp"))
     out += glob.glob(os.path.join(glob.escape(folder), "episodes.idx.*.tmp"))
+    out += glob.glob(os.path.join(glob.escape(folder), HDF5_FILE + ".journal.*.tmp"))
     zroot = os.path.join(folder, ZARR_DIR)
     if os.path.isdir(zroot):
         for dirpath, _, files in os.walk(zroot):
@@ -827,6 +861,7 @@ def _repair_zarr(folder: str, meta: Metadata, out: Recovery, stamp: str) -> tupl
 
 
 def _repair_hdf5(folder: str, meta: Metadata, out: Recovery, stamp: str) -> tuple[Metadata, list]:
+    from .backends.h5chunks import Journal, journal_limits, journal_path, replay
     from .backends.hdf5 import clear_status_flags
 
     path = os.path.join(folder, HDF5_FILE)
@@ -868,6 +903,16 @@ def _repair_hdf5(folder: str, meta: Metadata, out: Recovery, stamp: str) -> tupl
     if found.flags_set:
         clear_status_flags(path)
         out.actions.append(f"cleared the HDF5 status flags a dead writer left in {HDF5_FILE}")
+    if found.bad_journal:
+        _move_aside(journal_path(path), stamp, out, folder)
+    elif found.journal and found.unusable is None:
+        import h5py
+
+        with h5py.File(path, "r+", libver="latest") as f:
+            count = replay(f, Journal(path, journal_limits(meta)))
+        out.actions.append(f"wrote {count} chunks back from the chunk journal into {HDF5_FILE}")
+        problems = []
+        found = _check_hdf5(folder, meta, True, problems)
     if found.unusable is not None or found.bad_chunks:
         why = found.unusable or "; ".join(
             f"leaf {p!r} chunks {sorted(c)} do not decode" for p, c in found.bad_chunks.items()
@@ -875,6 +920,7 @@ def _repair_hdf5(folder: str, meta: Metadata, out: Recovery, stamp: str) -> tupl
         fresh, infos = _fresh_layout(folder, meta)
         try:
             _move_aside(path, stamp, out, folder)
+            _move_aside(journal_path(path), stamp, out, folder)  # its chunks belong to the old file
             os.replace(os.path.join(fresh, HDF5_FILE), path)
         finally:
             shutil.rmtree(fresh, ignore_errors=True)
