@@ -23,7 +23,7 @@ from .inspect import human_bytes
     "--compression",
     default="same",
     show_default=True,
-    help="'same' keeps each leaf's codec, 'none' maps every leaf uncompressed; or zstd, blosc, gzip, lzf (hdf5).",
+    help="'same' keeps each leaf's codec, 'none' maps every leaf uncompressed; or zstd, blosc, gzip.",
 )
 @click.option(
     "--chunk-steps", type=click.IntRange(min=1), default=None, help="Steps per chunk [about 4 MiB]."

@@ -65,7 +65,7 @@ def load_spec_file(path: str) -> dict[str, Any]:
 @click.option("--capacity", type=click.IntRange(min=1), default=None, help="Steps the ring holds.")
 @click.option("--num-envs", type=click.IntRange(min=1), default=None, help="Parallel envs per step [1].")
 @click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[zarr]")
-@click.option("--compression", default=None, help="Codec for every leaf (zstd, blosc, gzip, lzf for hdf5).")
+@click.option("--compression", default=None, help="Codec for every leaf (zstd, blosc, gzip).")
 @click.option("--chunk-steps", type=click.IntRange(min=1), default=None)
 @click.option("--commit-every", type=click.IntRange(min=1), default=None)
 @click.option("--durability", type=click.Choice(["process", "power"]), default=None)

@@ -19,7 +19,7 @@ from .inspect import human_bytes
 @click.argument("path", type=click.Path())
 @click.option("--format", "fmt", default="auto", show_default=True, help="auto, " + ", ".join(FORMATS) + ".")
 @click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default="zarr", show_default=True)
-@click.option("--compression", default=None, help="Codec for every leaf (zstd, blosc, gzip, lzf for hdf5).")
+@click.option("--compression", default=None, help="Codec for every leaf (zstd, blosc, gzip).")
 @click.option(
     "--capacity", type=click.IntRange(min=1), default=None, help="Steps the store holds [the dataset's]."
 )

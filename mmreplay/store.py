@@ -97,6 +97,8 @@ class Store:
             raise
         self._closers = entries
         self._leaves = [e for e in entries if getattr(e, "info", None) is not None]
+        # file-level work after every leaf's flush (the hdf5 backend's chunk journal)
+        self._file_flushes = [e.flush for e in entries if getattr(e, "info", None) is None and hasattr(e, "flush")]
         self._all_mapped = all(isinstance(leaf, MappedLeaf) for leaf in self._leaves)
         self._setters = [
             leaf.array.__setitem__ if isinstance(leaf, MappedLeaf) else _step_writer(leaf)
@@ -335,6 +337,8 @@ class Store:
             if not self._all_mapped or fsync:
                 for leaf in self._leaves:
                     leaf.flush(fsync)
+                for flush in self._file_flushes:
+                    flush(fsync)
         state = State(
             start=self._floor,
             end=written,
@@ -672,7 +676,7 @@ def create(
         chunk_steps: steps per chunk, for every leaf or per leaf path; default chunks of
             about 4 MiB.
         compression: ``None`` (memory-mapped), a codec such as ``"zstd"``, ``"zstd:5"``,
-            ``"blosc"``, ``"gzip"`` (``"lzf"`` for hdf5), or a dict leaf path -> codec.
+            ``"blosc"`` or ``"gzip"``, or a dict leaf path -> codec.
         commit_every: steps between automatic commits.
         durability: ``"process"`` (survives the process being killed) or ``"power"``
             (also fsyncs data, state and folder at each commit).

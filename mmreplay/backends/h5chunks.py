@@ -34,8 +34,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import CorruptBufferError, SpecError
+from ..errors import CorruptBufferError, DiskFullError, SpecError
 from ..metadata import atomic_write
+from .base import no_space
 
 JOURNAL_SUFFIX = ".journal"
 _MAGIC = b"MMRJRNL1"
@@ -213,7 +214,6 @@ class Journal:
     def __init__(self, h5_path: str, limits: dict[str, tuple[int, int]]):
         self.path = h5_path + JOURNAL_SUFFIX
         self.limits = limits
-        self.records: Records = {}
 
     def load(self) -> Records:
         try:
@@ -223,28 +223,58 @@ class Journal:
             return {}
         return parse_journal(raw, self.path, self.limits)
 
-    def put(self, leaf_path: str, chunks: dict[int, tuple[int, bytes]], fsync: bool) -> None:
-        """Replace the leaf's records (the others are kept) and write the file atomically."""
-        self.records[leaf_path] = dict(chunks)
-        atomic_write(self.path, render_journal(self.records), fsync)
+    def write(self, records: Records, fsync: bool) -> None:
+        atomic_write(self.path, render_journal(records), fsync)
+
+
+class ChunkGroup:
+    """The compressed leaves of one HDF5 file: at a commit each leaf hands over its
+    encoded chunks, then the group writes the journal once, stores the chunks in place
+    and flushes the file once."""
+
+    def __init__(self, journal: Journal, flush_file: Any):
+        self.journal = journal
+        self.flush_file = flush_file
+        self.members: list[H5Chunks] = []
+
+    def flush(self, fsync: bool) -> None:
+        records = {m.path: {**m.pending, **m.ready} for m in self.members if m.pending or m.ready}
+        if not records:
+            return
+        try:
+            self.journal.write(records, fsync)
+            for m in self.members:
+                for k, (mask, payload) in m.ready.items():
+                    m.store(k, mask, payload)
+            self.flush_file(fsync)
+        except Exception as exc:
+            if not no_space(exc):
+                raise
+            raise DiskFullError(
+                f"{self.journal.path[: -len(JOURNAL_SUFFIX)]}: no space left on the file system "
+                "to store the compressed chunks; the last commit is intact"
+            ) from exc
+        for m in self.members:
+            m.pending, m.ready = {}, {}
 
 
 class H5Chunks:
     """The chunk I/O of one compressed HDF5 leaf, for :class:`~.base.ChunkedLeaf`."""
 
-    def __init__(self, dset: h5py.Dataset, leaf_path: str, journal: Journal, writable: bool, on_flush: Any):
+    def __init__(self, dset: h5py.Dataset, leaf_path: str, group: ChunkGroup, writable: bool):
         self.dset = dset
         self.path = leaf_path
-        self.journal = journal
+        self.journal = group.journal
         self.writable = writable
-        self.on_flush = on_flush
+        group.members.append(self)
         self.shape = dset.shape
         self.cs = dset.chunks[0]
         self.tail = (0,) * (dset.ndim - 1)
-        self.where = f"{journal.path[: -len(JOURNAL_SUFFIX)]}: leaf {leaf_path!r}"
+        self.where = f"{group.journal.path[: -len(JOURNAL_SUFFIX)]}: leaf {leaf_path!r}"
         self._codec: Codec | None = None
         self.slots: dict[int, int | None] = {}
-        self.pending: dict[int, tuple[int, bytes]] = {}  # written since the last commit
+        self.pending: dict[int, tuple[int, bytes]] = {}  # stored since the last commit
+        self.ready: dict[int, tuple[int, bytes]] = {}  # encoded, stored by the group's flush
 
     @property
     def codec(self) -> Codec:
@@ -308,25 +338,18 @@ class H5Chunks:
         self.slots[k] = len(payload)
         return mask, payload
 
-    def _store(self, k: int, mask: int, payload: bytes) -> None:
+    def store(self, k: int, mask: int, payload: bytes) -> None:
         self.dset.id.write_direct_chunk((k * self.cs, *self.tail), payload, mask)
 
     def write(self, k: int, a: int, b: int, chunk: np.ndarray) -> None:
         """The write head left chunk ``k``: store it now (the last journal covers it)."""
         mask, payload = self._encode(k, chunk)
-        self._store(k, mask, payload)
+        self.store(k, mask, payload)
         self.pending[k] = (mask, payload)
 
     def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
-        """Store the chunks the head is still in, after the journal, and make it all durable."""
-        encoded = {k: self._encode(k, chunk) for k, chunk in staged.items()}
-        self.pending.update(encoded)
-        if self.pending:
-            self.journal.put(self.path, self.pending, fsync)
-        for k, (mask, payload) in encoded.items():
-            self._store(k, mask, payload)
-        self.on_flush(fsync)
-        self.pending = {}
+        """Encode the chunks the head is still in; :meth:`ChunkGroup.flush` stores them."""
+        self.ready = {k: self._encode(k, chunk) for k, chunk in staged.items()}
 
     def refresh(self) -> None:
         if not self.writable:
@@ -349,7 +372,6 @@ def replay(f: h5py.File, journal: Journal) -> int:
         for k, (mask, payload) in chunks.items():
             dset.id.write_direct_chunk((k * cs, *tail), payload, mask)
             count += 1
-    journal.records = records
     return count
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo, Metadata
 from .base import ChunkedLeaf, Leaf, MappedLeaf, map_file, parse_compression, preallocate
-from .h5chunks import H5Chunks, Journal, check_filters, journal_limits, replay
+from .h5chunks import ChunkGroup, H5Chunks, Journal, check_filters, journal_limits, replay
 
 DATA_FILE = "data.h5"
 
@@ -116,11 +116,14 @@ def _file_access() -> Any:
 
 
 class _SwmrFile:
-    """The h5py handle of the compressed leaves, shared by them, and their journal."""
+    """The h5py handle of the compressed leaves, shared by them, and their chunk group.
+
+    The store calls :meth:`flush` after every leaf's: the group then writes the journal
+    and the chunks the leaves handed over, and flushes the file."""
 
     def __init__(self, path: str, meta: Metadata, writable: bool):
         self.path = path
-        self.journal = Journal(path, journal_limits(meta))
+        self.group = ChunkGroup(Journal(path, journal_limits(meta)), self.flush_file)
         try:
             if writable:
                 clear_status_flags(path)
@@ -134,13 +137,16 @@ class _SwmrFile:
             raise CorruptBufferError(f"{path}: cannot open HDF5 file: {exc}") from None
         if writable:
             try:
-                if replay(self.file, self.journal):  # chunks a killed writer may have torn
-                    self.flush(meta.durability == "power")
+                if replay(self.file, self.group.journal):  # chunks a killed writer may have torn
+                    self.flush_file(meta.durability == "power")
             except BaseException:
                 self.close()
                 raise
 
     def flush(self, fsync: bool) -> None:
+        self.group.flush(fsync)
+
+    def flush_file(self, fsync: bool) -> None:
         self.file.flush()
         if fsync:
             fd = os.open(self.path, os.O_RDONLY)
@@ -175,7 +181,7 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
                 found = "nothing" if dset is None else f"{getattr(dset, 'shape', '?')} {getattr(dset, 'dtype', '?')}"
                 raise CorruptBufferError(f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype}, found {found}")
             check_filters(dset, f"{path}: leaf {leaf.path!r}", writable)
-            out.append(ChunkedLeaf(leaf, meta.capacity, H5Chunks(dset, leaf.path, handle.journal, writable, handle.flush)))
+            out.append(ChunkedLeaf(leaf, meta.capacity, H5Chunks(dset, leaf.path, handle.group, writable)))
     except BaseException:
         for entry in out:
             entry.close()
@@ -183,20 +189,8 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
             handle.close()
         raise
     if handle is not None:
-        out.append(_Closer(handle))  # type: ignore[arg-type]
+        out.append(handle)  # type: ignore[arg-type]  # closed after the leaves, flushed after them
     return out
-
-
-class _Closer:
-    """Closes the shared h5py handle after the leaves (the store closes every entry)."""
-
-    info = None
-
-    def __init__(self, handle: _SwmrFile):
-        self.handle = handle
-
-    def close(self) -> None:
-        self.handle.close()
 
 
 def data_paths(folder: str, meta: Metadata) -> list[str]:
