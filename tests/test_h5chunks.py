@@ -7,6 +7,7 @@ chunks mmreplay encodes must be plain HDF5 that h5py decodes and checks by itsel
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -14,26 +15,22 @@ import sys
 import h5py
 import numpy as np
 import pytest
+from conftest import folder_digest
 
 import mmreplay as mr
 from mmreplay.backends.h5chunks import fletcher32, parse_journal, render_journal
 from mmreplay.verify import recover, verify
-
-from conftest import folder_digest
 
 SPEC = {"obs": mr.ArraySpec((32,), "float32"), "reward": mr.ArraySpec((), "float32")}
 ENVS = 4
 LAPS = 40
 
 
-ROWS = """
-def rows(first, end):
-    \"\"\"Steps [first, end): each row a function of its step, compressible, not constant.\"\"\"
+def rows(first: int, end: int) -> dict[str, np.ndarray]:
+    """Steps [first, end): each row a function of its step, compressible, not constant."""
     ids = np.arange(first, end)
     obs = (ids[:, None, None] * 7 + np.arange(ENVS)[None, :, None] * 3 + np.arange(32)[None, None, :] // 5) % 97
     return {"obs": obs.astype(np.float32), "reward": np.repeat(ids[:, None], ENVS, 1).astype(np.float32)}
-"""
-exec(ROWS)  # defines rows(); the reader process below runs the same source
 
 
 def check_exact(store, first: int, end: int) -> None:
@@ -219,7 +216,7 @@ def test_reader_process_during_in_place_rewrites(tmp_path):
             f"""
 import time, numpy as np, mmreplay as mr
 ENVS = {ENVS}
-{ROWS}
+{inspect.getsource(rows)}
 store = mr.open({path!r})
 deadline, reads = time.monotonic() + 4, 0
 while time.monotonic() < deadline:
