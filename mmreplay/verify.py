@@ -909,7 +909,7 @@ def _repair_hdf5(folder: str, meta: Metadata, out: Recovery, stamp: str) -> tupl
         import h5py
 
         with h5py.File(path, "r+", libver="latest") as f:
-            count = replay(f, Journal(path, journal_limits(meta)))
+            count = sum(len(c) for c in replay(f, Journal(path, journal_limits(meta))).values())
         out.actions.append(f"wrote {count} chunks back from the chunk journal into {HDF5_FILE}")
         problems = []
         found = _check_hdf5(folder, meta, True, problems)

@@ -128,6 +128,33 @@ def test_torn_chunk_is_read_from_the_journal_and_written_back(tmp_path, codec):
         check_exact(reader, 0, 30)
 
 
+def journaled(path: str) -> dict[str, set[int]]:
+    from mmreplay.backends.h5chunks import Journal, journal_limits
+    from mmreplay.metadata import read_metadata
+
+    records = Journal(os.path.join(path, "data.h5"), journal_limits(read_metadata(path))).load()
+    return {leaf: set(chunks) for leaf, chunks in records.items()}
+
+
+def test_head_chunk_stays_journaled_across_writers(tmp_path):
+    """The next writer stores the head chunk in place when its head leaves it, with no
+    commit before: so every commit's journal must hold it, even one of a writer that
+    never wrote to it (here one that only changed an old step with ``set``)."""
+    path = str(tmp_path / "b")
+    with mr.create(path, SPEC, capacity=64, num_envs=ENVS, backend="hdf5", compression="gzip", chunk_steps=8) as store:
+        store.extend(rows(0, 20))  # the head is in chunk 2 (slots 16..23)
+    assert journaled(path)["obs"] == {2}
+    with mr.open(path, "a") as store:
+        store.set(0, {key: value[0] for key, value in rows(0, 1).items()})  # chunk 0 only
+    assert journaled(path)["obs"] == {0, 2}
+    with mr.open(path, "a") as store:
+        store.extend(rows(20, 26))  # chunk 2 is stored when the head leaves it, then committed
+    # the head is in chunk 3 now; chunk 0, found in the journal, stays until it is rewritten
+    assert journaled(path)["obs"] == {0, 3}
+    with mr.open(path) as reader:
+        check_exact(reader, 0, 26)
+
+
 def test_tear_outside_the_journal_is_an_error_not_other_rows(tmp_path):
     path = str(tmp_path / "b")
     with mr.create(path, SPEC, capacity=64, num_envs=ENVS, backend="hdf5", compression="gzip", chunk_steps=8) as store:

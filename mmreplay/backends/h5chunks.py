@@ -15,8 +15,10 @@ So mmreplay encodes chunks itself and writes them with ``write_direct_chunk``:
   (half as large again, at most the raw chunk), so each chunk moves a bounded number of
   times in the life of the file. lzf streams cannot be padded, so lzf is refused.
 - Before a commit overwrites chunks in place, their new bytes go to ``data.h5.journal``
-  (replaced atomically), together with every chunk written since the previous commit.
-  A torn chunk is therefore always in the journal: the next writer writes the journal
+  (replaced atomically). Those are the chunks the write head is in (and those ``set``
+  changed), so the journal always holds the one chunk with committed rows that may be
+  overwritten before the next commit: the head's, when the head leaves it. A chunk a
+  killed writer tore is therefore in the journal: the next writer writes the journal
   back (redo) when it opens the buffer, and a reader that finds a chunk that does not
   decode reads the journal's copy instead.
 - The Fletcher-32 checksum the dataset declares is computed here, over the padded
@@ -236,13 +238,22 @@ class ChunkGroup:
         self.journal = journal
         self.flush_file = flush_file
         self.members: list[H5Chunks] = []
+        # the journal this writer found: a chunk the last writer's head was in stays
+        # journaled until this writer encodes it again (it is not staged here until then)
+        self.carried: Records = {}
 
     def flush(self, fsync: bool) -> None:
-        records = {m.path: {**m.pending, **m.ready} for m in self.members if m.pending or m.ready}
-        if not records:
+        if not any(m.ready or m.stored for m in self.members):
             return
+        records = {path: dict(chunks) for path, chunks in self.carried.items()}
+        for m in self.members:
+            records.setdefault(m.path, {}).update(m.ready)
         try:
-            self.journal.write(records, fsync)
+            if fsync and any(m.stored for m in self.members):
+                # chunks stored as the head left them are covered by the journal being
+                # replaced: they must be on the disk first
+                self.flush_file(True)
+            self.journal.write({path: chunks for path, chunks in records.items() if chunks}, fsync)
             for m in self.members:
                 for k, (mask, payload) in m.ready.items():
                     m.store(k, mask, payload)
@@ -255,7 +266,7 @@ class ChunkGroup:
                 "to store the compressed chunks; the last commit is intact"
             ) from exc
         for m in self.members:
-            m.pending, m.ready = {}, {}
+            m.ready, m.stored = {}, False
 
 
 class H5Chunks:
@@ -264,6 +275,7 @@ class H5Chunks:
     def __init__(self, dset: h5py.Dataset, leaf_path: str, group: ChunkGroup, writable: bool):
         self.dset = dset
         self.path = leaf_path
+        self.group = group
         self.journal = group.journal
         self.writable = writable
         group.members.append(self)
@@ -273,8 +285,8 @@ class H5Chunks:
         self.where = f"{group.journal.path[: -len(JOURNAL_SUFFIX)]}: leaf {leaf_path!r}"
         self._codec: Codec | None = None
         self.slots: dict[int, int | None] = {}
-        self.pending: dict[int, tuple[int, bytes]] = {}  # stored since the last commit
         self.ready: dict[int, tuple[int, bytes]] = {}  # encoded, stored by the group's flush
+        self.stored = False  # a chunk was stored since the last commit
 
     @property
     def codec(self) -> Codec:
@@ -316,6 +328,7 @@ class H5Chunks:
         raise error
 
     def _encode(self, k: int, chunk: np.ndarray) -> tuple[int, bytes]:
+        self.group.carried.get(self.path, {}).pop(k, None)  # superseded
         mask, body = self.codec.encode(chunk)
         old = self.slot(k)
         padded = None
@@ -342,10 +355,11 @@ class H5Chunks:
         self.dset.id.write_direct_chunk((k * self.cs, *self.tail), payload, mask)
 
     def write(self, k: int, a: int, b: int, chunk: np.ndarray) -> None:
-        """The write head left chunk ``k``: store it now (the last journal covers it)."""
+        """The write head left chunk ``k``: store it now. If it holds committed rows, the
+        head was in it at the last commit, so the journal on disk holds it."""
         mask, payload = self._encode(k, chunk)
         self.store(k, mask, payload)
-        self.pending[k] = (mask, payload)
+        self.stored = True
 
     def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
         """Encode the chunks the head is still in; :meth:`ChunkGroup.flush` stores them."""
@@ -361,18 +375,16 @@ class H5Chunks:
             self._codec = None
 
 
-def replay(f: h5py.File, journal: Journal) -> int:
-    """Write the journal's chunks back into the file (after a writer died); how many."""
+def replay(f: h5py.File, journal: Journal) -> Records:
+    """Write the journal's chunks back into the file (after a writer died); returns them."""
     records = journal.load()
-    count = 0
     for path, chunks in records.items():
         dset = f[path]
         tail = (0,) * (dset.ndim - 1)
         cs = dset.chunks[0]
         for k, (mask, payload) in chunks.items():
             dset.id.write_direct_chunk((k * cs, *tail), payload, mask)
-            count += 1
-    return count
+    return records
 
 
 def journal_limits(meta: Any) -> dict[str, tuple[int, int]]:

@@ -137,7 +137,8 @@ class _SwmrFile:
             raise CorruptBufferError(f"{path}: cannot open HDF5 file: {exc}") from None
         if writable:
             try:
-                if replay(self.file, self.group.journal):  # chunks a killed writer may have torn
+                self.group.carried = replay(self.file, self.group.journal)  # chunks a killed writer may have torn
+                if self.group.carried:
                     self.flush_file(meta.durability == "power")
             except BaseException:
                 self.close()
