@@ -214,7 +214,7 @@ class Journal:
     """``data.h5.journal``: the chunks a writer rewrites in place, written before it does."""
 
     def __init__(self, h5_path: str, limits: dict[str, tuple[int, int]]):
-        self.path = h5_path + JOURNAL_SUFFIX
+        self.path = journal_path(h5_path)
         self.limits = limits
 
     def load(self) -> Records:
@@ -379,7 +379,9 @@ def replay(f: h5py.File, journal: Journal) -> Records:
     """Write the journal's chunks back into the file (after a writer died); returns them."""
     records = journal.load()
     for path, chunks in records.items():
-        dset = f[path]
+        dset = f.get(path)
+        if not isinstance(dset, h5py.Dataset) or dset.chunks is None:
+            raise CorruptBufferError(f"{journal.path}: holds chunks of {path!r}, which is no chunked dataset in the file")
         tail = (0,) * (dset.ndim - 1)
         cs = dset.chunks[0]
         for k, (mask, payload) in chunks.items():
