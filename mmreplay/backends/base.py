@@ -14,7 +14,8 @@ import mmap
 import os
 import stat
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -128,6 +129,18 @@ def no_space(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return f"errno = {errno.ENOSPC}," in text or f"errno = {errno.EDQUOT}," in text
+
+
+@contextmanager
+def disk_full_as(message: str) -> Iterator[None]:
+    """Turn a full file system (however zarr, h5py or the OS report it) into a
+    :class:`DiskFullError` with ``message``."""
+    try:
+        yield
+    except Exception as exc:
+        if not no_space(exc):
+            raise
+        raise DiskFullError(message) from exc
 
 
 def map_file(path: str, writable: bool, need: int) -> mmap.mmap | None:
@@ -278,6 +291,8 @@ class ChunkIO(Protocol):
     def refresh(self) -> None:
         """See the writer's latest chunks (a reader)."""
 
+    def close(self) -> None: ...
+
 
 class ChunkedLeaf:
     """A compressed leaf, read and written as whole chunks along the step axis.
@@ -399,26 +414,18 @@ class ChunkedLeaf:
     def _encode(self, k: int) -> None:
         chunk = self.staged.pop(k)
         a, b = self._bounds(k)
-        try:
+        with disk_full_as(
+            f"leaf {self.info.path!r}: no space left on the file system for chunk {k} "
+            f"(slots {a}..{b - 1}); the last commit is intact"
+        ):
             self.io.write(k, a, b, chunk)
-        except Exception as exc:
-            if not no_space(exc):
-                raise
-            raise DiskFullError(
-                f"leaf {self.info.path!r}: no space left on the file system for chunk {k} "
-                f"(slots {a}..{b - 1}); the last commit is intact"
-            ) from exc
         self.cache[k] = chunk
 
     def flush(self, fsync: bool) -> None:
-        try:  # the staged chunks stay staged: the head is still inside them
+        with disk_full_as(
+            f"leaf {self.info.path!r}: no space left on the file system to flush; the last commit is intact"
+        ):  # the staged chunks stay staged: the head is still inside them
             self.io.flush(fsync, dict(self.staged))
-        except Exception as exc:
-            if not no_space(exc):
-                raise
-            raise DiskFullError(
-                f"leaf {self.info.path!r}: no space left on the file system to flush; the last commit is intact"
-            ) from exc
 
     def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
         for a, b in slots:
@@ -429,6 +436,4 @@ class ChunkedLeaf:
     def close(self) -> None:
         self.staged.clear()
         self.cache.clear()
-        close = getattr(self.io, "close", None)
-        if close is not None:
-            close()
+        self.io.close()

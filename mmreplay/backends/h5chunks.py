@@ -36,9 +36,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import CorruptBufferError, DiskFullError, SpecError
+from ..errors import CorruptBufferError, SpecError
 from ..metadata import atomic_write
-from .base import no_space
+from .base import disk_full_as
 
 JOURNAL_SUFFIX = ".journal"
 _MAGIC = b"MMRJRNL1"
@@ -88,7 +88,7 @@ def check_filters(dset: h5py.Dataset, where: str, writable: bool) -> None:
         )
 
 
-def _pad(filter_id: int, body: bytes, length: int) -> bytes | None:
+def _pad(filter_id: int | None, body: bytes, length: int) -> bytes | None:
     """``body`` grown to ``length`` bytes that the decoder of ``filter_id`` ignores."""
     gap = length - len(body)
     if gap == 0:
@@ -214,6 +214,7 @@ class Journal:
     """``data.h5.journal``: the chunks a writer rewrites in place, written before it does."""
 
     def __init__(self, h5_path: str, limits: dict[str, tuple[int, int]]):
+        self.h5_path = h5_path
         self.path = journal_path(h5_path)
         self.limits = limits
 
@@ -248,7 +249,10 @@ class ChunkGroup:
         records = {path: dict(chunks) for path, chunks in self.carried.items()}
         for m in self.members:
             records.setdefault(m.path, {}).update(m.ready)
-        try:
+        with disk_full_as(
+            f"{self.journal.h5_path}: no space left on the file system to store the "
+            "compressed chunks; the last commit is intact"
+        ):
             if fsync and any(m.stored for m in self.members):
                 # chunks stored as the head left them are covered by the journal being
                 # replaced: they must be on the disk first
@@ -258,13 +262,6 @@ class ChunkGroup:
                 for k, (mask, payload) in m.ready.items():
                     m.store(k, mask, payload)
             self.flush_file(fsync)
-        except Exception as exc:
-            if not no_space(exc):
-                raise
-            raise DiskFullError(
-                f"{self.journal.path[: -len(JOURNAL_SUFFIX)]}: no space left on the file system "
-                "to store the compressed chunks; the last commit is intact"
-            ) from exc
         for m in self.members:
             m.ready, m.stored = {}, False
 
@@ -276,13 +273,12 @@ class H5Chunks:
         self.dset = dset
         self.path = leaf_path
         self.group = group
-        self.journal = group.journal
         self.writable = writable
         group.members.append(self)
         self.shape = dset.shape
         self.cs = dset.chunks[0]
         self.tail = (0,) * (dset.ndim - 1)
-        self.where = f"{group.journal.path[: -len(JOURNAL_SUFFIX)]}: leaf {leaf_path!r}"
+        self.where = f"{group.journal.h5_path}: leaf {leaf_path!r}"
         self._codec: Codec | None = None
         self.slots: dict[int, int | None] = {}
         self.ready: dict[int, tuple[int, bytes]] = {}  # encoded, stored by the group's flush
@@ -315,7 +311,7 @@ class H5Chunks:
             except Exception as exc:
                 error = exc
             try:  # torn by a killed writer, or being rewritten right now: the journal has it
-                record = self.journal.load().get(self.path, {}).get(k)
+                record = self.group.journal.load().get(self.path, {}).get(k)
             except CorruptBufferError:
                 record = None
             if record is not None:
@@ -331,22 +327,19 @@ class H5Chunks:
         self.group.carried.get(self.path, {}).pop(k, None)  # superseded
         mask, body = self.codec.encode(chunk)
         old = self.slot(k)
-        padded = None
-        if old is not None and mask == 0 and self.codec.compressor is not None:
-            padded = _pad(self.codec.compressor, body, old - 4)
-        if padded is None:
+        compressor = self.codec.compressor
+        padded = _pad(compressor, body, old - 4) if old is not None and mask == 0 else None
+        if padded is None and mask == 0:  # a new, larger slot (a skipped filter: exact size)
+            # room to spare, so later encodings of this chunk fit: as large as the
+            # previous chunk's slot, or half again the old slot, up to the raw chunk
             need = len(body) + 4
-            if mask == 0 and self.codec.compressor is not None:
-                # room to spare, so later encodings of this chunk fit: as large as the
-                # previous chunk's slot, or half again the old slot, up to the raw chunk
-                before = self.slot(k - 1) if k > 0 else None
-                want = max(need + need // 8, (old or 0) * 3 // 2, before or 0)
-                length = max(need, min(want, self.codec.raw_len))
-                padded = _pad(self.codec.compressor, body, length - 4)
-                if padded is None:  # zstd cannot pad fewer than 8 bytes
-                    padded = _pad(self.codec.compressor, body, len(body) + 8)
-            if padded is None:
-                padded = body
+            before = self.slot(k - 1) if k > 0 else None
+            want = max(need + need // 8, (old or 0) * 3 // 2, before or 0)
+            padded = _pad(compressor, body, max(need, min(want, self.codec.raw_len)) - 4)
+            if padded is None:  # zstd cannot pad fewer than 8 bytes
+                padded = _pad(compressor, body, len(body) + 8)
+        if padded is None:
+            padded = body
         payload = padded + struct.pack("<I", fletcher32(padded))
         self.slots[k] = len(payload)
         return mask, payload

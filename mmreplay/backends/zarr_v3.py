@@ -154,9 +154,9 @@ class ZarrChunks:
         self.written.add(k)
 
     def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
-        cs = self.arr.chunks[0]
         for k, chunk in staged.items():
-            self.write(k, k * cs, min((k + 1) * cs, self.shape[0]), chunk)
+            a = k * self.arr.chunks[0]
+            self.write(k, a, a + len(chunk), chunk)
         if fsync:
             folders = set()
             for k in self.written:
@@ -174,6 +174,9 @@ class ZarrChunks:
 
     def refresh(self) -> None:
         pass  # every read goes to the chunk files
+
+    def close(self) -> None:
+        pass  # zarr holds no open files
 
 
 def _fsync_path(path: str) -> None:
