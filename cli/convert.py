@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import click
 
 import mmreplay as mr
+from mmreplay.codecs import STORE_HELP
 from mmreplay.convert import convert
 from mmreplay.files import disk_usage
 
@@ -23,7 +23,8 @@ from .inspect import human_bytes
     "--compression",
     default="same",
     show_default=True,
-    help="'same' keeps each leaf's codec, 'none' maps every leaf uncompressed; or zstd, blosc, gzip.",
+    metavar="same|none|CODEC[:LEVEL]",
+    help=f"'same' keeps each leaf's codec, 'none' maps every leaf uncompressed; or {STORE_HELP}.",
 )
 @click.option(
     "--chunk-steps", type=click.IntRange(min=1), default=None, help="Steps per chunk [about 4 MiB]."
@@ -46,8 +47,6 @@ def command(
     The copy holds the retained committed steps in time order with the same spec,
     roles and envs. PATH is only read (a writer may keep running).
     """
-    if os.path.lexists(out):
-        raise FileExistsError(f"{out}: already exists; convert writes a new store")
     comp = None if compression.lower() in ("none", "off") else compression
     t = time.perf_counter()
     with mr.open(path, mode="r") as store:

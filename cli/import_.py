@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import click
 
+from mmreplay.codecs import STORE_HELP
 from mmreplay.files import disk_usage
 from mmreplay.importers import FORMATS, import_dataset
 
@@ -19,7 +19,7 @@ from .inspect import human_bytes
 @click.argument("path", type=click.Path())
 @click.option("--format", "fmt", default="auto", show_default=True, help="auto, " + ", ".join(FORMATS) + ".")
 @click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default="zarr", show_default=True)
-@click.option("--compression", default=None, help="Codec for every leaf (zstd, blosc, gzip).")
+@click.option("--compression", default=None, metavar="CODEC[:LEVEL]", help=f"Codec for every leaf. {STORE_HELP}.")
 @click.option(
     "--capacity", type=click.IntRange(min=1), default=None, help="Steps the store holds [the dataset's]."
 )
@@ -42,8 +42,6 @@ def command(
     SRC is a Minari dataset folder (HDF5 format), a D4RL-style HDF5 file, an npz of
     arrays, or an npz / hdf5 / zarr export of mmreplay (which comes back exactly).
     """
-    if os.path.lexists(path):
-        raise FileExistsError(f"{path}: already exists; import creates a new store")
     t = time.perf_counter()
     with LazyBar(1, "importing", quiet) as bar:
         result = import_dataset(

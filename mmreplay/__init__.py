@@ -12,6 +12,7 @@ from .errors import (
     ReadOnlyError,
     SpecError,
     SpecMismatchError,
+    TargetError,
     UnsupportedFormatError,
 )
 from .spec import ArraySpec, to_spec
@@ -37,5 +38,6 @@ __all__ = [
     "ReadOnlyError",
     "SpecError",
     "SpecMismatchError",
+    "TargetError",
     "UnsupportedFormatError",
 ]

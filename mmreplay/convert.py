@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .errors import NotEnoughDataError
+from .files import check_target
 from .spec import flatten, unflatten
 from .store import create
 from .store import open as open_store
@@ -48,7 +49,7 @@ def convert(
 
     Args:
         src: the source store.
-        out: the new store's path (must not exist).
+        out: the new store's path: it must not exist, and may not lie inside ``src``.
         backend: ``"zarr"`` or ``"hdf5"``; default the source's.
         compression: as :func:`mmreplay.create`; ``"same"`` keeps each leaf's codec,
             ``None`` stores every leaf uncompressed (memory-mapped).
@@ -58,7 +59,8 @@ def convert(
         commit_every: default the source's.
         progress: called with the rows (steps x envs) copied after each block.
     """
-    src, out = os.fspath(src), os.fspath(out)
+    src = os.fspath(src)
+    out = check_target(out, [src], what="converted store")
     with open_store(src, mode="r") as store:
         meta = store.metadata
         leaves = meta.leaves

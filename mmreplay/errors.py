@@ -53,3 +53,8 @@ class NotEnoughDataError(Error, ValueError):
 
 class DiskFullError(Error, OSError):
     """The file system has no room for the buffer's files."""
+
+
+class TargetError(Error, FileExistsError):
+    """A path an export, convert or import must not write: an existing file or folder that
+    is not an earlier export of the same format, or a path inside (or holding) its source."""

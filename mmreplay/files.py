@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 
-__all__ = ["disk_usage"]
+from .errors import TargetError
+
+__all__ = ["check_target", "disk_usage"]
 
 
 def disk_usage(path: str | os.PathLike) -> int:
@@ -20,3 +23,49 @@ def disk_usage(path: str | os.PathLike) -> int:
             except OSError:
                 pass  # removed while walking
     return total
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or os.path.commonpath([path, folder]) == folder
+
+
+def check_target(
+    out: str | os.PathLike,
+    sources: Iterable[str | os.PathLike],
+    *,
+    what: str,
+    force: bool = False,
+    recognise: Callable[[str], bool] | None = None,
+) -> str:
+    """The absolute path of a target an export, convert or import may write, or an error.
+
+    A target is refused when it is one of ``sources``, lies inside one, or holds one
+    (real paths: symbolic links are followed, so a link into a source is refused too).
+    An existing target is refused unless ``force`` is set and ``recognise(out)`` says it
+    is an earlier output of the same kind (``what``); with no ``recognise``, nothing that
+    exists is replaced. The check only reads, so a refusal changes nothing on disk.
+    """
+    out = os.path.abspath(os.fspath(out))
+    real = os.path.realpath(out)
+    for src in sources:
+        src_real = os.path.realpath(os.fspath(src))
+        if _within(real, src_real):
+            where = "is" if real == src_real else "lies inside"
+            raise TargetError(f"{out}: {where} the source {os.fspath(src)}; write the {what} elsewhere")
+        if _within(src_real, real):
+            raise TargetError(f"{out}: holds the source {os.fspath(src)}; write the {what} elsewhere")
+    if not os.path.lexists(out):
+        return out
+    if recognise is None:
+        raise TargetError(f"{out}: already exists; choose a new path for the {what}")
+    if not force:
+        raise TargetError(f"{out}: already exists; pass --force (force=True) to replace an earlier {what}")
+    try:
+        known = recognise(out)
+    except Exception:  # noqa: BLE001 - whatever cannot be read is not an earlier export
+        known = False
+    if not known:
+        raise TargetError(
+            f"{out}: exists and is not an earlier {what}; refusing to replace it even with --force"
+        )
+    return out

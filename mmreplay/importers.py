@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputError, CorruptBufferError, NotABufferError, UnsupportedFormatError
+from .files import check_target
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, unflatten
 from .store import create
 
@@ -466,7 +467,7 @@ def import_dataset(
     Args:
         src: a Minari dataset folder, a D4RL-style HDF5 file, an npz file, or an hdf5 /
             zarr step-major export of mmreplay.
-        path: the new store (must not exist).
+        path: the new store: it must not exist, and may not lie inside ``src``.
         format: ``"auto"`` (from the contents) or one of :data:`FORMATS`.
         backend, compression, chunk_steps: as :func:`mmreplay.create`.
         capacity: steps the store holds; default exactly the dataset's steps.
@@ -477,8 +478,9 @@ def import_dataset(
     Returns:
         An :class:`ImportResult`.
     """
-    src, path = os.fspath(src), os.fspath(path)
+    src = os.fspath(src)
     fmt = detect_format(src) if format in (None, "auto") else str(format).lower()
+    path = check_target(path, [src], what="imported store")
     if fmt not in FORMATS:
         raise UnsupportedFormatError(
             f"unknown import format {format!r}; expected one of auto, {', '.join(FORMATS)}"

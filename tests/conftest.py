@@ -1,9 +1,14 @@
-"""Shared fixtures: a small nested spec, each backend with and without compression."""
+"""Shared fixtures: a small nested spec, each backend with and without compression, and
+``run_cli`` to run the command line in a fresh process as a user does."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -72,3 +77,64 @@ def folder_digest(path) -> dict[str, str]:
             with open(full, "rb") as f:
                 out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
     return out
+
+
+def run_cli(*args, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``mmreplay ARGS...`` in a fresh interpreter (nothing imported or registered by the
+    test process leaks in), with its exit status, stdout and stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "mmreplay.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def one_line_error(out: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    """Check a refusal: exit status ``code``, one ``Error: ...`` line on stderr holding each
+    needle, no traceback, nothing on stdout. Returns the line."""
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == code, (out.returncode, out.stderr)
+    assert len(lines) == 1 and lines[0].startswith("Error: "), out.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert out.stdout == "", out.stdout
+    return lines[0]
+
+
+def verify_cli(path) -> tuple[int, list[str]]:
+    """``mmreplay verify PATH`` in a fresh process: its exit status and the problems it printed."""
+    out = run_cli("verify", path)
+    assert "Traceback" not in out.stderr, out.stderr
+    problems = [line[len("problem: ") :] for line in out.stdout.splitlines() if line.startswith("problem: ")]
+    assert (out.returncode == 1) == bool(problems), (out.returncode, out.stdout, out.stderr)
+    return out.returncode, problems
+
+
+@dataclass
+class CliRecovery:
+    """What ``mmreplay recover PATH`` printed in a fresh process, read back."""
+
+    code: int
+    text: str
+    lost: tuple[int, int] | None
+    actions: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def recover_cli(path) -> CliRecovery:
+    """``mmreplay recover PATH`` in a fresh process; a refusal fails the test (use run_cli)."""
+    out = run_cli("recover", path)
+    assert out.returncode in (0, 1) and "Traceback" not in out.stderr, (out.returncode, out.stderr)
+    found = re.search(r"^lost committed steps \[(\d+), (\d+)\)", out.stdout, re.M)
+    body = out.stdout.split("still damaged:")[0]
+    actions = [line[2:] for line in body.splitlines() if line.startswith("- ")]
+    lost = (int(found[1]), int(found[2])) if found else None
+    return CliRecovery(out.returncode, out.stdout, lost, actions)

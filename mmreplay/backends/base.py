@@ -16,12 +16,12 @@ import stat
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import CorruptBufferError, DiskFullError, SpecError
+from ..codecs import LEVELS, Compression, parse
+from ..errors import CorruptBufferError, DiskFullError
 from ..metadata import LeafInfo
 
 __all__ = [
@@ -38,46 +38,12 @@ __all__ = [
 CHUNK_CACHE_BYTES = 256 << 20
 
 
-@dataclass(frozen=True)
-class Compression:
-    """A parsed compression setting: ``"zstd"``, ``"zstd:5"``, ``"blosc"``,
-    ``"blosc:lz4:5"``, ``"gzip:4"`` or ``"lzf"``."""
-
-    codec: str
-    level: int | None = None
-    cname: str | None = None
-
-    def __str__(self) -> str:
-        parts = [self.codec] + ([self.cname] if self.cname else []) + (
-            [str(self.level)] if self.level is not None else []
-        )
-        return ":".join(parts)
-
-
-_CODECS = ("zstd", "blosc", "gzip", "lzf")
-_BLOSC_CNAMES = ("zstd", "lz4", "lz4hc", "blosclz", "zlib")
+#: what the store backends accept (the zarr and hdf5 backends refine it)
+STORE_CODECS = {c: LEVELS[c] for c in ("zstd", "blosc", "gzip", "lzf")}
 
 
 def parse_compression(text: str) -> Compression:
-    parts = text.lower().split(":")
-    codec, rest = parts[0], parts[1:]
-    if codec not in _CODECS:
-        raise SpecError(f"compression {text!r}: expected one of {', '.join(_CODECS)}")
-    cname = None
-    if codec == "blosc":
-        cname = "zstd"
-        if rest and not rest[0].isdigit():
-            cname = rest.pop(0)
-            if cname not in _BLOSC_CNAMES:
-                raise SpecError(
-                    f"compression {text!r}: blosc compressor must be one of {', '.join(_BLOSC_CNAMES)}"
-                )
-    level = None
-    if rest:
-        if len(rest) > 1 or not rest[0].lstrip("-").isdigit() or codec == "lzf":
-            raise SpecError(f"compression {text!r}: expected CODEC[:LEVEL], e.g. 'zstd:3'")
-        level = int(rest[0])
-    return Compression(codec, level, cname)
+    return parse(text, STORE_CODECS, "store")
 
 
 class Leaf(Protocol):

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from ..codecs import describe
 from ..errors import UnsupportedFormatError
-from ._base import ExportResult, Progress, check_compression, reject_complete_only
+from ._base import ExportResult, Progress, accepted_codecs, check_compression, reject_complete_only
 
-__all__ = ["FORMATS", "FormatInfo", "ExportResult", "export", "get"]
+__all__ = ["FORMATS", "FormatInfo", "ExportResult", "compressions", "export", "get"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ def get(fmt: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{info.module}")
 
 
+def compressions() -> dict[str, str]:
+    """The ``--compression`` settings each format takes, as a user writes them."""
+    return {name: describe(accepted_codecs(name, get(name).COMPRESSIONS)) for name in FORMATS}
+
+
 def export(
     store: Any,
     out: str | os.PathLike,
@@ -76,8 +82,9 @@ def export(
         out: the file or folder to write (see :data:`FORMATS`; for ``minari`` the
             datasets root, the dataset goes to ``out/<dataset_id>/data``).
         format: one of :data:`FORMATS`.
-        compression: a codec the format supports (``gzip``/``lzf`` for HDF5 formats,
-            ``zstd``/``snappy``/``gzip`` for parquet, ``zstd``/``blosc``/``gzip`` for zarr,
+        compression: ``CODEC[:LEVEL]``, a codec the format supports (see
+            :func:`compressions`: ``gzip``/``lzf`` for the HDF5 formats, ``snappy``/``zstd``/
+            ``gzip``/``brotli``/``lz4`` for parquet, ``zstd``/``blosc``/``gzip`` for zarr,
             ``deflate`` for npz, ``gzip`` for csv).
         complete_only: leave out episodes still open at the end of an env's stream
             (episode formats).

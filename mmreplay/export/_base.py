@@ -8,15 +8,21 @@ folder: names that come from the store (leaf paths, dataset ids) are validated f
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
+import re
 import shutil
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..codecs import LEVELS, parse
 from ..errors import BadInputError, NotEnoughDataError
+from ..files import check_target
 from ..files import disk_usage  # noqa: F401 - the exporters take it from here
 from ..roles import subtree
 from ..spec import ArraySpec, flatten, leaf_paths, spec_to_json
@@ -25,6 +31,7 @@ __all__ = [
     "ExportResult",
     "Roles",
     "StepBlocks",
+    "RECOGNISERS",
     "Target",
     "check_compression",
     "episode_flags",
@@ -57,19 +64,130 @@ class ExportResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+#: where a format's writer takes other levels than ``LEVELS`` gives (None: no level)
+FORMAT_LEVELS: dict[str, dict[str, tuple[int, int] | None]] = {
+    "csv": {"gzip": None},
+    "parquet": {"gzip": (1, 9), "lz4": (1, 12)},  # pyarrow's ranges
+}
+
+
+def accepted_codecs(fmt: str, allowed: Sequence[str]) -> dict[str, tuple[int, int] | None]:
+    """codec -> level range, for the codec names a format's writer takes."""
+    levels = {**LEVELS, **FORMAT_LEVELS.get(fmt, {})}
+    return {c: levels.get(c) for c in allowed if c != "none"}
+
+
 def check_compression(fmt: str, compression: str | None, allowed: Sequence[str]) -> str | None:
-    """The compression a format accepts, lower-cased, or a clear error."""
+    """The compression a format accepts, lower-cased, or a one-line error naming what it takes."""
     if compression is None:
         return None
     text = str(compression).lower()
     if text in ("none", "off", ""):
         return None
-    if text.split(":", 1)[0] not in allowed:
-        choices = ", ".join(allowed) if allowed else "none"
-        raise BadInputError(
-            f"{fmt} export: compression {compression!r} is not supported; expected one of: {choices}"
-        )
+    parse(text, accepted_codecs(fmt, allowed), f"{fmt} export", BadInputError)
     return text
+
+
+#: HDF5 root attribute (or zip member, JSON key) naming the format an export was written as
+EXPORT_MARK = "mmreplay_export"
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def _hdf5_attrs(path: str) -> dict[str, Any]:
+    """The root attributes of an HDF5 file ({} for anything else), opened read-only."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path, "rb") as f:
+        if f.read(8) != HDF5_MAGIC:
+            return {}
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return {k: f.attrs[k] for k in f.attrs} | {"/": set(f)}
+
+
+def _hdf5_marked(fmt: str, *legacy: Callable[[dict[str, Any]], bool]) -> Callable[[str], bool]:
+    def recognise(path: str) -> bool:
+        attrs = _hdf5_attrs(path)
+        mark = attrs.get(EXPORT_MARK)
+        if isinstance(mark, bytes):
+            mark = mark.decode()
+        return mark == fmt or (bool(attrs) and any(test(attrs) for test in legacy))
+
+    return recognise
+
+
+def _zip_members(path: str) -> list[str]:
+    if not (os.path.isfile(path) and zipfile.is_zipfile(path)):
+        return []
+    with zipfile.ZipFile(path) as zf:
+        return zf.namelist()
+
+
+def _json_file(path: str) -> Any:
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return json.loads(f.read(1 << 20))
+
+
+def _recognise_npz(path: str) -> bool:
+    return "__mmreplay__.npy" in _zip_members(path)
+
+
+def _recognise_pt(path: str) -> bool:
+    return any(name.rsplit("/", 1)[-1] == EXPORT_MARK for name in _zip_members(path))
+
+
+def _recognise_zarr(path: str) -> bool:
+    meta = _json_file(os.path.join(path, "zarr.json"))
+    attrs = meta.get("attributes", {}) if isinstance(meta, dict) else {}
+    info = attrs.get("mmreplay") if isinstance(attrs, dict) else None
+    return isinstance(info, dict) and info.get("format") == "mmreplay-arrays/1"
+
+
+def _recognise_parquet(path: str) -> bool:
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    if not names or not all(re.fullmatch(r"part-\d{5}\.parquet", n) for n in names):
+        return False
+    import pyarrow.parquet as pq
+
+    return b"mmreplay" in (pq.read_schema(os.path.join(path, names[0])).metadata or {})
+
+
+def _recognise_minari(path: str) -> bool:
+    meta = _json_file(os.path.join(path, "data", "metadata.json"))
+    return isinstance(meta, dict) and (
+        meta.get(EXPORT_MARK) == "minari" or meta.get("algorithm_name") == "mmreplay export"
+    )
+
+
+def first_line_is(line: str) -> Callable[[str], bool]:
+    """A recogniser for a text export (gzipped or not) whose first line is ``line``."""
+
+    def recognise(path: str) -> bool:
+        if not os.path.isfile(path):
+            return False
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            f = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+            return f.readline(len(line) + 2).rstrip(b"\r\n") == line.encode()
+
+    return recognise
+
+
+#: format -> how an earlier export of it is recognised (by what mmreplay writes into it)
+RECOGNISERS: dict[str, Callable[[str], bool]] = {
+    "npz": _recognise_npz,
+    "pt": _recognise_pt,
+    "zarr": _recognise_zarr,
+    "parquet": _recognise_parquet,
+    "minari": _recognise_minari,
+    "hdf5": _hdf5_marked("hdf5", lambda a: "mmreplay" in a),
+    "d4rl": _hdf5_marked("d4rl", lambda a: "source" in a and {"episode_starts", "episode_envs"} <= a["/"]),
+    "d3rlpy": _hdf5_marked("d3rlpy"),
+}
 
 
 class Target:
@@ -78,44 +196,45 @@ class Target:
     Args:
         out: the final path.
         kind: ``"file"`` or ``"folder"``.
-        force: replace an existing target (a folder only if it is empty or holds
-            ``recognise`` -- a previous export of the same kind).
-        recognise: for a folder, the entry whose presence marks it as replaceable.
+        force: replace an existing target, if it is an earlier export of this format
+            (an empty folder also, for a folder format).
+        fmt: the format name (for messages and the default ``recognise``).
+        source: the store's path; the target may not be it, lie inside it, or hold it.
+        recognise: tells an earlier export of this format; default ``RECOGNISERS[fmt]``.
+        parents: create missing parent folders once the target is found writable.
     """
 
-    def __init__(self, out: str, kind: str, force: bool, recognise: str | None = None):
-        self.out = os.path.abspath(os.fspath(out))
+    def __init__(
+        self,
+        out: str,
+        kind: str,
+        force: bool,
+        *,
+        fmt: str,
+        source: str,
+        recognise: Callable[[str], bool] | None = None,
+        parents: bool = False,
+    ):
         self.kind = kind
         self.force = force
-        self.recognise = recognise
+        known = recognise or RECOGNISERS.get(fmt)
+
+        def replaceable(path: str) -> bool:
+            if kind == "folder" and os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+                return True
+            return known is not None and known(path)
+
+        self.out = check_target(out, [source], what=f"{fmt} export", force=force, recognise=replaceable)
         parent = os.path.dirname(self.out)
+        if parents:
+            os.makedirs(parent, exist_ok=True)
         if not os.path.isdir(parent):
             raise FileNotFoundError(f"{parent}: folder does not exist (the export target's parent)")
-        if os.path.lexists(self.out):
-            self._check_replaceable()
         base = os.path.basename(self.out)
         self.tmp = os.path.join(parent, f".{base}.partial-{os.getpid()}")
         _remove(self.tmp)
         if kind == "folder":
             os.mkdir(self.tmp)
-
-    def _check_replaceable(self) -> None:
-        out = self.out
-        if not self.force:
-            raise FileExistsError(f"{out}: already exists; pass --force (force=True) to replace it")
-        if self.kind == "file":
-            if os.path.isdir(out) and not os.path.islink(out):
-                raise FileExistsError(f"{out}: is a folder; this format writes a file, choose another path")
-            return
-        if os.path.isdir(out) and not os.path.islink(out):
-            entries = os.listdir(out)
-            if not entries or (self.recognise is not None and self.recognise in entries):
-                return
-            raise FileExistsError(
-                f"{out}: a folder that is not an earlier export of this format; "
-                "refusing to replace it even with --force"
-            )
-        raise FileExistsError(f"{out}: exists and is not a folder; this format writes a folder")
 
     def path(self, *parts: str) -> str:
         """A path inside the temporary target (a folder target), checked to stay inside."""

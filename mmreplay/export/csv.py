@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..spec import flatten
-from ._base import ExportResult, StepBlocks, Target
+from ._base import ExportResult, StepBlocks, Target, first_line_is
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
@@ -50,7 +50,9 @@ def write(
     specs = flatten(store.spec)
     paths = store.leaf_paths
     fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]
-    target = Target(out, "file", force)
+    target = Target(
+        out, "file", force, fmt="csv", source=store.path, recognise=first_line_is(",".join(header(paths, specs)))
+    )
     try:
         blocks = StepBlocks(store, block_bytes=4 << 20)
         raw = open(target.path(), "wb")

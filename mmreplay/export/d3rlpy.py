@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError
 from ..spec import ArraySpec, flatten
-from ._base import ExportResult, Roles, Target, Ticker, episode_total, episodes, part
+from ._base import EXPORT_MARK, ExportResult, Roles, Target, Ticker, episode_total, episodes, part
 from .hdf5 import dataset_options, h5py_module
 
 COMPRESSIONS = ("gzip", "lzf")
@@ -58,7 +58,7 @@ def write(
         raise NotEnoughDataError(
             f"{store.path}: no {'complete ' if complete_only else ''}episodes to export; d3rlpy needs at least one"
         )
-    target = Target(out, "file", force)
+    target = Target(out, "file", force, fmt="d3rlpy", source=store.path)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
 
     def put(f: Any, name: str, arr: np.ndarray) -> None:
@@ -87,6 +87,7 @@ def write(
                 ticker.advance(n)
             f.create_dataset("num_episodes", data=count)
             f.create_dataset("version", data=DATASET_VERSION)
+            f.attrs[EXPORT_MARK] = "d3rlpy"
         path = target.commit()
     except BaseException:
         target.abort()

@@ -21,6 +21,7 @@ import numpy as np
 from ..spec import ArraySpec, flatten, is_namedtuple
 from ._base import (
     BLOCK_BYTES,
+    EXPORT_MARK,
     ExportResult,
     Roles,
     Target,
@@ -131,7 +132,7 @@ def write(
     paths = list(roles.paths)
     specs = dict(zip(paths, flatten(store.spec)))
     h5py = h5py_module()
-    target = Target(out, "file", force)
+    target = Target(out, "file", force, fmt="d4rl", source=store.path)
     _, n_steps = episode_total(store, complete_only)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
     try:
@@ -171,6 +172,7 @@ def write(
             f.create_dataset("episode_starts", data=np.asarray(starts, np.int64))
             f.create_dataset("episode_envs", data=np.asarray(envs, np.int64))
             f.attrs["source"] = os.path.abspath(store.path)
+            f.attrs[EXPORT_MARK] = "d4rl"
         path = target.commit()
     except BaseException:
         target.abort()

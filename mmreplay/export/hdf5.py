@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from ..spec import flatten
-from ._base import ExportResult, StepBlocks, Target, spec_json
+from ._base import EXPORT_MARK, ExportResult, StepBlocks, Target, spec_json
 
 COMPRESSIONS = ("gzip", "lzf")
 
@@ -50,12 +50,13 @@ def write(
 ) -> ExportResult:
     comp = compression
     h5py = h5py_module()
-    target = Target(out, "file", force)
+    target = Target(out, "file", force, fmt="hdf5", source=store.path)
     try:
         blocks = StepBlocks(store)
         specs = flatten(store.spec)
         with h5py.File(target.path(), "w") as f:
             f.attrs["mmreplay"] = json.dumps(spec_json(store))
+            f.attrs[EXPORT_MARK] = "hdf5"
             dsets = []
             for path, spec in zip(store.leaf_paths, specs):
                 shape = (blocks.steps, store.num_envs, *spec.shape)

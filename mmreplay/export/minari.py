@@ -214,8 +214,7 @@ def write(
         raise FileExistsError(
             f"{root}: is not a folder; the minari export writes into a datasets root folder"
         )
-    os.makedirs(os.path.join(root, *parts[:-1]), exist_ok=True)
-    target = Target(os.path.join(root, *parts), "folder", force, recognise="data")
+    target = Target(os.path.join(root, *parts), "folder", force, fmt="minari", source=store.path, parents=True)
     n_episodes, n_steps = episode_total(store, complete_only)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
 

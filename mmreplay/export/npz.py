@@ -41,7 +41,7 @@ def write(
     progress: Any,
 ) -> ExportResult:
     comp = compression
-    target = Target(out, "file", force)
+    target = Target(out, "file", force, fmt="npz", source=store.path)
     try:
         rows = write_arrays(store, target.path(), comp is not None, progress)
         path = target.commit()

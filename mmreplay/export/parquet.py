@@ -179,7 +179,7 @@ def write(
         for f in fields
         if not (pa.types.is_fixed_size_list(f.type) or pa.types.is_fixed_size_binary(f.type))
     ]
-    target = Target(out, "folder", force, recognise=FIRST_FILE)
+    target = Target(out, "folder", force, fmt="parquet", source=store.path)
     _, n_steps = episode_total(store, complete_only)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
     files: list[str] = []

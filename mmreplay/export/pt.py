@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import CorruptBufferError
 from ..spec import flatten
-from ._base import ExportResult, StepBlocks, Target
+from ._base import EXPORT_MARK, ExportResult, StepBlocks, Target
 
 
 def _torch() -> Any:
@@ -69,13 +69,14 @@ def write(
     progress: Any,
 ) -> ExportResult:
     torch = _torch()
-    target = Target(out, "file", force)
+    target = Target(out, "file", force, fmt="pt", source=store.path)
     keep = []
     try:
         blocks = StepBlocks(store)
         specs = flatten(store.spec)
         if not hasattr(torch.serialization, "skip_data"):  # PyTorch before 2.5
             _save_in_memory(torch, store, blocks, specs, target.path(), progress)
+            _mark(target.path())
             path = target.commit()
             return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
         tensors = {}
@@ -118,6 +119,7 @@ def write(
                 progress(len(leaves[0]) * store.num_envs)
         finally:
             os.close(fd)
+        _mark(target.path())
         path = target.commit()
     except BaseException:
         target.abort()
@@ -142,6 +144,14 @@ def _save_in_memory(
             arr[lo : lo + len(values)] = values
         progress(len(leaves[0]) * store.num_envs)
     torch.save({p: torch.from_numpy(arr) for p, arr in zip(store.leaf_paths, arrays)}, path)
+
+
+def _mark(path: str) -> None:
+    """A member naming the format beside torch's records, which ``torch.load`` ignores;
+    ``--force`` replaces only a file that has it."""
+    with zipfile.ZipFile(path, "a") as zf:
+        prefix = zf.namelist()[0].split("/", 1)[0]
+        zf.writestr(f"{prefix}/{EXPORT_MARK}", "pt")
 
 
 def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:

@@ -108,7 +108,7 @@ def write(
         import zarr
     except ImportError as exc:
         raise ImportError("the zarr export needs zarr: pip install 'zarr>=3'") from exc
-    target = Target(out, "folder", force, recognise="zarr.json")
+    target = Target(out, "folder", force, fmt="zarr", source=store.path)
     try:
         specs = flatten(store.spec)
         blocks = StepBlocks(store)

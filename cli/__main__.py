@@ -1,0 +1,7 @@
+"""``python -m mmreplay.cli``: the ``mmreplay`` command, for environments without the script."""
+
+import sys
+
+from . import main
+
+sys.exit(main(prog_name="mmreplay"))

@@ -1,0 +1,94 @@
+"""Compression settings as users write them: ``CODEC[:LEVEL]`` or ``blosc[:CNAME][:LEVEL]``.
+
+One parser for the store backends and every export format, so that a bad setting is
+refused before anything is written, with the codecs and levels that place accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import SpecError
+
+__all__ = ["BLOSC_CNAMES", "LEVELS", "STORE_HELP", "Compression", "describe", "parse"]
+
+#: codec -> (lowest, highest) level it takes after a colon, or None when it takes none
+LEVELS: dict[str, tuple[int, int] | None] = {
+    "zstd": (1, 22),
+    "blosc": (0, 9),
+    "gzip": (0, 9),
+    "brotli": (0, 11),
+    "lzf": None,
+    "snappy": None,
+    "lz4": None,
+    "deflate": None,
+    "zip": None,
+}
+BLOSC_CNAMES = ("zstd", "lz4", "lz4hc", "blosclz", "zlib")
+
+
+@dataclass(frozen=True)
+class Compression:
+    """A parsed compression setting: ``"zstd"``, ``"zstd:5"``, ``"blosc"``,
+    ``"blosc:lz4:5"``, ``"gzip:4"`` or ``"lzf"``."""
+
+    codec: str
+    level: int | None = None
+    cname: str | None = None
+
+    def __str__(self) -> str:
+        parts = [self.codec] + ([self.cname] if self.cname else []) + (
+            [str(self.level)] if self.level is not None else []
+        )
+        return ":".join(parts)
+
+
+def describe(accepted: Mapping[str, tuple[int, int] | None]) -> str:
+    """The accepted settings as a user writes them: ``gzip[:0-9], lzf``."""
+    if not accepted:
+        return "none (this format is not compressed)"
+    out = []
+    for codec, levels in accepted.items():
+        name = f"{codec}[:{'|'.join(BLOSC_CNAMES)}]" if codec == "blosc" else codec
+        out.append(name if levels is None else f"{name}[:{levels[0]}-{levels[1]}]")
+    return ", ".join(out)
+
+
+def parse(
+    text: str, accepted: Mapping[str, tuple[int, int] | None], where: str, error: type[Exception] = SpecError
+) -> Compression:
+    """A setting checked against the codecs ``where`` accepts (codec -> level range)."""
+    parts = str(text).lower().split(":")
+    codec, rest = parts[0], parts[1:]
+
+    def refuse(why: str) -> Exception:
+        return error(f"{where}: compression {text!r} {why}; accepted: {describe(accepted)}")
+
+    if codec not in accepted:
+        raise refuse("is not supported")
+    cname = None
+    if codec == "blosc":
+        cname = "zstd"
+        if rest and not rest[0].lstrip("-").isdigit():
+            cname = rest.pop(0)
+            if cname not in BLOSC_CNAMES:
+                raise refuse(f"names no blosc compressor ({', '.join(BLOSC_CNAMES)})")
+    levels = accepted[codec]
+    level = None
+    if rest:
+        if levels is None:
+            raise refuse(f"gives a level, and {codec} takes none")
+        if len(rest) > 1 or not rest[0].lstrip("-").isdigit():
+            raise refuse(f"has no integer level (expected {codec}:{levels[0]}..{levels[1]})")
+        level = int(rest[0])
+        if not levels[0] <= level <= levels[1]:
+            raise refuse(f"has a level outside {levels[0]}..{levels[1]}")
+    return Compression(codec, level, cname)
+
+
+#: what a store's leaves take, for the command line's help
+STORE_HELP = (
+    f"zarr: {describe({c: LEVELS[c] for c in ('zstd', 'blosc', 'gzip')})}; "
+    f"hdf5: {describe({'gzip': LEVELS['gzip']})}, zstd and blosc with the hdf5plugin extra"
+)
