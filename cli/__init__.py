@@ -7,6 +7,7 @@ the one place where library errors become one line on stderr and an exit status.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -36,12 +37,23 @@ EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (mmreplay.CorruptBufferError, 4),
     (mmreplay.UnsupportedFormatError, 4),
     (mmreplay.LockedError, 5),
+    (mmreplay.ReadOnlyError, 6),  # a write the file system or the open mode does not allow
     (mmreplay.Error, 2),
     (FileExistsError, 2),
     (FileNotFoundError, 3),
     (PermissionError, 6),
     (ImportError, 7),
+    (OSError, 2),  # any other refusal of the file system (a folder where a file goes...)
 ]
+
+
+def buffer_folder(path: str) -> str:
+    """``path`` if it is a folder; a missing path or a file is no buffer (exit status 3)."""
+    if not os.path.lexists(path):
+        raise mmreplay.NotABufferError(f"{path}: no such folder")
+    if not os.path.isdir(path):
+        raise mmreplay.NotABufferError(f"{path}: not a folder (a buffer is a folder holding mmreplay.json)")
+    return path
 
 
 class LazyGroup(click.Group):
@@ -64,6 +76,10 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except click.exceptions.Exit:
             raise
+        except click.UsageError as exc:  # a bad option or argument: one line, as for every mistake
+            where = exc.ctx.command_path if exc.ctx is not None else "mmreplay"
+            click.echo(f"Error: {exc.format_message()} (see '{where} -h')", err=True)
+            ctx.exit(exc.exit_code)
         except click.ClickException:
             raise
         except click.exceptions.Abort:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 import mmreplay as mr
+from mmreplay.codecs import STORE_HELP
 from mmreplay.errors import SpecError
 from mmreplay.spec import spec_from_json
 
@@ -65,7 +66,7 @@ def load_spec_file(path: str) -> dict[str, Any]:
 @click.option("--capacity", type=click.IntRange(min=1), default=None, help="Steps the ring holds.")
 @click.option("--num-envs", type=click.IntRange(min=1), default=None, help="Parallel envs per step [1].")
 @click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[zarr]")
-@click.option("--compression", default=None, help="Codec for every leaf (zstd, blosc, gzip).")
+@click.option("--compression", default=None, metavar="CODEC[:LEVEL]", help=f"Codec for every leaf. {STORE_HELP}.")
 @click.option("--chunk-steps", type=click.IntRange(min=1), default=None)
 @click.option("--commit-every", type=click.IntRange(min=1), default=None)
 @click.option("--durability", type=click.Choice(["process", "power"]), default=None)

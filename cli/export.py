@@ -7,7 +7,7 @@ import time
 import click
 
 import mmreplay as mr
-from mmreplay.export import FORMATS, export
+from mmreplay.export import FORMATS, compressions, export
 from mmreplay.export import get as get_format
 
 from .inspect import human_bytes
@@ -40,6 +40,14 @@ class LazyBar:
             self.bar.__exit__(None, None, None)
 
 
+def compression_help() -> str:
+    """What --compression takes, format by format (formats that take the same share a line)."""
+    by_codecs: dict[str, list[str]] = {}
+    for name, text in compressions().items():
+        by_codecs.setdefault(text, []).append(name)
+    return "Per format: " + "; ".join(f"{', '.join(names)}: {text}" for text, names in by_codecs.items()) + "."
+
+
 @click.command("export")
 @click.argument("path", type=click.Path())
 @click.argument("out", type=click.Path())
@@ -52,7 +60,7 @@ class LazyBar:
     metavar="FORMAT",
     help="One of: " + ", ".join(FORMATS) + ".",
 )
-@click.option("--compression", default=None, help="A codec the format supports (gzip, lzf, zstd, snappy...).")
+@click.option("--compression", default=None, metavar="CODEC[:LEVEL]", help=compression_help())
 @click.option(
     "--complete-only", is_flag=True, help="Leave out episodes still open at the end of each env's stream."
 )

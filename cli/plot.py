@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 import numpy as np
 
 import mmreplay as mr
+from mmreplay.errors import BadInputError
 from mmreplay.roles import subtree
 
 
@@ -22,6 +24,19 @@ def _pyplot():
     return plt
 
 
+def check_image_type(plt: Any, output: str) -> None:
+    """Refuse an image type matplotlib cannot write before any work is done."""
+    kinds = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    ext = os.path.splitext(output)[1].lstrip(".").lower()
+    if ext not in kinds:
+        what = f"a .{ext} image" if ext else "an image to a name without an extension"
+        raise BadInputError(
+            f"{output}: matplotlib cannot write {what}; end the name with one of: "
+            + ", ".join("." + k for k in sorted(kinds))
+        )
+
+
 @click.command("plot")
 @click.argument("path", type=click.Path())
 @click.option(
@@ -34,6 +49,7 @@ def command(path: str, output: str, force: bool) -> None:
     if os.path.lexists(output) and not force:
         raise FileExistsError(f"{output}: already exists; pass --force to overwrite it")
     plt = _pyplot()
+    check_image_type(plt, output)
     with mr.open(path, mode="r") as store:
         reward_path = store.roles.get("reward")
         ends, returns, lengths = [], [], []

@@ -10,11 +10,14 @@ import click
 
 from mmreplay.verify import recover
 
+from . import buffer_folder
+
 
 @click.command("recover")
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.argument("path", type=click.Path())
 def command(path: str) -> None:
     """Repair a damaged buffer, dropping the committed steps whose rows are gone."""
+    buffer_folder(path)
     report = recover(path)
     click.echo(str(report))
     if not report.ok:

@@ -15,14 +15,17 @@ from mmreplay.lock import holder_pid
 from mmreplay.metadata import METADATA_FILE
 from mmreplay.verify import leftovers, verify
 
+from . import buffer_folder
+
 
 @click.command("verify")
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.argument("path", type=click.Path())
 @click.option(
     "--quick", is_flag=True, help="Check structure and sizes only; do not decode compressed chunks."
 )
 def command(path: str, quick: bool) -> None:
     """Check that a buffer's data files match its metadata and decode."""
+    buffer_folder(path)
     if not os.path.exists(os.path.join(path, METADATA_FILE)) and not leftovers(path):
         raise NotABufferError(f"{path}: not an mmreplay buffer (no {METADATA_FILE})")
     pid = holder_pid(path)

@@ -296,6 +296,8 @@ def run(
 
     own = folder is None
     folder = tempfile.mkdtemp(prefix="mmreplay-demo-") if own else os.path.abspath(folder)
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise FileExistsError(f"{folder}: exists and is not a folder; give the demo an empty or new folder")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "buffer")
     if os.path.exists(path):
