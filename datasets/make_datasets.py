@@ -57,9 +57,11 @@ DATASETS = [
 def make(d: Dataset, folder: str, force: bool = False) -> str:
     """Build one reference store in ``folder``; returns its path."""
     path = os.path.join(folder, d.name)
-    if os.path.exists(path):
+    if os.path.lexists(path):
         if not force:
             raise FileExistsError(f"{path}: exists; pass --force to rebuild it")
+        if not os.path.isfile(os.path.join(path, "mmreplay.json")):
+            raise FileExistsError(f"{path}: exists and is not an mmreplay store; not replacing it")
         shutil.rmtree(path)
     with mr.create(
         path,
@@ -81,10 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild stores that exist (default when --out is here)")
     args = parser.parse_args(argv)
     force = args.force or os.path.abspath(args.out) == HERE
+    os.makedirs(args.out, exist_ok=True)
     for d in DATASETS:
         if args.only and d.name not in args.only:
             continue
-        path = make(d, args.out, force)
+        try:
+            path = make(d, args.out, force)
+        except (FileExistsError, mr.Error) as exc:
+            sys.stderr.write(f"Error: {exc}\n")
+            return 2
         size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
         with mr.open(path) as store:
             sys.stdout.write(

@@ -87,3 +87,28 @@ def test_the_script_remakes_identical_stores(tmp_path):
         text=True,
     )
     assert again.returncode != 0 and "--force" in again.stderr
+
+
+def test_the_script_creates_its_out_folder_and_refuses_what_is_no_store(tmp_path):
+    out = tmp_path / "new" / "deeper"
+    script = os.path.join(DATASETS, "make_datasets.py")
+    done = subprocess.run(
+        [sys.executable, script, "--out", str(out), "--only", "pointchase-zarr"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    with mr.open(out / "pointchase-zarr") as store:
+        assert len(store) > 0
+    (tmp_path / "mine" / "pointchase-zarr").mkdir(parents=True)
+    (tmp_path / "mine" / "pointchase-zarr" / "notes.txt").write_text("mine")
+    again = subprocess.run(
+        [sys.executable, script, "--out", str(tmp_path / "mine"), "--only", "pointchase-zarr", "--force"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 2 and again.stderr.startswith("Error: ") and "not an mmreplay store" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert (tmp_path / "mine" / "pointchase-zarr" / "notes.txt").read_text() == "mine"
