@@ -10,8 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from mmreplay.cli import main
+from conftest import run_cli, verify_cli
 
 import mmreplay as mr
 from mmreplay.spec import flatten
@@ -29,7 +28,7 @@ from mmreplay.torture import (
     run_trial,
     step_values,
 )
-from mmreplay.verify import hdf5_status, verify
+from mmreplay.verify import hdf5_status
 
 LEAVES = flatten(SPEC)
 
@@ -51,9 +50,9 @@ def test_torture_long(tmp_path):
 
 
 def test_cli_torture_prints_the_summary_line(tmp_path):
-    result = CliRunner().invoke(main, ["torture", "--trials", "2", "--dir", str(tmp_path), "-q"])
-    assert result.exit_code == 0, result.output
-    line = result.output.strip().splitlines()[-1]
+    result = run_cli("torture", "--trials", "2", "--dir", tmp_path, "-q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = result.stdout.strip().splitlines()[-1]
     assert line.startswith("trials 2, kills ") and line.endswith("failures 0")
 
 
@@ -173,7 +172,7 @@ def test_hdf5_next_writer_keeps_what_a_dead_writer_wrote_past_its_recorded_end(t
     with open(data, "rb") as f:
         f.seek(at)
         assert f.read(len(marker)) == marker
-    assert verify(path) == []
+    assert verify_cli(path) == (0, [])
 
 
 def test_hdf5_killed_writer_leaves_the_file_open_for_readers(tmp_path):
@@ -197,6 +196,7 @@ def test_zarr_all_zero_chunks_are_stored_so_a_lost_chunk_is_found(tmp_path):
             store.add({"x": np.zeros((1, 3), "float32"), "done": np.zeros(1, bool)})
     for key in ("x/c/0/0/0", "x/c/1/0/0", "done/c/0/0", "done/c/1/0"):
         assert os.path.isfile(os.path.join(path, "data.zarr", key)), key
-    assert verify(path) == []
+    assert verify_cli(path) == (0, [])
     os.remove(os.path.join(path, "data.zarr", "done", "c", "1", "0"))
-    assert any("chunk file" in p and "missing" in p for p in verify(path))
+    code, problems = verify_cli(path)
+    assert code == 1 and any("chunk file" in p and "missing" in p for p in problems)

@@ -16,14 +16,13 @@ import textwrap
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from mmreplay.cli import main
+from conftest import one_line_error, recover_cli, run_cli, verify_cli
 
 import mmreplay as mr
 from mmreplay.metadata import METADATA_FILE, read_metadata
 from mmreplay.spec import flatten, unflatten
 from mmreplay.torture import SPEC, step_values
-from mmreplay.verify import leftovers, recover, verify
+from mmreplay.verify import leftovers
 
 LEAVES = flatten(SPEC)
 LAYOUTS = [("zarr", None), ("zarr", "zstd"), ("hdf5", None), ("hdf5", "gzip")]
@@ -61,23 +60,18 @@ def assert_exact(path) -> tuple[int, int]:
     return first, end
 
 
-def cli_verify(path) -> int:
-    return CliRunner().invoke(main, ["verify", str(path)]).exit_code
-
-
 def assert_detected(path, *words: str) -> list[str]:
-    problems = verify(path)
-    assert problems, "verify found nothing"
+    """``mmreplay verify`` (a fresh process, as a user runs it) finds damage naming ``words``."""
+    code, problems = verify_cli(path)
+    assert code == 1 and problems, "verify found nothing"
     text = "\n".join(problems)
     for w in words:
         assert w in text, text
-    assert cli_verify(path) == 1
     return problems
 
 
 def assert_healthy(path) -> None:
-    assert verify(path) == []
-    assert cli_verify(path) == 0
+    assert verify_cli(path) == (0, [])
 
 
 def files_of(folder) -> set[str]:
@@ -184,7 +178,7 @@ def test_disk_full_during_chunk_writes_keeps_every_commit(tmpfs, backend, codec)
 
 def assert_healthy_or_only_flags(path) -> None:
     """A writer that ran out of space may leave HDF5's open-for-writing flags (and nothing else)."""
-    for problem in verify(path):
+    for problem in verify_cli(path)[1]:
         assert "status flags" in problem, problem
 
 
@@ -243,7 +237,7 @@ def test_full_disk_while_recording_episode_ends_keeps_the_previous_state(tmpfs):
     store.close()
     with mr.open(path) as reader:
         assert len(reader) == 2001 and len(reader.episode_index()) == 2001
-    assert verify(path) == []
+    assert_healthy(path)
 
 
 @pytest.mark.parametrize(("backend", "compression"), LAYOUTS, ids=LAYOUT_IDS)
@@ -258,9 +252,8 @@ def test_read_only_file_system(tmpfs, backend, compression):
             mr.open(path, "a")
         with pytest.raises(OSError, match="Read-only file system"):
             mr.create(os.path.join(fs, "other"), SPEC, capacity=10)
-        assert verify(path) == []  # verify only reads
-        with pytest.raises(mr.ReadOnlyError):
-            recover(path)
+        assert_healthy(path)  # verify only reads
+        one_line_error(run_cli("recover", path), 6, "Read-only")
         assert files_of(path) == before
     finally:
         remount(fs, "rw")
@@ -282,8 +275,8 @@ def test_truncated_metadata_is_refused(tmp_path, backend, compression, keep):
         with pytest.raises(mr.CorruptBufferError):
             mr.open(path, mode)
     assert_detected(path, METADATA_FILE)
-    with pytest.raises(mr.CorruptBufferError, match="no readable copy"):
-        recover(path)  # nothing to rebuild from: it says so and touches nothing
+    # nothing to rebuild from: it says so and touches nothing
+    one_line_error(run_cli("recover", path), 4, "no readable copy")
     assert open(meta_path, "rb").read() == raw[:cut]
 
 
@@ -322,11 +315,10 @@ def test_garbled_metadata_is_refused_then_recovered_empty(tmp_path, backend, com
     refused = what in REFUSED or (what == "chunking" and (backend, compression) != ("hdf5", None))
     if refused:
         before = {f: open(os.path.join(path, f), "rb").read() for f in files_of(path)}
-        with pytest.raises(mr.CorruptBufferError, match="backup"):
-            recover(path)
+        one_line_error(run_cli("recover", path), 4, "backup")
         assert {f: open(os.path.join(path, f), "rb").read() for f in files_of(path)} == before
         return
-    report = recover(path)
+    report = recover_cli(path)
     assert report.ok, str(report)
     assert report.lost is not None and "lost committed steps" in str(report)
     assert_healthy(path)
@@ -350,7 +342,7 @@ def test_garbled_metadata_rebuilt_from_a_killed_commits_copy(tmp_path):
     with open(os.path.join(path, f"{METADATA_FILE}.4243.tmp"), "wb") as f:
         f.write(raw[:100])  # and a torn one
     _garble(path, b'"end": 30', b'"end": 31')
-    report = recover(path)
+    report = recover_cli(path)
     assert report.ok and report.lost == (0, 30)
     assert any("4242.tmp" in a for a in report.actions)
     assert leftovers(path) == []
@@ -366,11 +358,9 @@ def test_format_from_the_future_is_refused_and_left_alone(tmp_path, backend, com
         with pytest.raises(mr.UnsupportedFormatError, match="newer.*upgrade mmreplay"):
             mr.open(path, mode)
     assert_detected(path, "mmreplay/2")
-    with pytest.raises(mr.UnsupportedFormatError):
-        recover(path)
+    one_line_error(run_cli("recover", path), 4, "upgrade mmreplay")
     assert open(os.path.join(path, METADATA_FILE), "rb").read() == raw
-    result = CliRunner().invoke(main, ["inspect", path])
-    assert result.exit_code == 4 and "upgrade mmreplay" in result.output
+    one_line_error(run_cli("inspect", path), 4, "upgrade mmreplay")
 
 
 # --- damaged data files --------------------------------------------------------------------
@@ -393,7 +383,7 @@ def _zarr_chunk(path, leaf: str, k: int) -> str:
 
 
 def _recovered_keeps_the_rest(path, lost_through: int, end: int = 30) -> None:
-    report = recover(path)
+    report = recover_cli(path)
     assert report.ok, str(report)
     assert report.lost is not None and report.lost[1] >= lost_through, str(report)
     assert "lost committed steps" in str(report)
@@ -421,7 +411,7 @@ def test_zarr_mapped_leaf_missing(tmp_path):
     with pytest.raises(mr.CorruptBufferError, match="missing"):
         mr.open(path)
     assert_detected(path, "missing")
-    report = recover(path)
+    report = recover_cli(path)
     assert report.ok and report.lost == (0, 30)
     assert assert_exact(path) == (30, 30)
 
@@ -434,7 +424,7 @@ def test_zarr_shard_index_damaged(tmp_path):
         f.seek(-16, 2)
         f.write(b"\xff" * 16)
     assert_detected(path, "shard index")
-    report = recover(path)
+    report = recover_cli(path)
     assert report.ok and report.lost is None  # nothing lost
     assert assert_exact(path) == (0, 30)
 
@@ -445,7 +435,7 @@ def test_zarr_array_metadata_lost_is_restored_without_loss(tmp_path, leaf):
     os.remove(os.path.join(path, "data.zarr", leaf, "zarr.json"))
     os.remove(os.path.join(path, "data.zarr", "zarr.json"))
     assert_detected(path, "zarr.json")
-    report = recover(path)
+    report = recover_cli(path)
     assert report.ok and report.lost is None, str(report)
     assert assert_exact(path) == (0, 30)
 
@@ -500,7 +490,7 @@ def test_hdf5_compressed_file_damaged(tmp_path, damage):
         with mr.open(path) as store:
             store.get(slice(None))
     assert_detected(path, "data.h5")
-    report = recover(path)  # the chunk index cannot be trusted: a fresh, empty file
+    report = recover_cli(path)  # the chunk index cannot be trusted: a fresh, empty file
     assert report.ok and report.lost == (0, 32), str(report)
     assert assert_exact(path) == (32, 32)
     with mr.open(path, "a") as store:
@@ -548,10 +538,9 @@ def test_second_writer_is_refused(tmp_path, backend, compression):
                 exist_ok=True,
             )
         assert assert_exact(path) == (0, 15)  # readers are welcome
-        result = CliRunner().invoke(main, ["verify", path])
-        assert result.exit_code == 0 and f"process {proc.pid}" in result.output
-        with pytest.raises(mr.LockedError):
-            recover(path)
+        result = run_cli("verify", path)
+        assert result.returncode == 0 and f"process {proc.pid}" in result.stderr
+        one_line_error(run_cli("recover", path), 5, f"process {proc.pid}")
     finally:
         proc.kill()
         proc.wait()
@@ -604,7 +593,7 @@ def test_damaged_episode_index_is_found_and_rebuilt(tmp_path, damage):
     with open(index, "wb") as f:
         f.write(EPISODE_DAMAGE[damage](raw))
     assert_detected(path, "episode index")
-    report = recover(path)
+    report = recover_cli(path)
     assert report.ok and report.lost is None, str(report)
     with mr.open(path, "a") as store:  # rebuilt from the role leaves
         assert store.episode_index() == episodes
@@ -626,22 +615,21 @@ def test_a_torn_last_episode_record_is_not_damage(tmp_path):
 def test_cli_recover_says_what_was_lost(tmp_path):
     path = fill(tmp_path / "b", 30, compression="zstd")
     os.remove(_zarr_chunk(path, "reward", 1))  # steps 4..7
-    result = CliRunner().invoke(main, ["recover", path])
-    assert result.exit_code == 0, result.output
+    result = run_cli("recover", path)
+    assert result.returncode == 0, result.stderr
     assert (
-        "lost committed steps [0, 8) (8 steps)" in result.output
-        and "kept committed steps [8, 30)" in result.output
+        "lost committed steps [0, 8) (8 steps)" in result.stdout
+        and "kept committed steps [8, 30)" in result.stdout
     )
-    assert result.output.strip().endswith(": ok")
-    assert cli_verify(path) == 0
+    assert result.stdout.strip().endswith(": ok")
+    assert_healthy(path)
 
 
 def test_cli_recover_refuses_what_it_cannot_rebuild(tmp_path):
     path = fill(tmp_path / "b", 3)
     with open(os.path.join(path, METADATA_FILE), "wb") as f:
         f.write(b"{")
-    result = CliRunner().invoke(main, ["recover", path])
-    assert result.exit_code == 4 and "Error:" in result.output and "backup" in result.output
+    one_line_error(run_cli("recover", path), 4, "backup")
 
 
 @pytest.mark.parametrize("mode", ["r", "a"])
@@ -653,10 +641,9 @@ def test_a_data_file_replaced_by_a_folder_is_an_error(tmp_path, mode):
     with pytest.raises(mr.CorruptBufferError, match="expected a data file"):
         mr.open(path, mode)
     assert_detected(path, "not a regular file")
-    report = recover(path)
+    report = recover_cli(path)
     assert report.ok and report.lost == (0, 5), str(report)
 
 
 def test_cli_verify_on_a_folder_that_is_no_buffer(tmp_path):
-    result = CliRunner().invoke(main, ["verify", str(tmp_path)])
-    assert result.exit_code == 3 and "not an mmreplay buffer" in result.output
+    one_line_error(run_cli("verify", tmp_path), 3, "not an mmreplay buffer")
