@@ -1,8 +1,10 @@
 """What every exporter shares: the target path, the role view of episodes, step blocks.
 
 Exports are written under a temporary name beside the target and renamed into place when
-complete, so an interrupted export never leaves a file that looks finished, and an
-existing target is replaced only with ``force``. Nothing is written outside the target's
+complete, so an interrupted export never leaves a file that looks finished. An existing
+target is replaced only with ``force``, and only when it is an earlier export of the same
+format (:data:`RECOGNISERS` tell one by what mmreplay writes into it); the source store,
+and anything inside it, is never a target. Nothing is written outside the target's
 folder: names that come from the store (leaf paths, dataset ids) are validated first.
 """
 
