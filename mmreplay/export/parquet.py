@@ -223,7 +223,7 @@ def write(
             if n == 0:
                 continue
             leaves = flatten(ep.data)
-            term, trunc = episode_flags(ep)
+            term, trunc = episode_flags(ep, roles.get("truncated"))
             step = np.arange(n, dtype=np.int64)
             arrays = [
                 pa.array(np.full(n, count, np.int64)),
