@@ -53,7 +53,8 @@ def begin_at(store: Store, first_step: int, fresh: Any) -> Store:
     store.close()
     if first_step:
         fsync = meta.durability == "power"
-        write_metadata(path, meta.with_state(State(start=first_step, end=first_step, reserved=first_step)), fsync)
+        state = State(start=first_step, end=first_step, reserved=first_step)
+        write_metadata(path, meta.with_state(state), fsync)
         continue_index(path, first_step, fresh, fsync)
     return open_store(path, mode="a")
 

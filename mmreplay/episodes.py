@@ -606,7 +606,9 @@ def episode_index(store: Any, env: int | None = None, complete_only: bool = Fals
     """The episode spans of the committed window, env by env, in time order (no data read)."""
     spans = _select(store, env, complete_only)
     return [
-        EpisodeSpan(int(spans.env[i]), int(spans.first[i]), int(spans.last[i]), spans.status(i), spans.ended(i))
+        EpisodeSpan(
+            int(spans.env[i]), int(spans.first[i]), int(spans.last[i]), spans.status(i), spans.ended(i)
+        )
         for i in range(len(spans))
     ]
 

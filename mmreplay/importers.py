@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BadInputError, CorruptBufferError, NotABufferError, UnsupportedFormatError
-from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, unflatten
 from .convert import begin_at
-from .store import create
+from .errors import BadInputError, CorruptBufferError, NotABufferError, UnsupportedFormatError
 from .export.minari import SPACES_ATTR
+from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, unflatten
+from .store import create
 
 __all__ = ["ImportResult", "import_dataset", "detect_format", "FORMATS"]
 
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("minari", "d4rl", "d3rlpy", "npz", "hdf5", "zarr", "parquet", "pt", "csv")
 BLOCK_BYTES = 32 << 20
+#: top-level D4RL keys that are no per-step leaves (mmreplay's d4rl export writes the last two)
+D4RL_BOOKKEEPING = ("metadata", "episode_starts", "episode_envs")
 ARRAYS_FORMAT = "mmreplay-arrays/1"
 
 
@@ -343,7 +345,7 @@ def _d4rl_source(src: str) -> tuple[Source, Callable[[], None]]:
         arrays: dict[str, Any] = {}
         for name, dset in _datasets(f).items():
             top = name.split("/")[0]
-            if top == "metadata" or dset.ndim == 0 or dset.shape[0] != steps:
+            if top in D4RL_BOOKKEEPING or dset.ndim == 0 or dset.shape[0] != steps:
                 log.info("%s: skipping %r (not one row per step)", src, name)
                 continue
             arrays[name] = dset
@@ -377,19 +379,24 @@ def _episodes_source(spec: Any, episodes: list[Any], load: Callable[[Any], list[
     steps = sum(int(n) for _, n in episodes)
 
     def blocks() -> Iterator[list[np.ndarray]]:
-        pending: list[list[np.ndarray]] = []
-        count = 0
-        for ep in episodes:
-            leaves = [np.asarray(a).reshape(-1, 1, *s.shape) for a, s in zip(load(ep[0]), specs)]
-            pending.append(leaves)
-            count += len(leaves[0])
-            if count >= k:
-                yield [np.concatenate(parts) for parts in zip(*pending)]
-                pending, count = [], 0
-        if pending:
-            yield [np.concatenate(parts) for parts in zip(*pending)]
+        rows = ([np.asarray(a).reshape(-1, 1, *s.shape) for a, s in zip(load(e), specs)] for e, _ in episodes)
+        return _grouped(rows, k)
 
     return Source(spec, 1, steps, blocks, None, len(episodes))
+
+
+def _grouped(episodes: Iterator[list[np.ndarray]], k: int) -> Iterator[list[np.ndarray]]:
+    """Episodes' leaves ``[n, 1, *shape]`` joined into blocks of about ``k`` steps."""
+    pending: list[list[np.ndarray]] = []
+    count = 0
+    for leaves in episodes:
+        pending.append(leaves)
+        count += len(leaves[0])
+        if count >= k:
+            yield [np.concatenate(parts) for parts in zip(*pending)]
+            pending, count = [], 0
+    if pending:
+        yield [np.concatenate(parts) for parts in zip(*pending)]
 
 
 def _d3rlpy_source(src: str) -> tuple[Source, Callable[[], None]]:
@@ -417,7 +424,7 @@ def _d3rlpy_source(src: str) -> tuple[Source, Callable[[], None]]:
         act = f["actions_0"]
         act_shape = act.shape[1:]
         spec = {
-            "observation": obs_specs[0] if f"observations_0" in f else tuple(obs_specs),
+            "observation": obs_specs[0] if "observations_0" in f else tuple(obs_specs),
             "action": ArraySpec(act_shape, act.dtype),
             "reward": ArraySpec((), f["rewards_0"].dtype),
             "terminated": ArraySpec((), "bool"),
@@ -451,7 +458,7 @@ def _parquet_source(src: str) -> tuple[Source, Callable[[], None]]:
     schema = pq.read_schema(files[0])
     raw = (schema.metadata or {}).get(b"mmreplay")
     if raw is None:
-        raise UnsupportedFormatError(f"{src}: parquet files without mmreplay's metadata (not an mmreplay export)")
+        raise UnsupportedFormatError(f"{src}: parquet files without mmreplay's metadata (not its export)")
     meta = json.loads(raw)
     spec = spec_from_json(meta["spec"])
     roles = meta.get("roles") or {}
@@ -499,7 +506,7 @@ def _pt_source(src: str) -> tuple[Source, Callable[[], None]]:
     try:
         data = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch's restricted loader refuses anything but tensors
-        raise BadInputError(f"{src}: not a file of tensors torch.load(weights_only=True) reads: {exc}") from None
+        raise BadInputError(f"{src}: not tensors that torch.load(weights_only=True) reads: {exc}") from None
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         raise BadInputError(f"{src}: expected a dict of leaf path -> [steps, num_envs, ...] tensors")
     arrays = {k: v.numpy() for k, v in data.items()}
@@ -541,9 +548,8 @@ def _csv_source(src: str) -> tuple[Source, Callable[[], None]]:
         arrays[name] = values.reshape(steps, envs, *((len(cols),) if vector else ()))
     source = _arrays_source(arrays, None, envs, src)
     first = int(rows[0, 0]) if len(rows) else 0
-    return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=None if first == 0 else []), (
-        lambda: None
-    )
+    fresh = None if first == 0 else []  # csv does not say which episodes start whole
+    return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh), lambda: None
 
 
 def _is_gzip(path: str) -> bool:
@@ -646,7 +652,8 @@ def _minari_source(src: str) -> tuple[Source, Callable[[], None]]:
         }
         if info_paths:
             infos = first["infos"]
-            spec["infos"] = _nest(info_paths, [ArraySpec(infos[p].shape[1:], infos[p].dtype) for p in info_paths])
+            specs_of = [ArraySpec(infos[p].shape[1:], infos[p].dtype) for p in info_paths]
+            spec["infos"] = _nest(info_paths, specs_of)
         steps = sum(int(f[n]["rewards"].shape[0]) for n in names)
         specs = flatten(spec)
         k = _block_steps(sum(s.nbytes for s in specs))
@@ -683,17 +690,7 @@ def _minari_source(src: str) -> tuple[Source, Callable[[], None]]:
             return [np.asarray(a).reshape(n, 1, *s.shape) for a, s in zip(flatten(step), specs)]
 
         def blocks() -> Iterator[list[np.ndarray]]:
-            pending: list[list[np.ndarray]] = []
-            count = 0
-            for name in names:
-                leaves = episode_steps(name)
-                pending.append(leaves)
-                count += len(leaves[0])
-                if count >= k:
-                    yield [np.concatenate(parts) for parts in zip(*pending)]
-                    pending, count = [], 0
-            if pending:
-                yield [np.concatenate(parts) for parts in zip(*pending)]
+            return _grouped((episode_steps(name) for name in names), k)
 
         attrs = {
             SPACES_ATTR: {
@@ -715,6 +712,18 @@ def _info_rows(group: Any, path: str, n: int, where: str) -> np.ndarray:
     if values.shape[0] not in (n, n + 1):
         raise CorruptBufferError(f"{where}: infos/{path} has {values.shape[0]} rows for {n} steps")
     return values[:n]
+
+
+_SOURCES: dict[str, Callable[[str], tuple[Source, Callable[[], None]]]] = {
+    "minari": _minari_source,
+    "d4rl": _d4rl_source,
+    "d3rlpy": _d3rlpy_source,
+    "hdf5": _hdf5_source,
+    "zarr": _zarr_source,
+    "parquet": _parquet_source,
+    "pt": _pt_source,
+    "csv": _csv_source,
+}
 
 
 # --- the import ---------------------------------------------------------------------------------
@@ -758,22 +767,8 @@ def import_dataset(
         raise BadInputError(f"num_envs applies to a plain npz import, not to {fmt}")
     if fmt == "npz":
         source, close = _npz_source(src, num_envs)
-    elif fmt == "hdf5":
-        source, close = _hdf5_source(src)
-    elif fmt == "zarr":
-        source, close = _zarr_source(src)
-    elif fmt == "d4rl":
-        source, close = _d4rl_source(src)
-    elif fmt == "d3rlpy":
-        source, close = _d3rlpy_source(src)
-    elif fmt == "parquet":
-        source, close = _parquet_source(src)
-    elif fmt == "pt":
-        source, close = _pt_source(src)
-    elif fmt == "csv":
-        source, close = _csv_source(src)
     else:
-        source, close = _minari_source(src)
+        source, close = _SOURCES[fmt](src)
     try:
         cap = capacity if capacity is not None else max(1, source.steps)
         kwargs: dict[str, Any] = {}

@@ -49,7 +49,11 @@ def test_convert_keeps_step_ids_and_the_open_episodes_the_ring_cut(tmp_path, bac
     for a, b in zip(rows(WRAPPED), rows(out)):
         assert np.array_equal(a, b)
     with mr.open(WRAPPED) as a, mr.open(out) as b:
-        assert (b.first_step, b.committed_steps, b.total_steps) == (a.first_step, a.committed_steps, a.total_steps)
+        assert (b.first_step, b.committed_steps, b.total_steps) == (
+            a.first_step,
+            a.committed_steps,
+            a.total_steps,
+        )
     stats = [json.loads(cli("stats", p, "--json").stdout)["episodes"] for p in (WRAPPED, out)]
     assert stats[0] == stats[1]
     # --complete-only exports of source and copy hold the same episodes

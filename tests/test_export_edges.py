@@ -14,6 +14,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
+from conftest import make_step
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
@@ -106,7 +107,9 @@ def test_minari_keeps_the_spaces_and_env_spec_of_a_recorded_env(tmp_path, monkey
         if terminated or truncated:
             env.reset()
     env.close()
-    venv = RecordVectorTransitions(gymnasium.make_vec("CartPole-v1", num_envs=2), tmp_path / "vec", capacity=500)
+    venv = RecordVectorTransitions(
+        gymnasium.make_vec("CartPole-v1", num_envs=2), tmp_path / "vec", capacity=500
+    )
     venv.reset(seed=0)
     for _ in range(60):
         venv.step(venv.action_space.sample())
@@ -147,8 +150,6 @@ def test_minari_spaces_of_a_plain_spec_are_the_tightest_box_its_dtypes_allow(tmp
             "x": mr.ArraySpec((), "float32"),
         },
     }
-    from tests.conftest import make_step
-
     with mr.create(tmp_path / "b", s, capacity=50) as store:
         for t in range(30):
             step = make_step(s, 1, t)
@@ -169,8 +170,12 @@ def test_minari_spaces_of_a_plain_spec_are_the_tightest_box_its_dtypes_allow(tmp
 
 
 def test_minari_keeps_both_flags_and_puts_leaves_with_no_role_in_infos(tmp_path, monkeypatch):
-    s = {**QUICK_START, "next_obs": mr.ArraySpec((17,), "float32"), "log_prob": mr.ArraySpec((), "float32"),
-         "goal": {"xy": mr.ArraySpec((2,), "float64")}}
+    s = {
+        **QUICK_START,
+        "next_obs": mr.ArraySpec((17,), "float32"),
+        "log_prob": mr.ArraySpec((), "float32"),
+        "goal": {"xy": mr.ArraySpec((2,), "float64")},
+    }
     n = 12
     rng = np.random.default_rng(1)
     data = {k: rng.standard_normal((n, 1, *v.shape)).astype(v.dtype) for k, v in s.items() if k != "goal"}
@@ -278,8 +283,11 @@ def test_every_export_imports_back(tmp_path, fmt):
     with mr.open(src) as a, mr.open(tmp_path / "back") as b:
         if FORMATS[fmt].kind == "steps":
             assert b.num_envs == a.num_envs and len(b) == len(a) and b.leaf_paths == a.leaf_paths
-            for p, x, y in zip(a.leaf_paths, a.read_steps(np.arange(a.first_step, a.committed_steps)),
-                               b.read_steps(np.arange(b.first_step, b.committed_steps))):
+            for p, x, y in zip(
+                a.leaf_paths,
+                a.read_steps(np.arange(a.first_step, a.committed_steps)),
+                b.read_steps(np.arange(b.first_step, b.committed_steps)),
+            ):
                 if fmt == "csv":  # csv keeps values, not dtypes
                     x, y = x.reshape(len(x), a.num_envs, -1), y.reshape(len(y), a.num_envs, -1)
                     assert np.array_equal(y.astype(x.dtype), x), p
@@ -305,7 +313,9 @@ def test_import_finds_the_dataset_in_a_minari_root_and_refuses_a_root_with_sever
         assert a.total_steps == 1200
     with mr.open(WRAPPED) as store:
         export(store, tmp_path / "root", "minari", dataset_id="ns/two-v0")
-    out = subprocess.run([MMREPLAY, "import", tmp_path / "root", tmp_path / "b"], capture_output=True, text=True)
+    out = subprocess.run(
+        [MMREPLAY, "import", tmp_path / "root", tmp_path / "b"], capture_output=True, text=True
+    )
     assert out.returncode != 0 and "several datasets" in out.stderr and not (tmp_path / "b").exists()
 
 

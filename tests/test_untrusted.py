@@ -340,7 +340,8 @@ def test_exports_do_not_follow_a_symlinked_target(tmp_path, odd_store, fmt):
 
 
 @pytest.mark.parametrize(
-    "dataset_id", ["../../evil-v0", "/tmp/evil-v0", "ns/../../evil-v0", "ns/..-v0", "ns/.evil-v0", "ns\\..\\evil-v0"]
+    "dataset_id",
+    ["../../evil-v0", "/tmp/evil-v0", "ns/../../evil-v0", "ns/..-v0", "ns/.evil-v0", "ns\\..\\evil-v0"],
 )
 def test_minari_dataset_ids_cannot_leave_the_target(tmp_path, odd_store, dataset_id):
     pytest.importorskip("minari")

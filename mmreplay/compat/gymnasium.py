@@ -125,7 +125,8 @@ def space_to_json(space: gymnasium.spaces.Space) -> dict[str, Any]:
         }
     if isinstance(space, spaces.MultiBinary):
         n = space.n
-        return {"type": "MultiBinary", "n": [int(k) for k in n] if isinstance(n, (tuple, list, np.ndarray)) else int(n)}
+        shaped = isinstance(n, (tuple, list, np.ndarray))
+        return {"type": "MultiBinary", "n": [int(k) for k in n] if shaped else int(n)}
     if isinstance(space, spaces.Dict):
         return {"type": "Dict", "subspaces": {k: space_to_json(v) for k, v in space.spaces.items()}}
     if isinstance(space, spaces.Tuple):

@@ -74,10 +74,8 @@ def write(
         try:
             text = io.TextIOWrapper(f, encoding="ascii", newline="")
             text.write(",".join([*INDEX_COLUMNS, *header(paths, specs)]) + "\n")
-            line = (
-                ",".join(["%d", "%d"] + [fmt for fmt, s in zip(fmts, specs) for _ in range(max(1, math.prod(s.shape)))])
-                + "\n"
-            )
+            cells = [fmt for fmt, s in zip(fmts, specs) for _ in range(max(1, math.prod(s.shape)))]
+            line = ",".join(["%d", "%d", *cells]) + "\n"
             envs = np.arange(store.num_envs)
             for a, leaves in blocks:
                 k = len(leaves[0])

@@ -4,8 +4,8 @@ Load it with ``ReplayBuffer.load(open(path, "rb"), InfiniteBuffer())``. Per epis
 ``i``: ``observations_i`` (N rows; a nested observation becomes the tuple
 ``observations_i_<j>`` in flatten order), ``actions_i`` (N rows, a scalar action as
 ``[N, 1]``), ``rewards_i`` (``[N, 1]`` float32) and ``terminated_i``, true when the
-episode's last step terminated (also when the ring overwrote its start). Open and
-truncated episodes are written with ``terminated`` false, as d3rlpy records timeouts. Episodes are
+episode's last step terminated (also when the ring overwrote its start). Other episodes
+are written with ``terminated`` false, as d3rlpy records timeouts. Episodes are
 written one at a time. d3rlpy keeps N observations per episode, so no next observation
 is needed.
 """

@@ -213,7 +213,10 @@ def _spaces(store: Any, obs_spec: Any, act_spec: Any) -> dict[str, str]:
     :func:`mmreplay.compat.gymnasium.record_spaces`) win; otherwise each leaf gets the
     tightest Box its dtype allows.
     """
-    out = {"observation_space": json.dumps(space_json(obs_spec)), "action_space": json.dumps(space_json(act_spec))}
+    out = {
+        "observation_space": json.dumps(space_json(obs_spec)),
+        "action_space": json.dumps(space_json(act_spec)),
+    }
     recorded = store.attrs.get(SPACES_ATTR)
     if not isinstance(recorded, dict):
         return out
@@ -227,7 +230,7 @@ def _spaces(store: Any, obs_spec: Any, act_spec: Any) -> dict[str, str]:
         except (ValueError, KeyError, TypeError, UnsupportedFormatError):
             shapes = None
         if shapes != [s.shape for s in flatten(spec)]:
-            log.warning("%s: the recorded %s does not match the stored leaves; writing a Box", store.path, key)
+            log.warning("%s: the recorded %s does not match the leaves; writing a Box", store.path, key)
             continue
         out[key] = text
     if isinstance(recorded.get("env_spec"), str):
@@ -293,7 +296,9 @@ def write(
             f"{root}: is not a folder; the minari export writes into a datasets root folder"
         )
     if os.path.islink(root):
-        raise BadInputError(f"minari export: the datasets root {root} is a symbolic link; give the folder it names")
+        raise BadInputError(
+            f"minari export: the datasets root {root} is a symbolic link; give the folder it names"
+        )
     _check_inside(root, parts)
     os.makedirs(os.path.join(root, *parts[:-1]), exist_ok=True)
     _check_inside(root, parts)
@@ -387,5 +392,6 @@ def _check_inside(root: str, parts: tuple[str, ...]) -> None:
     where = os.path.realpath(os.path.join(root, *parts))
     if os.path.commonpath([where, real_root]) != real_root:
         raise BadInputError(
-            f"minari export: {os.path.join(root, *parts)} resolves to {where}, outside the datasets root {root}"
+            f"minari export: {os.path.join(root, *parts)} resolves to {where}, "
+            f"outside the datasets root {root}"
         )
