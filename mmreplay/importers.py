@@ -696,7 +696,7 @@ def _minari_source(src: str) -> tuple[Source, Callable[[], None]]:
             SPACES_ATTR: {
                 key: meta[key] if isinstance(meta[key], str) else json.dumps(meta[key])
                 for key in ("observation_space", "action_space", "env_spec")
-                if key in meta
+                if meta.get(key) is not None
             }
         }
         return Source(spec, 1, steps, blocks, None, len(names), attrs=attrs), f.close

@@ -131,6 +131,12 @@ def test_minari_keeps_the_spaces_and_env_spec_of_a_recorded_env(tmp_path, monkey
     mr.convert.convert(tmp_path / "one", tmp_path / "copy", backend="hdf5")
     with mr.open(tmp_path / "copy") as copy, mr.open(tmp_path / "one") as one:
         assert copy.attrs["gymnasium"] == one.attrs["gymnasium"]
+    # so does an import of the Minari dataset: exported again, the spaces are the env's
+    import_dataset(tmp_path / "root" / "cartpole" / "one-v0", tmp_path / "imported")
+    with mr.open(tmp_path / "imported") as store:
+        export(store, tmp_path / "root", "minari", dataset_id="cartpole/again-v0")
+    again = load_minari(tmp_path / "root", "cartpole/again-v0", monkeypatch)
+    assert again.action_space == gymnasium.spaces.Discrete(2) and again.spec.env_spec.id == "CartPole-v1"
 
 
 def test_minari_spaces_of_a_plain_spec_are_the_tightest_box_its_dtypes_allow(tmp_path, monkeypatch):
