@@ -1,4 +1,4 @@
-"""``mmreplay import SRC PATH``: a new store from a Minari dataset, a D4RL file or an npz."""
+"""``mmreplay import SRC PATH``: a new store from a Minari dataset, a D4RL file, an npz or an export."""
 
 from __future__ import annotations
 
@@ -39,8 +39,9 @@ def command(
 ) -> None:
     """Create the store PATH from the dataset SRC.
 
-    SRC is a Minari dataset folder (HDF5 format), a D4RL-style HDF5 file, an npz of
-    arrays, or an npz / hdf5 / zarr export of mmreplay (which comes back exactly).
+    SRC is a Minari dataset folder (HDF5 format) or a datasets root holding one, a
+    D4RL-style HDF5 file, an npz of arrays, or any export of mmreplay (npz, hdf5 and zarr
+    come back exactly, with their step ids and episode statuses).
     """
     t = time.perf_counter()
     with LazyBar(1, "importing", quiet) as bar:

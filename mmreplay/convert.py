@@ -1,9 +1,11 @@
 """Copy a store into a new one with another backend, chunking, compression or capacity.
 
-The copy holds the source's retained committed steps in time order (global step ids
-restart at 0), with the same spec, roles and env count. It streams in bounded blocks, so
-a store larger than RAM converts in bounded memory, and it reads the source as a reader,
-so a writer may keep running (the copy is of the state when it started).
+The copy holds the source's retained committed steps in time order under the same
+global step ids, with the same spec, roles, attrs and env count, and each episode keeps
+its status: an episode whose start the ring overwrote is ``"open"`` in the copy too
+(:func:`begin_at`, which imports share). It streams in bounded blocks, so a store larger
+than RAM converts in bounded memory, and it reads the source as a reader, so a writer
+may keep running (the copy is of the state when it started).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from .episodes import continue_index, fresh_envs
 from .errors import NotEnoughDataError
 from .files import check_target
+from .metadata import State, write_metadata
 from .spec import flatten, unflatten
-from .store import create
+from .store import Store, create
 from .store import open as open_store
 
-__all__ = ["ConvertResult", "convert"]
+__all__ = ["ConvertResult", "convert", "begin_at"]
 
 BLOCK_BYTES = 32 << 20
 
@@ -33,6 +37,27 @@ class ConvertResult:
     steps: int
     backend: str
     capacity: int
+
+
+def begin_at(store: Store, first_step: int, fresh: Any) -> Store:
+    """Make a new, empty store continue another's history at global step ``first_step``.
+
+    ``store`` is the writer :func:`mmreplay.create` returned; it is closed and the store
+    reopened for writing with its cursor at ``first_step`` (``total_steps`` and step ids
+    then match the source's) and its episode index told which envs' episodes start
+    whole there (``fresh``, from :func:`mmreplay.episodes.fresh_envs`). The others'
+    first episodes began before the copy and stay ``"open"``.
+    """
+    path, meta = store.path, store.metadata
+    if store.total_steps:
+        raise ValueError(f"{path}: begin_at needs an empty store, it holds {store.total_steps} steps")
+    store.close()
+    if first_step:
+        fsync = meta.durability == "power"
+        state = State(start=first_step, end=first_step, reserved=first_step)
+        write_metadata(path, meta.with_state(state), fsync)
+        continue_index(path, first_step, fresh, fsync)
+    return open_store(path, mode="a")
 
 
 def convert(
@@ -84,6 +109,9 @@ def convert(
             roles=meta.roles,
         )
         try:
+            if meta.attrs:
+                dst.set_attrs(**meta.attrs)
+            dst = begin_at(dst, first, fresh_envs(store, first))
             step_bytes = max(1, meta.num_envs * sum(s.nbytes for s in flatten(store.spec)))
             k = max(1, BLOCK_BYTES // step_bytes)
             for a in range(first, end, k):

@@ -54,6 +54,8 @@ __all__ = [
     "episode_index",
     "episodes",
     "to_arrays",
+    "continue_index",
+    "fresh_envs",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,12 +77,15 @@ COMPACT_MIN_RECORDS = 1 << 16
 class EpisodeSpan:
     """Where one episode lies: its env, first and last global step id (inclusive) and how
     it ended: ``"terminated"``, ``"truncated"`` or ``"open"`` (still running at the
-    cursor, or its start was overwritten by the ring)."""
+    cursor, or its start was overwritten by the ring). ``ended`` is how its last step
+    ended whether or not its start is retained: ``"terminated"``, ``"truncated"`` or
+    ``"running"``."""
 
     env: int
     first_step: int
     last_step: int
     status: str
+    ended: str = field(default="", compare=False)
 
     @property
     def length(self) -> int:
@@ -90,13 +95,16 @@ class EpisodeSpan:
 @dataclass(frozen=True, eq=False)
 class Episode:
     """One episode of one env with its data: a nest shaped like ``store.spec`` whose
-    leaves are ``[length, *shape]`` arrays."""
+    leaves are ``[length, *shape]`` arrays. ``ended`` is how its last step ended
+    (``"terminated"``, ``"truncated"`` or ``"running"``), also when the ring overwrote its
+    start (``status`` is then ``"open"``)."""
 
     env: int
     first_step: int
     last_step: int
     status: str
     data: Any = field(repr=False)
+    ended: str = ""
 
     @property
     def length(self) -> int:
@@ -104,7 +112,7 @@ class Episode:
 
     @property
     def span(self) -> EpisodeSpan:
-        return EpisodeSpan(self.env, self.first_step, self.last_step, self.status)
+        return EpisodeSpan(self.env, self.first_step, self.last_step, self.status, self.ended)
 
     def __repr__(self) -> str:
         return (
@@ -188,6 +196,9 @@ class Spans:
 
     def status(self, i: int) -> str:
         return STATUS[int(self.code[i])] if self.code[i] and not self.cut[i] else "open"
+
+    def ended(self, i: int) -> str:
+        return STATUS[int(self.code[i])] if self.code[i] else "running"
 
     def select(self, mask: np.ndarray) -> Spans:
         return Spans(self.env[mask], self.first[mask], self.last[mask], self.code[mask], self.cut[mask])
@@ -307,9 +318,7 @@ class EpisodeIndex:
     def _write_file(self, origin: int, rec: np.ndarray) -> None:
         """Replace the file atomically with these records, and reopen the append handle."""
         self._close_fd()
-        generation = secrets.token_bytes(8)
-        header = MAGIC + np.int64(origin).astype("<i8").tobytes() + generation + bytes(8)
-        atomic_write(self.path, header + _cat([rec]).tobytes(), self.fsync)
+        generation = _write_index(self.path, origin, rec, self.fsync)
         self.origin, self.generation = origin, generation
         self.file_records = len(rec)
         self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(rec))
@@ -550,6 +559,14 @@ class EpisodeIndex:
         return Spans(env[order], first_a[order], last_a[order], code[order], cut_a[order])
 
 
+def _write_index(path: str, origin: int, rec: np.ndarray, fsync: bool) -> bytes:
+    """Replace the index file atomically; returns its new generation."""
+    generation = secrets.token_bytes(8)
+    header = MAGIC + np.int64(origin).astype("<i8").tobytes() + generation + bytes(8)
+    atomic_write(path, header + _cat([rec]).tobytes(), fsync)
+    return generation
+
+
 def _append(fd: int, data: bytes, path: str) -> None:
     """Append every byte (a torn last record is cut by the next writer)."""
     view = memoryview(data)
@@ -589,7 +606,9 @@ def episode_index(store: Any, env: int | None = None, complete_only: bool = Fals
     """The episode spans of the committed window, env by env, in time order (no data read)."""
     spans = _select(store, env, complete_only)
     return [
-        EpisodeSpan(int(spans.env[i]), int(spans.first[i]), int(spans.last[i]), spans.status(i))
+        EpisodeSpan(
+            int(spans.env[i]), int(spans.first[i]), int(spans.last[i]), spans.status(i), spans.ended(i)
+        )
         for i in range(len(spans))
     ]
 
@@ -622,7 +641,7 @@ def episodes(store: Any, env: int | None = None, complete_only: bool = False) ->
             store._check_open()
             data = [leaf.take(rows) for leaf in store._leaves]
             _check_retained(store, a)
-            yield Episode(e, a, b, spans.status(i), unflatten(store.spec, data))
+            yield Episode(e, a, b, spans.status(i), unflatten(store.spec, data), spans.ended(i))
 
     return gen()
 
@@ -703,3 +722,35 @@ def to_arrays(store: Any) -> dict[str, Any]:
     if len(first):
         _check_retained(store, int(first.min()))
     return out
+
+
+# --- copies that continue a store's history ------------------------------------------
+
+
+def fresh_envs(store: Any, step: int) -> list[int]:
+    """The envs whose episode at global step ``step`` starts there, whole.
+
+    A copy that begins at ``step`` passes these to :func:`continue_index`; in every
+    other env the copy's first episode began earlier, so it stays ``"open"``.
+    """
+    if step <= 0:
+        return list(range(store.num_envs))
+    spans = _select(store, None, False)
+    whole = (spans.first == step) & ~spans.cut
+    return sorted({int(e) for e in spans.env[whole]})
+
+
+def continue_index(folder: str, first_step: int, fresh: Any, fsync: bool = False) -> None:
+    """Start the episode index of an empty store whose steps begin at ``first_step``.
+
+    The index records a boundary at ``first_step - 1`` for each env in ``fresh`` (that
+    step is not in the store), so those envs' first episodes are whole; the others'
+    began before ``first_step`` and are ``"open"``, as in the store they were copied from.
+    """
+    envs = np.unique(np.asarray(list(fresh), np.int64))
+    if first_step <= 0:
+        _write_index(os.path.join(folder, INDEX_FILE), 0, np.zeros(0, RECORD), fsync)
+        return
+    rec = np.zeros(len(envs), RECORD)
+    rec["step"], rec["env"], rec["code"] = first_step - 1, envs, BOUNDARY
+    _write_index(os.path.join(folder, INDEX_FILE), first_step - 1, rec, fsync)

@@ -1,21 +1,34 @@
-"""Import offline datasets into a new store: Minari, D4RL-style HDF5, npz, and the
-step-major exports (npz, hdf5, zarr) mmreplay writes.
+"""Import offline datasets into a new store: Minari, D4RL-style HDF5, npz, and every
+export mmreplay writes (npz, hdf5, zarr, parquet, d3rlpy, pt, csv).
 
-- Minari (a dataset folder ``<root>/<id>`` or its ``data`` folder, HDF5 format): one env,
-  episodes one after another, leaves ``observation``, ``action``, ``reward``,
-  ``terminated``, ``truncated`` and ``next_observation`` (the observation after each
-  step). Spaces come from ``metadata.json`` (read as JSON; gymnasium is not needed), dtypes
-  from the arrays themselves.
+- Minari (a datasets root holding one dataset, a dataset folder ``<root>/<id>`` or its
+  ``data`` folder, HDF5 format): one env, episodes one after another, leaves
+  ``observation``, ``action``, ``reward``, ``terminated``, ``truncated`` and
+  ``next_observation`` (the observation after each step), plus the episodes' ``infos``
+  under ``infos/``. Spaces come from ``metadata.json`` (read as JSON; gymnasium is not
+  needed) and are kept in the store's attrs, dtypes from the arrays themselves.
 - D4RL-style HDF5: one env, every top-level dataset of length T as a leaf under its own
   name (``observations``, ``actions``, ``rewards``, ``terminals``, ``timeouts``,
   ``next_observations``, ``infos/...``), so the roles are inferred from the names.
+- d3rlpy (``ReplayBuffer.dump`` HDF5): one env, leaves ``observation`` (a tuple for
+  tuple observations), ``action``, ``reward``, ``terminated``, ``truncated``.
+- parquet exports of mmreplay: one env, episodes one after another, every leaf of the
+  source spec with its dtype and shape (from the schema's metadata).
 - npz: arrays keyed by leaf path (``/`` nests them). An npz written by ``mmreplay
-  export`` carries its spec, roles and env count, and comes back exactly; any other npz
-  is read as ``[T, *shape]`` arrays of one env, or ``[T, num_envs, *shape]`` when
-  ``num_envs`` is given.
+  export`` carries its spec, roles and env count, and comes back exactly, as do its
+  hdf5 and zarr exports: the same global step ids and each episode's status (an episode
+  whose start the ring had overwritten stays ``"open"``). Any other npz is read as
+  ``[T, *shape]`` arrays of one env, or ``[T, num_envs, *shape]`` when ``num_envs`` is
+  given.
+- pt (``torch.load(weights_only=True)``, which loads tensors and never arbitrary
+  objects): ``[T, num_envs, *shape]`` tensors keyed by leaf path.
+- csv exports: ``step`` and ``env`` give the layout; columns ``<leaf>`` / ``<leaf>.<i>``
+  become scalar / vector leaves. CSV keeps no dtypes: integer columns come back int64,
+  others float64, and leaves of two or more dimensions come back flat.
 
 Data is read and written in blocks, so a dataset larger than RAM imports in bounded
-memory. A failed import removes the store it was creating. Nothing is unpickled.
+memory (except pt and csv, which are read whole). A failed import removes the store it
+was creating. Nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -31,8 +44,10 @@ from typing import Any
 
 import numpy as np
 
+from .convert import begin_at
 from .errors import BadInputError, CorruptBufferError, NotABufferError, UnsupportedFormatError
 from .files import check_target
+from .export.minari import SPACES_ATTR
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, unflatten
 from .store import create
 
@@ -40,8 +55,10 @@ __all__ = ["ImportResult", "import_dataset", "detect_format", "FORMATS"]
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("minari", "d4rl", "npz", "hdf5", "zarr")
+FORMATS = ("minari", "d4rl", "d3rlpy", "npz", "hdf5", "zarr", "parquet", "pt", "csv")
 BLOCK_BYTES = 32 << 20
+#: top-level D4RL keys that are no per-step leaves (mmreplay's d4rl export writes the last two)
+D4RL_BOOKKEEPING = ("metadata", "episode_starts", "episode_envs")
 ARRAYS_FORMAT = "mmreplay-arrays/1"
 
 
@@ -59,13 +76,39 @@ class ImportResult:
 # --- detection ---------------------------------------------------------------------------
 
 
+def _is_minari_data(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "metadata.json")) and os.path.isfile(
+        os.path.join(folder, "main_data.hdf5")
+    )
+
+
 def _minari_data_dir(src: str) -> str | None:
+    """The ``data`` folder of the Minari dataset at ``src``: the data folder itself, a
+    dataset folder, or a datasets root holding exactly one dataset (an ``export -f
+    minari`` target). A root with several datasets is refused with their ids."""
     for cand in (os.path.join(src, "data"), src):
-        if os.path.isfile(os.path.join(cand, "metadata.json")) and os.path.isfile(
-            os.path.join(cand, "main_data.hdf5")
-        ):
+        if _is_minari_data(cand):
             return cand
-    return None
+    found = []
+    for folder, dirs, _ in os.walk(src):
+        dirs.sort()
+        if os.path.basename(folder) == "data" and _is_minari_data(folder):
+            found.append(folder)
+            dirs.clear()
+        elif len(found) > 1:
+            break
+    if len(found) > 1:
+        ids = ", ".join(os.path.relpath(os.path.dirname(f), src) for f in found[:5])
+        raise BadInputError(
+            f"{src}: a Minari datasets root holding several datasets ({ids}); give the dataset's folder"
+        )
+    return found[0] if found else None
+
+
+def _parquet_files(src: str) -> list[str]:
+    return sorted(
+        os.path.join(src, n) for n in os.listdir(src) if n.endswith(".parquet") and not n.startswith(".")
+    )
 
 
 def detect_format(src: str) -> str:
@@ -73,17 +116,23 @@ def detect_format(src: str) -> str:
     if not os.path.exists(src):
         raise NotABufferError(f"{src}: no such file or folder")
     if os.path.isdir(src):
-        if _minari_data_dir(src) is not None:
-            return "minari"
         if os.path.isfile(os.path.join(src, "zarr.json")):
             return "zarr"
+        if _parquet_files(src):
+            return "parquet"
+        if _minari_data_dir(src) is not None:
+            return "minari"
         raise UnsupportedFormatError(
-            f"{src}: a folder that is neither a Minari dataset (data/metadata.json + main_data.hdf5) "
-            "nor a zarr export of mmreplay"
+            f"{src}: a folder that is neither a Minari dataset (data/metadata.json + main_data.hdf5), "
+            "a zarr export of mmreplay nor a folder of parquet files"
         )
     with open(src, "rb") as f:
         head = f.read(8)
     if head[:4] == b"PK\x03\x04":
+        with zipfile.ZipFile(src) as zf:
+            names = zf.namelist()
+        if any(n.endswith("/data.pkl") for n in names) and not any(n.endswith(".npy") for n in names):
+            return "pt"
         return "npz"
     if head == b"\x89HDF\r\n\x1a\n":
         import h5py
@@ -93,8 +142,12 @@ def detect_format(src: str) -> str:
                 return "hdf5"
             if "observations" in f:
                 return "d4rl"
-        raise UnsupportedFormatError(f"{src}: an HDF5 file with no 'observations' (not D4RL-style)")
-    raise UnsupportedFormatError(f"{src}: not a Minari dataset, an HDF5 file or an npz file")
+            if "num_episodes" in f and "columns" in f:
+                return "d3rlpy"
+        raise UnsupportedFormatError(f"{src}: an HDF5 file with no 'observations' (not D4RL-style or d3rlpy)")
+    if head[:2] == b"\x1f\x8b" or src.endswith((".csv", ".csv.gz")):
+        return "csv"
+    raise UnsupportedFormatError(f"{src}: not a Minari dataset, an HDF5, npz, pt, parquet or csv file")
 
 
 # --- sources: a spec, roles, env count, step count, and blocks of steps ----------------------
@@ -108,6 +161,9 @@ class Source:
     blocks: Callable[[], Iterator[list[np.ndarray]]]  # leaves [k, num_envs, *shape], flatten order
     roles: dict[str, str] | None = None
     episodes: int | None = None
+    first_step: int = 0  # the global step id of the first step (continues the source's)
+    fresh: list[int] | None = None  # envs whose first episode starts whole (None: all)
+    attrs: dict[str, Any] | None = None
 
 
 def _nest(paths: list[str], specs: list[ArraySpec]) -> dict[str, Any]:
@@ -147,6 +203,9 @@ def _arrays_source(
             raise CorruptBufferError(f"{where}: arrays missing for leaves {missing}")
         envs = int(meta["num_envs"])
         roles = meta.get("roles")
+        first_step = int(meta.get("first_step", 0))
+        # older exports do not say which episodes start whole: only from step 0 on
+        fresh = meta.get("fresh_envs", None if first_step == 0 else [])
     else:
         paths = sorted(k for k in arrays if not k.startswith("__"))
         if not paths:
@@ -163,6 +222,7 @@ def _arrays_source(
         spec = _nest(paths, specs)
         paths = leaf_paths(spec)
         roles = None
+        first_step, fresh = 0, None
     lengths = {p: int(arrays[p].shape[0]) for p in paths}
     if len(set(lengths.values())) > 1:
         raise BadInputError(f"{where}: arrays differ in length: {lengths}")
@@ -179,7 +239,7 @@ def _arrays_source(
                 out.append(v.reshape(b - a, envs, *s.shape))
             yield out
 
-    return Source(spec, envs, steps, blocks, roles)
+    return Source(spec, envs, steps, blocks, roles, first_step=first_step, fresh=fresh)
 
 
 class _NpyMember:
@@ -286,7 +346,7 @@ def _d4rl_source(src: str) -> tuple[Source, Callable[[], None]]:
         arrays: dict[str, Any] = {}
         for name, dset in _datasets(f).items():
             top = name.split("/")[0]
-            if top == "metadata" or dset.ndim == 0 or dset.shape[0] != steps:
+            if top in D4RL_BOOKKEEPING or dset.ndim == 0 or dset.shape[0] != steps:
                 log.info("%s: skipping %r (not one row per step)", src, name)
                 continue
             arrays[name] = dset
@@ -308,6 +368,194 @@ def _datasets(group: Any, prefix: str = "") -> dict[str, Any]:
         elif isinstance(item, h5py.Group):
             out.update(_datasets(item, name + "/"))
     return out
+
+
+# --- episode exports: d3rlpy, parquet --------------------------------------------------------
+
+
+def _episodes_source(spec: Any, episodes: list[Any], load: Callable[[Any], list[np.ndarray]]) -> Source:
+    """One env, episodes one after another; ``load(episode)`` gives its leaves ``[n, *shape]``."""
+    specs = flatten(spec)
+    k = _block_steps(sum(s.nbytes for s in specs))
+    steps = sum(int(n) for _, n in episodes)
+
+    def blocks() -> Iterator[list[np.ndarray]]:
+        rows = ([np.asarray(a).reshape(-1, 1, *s.shape) for a, s in zip(load(e), specs)] for e, _ in episodes)
+        return _grouped(rows, k)
+
+    return Source(spec, 1, steps, blocks, None, len(episodes))
+
+
+def _grouped(episodes: Iterator[list[np.ndarray]], k: int) -> Iterator[list[np.ndarray]]:
+    """Episodes' leaves ``[n, 1, *shape]`` joined into blocks of about ``k`` steps."""
+    pending: list[list[np.ndarray]] = []
+    count = 0
+    for leaves in episodes:
+        pending.append(leaves)
+        count += len(leaves[0])
+        if count >= k:
+            yield [np.concatenate(parts) for parts in zip(*pending)]
+            pending, count = [], 0
+    if pending:
+        yield [np.concatenate(parts) for parts in zip(*pending)]
+
+
+def _d3rlpy_source(src: str) -> tuple[Source, Callable[[], None]]:
+    import h5py
+
+    f = h5py.File(src, "r")
+    try:
+        count = int(f["num_episodes"][()])
+        if count < 1:
+            raise BadInputError(f"{src}: the d3rlpy file holds no episodes")
+
+        def obs_names(i: int) -> list[str]:
+            if f"observations_{i}" in f:
+                return [f"observations_{i}"]
+            names, j = [], 0
+            while f"observations_{i}_{j}" in f:
+                names.append(f"observations_{i}_{j}")
+                j += 1
+            if not names:
+                raise CorruptBufferError(f"{src}: episode {i} has no observations")
+            return names
+
+        first = [f[n] for n in obs_names(0)]
+        obs_specs = [ArraySpec(d.shape[1:], d.dtype) for d in first]
+        act = f["actions_0"]
+        act_shape = act.shape[1:]
+        spec = {
+            "observation": obs_specs[0] if "observations_0" in f else tuple(obs_specs),
+            "action": ArraySpec(act_shape, act.dtype),
+            "reward": ArraySpec((), f["rewards_0"].dtype),
+            "terminated": ArraySpec((), "bool"),
+            "truncated": ArraySpec((), "bool"),
+        }
+
+        def load(i: int) -> list[np.ndarray]:
+            obs = [f[n][()] for n in obs_names(i)]
+            n = len(obs[0])
+            rew = np.asarray(f[f"rewards_{i}"][()]).reshape(n)
+            term = np.zeros(n, bool)
+            trunc = np.zeros(n, bool)
+            if n:
+                ended = bool(f[f"terminated_{i}"][()])
+                term[-1], trunc[-1] = ended, not ended
+            return [f[f"actions_{i}"][()], *obs, rew, term, trunc]
+
+        # flatten order of the spec: action, observation..., reward, terminated, truncated
+        episodes = [(i, len(f[obs_names(i)[0]])) for i in range(count)]
+        return _episodes_source(spec, episodes, load), f.close
+    except BaseException:
+        f.close()
+        raise
+
+
+def _parquet_source(src: str) -> tuple[Source, Callable[[], None]]:
+    from .export.parquet import _pyarrow, decode_image, is_image
+
+    pa, pq = _pyarrow()
+    files = _parquet_files(src)
+    schema = pq.read_schema(files[0])
+    raw = (schema.metadata or {}).get(b"mmreplay")
+    if raw is None:
+        raise UnsupportedFormatError(f"{src}: parquet files without mmreplay's metadata (not its export)")
+    meta = json.loads(raw)
+    spec = spec_from_json(meta["spec"])
+    roles = meta.get("roles") or {}
+    columns = {p: c for c, p in meta["columns"].items()}
+    flags = {roles.get("terminated"): "terminated", roles.get("truncated"): "truncated"}
+    paths = leaf_paths(spec)
+    specs = flatten(spec)
+    missing = [p for p in paths if p not in columns and p not in flags]
+    if missing:
+        raise UnsupportedFormatError(f"{src}: no column holds the leaves {missing}")
+    table = pq.read_table(files, columns=["episode_index"])
+    ep_index = table.column("episode_index").to_numpy()
+    bounds = np.flatnonzero(np.r_[True, ep_index[1:] != ep_index[:-1], True])
+    episodes = [((int(a), int(b)), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
+    dataset = pq.ParquetFile(files[0]) if len(files) == 1 else None
+    whole = pq.read_table(files) if dataset is None else dataset.read()
+
+    def load(rows: tuple[int, int]) -> list[np.ndarray]:
+        part = whole.slice(rows[0], rows[1] - rows[0])
+        out = []
+        for p, s in zip(paths, specs):
+            column = part.column(columns[p] if p in columns else flags[p])
+            if p in columns and is_image(s):
+                values = decode_image(column, s.shape, s.dtype)
+            elif s.shape:
+                values = np.asarray(column.combine_chunks().flatten().to_numpy(zero_copy_only=False))
+            else:
+                values = column.to_numpy()
+            out.append(np.asarray(values).astype(s.dtype, copy=False).reshape(-1, *s.shape))
+        return out
+
+    source = _episodes_source(spec, episodes, load)
+    source.roles = roles
+    return source, lambda: None
+
+
+# --- pt, csv: read whole -------------------------------------------------------------------
+
+
+def _pt_source(src: str) -> tuple[Source, Callable[[], None]]:
+    try:
+        import torch
+    except ImportError as exc:
+        raise ImportError("importing a pt file needs PyTorch: pip install 'mmreplay[torch]'") from exc
+    try:
+        data = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch's restricted loader refuses anything but tensors
+        raise BadInputError(f"{src}: not tensors that torch.load(weights_only=True) reads: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise BadInputError(f"{src}: expected a dict of leaf path -> [steps, num_envs, ...] tensors")
+    arrays = {k: v.numpy() for k, v in data.items()}
+    shapes = {k: a.shape for k, a in arrays.items()}
+    if not arrays or any(len(s) < 2 for s in shapes.values()):
+        raise BadInputError(f"{src}: expected [steps, num_envs, ...] tensors, got shapes {shapes}")
+    envs = {s[1] for s in shapes.values()}
+    if len(envs) != 1:
+        raise BadInputError(f"{src}: tensors differ in num_envs: {shapes}")
+    return _arrays_source(arrays, None, envs.pop(), src), lambda: None
+
+
+def _csv_source(src: str) -> tuple[Source, Callable[[], None]]:
+    import csv
+    import gzip
+
+    opener = gzip.open if _is_gzip(src) else open
+    with opener(src, "rt", newline="") as f:
+        reader = csv.reader(f)
+        head = next(reader, None)
+        rows = np.array([[float(x) for x in r] for r in reader], np.float64).reshape(-1, len(head or []))
+    if not head or head[:2] != ["step", "env"]:
+        raise UnsupportedFormatError(f"{src}: a csv without the step and env columns mmreplay writes")
+    envs = int(rows[:, 1].max()) + 1 if len(rows) else 1
+    steps = len(rows) // envs
+    if steps * envs != len(rows) or not np.array_equal(rows[:, 1], np.tile(np.arange(envs), steps)):
+        raise BadInputError(f"{src}: rows are not one per (step, env), step-major")
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(head[2:], start=2):
+        leaf, dot, idx = name.rpartition(".")
+        key = leaf if dot and idx.isdigit() else name
+        groups.setdefault(key, []).append(i)
+    arrays = {}
+    for name, cols in groups.items():
+        values = rows[:, cols]
+        if np.all(np.isfinite(values)) and np.all(values == np.round(values)) and len(values):
+            values = values.astype(np.int64)
+        vector = len(cols) > 1 or head[cols[0]] != name
+        arrays[name] = values.reshape(steps, envs, *((len(cols),) if vector else ()))
+    source = _arrays_source(arrays, None, envs, src)
+    first = int(rows[0, 0]) if len(rows) else 0
+    fresh = None if first == 0 else []  # csv does not say which episodes start whole
+    return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh), lambda: None
+
+
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
 
 
 # --- Minari ------------------------------------------------------------------------------
@@ -389,6 +637,12 @@ def _minari_source(src: str) -> tuple[Source, Callable[[], None]]:
         obs_spec = unflatten(obs_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(obs0)])
         act_spec = unflatten(act_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(act0)])
         rew_dtype = first["rewards"].dtype
+        n0 = int(first["rewards"].shape[0])
+        info_paths = [
+            p
+            for p, d in _datasets(first["infos"]).items()
+            if d.ndim >= 1 and d.shape[0] in (n0, n0 + 1) and d.dtype.kind in "biuf"
+        ] if "infos" in first else []
         spec = {
             "observation": obs_spec,
             "action": act_spec,
@@ -397,6 +651,10 @@ def _minari_source(src: str) -> tuple[Source, Callable[[], None]]:
             "truncated": ArraySpec((), "bool"),
             "next_observation": obs_spec,
         }
+        if info_paths:
+            infos = first["infos"]
+            specs_of = [ArraySpec(infos[p].shape[1:], infos[p].dtype) for p in info_paths]
+            spec["infos"] = _nest(info_paths, specs_of)
         steps = sum(int(f[n]["rewards"].shape[0]) for n in names)
         specs = flatten(spec)
         k = _block_steps(sum(s.nbytes for s in specs))
@@ -426,25 +684,47 @@ def _minari_source(src: str) -> tuple[Source, Callable[[], None]]:
                 "truncated": trunc,
                 "next_observation": unflatten(obs_spec, [a[1:] for a in flatten(obs)]),
             }
+            if info_paths:
+                # one row per step: Minari's DataCollector adds the reset's info in front,
+                # so row i is the info that came with observation i
+                step["infos"] = _nest(info_paths, [_info_rows(g, p, n, name) for p in info_paths])
             return [np.asarray(a).reshape(n, 1, *s.shape) for a, s in zip(flatten(step), specs)]
 
         def blocks() -> Iterator[list[np.ndarray]]:
-            pending: list[list[np.ndarray]] = []
-            count = 0
-            for name in names:
-                leaves = episode_steps(name)
-                pending.append(leaves)
-                count += len(leaves[0])
-                if count >= k:
-                    yield [np.concatenate(parts) for parts in zip(*pending)]
-                    pending, count = [], 0
-            if pending:
-                yield [np.concatenate(parts) for parts in zip(*pending)]
+            return _grouped((episode_steps(name) for name in names), k)
 
-        return Source(spec, 1, steps, blocks, None, len(names)), f.close
+        attrs = {
+            SPACES_ATTR: {
+                key: meta[key] if isinstance(meta[key], str) else json.dumps(meta[key])
+                for key in ("observation_space", "action_space", "env_spec")
+                if meta.get(key) is not None
+            }
+        }
+        return Source(spec, 1, steps, blocks, None, len(names), attrs=attrs), f.close
     except BaseException:
         f.close()
         raise
+
+
+def _info_rows(group: Any, path: str, n: int, where: str) -> np.ndarray:
+    if "infos" not in group or path not in group["infos"]:
+        raise CorruptBufferError(f"{where}: infos/{path} is missing (the first episode has it)")
+    values = np.asarray(group["infos"][path][()])
+    if values.shape[0] not in (n, n + 1):
+        raise CorruptBufferError(f"{where}: infos/{path} has {values.shape[0]} rows for {n} steps")
+    return values[:n]
+
+
+_SOURCES: dict[str, Callable[[str], tuple[Source, Callable[[], None]]]] = {
+    "minari": _minari_source,
+    "d4rl": _d4rl_source,
+    "d3rlpy": _d3rlpy_source,
+    "hdf5": _hdf5_source,
+    "zarr": _zarr_source,
+    "parquet": _parquet_source,
+    "pt": _pt_source,
+    "csv": _csv_source,
+}
 
 
 # --- the import ---------------------------------------------------------------------------------
@@ -489,14 +769,8 @@ def import_dataset(
         raise BadInputError(f"num_envs applies to a plain npz import, not to {fmt}")
     if fmt == "npz":
         source, close = _npz_source(src, num_envs)
-    elif fmt == "hdf5":
-        source, close = _hdf5_source(src)
-    elif fmt == "zarr":
-        source, close = _zarr_source(src)
-    elif fmt == "d4rl":
-        source, close = _d4rl_source(src)
     else:
-        source, close = _minari_source(src)
+        source, close = _SOURCES[fmt](src)
     try:
         cap = capacity if capacity is not None else max(1, source.steps)
         kwargs: dict[str, Any] = {}
@@ -516,6 +790,11 @@ def import_dataset(
             **kwargs,
         )
         try:
+            if source.attrs:
+                store.set_attrs(**source.attrs)
+            if source.first_step:
+                fresh = range(source.num_envs) if source.fresh is None else source.fresh
+                store = begin_at(store, source.first_step, fresh)
             for leaves in source.blocks():
                 store.extend(unflatten(source.spec, leaves))
                 store.commit()

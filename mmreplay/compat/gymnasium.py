@@ -31,6 +31,8 @@ episodes never run into each other.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 from collections import deque
@@ -45,13 +47,22 @@ except ImportError as exc:  # pragma: no cover - gymnasium is an install extra
     raise ImportError("mmreplay.compat.gymnasium needs gymnasium: pip install 'mmreplay[gymnasium]'") from exc
 
 from ..errors import SpecMismatchError
+from ..export.minari import SPACES_ATTR
 from ..metadata import METADATA_FILE
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ..store import open as open_store
 from ._shared import describe, flatten_like
 
-__all__ = ["spec_from_spaces", "RecordTransitions", "RecordVectorTransitions", "TRANSITION_ROLES"]
+__all__ = [
+    "spec_from_spaces",
+    "space_to_json",
+    "record_spaces",
+    "RecordTransitions",
+    "RecordVectorTransitions",
+    "TRANSITION_ROLES",
+    "SPACES_ATTR",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +98,63 @@ def spec_from_spaces(
         "next_observation": obs,
     }
     return spec, dict(TRANSITION_ROLES)
+
+
+def space_to_json(space: gymnasium.spaces.Space) -> dict[str, Any]:
+    """A space as the JSON object ``minari.serialization.serialize_space`` writes.
+
+    Minari reads it back with ``deserialize_space``; no pickle is involved.
+    """
+    spaces = gymnasium.spaces
+    if isinstance(space, spaces.Box):
+        return {
+            "type": "Box",
+            "dtype": str(space.dtype),
+            "shape": list(space.shape),
+            "low": space.low.tolist(),
+            "high": space.high.tolist(),
+        }
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "dtype": "int64", "start": int(space.start), "n": int(space.n)}
+    if isinstance(space, spaces.MultiDiscrete):
+        return {
+            "type": "MultiDiscrete",
+            "dtype": str(space.dtype),
+            "nvec": space.nvec.tolist(),
+            "start": space.start.tolist(),
+        }
+    if isinstance(space, spaces.MultiBinary):
+        n = space.n
+        shaped = isinstance(n, (tuple, list, np.ndarray))
+        return {"type": "MultiBinary", "n": [int(k) for k in n] if shaped else int(n)}
+    if isinstance(space, spaces.Dict):
+        return {"type": "Dict", "subspaces": {k: space_to_json(v) for k, v in space.spaces.items()}}
+    if isinstance(space, spaces.Tuple):
+        return {"type": "Tuple", "subspaces": [space_to_json(v) for v in space.spaces]}
+    raise TypeError(f"cannot describe {type(space).__name__} as JSON (Box, Discrete, MultiDiscrete, "
+                    "MultiBinary, Dict and Tuple can)")
+
+
+def record_spaces(store: Store, observation_space: Any, action_space: Any, env_spec: Any = None) -> None:
+    """Keep the spaces (and the env spec) a store's transitions come from in its attrs.
+
+    They are stored as JSON text under ``store.attrs["gymnasium"]``: ``observation_space``
+    and ``action_space`` as ``minari.serialization`` writes them, ``env_spec`` as
+    ``EnvSpec.to_json()`` (left out when the env has no spec, or one that cannot be
+    written as JSON). The Minari export writes them into the dataset's metadata, so
+    ``dataset.observation_space`` is the env's own and ``recover_environment()`` works.
+    """
+    value = {
+        "observation_space": json.dumps(space_to_json(observation_space)),
+        "action_space": json.dumps(space_to_json(action_space)),
+    }
+    if env_spec is not None:
+        try:
+            value["env_spec"] = env_spec.to_json()
+        except (ValueError, TypeError) as exc:  # e.g. a callable entry point or kwargs
+            log.warning("the env spec cannot be written as JSON and is not recorded: %s", exc)
+    if store.attrs.get(SPACES_ATTR) != value:
+        store.set_attrs(**{SPACES_ATTR: value})
 
 
 def _attach(
@@ -238,6 +306,7 @@ class RecordTransitions(gymnasium.Wrapper):
         store_options.setdefault("commit_every", DEFAULT_COMMIT_EVERY)
         self._owns_store = not isinstance(target, Store)
         self.store = _attach(target, spec, roles, 1, capacity, store_options)
+        record_spaces(self.store, env.observation_space, env.action_space, env.spec)
         self._writer = _Writer(self.store, spec, 1)
         self._obs: Any = None
         self._open = np.zeros(1, bool)
@@ -308,6 +377,7 @@ class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
         store_options.setdefault("commit_every", DEFAULT_COMMIT_EVERY)
         self._owns_store = not isinstance(target, Store)
         self.store = _attach(target, spec, roles, env.num_envs, capacity, store_options)
+        record_spaces(self.store, env.single_observation_space, env.single_action_space, _single_spec(env))
         self._spec = spec
         self._writer = _Writer(self.store, spec, env.num_envs)
         self.autoreset_mode = _autoreset_mode(env)
@@ -379,6 +449,21 @@ class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
             super().close(**kwargs)
         finally:
             _release(self)
+
+
+#: keys ``gymnasium.make_vec`` adds to the spec's kwargs; ``gymnasium.make`` takes none
+_VECTOR_KWARGS = ("num_envs", "vectorization_mode", "vector_kwargs", "wrappers")
+
+
+def _single_spec(env: Any) -> Any:
+    """The spec of one env of a vector env (what ``gymnasium.make`` rebuilds), if known."""
+    spec = getattr(env, "spec", None)
+    if spec is None or spec.entry_point is None:
+        return None
+    kwargs = {k: v for k, v in (spec.kwargs or {}).items() if k not in _VECTOR_KWARGS}
+    if kwargs.get("max_episode_steps") == spec.max_episode_steps:
+        kwargs.pop("max_episode_steps", None)
+    return dataclasses.replace(spec, kwargs=kwargs)
 
 
 def _release(recorder: Any) -> None:

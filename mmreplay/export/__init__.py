@@ -1,12 +1,13 @@
 """Offline dataset exports, one module per format, imported only when used.
 
 Episode formats (``minari``, ``d4rl``, ``d3rlpy``, ``parquet``) walk the store episode by
-episode; an episode still open at the end of an env's stream is written as truncated,
-or left out with ``complete_only``. Step-major formats (``npz``, ``csv``, ``pt``,
-``zarr``, ``hdf5``) write every retained committed step as ``[steps, num_envs, *shape]``
-arrays keyed by leaf path, in time order (the layout skrl's ``Memory.save`` uses). Both
-kinds read the store in bounded blocks, so a store larger than RAM exports in bounded
-memory.
+episode; an episode still running at the end of an env's stream is written as
+truncated, or left out with ``complete_only`` (as is an episode whose start the ring
+overwrote); an episode's last step keeps its terminal flag either way. Step-major
+formats (``npz``, ``csv``, ``pt``, ``zarr``, ``hdf5``) write every retained committed step
+as ``[steps, num_envs, *shape]`` arrays keyed by leaf path, in time order (the layout
+skrl's ``Memory.save`` uses). Both kinds read the store in bounded blocks, so a store
+larger than RAM exports in bounded memory.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ FORMATS: dict[str, FormatInfo] = {
         "parquet", "folder", "episodes", 'pyarrow.parquet, datasets.load_dataset("parquet")'
     ),
     "npz": FormatInfo("npz", "file", "steps", "numpy.load (skrl Memory layout)"),
-    "csv": FormatInfo("csv", "file", "steps", "any CSV reader (skrl Memory layout, name.i headers)"),
+    "csv": FormatInfo("csv", "file", "steps", "pandas.read_csv, any CSV reader (step, env, leaf / leaf.i)"),
     "pt": FormatInfo("pt", "file", "steps", "torch.load(weights_only=True) (skrl Memory layout)"),
     "zarr": FormatInfo("zarr", "folder", "steps", "zarr.open_group, dask.array.from_zarr"),
     "hdf5": FormatInfo("hdf5", "file", "steps", "h5py.File"),

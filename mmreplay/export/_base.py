@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..codecs import LEVELS, parse
+from ..episodes import fresh_envs
 from ..errors import BadInputError, NotEnoughDataError
 from ..files import check_target
 from ..files import disk_usage  # noqa: F401 - the exporters take it from here
@@ -329,21 +330,25 @@ def part(data: Any, path: str) -> Any:
     return subtree(data, path)
 
 
-def episode_flags(episode: Any) -> tuple[np.ndarray, np.ndarray]:
+def episode_flags(episode: Any, truncated: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``terminations`` and ``truncations`` of length N: only the last step may be set.
 
-    An open episode (cut by the end of the stream) is marked truncated; an episode that
-    both terminated and was truncated counts as terminated (terminals and timeouts are
-    never both set, as d3rlpy and D4RL require).
+    They follow how the last step ended (``episode.ended``), also for an episode whose
+    start the ring overwrote: a real terminal stays terminal. An episode still running
+    at the end of the stream is marked truncated. A step that both terminated and was
+    truncated counts as terminated (terminals and timeouts are never both set, as d3rlpy
+    and D4RL require), unless ``truncated`` names the truncated leaf (Minari, parquet):
+    then its value on the last step is kept beside the terminal.
     """
     n = episode.length
     term = np.zeros(n, bool)
     trunc = np.zeros(n, bool)
     if n:
-        if episode.status == "terminated":
-            term[-1] = True
-        else:
-            trunc[-1] = True
+        ended = episode.ended or episode.status
+        term[-1] = ended == "terminated"
+        trunc[-1] = not term[-1]
+        if term[-1] and truncated is not None:
+            trunc[-1] = bool(np.asarray(subtree(episode.data, truncated))[-1])
     return term, trunc
 
 
@@ -410,6 +415,8 @@ def spec_json(store: Any) -> dict[str, Any]:
         "roles": dict(store.roles),
         "num_envs": int(store.num_envs),
         "first_step": int(store.first_step),
+        # envs whose first retained episode starts whole at first_step (see convert.begin_at)
+        "fresh_envs": fresh_envs(store, int(store.first_step)),
         "steps": int(len(store)),
         "leaves": list(leaf_paths(store.spec)),
     }

@@ -1,9 +1,13 @@
-"""``csv``: one row per (step, env), one column per element, ``name.i`` headers.
+"""``csv``: one row per (step, env), one column per element.
 
-The layout skrl's ``Memory.save(format="csv")`` writes: leaves in sorted order, each
-flattened over its per-step shape into columns ``<leaf path>.<i>``, rows step-major
-(row ``t * num_envs + e``), here in time order. Floats are written with enough digits to
-read back bit-exact, booleans as 0 / 1. ``compression="gzip"`` gzips the file.
+Columns: ``step`` (the store's global step id) and ``env``, then every leaf in sorted
+order, a scalar leaf as one column named by its path (``reward``), any other flattened
+over its per-step shape into columns ``<leaf path>.<i>`` (skrl's ``Memory.save(format=
+"csv")`` naming). Rows are step-major (row ``t * num_envs + e``) in time order. Floats
+are written with enough digits to read back bit-exact, booleans as 0 / 1.
+``compression="gzip"`` writes a gzip file named ``<out>.gz`` when ``out`` does not end
+in ``.gz`` already (so ``pandas.read_csv`` and ``zcat`` recognise it), its gzip header
+naming the ``.csv`` inside.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from ._base import ExportResult, StepBlocks, Target, first_line_is
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
+#: the columns before the leaves
+INDEX_COLUMNS = ("step", "env")
 
 
 def _format(dtype: np.dtype, path: str) -> str:
@@ -33,8 +39,17 @@ def _format(dtype: np.dtype, path: str) -> str:
 
 
 def header(paths: list[str], specs: list[Any]) -> list[str]:
-    """Column names ``<leaf path>.<i>`` in file order."""
-    return [f"{p}.{i}" for p, s in zip(paths, specs) for i in range(max(1, math.prod(s.shape)))]
+    """Leaf column names in file order: ``<leaf path>`` for a scalar, else ``<leaf path>.<i>``."""
+    return [
+        p if not s.shape else f"{p}.{i}"
+        for p, s in zip(paths, specs)
+        for i in range(max(1, math.prod(s.shape)))
+    ]
+
+
+def target_name(out: str, compression: str | None) -> str:
+    """The file a csv export writes: ``out``, with ``.gz`` added when gzipped."""
+    return out + ".gz" if compression and not out.endswith(".gz") else out
 
 
 def write(
@@ -51,21 +66,27 @@ def write(
     paths = store.leaf_paths
     fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]
     target = Target(
-        out, "file", force, fmt="csv", source=store.path, recognise=first_line_is(",".join(header(paths, specs)))
+        target_name(out, comp), "file", force, fmt="csv", source=store.path,
+        recognise=first_line_is(",".join([*INDEX_COLUMNS, *header(paths, specs)])),
     )
     try:
         blocks = StepBlocks(store, block_bytes=4 << 20)
         raw = open(target.path(), "wb")
-        f = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if comp else raw
+        inner = os.path.basename(target.out)
+        f = gzip.GzipFile(filename=inner, fileobj=raw, mode="wb", mtime=0) if comp else raw
         try:
             text = io.TextIOWrapper(f, encoding="ascii", newline="")
-            text.write(",".join(header(paths, specs)) + "\n")
-            line = (
-                ",".join(fmt for fmt, s in zip(fmts, specs) for _ in range(max(1, math.prod(s.shape)))) + "\n"
-            )
-            for _, leaves in blocks:
-                rows = len(leaves[0]) * store.num_envs
-                cols: list[Any] = []
+            text.write(",".join([*INDEX_COLUMNS, *header(paths, specs)]) + "\n")
+            cells = [fmt for fmt, s in zip(fmts, specs) for _ in range(max(1, math.prod(s.shape)))]
+            line = ",".join(["%d", "%d", *cells]) + "\n"
+            envs = np.arange(store.num_envs)
+            for a, leaves in blocks:
+                k = len(leaves[0])
+                rows = k * store.num_envs
+                cols: list[Any] = [
+                    np.repeat(np.arange(a, a + k), store.num_envs).tolist(),
+                    np.tile(envs, k).tolist(),
+                ]
                 for values, spec in zip(leaves, specs):
                     flat = values.reshape(rows, -1)
                     if spec.dtype.kind == "b":

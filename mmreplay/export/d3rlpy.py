@@ -3,8 +3,9 @@
 Load it with ``ReplayBuffer.load(open(path, "rb"), InfiniteBuffer())``. Per episode
 ``i``: ``observations_i`` (N rows; a nested observation becomes the tuple
 ``observations_i_<j>`` in flatten order), ``actions_i`` (N rows, a scalar action as
-``[N, 1]``), ``rewards_i`` (``[N, 1]`` float32) and ``terminated_i``. Open and truncated
-episodes are written with ``terminated`` false, as d3rlpy records timeouts. Episodes are
+``[N, 1]``), ``rewards_i`` (``[N, 1]`` float32) and ``terminated_i``, true when the
+episode's last step terminated (also when the ring overwrote its start). Other episodes
+are written with ``terminated`` false, as d3rlpy records timeouts. Episodes are
 written one at a time. d3rlpy keeps N observations per episode, so no next observation
 is needed.
 """
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError
 from ..spec import ArraySpec, flatten
-from ._base import EXPORT_MARK, ExportResult, Roles, Target, Ticker, episode_total, episodes, part
+from ._base import EXPORT_MARK, ExportResult, Roles, Target, Ticker, episode_flags, episode_total, episodes, part
 from .hdf5 import dataset_options, h5py_module
 
 COMPRESSIONS = ("gzip", "lzf")
@@ -81,7 +82,7 @@ def write(
                     put(f, f"observations_{count}", _rows(obs, n))
                 put(f, f"actions_{count}", _rows(part(ep.data, act_path), n))
                 put(f, f"rewards_{count}", np.asarray(part(ep.data, rew_path), np.float32).reshape(n, 1))
-                f.create_dataset(f"terminated_{count}", data=ep.status == "terminated")
+                f.create_dataset(f"terminated_{count}", data=bool(episode_flags(ep)[0][-1]))
                 count += 1
                 steps += n
                 ticker.advance(n)

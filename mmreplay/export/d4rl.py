@@ -3,8 +3,10 @@
 Top-level datasets of length T (every exported step, episode after episode):
 ``observations``, ``actions``, ``rewards``, ``terminals``, ``timeouts`` and, when the
 store has a next observation, ``next_observations``. An episode ends where
-``terminals | timeouts``; the two are never both set (termination wins). Leaves outside
-the roles go under ``infos/<leaf path>``. Nested observations or actions are written as
+``terminals | timeouts``; the two are never both set (termination wins), and they
+follow how each episode's last step ended, also when the ring overwrote its start.
+Leaves outside the roles go under ``infos/<leaf path>`` (a leaf already under ``infos``
+keeps its path). Nested observations or actions are written as
 groups (``observations/<key>``). Datasets are resizable and filled episode by episode,
 so memory stays bounded. ``episode_starts`` / ``episode_envs`` record where each episode
 began and which env it came from.
@@ -111,6 +113,12 @@ class Appender:
             self.ensure(f"{name}/{key}", s)
 
 
+def info_key(path: str) -> str:
+    """Where a leaf with no role goes: ``infos/<leaf path>``; a leaf already under
+    ``infos`` (a D4RL file imported earlier) keeps its path, so nothing nests twice."""
+    return path if path.startswith("infos/") else f"infos/{path}"
+
+
 def write(
     store: Any,
     out: str,
@@ -153,7 +161,7 @@ def write(
                 if next_path is not None:
                     app.add_nest("next_observations", obs_spec, part(ep.data, next_path))
                 for p in extras:
-                    app.add(f"infos/{p}", part(ep.data, p))
+                    app.add(info_key(p), part(ep.data, p))
                 starts.append(steps)
                 envs.append(ep.env)
                 count += 1
@@ -168,7 +176,7 @@ def write(
             if next_path is not None:
                 app.ensure("next_observations", obs_spec)
             for p in extras:
-                app.ensure(f"infos/{p}", specs[p])
+                app.ensure(info_key(p), specs[p])
             f.create_dataset("episode_starts", data=np.asarray(starts, np.int64))
             f.create_dataset("episode_envs", data=np.asarray(envs, np.int64))
             f.attrs["source"] = os.path.abspath(store.path)

@@ -12,16 +12,31 @@ bit-exact. ``minari_version`` is the oldest release that reads the file correctl
 "0.5.3" in general, "0.5.4" when some observation or action looks like an image to
 Minari (0.5.3 would try to JPEG-decode it).
 
-The final observation of an episode is its last step's next observation, so the store
-needs a ``next_observation`` leaf (role); a TF-Agents trajectory store instead has it in
-the boundary row (``step_type`` LAST) after each episode. An episode with neither (still
-open at the cursor) is written without its last step, ending truncated at its last
-observation.
+Leaves with no role (log-probs, goals, policy info...) go under each episode's
+``infos`` group by their leaf path, one row per step. The flags follow how each
+episode's last step ended, also when the ring overwrote its start; a step that both
+terminated and was truncated keeps both flags.
+
+``observation_space`` / ``action_space`` are the gymnasium spaces the store was made
+from when it records them (:func:`mmreplay.compat.gymnasium.record_spaces`, which the
+recorders call), with the env spec as ``env_spec``; otherwise each leaf gets the
+tightest Box its dtype allows (integers their dtype's range, booleans 0..1, floats
+unbounded).
+
+The final observation of an episode is its last step's next observation (role
+``next_observation``); a TF-Agents trajectory store has it in the boundary row
+(``step_type`` LAST) after each episode. A store with neither derives each step's next
+observation from the next step of the same episode; there, and for an episode with no
+boundary row after it, the last step's outcome is not stored: a terminated episode
+keeps its last step with its own observation as the final one (a terminal step's next
+observation never enters a TD target), any other is written without its last step,
+ending truncated at its last observation.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -29,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadInputError
-from ..spec import ArraySpec, is_namedtuple, map_structure, unflatten
+from ..errors import BadInputError, UnsupportedFormatError
+from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
 from ._base import (
     ExportResult,
     Roles,
@@ -44,9 +59,27 @@ from ._base import (
 )
 from .hdf5 import dataset_options, h5py_module
 
+log = logging.getLogger(__name__)
+
 COMPRESSIONS = ("gzip", "lzf")
-#: the dataset id: optional namespace parts, a name, and a version, as Minari parses it
-DATASET_ID = re.compile(r"^(?:(?P<namespace>[-_\w][-_\w/]*[-_\w])/)?(?P<name>[-_.\w]+?)-v(?P<version>\d+)$")
+#: the store attribute :func:`mmreplay.compat.gymnasium.record_spaces` fills
+SPACES_ATTR = "gymnasium"
+#: Minari's dataset id, ``[namespace/]name-v<N>`` (minari.dataset.minari_dataset's
+#: DATASET_ID_RE; nested namespaces are folders), with the version required: an id
+#: without one breaks ``minari.list_local_datasets()`` for the whole root
+DATASET_ID = re.compile(r"(?:(?P<namespace>[-_\w][-_\w/]*[-_\w]+)/)?(?P<name>[-_\w]+?)-v(?P<version>\d+)")
+#: every role a Minari episode holds in its own arrays; other leaves go to ``infos``
+ROLE_NAMES = (
+    "observation",
+    "next_observation",
+    "action",
+    "reward",
+    "terminated",
+    "truncated",
+    "step_type",
+    "next_step_type",
+    "discount",
+)
 
 
 def default_dataset_id(store: Any) -> str:
@@ -55,14 +88,14 @@ def default_dataset_id(store: Any) -> str:
     return f"mmreplay/{name}-v0"
 
 
-def check_dataset_id(dataset_id: str) -> tuple[str, ...]:
-    """The path parts of a dataset id; refuses ids that would leave the root."""
-    m = DATASET_ID.match(dataset_id or "")
-    parts = tuple(dataset_id.split("/")) if m else ()
-    if not m or any(p in ("", ".", "..") for p in parts):
+def check_dataset_id(dataset_id: Any) -> tuple[str, ...]:
+    """The folder parts of a dataset id, as Minari parses it; refuses anything else."""
+    text = dataset_id if isinstance(dataset_id, str) else ""
+    parts = tuple(text.split("/"))
+    if not DATASET_ID.fullmatch(text) or any(p in ("", ".", "..") for p in parts):
         raise BadInputError(
             f"minari export: dataset id {dataset_id!r} is not of the form [namespace/]name-v<N> "
-            "(letters, digits, '-', '_'; e.g. 'mmreplay/pointmass-v0')"
+            "(letters, digits, '-', '_'; namespaces separated by '/'; e.g. 'mmreplay/pointmass-v0')"
         )
     return parts
 
@@ -173,6 +206,58 @@ def _observations(obs_spec: Any, obs: Any, last_next: Any) -> Any:
     return type(obs)(_observations(s, o, n) for s, o, n in zip(obs_spec, obs, last_next))
 
 
+def _spaces(store: Any, obs_spec: Any, act_spec: Any) -> dict[str, str]:
+    """Minari's ``observation_space`` / ``action_space`` (and ``env_spec``) metadata.
+
+    The spaces a store was made from (kept in its attrs by
+    :func:`mmreplay.compat.gymnasium.record_spaces`) win; otherwise each leaf gets the
+    tightest Box its dtype allows.
+    """
+    out = {
+        "observation_space": json.dumps(space_json(obs_spec)),
+        "action_space": json.dumps(space_json(act_spec)),
+    }
+    recorded = store.attrs.get(SPACES_ATTR)
+    if not isinstance(recorded, dict):
+        return out
+    from ..importers import space_spec
+    for key, spec in (("observation_space", obs_spec), ("action_space", act_spec)):
+        text = recorded.get(key)
+        if not isinstance(text, str):
+            continue
+        try:
+            shapes = [s.shape for s in flatten(space_spec(text, key))]
+        except (ValueError, KeyError, TypeError, UnsupportedFormatError):
+            shapes = None
+        if shapes != [s.shape for s in flatten(spec)]:
+            log.warning("%s: the recorded %s does not match the leaves; writing a Box", store.path, key)
+            continue
+        out[key] = text
+    if isinstance(recorded.get("env_spec"), str):
+        out["env_spec"] = recorded["env_spec"]
+    return out
+
+
+def _final_observation(obs: Any, act: Any, rew: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> Any:
+    """The episode's arrays when its final observation is not stored.
+
+    A terminated episode keeps its last step, with its own observation standing in for
+    the final one (the next observation of a terminal step never enters a TD target);
+    any other loses its last step, whose outcome is unknown, and ends truncated one
+    step earlier. None when nothing is left.
+    """
+    if term[-1]:
+        return map_structure(lambda x: x[-1:], obs), obs, act, rew, term, trunc
+    n = len(rew) - 1
+    if n < 1:
+        return None
+    last = map_structure(lambda x: x[-1:], obs)
+    obs, act = (map_structure(lambda x: x[:-1], v) for v in (obs, act))
+    trunc = np.zeros(n, bool)
+    trunc[-1] = True
+    return last, obs, act, rew[:-1], np.zeros(n, bool), trunc
+
+
 def write(
     store: Any,
     out: str,
@@ -188,22 +273,18 @@ def write(
     obs_path = roles.need("observation", "minari")
     next_path = roles.get("next_observation")
     step_type = roles.get("step_type")
-    if next_path is None and step_type is None:
-        raise BadInputError(
-            "minari export needs each episode's final observation, which is its last step's next "
-            "observation, and the store has no next_observation leaf; record one (role "
-            "'next_observation'), or export to d3rlpy, d4rl or parquet, which need no final observation"
-        )
     act_path = roles.need("action", "minari")
     rew_path = roles.need("reward", "minari")
     obs_spec, act_spec = roles.spec_of(obs_path), roles.spec_of(act_path)
-    final = _FinalObservation(store, roles, obs_path, step_type) if next_path is None else None
+    final = _FinalObservation(store, roles, obs_path, step_type) if next_path is None and step_type else None
     if next_path is not None and roles.spec_of(next_path) != obs_spec:
         raise BadInputError(
             f"minari export: next_observation {roles.spec_of(next_path)} does not match observation {obs_spec}"
         )
+    extras = roles.extras(ROLE_NAMES)
     dataset_id = dataset_id or default_dataset_id(store)
     parts = check_dataset_id(dataset_id)
+    spaces = _spaces(store, obs_spec, act_spec)
     h5py = h5py_module()
 
     root = os.path.abspath(out)
@@ -214,7 +295,13 @@ def write(
         raise FileExistsError(
             f"{root}: is not a folder; the minari export writes into a datasets root folder"
         )
+    if os.path.islink(root):
+        raise BadInputError(
+            f"minari export: the datasets root {root} is a symbolic link; give the folder it names"
+        )
+    _check_inside(root, parts)
     target = Target(os.path.join(root, *parts), "folder", force, fmt="minari", source=store.path, parents=True)
+    _check_inside(root, parts)
     n_episodes, n_steps = episode_total(store, complete_only)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
 
@@ -231,23 +318,21 @@ def write(
             for ep in episodes(store, complete_only):
                 ticker.advance(ep.length)
                 n = ep.length
+                if n == 0:
+                    continue
                 obs, act = part(ep.data, obs_path), part(ep.data, act_path)
                 rew = np.asarray(part(ep.data, rew_path)).reshape(n)
-                term, trunc = episode_flags(ep)
+                term, trunc = episode_flags(ep, roles.get("truncated"))
                 if next_path is not None:
                     last = map_structure(lambda x: x[-1:], part(ep.data, next_path))
                 else:
                     last = final.after(ep) if final is not None else None
-                    if last is None:  # the outcome of the last step is not stored: drop that step
-                        if n < 2:
+                    if last is None:
+                        cut = _final_observation(obs, act, rew, term, trunc)
+                        if cut is None:
                             continue
-                        last = map_structure(lambda x: x[-1:], obs)
-                        obs, act = (map_structure(lambda x: x[:-1], v) for v in (obs, act))
-                        n -= 1
-                        rew, term, trunc = rew[:-1], np.zeros(n, bool), np.zeros(n, bool)
-                        trunc[-1] = True
-                if n == 0:
-                    continue
+                        last, obs, act, rew, term, trunc = cut
+                        n = len(rew)
                 g = f.create_group(f"episode_{count}")
                 g.attrs["id"] = count
                 g.attrs["total_steps"] = n
@@ -256,6 +341,10 @@ def write(
                 g.create_dataset("rewards", data=rew)
                 g.create_dataset("terminations", data=term)
                 g.create_dataset("truncations", data=trunc)
+                if extras:
+                    infos = g.create_group("infos")
+                    for p in extras:
+                        _write_leaf(infos, p, np.asarray(part(ep.data, p))[:n], opts)
                 count += 1
                 steps += n
         image = looks_like_image(obs_spec) or looks_like_image(act_spec)
@@ -265,8 +354,7 @@ def write(
             "data_format": "hdf5",
             "total_episodes": count,
             "total_steps": steps,
-            "observation_space": json.dumps(space_json(obs_spec)),
-            "action_space": json.dumps(space_json(act_spec)),
+            **spaces,
             "jpeg_encoding": False,
             "algorithm_name": "mmreplay export",
             "description": f"Exported by mmreplay from {os.path.abspath(store.path)}",
@@ -287,3 +375,22 @@ def write(
         disk_usage(data),
         {"dataset_id": dataset_id, "root": root, "planned": n_episodes},
     )
+
+
+def _write_leaf(group: Any, path: str, values: np.ndarray, opts: Any) -> None:
+    """A leaf under ``group`` at its path (``a/b`` as subgroup ``a``, dataset ``b``)."""
+    *folders, name = path.split("/")
+    for folder in folders:
+        group = group.require_group(folder)
+    group.create_dataset(name, data=np.ascontiguousarray(values), **opts(values))
+
+
+def _check_inside(root: str, parts: tuple[str, ...]) -> None:
+    """Refuse a namespace folder that is a link leading out of the datasets root."""
+    real_root = os.path.realpath(root)
+    where = os.path.realpath(os.path.join(root, *parts))
+    if os.path.commonpath([where, real_root]) != real_root:
+        raise BadInputError(
+            f"minari export: {os.path.join(root, *parts)} resolves to {where}, "
+            f"outside the datasets root {root}"
+        )

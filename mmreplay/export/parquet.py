@@ -3,7 +3,8 @@
 Columns: ``episode_index``, ``env``, ``step`` (within the episode), ``global_step`` (the
 store's step id), then the roles -- ``observation`` (a nested observation as
 ``observation.<key>`` columns), ``next_observation.*``, ``action.*``, ``reward`` --
-then ``terminated``, ``truncated``, ``is_first``, ``is_last``, then every other leaf by
+then ``terminated``, ``truncated`` (how the episode's last step ended; a step that both
+terminated and was truncated keeps both), ``is_first``, ``is_last``, then every other leaf by
 its path with ``.`` for ``/``. Scalars are plain columns and vectors fixed-size lists;
 leaves of two or more dimensions (images) are fixed-size binary values, the raw
 little-endian C-order bytes of each row, with ``shape`` and ``dtype`` in the field's
@@ -223,7 +224,7 @@ def write(
             if n == 0:
                 continue
             leaves = flatten(ep.data)
-            term, trunc = episode_flags(ep)
+            term, trunc = episode_flags(ep, roles.get("truncated"))
             step = np.arange(n, dtype=np.int64)
             arrays = [
                 pa.array(np.full(n, count, np.int64)),

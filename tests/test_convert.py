@@ -1,0 +1,103 @@
+"""A copy (convert, or export then import) keeps the source's history: step ids and
+each episode's status, so episodes, --complete-only exports and stats agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+from mmreplay.convert import convert
+from mmreplay.demo import collect, spec
+
+DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
+WRAPPED = os.path.join(DATASETS, "pointchase-wrapped")
+MMREPLAY = shutil.which("mmreplay") or os.path.join(os.path.dirname(sys.executable), "mmreplay")
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    """The installed command in a fresh process, as a user runs it."""
+    out = subprocess.run([MMREPLAY, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def spans(path) -> list[tuple]:
+    with mr.open(path) as store:
+        return [(s.env, s.first_step, s.last_step, s.status) for s in store.episode_index()]
+
+
+def rows(path) -> list[np.ndarray]:
+    with mr.open(path) as store:
+        return mr.spec.flatten(store.get(slice(None)))
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_convert_keeps_step_ids_and_the_open_episodes_the_ring_cut(tmp_path, backend):
+    out = tmp_path / "copy"
+    cli("convert", WRAPPED, out, "--capacity", "5000", "--backend", backend, "-q")
+    source = spans(WRAPPED)
+    cut = [s for s in source if s[3] == "open" and s[1] == source[0][1]]
+    assert len(cut) >= 4  # the reference store has episodes whose start the ring overwrote
+    assert spans(out) == source
+    for a, b in zip(rows(WRAPPED), rows(out)):
+        assert np.array_equal(a, b)
+    with mr.open(WRAPPED) as a, mr.open(out) as b:
+        assert (b.first_step, b.committed_steps, b.total_steps) == (
+            a.first_step,
+            a.committed_steps,
+            a.total_steps,
+        )
+    stats = [json.loads(cli("stats", p, "--json").stdout)["episodes"] for p in (WRAPPED, out)]
+    assert stats[0] == stats[1]
+    # --complete-only exports of source and copy hold the same episodes
+    counts = []
+    for p, name in ((WRAPPED, "a"), (out, "b")):
+        cli("export", p, tmp_path / f"{name}.h5", "-f", "d4rl", "--complete-only", "-q")
+        import h5py
+
+        with h5py.File(tmp_path / f"{name}.h5") as f:
+            counts.append((len(f["episode_starts"]), int(f["terminals"][()].sum()), len(f["rewards"])))
+    assert counts[0] == counts[1]
+
+
+def test_a_smaller_capacity_cuts_the_episode_it_splits_and_keeps_the_ones_that_start_whole(tmp_path):
+    src = tmp_path / "src"
+    with mr.create(src, spec(), capacity=400, num_envs=3, commit_every=50) as store:
+        collect(store, 300, seed=3)
+    out = tmp_path / "small"
+    convert(src, out, capacity=120)
+    with mr.open(src) as a, mr.open(out) as b:
+        first = b.first_step
+        assert first == a.committed_steps - 120 and b.total_steps == a.total_steps
+        want = []
+        for s in a.episode_index():
+            if s.last_step < first:
+                continue
+            status = s.status if s.first_step >= first else "open"
+            want.append((s.env, max(first, s.first_step), s.last_step, status))
+        got = [(s.env, s.first_step, s.last_step, s.status) for s in b.episode_index()]
+        assert got == want
+        assert any(s[1] == first and s[3] == "open" for s in want)  # the copy's start cut one
+
+
+def test_a_copy_keeps_growing_like_the_source(tmp_path):
+    out = tmp_path / "copy"
+    convert(WRAPPED, out)
+    before = spans(out)
+    with mr.open(out, mode="a") as store:
+        start = store.total_steps
+        collect(store, start + 20, seed=1)
+        assert store.total_steps == start + 20
+    after = spans(out)
+    # what was there keeps its status (unless the ring dropped it); new steps extend the tails
+    kept = {s[:2]: s[3] for s in after}
+    assert all(kept.get(s[:2], s[3]) == s[3] or s[3] == "open" for s in before)
+    verdict = subprocess.run([MMREPLAY, "verify", str(out)], capture_output=True, text=True)
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr

@@ -1,0 +1,372 @@
+"""What exports keep at the edges: terminals of ring-cut episodes, spaces, both flags,
+leaves with no role, stores without a next observation, and every export importing back.
+Each export is loaded by the tool it is for (minari, d3rlpy, h5py, pandas)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from conftest import make_step
+
+import mmreplay as mr
+from mmreplay.demo import collect, spec
+from mmreplay.export import FORMATS, export
+from mmreplay.importers import import_dataset
+
+DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
+WRAPPED = os.path.join(DATASETS, "pointchase-wrapped")
+MMREPLAY = shutil.which("mmreplay") or os.path.join(os.path.dirname(sys.executable), "mmreplay")
+QUICK_START = {  # the README's quick start spec: no next_observation leaf
+    "obs": mr.ArraySpec((17,), "float32"),
+    "action": mr.ArraySpec((6,), "float32"),
+    "reward": mr.ArraySpec((), "float32"),
+    "terminated": mr.ArraySpec((), "bool"),
+    "truncated": mr.ArraySpec((), "bool"),
+}
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    out = subprocess.run([MMREPLAY, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def load_minari(root, dataset_id, monkeypatch):
+    minari = pytest.importorskip("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    return minari.load_dataset(dataset_id)
+
+
+def quick_start_store(path, steps=60, num_envs=8, seed=0):
+    rng = np.random.default_rng(seed)
+    with mr.create(path, QUICK_START, capacity=200, num_envs=num_envs) as store:
+        store.extend(
+            {
+                "obs": rng.standard_normal((steps, num_envs, 17)).astype(np.float32),
+                "action": rng.standard_normal((steps, num_envs, 6)).astype(np.float32),
+                "reward": rng.standard_normal((steps, num_envs)).astype(np.float32),
+                "terminated": rng.random((steps, num_envs)) < 0.08,
+                "truncated": rng.random((steps, num_envs)) < 0.04,
+            }
+        )
+    return mr.open(path)
+
+
+# --- terminals of episodes whose start the ring overwrote -------------------------------------
+
+
+def test_a_ring_cut_episode_that_terminated_is_terminal_in_every_episode_format(tmp_path, monkeypatch):
+    d3rlpy = pytest.importorskip("d3rlpy")
+    pd = pytest.importorskip("pandas")
+    with mr.open(WRAPPED) as store:
+        spans = store.episode_index()
+        ended = [s.ended == "terminated" for s in spans]
+        cut_terminal = [i for i, s in enumerate(spans) if s.status == "open" and s.ended == "terminated"]
+        assert cut_terminal  # the reference store has them
+        export(store, tmp_path / "m", "minari", dataset_id="cut-v0")
+        export(store, tmp_path / "d4rl.h5", "d4rl")
+        export(store, tmp_path / "d3.h5", "d3rlpy")
+        export(store, tmp_path / "pq", "parquet")
+        arrays = store.to_arrays()
+    ds = load_minari(tmp_path / "m", "cut-v0", monkeypatch)
+    assert [bool(e.terminations[-1]) for e in ds.iterate_episodes()] == ended
+    with h5py.File(tmp_path / "d4rl.h5") as f:
+        ends = np.cumsum([s.length for s in spans]) - 1
+        assert f["terminals"][()][ends].tolist() == ended
+        assert not np.any(f["terminals"][()] & f["timeouts"][()])
+    assert int(arrays["terminals"].sum()) == sum(ended)  # what to_arrays() always kept
+    with open(tmp_path / "d3.h5", "rb") as fh:
+        rb = d3rlpy.dataset.ReplayBuffer.load(fh, d3rlpy.dataset.InfiniteBuffer())
+    assert [bool(e.terminated) for e in rb.episodes] == ended
+    table = pd.read_parquet(tmp_path / "pq")
+    last = table.groupby("episode_index").tail(1)
+    assert last["terminated"].tolist() == ended
+    assert not (last["terminated"] & last["truncated"]).any()
+
+
+# --- spaces ----------------------------------------------------------------------------------
+
+
+def test_minari_keeps_the_spaces_and_env_spec_of_a_recorded_env(tmp_path, monkeypatch):
+    gymnasium = pytest.importorskip("gymnasium")
+    pytest.importorskip("minari")
+    from mmreplay.compat.gymnasium import RecordTransitions, RecordVectorTransitions
+
+    env = RecordTransitions(gymnasium.make("CartPole-v1"), tmp_path / "one", capacity=500)
+    env.reset(seed=0)
+    for _ in range(120):
+        *_, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+    env.close()
+    venv = RecordVectorTransitions(
+        gymnasium.make_vec("CartPole-v1", num_envs=2), tmp_path / "vec", capacity=500
+    )
+    venv.reset(seed=0)
+    for _ in range(60):
+        venv.step(venv.action_space.sample())
+    venv.close()
+    for name in ("one", "vec"):
+        with mr.open(tmp_path / name) as store:
+            assert "gymnasium" in store.attrs  # kept in the metadata: it survives reopen
+            export(store, tmp_path / "root", "minari", dataset_id=f"cartpole/{name}-v0")
+        ds = load_minari(tmp_path / "root", f"cartpole/{name}-v0", monkeypatch)
+        assert ds.action_space == gymnasium.spaces.Discrete(2)
+        assert ds.observation_space == gymnasium.make("CartPole-v1").observation_space
+        assert ds.spec.env_spec is not None and ds.spec.env_spec.id == "CartPole-v1"
+        recovered = ds.recover_environment()
+        assert recovered.action_space == ds.action_space
+        assert recovered.observation_space == ds.observation_space
+        for ep in ds.iterate_episodes():
+            assert all(ds.action_space.contains(int(a)) for a in ep.actions)
+    # a convert keeps them (attrs travel with the copy)
+    mr.convert.convert(tmp_path / "one", tmp_path / "copy", backend="hdf5")
+    with mr.open(tmp_path / "copy") as copy, mr.open(tmp_path / "one") as one:
+        assert copy.attrs["gymnasium"] == one.attrs["gymnasium"]
+    # so does an import of the Minari dataset: exported again, the spaces are the env's
+    import_dataset(tmp_path / "root" / "cartpole" / "one-v0", tmp_path / "imported")
+    with mr.open(tmp_path / "imported") as store:
+        export(store, tmp_path / "root", "minari", dataset_id="cartpole/again-v0")
+    again = load_minari(tmp_path / "root", "cartpole/again-v0", monkeypatch)
+    assert again.action_space == gymnasium.spaces.Discrete(2) and again.spec.env_spec.id == "CartPole-v1"
+
+
+def test_minari_spaces_of_a_plain_spec_are_the_tightest_box_its_dtypes_allow(tmp_path, monkeypatch):
+    gymnasium = pytest.importorskip("gymnasium")
+    s = {
+        "observation": {
+            "count": mr.ArraySpec((2,), "int8"),
+            "flag": mr.ArraySpec((3,), "bool"),
+            "x": mr.ArraySpec((), "float32"),
+        },
+        "action": mr.ArraySpec((), "uint8"),
+        "reward": mr.ArraySpec((), "float32"),
+        "terminated": mr.ArraySpec((), "bool"),
+        "next_observation": {
+            "count": mr.ArraySpec((2,), "int8"),
+            "flag": mr.ArraySpec((3,), "bool"),
+            "x": mr.ArraySpec((), "float32"),
+        },
+    }
+    with mr.create(tmp_path / "b", s, capacity=50) as store:
+        for t in range(30):
+            step = make_step(s, 1, t)
+            step["terminated"][:] = t % 7 == 6
+            store.add(step)
+        export(store, tmp_path / "root", "minari", dataset_id="plain-v0")
+    ds = load_minari(tmp_path / "root", "plain-v0", monkeypatch)
+    sub = ds.observation_space.spaces
+    assert (sub["count"].low.tolist(), sub["count"].high.tolist()) == ([-128, -128], [127, 127])
+    assert sub["flag"].dtype == np.bool_ and sub["flag"].high.tolist() == [True] * 3
+    assert ds.action_space == gymnasium.spaces.Box(0, 255, (), np.uint8)
+    for ep in ds.iterate_episodes():
+        for i in range(len(ep.actions) + 1):
+            assert ds.observation_space.contains({k: v[i] for k, v in ep.observations.items()})
+
+
+# --- both flags, leaves with no role, D4RL infos ----------------------------------------------
+
+
+def test_minari_keeps_both_flags_and_puts_leaves_with_no_role_in_infos(tmp_path, monkeypatch):
+    s = {
+        **QUICK_START,
+        "next_obs": mr.ArraySpec((17,), "float32"),
+        "log_prob": mr.ArraySpec((), "float32"),
+        "goal": {"xy": mr.ArraySpec((2,), "float64")},
+    }
+    n = 12
+    rng = np.random.default_rng(1)
+    data = {k: rng.standard_normal((n, 1, *v.shape)).astype(v.dtype) for k, v in s.items() if k != "goal"}
+    data["goal"] = {"xy": rng.standard_normal((n, 1, 2))}
+    data["terminated"] = np.zeros((n, 1), bool)
+    data["truncated"] = np.zeros((n, 1), bool)
+    data["terminated"][4] = data["truncated"][4] = True  # both at once
+    data["truncated"][9] = True
+    with mr.create(tmp_path / "b", s, capacity=n) as store:
+        store.extend(data)
+        store.commit()
+        export(store, tmp_path / "root", "minari", dataset_id="flags-v0")
+        export(store, tmp_path / "d4rl.h5", "d4rl")
+    ds = load_minari(tmp_path / "root", "flags-v0", monkeypatch)
+    eps = list(ds.iterate_episodes())
+    assert [(bool(e.terminations[-1]), bool(e.truncations[-1])) for e in eps] == [
+        (True, True),
+        (False, True),
+        (False, True),
+    ]
+    got = np.concatenate([e.infos["log_prob"] for e in eps])
+    assert np.array_equal(got, data["log_prob"][:, 0])
+    assert np.array_equal(np.concatenate([e.infos["goal"]["xy"] for e in eps]), data["goal"]["xy"][:, 0])
+    with h5py.File(tmp_path / "d4rl.h5") as f:  # d4rl: never both set, termination wins
+        assert f["terminals"][4] and not f["timeouts"][4]
+
+
+def test_d4rl_import_then_export_keeps_infos_at_their_path(tmp_path):
+    T = 20
+    rng = np.random.default_rng(2)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["observations"] = rng.standard_normal((T, 3)).astype(np.float32)
+        f["actions"] = rng.standard_normal((T, 2)).astype(np.float32)
+        f["rewards"] = rng.standard_normal(T).astype(np.float32)
+        f["terminals"] = np.arange(T) % 5 == 4
+        f["timeouts"] = np.zeros(T, bool)
+        f["infos/qpos"] = rng.standard_normal((T, 4))
+    import_dataset(tmp_path / "in.h5", tmp_path / "store")
+    with mr.open(tmp_path / "store") as store:
+        export(store, tmp_path / "out.h5", "d4rl")
+    with h5py.File(tmp_path / "out.h5") as f, h5py.File(tmp_path / "in.h5") as g:
+        assert "infos/infos" not in f and list(f["infos"]) == ["qpos"]
+        assert np.array_equal(f["infos/qpos"][()], g["infos/qpos"][()])
+
+
+# --- a store with no next_observation leaf (the quick start's) --------------------------------
+
+
+def test_the_quick_start_store_exports_to_every_episode_format(tmp_path, monkeypatch):
+    d3rlpy = pytest.importorskip("d3rlpy")
+    pd = pytest.importorskip("pandas")
+    store = quick_start_store(tmp_path / "qs")
+    with store:
+        spans = store.episode_index()
+        export(store, tmp_path / "root", "minari", dataset_id="quick/start-v0")
+        export(store, tmp_path / "d4rl.h5", "d4rl")
+        export(store, tmp_path / "d3.h5", "d3rlpy")
+        export(store, tmp_path / "pq", "parquet")
+        episodes = list(store.episodes())
+    ds = load_minari(tmp_path / "root", "quick/start-v0", monkeypatch)
+    # minari: terminated episodes keep every step; others lose the last (its outcome is unknown)
+    kept = [e for e in episodes if e.ended == "terminated" or e.length > 1]
+    assert len(ds) == len(kept)
+    for ep, got in zip(kept, ds.iterate_episodes()):
+        obs = ep.data["obs"]
+        if ep.ended == "terminated":  # its own observation stands in for the final one
+            n, want_obs = ep.length, np.concatenate([obs, obs[-1:]])
+        else:  # each next observation is the next step's observation of the same episode
+            n, want_obs = ep.length - 1, obs
+        assert len(got.actions) == n and np.array_equal(got.observations, want_obs)
+        assert np.array_equal(got.actions, ep.data["action"][:n])
+        assert bool(got.terminations[-1]) == (ep.ended == "terminated")
+        assert bool(got.truncations[-1]) == (ep.ended != "terminated" or bool(ep.data["truncated"][-1]))
+    with h5py.File(tmp_path / "d4rl.h5") as f:
+        assert len(f["rewards"]) == sum(s.length for s in spans)
+    with open(tmp_path / "d3.h5", "rb") as fh:
+        rb = d3rlpy.dataset.ReplayBuffer.load(fh, d3rlpy.dataset.InfiniteBuffer())
+    # d3rlpy drops an episode with no transition: one step that did not terminate
+    assert len(rb.episodes) == sum(s.length > 1 or s.ended == "terminated" for s in spans)
+    assert len(pd.read_parquet(tmp_path / "pq")) == sum(s.length for s in spans)
+
+
+# --- every export imports back ---------------------------------------------------------------
+
+
+def _episode_rows(store) -> dict[str, np.ndarray]:
+    """observation / action / reward of every episode, episode after episode."""
+    eps = list(store.episodes())
+    r = store.roles
+    return {
+        key: np.concatenate([np.asarray(mr.roles.subtree(e.data, r[key])).reshape(e.length, -1) for e in eps])
+        for key in ("observation", "action", "reward")
+    }
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_export_imports_back(tmp_path, fmt):
+    pytest.importorskip({"pt": "torch", "parquet": "pyarrow", "minari": "h5py"}.get(fmt, "numpy"))
+    src = tmp_path / "src"
+    with mr.create(src, spec(), capacity=400, num_envs=3, commit_every=50) as store:
+        collect(store, 300, seed=7)
+    out = tmp_path / ("out" if FORMATS[fmt].target == "folder" else f"out.{fmt}")
+    cli("export", src, out, "-f", fmt, "-q")
+    cli("import", out, tmp_path / "back", "-q")  # a minari export: OUT is the datasets root
+    with mr.open(src) as a, mr.open(tmp_path / "back") as b:
+        if FORMATS[fmt].kind == "steps":
+            assert b.num_envs == a.num_envs and len(b) == len(a) and b.leaf_paths == a.leaf_paths
+            for p, x, y in zip(
+                a.leaf_paths,
+                a.read_steps(np.arange(a.first_step, a.committed_steps)),
+                b.read_steps(np.arange(b.first_step, b.committed_steps)),
+            ):
+                if fmt == "csv":  # csv keeps values, not dtypes
+                    x, y = x.reshape(len(x), a.num_envs, -1), y.reshape(len(y), a.num_envs, -1)
+                    assert np.array_equal(y.astype(x.dtype), x), p
+                else:
+                    assert x.dtype == y.dtype and np.array_equal(x, y), p
+            return
+        want, got = _episode_rows(a), _episode_rows(b)
+        n = len(got["reward"])
+        if fmt == "minari":  # with a next_observation leaf every step is kept
+            assert n == len(want["reward"])
+        for key in want:
+            assert np.array_equal(got[key].astype(want[key].dtype), want[key][:n]), key
+        assert [s.ended for s in b.episode_index()] == [
+            "truncated" if s.ended == "running" else s.ended for s in a.episode_index()
+        ]
+
+
+def test_import_finds_the_dataset_in_a_minari_root_and_refuses_a_root_with_several(tmp_path):
+    with mr.open(WRAPPED) as store:
+        export(store, tmp_path / "root", "minari", dataset_id="ns/one-v0")
+    cli("import", tmp_path / "root", tmp_path / "a", "-q")
+    with mr.open(tmp_path / "a") as a:
+        assert a.total_steps == 1200
+    with mr.open(WRAPPED) as store:
+        export(store, tmp_path / "root", "minari", dataset_id="ns/two-v0")
+    out = subprocess.run(
+        [MMREPLAY, "import", tmp_path / "root", tmp_path / "b"], capture_output=True, text=True
+    )
+    assert out.returncode != 0 and "several datasets" in out.stderr and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("fmt", ["npz", "hdf5", "zarr", "csv"])
+def test_step_major_round_trip_keeps_each_episode_status_and_step_ids(tmp_path, fmt):
+    out = tmp_path / ("x" if fmt == "zarr" else f"x.{fmt}")
+    with mr.open(WRAPPED) as src:
+        export(src, out, fmt)
+        import_dataset(out, tmp_path / "copy")
+        with mr.open(tmp_path / "copy") as copy:
+            assert copy.first_step == src.first_step and copy.total_steps == src.total_steps
+            want = [(s.env, s.first_step, s.last_step, s.status) for s in src.episode_index()]
+            got = [(s.env, s.first_step, s.last_step, s.status) for s in copy.episode_index()]
+            if fmt == "csv":  # csv records no episode starts: every first episode is open
+                want = [(e, a, b, "open" if a == src.first_step else st) for e, a, b, st in want]
+            assert got == want
+            assert any(s[3] == "open" and s[1] == src.first_step for s in want)
+
+
+# --- csv ---------------------------------------------------------------------------------------
+
+
+def test_csv_gzip_is_a_csv_gz_that_pandas_reads_with_step_and_env_columns(tmp_path):
+    pd = pytest.importorskip("pandas")
+    with mr.open(WRAPPED) as store:
+        result = export(store, tmp_path / "out.csv", "csv", compression="gzip")
+        want = store.read_steps(np.arange(store.first_step, store.committed_steps))
+        first, envs = store.first_step, store.num_envs
+        paths = store.leaf_paths
+    assert result.path == str(tmp_path / "out.csv.gz") and os.listdir(tmp_path) == ["out.csv.gz"]
+    with open(result.path, "rb") as f:
+        head = f.read(64)
+    assert head[:2] == b"\x1f\x8b" and head[3] & 0x08  # FNAME set
+    assert head[10 : 10 + len(b"out.csv") + 1] == b"out.csv\x00"
+    table = pd.read_csv(result.path)
+    assert list(table.columns[:2]) == ["step", "env"] and "reward" in table and "reward.0" not in table
+    steps = len(want[0])
+    assert table["step"].tolist() == np.repeat(np.arange(first, first + steps), envs).tolist()
+    assert table["env"].tolist() == np.tile(np.arange(envs), steps).tolist()
+    reward = want[paths.index("reward")]
+    assert np.array_equal(table["reward"].to_numpy(np.float32), reward.reshape(-1))
+    with gzip.open(result.path, "rt") as f:
+        assert f.readline().startswith("step,env,")
+    # the name given is honoured when it already ends in .gz
+    with mr.open(WRAPPED) as store:
+        again = export(store, tmp_path / "named.csv.gz", "csv", compression="gzip")
+    assert again.path == str(tmp_path / "named.csv.gz")
+    assert json.dumps(list(pd.read_csv(again.path).columns)) == json.dumps(list(table.columns))
