@@ -14,6 +14,7 @@ from .errors import (
     SpecMismatchError,
     UnsupportedFormatError,
 )
+from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
 from .store import BufferExistsError, Store, create, open
 
@@ -24,6 +25,8 @@ __all__ = [
     "Store",
     "create",
     "open",
+    "estimate",
+    "SizeEstimate",
     "to_spec",
     "Error",
     "BadInputError",

@@ -18,7 +18,7 @@ LAYERS = [
     {"metadata", "lock", "files"},
     {"backends"},
     {"store", "sampling", "episodes", "reads"},
-    {"export", "compat", "importers", "convert", "verify", "torture", "demo"},
+    {"export", "compat", "importers", "convert", "verify", "torture", "demo", "sizes"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
 OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas"}
