@@ -74,6 +74,7 @@ def describe(store: mr.Store) -> dict[str, Any]:
         ratio = None
         if leaf.compression is not None and disk and raw:
             ratio = round(raw / disk, 2)
+        per_step, when_full = _projection(leaf, meta, disk, n, _fixed_bytes(store, leaf))
         leaves.append(
             {
                 "path": leaf.path,
@@ -86,8 +87,13 @@ def describe(store: mr.Store) -> dict[str, Any]:
                 "bytes_on_disk": disk,
                 "bytes_stored": raw,
                 "compression_ratio": ratio,
+                "bytes_per_step": per_step,
+                "projected_bytes_when_full": when_full,
             }
         )
+    known = [leaf["projected_bytes_when_full"] for leaf in leaves]
+    total = disk_usage(store.path)
+    other = total - sum(d or 0 for d in on_disk.values())  # metadata, episode index, journal
     return {
         "path": os.path.abspath(store.path),
         "format": FORMAT,
@@ -114,8 +120,32 @@ def describe(store: mr.Store) -> dict[str, Any]:
             "truncated": statuses.count("truncated"),
         },
         "leaves": leaves,
-        "bytes_on_disk": disk_usage(store.path),
+        "bytes_on_disk": total,
+        "bytes_per_step": None if None in known else sum(leaf["bytes_per_step"] for leaf in leaves),
+        "projected_bytes_when_full": None if None in known else sum(known) + other,
     }
+
+
+def _projection(leaf: Any, meta: Any, disk: int | None, steps: int, fixed: int) -> tuple[float | None, int | None]:
+    """Bytes per step (all envs) and the leaf's bytes when full: a mapped leaf is
+    allocated whole; a compressed one keeps the bytes per step it has so far (its
+    metadata, ``fixed``, counted once)."""
+    if leaf.compression is None:  # its layout's padding and index included
+        return (meta.num_envs * leaf.spec.nbytes if disk is None else disk / meta.capacity), disk
+    if disk is None or not steps:
+        return None, None
+    per_step = max(0, disk - fixed) / steps
+    return per_step, fixed + round(per_step * meta.capacity)
+
+
+def _fixed_bytes(store: mr.Store, leaf: Any) -> int:
+    """Bytes of a zarr leaf's own metadata file, which does not grow with its steps."""
+    if store.metadata.backend != "zarr":
+        return 0
+    try:
+        return os.path.getsize(os.path.join(store.path, "data.zarr", leaf.path, "zarr.json"))
+    except OSError:
+        return 0
 
 
 def _when(t: float | None) -> str:
@@ -154,10 +184,15 @@ def render(info: dict[str, Any]) -> str:
         f"  episodes      {ep['total']:,}: {ep['complete']:,} complete ({ep['terminated']:,} terminated, "
         f"{ep['truncated']:,} truncated), {ep['open']:,} open",
         "  roles         " + (", ".join(f"{r}={p}" for r, p in info["roles"].items()) or "none"),
-        f"  on disk       {human_bytes(info['bytes_on_disk'])}",
+        f"  on disk       {human_bytes(info['bytes_on_disk'])}; when full "
+        + (
+            f"{human_bytes(info['projected_bytes_when_full'])} ({human_bytes(info['bytes_per_step'])} per step)"
+            if info["projected_bytes_when_full"] is not None
+            else "? (no compressed data yet)"
+        ),
         "",
     ]
-    head = ("leaf", "shape", "dtype", "chunks", "compression", "on disk", "ratio")
+    head = ("leaf", "shape", "dtype", "chunks", "compression", "on disk", "ratio", "per step", "when full")
     rows = [
         (
             leaf["path"],
@@ -167,6 +202,8 @@ def render(info: dict[str, Any]) -> str:
             leaf["compression"] or "none (mapped)",
             human_bytes(leaf["bytes_on_disk"]),
             "-" if leaf["compression_ratio"] is None else f"{leaf['compression_ratio']:.1f}x",
+            human_bytes(leaf["bytes_per_step"]),
+            human_bytes(leaf["projected_bytes_when_full"]),
         )
         for leaf in info["leaves"]
     ]

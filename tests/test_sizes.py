@@ -171,3 +171,30 @@ def test_create_logs_what_it_preallocates(tmp_path, caplog):
     size = mr.estimate(SPEC, 100, 2)
     logged = [r.getMessage() for r in caplog.records if "preallocating" in r.getMessage()]
     assert logged and f"preallocating {size.data_bytes} bytes" in logged[0]
+
+
+def test_inspect_projects_the_size_when_full(tmp_path):
+    rng = np.random.default_rng(3)
+    capacity, num_envs = 400, 2
+    spec = {"pixels": mr.ArraySpec((84, 84), "uint8"), "reward": mr.ArraySpec((), "float32")}
+    pixels = frames(capacity * num_envs, rng)[..., 0].reshape(capacity, num_envs, 84, 84)
+    with mr.create(tmp_path / "b", spec, capacity, num_envs, compression={"pixels": "zstd"}, chunk_steps=50) as store:
+        store.extend({"pixels": pixels[:100], "reward": np.zeros((100, num_envs), "float32")})
+    r = shell("inspect", tmp_path / "b", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    leaves = {leaf["path"]: leaf for leaf in info["leaves"]}
+    px, rw = leaves["pixels"], leaves["reward"]
+    assert rw["bytes_per_step"] == rw["bytes_on_disk"] / capacity  # mapped: allocated whole
+    assert rw["projected_bytes_when_full"] == rw["bytes_on_disk"]
+    assert 0 < px["bytes_per_step"] < px["bytes_on_disk"] / 100
+    projected = px["projected_bytes_when_full"]
+    with mr.open(tmp_path / "b", mode="a") as store:
+        store.extend({"pixels": pixels[100:], "reward": np.zeros((300, num_envs), "float32")})
+    full = disk_usage(tmp_path / "b" / "data.zarr" / "pixels")
+    assert abs(projected - full) / full < 0.15, (projected, full)
+    assert info["projected_bytes_when_full"] == pytest.approx(
+        info["bytes_on_disk"] - px["bytes_on_disk"] + projected, abs=1
+    )
+    table = shell("inspect", tmp_path / "b").stdout
+    assert "per step" in table and "when full" in table
