@@ -8,7 +8,6 @@ import shutil
 from typing import Any
 
 import click
-
 import numpy as np
 
 import mmreplay as mr
@@ -79,7 +78,9 @@ def load_spec_file(path: str) -> dict[str, Any]:
 @click.option("--chunk-steps", type=click.IntRange(min=1), default=None)
 @click.option("--commit-every", type=click.IntRange(min=1), default=None)
 @click.option("--durability", type=click.Choice(["process", "power"]), default=None)
-@click.option("--dry-run", is_flag=True, help="Only report the bytes the buffer will take when full; create nothing.")
+@click.option(
+    "--dry-run", is_flag=True, help="Only report the bytes the buffer will take when full; create nothing."
+)
 @click.option(
     "--sample",
     type=click.Path(exists=True),
@@ -138,12 +139,15 @@ def load_sample(path: str | None) -> Any:
         return None
     if os.path.isdir(path):
         with mr.open(path, mode="r") as store:
-            return dict(zip(store.leaf_paths, store.read_steps(store.first_step + np.arange(max(0, len(store) - SAMPLE_STEPS), len(store)))))
+            newest = store.first_step + np.arange(max(0, len(store) - SAMPLE_STEPS), len(store))
+            return dict(zip(store.leaf_paths, store.read_steps(newest)))
     try:
         with np.load(path, allow_pickle=False) as f:
             return {k: f[k] for k in f.files}
     except (OSError, ValueError) as exc:
-        raise mr.BadInputError(f"{path}: not an .npz of arrays keyed by leaf path, nor a store ({exc})") from None
+        raise mr.BadInputError(
+            f"{path}: not an .npz of arrays keyed by leaf path, nor a store ({exc})"
+        ) from None
 
 
 def render_estimate(size: SizeEstimate, path: str) -> str:
@@ -151,8 +155,11 @@ def render_estimate(size: SizeEstimate, path: str) -> str:
     total = size.total
     head = (
         f"{path}: {size.backend}, capacity {size.capacity:,} x {size.num_envs} envs; when full "
-        + (f"{human_bytes(total)} ({total:,} bytes" + (", exact)" if size.exact else ", estimated)") if total is not None
-           else f"at most {human_bytes(size.upper_bound)} (compressed leaves without a sample at their raw size)")
+        + (
+            f"{human_bytes(total)} ({total:,} bytes" + (", exact)" if size.exact else ", estimated)")
+            if total is not None
+            else f"at most {human_bytes(size.upper_bound)} (compressed leaves without a sample at their raw size)"
+        )
         + f"; preallocated at creation {human_bytes(size.preallocated)}"
     )
     rows = [("leaf", "compression", "raw", "on disk when full")]

@@ -92,7 +92,9 @@ class SizeEstimate:
     @property
     def upper_bound(self) -> int:
         """``total`` with every unknown compressed leaf at its raw size."""
-        return self.overhead + sum(leaf.raw_bytes if leaf.bytes is None else leaf.bytes for leaf in self.leaves)
+        return self.overhead + sum(
+            leaf.raw_bytes if leaf.bytes is None else leaf.bytes for leaf in self.leaves
+        )
 
     @property
     def exact(self) -> bool:
@@ -196,7 +198,9 @@ def _sample_by_path(meta: Metadata, sample: Any) -> dict[str, np.ndarray]:
                 f"sample for leaf {leaf.path!r}: expected rows shaped (n{dims}) or (n, num_envs{dims}), got {x.shape}"
             )
         if not np.can_cast(x.dtype, leaf.spec.dtype, "same_kind"):
-            raise BadInputError(f"sample for leaf {leaf.path!r}: dtype {x.dtype} does not cast to {leaf.spec.dtype}")
+            raise BadInputError(
+                f"sample for leaf {leaf.path!r}: dtype {x.dtype} does not cast to {leaf.spec.dtype}"
+            )
         rows = x.reshape(-1, *shape).astype(leaf.spec.dtype, copy=False)
         if not len(rows):
             raise BadInputError(f"sample for leaf {leaf.path!r} holds no rows")
@@ -218,7 +222,9 @@ def _trial_ratio(meta: Metadata, leaf: Any, rows: np.ndarray) -> float:
     spec = {"x": ArraySpec(leaf.spec.shape, leaf.spec.dtype)}
     with tempfile.TemporaryDirectory(prefix="mmreplay-estimate-") as tmp:
         path = os.path.join(tmp, "trial")
-        with create(path, spec, steps, envs, backend=meta.backend, compression=leaf.compression, chunk_steps=chunk) as trial:
+        with create(
+            path, spec, steps, envs, backend=meta.backend, compression=leaf.compression, chunk_steps=chunk
+        ) as trial:
             trial.extend({"x": values})
             leaves = list(trial.metadata.leaves)
         _, _, empty = backends.get(meta.backend).planned_bytes(leaves, steps, envs)

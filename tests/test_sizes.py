@@ -30,7 +30,9 @@ def shell(*args: object) -> subprocess.CompletedProcess:
 
 
 def data_bytes(path) -> int:
-    return disk_usage(os.path.join(path, "data.zarr" if os.path.isdir(os.path.join(path, "data.zarr")) else "data.h5"))
+    return disk_usage(
+        os.path.join(path, "data.zarr" if os.path.isdir(os.path.join(path, "data.zarr")) else "data.h5")
+    )
 
 
 def frames(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -60,8 +62,10 @@ def test_uncompressed_estimate_is_exact_against_the_created_store(tmp_path, back
         rng = np.random.default_rng(0)
         store.extend(
             {
-                "obs": {"pixels": rng.integers(0, 255, (capacity, num_envs, 84, 84, 3), dtype=np.uint8),
-                        "state": np.ones((capacity, num_envs, 7), "float32")},
+                "obs": {
+                    "pixels": rng.integers(0, 255, (capacity, num_envs, 84, 84, 3), dtype=np.uint8),
+                    "state": np.ones((capacity, num_envs, 7), "float32"),
+                },
                 "action": np.ones((capacity, num_envs), "int64"),
                 "reward": np.ones((capacity, num_envs), "float32"),
                 "terminated": np.zeros((capacity, num_envs), bool),
@@ -120,7 +124,10 @@ def spec_file(tmp_path, capacity: int) -> str:
     path.write_text(
         json.dumps(
             {
-                "spec": {"pixels": {"shape": [84, 84], "dtype": "uint8"}, "reward": {"shape": [], "dtype": "float32"}},
+                "spec": {
+                    "pixels": {"shape": [84, 84], "dtype": "uint8"},
+                    "reward": {"shape": [], "dtype": "float32"},
+                },
                 "capacity": capacity,
                 "num_envs": 4,
             }
@@ -133,7 +140,9 @@ def test_create_dry_run_reports_the_size_and_creates_nothing(tmp_path):
     spec = spec_file(tmp_path, 500)
     r = shell("create", tmp_path / "b", "--spec", spec, "--dry-run")
     assert r.returncode == 0, r.stderr
-    want = mr.estimate({"pixels": mr.ArraySpec((84, 84), "uint8"), "reward": mr.ArraySpec((), "float32")}, 500, 4)
+    want = mr.estimate(
+        {"pixels": mr.ArraySpec((84, 84), "uint8"), "reward": mr.ArraySpec((), "float32")}, 500, 4
+    )
     printed = int(re.search(r"\(([\d,]+) bytes, exact\)", r.stdout).group(1).replace(",", ""))
     assert abs(printed - want.total) < 64  # mmreplay.json's timestamps' digits
     assert "pixels" in r.stdout and "free space" in r.stdout
@@ -147,7 +156,17 @@ def test_create_dry_run_reports_the_size_and_creates_nothing(tmp_path):
 def test_create_dry_run_with_a_sample_estimates_compressed_leaves(tmp_path):
     spec = spec_file(tmp_path, 500)
     np.savez(tmp_path / "s.npz", pixels=frames(16, np.random.default_rng(2))[..., 0])
-    r = shell("create", tmp_path / "b", "--spec", spec, "--dry-run", "--compression", "zstd", "--sample", tmp_path / "s.npz")
+    r = shell(
+        "create",
+        tmp_path / "b",
+        "--spec",
+        spec,
+        "--dry-run",
+        "--compression",
+        "zstd",
+        "--sample",
+        tmp_path / "s.npz",
+    )
     assert r.returncode == 0, r.stderr
     assert "estimated" not in r.stdout.splitlines()[0]  # reward has no sample: the total is a bound
     assert "at most" in r.stdout and "(est.," in r.stdout and "? (pass --sample)" in r.stdout
@@ -178,7 +197,9 @@ def test_inspect_projects_the_size_when_full(tmp_path):
     capacity, num_envs = 400, 2
     spec = {"pixels": mr.ArraySpec((84, 84), "uint8"), "reward": mr.ArraySpec((), "float32")}
     pixels = frames(capacity * num_envs, rng)[..., 0].reshape(capacity, num_envs, 84, 84)
-    with mr.create(tmp_path / "b", spec, capacity, num_envs, compression={"pixels": "zstd"}, chunk_steps=50) as store:
+    with mr.create(
+        tmp_path / "b", spec, capacity, num_envs, compression={"pixels": "zstd"}, chunk_steps=50
+    ) as store:
         store.extend({"pixels": pixels[:100], "reward": np.zeros((100, num_envs), "float32")})
     r = shell("inspect", tmp_path / "b", "--json")
     assert r.returncode == 0, r.stderr

@@ -73,7 +73,9 @@ def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) ->
     return out
 
 
-def planned_bytes(leaves: list[LeafInfo], capacity: int, num_envs: int) -> tuple[list[LeafInfo], dict[str, int], int]:
+def planned_bytes(
+    leaves: list[LeafInfo], capacity: int, num_envs: int
+) -> tuple[list[LeafInfo], dict[str, int], int]:
     """What :func:`create` makes, without allocating it: the leaves as it places them,
     the data bytes of each uncompressed leaf, and the rest of the file (HDF5's own
     metadata). The file is made in a temporary folder without preallocation: its
@@ -83,7 +85,9 @@ def planned_bytes(leaves: list[LeafInfo], capacity: int, num_envs: int) -> tuple
         path = os.path.join(tmp, DATA_FILE)
         placed = _write_file(path, leaves, capacity, num_envs)
         total = os.path.getsize(path)
-    data = {leaf.path: leaf_nbytes_for(leaf, capacity, num_envs) for leaf in leaves if leaf.compression is None}
+    data = {
+        leaf.path: leaf_nbytes_for(leaf, capacity, num_envs) for leaf in leaves if leaf.compression is None
+    }
     return placed, data, total - sum(data.values())
 
 

@@ -95,7 +95,9 @@ def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) ->
     return out
 
 
-def planned_bytes(leaves: list[LeafInfo], capacity: int, num_envs: int) -> tuple[list[LeafInfo], dict[str, int], int]:
+def planned_bytes(
+    leaves: list[LeafInfo], capacity: int, num_envs: int
+) -> tuple[list[LeafInfo], dict[str, int], int]:
     """What :func:`create` makes, without writing it: the leaves as it places them, the
     shard file bytes of each uncompressed leaf, and the bytes of the zarr metadata files
     (made in memory)."""
