@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ import click
 import mmreplay as mr
 from mmreplay.files import disk_usage
 from mmreplay.metadata import FORMAT
+from mmreplay.view import frame_leaves, image_protocol, png_bytes, terminal_image, thumbnails
 
 
 def human_bytes(n: float | None) -> str:
@@ -123,10 +125,13 @@ def describe(store: mr.Store) -> dict[str, Any]:
         "bytes_on_disk": total,
         "bytes_per_step": None if None in known else sum(leaf["bytes_per_step"] for leaf in leaves),
         "projected_bytes_when_full": None if None in known else sum(known) + other,
+        "frame_leaves": frame_leaves(store),
     }
 
 
-def _projection(leaf: Any, meta: Any, disk: int | None, steps: int, fixed: int) -> tuple[float | None, int | None]:
+def _projection(
+    leaf: Any, meta: Any, disk: int | None, steps: int, fixed: int
+) -> tuple[float | None, int | None]:
     """Bytes per step (all envs) and the leaf's bytes when full: a mapped leaf is
     allocated whole; a compressed one keeps the bytes per step it has so far (its
     metadata, ``fixed``, counted once)."""
@@ -216,17 +221,43 @@ def render(info: dict[str, Any]) -> str:
 @click.command("inspect")
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def command(path: str, as_json: bool) -> None:
+@click.option(
+    "--images/--no-images",
+    default=True,
+    help="Thumbnails of the newest frames in kitty / iTerm2 terminals [on].",
+)
+def command(path: str, as_json: bool, images: bool) -> None:
     """Show what is in the buffer at PATH: size, fill, episodes, leaves and storage.
 
-    Read-only; safe while a writer is running (shows its last commit).
+    Read-only; safe while a writer is running (shows its last commit). In a terminal
+    that shows images (kitty, iTerm2, WezTerm), also the newest frames of env 0.
     """
     with mr.open(path, mode="r") as store:
         info = describe(store)
-    if as_json:
-        click.echo(json.dumps(info, indent=1, default=_json_default))
-    else:
+        if as_json:
+            click.echo(json.dumps(info, indent=1, default=_json_default))
+            return
         click.echo(render({**info, "path": path}))
+        if info["frame_leaves"]:
+            click.echo(_frames_line(store, path, info["frame_leaves"][0], images))
+
+
+def _frames_line(store: mr.Store, path: str, leaf: str, images: bool) -> str:
+    """Thumbnails of the newest frames where the terminal shows images, else where to
+    find them."""
+    hint = (
+        f"  frames        {leaf}: see them with `mmreplay view {path} -o episode.gif` (.png: a contact sheet)"
+    )
+    protocol = image_protocol(os.environ, sys.stdout.isatty()) if images else None
+    if protocol is None or not len(store):
+        return hint
+    try:
+        found = thumbnails(store, leaf=leaf)
+    except ImportError:
+        return hint + "; pip install 'mmreplay[view]' for thumbnails here"
+    if found is None:
+        return hint
+    return f"  newest frames of env 0, {leaf}:\n" + terminal_image(png_bytes(found[1]), protocol).rstrip("\n")
 
 
 def _json_default(x: Any) -> Any:

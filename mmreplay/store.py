@@ -572,6 +572,29 @@ class Store:
 
         return export(self, out, format=format, **options)
 
+    def view(self, out: str | os.PathLike | None = None, **options: Any) -> Any:
+        """One env's frames of an image leaf as pictures; see :func:`mmreplay.view.view`.
+
+        Without ``out``, returns a :class:`mmreplay.view.FrameView`, which a notebook
+        shows inline (an animated GIF) and whose ``sheet()`` is a PIL contact sheet;
+        with ``out`` (``.gif``, ``.png`` contact sheet, ``.mp4``), writes it and returns
+        the path. Options: ``leaf``, ``env`` (0), ``episode`` (index into the env's
+        episodes, negative from the newest; default the newest complete one) or
+        ``steps`` (``"A:B"`` or a slice of global step ids), ``layout``, ``stack``,
+        ``fps``, ``scale``, ``columns``, ``max_frames``, ``force``, ``progress``.
+        Needs pillow: ``pip install 'mmreplay[view]'``.
+
+        Example:
+            >>> import mmreplay as mr, numpy as np, tempfile
+            >>> store = mr.create(tempfile.mkdtemp() + "/b", {"obs": mr.ArraySpec((16, 16), "uint8")}, 10)
+            >>> store.extend({"obs": np.zeros((4, 1, 16, 16), "uint8")}); store.commit()
+            >>> len(store.view(steps="0:3"))
+            3
+        """
+        from .view import view
+
+        return view(self, out, **options)
+
     # --- readers --------------------------------------------------------------------
 
     def live_state(self) -> State:
