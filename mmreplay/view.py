@@ -16,7 +16,7 @@ import io
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -582,13 +582,21 @@ class FrameView:
         if not len(self):
             raise NotEnoughDataError("no frames to write")
         images = _palette_images(self.pictures, self.scale)
-        if progress is not None:
-            progress(len(images))
-        images[0].save(
+        first = next(images)
+
+        def rest() -> Iterator[Any]:  # made as the encoder takes them: progress as it goes
+            for i, im in enumerate(images, 2):
+                yield im
+                if progress is not None and i % READ_BLOCK_FRAMES == 0:
+                    progress(READ_BLOCK_FRAMES)
+            if progress is not None:
+                progress(len(self) % READ_BLOCK_FRAMES)
+
+        first.save(
             target,
             format="GIF",
             save_all=True,
-            append_images=images[1:],
+            append_images=rest(),
             duration=max(20, round(1000 / self.options.fps)),
             loop=0,
             optimize=False,
@@ -666,19 +674,18 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _palette_images(pictures: np.ndarray, scale: int) -> list[Any]:
-    """PIL images for a GIF, upscaled by ``scale``: gray frames as 'L'; colour frames as
-    'P' on one palette for all, exact when all frames hold at most 256 colours together.
-    Colours are indexed before upscaling, on scale**2 times fewer pixels."""
+def _palette_images(pictures: np.ndarray, scale: int) -> Iterator[Any]:
+    """PIL images for a GIF, upscaled by ``scale``, made one at a time: gray frames as
+    'L'; colour frames as 'P' on one palette for all, exact when all frames hold at most
+    256 colours together. Colours are indexed before upscaling (scale**2 fewer pixels)."""
     Image, _, _ = _pil()
     size = (pictures.shape[2] * scale, pictures.shape[1] * scale)
 
-    def image(p: np.ndarray, mode: str) -> Any:
-        im = Image.fromarray(p, mode)
+    def upscaled(im: Any) -> Any:  # nearest neighbour keeps the palette and the pixels
         return im if scale == 1 else im.resize(size, Image.Resampling.NEAREST)
 
     if pictures.shape[-1] == 1:
-        return [image(p, "L") for p in pictures[..., 0]]
+        return (upscaled(Image.fromarray(p, "L")) for p in pictures[..., 0])
     packed = (
         (pictures[..., 0].astype(np.uint32) << 16)
         | (pictures[..., 1].astype(np.uint32) << 8)
@@ -687,34 +694,26 @@ def _palette_images(pictures: np.ndarray, scale: int) -> list[Any]:
     present = np.zeros(1 << 24, np.bool_)
     present[packed.reshape(-1)] = True
     colours = np.flatnonzero(present)
-    palette = np.zeros((256, 3), np.uint8)
-    if len(colours) <= 256:
-        lut = np.zeros(1 << 24, np.uint8)
-        lut[colours] = np.arange(len(colours), dtype=np.uint8)
-        index = lut[packed]
-        palette[: len(colours)] = np.stack([(colours >> 16) & 255, (colours >> 8) & 255, colours & 255], -1)
-    else:
-        # more than 256 colours: one adaptive palette from frames spread over the range
+    if len(colours) > 256:  # one adaptive palette from frames spread over the range
         picks = pictures[np.linspace(0, len(pictures) - 1, min(len(pictures), 32)).round().astype(int)]
         mosaic = Image.fromarray(np.ascontiguousarray(picks.reshape(-1, *picks.shape[2:])), "RGB")
-        palette_image = mosaic.quantize(256, method=Image.Quantize.FASTOCTREE)
-        used = np.asarray(palette_image.getpalette() or [], np.uint8)[: 256 * 3]
-        palette.reshape(-1)[: len(used)] = used
-        index = np.stack(
-            [
-                np.asarray(
-                    Image.fromarray(p, "RGB").quantize(palette=palette_image, dither=Image.Dither.NONE)
-                )
-                for p in pictures
-            ]
+        shared = mosaic.quantize(256, method=Image.Quantize.FASTOCTREE)
+        return (
+            upscaled(Image.fromarray(p, "RGB").quantize(palette=shared, dither=Image.Dither.NONE))
+            for p in pictures
         )
+    lut = np.zeros(1 << 24, np.uint8)
+    lut[colours] = np.arange(len(colours), dtype=np.uint8)
+    palette = np.zeros((256, 3), np.uint8)
+    palette[: len(colours)] = np.stack([(colours >> 16) & 255, (colours >> 8) & 255, colours & 255], -1)
     raw_palette = palette.tobytes()
-    out = []
-    for p in index:
-        im = Image.fromarray(p, "P")
+
+    def indexed(p: np.ndarray) -> Any:
+        im = Image.fromarray(lut[p], "P")
         im.putpalette(raw_palette)
-        out.append(im if scale == 1 else im.resize(size, Image.Resampling.NEAREST))
-    return out
+        return upscaled(im)
+
+    return (indexed(p) for p in packed)
 
 
 def view(

@@ -219,3 +219,22 @@ def test_inspect_projects_the_size_when_full(tmp_path):
     )
     table = shell("inspect", tmp_path / "b").stdout
     assert "per step" in table and "when full" in table
+
+
+def test_create_dry_run_takes_its_sample_from_a_store(tmp_path):
+    zstd = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets", "pointchase-pixels-zstd"
+    )
+    with mr.open(zstd) as store:
+        spec = store.spec
+        real = disk_usage(os.path.join(zstd, "data.zarr", "observation", "pixels"))
+    (tmp_path / "spec.json").write_text(json.dumps({"spec": mr.spec.spec_to_json(spec)}))
+    args = ["--capacity", 400, "--num-envs", 8, "--compression", "zstd", "--dry-run", "--sample", zstd]
+    r = shell("create", tmp_path / "b", "--spec", tmp_path / "spec.json", *args)
+    assert r.returncode == 0, r.stderr
+    assert "estimated" in r.stdout.splitlines()[0] and "?" not in r.stdout
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("observation/pixels"))
+    assert "(est.," in line
+    size = mr.estimate(spec, 400, 8, compression="zstd", sample=mr.open(zstd).get(slice(-400, None)))
+    px = next(s for s in size.leaves if s.path == "observation/pixels")
+    assert abs(px.bytes - real) / real < 0.25, (px.bytes, real)
