@@ -551,7 +551,7 @@ class FrameView:
             end = self.ends[k]
             if end:
                 draw.rectangle((x0 - 2, y0 - 2, x1 + 1, y1 + 1), outline=END_COLOURS[end], width=2)
-            label = f"{self.steps[k]}" + (f" {end[:5]}" if end else "")
+            label = f"{self.steps[k]}" + (f" {end}" if end else "")
             lx0, ly0, _, _ = geo.label_box(i)
             draw.text((lx0, ly0 + 1), label, fill=END_COLOURS.get(end, TEXT), font=font)
         return img
