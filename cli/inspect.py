@@ -19,7 +19,8 @@ import click
 import mmreplay as mr
 from mmreplay.files import disk_usage
 from mmreplay.metadata import FORMAT
-from mmreplay.view import frame_leaves, image_protocol, png_bytes, terminal_image, thumbnails
+from mmreplay.terminal_images import image_protocol, terminal_image
+from mmreplay.view import frame_leaves, png_bytes, thumbnails
 
 
 def human_bytes(n: float | None) -> str:

@@ -18,7 +18,7 @@ LAYERS = [
     {"metadata", "lock", "files"},
     {"backends"},
     {"store", "sampling", "episodes", "reads"},
-    {"export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes"},
+    {"export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
 OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas", "PIL", "imageio_ffmpeg"}

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.view import BACKGROUND, Layout, image_protocol, terminal_image
+from mmreplay.terminal_images import image_protocol, terminal_image
+from mmreplay.view import BACKGROUND, Layout
 
 Image = pytest.importorskip("PIL.Image")
 
