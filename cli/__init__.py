@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("sample", "Print a few random rows."),
     "stats": ("stats", "Episode return / length statistics and per-leaf value ranges."),
     "plot": ("plot", "Plot episode returns and the episode length histogram to an image."),
+    "view": ("view", "Draw an episode's frames as a GIF, an MP4 or a contact sheet (PNG)."),
     "create": ("create", "Create an empty store from a JSON or YAML spec file."),
     "verify": ("verify", "Check a buffer's files against its metadata; exit 0 only if healthy."),
     "recover": ("recover", "Bring a damaged buffer back to its last consistent commit; say what was lost."),

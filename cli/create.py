@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 import click
+import numpy as np
 
 import mmreplay as mr
 from mmreplay.codecs import STORE_HELP
 from mmreplay.errors import SpecError
+from mmreplay.files import disk_usage
+from mmreplay.sizes import SizeEstimate, estimate
 from mmreplay.spec import spec_from_json
+
+from .inspect import human_bytes
+
+#: steps of a --sample store read to estimate compressed leaves from (its newest)
+SAMPLE_STEPS = 512
 
 SPEC_HELP = """A spec file maps leaf names to {"shape": [...], "dtype": "..."}; nest dicts for
 nested leaves, e.g. {"obs": {"shape": [17], "dtype": "float32"}, "reward": {"shape": [],
@@ -70,8 +79,18 @@ def load_spec_file(path: str) -> dict[str, Any]:
 @click.option("--chunk-steps", type=click.IntRange(min=1), default=None)
 @click.option("--commit-every", type=click.IntRange(min=1), default=None)
 @click.option("--durability", type=click.Choice(["process", "power"]), default=None)
-def command(path: str, spec_file: str, **options: Any) -> None:
-    """Create an empty store at PATH from the spec in FILE."""
+@click.option(
+    "--dry-run", is_flag=True, help="Only report the bytes the buffer will take when full; create nothing."
+)
+@click.option(
+    "--sample",
+    type=click.Path(exists=True),
+    default=None,
+    help="With --dry-run: an .npz of rows keyed by leaf path, or a store, to estimate compressed leaves from.",
+)
+def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **options: Any) -> None:
+    """Create an empty store at PATH from the spec in FILE (with --dry-run, report its
+    size when full instead)."""
     obj = load_spec_file(spec_file)
     settings = {k: v for k, v in obj.items() if k != "spec"} if "spec" in obj else {}
     spec = _plain_spec(obj["spec"] if "spec" in obj else obj, "spec")
@@ -92,6 +111,12 @@ def command(path: str, spec_file: str, **options: Any) -> None:
     if "capacity" not in settings:
         raise click.UsageError("give --capacity (or 'capacity' in the spec file)")
     capacity = settings.pop("capacity")
+    if dry_run:
+        size = estimate(spec, capacity, **_estimate_settings(settings), sample=load_sample(sample))
+        click.echo(render_estimate(size, path))
+        return
+    if sample is not None:
+        raise click.UsageError("--sample applies to --dry-run only")
     with mr.create(path, spec, capacity, **settings) as store:
         leaves = ", ".join(
             f"{p} {leaf.spec.shape} {leaf.spec.dtype}"
@@ -99,5 +124,58 @@ def command(path: str, spec_file: str, **options: Any) -> None:
         )
         click.echo(
             f"created {os.path.abspath(path)}: {store.backend}, capacity {store.capacity:,} x {store.num_envs} envs; "
-            f"leaves {leaves}; roles {store.roles or 'none'}"
+            f"leaves {leaves}; roles {store.roles or 'none'}; {human_bytes(disk_usage(path))} preallocated"
         )
+
+
+def _estimate_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    keys = ("num_envs", "backend", "compression", "chunk_steps")
+    return {k: settings[k] for k in keys if k in settings}
+
+
+def load_sample(path: str | None) -> Any:
+    """Rows to estimate compressed leaves from: an .npz keyed by leaf path, or the
+    newest steps of a store."""
+    if path is None:
+        return None
+    if os.path.isdir(path):
+        with mr.open(path, mode="r") as store:
+            newest = store.first_step + np.arange(max(0, len(store) - SAMPLE_STEPS), len(store))
+            return dict(zip(store.leaf_paths, store.read_steps(newest)))
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except (OSError, ValueError) as exc:
+        raise mr.BadInputError(
+            f"{path}: not an .npz of arrays keyed by leaf path, nor a store ({exc})"
+        ) from None
+
+
+def render_estimate(size: SizeEstimate, path: str) -> str:
+    """The --dry-run report."""
+    total = size.total
+    head = (
+        f"{path}: {size.backend}, capacity {size.capacity:,} x {size.num_envs} envs; when full "
+        + (
+            f"{human_bytes(total)} ({total:,} bytes" + (", exact)" if size.exact else ", estimated)")
+            if total is not None
+            else f"at most {human_bytes(size.upper_bound)} (compressed leaves without a sample at their raw size)"
+        )
+        + f"; preallocated at creation {human_bytes(size.preallocated)}"
+    )
+    rows = [("leaf", "compression", "raw", "on disk when full")]
+    for leaf in size.leaves:
+        if leaf.bytes is None:
+            disk = "? (pass --sample)"
+        else:
+            disk = human_bytes(leaf.bytes) + ("" if leaf.exact else f" (est., {leaf.ratio:.1f}x)")
+        rows.append((leaf.path, leaf.compression or "none (mapped)", human_bytes(leaf.raw_bytes), disk))
+    rows.append(("metadata", "", "", human_bytes(size.overhead)))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [head, ""] + ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(parent):
+        free = shutil.disk_usage(parent).free
+        verdict = "enough" if size.preallocated <= free else "too little: create would refuse"
+        lines.append(f"  free space in {parent}: {human_bytes(free)} ({verdict})")
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -18,6 +19,8 @@ import click
 import mmreplay as mr
 from mmreplay.files import disk_usage
 from mmreplay.metadata import FORMAT
+from mmreplay.terminal_images import image_protocol, terminal_image
+from mmreplay.view import frame_leaves, png_bytes, thumbnails
 
 
 def human_bytes(n: float | None) -> str:
@@ -74,6 +77,7 @@ def describe(store: mr.Store) -> dict[str, Any]:
         ratio = None
         if leaf.compression is not None and disk and raw:
             ratio = round(raw / disk, 2)
+        per_step, when_full = _projection(leaf, meta, disk, n, _fixed_bytes(store, leaf))
         leaves.append(
             {
                 "path": leaf.path,
@@ -86,8 +90,13 @@ def describe(store: mr.Store) -> dict[str, Any]:
                 "bytes_on_disk": disk,
                 "bytes_stored": raw,
                 "compression_ratio": ratio,
+                "bytes_per_step": per_step,
+                "projected_bytes_when_full": when_full,
             }
         )
+    known = [leaf["projected_bytes_when_full"] for leaf in leaves]
+    total = disk_usage(store.path)
+    other = total - sum(d or 0 for d in on_disk.values())  # metadata, episode index, journal
     return {
         "path": os.path.abspath(store.path),
         "format": FORMAT,
@@ -114,8 +123,35 @@ def describe(store: mr.Store) -> dict[str, Any]:
             "truncated": statuses.count("truncated"),
         },
         "leaves": leaves,
-        "bytes_on_disk": disk_usage(store.path),
+        "bytes_on_disk": total,
+        "bytes_per_step": None if None in known else sum(leaf["bytes_per_step"] for leaf in leaves),
+        "projected_bytes_when_full": None if None in known else sum(known) + other,
+        "frame_leaves": frame_leaves(store),
     }
+
+
+def _projection(
+    leaf: Any, meta: Any, disk: int | None, steps: int, fixed: int
+) -> tuple[float | None, int | None]:
+    """Bytes per step (all envs) and the leaf's bytes when full: a mapped leaf is
+    allocated whole; a compressed one keeps the bytes per step it has so far (its
+    metadata, ``fixed``, counted once)."""
+    if leaf.compression is None:  # its layout's padding and index included
+        return (meta.num_envs * leaf.spec.nbytes if disk is None else disk / meta.capacity), disk
+    if disk is None or not steps:
+        return None, None
+    per_step = max(0, disk - fixed) / steps
+    return per_step, fixed + round(per_step * meta.capacity)
+
+
+def _fixed_bytes(store: mr.Store, leaf: Any) -> int:
+    """Bytes of a zarr leaf's own metadata file, which does not grow with its steps."""
+    if store.metadata.backend != "zarr":
+        return 0
+    try:
+        return os.path.getsize(os.path.join(store.path, "data.zarr", leaf.path, "zarr.json"))
+    except OSError:
+        return 0
 
 
 def _when(t: float | None) -> str:
@@ -154,10 +190,15 @@ def render(info: dict[str, Any]) -> str:
         f"  episodes      {ep['total']:,}: {ep['complete']:,} complete ({ep['terminated']:,} terminated, "
         f"{ep['truncated']:,} truncated), {ep['open']:,} open",
         "  roles         " + (", ".join(f"{r}={p}" for r, p in info["roles"].items()) or "none"),
-        f"  on disk       {human_bytes(info['bytes_on_disk'])}",
+        f"  on disk       {human_bytes(info['bytes_on_disk'])}; when full "
+        + (
+            f"{human_bytes(info['projected_bytes_when_full'])} ({human_bytes(info['bytes_per_step'])} per step)"
+            if info["projected_bytes_when_full"] is not None
+            else "? (no compressed data yet)"
+        ),
         "",
     ]
-    head = ("leaf", "shape", "dtype", "chunks", "compression", "on disk", "ratio")
+    head = ("leaf", "shape", "dtype", "chunks", "compression", "on disk", "ratio", "per step", "when full")
     rows = [
         (
             leaf["path"],
@@ -167,6 +208,8 @@ def render(info: dict[str, Any]) -> str:
             leaf["compression"] or "none (mapped)",
             human_bytes(leaf["bytes_on_disk"]),
             "-" if leaf["compression_ratio"] is None else f"{leaf['compression_ratio']:.1f}x",
+            human_bytes(leaf["bytes_per_step"]),
+            human_bytes(leaf["projected_bytes_when_full"]),
         )
         for leaf in info["leaves"]
     ]
@@ -179,17 +222,43 @@ def render(info: dict[str, Any]) -> str:
 @click.command("inspect")
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def command(path: str, as_json: bool) -> None:
+@click.option(
+    "--images/--no-images",
+    default=True,
+    help="Thumbnails of the newest frames in kitty / iTerm2 terminals [on].",
+)
+def command(path: str, as_json: bool, images: bool) -> None:
     """Show what is in the buffer at PATH: size, fill, episodes, leaves and storage.
 
-    Read-only; safe while a writer is running (shows its last commit).
+    Read-only; safe while a writer is running (shows its last commit). In a terminal
+    that shows images (kitty, iTerm2, WezTerm), also the newest frames of env 0.
     """
     with mr.open(path, mode="r") as store:
         info = describe(store)
-    if as_json:
-        click.echo(json.dumps(info, indent=1, default=_json_default))
-    else:
+        if as_json:
+            click.echo(json.dumps(info, indent=1, default=_json_default))
+            return
         click.echo(render({**info, "path": path}))
+        if info["frame_leaves"]:
+            click.echo(_frames_line(store, path, info["frame_leaves"][0], images))
+
+
+def _frames_line(store: mr.Store, path: str, leaf: str, images: bool) -> str:
+    """Thumbnails of the newest frames where the terminal shows images, else where to
+    find them."""
+    hint = (
+        f"  frames        {leaf}: see them with `mmreplay view {path} -o episode.gif` (.png: a contact sheet)"
+    )
+    protocol = image_protocol(os.environ, sys.stdout.isatty()) if images else None
+    if protocol is None or not len(store):
+        return hint
+    try:
+        found = thumbnails(store, leaf=leaf)
+    except ImportError:
+        return hint + "; pip install 'mmreplay[view]' for thumbnails here"
+    if found is None:
+        return hint
+    return f"  newest frames of env 0, {leaf}:\n" + terminal_image(png_bytes(found[1]), protocol).rstrip("\n")
 
 
 def _json_default(x: Any) -> Any:

@@ -15,6 +15,7 @@ from .errors import (
     TargetError,
     UnsupportedFormatError,
 )
+from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
 from .store import BufferExistsError, Store, create, open
 
@@ -25,6 +26,8 @@ __all__ = [
     "Store",
     "create",
     "open",
+    "estimate",
+    "SizeEstimate",
     "to_spec",
     "Error",
     "BadInputError",

@@ -14,6 +14,7 @@ them, so a crash or a reader never sees a torn row as committed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -59,6 +60,8 @@ __all__ = ["Store", "create", "open", "BufferExistsError"]
 CHUNK_TARGET_BYTES = 4 << 20
 DEFAULT_COMMIT_EVERY = 1000
 MODES = ("r", "a")
+
+log = logging.getLogger(__name__)
 
 
 class BufferExistsError(Error, FileExistsError):
@@ -569,6 +572,29 @@ class Store:
 
         return export(self, out, format=format, **options)
 
+    def view(self, out: str | os.PathLike | None = None, **options: Any) -> Any:
+        """One env's frames of an image leaf as pictures; see :func:`mmreplay.view.view`.
+
+        Without ``out``, returns a :class:`mmreplay.view.FrameView`, which a notebook
+        shows inline (an animated GIF) and whose ``sheet()`` is a PIL contact sheet;
+        with ``out`` (``.gif``, ``.png`` contact sheet, ``.mp4``), writes it and returns
+        the path. Options: ``leaf``, ``env`` (0), ``episode`` (index into the env's
+        episodes, negative from the newest; default the newest complete one) or
+        ``steps`` (``"A:B"`` or a slice of global step ids), ``layout``, ``stack``,
+        ``fps``, ``scale``, ``columns``, ``max_frames``, ``force``, ``progress``.
+        Needs pillow: ``pip install 'mmreplay[view]'``.
+
+        Example:
+            >>> import mmreplay as mr, numpy as np, tempfile
+            >>> store = mr.create(tempfile.mkdtemp() + "/b", {"obs": mr.ArraySpec((16, 16), "uint8")}, 10)
+            >>> store.extend({"obs": np.zeros((4, 1, 16, 16), "uint8")}); store.commit()
+            >>> len(store.view(steps="0:3"))
+            3
+        """
+        from .view import view
+
+        return view(self, out, **options)
+
     # --- readers --------------------------------------------------------------------
 
     def live_state(self) -> State:
@@ -652,6 +678,59 @@ def _check_int(name: str, value: Any, lo: int) -> int:
     return int(value)
 
 
+def plan(
+    spec: Any,
+    capacity: int,
+    num_envs: int = 1,
+    backend: str = "zarr",
+    chunk_steps: int | Mapping[str, int] | None = None,
+    compression: str | Mapping[str, str | None] | None = None,
+    commit_every: int = DEFAULT_COMMIT_EVERY,
+    durability: str = "process",
+    roles: Mapping[str, str] | None = None,
+) -> Metadata:
+    """The metadata :func:`create` would write for these arguments (validated; no I/O).
+    Its leaves have no files yet: the backend places them."""
+    spec = to_spec(spec)
+    leaves_spec = flatten(spec)
+    if not leaves_spec or not all(isinstance(s, ArraySpec) for s in leaves_spec):
+        raise SpecError("spec must hold at least one array leaf")
+    capacity = _check_int("capacity", capacity, 1)
+    num_envs = _check_int("num_envs", num_envs, 1)
+    commit_every = _check_int("commit_every", commit_every, 1)
+    if durability not in DURABILITIES:
+        raise SpecError(f"durability must be one of {DURABILITIES}, got {durability!r}")
+    module = backends.get(backend)
+    paths = leaf_paths(spec)
+    if isinstance(compression, Mapping):
+        unknown = sorted(set(compression) - set(paths))
+        if unknown:
+            raise SpecError(f"compression names leaves not in the spec: {unknown}")
+    if isinstance(chunk_steps, Mapping):
+        unknown = sorted(set(chunk_steps) - set(paths))
+        if unknown:
+            raise SpecError(f"chunk_steps names leaves not in the spec: {unknown}")
+    infos = []
+    for p, s in zip(paths, leaves_spec):
+        if 0 in s.shape:
+            raise SpecError(f"leaf {p!r}: shape {s.shape} holds no elements")
+        comp = _compression_for(compression, p)
+        if comp is not None:
+            module.check_compression(comp)
+        infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps, p), comp))
+    roles_found = validate_roles(spec, roles)
+    return Metadata(
+        backend=backend,
+        capacity=capacity,
+        num_envs=num_envs,
+        spec=spec,
+        leaves=tuple(infos),
+        roles=roles_found,
+        commit_every=commit_every,
+        durability=durability,
+    )
+
+
 def create(
     path: str | os.PathLike,
     spec: Any,
@@ -689,45 +768,8 @@ def create(
         >>> store.close()
     """
     path = os.fspath(path)
-    spec = to_spec(spec)
-    leaves_spec = flatten(spec)
-    if not leaves_spec or not all(isinstance(s, ArraySpec) for s in leaves_spec):
-        raise SpecError("spec must hold at least one array leaf")
-    capacity = _check_int("capacity", capacity, 1)
-    num_envs = _check_int("num_envs", num_envs, 1)
-    commit_every = _check_int("commit_every", commit_every, 1)
-    if durability not in DURABILITIES:
-        raise SpecError(f"durability must be one of {DURABILITIES}, got {durability!r}")
+    meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles)
     module = backends.get(backend)
-    paths = leaf_paths(spec)
-    if isinstance(compression, Mapping):
-        unknown = sorted(set(compression) - set(paths))
-        if unknown:
-            raise SpecError(f"compression names leaves not in the spec: {unknown}")
-    if isinstance(chunk_steps, Mapping):
-        unknown = sorted(set(chunk_steps) - set(paths))
-        if unknown:
-            raise SpecError(f"chunk_steps names leaves not in the spec: {unknown}")
-    infos = []
-    for p, s in zip(paths, leaves_spec):
-        if 0 in s.shape:
-            raise SpecError(f"leaf {p!r}: shape {s.shape} holds no elements")
-        comp = _compression_for(compression, p)
-        if comp is not None:
-            module.check_compression(comp)
-        infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps, p), comp))
-    roles_found = validate_roles(spec, roles)
-    meta = Metadata(
-        backend=backend,
-        capacity=capacity,
-        num_envs=num_envs,
-        spec=spec,
-        leaves=tuple(infos),
-        roles=roles_found,
-        commit_every=commit_every,
-        durability=durability,
-    )
-
     if os.path.lexists(path):
         if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
             store = open(path, "a")
@@ -740,7 +782,8 @@ def create(
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"{parent}: parent folder does not exist")
-    _check_free_space(parent, meta)
+    need = _check_free_space(parent, module, meta)
+    log.info("creating %s: %s backend, preallocating %d bytes (%.2f GiB)", path, backend, need, need / 2**30)
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.creating-{os.getpid()}")
     if os.path.lexists(tmp):
         shutil.rmtree(tmp)
@@ -748,7 +791,7 @@ def create(
     lock = WriterLock(tmp)
     try:
         lock.acquire()
-        created = module.create(tmp, list(infos), capacity, num_envs)
+        created = module.create(tmp, list(meta.leaves), meta.capacity, meta.num_envs)
         meta = Metadata(**{**meta.__dict__, "leaves": tuple(created)})
         write_metadata(tmp, meta, fsync=durability == "power")
         os.rename(tmp, path)
@@ -762,14 +805,18 @@ def create(
     return Store(path, meta, "a", lock)
 
 
-def _check_free_space(parent: str, meta: Metadata) -> None:
-    need = sum(meta.capacity * meta.num_envs * leaf.spec.nbytes for leaf in meta.leaves if leaf.compression is None)
+def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:
+    """The bytes creation preallocates (the backend's layout of the uncompressed
+    leaves and its metadata); a DiskFullError when the file system has less free."""
+    _, shards, overhead = module.planned_bytes(list(meta.leaves), meta.capacity, meta.num_envs)
+    need = sum(shards.values()) + overhead
     free = shutil.disk_usage(parent).free
     if need > free:
         raise DiskFullError(
             f"{parent}: the buffer needs {need} bytes ({need / 2**30:.2f} GiB) for its uncompressed leaves, "
             f"the file system has {free} ({free / 2**30:.2f} GiB) free"
         )
+    return need
 
 
 def _fsync_dir(path: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 from dataclasses import replace
 from typing import Any
 
@@ -63,6 +64,39 @@ def check_compression(text: str) -> None:
 
 def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
     path = os.path.join(folder, DATA_FILE)
+    out = _write_file(path, leaves, capacity, num_envs)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        preallocate(fd, os.fstat(fd).st_size, path)
+    finally:
+        os.close(fd)
+    return out
+
+
+def planned_bytes(
+    leaves: list[LeafInfo], capacity: int, num_envs: int
+) -> tuple[list[LeafInfo], dict[str, int], int]:
+    """What :func:`create` makes, without allocating it: the leaves as it places them,
+    the data bytes of each uncompressed leaf, and the rest of the file (HDF5's own
+    metadata). The file is made in a temporary folder without preallocation: its
+    contiguous datasets are never written (``FILL_TIME_NEVER``), so it is sparse and
+    takes no disk blocks."""
+    with tempfile.TemporaryDirectory(prefix="mmreplay-plan-") as tmp:
+        path = os.path.join(tmp, DATA_FILE)
+        placed = _write_file(path, leaves, capacity, num_envs)
+        total = os.path.getsize(path)
+    data = {
+        leaf.path: leaf_nbytes_for(leaf, capacity, num_envs) for leaf in leaves if leaf.compression is None
+    }
+    return placed, data, total - sum(data.values())
+
+
+def leaf_nbytes_for(leaf: LeafInfo, capacity: int, num_envs: int) -> int:
+    return capacity * num_envs * leaf.spec.nbytes
+
+
+def _write_file(path: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
+    """``data.h5`` with one dataset per leaf (contiguous ones allocated, not written)."""
     out = []
     with h5py.File(path, "w-", libver="latest") as f:
         for leaf in leaves:
@@ -95,16 +129,11 @@ def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) ->
             )
             offset = dsid.get_offset()
             out.append(replace(leaf, file=DATA_FILE, offset=0 if offset is None else int(offset)))
-    fd = os.open(path, os.O_RDWR)
-    try:
-        preallocate(fd, os.fstat(fd).st_size, path)
-    finally:
-        os.close(fd)
     return out
 
 
 def leaf_nbytes(meta: Metadata, leaf: LeafInfo) -> int:
-    return meta.capacity * meta.num_envs * leaf.spec.nbytes
+    return leaf_nbytes_for(leaf, meta.capacity, meta.num_envs)
 
 
 def _file_access() -> Any:

@@ -50,42 +50,74 @@ def _fill(dtype: np.dtype) -> Any:
     return np.zeros((), dtype)[()]
 
 
-def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
-    root = zarr.open_group(os.path.join(folder, DATA_DIR), mode="w-", zarr_format=3)
-    out = []
-    for leaf in leaves:
-        dtype = leaf.spec.dtype.newbyteorder("<")
-        shape = (capacity, num_envs, *leaf.spec.shape)
-        inner = (leaf.chunk_steps, num_envs, *leaf.spec.shape)
-        if leaf.compression is not None:
-            root.create_array(
-                leaf.path,
-                shape=shape,
-                dtype=dtype,
-                chunks=inner,
-                # a CRC-32C per chunk: a damaged chunk is an error, never other rows
-                compressors=[_compressor(leaf.compression), Crc32cCodec()],
-                fill_value=_fill(dtype),
-            )
-            out.append(replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None))
-            continue
-        nchunks = -(-capacity // leaf.chunk_steps)
+def _create_array(root: Any, leaf: LeafInfo, capacity: int, num_envs: int) -> tuple[Any, int, int]:
+    """The leaf's array in ``root`` (metadata only); for an uncompressed leaf also the
+    chunks of its one shard and the bytes of each (0, 0 for a compressed leaf)."""
+    dtype = leaf.spec.dtype.newbyteorder("<")
+    shape = (capacity, num_envs, *leaf.spec.shape)
+    inner = (leaf.chunk_steps, num_envs, *leaf.spec.shape)
+    if leaf.compression is not None:
         arr = root.create_array(
             leaf.path,
             shape=shape,
             dtype=dtype,
-            chunks=(nchunks * leaf.chunk_steps, *inner[1:]),
-            serializer=ShardingCodec(
-                chunk_shape=inner, codecs=[BytesCodec()], index_codecs=[BytesCodec()]
-            ),
-            compressors=None,
-            filters=None,
+            chunks=inner,
+            # a CRC-32C per chunk: a damaged chunk is an error, never other rows
+            compressors=[_compressor(leaf.compression), Crc32cCodec()],
             fill_value=_fill(dtype),
         )
-        rel = f"{DATA_DIR}/{leaf.path}/{arr.metadata.encode_chunk_key((0,) * len(shape))}"
-        _write_shard(os.path.join(folder, rel), nchunks, math.prod(inner) * dtype.itemsize)
+        return arr, 0, 0
+    nchunks = -(-capacity // leaf.chunk_steps)
+    arr = root.create_array(
+        leaf.path,
+        shape=shape,
+        dtype=dtype,
+        chunks=(nchunks * leaf.chunk_steps, *inner[1:]),
+        serializer=ShardingCodec(chunk_shape=inner, codecs=[BytesCodec()], index_codecs=[BytesCodec()]),
+        compressors=None,
+        filters=None,
+        fill_value=_fill(dtype),
+    )
+    return arr, nchunks, math.prod(inner) * dtype.itemsize
+
+
+def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
+    root = zarr.open_group(os.path.join(folder, DATA_DIR), mode="w-", zarr_format=3)
+    out = []
+    for leaf in leaves:
+        arr, nchunks, chunk_bytes = _create_array(root, leaf, capacity, num_envs)
+        if leaf.compression is not None:
+            out.append(replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None))
+            continue
+        rel = f"{DATA_DIR}/{leaf.path}/{arr.metadata.encode_chunk_key((0,) * arr.ndim)}"
+        _write_shard(os.path.join(folder, rel), nchunks, chunk_bytes)
         out.append(replace(leaf, file=rel, offset=0))
     return out
+
+
+def planned_bytes(
+    leaves: list[LeafInfo], capacity: int, num_envs: int
+) -> tuple[list[LeafInfo], dict[str, int], int]:
+    """What :func:`create` makes, without writing it: the leaves as it places them, the
+    shard file bytes of each uncompressed leaf, and the bytes of the zarr metadata files
+    (made in memory)."""
+    files: dict[str, Any] = {}
+    root = zarr.open_group(zarr.storage.MemoryStore(files), mode="w-", zarr_format=3)
+    placed, shards = [], {}
+    for leaf in leaves:
+        arr, nchunks, chunk_bytes = _create_array(root, leaf, capacity, num_envs)
+        if leaf.compression is None:
+            shards[leaf.path] = _shard_bytes(nchunks, chunk_bytes)
+            rel = f"{DATA_DIR}/{leaf.path}/{arr.metadata.encode_chunk_key((0,) * arr.ndim)}"
+            placed.append(replace(leaf, file=rel, offset=0))
+        else:
+            placed.append(replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None))
+    return placed, shards, sum(len(buf) for buf in files.values())
+
+
+def _shard_bytes(nchunks: int, chunk_bytes: int) -> int:
+    """A shard file: the raw chunks, then an index of two uint64 per chunk."""
+    return nchunks * chunk_bytes + nchunks * 16
 
 
 def _write_shard(path: str, nchunks: int, chunk_bytes: int) -> None:
@@ -97,7 +129,7 @@ def _write_shard(path: str, nchunks: int, chunk_bytes: int) -> None:
     data_bytes = nchunks * chunk_bytes
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        preallocate(fd, data_bytes + index.nbytes, path)
+        preallocate(fd, _shard_bytes(nchunks, chunk_bytes), path)
         os.pwrite(fd, index.tobytes(), data_bytes)
     finally:
         os.close(fd)

@@ -1,0 +1,99 @@
+"""``mmreplay view PATH -o out.gif|out.mp4|out.png``: an episode's frames as pictures."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import click
+
+import mmreplay as mr
+from mmreplay.view import SHEET_MAX_FRAMES, ViewOptions, frames, select
+
+from .export import LazyBar
+from .inspect import human_bytes
+
+#: ranges shorter than this draw without a progress bar
+PROGRESS_MIN_FRAMES = 500
+
+
+@click.command("view")
+@click.argument("path", type=click.Path())
+@click.option(
+    "-o", "--output", required=True, type=click.Path(), help="out.gif, out.mp4 or out.png (contact sheet)."
+)
+@click.option(
+    "--leaf",
+    default=None,
+    help="Image leaf path [the observation's frames, else the first leaf that looks like frames].",
+)
+@click.option("--env", type=click.IntRange(min=0), default=0, show_default=True, help="Which env's stream.")
+@click.option(
+    "--episode",
+    type=int,
+    default=None,
+    help="Episode index in the env's retained episodes; negative counts from the newest [newest complete].",
+)
+@click.option(
+    "--steps",
+    default=None,
+    metavar="A:B",
+    help="Global step ids A (inclusive) to B (exclusive), as inspect shows them; negative counts from the newest.",
+)
+@click.option(
+    "--layout",
+    default=None,
+    help="Frame layout: HW, HWC, CHW, KHW, HWK, HW(KC), KHWC, KCHW [from the shape].",
+)
+@click.option(
+    "--stack", is_flag=True, help="Lay a frame stack's k frames side by side (default: its newest frame)."
+)
+@click.option("--fps", type=click.FloatRange(min=0, max=100, min_open=True), default=20.0, show_default=True)
+@click.option(
+    "--scale", type=click.IntRange(min=1), default=None, help="Whole upscaling factor [84 px -> 2]."
+)
+@click.option("--columns", type=click.IntRange(min=1), default=None, help="Contact sheet columns [up to 8].")
+@click.option(
+    "--max-frames",
+    type=click.IntRange(min=1),
+    default=SHEET_MAX_FRAMES,
+    show_default=True,
+    help="Contact sheet frames at most (picked evenly).",
+)
+@click.option("--force", is_flag=True, help="Overwrite the output file.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def command(
+    path: str,
+    output: str,
+    leaf: str | None,
+    env: int,
+    episode: int | None,
+    steps: str | None,
+    force: bool,
+    quiet: bool,
+    **options: object,
+) -> None:
+    """Draw one env's frames of an image leaf: an animated GIF, an MP4 (needs
+    imageio-ffmpeg) or, for .png, a contact sheet with step numbers, the return and
+    where the episode ended. Read-only on PATH."""
+    suffix = os.path.splitext(output)[1].lower()
+    if suffix not in (".gif", ".png", ".mp4"):
+        raise click.UsageError(f"-o {output}: expected a .gif, .png (contact sheet) or .mp4 file name")
+    if os.path.lexists(output) and not force:
+        raise FileExistsError(f"{output}: already exists; pass --force to overwrite it")
+    opts = ViewOptions(**options)  # type: ignore[arg-type]
+    t = time.perf_counter()
+    with mr.open(path, mode="r") as store:
+        n = len(select(store, env, episode, steps).steps)
+        hidden = quiet or n < PROGRESS_MIN_FRAMES
+        # one unit per frame read and one per frame written
+        with LazyBar(2 * n, f"drawing {n:,} frames", hidden) as bar:
+            fv = frames(store, leaf, env, episode, steps, opts, bar.update)
+            written = fv.save(output, force=force, progress=bar.update)
+    seconds = time.perf_counter() - t
+    h, w = fv.pictures.shape[1:3]
+    click.echo(
+        f"wrote {written}: {len(fv):,} frames of {h}x{w} (x{fv.scale}), steps {fv.steps[0]}-{fv.steps[-1]} "
+        f"of env {env}; {human_bytes(os.path.getsize(written))}, {seconds:.2f} s"
+    )
+    click.echo("  " + " · ".join(fv.summary()[1:]))

@@ -1,0 +1,233 @@
+"""What a buffer will take on disk when full, before it is created.
+
+Uncompressed leaves are exact: the bytes come from the layout the backend would make
+(zarr: each leaf's shard with its chunk padding and index; HDF5: the file's own
+metadata), without allocating it. Compressed leaves are estimated from a sample of
+values the caller passes, encoded in a small trial buffer of the same backend, codec
+and chunking; with no sample their raw size is the upper bound and the estimate is
+unknown.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from . import backends
+from .errors import BadInputError
+from .files import disk_usage
+from .metadata import Metadata, render
+from .spec import ArraySpec, flatten, leaf_paths
+from .store import create, plan
+
+__all__ = ["LeafSize", "SizeEstimate", "estimate"]
+
+
+@dataclass(frozen=True)
+class LeafSize:
+    """One leaf when the buffer is full.
+
+    Attributes:
+        path: the leaf path.
+        raw_bytes: ``capacity * num_envs`` rows of the leaf, uncompressed.
+        bytes: on disk when full: exact for an uncompressed leaf (its padding included),
+            an estimate from the sample for a compressed one, None without a sample.
+        compression: the codec, or None (memory-mapped, preallocated at creation).
+        ratio: raw / stored for a compressed leaf with a sample.
+    """
+
+    path: str
+    raw_bytes: int
+    bytes: int | None
+    compression: str | None
+    ratio: float | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.compression is None
+
+
+@dataclass(frozen=True)
+class SizeEstimate:
+    """A buffer's size on disk when full, leaf by leaf.
+
+    ``preallocated`` is what :func:`mmreplay.create` allocates at once (the uncompressed
+    leaves and the metadata files); ``total`` is the size when full (None when a
+    compressed leaf has no sample); ``exact`` says whether ``total`` is exact. The
+    episode index (16 bytes per episode end) is not counted.
+    """
+
+    backend: str
+    capacity: int
+    num_envs: int
+    leaves: tuple[LeafSize, ...]
+    data_metadata: int  # zarr.json files / the HDF5 file's own metadata
+    metadata_file: int  # mmreplay.json (its timestamps' digits may differ by a few bytes)
+
+    @property
+    def overhead(self) -> int:
+        """Bytes besides the leaves' data: the metadata files."""
+        return self.data_metadata + self.metadata_file
+
+    @property
+    def data_bytes(self) -> int | None:
+        """The data folder or file when full (``data.zarr`` / ``data.h5``)."""
+        total = self.total
+        return None if total is None else total - self.metadata_file
+
+    @property
+    def preallocated(self) -> int:
+        return self.overhead + sum(leaf.bytes or 0 for leaf in self.leaves if leaf.compression is None)
+
+    @property
+    def total(self) -> int | None:
+        sizes = [leaf.bytes for leaf in self.leaves]
+        return None if any(b is None for b in sizes) else self.overhead + sum(b or 0 for b in sizes)
+
+    @property
+    def upper_bound(self) -> int:
+        """``total`` with every unknown compressed leaf at its raw size."""
+        return self.overhead + sum(
+            leaf.raw_bytes if leaf.bytes is None else leaf.bytes for leaf in self.leaves
+        )
+
+    @property
+    def exact(self) -> bool:
+        return all(leaf.exact for leaf in self.leaves)
+
+    @property
+    def bytes_per_step(self) -> float | None:
+        """Bytes of data per step (all envs) when full."""
+        total = self.total
+        return None if total is None else (total - self.overhead) / self.capacity
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "capacity": self.capacity,
+            "num_envs": self.num_envs,
+            "total_bytes": self.total,
+            "upper_bound_bytes": self.upper_bound,
+            "preallocated_bytes": self.preallocated,
+            "metadata_bytes": self.overhead,
+            "data_bytes": self.data_bytes,
+            "bytes_per_step": self.bytes_per_step,
+            "exact": self.exact,
+            "leaves": [
+                {
+                    "path": leaf.path,
+                    "raw_bytes": leaf.raw_bytes,
+                    "bytes": leaf.bytes,
+                    "compression": leaf.compression,
+                    "ratio": leaf.ratio,
+                    "exact": leaf.exact,
+                }
+                for leaf in self.leaves
+            ],
+        }
+
+
+def estimate(
+    spec: Any,
+    capacity: int,
+    num_envs: int = 1,
+    *,
+    backend: str = "zarr",
+    compression: str | Mapping[str, str | None] | None = None,
+    chunk_steps: int | Mapping[str, int] | None = None,
+    sample: Any = None,
+) -> SizeEstimate:
+    """The bytes a buffer made by ``mmreplay.create`` with these arguments takes on disk
+    when full.
+
+    Args:
+        spec, capacity, num_envs, backend, compression, chunk_steps: as for
+            :func:`mmreplay.create`.
+        sample: values of the compressed leaves to estimate their ratio from: the spec's
+            nest (or a dict leaf path -> array) of rows ``[n, *shape]`` or
+            ``[n, num_envs, *shape]``, e.g. a few hundred steps of real observations.
+            Encoded in a small trial buffer with the same backend, codec and chunking;
+            the more (and more typical) rows, the better the estimate.
+
+    Example:
+        >>> import mmreplay as mr
+        >>> size = mr.estimate({"obs": mr.ArraySpec((84, 84), "uint8")}, capacity=1000, num_envs=2)
+        >>> size.leaves[0].bytes >= 1000 * 2 * 84 * 84
+        True
+    """
+    meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression)
+    module = backends.get(backend)
+    placed, shards, data_meta = module.planned_bytes(list(meta.leaves), meta.capacity, meta.num_envs)
+    samples = _sample_by_path(meta, sample)
+    out = []
+    for leaf in meta.leaves:
+        raw = meta.capacity * meta.num_envs * leaf.spec.nbytes
+        if leaf.compression is None:
+            out.append(LeafSize(leaf.path, raw, shards[leaf.path], None))
+            continue
+        rows = samples.get(leaf.path)
+        if rows is None:
+            out.append(LeafSize(leaf.path, raw, None, leaf.compression))
+            continue
+        ratio = _trial_ratio(meta, leaf, rows)
+        out.append(LeafSize(leaf.path, raw, int(round(raw / ratio)), leaf.compression, round(ratio, 3)))
+    metadata_file = len(render(replace(meta, leaves=tuple(placed))))
+    return SizeEstimate(meta.backend, meta.capacity, meta.num_envs, tuple(out), data_meta, metadata_file)
+
+
+def _sample_by_path(meta: Metadata, sample: Any) -> dict[str, np.ndarray]:
+    """Rows ``[n, *shape]`` of each sampled leaf."""
+    if sample is None:
+        return {}
+    paths = [leaf.path for leaf in meta.leaves]
+    by_path = dict(zip(leaf_paths(sample), flatten(sample)))  # a nest, or a dict keyed by leaf path
+    out = {}
+    for leaf in meta.leaves:
+        if leaf.path not in by_path or by_path[leaf.path] is None:
+            continue
+        x = np.asarray(by_path[leaf.path])
+        shape = leaf.spec.shape
+        if x.shape[x.ndim - len(shape) :] != shape or x.ndim - len(shape) not in (1, 2):
+            dims = "".join(f", {n}" for n in shape)
+            raise BadInputError(
+                f"sample for leaf {leaf.path!r}: expected rows shaped (n{dims}) or (n, num_envs{dims}), got {x.shape}"
+            )
+        if not np.can_cast(x.dtype, leaf.spec.dtype, "same_kind"):
+            raise BadInputError(
+                f"sample for leaf {leaf.path!r}: dtype {x.dtype} does not cast to {leaf.spec.dtype}"
+            )
+        rows = x.reshape(-1, *shape).astype(leaf.spec.dtype, copy=False)
+        if not len(rows):
+            raise BadInputError(f"sample for leaf {leaf.path!r} holds no rows")
+        out[leaf.path] = rows
+    unknown = sorted(set(by_path) - set(paths))
+    if unknown:
+        raise BadInputError(f"sample names leaves not in the spec: {unknown}")
+    return out
+
+
+def _trial_ratio(meta: Metadata, leaf: Any, rows: np.ndarray) -> float:
+    """raw / stored bytes of ``rows`` written to a trial buffer of one leaf with the same
+    backend, codec and chunk shape (fewer steps per chunk when the sample is short)."""
+    envs = min(meta.num_envs, len(rows))
+    steps = len(rows) // envs
+    chunk = min(leaf.chunk_steps, steps)
+    steps = (steps // chunk) * chunk  # whole chunks only: a padded chunk compresses too well
+    values = rows[: steps * envs].reshape(steps, envs, *leaf.spec.shape)
+    spec = {"x": ArraySpec(leaf.spec.shape, leaf.spec.dtype)}
+    with tempfile.TemporaryDirectory(prefix="mmreplay-estimate-") as tmp:
+        path = os.path.join(tmp, "trial")
+        with create(
+            path, spec, steps, envs, backend=meta.backend, compression=leaf.compression, chunk_steps=chunk
+        ) as trial:
+            trial.extend({"x": values})
+            leaves = list(trial.metadata.leaves)
+        _, _, empty = backends.get(meta.backend).planned_bytes(leaves, steps, envs)
+        data = os.path.join(path, "data.zarr" if meta.backend == "zarr" else "data.h5")
+        stored = disk_usage(data) - empty  # the encoded chunks (and their index)
+    return values.nbytes / max(1, stored)

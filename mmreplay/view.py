@@ -1,0 +1,752 @@
+"""Frames as pictures: an episode or a step range of an image leaf as a GIF, an MP4 or a
+contact sheet (a PNG grid of frames with their step numbers, the return and the end).
+
+Pixel-RL bugs are found by looking (a wrong crop, a stack in the wrong order, a reset
+frame where the last one should be, a black screen), so this reads one env's frames of
+one leaf and lays them out as images. The layout of a frame (grayscale, RGB, CHW or HWC,
+frame stacks) is recognised from the leaf's shape and can be named; see :class:`Layout`.
+Frames are shown exactly as the store returns them. Pillow (``mmreplay[view]``) draws;
+MP4 also needs ``imageio-ffmpeg`` (``mmreplay[mp4]``).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import BadInputError, NotEnoughDataError
+
+__all__ = [
+    "Layout",
+    "ViewOptions",
+    "FrameView",
+    "SheetGeometry",
+    "frames",
+    "view",
+    "frame_leaves",
+    "thumbnails",
+    "png_bytes",
+]
+
+Progress = Callable[[int], Any]
+
+#: bytes read per block: bounded memory for long ranges, one progress report per block
+READ_BLOCK_FRAMES = 256
+#: frames drawn in a contact sheet at most (picked evenly, first and last included)
+SHEET_MAX_FRAMES = 48
+#: frames an inline (notebook) animation holds at most; longer views show their sheet
+INLINE_MAX_FRAMES = 600
+BACKGROUND = (48, 48, 48)
+TEXT = (235, 235, 235)
+END_COLOURS = {"terminated": (220, 60, 60), "truncated": (230, 190, 40)}
+SUFFIXES = (".gif", ".png", ".mp4")
+
+
+def _pil() -> Any:
+    try:
+        from PIL import Image, ImageDraw, ImageFont
+    except ImportError:
+        raise ImportError("viewing frames needs pillow: pip install 'mmreplay[view]'") from None
+    return Image, ImageDraw, ImageFont
+
+
+# --- layouts --------------------------------------------------------------------------
+
+_AXIS = re.compile(r"\(([HWCK]+)\)|([HWCK])")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a frame's axes are laid out, as letters: ``H`` height, ``W`` width, ``C``
+    channels (1 gray, 3 RGB, 4 RGBA), ``K`` a frame stack; ``(KC)`` is a stack of RGB
+    frames concatenated along one axis (k*3 channels, oldest first).
+
+    Recognised from the shape: ``HW`` (84, 84); ``HWC`` (84, 84, 3); ``CHW`` (3, 84, 84);
+    ``KHW`` (4, 84, 84), the Atari stack; ``HWK`` (84, 84, 4); ``HW(KC)`` (84, 84, 12);
+    ``KHWC`` (4, 84, 84, 3); ``KCHW`` (4, 3, 84, 84). A stack's newest frame is its last.
+    """
+
+    axes: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str, shape: tuple[int, ...], leaf: str = "") -> Layout:
+        spec = text.upper().replace(" ", "")
+        parts = [m.group(1) or m.group(2) for m in _AXIS.finditer(spec)]
+        where = f"leaf {leaf!r}: " if leaf else ""
+        if "".join(m.group(0) for m in _AXIS.finditer(spec)) != spec or not parts:
+            raise BadInputError(
+                f"{where}layout {text!r}: expected letters H, W, C, K, e.g. 'HWC', 'CHW', 'KHW', 'HW(KC)'"
+            )
+        letters = "".join(parts)
+        if (
+            sorted(set(letters)) != sorted(letters)
+            or not {"H", "W"} <= set(letters)
+            or set(letters) - set("HWCK")
+        ):
+            raise BadInputError(f"{where}layout {text!r}: needs H and W once each, and C, K at most once")
+        if any(len(p) > 1 and sorted(p) != ["C", "K"] for p in parts):
+            raise BadInputError(f"{where}layout {text!r}: only K and C can share an axis, as '(KC)'")
+        if len(parts) != len(shape):
+            raise BadInputError(
+                f"{where}layout {text!r} has {len(parts)} axes, the leaf's shape {shape} has {len(shape)}"
+            )
+        layout = cls(tuple(parts))
+        layout.check(shape, where)
+        return layout
+
+    @classmethod
+    def infer(cls, shape: tuple[int, ...], leaf: str = "") -> Layout:
+        """The layout a shape most likely has in RL code (see the class docstring)."""
+        big = [n >= 8 for n in shape]
+        guess: str | None = None
+        if len(shape) == 2 and all(big):
+            guess = "HW"
+        elif len(shape) == 3:
+            a, b, c = shape
+            if big[0] and big[1] and c <= 16:
+                guess = "HWC" if c in (1, 3) else ("HW(KC)" if c % 3 == 0 else "HWK")
+            elif big[1] and big[2] and a <= 16:
+                guess = "CHW" if a in (1, 3) else ("(KC)HW" if a % 3 == 0 else "KHW")
+        elif len(shape) == 4:
+            if big[1] and big[2] and shape[3] in (1, 3, 4):
+                guess = "KHWC"
+            elif big[2] and big[3] and shape[1] in (1, 3, 4):
+                guess = "KCHW"
+        if guess is None:
+            raise BadInputError(
+                f"leaf {leaf!r}: shape {shape} is not a frame layout mmreplay recognises "
+                "(HW, HWC, CHW, KHW, HWK, KHWC, KCHW with H, W >= 8); name it with layout=/--layout"
+            )
+        return cls.parse(guess, shape, leaf)
+
+    def check(self, shape: tuple[int, ...], where: str) -> None:
+        channels = self.channels(shape)
+        if channels not in (1, 3, 4):
+            raise BadInputError(
+                f"{where}layout {self}: {channels} channels; expected 1 (gray), 3 (RGB) or 4 (RGBA)"
+            )
+
+    def channels(self, shape: tuple[int, ...]) -> int:
+        for part, n in zip(self.axes, shape):
+            if part == "C":
+                return n
+            if len(part) == 2:
+                if n % 3:
+                    raise BadInputError(
+                        f"layout {self}: a ({part}) axis of {n} is no whole number of RGB frames"
+                    )
+                return 3
+        return 1
+
+    def __str__(self) -> str:
+        return "".join(p if len(p) == 1 else f"({p})" for p in self.axes)
+
+    def normalise(self, x: np.ndarray) -> np.ndarray:
+        """``[T, *shape]`` to ``[T, K, H, W, C]`` (K = 1 without a stack)."""
+        shape: list[int] = [x.shape[0]]
+        names: list[str] = ["T"]
+        for part, n in zip(self.axes, x.shape[1:]):
+            if len(part) == 2:
+                c = 3
+                sizes = {"K": n // c, "C": c}
+                shape += [sizes[p] for p in part]
+                names += list(part)
+            else:
+                shape.append(n)
+                names.append(part)
+        x = x.reshape(shape)
+        for letter in "KC":
+            if letter not in names:
+                x = x[..., None]
+                names.append(letter)
+        return x.transpose([names.index(a) for a in "TKHWC"])
+
+
+def to_uint8(x: np.ndarray) -> np.ndarray:
+    """Pixel values as uint8: uint8 as is, bool as 0/255, floats in [0, 1] times 255,
+    anything else scaled from its range to 0..255."""
+    if x.dtype == np.uint8:
+        return x
+    if x.dtype == np.bool_:
+        return x.astype(np.uint8) * np.uint8(255)
+    if x.size == 0:
+        return x.astype(np.uint8)
+    lo, hi = float(np.min(x)), float(np.max(x))
+    if x.dtype.kind == "f" and lo >= 0.0 and hi <= 1.0:
+        return np.rint(x * 255.0).astype(np.uint8)
+    if x.dtype.kind in "iu" and lo >= 0 and hi <= 255:
+        return x.astype(np.uint8)
+    scale = 255.0 / (hi - lo) if hi > lo else 0.0
+    return np.rint((x.astype(np.float64) - lo) * scale).astype(np.uint8)
+
+
+def compose(x: np.ndarray, stack: bool) -> np.ndarray:
+    """``[T, K, H, W, C]`` uint8 to displayable ``[T, H, W', C]`` with C 1 or 3: the
+    newest (last) frame of a stack, or with ``stack`` the k frames side by side, oldest
+    first, one background pixel apart."""
+    if x.shape[-1] == 4:
+        x = x[..., :3]  # RGBA: the colour, as RL renderers' alpha is opaque
+    if not stack or x.shape[1] == 1:
+        return x[:, -1]
+    t, k, h, w, c = x.shape
+    out = np.empty((t, h, k * w + (k - 1), c), np.uint8)
+    out[...] = BACKGROUND[0] if c == 1 else np.array(BACKGROUND, np.uint8)
+    for i in range(k):
+        out[:, :, i * (w + 1) : i * (w + 1) + w] = x[:, i]
+    return out
+
+
+def upscale(x: np.ndarray, factor: int) -> np.ndarray:
+    """Nearest-neighbour upscaling of ``[..., H, W, C]`` by a whole factor (lossless)."""
+    if factor == 1:
+        return x
+    return np.repeat(np.repeat(x, factor, axis=-3), factor, axis=-2)
+
+
+def auto_scale(height: int, width: int) -> int:
+    """A whole factor that makes small frames big enough to see (84 -> 2, 32 -> 3)."""
+    return max(1, math.ceil(96 / max(height, width)))
+
+
+# --- what to show ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ViewOptions:
+    """How frames are drawn.
+
+    Attributes:
+        layout: the frame layout (:class:`Layout` letters); None recognises it from the shape.
+        stack: lay a frame stack's k frames side by side instead of its newest frame.
+        fps: frames per second of a GIF or MP4.
+        scale: whole upscaling factor (nearest neighbour); None picks one (84 px -> 2).
+        columns: contact sheet columns; None picks up to 8.
+        max_frames: contact sheet frames at most, picked evenly with first and last.
+    """
+
+    layout: str | None = None
+    stack: bool = False
+    fps: float = 20.0
+    scale: int | None = None
+    columns: int | None = None
+    max_frames: int = SHEET_MAX_FRAMES
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.fps, (int, float)) and 0 < self.fps <= 100):
+            raise BadInputError(f"fps must be a number in (0, 100], got {self.fps!r}")
+        for name in ("scale", "columns"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise BadInputError(f"{name} must be an int >= 1 or None, got {v!r}")
+        if not isinstance(self.max_frames, int) or self.max_frames < 1:
+            raise BadInputError(f"max_frames must be an int >= 1, got {self.max_frames!r}")
+
+
+def frame_leaves(store: Any) -> list[str]:
+    """Paths of the leaves whose shape is recognised as frames, observation first."""
+    out = []
+    for leaf in store.metadata.leaves:
+        try:
+            Layout.infer(leaf.spec.shape, leaf.path)
+        except BadInputError:
+            continue
+        out.append(leaf.path)
+    obs = store.roles.get("observation")
+    return sorted(out, key=lambda p: not (obs is not None and (p == obs or p.startswith(obs + "/"))))
+
+
+def _pick_leaf(store: Any, leaf: str | None) -> str:
+    if leaf is not None:
+        if leaf not in store.leaf_paths:
+            raise BadInputError(f"{store.path}: no leaf {leaf!r}; leaves are {store.leaf_paths}")
+        return leaf
+    found = frame_leaves(store)
+    if not found:
+        shapes = ", ".join(f"{p} {s.spec.shape}" for p, s in zip(store.leaf_paths, store.metadata.leaves))
+        raise BadInputError(
+            f"{store.path}: no leaf looks like frames ({shapes}); name one with leaf=/--leaf and its layout"
+        )
+    return found[0]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One env's steps to show, with the episode they belong to (if one was asked for)."""
+
+    env: int
+    steps: np.ndarray  # global step ids, in order
+    episode: int | None = None
+    status: str | None = None  # how the episode ended
+
+
+def parse_steps(text: str) -> tuple[int | None, int | None]:
+    """``"A:B"`` (either side may be empty) as global step ids; ``"A"`` is one step."""
+    m = re.fullmatch(r"\s*(-?\d+)?\s*(:)?\s*(-?\d+)?\s*", text)
+    if not m or (m.group(1) is None and m.group(2) is None):
+        raise BadInputError(
+            f"steps {text!r}: expected A:B (global step ids; either may be left out, negative counts from the newest)"
+        )
+    a = None if m.group(1) is None else int(m.group(1))
+    if m.group(2) is None:
+        return a, (None if a is None else (a + 1 if a != -1 else None))
+    return a, None if m.group(3) is None else int(m.group(3))
+
+
+def _step_bounds(steps: Any) -> tuple[int | None, int | None]:
+    if isinstance(steps, str):
+        return parse_steps(steps)
+    if isinstance(steps, slice) and steps.step in (None, 1):
+        return steps.start, steps.stop
+    raise BadInputError(f"steps must be 'A:B' or a slice of global step ids (no stride), got {steps!r}")
+
+
+def select(store: Any, env: int | None, episode: int | None, steps: Any) -> Selection:
+    """The steps of ``episode`` (an index into env's episodes, negative from the newest),
+    or of the global step range ``steps``, or by default the newest complete episode of
+    the env (the newest open one when none is complete, every retained step without
+    episode ends)."""
+    env = 0 if env is None else env
+    if not isinstance(env, (int, np.integer)) or isinstance(env, bool) or not 0 <= env < store.num_envs:
+        raise BadInputError(f"{store.path}: env must be an int in [0, {store.num_envs}), got {env!r}")
+    if episode is not None and steps is not None:
+        raise BadInputError("give an episode or a step range, not both")
+    first, end = store.first_step, store.first_step + len(store)
+    if len(store) == 0:
+        raise NotEnoughDataError(f"{store.path}: no committed steps to show")
+    if steps is not None:
+        a, b = _step_bounds(steps)
+        a = first if a is None else (end + a if a < 0 else a)
+        b = end if b is None else (end + b if b < 0 else b)
+        lo, hi = max(a, first), min(b, end)
+        if lo >= hi:
+            raise BadInputError(
+                f"{store.path}: steps {a}:{b} hold no retained committed step (retained: {first}:{end})"
+            )
+        return Selection(int(env), np.arange(lo, hi, dtype=np.int64))
+    spans = store.episode_index(env=int(env))
+    if not spans:
+        return Selection(int(env), np.arange(first, end, dtype=np.int64))
+    if episode is None:
+        complete = [i for i, s in enumerate(spans) if s.status != "open"]
+        episode = complete[-1] if complete else len(spans) - 1
+    if (
+        not isinstance(episode, (int, np.integer))
+        or isinstance(episode, bool)
+        or not -len(spans) <= episode < len(spans)
+    ):
+        raise BadInputError(
+            f"{store.path}: env {env} has {len(spans)} episodes in the retained window; "
+            f"episode must be in [{-len(spans)}, {len(spans)}), got {episode!r}"
+        )
+    k = int(episode) % len(spans)
+    s = spans[k]
+    return Selection(int(env), np.arange(s.first_step, s.last_step + 1, dtype=np.int64), k, s.status)
+
+
+def _read_leaf(store: Any, index: int, env: int, steps: np.ndarray, progress: Progress | None) -> np.ndarray:
+    leaf = store._leaves[index]
+    blocks = []
+    for i in range(0, len(steps), READ_BLOCK_FRAMES):
+        part = steps[i : i + READ_BLOCK_FRAMES]
+        blocks.append(leaf.read_rows(part % store.capacity, env))
+        if progress is not None:
+            progress(len(part))
+    if store.mode == "r" and len(steps):
+        store._check_still_retained(steps)
+    return np.concatenate(blocks) if blocks else np.empty((0, *leaf.info.spec.shape), leaf.info.spec.dtype)
+
+
+def _ends(store: Any, env: int, steps: np.ndarray) -> list[str]:
+    """How each shown step ended its episode ('' for none)."""
+    if not len(steps):
+        return []
+    lo, hi = int(steps[0]), int(steps[-1])
+    ends = {
+        s.last_step: s.status
+        for s in store.episode_index(env=env)
+        if lo <= s.last_step <= hi and s.status != "open"
+    }
+    return [ends.get(int(t), "") for t in steps]
+
+
+def frames(
+    store: Any,
+    leaf: str | None = None,
+    env: int | None = None,
+    episode: int | None = None,
+    steps: Any = None,
+    options: ViewOptions | None = None,
+    progress: Progress | None = None,
+) -> FrameView:
+    """Read one env's frames of an image leaf as a :class:`FrameView` (see :func:`view`)."""
+    options = options or ViewOptions()
+    path = _pick_leaf(store, leaf)
+    index = store.leaf_paths.index(path)
+    shape = store.metadata.leaves[index].spec.shape
+    layout = Layout.parse(options.layout, shape, path) if options.layout else Layout.infer(shape, path)
+    sel = select(store, env, episode, steps)
+    raw = _read_leaf(store, index, sel.env, sel.steps, progress)
+    pictures = compose(layout.normalise(to_uint8(raw)), options.stack)
+    reward_path = store.roles.get("reward")
+    ret = None
+    if reward_path is not None and reward_path in store.leaf_paths:
+        r = _read_leaf(store, store.leaf_paths.index(reward_path), sel.env, sel.steps, None)
+        ret = float(np.sum(r.astype(np.float64)))
+    name = os.path.basename(os.path.normpath(store.path))
+    return FrameView(
+        pictures,
+        sel.steps,
+        _ends(store, sel.env, sel.steps),
+        options,
+        title=f"{name} · {path} ({layout}) · env {sel.env}",
+        episode=sel.episode,
+        status=sel.status,
+        episode_return=ret,
+    )
+
+
+# --- drawing --------------------------------------------------------------------------
+
+
+def _font() -> Any:
+    _, _, ImageFont = _pil()
+    return ImageFont.load_default()
+
+
+def _text_height(font: Any) -> int:
+    box = font.getbbox("Ag0")
+    return int(box[3]) + 2
+
+
+@dataclass(frozen=True)
+class SheetGeometry:
+    """Where a contact sheet puts each frame and its label (pixels, top-left origin)."""
+
+    columns: int
+    rows: int
+    frame_height: int
+    frame_width: int
+    header_height: int
+    label_height: int
+    margin: int = 6
+    gap: int = 6
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the sheet."""
+        w = 2 * self.margin + self.columns * self.frame_width + (self.columns - 1) * self.gap
+        h = (
+            self.header_height
+            + self.rows * (self.frame_height + self.label_height + self.gap)
+            - self.gap
+            + self.margin
+        )
+        return w, h
+
+    def frame_box(self, i: int) -> tuple[int, int, int, int]:
+        """(left, top, right, bottom) of frame ``i``, right and bottom exclusive."""
+        r, c = divmod(i, self.columns)
+        x = self.margin + c * (self.frame_width + self.gap)
+        y = self.header_height + r * (self.frame_height + self.label_height + self.gap)
+        return x, y, x + self.frame_width, y + self.frame_height
+
+    def label_box(self, i: int) -> tuple[int, int, int, int]:
+        x0, _, x1, y1 = self.frame_box(i)
+        return x0, y1, x1, y1 + self.label_height
+
+
+@dataclass(eq=False)
+class FrameView:
+    """One env's frames, ready to draw: ``pictures[i]`` is the frame of global step
+    ``steps[i]`` as ``[H, W, C]`` uint8 (C is 1 or 3), unscaled.
+
+    In a notebook it displays inline (an animated GIF, or the contact sheet for long
+    views); :meth:`sheet` gives the contact sheet as a PIL image, :meth:`save` writes a
+    ``.gif``, ``.png`` (contact sheet) or ``.mp4``.
+    """
+
+    pictures: np.ndarray
+    steps: np.ndarray
+    ends: list[str]
+    options: ViewOptions = field(default_factory=ViewOptions)
+    title: str = ""
+    episode: int | None = None
+    status: str | None = None
+    episode_return: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __repr__(self) -> str:
+        h, w = self.pictures.shape[1:3] if self.pictures.ndim == 4 else (0, 0)
+        span = f"steps {self.steps[0]}..{self.steps[-1]}" if len(self) else "no steps"
+        return f"FrameView({self.title!r}, {len(self)} frames of {h}x{w}, {span})"
+
+    @property
+    def scale(self) -> int:
+        if self.options.scale is not None:
+            return self.options.scale
+        return auto_scale(*self.pictures.shape[1:3])
+
+    def summary(self) -> list[str]:
+        """The header lines of a contact sheet."""
+        what = f"episode {self.episode}, " if self.episode is not None else ""
+        span = f"steps {self.steps[0]}-{self.steps[-1]}" if len(self) else "no steps"
+        line2 = []
+        if self.episode_return is not None:
+            line2.append(f"return {self.episode_return:.6g}")
+        if self.status in ("terminated", "truncated"):
+            line2.append(f"{self.status} at step {self.steps[-1]}")
+        elif self.status == "open":
+            line2.append(f"open at step {self.steps[-1]} (still running, or its start left the ring)")
+        else:
+            ended = [f"{e} at {t}" for t, e in zip(self.steps, self.ends) if e]
+            line2.append(
+                "ends: " + (", ".join(ended[:4]) + (" ..." if len(ended) > 4 else "") if ended else "none")
+            )
+        return [self.title, f"{what}{span} ({len(self)} frames)", " · ".join(line2)]
+
+    def _images(self, pictures: np.ndarray) -> list[Any]:
+        Image, _, _ = _pil()
+        mode = "L" if pictures.shape[-1] == 1 else "RGB"
+        return [Image.fromarray(p[..., 0] if mode == "L" else p, mode) for p in pictures]
+
+    def sheet(self, columns: int | None = None, max_frames: int | None = None) -> Any:
+        """The contact sheet as a PIL image: a header (title, steps, return and how the
+        episode ended), then a grid of frames each with its global step id below it;
+        frames that ended an episode are framed red (terminated) or yellow (truncated)."""
+        Image, ImageDraw, _ = _pil()
+        n_max = max_frames or self.options.max_frames
+        pick = (
+            np.arange(len(self))
+            if len(self) <= n_max
+            else np.unique(np.linspace(0, len(self) - 1, n_max).round().astype(int))
+        )
+        geo = self.geometry(len(pick), columns)
+        font = _font()
+        line = _text_height(font)
+        img = Image.new("RGB", geo.size, BACKGROUND)
+        draw = ImageDraw.Draw(img)
+        lines = self.summary()
+        if len(pick) < len(self):
+            lines[1] += f", {len(pick)} shown"
+        for j, text in enumerate(lines):
+            draw.text((geo.margin, geo.margin + j * line), text, fill=TEXT, font=font)
+        s = self.scale
+        for i, k in enumerate(pick):
+            x0, y0, x1, y1 = geo.frame_box(i)
+            frame = upscale(self.pictures[k], s)
+            img.paste(
+                Image.fromarray(frame if frame.shape[-1] == 3 else np.repeat(frame, 3, axis=-1)), (x0, y0)
+            )
+            end = self.ends[k]
+            if end:
+                draw.rectangle((x0 - 2, y0 - 2, x1 + 1, y1 + 1), outline=END_COLOURS[end], width=2)
+            label = f"{self.steps[k]}" + (f" {end}" if end else "")
+            lx0, ly0, _, _ = geo.label_box(i)
+            draw.text((lx0, ly0 + 1), label, fill=END_COLOURS.get(end, TEXT), font=font)
+        return img
+
+    def geometry(self, n: int | None = None, columns: int | None = None) -> SheetGeometry:
+        """The contact sheet's layout for ``n`` frames (default: as many as it shows)."""
+        n = min(len(self), self.options.max_frames) if n is None else n
+        cols = max(1, min(n, columns or self.options.columns or 8))
+        h, w = self.pictures.shape[1:3]
+        line = _text_height(_font())
+        return SheetGeometry(
+            columns=cols,
+            rows=max(1, -(-n // cols)),
+            frame_height=h * self.scale,
+            frame_width=w * self.scale,
+            header_height=6 + 3 * line + 6,
+            label_height=line + 2,
+        )
+
+    def gif(self, progress: Progress | None = None) -> bytes:
+        """The frames as an animated GIF (lossless for gray frames and for colour
+        frames with at most 256 colours in all; others share one adaptive palette)."""
+        buf = io.BytesIO()
+        self._write_gif(buf, progress)
+        return buf.getvalue()
+
+    def _write_gif(self, target: Any, progress: Progress | None) -> None:
+        if not len(self):
+            raise NotEnoughDataError("no frames to write")
+        images = _palette_images(self.pictures, self.scale)
+        first = next(images)
+
+        def rest() -> Iterator[Any]:  # made as the encoder takes them: progress as it goes
+            for i, im in enumerate(images, 2):
+                yield im
+                if progress is not None and i % READ_BLOCK_FRAMES == 0:
+                    progress(READ_BLOCK_FRAMES)
+            if progress is not None:
+                progress(len(self) % READ_BLOCK_FRAMES)
+
+        first.save(
+            target,
+            format="GIF",
+            save_all=True,
+            append_images=rest(),
+            duration=max(20, round(1000 / self.options.fps)),
+            loop=0,
+            optimize=False,
+        )
+
+    def _write_mp4(self, path: str, progress: Progress | None) -> None:
+        try:
+            import imageio_ffmpeg
+        except ImportError:
+            raise ImportError(
+                "writing .mp4 needs imageio-ffmpeg: pip install 'mmreplay[mp4]' (or write a .gif)"
+            ) from None
+        pictures = upscale(self.pictures, self.scale)
+        t, h, w, c = pictures.shape
+        ph, pw = h + h % 2, w + w % 2  # yuv420p needs even sides
+        writer = imageio_ffmpeg.write_frames(
+            path, (pw, ph), fps=self.options.fps, pix_fmt_in="rgb24", macro_block_size=2, quality=8
+        )
+        writer.send(None)
+        try:
+            for i in range(0, t, READ_BLOCK_FRAMES):
+                block = pictures[i : i + READ_BLOCK_FRAMES]
+                if c == 1:
+                    block = np.repeat(block, 3, axis=-1)
+                if (ph, pw) != (h, w):
+                    block = np.pad(block, ((0, 0), (0, ph - h), (0, pw - w), (0, 0)))
+                for frame in block:
+                    writer.send(np.ascontiguousarray(frame))
+                if progress is not None:
+                    progress(len(block))
+        finally:
+            writer.close()
+
+    def save(self, path: str | os.PathLike, force: bool = False, progress: Progress | None = None) -> str:
+        """Write a ``.gif``, a ``.png`` contact sheet or an ``.mp4``; returns the path."""
+        path = os.fspath(path)
+        suffix = os.path.splitext(path)[1].lower()
+        if suffix not in SUFFIXES:
+            raise BadInputError(f"{path}: expected a .gif, .png (contact sheet) or .mp4 file name")
+        if os.path.lexists(path) and not force:
+            raise FileExistsError(f"{path}: already exists; pass force=True (--force) to overwrite it")
+        _pil()
+        if suffix == ".png":
+            self.sheet().save(path, format="PNG")
+            if progress is not None:
+                progress(len(self))
+            return path
+        tmp = f"{path}.tmp-{os.getpid()}{suffix}"
+        try:
+            if suffix == ".gif":
+                with open(tmp, "wb") as f:
+                    self._write_gif(f, progress)
+            else:
+                self._write_mp4(tmp, progress)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return path
+
+    # --- notebooks ---------------------------------------------------------------
+
+    def _repr_png_(self) -> bytes:
+        return png_bytes(self.sheet())
+
+    def _repr_html_(self) -> str | None:
+        if not len(self) or len(self) > INLINE_MAX_FRAMES:
+            return None  # the notebook falls back to the contact sheet
+        data = base64.b64encode(self.gif()).decode("ascii")
+        caption = "<br>".join(_escape(t) for t in self.summary())
+        return f'<figure><img src="data:image/gif;base64,{data}"/><figcaption><small>{caption}</small></figcaption></figure>'
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _palette_images(pictures: np.ndarray, scale: int) -> Iterator[Any]:
+    """PIL images for a GIF, upscaled by ``scale``, made one at a time: gray frames as
+    'L'; colour frames as 'P' on one palette for all, exact when all frames hold at most
+    256 colours together. Colours are indexed before upscaling (scale**2 fewer pixels)."""
+    Image, _, _ = _pil()
+    size = (pictures.shape[2] * scale, pictures.shape[1] * scale)
+
+    def upscaled(im: Any) -> Any:  # nearest neighbour keeps the palette and the pixels
+        return im if scale == 1 else im.resize(size, Image.Resampling.NEAREST)
+
+    if pictures.shape[-1] == 1:
+        return (upscaled(Image.fromarray(p, "L")) for p in pictures[..., 0])
+    packed = (
+        (pictures[..., 0].astype(np.uint32) << 16)
+        | (pictures[..., 1].astype(np.uint32) << 8)
+        | pictures[..., 2]
+    )
+    present = np.zeros(1 << 24, np.bool_)
+    present[packed.reshape(-1)] = True
+    colours = np.flatnonzero(present)
+    if len(colours) > 256:  # one adaptive palette from frames spread over the range
+        picks = pictures[np.linspace(0, len(pictures) - 1, min(len(pictures), 32)).round().astype(int)]
+        mosaic = Image.fromarray(np.ascontiguousarray(picks.reshape(-1, *picks.shape[2:])), "RGB")
+        shared = mosaic.quantize(256, method=Image.Quantize.FASTOCTREE)
+        return (
+            upscaled(Image.fromarray(p, "RGB").quantize(palette=shared, dither=Image.Dither.NONE))
+            for p in pictures
+        )
+    lut = np.zeros(1 << 24, np.uint8)
+    lut[colours] = np.arange(len(colours), dtype=np.uint8)
+    palette = np.zeros((256, 3), np.uint8)
+    palette[: len(colours)] = np.stack([(colours >> 16) & 255, (colours >> 8) & 255, colours & 255], -1)
+    raw_palette = palette.tobytes()
+
+    def indexed(p: np.ndarray) -> Any:
+        im = Image.fromarray(lut[p], "P")
+        im.putpalette(raw_palette)
+        return upscaled(im)
+
+    return (indexed(p) for p in packed)
+
+
+def view(
+    store: Any,
+    out: str | os.PathLike | None = None,
+    leaf: str | None = None,
+    env: int | None = None,
+    episode: int | None = None,
+    steps: Any = None,
+    force: bool = False,
+    progress: Progress | None = None,
+    **options: Any,
+) -> Any:
+    """Frames of one env as pictures: see :meth:`mmreplay.Store.view`."""
+    fv = frames(store, leaf, env, episode, steps, ViewOptions(**options), progress)
+    if out is None:
+        return fv
+    return fv.save(out, force=force, progress=progress)
+
+
+def thumbnails(store: Any, count: int = 8, leaf: str | None = None) -> tuple[str, Any] | None:
+    """A one-row sheet of env 0's newest ``count`` frames (leaf path, PIL image), or None
+    when no leaf looks like frames or the store is empty."""
+    if not len(store) or (leaf is None and not frame_leaves(store)):
+        return None
+    path = _pick_leaf(store, leaf)
+    end = store.first_step + len(store)
+    fv = frames(
+        store, path, 0, None, slice(max(store.first_step, end - count), end), ViewOptions(columns=count)
+    )
+    return path, fv.sheet()
+
+
+def png_bytes(image: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()

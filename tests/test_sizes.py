@@ -1,0 +1,240 @@
+"""Size before and after: ``mr.estimate``, ``create --dry-run``, ``inspect``'s projection."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+from mmreplay.files import disk_usage
+
+MMREPLAY = shutil.which("mmreplay") or os.path.join(os.path.dirname(sys.executable), "mmreplay")
+
+SPEC = {
+    "obs": {"pixels": mr.ArraySpec((84, 84, 3), "uint8"), "state": mr.ArraySpec((7,), "float32")},
+    "action": mr.ArraySpec((), "int64"),
+    "reward": mr.ArraySpec((), "float32"),
+    "terminated": mr.ArraySpec((), "bool"),
+}
+
+
+def shell(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([MMREPLAY, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def data_bytes(path) -> int:
+    return disk_usage(
+        os.path.join(path, "data.zarr" if os.path.isdir(os.path.join(path, "data.zarr")) else "data.h5")
+    )
+
+
+def frames(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Game-like frames: a noisy dark field with a few moving blocks."""
+    x = rng.integers(0, 4, (n, 84, 84, 3), dtype=np.uint8)
+    x[:, ::12, :, 2] = 60
+    pos = rng.integers(0, 70, (n, 3, 2))
+    for i in range(n):
+        for k, (r, c) in enumerate(pos[i]):
+            x[i, r : r + 8, c : c + 8, k] = 220
+    return x
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+@pytest.mark.parametrize("capacity, num_envs", [(1000, 3), (37, 1)])
+def test_uncompressed_estimate_is_exact_against_the_created_store(tmp_path, backend, capacity, num_envs):
+    size = mr.estimate(SPEC, capacity, num_envs, backend=backend)
+    assert size.exact and size.total is not None
+    with mr.create(tmp_path / "b", SPEC, capacity, num_envs, backend=backend) as store:
+        made = data_bytes(store.path)
+        per_leaf = {leaf.path: leaf.bytes for leaf in size.leaves}
+        if backend == "zarr":  # one shard file per leaf
+            for leaf in store.metadata.leaves:
+                assert os.path.getsize(os.path.join(store.path, leaf.file)) == per_leaf[leaf.path], leaf.path
+        metadata_file = os.path.getsize(os.path.join(store.path, "mmreplay.json"))
+        # fill it: mapped leaves do not grow
+        rng = np.random.default_rng(0)
+        store.extend(
+            {
+                "obs": {
+                    "pixels": rng.integers(0, 255, (capacity, num_envs, 84, 84, 3), dtype=np.uint8),
+                    "state": np.ones((capacity, num_envs, 7), "float32"),
+                },
+                "action": np.ones((capacity, num_envs), "int64"),
+                "reward": np.ones((capacity, num_envs), "float32"),
+                "terminated": np.zeros((capacity, num_envs), bool),
+            }
+        )
+    assert size.data_bytes == made  # exact, created and filled
+    assert data_bytes(tmp_path / "b") == made
+    assert abs(size.metadata_file - metadata_file) < 16  # the timestamps' digits
+    assert size.preallocated == size.total
+
+
+def test_compressed_estimate_from_a_sample_is_close_to_the_filled_store(tmp_path):
+    rng = np.random.default_rng(1)
+    capacity, num_envs = 400, 2
+    pixels = frames(capacity * num_envs, rng).reshape(capacity, num_envs, 84, 84, 3)
+    sample = {"obs": {"pixels": pixels[:100]}}  # a quarter of what the store will hold
+    size = mr.estimate(SPEC, capacity, num_envs, compression={"obs/pixels": "zstd"}, sample=sample)
+    leaf = next(s for s in size.leaves if s.path == "obs/pixels")
+    assert not size.exact and leaf.ratio > 2 and leaf.bytes is not None
+    with mr.create(tmp_path / "b", SPEC, capacity, num_envs, compression={"obs/pixels": "zstd"}) as store:
+        store.extend(
+            {
+                "obs": {"pixels": pixels, "state": np.zeros((capacity, num_envs, 7), "float32")},
+                "action": np.zeros((capacity, num_envs), "int64"),
+                "reward": np.zeros((capacity, num_envs), "float32"),
+                "terminated": np.zeros((capacity, num_envs), bool),
+            }
+        )
+    real = disk_usage(os.path.join(tmp_path, "b", "data.zarr", "obs", "pixels"))
+    assert abs(leaf.bytes - real) / real < 0.25, (leaf.bytes, real)
+    assert abs(size.total - disk_usage(tmp_path / "b")) / disk_usage(tmp_path / "b") < 0.1
+
+
+def test_compressed_leaves_without_a_sample_are_unknown_with_an_upper_bound():
+    size = mr.estimate(SPEC, 1000, 2, compression="zstd")
+    assert size.total is None and size.preallocated == size.overhead
+    assert size.upper_bound == size.overhead + sum(leaf.raw_bytes for leaf in size.leaves)
+    assert json.loads(json.dumps(size.to_json()))["total_bytes"] is None
+
+
+@pytest.mark.parametrize(
+    "sample, error",
+    [
+        ({"obs": {"pixels": np.zeros((4, 84, 84), np.uint8)}}, r"expected rows shaped \(n, 84, 84, 3\)"),
+        ({"nope": np.zeros(3)}, "not in the spec"),
+        ({"obs": {"pixels": np.zeros((4, 84, 84, 3), np.complex64)}}, "does not cast"),
+    ],
+)
+def test_a_bad_sample_says_what_was_expected(sample, error):
+    with pytest.raises(mr.BadInputError, match=error):
+        mr.estimate(SPEC, 100, 2, compression="zstd", sample=sample)
+
+
+def spec_file(tmp_path, capacity: int) -> str:
+    path = tmp_path / "spec.json"
+    path.write_text(
+        json.dumps(
+            {
+                "spec": {
+                    "pixels": {"shape": [84, 84], "dtype": "uint8"},
+                    "reward": {"shape": [], "dtype": "float32"},
+                },
+                "capacity": capacity,
+                "num_envs": 4,
+            }
+        )
+    )
+    return str(path)
+
+
+def test_create_dry_run_reports_the_size_and_creates_nothing(tmp_path):
+    spec = spec_file(tmp_path, 500)
+    r = shell("create", tmp_path / "b", "--spec", spec, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    want = mr.estimate(
+        {"pixels": mr.ArraySpec((84, 84), "uint8"), "reward": mr.ArraySpec((), "float32")}, 500, 4
+    )
+    printed = int(re.search(r"\(([\d,]+) bytes, exact\)", r.stdout).group(1).replace(",", ""))
+    assert abs(printed - want.total) < 64  # mmreplay.json's timestamps' digits
+    assert "pixels" in r.stdout and "free space" in r.stdout
+    assert not (tmp_path / "b").exists()
+    made = shell("create", tmp_path / "b", "--spec", spec)
+    assert made.returncode == 0 and "preallocated" in made.stdout
+    # the estimate's data and metadata files against the store on disk (the json's digits may vary)
+    assert abs(disk_usage(tmp_path / "b") - want.total) < 64
+
+
+def test_create_dry_run_with_a_sample_estimates_compressed_leaves(tmp_path):
+    spec = spec_file(tmp_path, 500)
+    np.savez(tmp_path / "s.npz", pixels=frames(16, np.random.default_rng(2))[..., 0])
+    r = shell(
+        "create",
+        tmp_path / "b",
+        "--spec",
+        spec,
+        "--dry-run",
+        "--compression",
+        "zstd",
+        "--sample",
+        tmp_path / "s.npz",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "estimated" not in r.stdout.splitlines()[0]  # reward has no sample: the total is a bound
+    assert "at most" in r.stdout and "(est.," in r.stdout and "? (pass --sample)" in r.stdout
+    bad = shell("create", tmp_path / "b", "--spec", spec, "--sample", tmp_path / "s.npz")
+    assert bad.returncode == 2 and "--dry-run" in bad.stderr
+
+
+def test_create_refuses_a_buffer_the_disk_cannot_hold(tmp_path):
+    spec = spec_file(tmp_path, 10**9)  # 28 TB of frames
+    r = shell("create", tmp_path / "b", "--spec", spec)
+    assert r.returncode == 2 and "free" in r.stderr and "bytes" in r.stderr
+    assert not (tmp_path / "b").exists()
+    dry = shell("create", tmp_path / "b", "--spec", spec, "--dry-run")
+    assert dry.returncode == 0 and "create would refuse" in dry.stdout
+
+
+def test_create_logs_what_it_preallocates(tmp_path, caplog):
+    caplog.set_level("INFO", logger="mmreplay")
+    with mr.create(tmp_path / "b", SPEC, 100, 2):
+        pass
+    size = mr.estimate(SPEC, 100, 2)
+    logged = [r.getMessage() for r in caplog.records if "preallocating" in r.getMessage()]
+    assert logged and f"preallocating {size.data_bytes} bytes" in logged[0]
+
+
+def test_inspect_projects_the_size_when_full(tmp_path):
+    rng = np.random.default_rng(3)
+    capacity, num_envs = 400, 2
+    spec = {"pixels": mr.ArraySpec((84, 84), "uint8"), "reward": mr.ArraySpec((), "float32")}
+    pixels = frames(capacity * num_envs, rng)[..., 0].reshape(capacity, num_envs, 84, 84)
+    with mr.create(
+        tmp_path / "b", spec, capacity, num_envs, compression={"pixels": "zstd"}, chunk_steps=50
+    ) as store:
+        store.extend({"pixels": pixels[:100], "reward": np.zeros((100, num_envs), "float32")})
+    r = shell("inspect", tmp_path / "b", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    leaves = {leaf["path"]: leaf for leaf in info["leaves"]}
+    px, rw = leaves["pixels"], leaves["reward"]
+    assert rw["bytes_per_step"] == rw["bytes_on_disk"] / capacity  # mapped: allocated whole
+    assert rw["projected_bytes_when_full"] == rw["bytes_on_disk"]
+    assert 0 < px["bytes_per_step"] < px["bytes_on_disk"] / 100
+    projected = px["projected_bytes_when_full"]
+    with mr.open(tmp_path / "b", mode="a") as store:
+        store.extend({"pixels": pixels[100:], "reward": np.zeros((300, num_envs), "float32")})
+    full = disk_usage(tmp_path / "b" / "data.zarr" / "pixels")
+    assert abs(projected - full) / full < 0.15, (projected, full)
+    assert info["projected_bytes_when_full"] == pytest.approx(
+        info["bytes_on_disk"] - px["bytes_on_disk"] + projected, abs=1
+    )
+    table = shell("inspect", tmp_path / "b").stdout
+    assert "per step" in table and "when full" in table
+
+
+def test_create_dry_run_takes_its_sample_from_a_store(tmp_path):
+    zstd = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets", "pointchase-pixels-zstd"
+    )
+    with mr.open(zstd) as store:
+        spec = store.spec
+        real = disk_usage(os.path.join(zstd, "data.zarr", "observation", "pixels"))
+    (tmp_path / "spec.json").write_text(json.dumps({"spec": mr.spec.spec_to_json(spec)}))
+    args = ["--capacity", 400, "--num-envs", 8, "--compression", "zstd", "--dry-run", "--sample", zstd]
+    r = shell("create", tmp_path / "b", "--spec", tmp_path / "spec.json", *args)
+    assert r.returncode == 0, r.stderr
+    assert "estimated" in r.stdout.splitlines()[0] and "?" not in r.stdout
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("observation/pixels"))
+    assert "(est.," in line
+    size = mr.estimate(spec, 400, 8, compression="zstd", sample=mr.open(zstd).get(slice(-400, None)))
+    px = next(s for s in size.leaves if s.path == "observation/pixels")
+    assert abs(px.bytes - real) / real < 0.25, (px.bytes, real)
