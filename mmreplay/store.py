@@ -121,9 +121,7 @@ class Store:
         self._dirty = False
         self._episodes: Any = None  # mmreplay.episodes.EpisodeIndex, made on first use
         self._reads: Any = None  # mmreplay.reads.Reader, made on first read
-        self._finalizer: weakref.finalize | None = None
-        if mode == "a":
-            self._finalizer = _commit_when_dropped(self)
+        self._finalizer = _close_when_dropped(self, at_exit=mode == "a")
 
     # --- description ---------------------------------------------------------------
 
@@ -246,9 +244,8 @@ class Store:
         """
         if self._closed:
             return
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            _open_writers.discard(self._finalizer)
+        self._finalizer.detach()
+        _open_writers.discard(self._finalizer)
         try:
             if self.mode == "a":
                 self._commit(reserve_to=self._written)
@@ -612,17 +609,19 @@ class Store:
 _open_writers: set[weakref.finalize] = set()
 
 
-def _commit_when_dropped(store: Store) -> weakref.finalize:
-    """Close (so commit) a writer that is garbage-collected or still open at exit.
+def _close_when_dropped(store: Store, at_exit: bool) -> weakref.finalize:
+    """Close a store that is garbage-collected, and (``at_exit``: a writer, which must
+    commit) one still open when the interpreter exits.
 
     The finalizer holds the store's attributes, not the store: at its call a bare
     ``Store`` over the same attributes runs :meth:`Store.close`. Nothing among the
     attributes may refer back to the store, or it would never be collected.
     """
     finalizer = weakref.finalize(store, _close_parts, type(store), store.__dict__)
-    finalizer.atexit = False  # the exit hooks below run it, in their order
-    _open_writers.add(finalizer)
-    _register_exit_hooks()
+    finalizer.atexit = False  # writers: the exit hooks below run it, in their order
+    if at_exit:
+        _open_writers.add(finalizer)
+        _register_exit_hooks()
     return finalizer
 
 
@@ -632,7 +631,10 @@ def _close_parts(cls: type, parts: dict[str, Any]) -> None:
     try:
         shell.close()
     except Exception:
-        logging.getLogger(__name__).exception("%s: commit at exit failed", parts.get("path"))
+        logging.getLogger(__name__).exception(
+            "%s: closing the store left open failed; steps added since its last commit are lost",
+            parts.get("path"),
+        )
 
 
 def _close_open_writers(before_threads_end: bool = False) -> None:
