@@ -309,6 +309,8 @@ def fill_past_file_limit(path: str) -> dict:
     mr.create(path, SPEC, capacity=5000, num_envs=ENVS, backend="hdf5", compression="gzip", chunk_steps=4).close()
     limit = os.path.getsize(os.path.join(path, "data.h5")) + (512 << 10)
     done = run_with_file_limit(FILL_UNTIL_FULL.format(path=path, envs=ENVS), limit)
+    # the script ends with its writer open: the commit at exit fails too, and says so
+    assert "closing the store left open failed" in done.stderr, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
