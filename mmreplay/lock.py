@@ -7,8 +7,12 @@ decided by the kernel, which drops it when the holder's process ends however it 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
+
+try:
+    import fcntl  # POSIX: Linux and macOS
+except ImportError as exc:  # Windows
+    raise ImportError("mmreplay needs POSIX file locks (Linux or macOS); on Windows, run it under WSL") from exc
 
 from .errors import LockedError, ReadOnlyError
 

@@ -296,8 +296,11 @@ def memory_available() -> int:
                 if line.startswith("MemAvailable:"):
                     best = int(line.split()[1]) * 1024
                     break
-    except (OSError, ValueError):
-        pass
+    except (OSError, ValueError):  # no /proc (macOS): the physical memory
+        try:
+            best = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            pass
     try:
         with open("/proc/self/cgroup") as f:
             lines = f.read().splitlines()

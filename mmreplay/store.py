@@ -13,11 +13,15 @@ them, so a crash or a reader never sees a torn row as committed.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
 import shutil
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -119,6 +123,7 @@ class Store:
         self._dirty = False
         self._episodes: Any = None  # mmreplay.episodes.EpisodeIndex, made on first use
         self._reads: Any = None  # mmreplay.reads.Reader, made on first read
+        self._finalizer = _close_when_dropped(self, at_exit=mode == "a")
 
     # --- description ---------------------------------------------------------------
 
@@ -233,17 +238,16 @@ class Store:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True) and getattr(self, "_leaves", None):
-            try:
-                self.close()
-            except Exception:
-                pass
-
     def close(self) -> None:
-        """Commit what was written (in a writer) and release files and lock. Safe twice."""
+        """Commit what was written (in a writer) and release files and lock. Safe twice.
+
+        A writer that is never closed is closed the same way when it is garbage-collected
+        or when the interpreter exits (normally, by an exception or by Ctrl-C).
+        """
         if self._closed:
             return
+        self._finalizer.detach()
+        _open_writers.discard(self._finalizer)
         try:
             if self.mode == "a":
                 self._commit(reserve_to=self._written)
@@ -626,6 +630,75 @@ class Store:
         return True
 
 
+#: finalizers of the writers not closed yet; each holds its store's parts, not the store
+_open_writers: set[weakref.finalize] = set()
+
+
+def _close_when_dropped(store: Store, at_exit: bool) -> weakref.finalize:
+    """Close a store that is garbage-collected, and (``at_exit``: a writer, which must
+    commit) one still open when the interpreter exits.
+
+    The finalizer holds the store's attributes, not the store: at its call a bare
+    ``Store`` over the same attributes runs :meth:`Store.close`. Nothing among the
+    attributes may refer back to the store, or it would never be collected.
+    """
+    finalizer = weakref.finalize(store, _close_parts, type(store), store.__dict__)
+    finalizer.atexit = False  # writers: the exit hooks below run it, in their order
+    if at_exit:
+        _open_writers.add(finalizer)
+        _register_exit_hooks()
+    return finalizer
+
+
+def _close_parts(cls: type, parts: dict[str, Any]) -> None:
+    shell = cls.__new__(cls)
+    shell.__dict__ = parts
+    try:
+        shell.close()
+    except Exception:
+        logging.getLogger(__name__).exception(
+            "%s: closing the store left open failed; steps added since its last commit are lost",
+            parts.get("path"),
+        )
+
+
+def _close_open_writers(before_threads_end: bool = False) -> None:
+    """Close every writer still open as the interpreter exits (normally, by an uncaught
+    exception or by Ctrl-C).
+
+    The first call comes before the interpreter stops its thread pools, which zarr's
+    codecs need to write a compressed chunk; it waits for the ``atexit`` call when a
+    thread of the program may still be writing.
+    """
+    if before_threads_end and any(
+        t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()
+    ):
+        return
+    for finalizer in list(_open_writers):
+        finalizer()
+
+
+def _register_exit_hooks() -> None:
+    """Register the exit hooks. Exit hooks run last registered first, and the early one
+    must run before the thread pools stop: it is registered again whenever a library
+    imported since (``concurrent.futures`` with zarr) registered its own after it."""
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_close_open_writers)
+        _atexit_registered = True
+    early = getattr(threading, "_threading_atexits", None)
+    if early is not None and not (early and getattr(early[-1], "func", None) is _close_before_threads_end):
+        with contextlib.suppress(RuntimeError):  # the interpreter is already exiting
+            threading._register_atexit(_close_before_threads_end)  # type: ignore[attr-defined]
+
+
+_atexit_registered = False
+
+
+def _close_before_threads_end() -> None:
+    _close_open_writers(before_threads_end=True)
+
+
 def _step_writer(leaf: Any) -> Any:
     def write(slot: int, value: np.ndarray) -> None:
         leaf.write(slot, value[None])
@@ -747,7 +820,7 @@ def create(
     """Create a buffer folder and open it for writing.
 
     Args:
-        path: the folder to create (its parent must exist).
+        path: the folder to create (missing parent folders are created too).
         spec: a nest of :class:`ArraySpec` or anything :func:`mmreplay.spec.to_spec` takes.
         capacity: time steps the ring holds; each step holds ``num_envs`` rows.
         num_envs: parallel environments written per step.
@@ -780,16 +853,15 @@ def create(
                 f"{path}: already exists; pass exist_ok=True to reopen a buffer, or choose a new path"
             )
     parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"{parent}: parent folder does not exist")
-    need = _check_free_space(parent, module, meta)
+    need = _check_free_space(_existing_ancestor(parent), module, meta)
     log.info("creating %s: %s backend, preallocating %d bytes (%.2f GiB)", path, backend, need, need / 2**30)
+    made = _make_folders(parent)
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.creating-{os.getpid()}")
-    if os.path.lexists(tmp):
-        shutil.rmtree(tmp)
-    os.mkdir(tmp)
     lock = WriterLock(tmp)
     try:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp)
+        os.mkdir(tmp)
         lock.acquire()
         created = module.create(tmp, list(meta.leaves), meta.capacity, meta.num_envs)
         meta = Metadata(**{**meta.__dict__, "leaves": tuple(created)})
@@ -798,11 +870,34 @@ def create(
     except BaseException:
         lock.release()
         shutil.rmtree(tmp, ignore_errors=True)
+        for folder in reversed(made):  # a failed create leaves no folder behind
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
         raise
     lock.path = os.path.join(path, os.path.basename(lock.path))
     if durability == "power":
-        _fsync_dir(parent)
+        for folder in {parent, *(os.path.dirname(m) for m in made)}:  # the new entries
+            _fsync_dir(folder)
     return Store(path, meta, "a", lock)
+
+
+def _existing_ancestor(folder: str) -> str:
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def _make_folders(folder: str) -> list[str]:
+    """Create ``folder`` and its missing parents; returns those created, outermost first."""
+    missing = []
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"{folder}: expected a folder to create the buffer in, found a file")
+    for made in reversed(missing):
+        os.mkdir(made)
+    return missing[::-1]
 
 
 def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:

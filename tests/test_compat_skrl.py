@@ -512,3 +512,20 @@ def test_memory_survives_sigkill(tmp_path):
         assert (m.get_tensor_by_name("terminated")[:, :, 0] == (t % 2 == 0)[:, None]).all()
         m.add_samples(observations=torch.zeros(3, 2), terminated=torch.zeros(3, 1, dtype=torch.bool))
         assert m.memory_index == (steps + 1) % 20
+
+
+@pytest.mark.parametrize("created", [False, True], ids=["no-store-yet", "reset"])
+def test_an_empty_memory_samples_empty_batches_as_skrl_does(tmp_path, created):
+    """skrl: ``randperm(0)[:n]`` without replacement and ``sample_by_index([])`` give
+    tensors of zero rows (with replacement an empty memory raises RuntimeError)."""
+    m = RandomMemory(10, 2, device="cpu", replacement=False, path=tmp_path / "m")
+    m.create_tensor("states", 3, torch.float32)
+    if created:
+        m.add_samples(states=torch.ones(2, 3))
+        m.reset()
+    assert len(m) == 0
+    for batches in (m.sample(["states"], batch_size=4), m.sample_by_index(["states"], [])):
+        assert [[t.shape for t in batch] for batch in batches] == [[torch.Size([0, 3])]]
+    with pytest.raises(RuntimeError):
+        RandomMemory(10, 2, device="cpu").sample(["states"], batch_size=4)
+    m.close()

@@ -28,6 +28,7 @@ from mmreplay.torture import step_values
 store = mr.open({path!r}, "a")
 leaves, rng = flatten(store.spec), np.random.default_rng(1)
 print("ready", flush=True)
+sys.stdin.readline()  # go: every reader is reading
 deadline = time.monotonic() + {seconds}
 g = store.total_steps
 while time.monotonic() < deadline:
@@ -45,11 +46,13 @@ print(g, flush=True)
 
 READER = """
 import json, time, numpy as np, mmreplay as mr
+from mmreplay.lock import holder_pid
 from mmreplay.spec import flatten
 from mmreplay.torture import step_values
 store = mr.open({path!r})
 leaves, rng = flatten(store.spec), np.random.default_rng({seed})
-out = dict(reads=0, samples=0, sequences=0, rows=0, retries=0, refreshes=0, problems=[])
+out = dict(reads=0, samples=0, sequences=0, rows=0, retries=0, refreshes=0, overlapped=0, problems=[])
+print("ready", flush=True)
 last_first = last_end = 0
 deadline = time.monotonic() + {seconds}
 while time.monotonic() < deadline:
@@ -63,6 +66,7 @@ while time.monotonic() < deadline:
     if end - first < 8:
         continue
     r = rng.random()
+    writing = holder_pid({path!r}) is not None  # the writer holds its lock before the read...
     try:
         if r < 0.4:  # steps by id, every env: [16, num_envs, *shape]
             ids = rng.integers(first, end, size=16)
@@ -83,6 +87,7 @@ while time.monotonic() < deadline:
         out["retries"] += 1
         continue
     out["rows"] += got[0].shape[0] * got[0].shape[1]
+    out["overlapped"] += writing and holder_pid({path!r}) is not None  # ...and after it
     for path, a, b in zip(store.leaf_paths, got, want):
         if a.tobytes() != b.tobytes():
             out["problems"].append(f"leaf {{path}}: rows not bit-exact")
@@ -94,6 +99,7 @@ print(json.dumps(out))
 def _run(path, seconds: float, readers: int) -> tuple[int, list[dict]]:
     writer = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(WRITER.format(path=path, seconds=seconds, envs=ENVS))],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -111,6 +117,10 @@ def _run(path, seconds: float, readers: int) -> tuple[int, list[dict]]:
         )
         for i in range(readers)
     ]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    writer.stdin.write("go\n")
+    writer.stdin.flush()
     reports = []
     for p in procs:
         out, err = p.communicate(timeout=seconds + 120)
@@ -125,7 +135,9 @@ def _check(path, seconds: float, readers: int) -> None:
     written, reports = _run(path, seconds, readers)
     for report in reports:
         assert report["problems"] == [], report["problems"][:5]
-    assert sum(r["reads"] + r["samples"] + r["sequences"] for r in reports) > 20
+    # every reader read while the writer was writing (it held its lock before and after
+    # the read), not only once it had finished
+    assert all(r["overlapped"] >= 10 for r in reports), [r["overlapped"] for r in reports]
     assert sum(r["refreshes"] for r in reports) > readers  # they saw the writer's commits
     with mr.open(path) as store:
         assert store.committed_steps == written

@@ -469,3 +469,32 @@ def test_same_process_second_writer_is_refused(tmp_path):
     with mr.create(tmp_path / "b", spec, capacity=4):
         with pytest.raises(mr.LockedError, match=f"process {os.getpid()}"):
             mr.open(tmp_path / "b", "a")
+
+
+def test_create_makes_missing_parent_folders(tmp_path):
+    path = tmp_path / "run" / "seed-0" / "buffer"
+    with mr.create(path, {"x": mr.ArraySpec((), "int64")}, capacity=10) as store:
+        store.add({"x": np.ones(1, "int64")})
+    with mr.open(path) as store:
+        assert len(store) == 1
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="found a file"):
+        mr.create(tmp_path / "file" / "deeper" / "buffer", {"x": mr.ArraySpec((), "int64")}, capacity=10)
+    assert sorted(os.listdir(tmp_path)) == ["file", "run"]
+
+
+def test_a_failed_create_leaves_no_new_parent_folders(tmp_path):
+    """Preallocation fails (a 1 MiB file size limit), after the folders were made."""
+    code = textwrap.dedent(
+        f"""
+        import resource, mmreplay as mr
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+        try:
+            mr.create({str(tmp_path / "run" / "buffer")!r}, {{"x": mr.ArraySpec((1024,), "uint8")}}, capacity=4096)
+        except mr.DiskFullError as exc:
+            print(exc)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "ulimit -f" in done.stdout, done.stdout + done.stderr
+    assert os.listdir(tmp_path) == []

@@ -37,6 +37,11 @@ __all__ = [
 
 CHUNK_CACHE_BYTES = 256 << 20
 
+# Page advice, where the OS has it (Linux, macOS); without it reads are just not advised.
+_MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
+_MADV_NORMAL = getattr(mmap, "MADV_NORMAL", None)
+_MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
+
 
 #: what the store backends accept (the zarr and hdf5 backends refine it)
 STORE_CODECS = {c: LEVELS[c] for c in ("zstd", "blosc", "gzip", "lzf")}
@@ -70,31 +75,63 @@ class Leaf(Protocol):
 
 
 def preallocate(fd: int, length: int, where: str) -> None:
-    """Reserve the file's blocks now, so a full disk is an error here, not a SIGBUS later."""
+    """Reserve the file's blocks now, so a full disk is an error here, not a SIGBUS later.
+
+    ``posix_fallocate`` where the OS and the file system have it (Linux); elsewhere
+    (macOS) every block is written once, its bytes read and written back, which
+    allocates the holes and keeps what the file holds.
+    """
     if length <= 0:
         return
     try:
-        os.posix_fallocate(fd, 0, length)
+        try:
+            os.posix_fallocate(fd, 0, length)
+        except AttributeError:  # no posix_fallocate in this OS
+            _write_every_block(fd, length)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # else: not on this file system
+                raise
+            _write_every_block(fd, length)
     except OSError as exc:
-        if exc.errno in (28, 122):  # ENOSPC, EDQUOT
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             free = os.fstatvfs(fd)
             raise DiskFullError(
                 f"{where}: needs {length} bytes, the file system has "
                 f"{free.f_bavail * free.f_frsize} free"
             ) from None
-        if exc.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: no fallocate here; extend
-            raise
-        if os.fstat(fd).st_size < length:
-            os.ftruncate(fd, length)
+        if exc.errno == errno.EFBIG:
+            raise DiskFullError(
+                f"{where}: needs {length} bytes, more than the largest file this process may write "
+                "(ulimit -f) or the file system allows"
+            ) from None
+        raise
 
 
-def no_space(exc: BaseException) -> bool:
-    """Whether an error from the OS, zarr or h5py (whose messages carry the errno) means
-    the file system is full."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
+_ALLOCATE_STEP = 1 << 20
+
+
+def _write_every_block(fd: int, length: int) -> None:
+    """Extend the file to ``length`` and write each of its blocks, so none stays a hole."""
+    if os.fstat(fd).st_size < length:
+        os.ftruncate(fd, length)
+    for offset in range(0, length, _ALLOCATE_STEP):
+        data = os.pread(fd, min(_ALLOCATE_STEP, length - offset), offset)
+        if os.pwrite(fd, data, offset) != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+#: errnos of a write refused for want of room: a full file system, a quota, a file
+#: size limit (``ulimit -f``, or the file system's largest file)
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _no_room_errno(exc: BaseException) -> int | None:
+    """The errno when an error from the OS, zarr or h5py (whose messages carry the
+    errno) means there is no room for the write."""
+    if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
+        return exc.errno
     text = str(exc)
-    return f"errno = {errno.ENOSPC}," in text or f"errno = {errno.EDQUOT}," in text
+    return next((e for e in _NO_ROOM if f"errno = {e}," in text), None)
 
 
 @contextmanager
@@ -104,8 +141,11 @@ def disk_full_as(message: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if not no_space(exc):
+        code = _no_room_errno(exc)
+        if code is None:
             raise
+        if code == errno.EFBIG:
+            message += " (a file reached the size limit: ulimit -f, or the file system's largest file)"
         raise DiskFullError(message) from exc
 
 
@@ -170,10 +210,10 @@ class MappedLeaf:
         (readahead, for sequences and passes). ``keep`` = ``(slot, count)`` leaves those
         slots (wrapping) on normal readahead: a writer's next slots, which it fills in
         order. Costs a few syscalls, only when the advice changes."""
-        if (pattern, keep) == (self.advice, self.advice_keep) or self.mm is None:
+        if (pattern, keep) == (self.advice, self.advice_keep) or self.mm is None or _MADV_NORMAL is None:
             return
         base = self.info.offset or 0
-        option = mmap.MADV_RANDOM if pattern == "random" else mmap.MADV_NORMAL
+        option = _MADV_RANDOM if pattern == "random" and _MADV_RANDOM is not None else _MADV_NORMAL
         ranges = [(base, base + self.flat.nbytes, option)]
         if keep is not None and pattern == "random":
             capacity = len(self.flat) // self.num_envs
@@ -181,7 +221,7 @@ class MappedLeaf:
             a, n = keep[0] % capacity, min(keep[1], capacity)
             for x, y in ((a, min(a + n, capacity)), (0, max(0, a + n - capacity))):
                 if y > x:
-                    ranges.append((base + x * slot_bytes, base + y * slot_bytes, mmap.MADV_NORMAL))
+                    ranges.append((base + x * slot_bytes, base + y * slot_bytes, _MADV_NORMAL))
         try:
             for lo, hi, opt in ranges:
                 start = lo // mmap.PAGESIZE * mmap.PAGESIZE
@@ -193,7 +233,7 @@ class MappedLeaf:
     def willneed(self, rows: np.ndarray) -> None:
         """Start reading the pages of these rows from disk, without waiting (MADV_WILLNEED)."""
         mm = self.mm
-        if mm is None or self.flat is None:
+        if mm is None or self.flat is None or _MADV_WILLNEED is None:
             return
         base = self.info.offset or 0
         lo = np.unique(np.asarray(rows, np.int64).reshape(-1) % len(self.flat)) * self.row_bytes + base
@@ -205,7 +245,7 @@ class MappedLeaf:
         starts = first[np.r_[0, brk]] if len(first) else first
         stops = last[np.r_[brk - 1, len(last) - 1]] + 1 if len(last) else last
         advise = mm.madvise
-        willneed = mmap.MADV_WILLNEED
+        willneed = _MADV_WILLNEED
         try:
             for a, b in zip((starts * page).tolist(), ((stops - starts) * page).tolist()):
                 advise(willneed, a, b)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo, Metadata
-from .base import ChunkedLeaf, Leaf, MappedLeaf, map_file, parse_compression, preallocate
+from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, map_file, parse_compression, preallocate
 from .h5chunks import ChunkGroup, H5Chunks, Journal, check_filters, journal_limits, replay
 
 DATA_FILE = "data.h5"
@@ -98,7 +98,10 @@ def leaf_nbytes_for(leaf: LeafInfo, capacity: int, num_envs: int) -> int:
 def _write_file(path: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
     """``data.h5`` with one dataset per leaf (contiguous ones allocated, not written)."""
     out = []
-    with h5py.File(path, "w-", libver="latest") as f:
+    need = sum(capacity * num_envs * leaf.spec.nbytes for leaf in leaves if leaf.compression is None)
+    with disk_full_as(f"{path}: needs {need} bytes for the uncompressed leaves, and found no room"), h5py.File(
+        path, "w-", libver="latest"
+    ) as f:  # early allocation extends the file at close
         for leaf in leaves:
             dtype = leaf.spec.dtype.newbyteorder("<")
             shape = (capacity, num_envs, *leaf.spec.shape)

@@ -601,7 +601,7 @@ class Memory(StoreShell):
         if self._staged is not None and self._env_index:
             staged = (rows == self.memory_index) & (envs < self._env_index)
             valid &= ~staged
-        if valid.all() and names:  # the common case: every row is stored
+        if valid.size and valid.all() and names:  # the common case: every row is stored
             by_name = dict(zip(self.store.leaf_paths, read_rows(self.store, steps, envs)))  # type: ignore[union-attr,arg-type]
             return {name: by_name[name] for name in names}
         out = {

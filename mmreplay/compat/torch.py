@@ -31,8 +31,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+try:
+    import torch
+    from torch.utils.data import Dataset, IterableDataset, get_worker_info
+except ImportError as exc:  # torch is an install extra
+    raise ImportError("mmreplay.compat.torch needs torch: pip install 'mmreplay[torch]'") from exc
 
 from .. import reads, sampling
 from ..episodes import index_for
