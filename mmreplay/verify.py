@@ -53,6 +53,10 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
         deep: also decode every stored chunk of the committed steps (reads the
             compressed data once); without it only structure and sizes are checked.
 
+    Raises:
+        ImportError: a codec the data needs is missing (chunks that cannot be decoded
+            for that reason are not damage), naming the extra to install.
+
     Example:
         >>> import mmreplay as mr, tempfile
         >>> from mmreplay.verify import verify
@@ -359,7 +363,7 @@ def _check_hdf5(folder: str, meta: Metadata, deep: bool, problems: list[str]) ->
         )
     if found.short is not None:
         return found
-    from .backends.h5chunks import Journal, journal_limits
+    from .backends.h5chunks import Journal, journal_limits, require_filters
 
     journal = Journal(path, journal_limits(meta))
     try:
@@ -406,6 +410,7 @@ def _check_hdf5(folder: str, meta: Metadata, deep: bool, problems: list[str]) ->
                 continue
             if not deep:
                 continue
+            require_filters(dset, f"{path}: {where}")  # a missing codec is no damage: ImportError
             for k in _chunks_of(meta, leaf):
                 a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
                 try:
@@ -597,6 +602,8 @@ def recover(path: str | os.PathLike) -> Recovery:
         UnsupportedFormatError: a newer mmreplay wrote it (it is left alone).
         CorruptBufferError: the metadata is damaged and nothing trustworthy is left to
             rebuild it from (the files are left as they are).
+        ImportError: a codec the data needs is missing (``pip install
+            'mmreplay[hdf5plugin]'``); nothing was changed.
 
     Example:
         >>> import mmreplay as mr, tempfile
@@ -627,6 +634,11 @@ def _tmp_copies(folder: str) -> list[str]:
 def _recover(folder: str) -> Recovery:
     out = Recovery(folder)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    if os.path.isfile(os.path.join(folder, HDF5_FILE)):
+        from .backends.h5chunks import require_file_filters
+
+        # chunks that do not decode for want of a codec are no damage: stop before any change
+        require_file_filters(os.path.join(folder, HDF5_FILE))
     try:
         meta = read_metadata(folder)
     except UnsupportedFormatError:
