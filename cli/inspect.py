@@ -17,7 +17,7 @@ import click
 
 import mmreplay as mr
 from mmreplay.files import disk_usage
-from mmreplay.metadata import FORMAT
+from mmreplay.metadata import FORMAT_NAME
 
 
 def human_bytes(n: float | None) -> str:
@@ -90,7 +90,7 @@ def describe(store: mr.Store) -> dict[str, Any]:
         )
     return {
         "path": os.path.abspath(store.path),
-        "format": FORMAT,
+        "format": f"{FORMAT_NAME}/{meta.format_version}",
         "backend": meta.backend,
         "capacity": meta.capacity,
         "num_envs": meta.num_envs,

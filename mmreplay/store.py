@@ -5,10 +5,11 @@ lock. Global step ids count every step ever added; step ``g`` lives in slot
 ``g % capacity`` of every leaf.
 
 Commit protocol (DESIGN.md): flush the rows written since the last commit to the files
-(and the disk with ``durability="power"``), then atomically replace ``mmreplay.json``
-with the new state, and only then count the rows committed. Before the writer
-overwrites slots whose steps are still committed, a commit raises ``reserved`` past
-them, so a crash or a reader never sees a torn row as committed.
+(and the disk with ``durability="power"``), then write the new state into the older
+slot of the state file (:mod:`mmreplay.statefile`; one ``pwrite``, and ``fdatasync``
+with ``durability="power"``), and only then count the rows committed. Before the
+writer overwrites slots whose steps are still committed, a commit raises ``reserved``
+past them, so a crash or a reader never sees a torn row as committed.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ from .metadata import (
     LeafInfo,
     Metadata,
     State,
-    atomic_write,
+    migrate,
+    open_state,
     read_metadata,
-    read_state,
-    render,
+    write_buffer,
     write_metadata,
 )
 from .roles import validate_roles
@@ -84,13 +85,19 @@ class Store:
         self._lock = lock
         self._capacity = meta.capacity
         self._set_state(meta.state)
-        self._static: str | None = None  # the metadata's static JSON, made at the first state write
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._leaves: list[Any] = []
+        self._closers: list[Any] = []
         self._closed = False
         self._writable = mode == "a"  # one check on the hot path; False once closed
         try:
-            entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+            # the committed state: read by readers per batch, written by each commit
+            self._state_file = open_state(path, meta.format_version, mode == "a")
+            try:
+                entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+            except BaseException:
+                self._state_file.close()
+                raise
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -152,10 +159,14 @@ class Store:
         return json.loads(json.dumps(self._meta.attrs))
 
     def set_attrs(self, **values: Any) -> None:
-        """Set attributes in the metadata, replaced atomically with the committed state.
+        """Set attributes in the metadata, committed atomically with the committed state.
 
         Values must be JSON-serialisable; ``None`` removes a key. Layers built on the store
-        keep their small state here, so it lives and dies with the buffer's own.
+        keep their small state here, so it lives and dies with the buffer's own: the new
+        attributes are written to ``mmreplay.json`` beside the ones committed before,
+        then a state write names them. A crash before that state write leaves the
+        previous attributes with the previous state; after it, the new ones with it. No
+        step is committed by this call (call :meth:`commit` first for that).
         """
         self._check_writable()
         attrs = dict(self._meta.attrs)
@@ -168,9 +179,13 @@ class Store:
             attrs = json.loads(json.dumps(attrs, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise BadInputError(f"{self.path}: attrs must be JSON values: {exc}") from None
-        self._meta = replace(self._meta, attrs=attrs)
-        self._static = self._meta.static_json()
-        self._write_state(self._state, self._meta.durability == "power")
+        fsync = self._meta.durability == "power"
+        state = self._state.next()
+        state = replace(state, attrs_generation=state.generation)
+        new = replace(self._meta, attrs=attrs, attrs_generation=state.generation)
+        write_metadata(self.path, new, fsync, previous=(self._meta.attrs_generation, self._meta.attrs))
+        self._write_state(state, fsync)
+        self._meta = new
 
     @property
     def leaf_paths(self) -> list[str]:
@@ -254,6 +269,7 @@ class Store:
             self._reads = self._episodes = None
             for entry in self._closers:
                 entry.close()
+            self._state_file.close()
             self._leaves = []
             self._setters = []
             if self._lock is not None:
@@ -339,7 +355,7 @@ class Store:
                     leaf.flush(fsync)
                 for flush in self._file_flushes:
                     flush(fsync)
-        state = State(
+        state = self._state.next(
             start=self._floor,
             end=written,
             reserved=reserved,
@@ -352,10 +368,7 @@ class Store:
         self._dirty = False
 
     def _write_state(self, state: State, fsync: bool) -> None:
-        if self._static is None:
-            self._static = self._meta.static_json()
-        meta = self._meta.with_state(state)
-        atomic_write(os.path.join(self.path, METADATA_FILE), render(meta, self._static), fsync)
+        self._state_file.write(state, fsync)
         self._set_state(state)
 
     def _set_state(self, state: State) -> None:
@@ -368,7 +381,9 @@ class Store:
         """Drop every retained step (committed at once); ``total_steps`` keeps counting."""
         self._check_writable()
         self._commit()
-        state = State(self._written, self._written, self._state.reserved, self._state.commits + 1, time.time())
+        state = self._state.next(
+            start=self._written, end=self._written, commits=self._state.commits + 1, commit_time=time.time()
+        )
         self._write_state(state, self._meta.durability == "power")
         self._floor = self._written
 
@@ -572,15 +587,11 @@ class Store:
     # --- readers --------------------------------------------------------------------
 
     def live_state(self) -> State:
-        """The committed state on disk now (for a writer, its own).
-
-        Always read from the file: a stat stamp cannot tell two states apart (inode
-        numbers are reused and mtimes are coarse), and a stale state here would let a
-        reader accept rows the writer overwrote.
-        """
+        """The committed state on disk now (for a writer, its own): one ``pread`` of the
+        state file, the newest valid slot."""
         if self.mode == "a":
             return self._state
-        return read_state(self.path)
+        return self._state_file.read()
 
     def refresh(self) -> bool:
         """Pick up the writer's newer commits (readers); True if the state changed."""
@@ -679,7 +690,7 @@ def create(
             ``"blosc"`` or ``"gzip"``, or a dict leaf path -> codec.
         commit_every: steps between automatic commits.
         durability: ``"process"`` (survives the process being killed) or ``"power"``
-            (also fsyncs data, state and folder at each commit).
+            (also syncs the data, then the state file, to the disk at each commit).
         roles: role -> leaf path, overriding the roles inferred from the names.
         exist_ok: if a buffer with the same layout exists there, open it for writing.
 
@@ -749,8 +760,7 @@ def create(
     try:
         lock.acquire()
         created = module.create(tmp, list(infos), capacity, num_envs)
-        meta = Metadata(**{**meta.__dict__, "leaves": tuple(created)})
-        write_metadata(tmp, meta, fsync=durability == "power")
+        meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
         os.rename(tmp, path)
     except BaseException:
         lock.release()
@@ -809,6 +819,7 @@ def open(path: str | os.PathLike, mode: str = "r") -> Store:  # noqa: A001 - mir
         lock.acquire()
         try:
             meta = read_metadata(path)  # the state as the previous writer left it
+            meta = migrate(path, meta, fsync=meta.durability == "power")  # format 1: now 2
         except BaseException:
             lock.release()
             raise

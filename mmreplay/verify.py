@@ -32,7 +32,20 @@ import numpy as np
 
 from .errors import CorruptBufferError, Error, NotABufferError, UnsupportedFormatError
 from .lock import WriterLock, holder_pid
-from .metadata import METADATA_FILE, LeafInfo, Metadata, State, parse_metadata, read_metadata, write_metadata
+from .metadata import (
+    METADATA_FILE,
+    STATE_FILE,
+    LeafInfo,
+    Metadata,
+    State,
+    migrate,
+    parse_metadata,
+    read_metadata,
+    read_static,
+    write_buffer,
+    write_metadata,
+)
+from .statefile import FILE_BYTES, StateFile, decode_slot, salvage
 
 __all__ = ["verify", "recover", "Recovery", "leftovers"]
 
@@ -73,6 +86,7 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
     except Error as exc:
         return [str(exc)]
     problems: list[str] = []
+    _check_state_file(folder, meta, problems)
     if meta.backend == "zarr":
         _check_zarr(folder, meta, deep, problems)
     else:
@@ -81,6 +95,25 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
     if not problems:
         problems.extend(_check_opens(folder))
     return problems
+
+
+def _check_state_file(folder: str, meta: Metadata, problems: list[str]) -> None:
+    """Both slots of a format-2 state file must be valid (one may be torn only by a crash
+    of the machine mid-commit: the other then holds the committed state)."""
+    if meta.format_version < 2:
+        return
+    path = os.path.join(folder, STATE_FILE)
+    with open(path, "rb") as f:
+        raw = f.read(FILE_BYTES + 1)
+    if len(raw) != FILE_BYTES:
+        problems.append(f"{path}: {len(raw)} bytes, a state file has {FILE_BYTES}")
+    for index in (0, 1):
+        slot = decode_slot(raw, index)
+        if isinstance(slot, str):
+            problems.append(
+                f"{path}: state slot {index} is damaged ({slot}); the other slot holds the committed "
+                "state, and the next commit or `mmreplay recover` rewrites this one"
+            )
 
 
 def _check_opens(folder: str) -> list[str]:
@@ -533,6 +566,7 @@ def leftovers(path: str | os.PathLike) -> list[str]:
     """Files a killed writer may leave behind, harmless but untidy (temp state, zarr partials)."""
     folder = os.fspath(path)
     out = glob.glob(os.path.join(glob.escape(folder), METADATA_FILE + ".*.tmp"))
+    out += glob.glob(os.path.join(glob.escape(folder), STATE_FILE + ".*.tmp"))
     out += glob.glob(os.path.join(glob.escape(folder), "episodes.idx.*.tmp"))
     out += glob.glob(os.path.join(glob.escape(folder), HDF5_FILE + ".journal.*.tmp"))
     zroot = os.path.join(folder, ZARR_DIR)
@@ -639,18 +673,28 @@ def _recover(folder: str) -> Recovery:
 
         # chunks that do not decode for want of a codec are no damage: stop before any change
         require_file_filters(os.path.join(folder, HDF5_FILE))
+    meta: Metadata | None = None
     try:
         meta = read_metadata(folder)
     except UnsupportedFormatError:
         raise  # a newer mmreplay wrote it: leave it alone
     except NotABufferError:
-        meta = None
         why = f"{METADATA_FILE} is missing"
     except Error as exc:
-        meta = None
         why = str(exc)
+        try:
+            static = read_static(folder)
+        except Error:
+            static = None
+        if static is not None and static.format_version >= 2:  # the JSON is sound: the state is not
+            meta = _rebuild_state(folder, static, out, why, stamp)
     if meta is None:
         meta = _rebuild_metadata(folder, out, why, stamp)
+    if meta.format_version == 1:  # recover writes as a writer does: in format 2
+        meta = migrate(folder, meta, fsync=True)
+        out.actions.append(f"upgraded the buffer to format 2 (the committed state moved to {STATE_FILE})")
+    else:
+        meta = _rewrite_damaged_slot(folder, meta, out)
     first, end = meta.state.first(meta.capacity), meta.state.end
     drop_before = first  # every step before this is dropped
     damaged_slots: list[tuple[int, int, str]] = []  # slot ranges [a, b) whose rows are gone
@@ -669,15 +713,9 @@ def _recover(folder: str) -> Recovery:
         out.lost = (first, drop_before)
         state = meta.state
         meta = meta.with_state(
-            State(
-                start=max(state.start, drop_before),
-                end=state.end,
-                reserved=state.reserved,
-                commits=state.commits + 1,
-                commit_time=time.time(),
-            )
+            state.next(start=max(state.start, drop_before), commits=state.commits + 1, commit_time=time.time())
         )
-        write_metadata(folder, meta, fsync=True)
+        _write_state(folder, meta.state)
         out.actions.append(f"committed state now starts at step {drop_before}")
     out.kept = (meta.state.first(meta.capacity), meta.state.end)
     episode_problems: list[str] = []
@@ -692,6 +730,57 @@ def _recover(folder: str) -> Recovery:
         out.actions.append(f"removed {os.path.relpath(extra, folder)} (left by a killed writer)")
     out.problems = verify(folder)
     return out
+
+
+def _write_state(folder: str, state: State) -> None:
+    """Commit ``state`` as a writer does (its slot, then to the disk)."""
+    state_file = StateFile(folder, True)
+    try:
+        state_file.write(state, fsync=True)
+    finally:
+        state_file.close()
+
+
+def _rewrite_damaged_slot(folder: str, meta: Metadata, out: Recovery) -> Metadata:
+    """A state slot that fails its check while the other holds the committed state gets
+    that state again, one generation on: nothing is lost."""
+    with open(os.path.join(folder, STATE_FILE), "rb") as f:
+        raw = f.read(FILE_BYTES)
+    bad = [i for i in (0, 1) if isinstance(decode_slot(raw, i), str)]
+    if not bad:
+        return meta
+    meta = meta.with_state(meta.state.next())
+    _write_state(folder, meta.state)
+    out.actions.append(f"rewrote the damaged slot {bad[0]} of {STATE_FILE} with the committed state")
+    return meta
+
+
+def _rebuild_state(folder: str, static: Metadata, out: Recovery, why: str, stamp: str) -> Metadata:
+    """A state file that cannot be read next to sound metadata: a fresh one with an empty
+    committed window (the window cannot be trusted), or, when the state reads and only
+    the attributes disagree with it, the same state with the metadata's attributes."""
+    try:
+        state_file = StateFile(folder, False)
+        try:
+            state = state_file.read()
+        finally:
+            state_file.close()
+    except Error:
+        state = None
+    if state is not None:
+        meta = write_buffer(folder, static.with_state(state), fsync=True)
+        out.actions.append(f"paired the attributes in {METADATA_FILE} with the committed state ({why})")
+        return meta
+    first, end = salvage(os.path.join(folder, STATE_FILE))
+    _move_aside(os.path.join(folder, STATE_FILE), stamp, out, folder)
+    meta = write_buffer(folder, static.with_state(State(end, end, end)), fsync=True)
+    out.actions.append(f"rebuilt {STATE_FILE} with no committed step")
+    out.lost = (first, end)
+    out.reasons.append(
+        f"the committed state could not be read ({why})"
+        + ("" if end else "; how many steps were committed is unknown")
+    )
+    return meta
 
 
 def _ignoring_checksum(raw: bytes, where: str) -> Metadata:
@@ -721,7 +810,7 @@ def _rebuild_metadata(folder: str, out: Recovery, why: str, stamp: str) -> Metad
         except (OSError, ValueError, Error):
             continue
     if found:
-        meta, source = max(found, key=lambda c: (c[0].state.commits, c[0].state.end))
+        meta, source = max(found, key=lambda c: (c[0].state.commits, c[0].state.end, c[0].attrs_generation))
         what = f"a killed commit's copy {os.path.basename(source)}"
     else:
         try:
@@ -740,13 +829,23 @@ def _rebuild_metadata(folder: str, out: Recovery, why: str, stamp: str) -> Metad
                 f"so it is not rebuilt: restore {METADATA_FILE} from a backup, or correct it by hand "
                 'and delete its "checksum" line'
             )
+    if meta.format_version >= 2:  # the window is in the state file (read if it still reads)
+        try:
+            state_file = StateFile(folder, False)
+            try:
+                meta = meta.with_state(state_file.read())
+            finally:
+                state_file.close()
+        except Error:
+            first, end = salvage(os.path.join(folder, STATE_FILE))
+            meta = meta.with_state(State(first, end, end))
     if os.path.exists(main):
         os.replace(main, f"{main}.damaged-{stamp}")
         out.actions.append(f"moved the damaged {METADATA_FILE} aside to {METADATA_FILE}.damaged-{stamp}")
     end = max(meta.state.reserved, meta.state.end)
     first = meta.state.first(meta.capacity)
-    meta = meta.with_state(State(end, end, end, meta.state.commits + 1, time.time()))
-    write_metadata(folder, meta, fsync=True)
+    state = State(end, end, end, meta.state.commits + 1, time.time(), meta.state.generation + 1)
+    meta = write_buffer(folder, meta.with_state(state), fsync=True)
     if source != main:
         os.unlink(source)
     out.actions.append(f"rebuilt {METADATA_FILE} from {what}, with no committed step")
