@@ -12,27 +12,17 @@ import json
 import os
 import zlib
 
-from mmreplay.metadata import METADATA_FILE, STATE_FILE, read_metadata
-from mmreplay.spec import spec_to_json
+from mmreplay.metadata import METADATA_FILE, STATE_FILE, read_metadata, render
 
 
 def to_v1(path: str) -> None:
     """Rewrite the closed buffer at ``path`` in format 1, byte for byte as format 1 did."""
     meta = read_metadata(path)
     s = meta.state
-    body = {
-        "format": "mmreplay/1",
-        "backend": meta.backend,
-        "capacity": meta.capacity,
-        "num_envs": meta.num_envs,
-        "spec": spec_to_json(meta.spec),
-        "leaves": [leaf.to_json() for leaf in meta.leaves],
-        "roles": meta.roles,
-        "commit_every": meta.commit_every,
-        "durability": meta.durability,
-        "created": meta.created,
-        "attrs": meta.attrs,
-    }
+    body = json.loads(render(meta))  # format 2's keys, in the same order as format 1's
+    for key in ("checksum", "attrs_generation", "previous_attrs"):
+        body.pop(key, None)
+    body["format"] = "mmreplay/1"
     state = {"start": s.start, "end": s.end, "reserved": s.reserved, "commits": s.commits, "commit_time": s.commit_time}
     text = f'{json.dumps(body, indent=1)[:-2]},\n "state": {json.dumps(state)}'.encode()
     raw = text + b',\n "checksum": "crc32:%08x"\n}\n' % zlib.crc32(text)
