@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from .errors import CorruptBufferError, NotABufferError
 from .files import atomic_write
 
-__all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "salvage", "write_fresh"]
+__all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "salvage", "slot_ranges", "write_fresh"]
 
 STATE_FILE = "mmreplay.state"
 SLOT_BYTES = 512  # one sector per slot: a torn sector write damages one slot only
@@ -76,6 +76,18 @@ class State:
         """This state with ``changes``, one generation later."""
         fields = {**self.__dict__, **changes, "generation": self.generation + 1}
         return State(**fields)
+
+
+def slot_ranges(a: int, b: int, capacity: int) -> list[tuple[int, int]]:
+    """Ring slot ranges ``[x, y)`` holding global steps ``[a, b)`` (at most two)."""
+    if b <= a:
+        return []
+    if b - a >= capacity:
+        return [(0, capacity)]
+    x, y = a % capacity, b % capacity
+    if x < y:
+        return [(x, y)]
+    return [(x, capacity)] + ([(0, y)] if y else [])
 
 
 def encode_slot(state: State) -> bytes:

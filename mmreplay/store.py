@@ -52,6 +52,7 @@ from .metadata import (
     write_metadata,
 )
 from .roles import validate_roles
+from .statefile import slot_ranges
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
 from .values import StepValidator
 
@@ -602,7 +603,7 @@ class Store:
         new = self.live_state()
         if new == old:
             return False
-        changed = _slot_ranges(old.end, new.end, self.capacity)
+        changed = slot_ranges(old.end, new.end, self.capacity)
         for leaf in self._leaves:
             leaf.invalidate(changed)
         self._set_state(new)
@@ -616,18 +617,6 @@ def _step_writer(leaf: Any) -> Any:
         leaf.write(slot, value[None])
 
     return write
-
-
-def _slot_ranges(a: int, b: int, capacity: int) -> list[tuple[int, int]]:
-    """Slot ranges ``[x, y)`` holding global steps ``[a, b)``."""
-    if b <= a:
-        return []
-    if b - a >= capacity:
-        return [(0, capacity)]
-    x, y = a % capacity, b % capacity
-    if x < y:
-        return [(x, y)]
-    return [(x, capacity)] + ([(0, y)] if y else [])
 
 
 # --- create / open ----------------------------------------------------------------

@@ -10,21 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..metadata import LeafInfo, Metadata
+from ..statefile import slot_ranges
 
 __all__ = ["Repairs", "retained_ranges", "chunks_of", "leaf_shape"]
 
 
 def retained_ranges(meta: Metadata) -> list[tuple[int, int]]:
     """Slot ranges ``[a, b)`` holding the retained committed steps (at most two)."""
-    first, end, cap = meta.state.first(meta.capacity), meta.state.end, meta.capacity
-    if end <= first:
-        return []
-    if end - first >= cap:
-        return [(0, cap)]
-    a, b = first % cap, end % cap
-    if a < b:
-        return [(a, b)]
-    return [(a, cap)] + ([(0, b)] if b else [])
+    return slot_ranges(meta.state.first(meta.capacity), meta.state.end, meta.capacity)
 
 
 def chunks_of(meta: Metadata, leaf: LeafInfo) -> list[int]:
