@@ -330,7 +330,7 @@ def _previous_attrs(obj: dict, where: str) -> tuple[int, dict[str, Any]] | None:
     return _int(prev, "generation", 0, 1 << 62, f"{where} previous_attrs"), prev["attrs"]
 
 
-def pair_attrs(meta: Metadata, state: State, where: str) -> Metadata | None:
+def pair_attrs(meta: Metadata, state: State) -> Metadata | None:
     """``meta`` with ``state`` and the attributes that state committed; None when the
     file holds neither (a ``set_attrs`` raced this read: read both again)."""
     if state.attrs_generation == meta.attrs_generation:
@@ -379,7 +379,7 @@ def read_metadata(folder: str) -> Metadata:
             state = state_file.read()
         finally:
             state_file.close()
-        paired = pair_attrs(meta, state, folder)
+        paired = pair_attrs(meta, state)
         if paired is not None:
             return paired
     raise CorruptBufferError(

@@ -52,8 +52,8 @@ from .metadata import (
     write_metadata,
 )
 from .roles import validate_roles
-from .statefile import slot_ranges
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
+from .statefile import slot_ranges
 from .values import StepValidator
 
 __all__ = ["Store", "create", "open", "BufferExistsError"]
@@ -181,8 +181,7 @@ class Store:
         except (TypeError, ValueError) as exc:
             raise BadInputError(f"{self.path}: attrs must be JSON values: {exc}") from None
         fsync = self._meta.durability == "power"
-        state = self._state.next()
-        state = replace(state, attrs_generation=state.generation)
+        state = self._state.next(attrs_generation=self._state.generation + 1)
         new = replace(self._meta, attrs=attrs, attrs_generation=state.generation)
         write_metadata(self.path, new, fsync, previous=(self._meta.attrs_generation, self._meta.attrs))
         self._write_state(state, fsync)
