@@ -4,6 +4,8 @@
   assignments into in-RAM arrays with the same ring logic, in the same run. Both rings
   are written once before timing, so neither pays first-touch page faults.
 - ``commit``: one step added, then ``commit()`` timed alone, ``durability="process"``.
+- ``state check``: a reader's look at the committed state (``live_state()``), which it
+  makes after every batch it reads from a ring a writer is overwriting.
 - ``open``: ``mmreplay.open`` (then ``close``) of a filled buffer of 10^5 and 10^7 rows.
 
 Run: ``python -m bench.store_figures [--json out.json] [--small]``.
@@ -115,6 +117,21 @@ def measure_commit(root: str, commits: int) -> dict[str, Any]:
     return out
 
 
+def measure_state_check(root: str, calls: int) -> dict[str, Any]:
+    """Nanoseconds of a reader's ``live_state()`` while a writer holds the buffer."""
+    spec = vector_spec(next_obs=False)
+    pool = _step_pool(Workload("vector5", spec, 8), 4)
+    out: dict[str, Any] = {"calls": calls}
+    for backend in BACKENDS:
+        with mr.create(os.path.join(root, f"state-{backend}"), spec, 1000, 8, backend=backend) as writer:
+            writer.add(pool[0])
+            writer.commit()
+            with mr.open(writer.path) as reader:
+                ns = per_call_ns(reader.live_state, calls)
+        out[backend] = {"us": summary([x / 1e3 for x in ns])}
+    return out
+
+
 def _filled(root: str, backend: str, rows: int) -> str:
     """A buffer of ``rows`` rows (8 envs), every step written."""
     spec = vector_spec(next_obs=False)
@@ -155,11 +172,13 @@ def run(root: str, small: bool = False) -> dict[str, Any]:
         return {
             "add": measure_add(root, repeats=2, steps=200, capacity=500),
             "commit": measure_commit(root, commits=50),
+            "state_check": measure_state_check(root, calls=50),
             "open": measure_open(root, [10**3, 10**4], repeats=3),
         }
     return {
         "add": measure_add(root, repeats=15, steps=20_000, capacity=100_000),
         "commit": measure_commit(root, commits=5000),
+        "state_check": measure_state_check(root, calls=5000),
         "open": measure_open(root, [10**5, 10**7], repeats=50),
     }
 
@@ -185,6 +204,15 @@ def markdown(fig: dict[str, Any]) -> str:
         + " | ".join(f"{com[b]['us']['median']:.0f} / {com[b]['us']['p99']:.0f}" for b in BACKENDS)
         + " | |",
     ]
+    if "state_check" in fig:
+        lines.append(
+            "| reader's state check per batch, `live_state()` (µs, median / p99) | "
+            + " | ".join(
+                f"{fig['state_check'][b]['us']['median']:.1f} / {fig['state_check'][b]['us']['p99']:.1f}"
+                for b in BACKENDS
+            )
+            + " | |"
+        )
     for rows in opn["sizes_rows"]:
         lines.append(
             f"| `open()` + `close()` at {rows:.0e} rows (ms, median; reader / writer) | "

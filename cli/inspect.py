@@ -18,7 +18,7 @@ import click
 
 import mmreplay as mr
 from mmreplay.files import disk_usage
-from mmreplay.metadata import FORMAT
+from mmreplay.metadata import FORMAT_NAME
 from mmreplay.terminal_images import image_protocol, terminal_image
 from mmreplay.view import frame_leaves, png_bytes, thumbnails
 
@@ -99,7 +99,7 @@ def describe(store: mr.Store) -> dict[str, Any]:
     other = total - sum(d or 0 for d in on_disk.values())  # metadata, episode index, journal
     return {
         "path": os.path.abspath(store.path),
-        "format": FORMAT,
+        "format": f"{FORMAT_NAME}/{meta.format_version}",
         "backend": meta.backend,
         "capacity": meta.capacity,
         "num_envs": meta.num_envs,

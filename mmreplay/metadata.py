@@ -1,23 +1,25 @@
 """The metadata record (``mmreplay.json``): validated on read, replaced atomically on write.
 
 The file holds the static description of a buffer (spec, capacity, per-leaf storage) and
-the committed state. Opening a buffer reads this file only, so it is validated as
-untrusted input: absurd sizes and paths that leave the folder are refused before
-anything is allocated or mapped.
+its user attributes; it is written when the buffer is created and by
+:meth:`mmreplay.Store.set_attrs`, never by a commit. The committed state lives in the
+state file (:mod:`mmreplay.statefile`). Opening a buffer reads these two files only, so
+they are validated as untrusted input: absurd sizes and paths that leave the folder are
+refused before anything is allocated or mapped.
 
-The committed state is three global step ids (a step id counts every step ever added):
+Format 1 (``"mmreplay/1"``) kept the committed state inside this file and replaced it at
+every commit. Such a buffer is read as it is; a writer (``mode="a"``) migrates it to
+format 2 when it opens it (:func:`migrate`).
 
-- ``end``: steps up to here are committed;
-- ``start``: steps before it were cleared;
-- ``reserved``: the writer may overwrite the slots of steps before
-  ``reserved - capacity`` without a further state write, so readers treat those as gone.
-
-The retained committed steps are ``[max(start, reserved - capacity), end)``.
+User attributes are paired with the state that committed them: the file carries the
+attributes with the generation of the state write that commits them
+(``attrs_generation``), and the previously committed ones (``previous_attrs``). A crash
+between writing this file and writing that state leaves a state naming the previous
+generation, and the previous attributes are read.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -29,23 +31,29 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptBufferError, DiskFullError, NotABufferError, UnsupportedFormatError
+from .errors import CorruptBufferError, NotABufferError, UnsupportedFormatError
+from .files import atomic_write
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json, validate_leaf_path
+from .statefile import STATE_FILE, State, StateFile, write_fresh
 
 __all__ = [
     "FORMAT",
     "METADATA_FILE",
+    "STATE_FILE",
     "LeafInfo",
     "State",
     "Metadata",
     "read_metadata",
     "read_state",
     "write_metadata",
+    "write_buffer",
+    "migrate",
+    "open_state",
     "atomic_write",
 ]
 
 FORMAT_NAME = "mmreplay"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FORMAT = f"{FORMAT_NAME}/{FORMAT_VERSION}"
 METADATA_FILE = "mmreplay.json"
 
@@ -55,6 +63,7 @@ MAX_LEAF_BYTES = 1 << 50  # 1 PiB: larger than any disk this will meet
 MAX_METADATA_BYTES = 64 << 20
 BACKENDS = ("zarr", "hdf5")
 DURABILITIES = ("process", "power")
+PAIR_TRIES = 8  # a reader racing set_attrs reads the two files again
 
 
 @dataclass(frozen=True)
@@ -89,34 +98,13 @@ class LeafInfo:
 
 
 @dataclass(frozen=True)
-class State:
-    """The committed state (see the module docstring)."""
-
-    start: int = 0
-    end: int = 0
-    reserved: int = 0
-    commits: int = 0
-    commit_time: float | None = None
-
-    def first(self, capacity: int) -> int:
-        """Global id of the oldest retained committed step."""
-        return min(self.end, max(self.start, self.reserved - capacity))
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "start": self.start,
-                "end": self.end,
-                "reserved": self.reserved,
-                "commits": self.commits,
-                "commit_time": self.commit_time,
-            }
-        )
-
-
-@dataclass(frozen=True)
 class Metadata:
-    """Everything static about a buffer, plus its committed state."""
+    """Everything static about a buffer, plus its committed state.
+
+    ``attrs`` are the committed user attributes and ``attrs_generation`` the state
+    generation that committed them. ``format_version`` is the version of the file read
+    (1: the state is inside the JSON, and the buffer is not migrated yet).
+    """
 
     backend: str
     capacity: int
@@ -129,36 +117,36 @@ class Metadata:
     created: float = field(default_factory=time.time)
     attrs: dict[str, Any] = field(default_factory=dict)
     state: State = field(default_factory=State)
-
-    def static_json(self) -> str:
-        """The JSON text of everything but the state, ending before the closing brace.
-
-        Commits append the state to this prefix, so a commit serialises a few numbers.
-        """
-        body = {
-            "format": FORMAT,
-            "backend": self.backend,
-            "capacity": self.capacity,
-            "num_envs": self.num_envs,
-            "spec": spec_to_json(self.spec),
-            "leaves": [leaf.to_json() for leaf in self.leaves],
-            "roles": self.roles,
-            "commit_every": self.commit_every,
-            "durability": self.durability,
-            "created": self.created,
-            "attrs": self.attrs,
-        }
-        return json.dumps(body, indent=1)[:-2]
+    attrs_generation: int = 0
+    format_version: int = FORMAT_VERSION
+    previous_attrs: tuple[int, dict[str, Any]] | None = None  # as read, before pairing
 
     def with_state(self, state: State) -> Metadata:
         return replace(self, state=state)
 
 
-def render(meta: Metadata, static_prefix: str | None = None) -> bytes:
-    """The file's bytes; a CRC-32 of everything before it ends the file (see :func:`check_checksum`)."""
-    prefix = static_prefix if static_prefix is not None else meta.static_json()
-    body = f'{prefix},\n "state": {meta.state.to_json()}'.encode()
-    return body + b',\n "checksum": "crc32:%08x"\n}\n' % zlib.crc32(body)
+def render(meta: Metadata, previous: tuple[int, dict[str, Any]] | None = None) -> bytes:
+    """The format-2 file's bytes; a CRC-32 of everything before it ends the file (see
+    :func:`check_checksum`). ``previous``: the attributes committed before ``meta``'s,
+    with their generation, kept until a state names ``meta.attrs_generation``."""
+    body: dict[str, Any] = {
+        "format": FORMAT,
+        "backend": meta.backend,
+        "capacity": meta.capacity,
+        "num_envs": meta.num_envs,
+        "spec": spec_to_json(meta.spec),
+        "leaves": [leaf.to_json() for leaf in meta.leaves],
+        "roles": meta.roles,
+        "commit_every": meta.commit_every,
+        "durability": meta.durability,
+        "created": meta.created,
+        "attrs": meta.attrs,
+        "attrs_generation": meta.attrs_generation,
+    }
+    if previous is not None:
+        body["previous_attrs"] = {"generation": previous[0], "attrs": previous[1]}
+    text = json.dumps(body, indent=1)[:-2].encode()
+    return text + b',\n "checksum": "crc32:%08x"\n}\n' % zlib.crc32(text)
 
 
 _CHECKSUM = re.compile(rb',\n "checksum": "crc32:([0-9a-f]{8})"\n}\n?\Z')
@@ -180,50 +168,35 @@ def check_checksum(raw: bytes, obj: dict, where: str) -> None:
         )
 
 
-def atomic_write(path: str, data: bytes, fsync: bool = False) -> None:
-    """Replace ``path`` with ``data`` so a reader or a crash sees the old or the new file.
+def write_metadata(
+    folder: str, meta: Metadata, fsync: bool = False, previous: tuple[int, dict[str, Any]] | None = None
+) -> None:
+    """Replace the JSON file (static description and attributes; the state is not in it)."""
+    atomic_write(os.path.join(folder, METADATA_FILE), render(meta, previous), fsync)
 
-    The temporary file lives in the same folder (``os.replace`` is atomic only within a
-    file system). With ``fsync`` the file and the folder entry reach the disk too.
+
+def write_buffer(folder: str, meta: Metadata, fsync: bool = False) -> Metadata:
+    """Write a whole format-2 description: a fresh state file holding ``meta.state``, then
+    the JSON file. Creation, migration and recovery use it; commits never do.
+
+    The state file goes first: until the JSON names format 2 a format-1 file still holds
+    the state, so a crash between the two leaves a buffer that reads as before.
+    Returns ``meta`` as written (format 2, the state with the generation it got).
     """
-    folder = os.path.dirname(path) or "."
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if fsync:
-            os.fsync(fd)
-    except BaseException as exc:
-        os.close(fd)
-        _unlink_quietly(tmp)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"{path}: no space left on the file system to write it; the previous one is intact") from exc
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    if fsync:
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    state = meta.state
+    gen = max(state.generation, meta.attrs_generation + 1, 1)
+    state = replace(state, generation=gen, attrs_generation=meta.attrs_generation)
+    write_fresh(folder, state, fsync)
+    meta = replace(meta, state=state, format_version=FORMAT_VERSION, previous_attrs=None)
+    write_metadata(folder, meta, fsync)
+    return meta
 
 
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def write_metadata(folder: str, meta: Metadata, fsync: bool = False) -> None:
-    atomic_write(os.path.join(folder, METADATA_FILE), render(meta), fsync)
+def migrate(folder: str, meta: Metadata, fsync: bool = False) -> Metadata:
+    """Turn a format-1 buffer (``meta`` as read) into format 2, crash-safe at every point."""
+    if meta.format_version != 1:
+        return meta
+    return write_buffer(folder, replace(meta, attrs_generation=0), fsync)
 
 
 # --- reading untrusted metadata -------------------------------------------------------
@@ -236,7 +209,7 @@ def _int(obj: dict, key: str, lo: int, hi: int, where: str) -> int:
     return value
 
 
-def _parse_format(fmt: Any, where: str) -> None:
+def _parse_format(fmt: Any, where: str) -> int:
     if not isinstance(fmt, str) or not fmt.startswith(FORMAT_NAME + "/"):
         raise CorruptBufferError(f"{where}: expected format {FORMAT!r}, got {fmt!r:.80}")
     version = fmt.split("/", 1)[1]
@@ -249,6 +222,7 @@ def _parse_format(fmt: Any, where: str) -> None:
         )
     if int(version) < 1:
         raise CorruptBufferError(f"{where}: unknown format {fmt!r}")
+    return int(version)
 
 
 def _parse_leaf(obj: Any, capacity: int, num_envs: int, where: str) -> LeafInfo:
@@ -295,7 +269,7 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         raise CorruptBufferError(f"{where}: metadata is nested too deeply to be a buffer's") from None
     if not isinstance(obj, dict):
         raise CorruptBufferError(f"{where}: metadata must be a JSON object")
-    _parse_format(obj.get("format"), where)
+    version = _parse_format(obj.get("format"), where)
     check_checksum(raw, obj, where)
     backend = obj.get("backend")
     if backend not in BACKENDS:
@@ -339,8 +313,32 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         durability=durability,
         created=float(created),
         attrs=attrs,
-        state=parse_state(obj.get("state"), where),
+        # format 1 holds the state; format 2 reads it from the state file (read_metadata)
+        state=parse_state(obj.get("state"), where) if version == 1 else State(),
+        attrs_generation=0 if version == 1 else _int(obj, "attrs_generation", 0, 1 << 62, where),
+        format_version=version,
+        previous_attrs=None if version == 1 else _previous_attrs(obj, where),
     )
+
+
+def _previous_attrs(obj: dict, where: str) -> tuple[int, dict[str, Any]] | None:
+    prev = obj.get("previous_attrs")
+    if prev is None:
+        return None
+    if not isinstance(prev, dict) or not isinstance(prev.get("attrs"), dict):
+        raise CorruptBufferError(f"{where}: 'previous_attrs' must be an object with 'generation' and 'attrs'")
+    return _int(prev, "generation", 0, 1 << 62, f"{where} previous_attrs"), prev["attrs"]
+
+
+def pair_attrs(meta: Metadata, state: State) -> Metadata | None:
+    """``meta`` with ``state`` and the attributes that state committed; None when the
+    file holds neither (a ``set_attrs`` raced this read: read both again)."""
+    if state.attrs_generation == meta.attrs_generation:
+        return replace(meta, state=state, previous_attrs=None)
+    prev = meta.previous_attrs
+    if prev is not None and prev[0] == state.attrs_generation:
+        return replace(meta, state=state, attrs=prev[1], attrs_generation=prev[0], previous_attrs=None)
+    return None
 
 
 def parse_state(obj: Any, where: str) -> State:
@@ -371,7 +369,28 @@ def _read_bounded(path: str) -> bytes:
 
 
 def read_metadata(folder: str) -> Metadata:
-    """Read and validate ``folder/mmreplay.json``."""
+    """Read and validate ``folder/mmreplay.json`` and (format 2) the state file."""
+    for _ in range(PAIR_TRIES):
+        meta = read_static(folder)
+        if meta.format_version == 1:
+            return meta
+        state_file = StateFile(folder, False)
+        try:
+            state = state_file.read()
+        finally:
+            state_file.close()
+        paired = pair_attrs(meta, state)
+        if paired is not None:
+            return paired
+    raise CorruptBufferError(
+        f"{os.path.join(folder, METADATA_FILE)}: its attributes (generation {meta.attrs_generation}"
+        f"{'' if meta.previous_attrs is None else ', previous ' + str(meta.previous_attrs[0])}) "
+        f"are not the ones the committed state names (generation {state.attrs_generation})"
+    )
+
+
+def read_static(folder: str) -> Metadata:
+    """Read and validate ``folder/mmreplay.json`` alone (format 2: without the state)."""
     path = os.path.join(folder, METADATA_FILE)
     try:
         raw = _read_bounded(path)
@@ -387,17 +406,56 @@ def read_metadata(folder: str) -> Metadata:
 
 
 def read_state(folder: str) -> State:
-    """Only the committed state, for readers polling a live writer (no spec validation)."""
-    path = os.path.join(folder, METADATA_FILE)
+    """Only the committed state (no spec validation)."""
+    source = open_state(folder, 1, False)
     try:
-        obj = json.loads(_read_bounded(path))
-    except FileNotFoundError:
-        raise NotABufferError(f"{folder}: not an mmreplay buffer (no {METADATA_FILE})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptBufferError(f"{path}: metadata is not valid JSON ({exc})") from None
-    if not isinstance(obj, dict):
-        raise CorruptBufferError(f"{path}: metadata must be a JSON object")
-    return parse_state(obj.get("state"), path)
+        return source.read()
+    finally:
+        source.close()
+
+
+class JsonState:
+    """The state of a format-1 buffer, read from its JSON file, for a reader opened on it.
+
+    Once a writer migrated the buffer (the JSON names format 2 and holds no state) it
+    reads the state file instead, from then on.
+    """
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.path = os.path.join(folder, METADATA_FILE)
+        self.file: StateFile | None = None
+
+    def read(self) -> State:
+        if self.file is not None:
+            return self.file.read()
+        try:
+            obj = json.loads(_read_bounded(self.path))
+        except FileNotFoundError:
+            raise NotABufferError(f"{self.folder}: not an mmreplay buffer (no {METADATA_FILE})") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptBufferError(f"{self.path}: metadata is not valid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise CorruptBufferError(f"{self.path}: metadata must be a JSON object")
+        if "state" not in obj and _parse_format(obj.get("format"), self.path) >= 2:
+            self.file = StateFile(self.folder, False)
+            return self.file.read()
+        return parse_state(obj.get("state"), self.path)
+
+    def write(self, state: State, fsync: bool) -> None:
+        raise CorruptBufferError(f"{self.path}: a format-1 buffer is migrated before it is written")
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def open_state(folder: str, format_version: int, writable: bool) -> StateFile | JsonState:
+    """Where the committed state of a buffer of this format is read (and written)."""
+    if format_version == 1:
+        return JsonState(folder)
+    return StateFile(folder, writable)
 
 
 def step_nbytes(meta: Metadata) -> int:

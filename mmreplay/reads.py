@@ -25,8 +25,6 @@ prefetch would only cost syscalls.
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -37,8 +35,7 @@ import numpy as np
 
 from . import episodes as _episodes
 from . import sampling
-from .errors import CorruptBufferError, NotEnoughDataError
-from .metadata import MAX_METADATA_BYTES, METADATA_FILE, parse_state
+from .errors import NotEnoughDataError
 from .spec import ArraySpec, unflatten
 
 __all__ = ["SampleInfo", "sample", "iterate", "read_rows", "set_prefetch", "set_rng"]
@@ -108,46 +105,12 @@ class Reader:
         self.pattern: str | None = None  # the advice in force (readers: the whole of it)
         self.pending: tuple[Any, sampling.Draw] | None = None
         self.thread: _Prefetcher | None = None
-        self.state_path = os.path.join(store.path, METADATA_FILE)
-        self.state_fd: int | None = None
-        self.state_id: tuple[int, int] | None = None
-        self.state_first = 0
+        self.state_file = store._state_file
 
     def live_first(self, store: Any) -> int:
-        """The oldest step the writer retains now: the readers' seqlock check.
-
-        The state file is only ever replaced by rename, never rewritten in place. The
-        reader keeps the file it last parsed open, so that file's inode cannot be
-        reused: the path still naming the same (device, inode) means the same state,
-        and one ``stat`` answers. Otherwise the new file is opened, identified and
-        parsed from the same descriptor.
-        """
-        try:
-            st = os.stat(self.state_path)
-        except OSError:
-            st = None
-        if st is not None and self.state_id == (st.st_dev, st.st_ino):
-            return self.state_first
-        try:
-            fd = os.open(self.state_path, os.O_RDONLY)
-        except OSError:
-            return store.live_state().first(self.capacity)  # raises the right error
-        try:
-            fst = os.fstat(fd)
-            raw = os.pread(fd, min(fst.st_size, MAX_METADATA_BYTES) + 1, 0)
-            state = parse_state(_json_object(raw, self.state_path).get("state"), self.state_path)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._close_state()
-        self.state_fd, self.state_id = fd, (fst.st_dev, fst.st_ino)
-        self.state_first = state.first(self.capacity)
-        return self.state_first
-
-    def _close_state(self) -> None:
-        if self.state_fd is not None:
-            os.close(self.state_fd)
-            self.state_fd = self.state_id = None
+        """The oldest step the writer retains now: the readers' seqlock check, one
+        ``pread`` of the state file (no JSON is opened)."""
+        return self.state_file.read().first(self.capacity)
 
     def own_gen(self) -> np.random.Generator:
         if self.gen is None:
@@ -187,7 +150,6 @@ class Reader:
         if self.thread is not None:
             self.thread.stop()
             self.thread = None
-        self._close_state()
         self.leaves = []
         self.takes = []
         self.mapped = []
@@ -227,16 +189,6 @@ class _Prefetcher:
             self.stopping = True
             self.cond.notify()
         self.thread.join()
-
-
-def _json_object(raw: bytes, path: str) -> dict:
-    try:
-        obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptBufferError(f"{path}: metadata is not valid JSON ({exc})") from None
-    if not isinstance(obj, dict):
-        raise CorruptBufferError(f"{path}: metadata must be a JSON object")
-    return obj
 
 
 def reader_for(store: Any) -> Reader:

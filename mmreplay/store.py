@@ -5,10 +5,11 @@ lock. Global step ids count every step ever added; step ``g`` lives in slot
 ``g % capacity`` of every leaf.
 
 Commit protocol (DESIGN.md): flush the rows written since the last commit to the files
-(and the disk with ``durability="power"``), then atomically replace ``mmreplay.json``
-with the new state, and only then count the rows committed. Before the writer
-overwrites slots whose steps are still committed, a commit raises ``reserved`` past
-them, so a crash or a reader never sees a torn row as committed.
+(and the disk with ``durability="power"``), then write the new state into the older
+slot of the state file (:mod:`mmreplay.statefile`; one ``pwrite``, and ``fdatasync``
+with ``durability="power"``), and only then count the rows committed. Before the
+writer overwrites slots whose steps are still committed, a commit raises ``reserved``
+past them, so a crash or a reader never sees a torn row as committed.
 """
 
 from __future__ import annotations
@@ -49,14 +50,15 @@ from .metadata import (
     LeafInfo,
     Metadata,
     State,
-    atomic_write,
+    migrate,
+    open_state,
     read_metadata,
-    read_state,
-    render,
+    write_buffer,
     write_metadata,
 )
 from .roles import validate_roles
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
+from .statefile import slot_ranges
 from .values import StepValidator
 
 __all__ = ["Store", "create", "open", "BufferExistsError"]
@@ -91,13 +93,19 @@ class Store:
         self._lock = lock
         self._capacity = meta.capacity
         self._set_state(meta.state)
-        self._static: str | None = None  # the metadata's static JSON, made at the first state write
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._leaves: list[Any] = []
+        self._closers: list[Any] = []
         self._closed = False
         self._writable = mode == "a"  # one check on the hot path; False once closed
         try:
-            entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+            # the committed state: read by readers per batch, written by each commit
+            self._state_file = open_state(path, meta.format_version, mode == "a")
+            try:
+                entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+            except BaseException:
+                self._state_file.close()
+                raise
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -160,10 +168,14 @@ class Store:
         return json.loads(json.dumps(self._meta.attrs))
 
     def set_attrs(self, **values: Any) -> None:
-        """Set attributes in the metadata, replaced atomically with the committed state.
+        """Set attributes in the metadata, committed atomically with the committed state.
 
         Values must be JSON-serialisable; ``None`` removes a key. Layers built on the store
-        keep their small state here, so it lives and dies with the buffer's own.
+        keep their small state here, so it lives and dies with the buffer's own: the new
+        attributes are written to ``mmreplay.json`` beside the ones committed before,
+        then a state write names them. A crash before that state write leaves the
+        previous attributes with the previous state; after it, the new ones with it. No
+        step is committed by this call (call :meth:`commit` first for that).
         """
         self._check_writable()
         attrs = dict(self._meta.attrs)
@@ -176,9 +188,12 @@ class Store:
             attrs = json.loads(json.dumps(attrs, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise BadInputError(f"{self.path}: attrs must be JSON values: {exc}") from None
-        self._meta = replace(self._meta, attrs=attrs)
-        self._static = self._meta.static_json()
-        self._write_state(self._state, self._meta.durability == "power")
+        fsync = self._meta.durability == "power"
+        state = self._state.next(attrs_generation=self._state.generation + 1)
+        new = replace(self._meta, attrs=attrs, attrs_generation=state.generation)
+        write_metadata(self.path, new, fsync, previous=(self._meta.attrs_generation, self._meta.attrs))
+        self._write_state(state, fsync)
+        self._meta = new
 
     @property
     def leaf_paths(self) -> list[str]:
@@ -261,6 +276,7 @@ class Store:
             self._reads = self._episodes = None
             for entry in self._closers:
                 entry.close()
+            self._state_file.close()
             self._leaves = []
             self._setters = []
             if self._lock is not None:
@@ -346,7 +362,7 @@ class Store:
                     leaf.flush(fsync)
                 for flush in self._file_flushes:
                     flush(fsync)
-        state = State(
+        state = self._state.next(
             start=self._floor,
             end=written,
             reserved=reserved,
@@ -359,10 +375,7 @@ class Store:
         self._dirty = False
 
     def _write_state(self, state: State, fsync: bool) -> None:
-        if self._static is None:
-            self._static = self._meta.static_json()
-        meta = self._meta.with_state(state)
-        atomic_write(os.path.join(self.path, METADATA_FILE), render(meta, self._static), fsync)
+        self._state_file.write(state, fsync)
         self._set_state(state)
 
     def _set_state(self, state: State) -> None:
@@ -375,7 +388,9 @@ class Store:
         """Drop every retained step (committed at once); ``total_steps`` keeps counting."""
         self._check_writable()
         self._commit()
-        state = State(self._written, self._written, self._state.reserved, self._state.commits + 1, time.time())
+        state = self._state.next(
+            start=self._written, end=self._written, commits=self._state.commits + 1, commit_time=time.time()
+        )
         self._write_state(state, self._meta.durability == "power")
         self._floor = self._written
 
@@ -602,15 +617,11 @@ class Store:
     # --- readers --------------------------------------------------------------------
 
     def live_state(self) -> State:
-        """The committed state on disk now (for a writer, its own).
-
-        Always read from the file: a stat stamp cannot tell two states apart (inode
-        numbers are reused and mtimes are coarse), and a stale state here would let a
-        reader accept rows the writer overwrote.
-        """
+        """The committed state on disk now (for a writer, its own): one ``pread`` of the
+        state file, the newest valid slot."""
         if self.mode == "a":
             return self._state
-        return read_state(self.path)
+        return self._state_file.read()
 
     def refresh(self) -> bool:
         """Pick up the writer's newer commits (readers); True if the state changed."""
@@ -621,7 +632,7 @@ class Store:
         new = self.live_state()
         if new == old:
             return False
-        changed = _slot_ranges(old.end, new.end, self.capacity)
+        changed = slot_ranges(old.end, new.end, self.capacity)
         for leaf in self._leaves:
             leaf.invalidate(changed)
         self._set_state(new)
@@ -704,18 +715,6 @@ def _step_writer(leaf: Any) -> Any:
         leaf.write(slot, value[None])
 
     return write
-
-
-def _slot_ranges(a: int, b: int, capacity: int) -> list[tuple[int, int]]:
-    """Slot ranges ``[x, y)`` holding global steps ``[a, b)``."""
-    if b <= a:
-        return []
-    if b - a >= capacity:
-        return [(0, capacity)]
-    x, y = a % capacity, b % capacity
-    if x < y:
-        return [(x, y)]
-    return [(x, capacity)] + ([(0, y)] if y else [])
 
 
 # --- create / open ----------------------------------------------------------------
@@ -831,7 +830,7 @@ def create(
             ``"blosc"`` or ``"gzip"``, or a dict leaf path -> codec.
         commit_every: steps between automatic commits.
         durability: ``"process"`` (survives the process being killed) or ``"power"``
-            (also fsyncs data, state and folder at each commit).
+            (also syncs the data, then the state file, to the disk at each commit).
         roles: role -> leaf path, overriding the roles inferred from the names.
         exist_ok: if a buffer with the same layout exists there, open it for writing.
 
@@ -864,8 +863,7 @@ def create(
         os.mkdir(tmp)
         lock.acquire()
         created = module.create(tmp, list(meta.leaves), meta.capacity, meta.num_envs)
-        meta = Metadata(**{**meta.__dict__, "leaves": tuple(created)})
-        write_metadata(tmp, meta, fsync=durability == "power")
+        meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
         os.rename(tmp, path)
     except BaseException:
         lock.release()
@@ -951,6 +949,7 @@ def open(path: str | os.PathLike, mode: str = "r") -> Store:  # noqa: A001 - mir
         lock.acquire()
         try:
             meta = read_metadata(path)  # the state as the previous writer left it
+            meta = migrate(path, meta, fsync=meta.durability == "power")  # format 1: now 2
         except BaseException:
             lock.release()
             raise

@@ -15,7 +15,7 @@ LAYERS = [
     {"errors"},
     {"spec"},
     {"roles", "values"},
-    {"metadata", "lock", "files"},
+    {"metadata", "lock", "files", "statefile"},
     {"backends"},
     {"store", "sampling", "episodes", "reads"},
     {"export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images"},

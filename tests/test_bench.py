@@ -177,6 +177,8 @@ def test_store_figures_small(tmp_path: os.PathLike) -> None:
         assert fig["add"][backend]["ratio_to_numpy"] > 0
         com = fig["commit"][backend]["us"]
         assert com["n"] == 50 and 0 < com["median"] <= com["p99"]
+        check = fig["state_check"][backend]["us"]
+        assert check["n"] == 50 and 0 < check["median"] <= check["p99"]
         for rows in fig["open"]["sizes_rows"]:
             entry = fig["open"][f"{backend}/{rows}"]
             assert entry["r"]["ms"]["median"] > 0 and entry["a"]["ms"]["median"] > 0

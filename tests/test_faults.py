@@ -20,7 +20,7 @@ import pytest
 from conftest import folder_digest, one_line_error, recover_cli, run_cli, verify_cli
 
 import mmreplay as mr
-from mmreplay.metadata import METADATA_FILE, read_metadata
+from mmreplay.metadata import METADATA_FILE, STATE_FILE, read_metadata
 from mmreplay.spec import flatten, unflatten
 from mmreplay.torture import SPEC, step_values
 from mmreplay.verify import leftovers
@@ -197,25 +197,23 @@ def fill_disk(fs: str) -> str:
     return filler
 
 
-def test_full_disk_at_commit_keeps_the_previous_state(tmpfs):
+def test_a_commit_needs_no_free_space(tmpfs):
+    """The state file is written in place: a full disk does not stop a commit of rows
+    that are in their preallocated files already."""
     fs = tmpfs("1m")
     path = os.path.join(fs, "b")
     spec = {"obs": mr.ArraySpec((4,), "float32"), "action": mr.ArraySpec((), "int64")}
     store = mr.create(path, spec, capacity=50, commit_every=10**6)
     store.add({"obs": np.ones((1, 4), "float32"), "action": np.ones(1, "int64")})
     store.commit()
-    before = open(os.path.join(path, METADATA_FILE), "rb").read()
     filler = fill_disk(fs)
     store.add({"obs": np.full((1, 4), 2, "float32"), "action": np.full(1, 2, "int64")})
-    with pytest.raises(mr.DiskFullError, match="previous one is intact"):
-        store.commit()
-    assert open(os.path.join(path, METADATA_FILE), "rb").read() == before
-    assert leftovers(path) == []
-    os.remove(filler)
     store.commit()
-    store.close()
+    assert leftovers(path) == []
     with mr.open(path) as reader:
         assert len(reader) == 2 and reader.get(1)["action"][0] == 2
+    os.remove(filler)
+    store.close()
 
 
 def test_full_disk_while_recording_episode_ends_keeps_the_previous_state(tmpfs):
@@ -227,11 +225,11 @@ def test_full_disk_while_recording_episode_ends_keeps_the_previous_state(tmpfs):
     store.commit()
     # every step ends an episode: the commit appends 2,000 records (32 KB) to episodes.idx
     store.extend({"obs": np.full((2000, 1), 2, "float32"), "terminated": np.ones((2000, 1), bool)})
-    before = open(os.path.join(path, METADATA_FILE), "rb").read()
+    before = open(os.path.join(path, STATE_FILE), "rb").read()
     filler = fill_disk(fs)
     with pytest.raises(mr.DiskFullError, match="episode ends"):
         store.commit()
-    assert open(os.path.join(path, METADATA_FILE), "rb").read() == before
+    assert open(os.path.join(path, STATE_FILE), "rb").read() == before
     assert leftovers(path) == []
     os.remove(filler)
     store.commit()
@@ -408,7 +406,7 @@ def _garble(path, find: bytes, replace: bytes) -> None:
 
 
 GARBLES = {
-    "cursor": (b'"end": 30', b'"end": 20'),
+    "attrs": (b'"attrs": {}', b'"attrs": {"a": 1}'),
     "capacity": (b'"capacity": 40', b'"capacity": 20'),
     "chunking": (b'"chunk_steps": 4', b'"chunk_steps": 2'),
     "shape": (b'"shape": [\n    5\n   ]', b'"shape": [\n    4\n   ]'),
@@ -460,7 +458,7 @@ def test_garbled_metadata_rebuilt_from_a_killed_commits_copy(tmp_path):
         f.write(raw)  # a complete copy a killed commit left behind
     with open(os.path.join(path, f"{METADATA_FILE}.4243.tmp"), "wb") as f:
         f.write(raw[:100])  # and a torn one
-    _garble(path, b'"end": 30', b'"end": 31')
+    _garble(path, b'"commit_every": 1000', b'"commit_every": 1001')
     report = recover_cli(path)
     assert report.ok and report.lost == (0, 30)
     assert any("4242.tmp" in a for a in report.actions)
@@ -471,12 +469,12 @@ def test_garbled_metadata_rebuilt_from_a_killed_commits_copy(tmp_path):
 @pytest.mark.parametrize(("backend", "compression"), LAYOUTS, ids=LAYOUT_IDS)
 def test_format_from_the_future_is_refused_and_left_alone(tmp_path, backend, compression):
     path = fill(tmp_path / "b", 5, backend, compression)
-    _garble(path, b'"format": "mmreplay/1"', b'"format": "mmreplay/2"')
+    _garble(path, b'"format": "mmreplay/2"', b'"format": "mmreplay/3"')
     raw = open(os.path.join(path, METADATA_FILE), "rb").read()
     for mode in ("r", "a"):
         with pytest.raises(mr.UnsupportedFormatError, match="newer.*upgrade mmreplay"):
             mr.open(path, mode)
-    assert_detected(path, "mmreplay/2")
+    assert_detected(path, "mmreplay/3")
     one_line_error(run_cli("recover", path), 4, "upgrade mmreplay")
     assert open(os.path.join(path, METADATA_FILE), "rb").read() == raw
     one_line_error(run_cli("inspect", path), 4, "upgrade mmreplay")

@@ -167,8 +167,9 @@ def test_metadata_is_versioned_json(tmp_path, nested_spec):
     with mr.create(tmp_path / "b", nested_spec, capacity=8, num_envs=2, roles={"truncated": "truncated"}) as store:
         store.add(make_step(nested_spec, 2, 0))
     meta = json.loads((tmp_path / "b" / "mmreplay.json").read_text())
-    assert meta["format"] == "mmreplay/1" and meta["capacity"] == 8 and meta["num_envs"] == 2
-    assert meta["state"]["end"] == 1
+    assert meta["format"] == "mmreplay/2" and meta["capacity"] == 8 and meta["num_envs"] == 2
+    assert "state" not in meta  # the committed state is in the state file
+    assert read_metadata(str(tmp_path / "b")).state.end == 1
     assert meta["roles"]["observation"] == "obs" and meta["roles"]["reward"] == "reward"
     assert [leaf["path"] for leaf in meta["leaves"]] == ["action", "obs/pixels", "obs/state", "reward", "terminated", "truncated"]
 

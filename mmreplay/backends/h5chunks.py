@@ -47,6 +47,8 @@ _RECORD = struct.Struct("<HQIQ")  # path length, chunk number, filter mask, payl
 _DEFLATE, _LZF, _BLOSC, _ZSTD = 1, 32000, 32001, 32015
 _PLUGIN_FILTERS = {_BLOSC, _ZSTD}
 _ZSTD_SKIPPABLE = 0x184D2A50
+_FILTER_NAMES = {_DEFLATE: "gzip", _LZF: "lzf", _BLOSC: "blosc", _ZSTD: "zstd", 3: "Fletcher-32"}
+PLUGIN_INSTALL = "pip install 'mmreplay[hdf5plugin]'"
 
 
 def fletcher32(data: bytes | memoryview) -> int:
@@ -77,9 +79,7 @@ def filters_of(dset: h5py.Dataset) -> list[tuple[int, int, tuple]]:
 
 def check_filters(dset: h5py.Dataset, where: str, writable: bool) -> None:
     """Load the filter plugins a dataset needs; refuse to write one that cannot be padded."""
-    codes = [code for code, _, _ in filters_of(dset)]
-    if any(code in _PLUGIN_FILTERS for code in codes):
-        import_plugins(where)
+    codes = require_filters(dset, where)
     if writable and not (len(codes) >= 2 and codes[-1] == h5py.h5z.FILTER_FLETCHER32 and codes[-2] in (_DEFLATE, _BLOSC, _ZSTD)):
         raise SpecError(
             f"{where}: expected gzip, zstd or blosc chunks with Fletcher-32 to write in place, "
@@ -157,10 +157,47 @@ class Codec:
 def import_plugins(where: str) -> None:
     try:
         import hdf5plugin  # noqa: F401  (registers the zstd / blosc filters with HDF5)
-    except ImportError:
+    except Exception as exc:  # not installed, or installed but its filters fail to load
         raise ImportError(
-            f"{where}: its compression needs hdf5plugin: pip install 'mmreplay[hdf5plugin]'"
+            f"{where}: its compression needs hdf5plugin ({type(exc).__name__}: {exc}): "
+            f"{PLUGIN_INSTALL}"
         ) from None
+
+
+def require_filters(dset: h5py.Dataset, where: str) -> list[int]:
+    """The filter codes of a dataset, once every one of them can decode here.
+
+    Loads the plugins the dataset declares first. A filter HDF5 still cannot use is a
+    missing dependency (an :class:`ImportError` naming the extra), never damage: chunks
+    that cannot be decoded for that reason must not be taken for torn ones.
+    """
+    codes = [code for code, _, _ in filters_of(dset)]
+    if any(code in _PLUGIN_FILTERS for code in codes):
+        import_plugins(where)
+    missing = [code for code in codes if not h5py.h5z.filter_avail(code)]
+    if missing:
+        names = ", ".join(_FILTER_NAMES.get(code, f"filter {code}") for code in missing)
+        raise ImportError(f"{where}: HDF5 has no {names} filter here to decode its chunks: {PLUGIN_INSTALL}")
+    return codes
+
+
+def require_file_filters(h5_path: str) -> None:
+    """:func:`require_filters` for every chunked dataset of an HDF5 file; a file that does
+    not open is left to the checks that report damage."""
+    try:
+        f = h5py.File(h5_path, "r", libver="latest", swmr=True)
+    except Exception:
+        return
+    chunked: list[str] = []
+
+    def collect(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset) and obj.chunks is not None:
+            chunked.append(name)
+
+    with f:
+        f.visititems(collect)
+        for name in chunked:
+            require_filters(f[name], f"{h5_path}: leaf {name!r}")
 
 
 # --- the journal --------------------------------------------------------------------------

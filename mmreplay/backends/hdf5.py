@@ -13,19 +13,35 @@ and writes the journal back.
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import struct
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import h5py
 import numpy as np
 
 from ..errors import CorruptBufferError, SpecError
-from ..metadata import LeafInfo, Metadata
+from ..lock import holder_pid
+from ..metadata import LeafInfo, Metadata, write_metadata
 from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, map_file, parse_compression, preallocate
-from .h5chunks import ChunkGroup, H5Chunks, Journal, check_filters, journal_limits, replay
+from .checks import Repairs, chunks_of, leaf_shape
+from .h5chunks import (
+    JOURNAL_SUFFIX,
+    ChunkGroup,
+    Codec,
+    H5Chunks,
+    Journal,
+    check_filters,
+    journal_limits,
+    journal_path,
+    replay,
+    require_file_filters,
+    require_filters,
+)
 
 DATA_FILE = "data.h5"
 
@@ -305,3 +321,225 @@ def lookup3(data: bytes, initval: int = 0) -> int:
     b ^= a; b = (b - rot(a, 14)) & m  # noqa: E702
     c ^= b; c = (c - rot(b, 24)) & m  # noqa: E702
     return c
+
+
+def leftover_files(folder: str) -> list[str]:
+    """Files a killed writer may leave: a chunk journal's temporary copy."""
+    return glob.glob(os.path.join(glob.escape(folder), DATA_FILE + JOURNAL_SUFFIX + ".*.tmp"))
+
+
+def require_codecs(folder: str) -> None:
+    """Raise ImportError (naming the extra) when a chunk filter of ``data.h5`` cannot be
+    loaded here: chunks that cannot be decoded for that reason are no damage."""
+    path = os.path.join(folder, DATA_FILE)
+    if os.path.isfile(path):
+        require_file_filters(path)
+
+
+# --- verify and repair (mmreplay.verify runs them) ------------------------------------------
+
+
+def hdf5_status(path: str) -> tuple[int, int] | None:
+    """(status flags, end-of-file address) of a version 2/3 superblock, or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(48)
+    except OSError:
+        return None
+    if len(head) < 48 or head[:8] != _SIGNATURE or head[8] not in (2, 3) or head[9] != 8:
+        return None
+    (eof,) = struct.unpack("<Q", head[28:36])
+    return head[11], eof
+
+
+@dataclass
+class _Hdf5State:
+    unusable: str | None = None
+    flags_set: bool = False
+    short: int | None = None  # the file is shorter than HDF5's end-of-file address
+    bad_chunks: dict[str, dict[int, str]] = field(default_factory=dict)
+    journal: dict = field(default_factory=dict)  # leaf path -> chunk -> (mask, bytes)
+    bad_journal: bool = False
+
+
+def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> _Hdf5State:
+    """Check ``data.h5`` (and its chunk journal) against ``meta``, adding what is wrong to
+    ``problems`` (``deep``: decode the chunks of the retained committed steps too);
+    returns what :func:`repair` acts on."""
+    found = _Hdf5State()
+    path = os.path.join(folder, DATA_FILE)
+    if not os.path.isfile(path):
+        found.unusable = f"data file {path} is missing"
+        problems.append(found.unusable)
+        return found
+    size = os.path.getsize(path)
+    status = hdf5_status(path)
+    if status is None:
+        found.unusable = f"{path}: not an HDF5 file with a version 2/3 superblock"
+        problems.append(found.unusable)
+        return found
+    flags, eof = status
+    if size < eof:
+        found.short = size
+        problems.append(f"data file {path} is truncated: {size} bytes, HDF5 expects {eof}")
+    need = max((leaf.offset + leaf_nbytes(meta, leaf) for leaf in meta.leaves if leaf.mapped), default=0)
+    if size < need:
+        found.short = size if found.short is None else min(found.short, size)
+        problems.append(f"data file {path} has {size} bytes, the mapped leaves need {need}")
+    if flags and holder_pid(folder) is None:
+        found.flags_set = True
+        problems.append(
+            f"{path}: marked open for writing by a writer that died (HDF5 status flags); "
+            "plain h5py cannot open it until `mmreplay recover` or the next writer clears them"
+        )
+    if found.short is not None:
+        return found
+    journal = Journal(path, journal_limits(meta))
+    try:
+        found.journal = journal.load()
+    except CorruptBufferError as exc:
+        found.bad_journal = True
+        problems.append(f"{exc}; the chunks it protects are unprotected until the next commit")
+    try:
+        f = h5py.File(path, "r", libver="latest", swmr=True)
+    except Exception as exc:
+        found.unusable = f"h5py cannot open {path}: {exc}"
+        problems.append(found.unusable)
+        return found
+    with f:
+        for leaf in meta.leaves:
+            where = f"leaf {leaf.path!r}"
+            dset = f.get(leaf.path)
+            expected = leaf_shape(meta, leaf)
+            if not isinstance(dset, h5py.Dataset):
+                found.unusable = f"{path}: {where}: no dataset {leaf.path!r}"
+                problems.append(found.unusable)
+                continue
+            if dset.shape != expected or dset.dtype != leaf.spec.dtype:
+                found.unusable = (
+                    f"{path}: {where}: expected {expected} {leaf.spec.dtype}, found {dset.shape} {dset.dtype}"
+                )
+                problems.append(found.unusable)
+                continue
+            if leaf.mapped:
+                offset = dset.id.get_offset()
+                if dset.chunks is not None or offset is None or int(offset) != leaf.offset:
+                    found.unusable = (
+                        f"{path}: {where}: metadata maps offset {leaf.offset}, the dataset is "
+                        f"{'chunked' if dset.chunks else 'at offset ' + str(offset)}"
+                    )
+                    problems.append(found.unusable)
+                continue
+            if (
+                dset.chunks != (leaf.chunk_steps, *expected[1:])
+                or dset.id.get_create_plist().get_nfilters() == 0
+            ):
+                found.unusable = f"{path}: {where}: expected compressed chunks of {leaf.chunk_steps} steps, found {dset.chunks}"
+                problems.append(found.unusable)
+                continue
+            if not deep:
+                continue
+            require_filters(dset, f"{path}: {where}")  # a missing codec is no damage: ImportError
+            for k in chunks_of(meta, leaf):
+                a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
+                try:
+                    np.asarray(dset[a:b])
+                except Exception as exc:
+                    if _journal_decodes(dset, found.journal.get(leaf.path, {}).get(k), f"{path}: {where}"):
+                        continue
+                    found.bad_chunks.setdefault(leaf.path, {})[k] = str(exc)
+                    problems.append(
+                        f"{path}: {where}: chunk {k} (steps in slots {a}..{b - 1}) does not decode: {exc}"
+                    )
+    return found
+
+
+def _journal_decodes(dset: h5py.Dataset, record: Any, where: str) -> bool:
+    """Whether the journal's copy of a chunk decodes (then readers use it, and the next
+    writer writes it back)."""
+    if record is None:
+        return False
+    try:
+        codec = Codec(dset, where)
+    except Exception:
+        return False
+    try:
+        codec.decode(*record)
+        return True
+    except Exception:
+        return False
+    finally:
+        codec.close()
+
+
+def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, list[tuple[int, int, str]]]:
+    """Restore what :func:`verify_leaves` finds damaged; returns the metadata and the slot
+    ranges ``[a, b)`` whose rows are gone, with why."""
+    path = os.path.join(folder, DATA_FILE)
+    problems: list[str] = []
+    found = verify_leaves(folder, meta, True, problems)
+    damaged: list[tuple[int, int, str]] = []
+    if found.short is not None and found.unusable is None:
+        status = hdf5_status(path)
+        need = max(
+            [status[1] if status else 0]
+            + [leaf.offset + leaf_nbytes(meta, leaf) for leaf in meta.leaves if leaf.mapped]
+        )
+        short = found.short
+        with open(path, "r+b") as f:
+            f.truncate(need)
+            os.fsync(f.fileno())
+        repairs.actions.append(f"extended the truncated {DATA_FILE} from {short} to {need} bytes")
+        for leaf in meta.leaves:
+            if leaf.mapped:
+                step_bytes = meta.num_envs * leaf.spec.nbytes
+                if leaf.offset + leaf_nbytes(meta, leaf) > short:
+                    lo = max(0, (short - leaf.offset) // max(1, step_bytes))
+                    damaged.append(
+                        (
+                            min(lo, meta.capacity),
+                            meta.capacity,
+                            f"leaf {leaf.path!r}: {DATA_FILE} was truncated",
+                        )
+                    )
+            else:
+                damaged.append(
+                    (
+                        0, meta.capacity,
+                        f"leaf {leaf.path!r}: {DATA_FILE} was truncated (its chunks may be gone)",
+                    )
+                )
+        problems = []
+        found = verify_leaves(folder, meta, True, problems)
+    if found.flags_set:
+        clear_status_flags(path)
+        repairs.actions.append(f"cleared the HDF5 status flags a dead writer left in {DATA_FILE}")
+    if found.bad_journal:
+        repairs.move_aside(journal_path(path))
+    elif found.journal and found.unusable is None:
+        with h5py.File(path, "r+", libver="latest") as f:
+            count = sum(len(c) for c in replay(f, Journal(path, journal_limits(meta))).values())
+        repairs.actions.append(f"wrote {count} chunks back from the chunk journal into {DATA_FILE}")
+        problems = []
+        found = verify_leaves(folder, meta, True, problems)
+    if found.unusable is not None or found.bad_chunks:
+        why = found.unusable or "; ".join(
+            f"leaf {p!r} chunks {sorted(c)} do not decode" for p, c in found.bad_chunks.items()
+        )
+        fresh, infos = repairs.fresh_layout(meta, create)
+        try:
+            repairs.move_aside(path)
+            repairs.move_aside(journal_path(path))  # its chunks belong to the old file
+            os.replace(os.path.join(fresh, DATA_FILE), path)
+        finally:
+            shutil.rmtree(fresh, ignore_errors=True)
+        meta = replace(
+            meta,
+            leaves=tuple(
+                replace(old, file=new.file, offset=new.offset) for old, new in zip(meta.leaves, infos)
+            ),
+        )
+        write_metadata(folder, meta, fsync=True)
+        repairs.actions.append(f"recreated {DATA_FILE} with the same layout, empty")
+        damaged.append((0, meta.capacity, f"{DATA_FILE}: {why}"))
+    return meta, damaged

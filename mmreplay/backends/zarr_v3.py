@@ -11,9 +11,11 @@ A compressed leaf is a plain chunked array, read and written whole chunk at a ti
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from dataclasses import replace
+import shutil
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,8 +23,9 @@ import zarr
 from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 from ..errors import CorruptBufferError, SpecError
-from ..metadata import LeafInfo, Metadata
+from ..metadata import LeafInfo, Metadata, little_endian
 from .base import ChunkedLeaf, Leaf, MappedLeaf, map_file, parse_compression, preallocate
+from .checks import Repairs, chunks_of, leaf_shape
 
 DATA_DIR = "data.zarr"
 
@@ -120,12 +123,18 @@ def _shard_bytes(nchunks: int, chunk_bytes: int) -> int:
     return nchunks * chunk_bytes + nchunks * 16
 
 
-def _write_shard(path: str, nchunks: int, chunk_bytes: int) -> None:
-    """An all-zero shard: the data block (preallocated, never written) and its index."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+def _shard_index(nchunks: int, chunk_bytes: int) -> np.ndarray:
+    """The index of a shard whose inner chunks lie one after the other from its start."""
     index = np.empty((nchunks, 2), "<u8")
     index[:, 0] = np.arange(nchunks, dtype="<u8") * chunk_bytes
     index[:, 1] = chunk_bytes
+    return index
+
+
+def _write_shard(path: str, nchunks: int, chunk_bytes: int) -> None:
+    """An all-zero shard: the data block (preallocated, never written) and its index."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    index = _shard_index(nchunks, chunk_bytes)
     data_bytes = nchunks * chunk_bytes
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -221,3 +230,265 @@ def _fsync_path(path: str) -> None:
 
 def data_paths(folder: str, meta: Metadata) -> list[str]:
     return [os.path.join(folder, leaf.file or "") for leaf in meta.leaves]
+
+
+def require_codecs(folder: str) -> None:
+    """Nothing to load: zarr's codecs (numcodecs) come with zarr itself."""
+
+
+def leftover_files(folder: str) -> list[str]:
+    """Files a killed writer may leave in the data folder (zarr's partial chunk writes)."""
+    out = []
+    for dirpath, _, files in os.walk(os.path.join(folder, DATA_DIR)):
+        out.extend(os.path.join(dirpath, name) for name in files if name.endswith(".partial"))
+    return out
+
+
+# --- verify and repair (mmreplay.verify runs them) ------------------------------------------
+
+
+@dataclass
+class _ZarrLeafState:
+    """What the zarr checks found wrong with one leaf (recover acts on it)."""
+
+    unusable: str | None = None  # the array cannot be used at all
+    meta_bad: bool = False  # because its zarr.json is missing or unreadable
+    shard_short: int | None = None  # a mapped shard file shorter than this many bytes
+    bad_index: bool = False
+    bad_chunks: dict[int, str] = field(default_factory=dict)  # chunk -> why
+
+
+def _shard_layout(meta: Metadata, leaf: LeafInfo) -> tuple[int, int, np.ndarray]:
+    """(data bytes, file bytes, expected index) of a mapped leaf's shard file."""
+    nchunks = -(-meta.capacity // leaf.chunk_steps)
+    chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
+    index = _shard_index(nchunks, chunk_bytes)
+    return nchunks * chunk_bytes, nchunks * chunk_bytes + index.nbytes, index
+
+
+def _zarr_leaf(
+    folder: str, meta: Metadata, leaf: LeafInfo, deep: bool, problems: list[str]
+) -> _ZarrLeafState:
+    found = _ZarrLeafState()
+    where = f"leaf {leaf.path!r}"
+    arr_dir = os.path.join(folder, DATA_DIR, leaf.path)
+
+    def problem(text: str) -> None:
+        problems.append(f"{where}: {text}")
+
+    if not os.path.isfile(os.path.join(arr_dir, "zarr.json")):
+        found.unusable = f"{arr_dir}/zarr.json is missing"
+        found.meta_bad = True
+        problem(found.unusable)
+        return found
+    try:
+        arr = zarr.open_array(store=zarr.storage.LocalStore(arr_dir, read_only=True), mode="r")
+    except Exception as exc:
+        found.unusable = f"zarr cannot open {arr_dir}: {exc}"
+        found.meta_bad = True
+        problem(found.unusable)
+        return found
+    expected = leaf_shape(meta, leaf)
+    if arr.shape != expected or arr.dtype != little_endian(leaf.spec.dtype):
+        found.unusable = (
+            f"{arr_dir}: expected {expected} {leaf.spec.dtype}, the array is {arr.shape} {arr.dtype}"
+        )
+        problem(found.unusable)
+        return found
+    if leaf.mapped:
+        nchunks = -(-meta.capacity // leaf.chunk_steps)
+        key = arr.metadata.encode_chunk_key((0,) * arr.ndim)
+        want_file = f"{DATA_DIR}/{leaf.path}/{key}"
+        if arr.shards != (nchunks * leaf.chunk_steps, *expected[1:]) or arr.chunks != (
+            leaf.chunk_steps,
+            *expected[1:],
+        ):
+            found.unusable = f"{arr_dir}: expected one shard of chunks of {leaf.chunk_steps} steps, found shards {arr.shards} chunks {arr.chunks}"
+            problem(found.unusable)
+            return found
+        if arr.compressors:
+            found.unusable = f"{arr_dir}: a mapped leaf must be uncompressed, the array has {arr.compressors}"
+            problem(found.unusable)
+            return found
+        if leaf.file != want_file or leaf.offset != 0:
+            found.unusable = f"metadata says file {leaf.file!r} offset {leaf.offset}, the array stores {want_file!r} offset 0"
+            problem(found.unusable)
+            return found
+        shard = os.path.join(folder, want_file)
+        data_bytes, file_bytes, index = _shard_layout(meta, leaf)
+        if os.path.lexists(shard) and not os.path.isfile(shard):
+            found.shard_short = 0
+            problem(f"data file {shard} is not a regular file")
+            return found
+        try:
+            size = os.path.getsize(shard)
+        except FileNotFoundError:
+            found.shard_short = 0
+            problem(f"data file {shard} is missing")
+            return found
+        if size != file_bytes:
+            if size < file_bytes:
+                found.shard_short = size
+            problem(f"data file {shard} has {size} bytes, expected {file_bytes}")
+            if size < file_bytes:
+                return found
+        with open(shard, "rb") as f:
+            f.seek(data_bytes)
+            raw = f.read(index.nbytes)
+        if raw != index.tobytes():
+            found.bad_index = True
+            problem(
+                f"{shard}: the shard index does not point at the mapped block (zarr readers would see other rows)"
+            )
+        elif deep and meta.state.end > meta.state.first(meta.capacity):
+            try:
+                np.asarray(arr[(meta.state.end - 1) % meta.capacity])
+            except Exception as exc:
+                found.bad_index = True
+                problem(f"zarr cannot read {shard}: {exc}")
+        return found
+    if arr.chunks != (leaf.chunk_steps, *expected[1:]) or arr.shards is not None:
+        found.unusable = f"{arr_dir}: expected chunks of {leaf.chunk_steps} steps, the array has {arr.chunks}"
+        problem(found.unusable)
+        return found
+    if not arr.compressors:
+        found.unusable = f"{arr_dir}: metadata says compression {leaf.compression!r}, the array has none"
+        problem(found.unusable)
+        return found
+    for k in chunks_of(meta, leaf):
+        chunk = os.path.join(arr_dir, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
+        if not os.path.isfile(chunk):
+            found.bad_chunks[k] = f"chunk file {chunk} is missing"
+            continue
+        if deep:
+            a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
+            try:
+                np.asarray(arr[a:b])
+            except Exception as exc:
+                found.bad_chunks[k] = f"chunk file {chunk} does not decode ({type(exc).__name__}: {exc})"
+    for why in found.bad_chunks.values():
+        problem(f"{why} (it holds committed steps)")
+    return found
+
+
+def _groups(meta: Metadata) -> list[str]:
+    """The zarr groups of the nest, root first ("" is the root)."""
+    out = {""}
+    for leaf in meta.leaves:
+        parts = leaf.path.split("/")[:-1]
+        out.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+    return sorted(out, key=lambda g: (g.count("/"), g))
+
+
+def _bad_groups(folder: str, meta: Metadata) -> list[str]:
+    """Groups whose zarr.json is missing or not a zarr v3 group (zarr readers need them)."""
+    bad = []
+    for group in _groups(meta):
+        path = os.path.join(folder, DATA_DIR, group, "zarr.json")
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read(1 << 20))
+            ok = isinstance(doc, dict) and doc.get("node_type") == "group" and doc.get("zarr_format") == 3
+        except (OSError, ValueError):
+            ok = False
+        if not ok:
+            bad.append(group)
+    return bad
+
+
+def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> dict[str, _ZarrLeafState]:
+    """Check every leaf's files against ``meta``, adding what is wrong to ``problems``
+    (``deep``: decode the chunks of the retained committed steps too); returns what
+    :func:`repair` acts on."""
+    root = os.path.join(folder, DATA_DIR)
+    if not os.path.isdir(root):
+        problems.append(f"{root}: the data folder is missing")
+        return {leaf.path: _ZarrLeafState(unusable="data folder missing") for leaf in meta.leaves}
+    for group in _bad_groups(folder, meta):
+        problems.append(
+            f"{os.path.join(root, group, 'zarr.json')}: zarr group metadata is missing or damaged"
+        )
+    return {leaf.path: _zarr_leaf(folder, meta, leaf, deep, problems) for leaf in meta.leaves}
+
+
+def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, list[tuple[int, int, str]]]:
+    """Restore what :func:`verify_leaves` finds damaged; returns the metadata and the slot
+    ranges ``[a, b)`` whose rows are gone, with why."""
+    problems: list[str] = []
+    found = verify_leaves(folder, meta, True, problems)
+    damaged: list[tuple[int, int, str]] = []
+    fresh: str | None = None
+    try:
+        if any(s.unusable for s in found.values()) and not os.path.isdir(os.path.join(folder, DATA_DIR)):
+            fresh, infos = repairs.fresh_layout(meta, create)
+            os.replace(os.path.join(fresh, DATA_DIR), os.path.join(folder, DATA_DIR))
+            repairs.actions.append(f"recreated the missing {DATA_DIR} folder, empty")
+            damaged.append((0, meta.capacity, f"{DATA_DIR} was missing"))
+            return meta, damaged
+        bad_groups = _bad_groups(folder, meta)
+        if bad_groups or any(s.meta_bad for s in found.values()):
+            fresh, _ = repairs.fresh_layout(meta, create)
+        for group in bad_groups:  # the same layout makes the same group metadata
+            target = os.path.join(folder, DATA_DIR, group, "zarr.json")
+            repairs.move_aside(target)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(os.path.join(fresh, DATA_DIR, group, "zarr.json"), target)
+            repairs.actions.append(f"rewrote {os.path.relpath(target, folder)}")
+        for leaf in meta.leaves:
+            s = found[leaf.path]
+            arr_dir = os.path.join(folder, DATA_DIR, leaf.path)
+            if s.meta_bad and os.path.isdir(arr_dir):  # the data may be intact: restore the array metadata
+                target = os.path.join(arr_dir, "zarr.json")
+                repairs.move_aside(target)
+                shutil.copyfile(os.path.join(fresh, DATA_DIR, leaf.path, "zarr.json"), target)
+                repairs.actions.append(f"leaf {leaf.path!r}: rewrote {os.path.relpath(target, folder)}")
+                s = found[leaf.path] = _zarr_leaf(folder, meta, leaf, True, [])
+            if s.unusable:
+                if fresh is None:
+                    fresh, _ = repairs.fresh_layout(meta, create)
+                repairs.move_aside(arr_dir)
+                os.makedirs(os.path.dirname(arr_dir), exist_ok=True)
+                os.replace(os.path.join(fresh, DATA_DIR, leaf.path), arr_dir)
+                repairs.actions.append(f"recreated leaf {leaf.path!r}, empty")
+                damaged.append((0, meta.capacity, f"leaf {leaf.path!r}: {s.unusable}"))
+                continue
+            if leaf.mapped and (s.shard_short is not None or s.bad_index):
+                shard = os.path.join(folder, leaf.file or "")
+                data_bytes, file_bytes, index = _shard_layout(meta, leaf)
+                short = s.shard_short
+                if os.path.lexists(shard) and not os.path.isfile(shard):
+                    repairs.move_aside(shard)
+                os.makedirs(os.path.dirname(shard), exist_ok=True)
+                fd = os.open(shard, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    if short is not None:
+                        os.ftruncate(fd, file_bytes)
+                    os.pwrite(fd, index.tobytes(), data_bytes)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if short is not None:
+                    step_bytes = meta.num_envs * leaf.spec.nbytes
+                    lo = min(meta.capacity, short // max(1, step_bytes))
+                    what = "missing" if short == 0 else f"truncated to {short} bytes"
+                    repairs.actions.append(
+                        f"leaf {leaf.path!r}: restored its data file ({what}) to {file_bytes} bytes"
+                    )
+                    damaged.append((lo, meta.capacity, f"leaf {leaf.path!r}: its data file was {what}"))
+                else:
+                    repairs.actions.append(f"leaf {leaf.path!r}: rewrote the shard index")
+            if s.bad_chunks:
+                arr = zarr.open_array(store=zarr.storage.LocalStore(arr_dir), mode="r+").with_config(
+                    {"write_empty_chunks": True}
+                )
+                for k, why in sorted(s.bad_chunks.items()):
+                    a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
+                    chunk = os.path.join(arr_dir, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
+                    repairs.move_aside(chunk)
+                    arr[a:b] = np.zeros((b - a, *arr.shape[1:]), arr.dtype)
+                    repairs.actions.append(f"leaf {leaf.path!r}: rewrote chunk {k} (slots {a}..{b - 1}) as zeros")
+                    damaged.append((a, b, f"leaf {leaf.path!r}: {why}"))
+    finally:
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+    return meta, damaged

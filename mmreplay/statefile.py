@@ -1,0 +1,229 @@
+"""The committed state of a buffer: ``mmreplay.state``, two checksummed slots written in place.
+
+A commit must cost a few microseconds and a reader must see the committed state with one
+``pread``, so the state does not live in the JSON metadata (rewritten and renamed per
+commit, parsed per read) but in a file of two fixed-size slots, as LMDB keeps its two
+meta pages:
+
+- each slot holds one :class:`State` with its ``generation`` (counted up by every state
+  write) and a CRC-32 of its bytes; generation ``g`` lives in slot ``g % 2``;
+- a commit writes the slot of the *older* generation with one ``pwrite`` (followed by
+  ``fdatasync`` under ``durability="power"``, after the data reached the disk), so the
+  slot of the committed state is never touched while the next one is written;
+- a reader reads both slots with one ``pread`` and takes the newest valid one. A slot
+  torn by a crash (or caught half-written by a reader) fails its checksum and the other
+  slot, the previous commit, is the committed state.
+
+Each slot sits in its own 512-byte sector, so a torn sector write reaches one slot only.
+The file is written whole only when a buffer is created, migrated or rebuilt (a
+temporary file renamed over it); afterwards only ever in place, so a reader's open
+descriptor always names the live file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+
+from .errors import CorruptBufferError, NotABufferError
+from .files import atomic_write
+
+__all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "salvage", "slot_ranges", "write_fresh"]
+
+STATE_FILE = "mmreplay.state"
+SLOT_BYTES = 512  # one sector per slot: a torn sector write damages one slot only
+FILE_BYTES = 2 * SLOT_BYTES
+MAX_STEP = 1 << 62
+READ_TRIES = 8  # a reader racing two commits in one pread tries again
+
+_MAGIC = b"MMRSTAT2"
+# magic, generation, start, end, reserved, commits, commit time (NaN: none), attrs generation
+_SLOT = struct.Struct("<8sQQQQQdQ")
+_CRC = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class State:
+    """The committed state: three global step ids and bookkeeping.
+
+    - ``end``: steps up to here are committed;
+    - ``start``: steps before it were cleared;
+    - ``reserved``: the writer may overwrite the slots of steps before
+      ``reserved - capacity`` without a further state write, so readers treat those as gone;
+    - ``generation``: counts state writes (it picks the newest slot);
+    - ``attrs_generation``: the generation at which the user attributes in the metadata
+      that belong to this state were written (see :meth:`mmreplay.Store.set_attrs`).
+
+    The retained committed steps are ``[max(start, reserved - capacity), end)``.
+    """
+
+    start: int = 0
+    end: int = 0
+    reserved: int = 0
+    commits: int = 0
+    commit_time: float | None = None
+    generation: int = 0
+    attrs_generation: int = 0
+
+    def first(self, capacity: int) -> int:
+        """Global id of the oldest retained committed step."""
+        return min(self.end, max(self.start, self.reserved - capacity))
+
+    def next(self, **changes: int | float | None) -> State:
+        """This state with ``changes``, one generation later."""
+        fields = {**self.__dict__, **changes, "generation": self.generation + 1}
+        return State(**fields)
+
+
+def slot_ranges(a: int, b: int, capacity: int) -> list[tuple[int, int]]:
+    """Ring slot ranges ``[x, y)`` holding global steps ``[a, b)`` (at most two)."""
+    if b <= a:
+        return []
+    if b - a >= capacity:
+        return [(0, capacity)]
+    x, y = a % capacity, b % capacity
+    if x < y:
+        return [(x, y)]
+    return [(x, capacity)] + ([(0, y)] if y else [])
+
+
+def encode_slot(state: State) -> bytes:
+    """The bytes of ``state``'s slot (without the sector's padding)."""
+    t = math.nan if state.commit_time is None else float(state.commit_time)
+    body = _SLOT.pack(
+        _MAGIC,
+        state.generation,
+        state.start,
+        state.end,
+        state.reserved,
+        state.commits,
+        t,
+        state.attrs_generation,
+    )
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def _fields(raw: bytes, index: int) -> tuple | str:
+    """The unpacked fields of slot ``index`` of the file's bytes, or why it is not valid."""
+    at = index * SLOT_BYTES
+    if len(raw) < at + _SLOT.size + _CRC.size:
+        return "cut short"
+    body = raw[at : at + _SLOT.size]
+    if zlib.crc32(body) != _CRC.unpack_from(raw, at + _SLOT.size)[0]:
+        return "checksum mismatch" if body[:8] == _MAGIC else "not a state slot (bad magic or checksum)"
+    fields = _SLOT.unpack(body)
+    magic, gen, start, end, reserved, _, _, attrs_gen = fields
+    if magic != _MAGIC:
+        return "not a state slot (bad magic)"
+    if gen % 2 != index:
+        return f"generation {gen} in slot {index}"
+    if not start <= end <= reserved < MAX_STEP or attrs_gen > gen:
+        return f"impossible numbers (start {start}, end {end}, reserved {reserved})"
+    return fields
+
+
+def _state(fields: tuple) -> State:
+    _, gen, start, end, reserved, commits, t, attrs_gen = fields
+    return State(start, end, reserved, commits, None if math.isnan(t) else t, gen, attrs_gen)
+
+
+def decode_slot(raw: bytes, index: int) -> State | str:
+    """Slot ``index`` of the file's bytes ``raw``: its state, or why it is not valid."""
+    fields = _fields(raw, index)
+    return fields if isinstance(fields, str) else _state(fields)
+
+
+def newest(raw: bytes) -> State | None:
+    """The newest valid state of the file's bytes, or None when neither slot is valid."""
+    a, b = _fields(raw, 0), _fields(raw, 1)
+    if isinstance(a, str):
+        return None if isinstance(b, str) else _state(b)
+    if isinstance(b, str) or a[1] > b[1]:
+        return _state(a)
+    return _state(b)
+
+
+def salvage(path: str) -> tuple[int, int]:
+    """Best guess of the committed window ``(first, end)`` of a state file whose slots
+    fail their checks, for a report only: the numbers of a slot that still has its magic
+    and plausible values, else ``(0, 0)``. Nothing is ever committed from it."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(FILE_BYTES)
+    except OSError:
+        return 0, 0
+    best = (0, 0)
+    for index in (0, 1):
+        at = index * SLOT_BYTES
+        if len(raw) < at + _SLOT.size:
+            continue
+        magic, _, start, end, reserved, *_ = _SLOT.unpack_from(raw, at)
+        if magic == _MAGIC and start <= end <= reserved < MAX_STEP and end > best[1]:
+            best = (start, end)
+    return best
+
+
+def fresh_bytes(state: State) -> bytes:
+    """A whole state file holding ``state`` as its newest slot and the same numbers, one
+    generation older, in the other (so both slots are valid from the start). The
+    generation is raised past ``attrs_generation`` where needed, so both slots name it."""
+    gen = max(state.generation, state.attrs_generation + 1)
+    state = State(**{**state.__dict__, "generation": gen})
+    older = State(**{**state.__dict__, "generation": gen - 1})
+    slots = [b"", b""]
+    for s in (state, older):
+        slots[s.generation % 2] = encode_slot(s).ljust(SLOT_BYTES, b"\0")
+    return b"".join(slots)
+
+
+def write_fresh(folder: str, state: State, fsync: bool) -> None:
+    """Replace the folder's state file with a fresh one holding ``state`` (atomically)."""
+    atomic_write(os.path.join(folder, STATE_FILE), fresh_bytes(state), fsync)
+
+
+class StateFile:
+    """An open state file: :meth:`read` the newest valid state, :meth:`write` the next."""
+
+    def __init__(self, folder: str, writable: bool):
+        self.path = os.path.join(folder, STATE_FILE)
+        try:
+            self.fd: int | None = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        except FileNotFoundError:
+            if not os.path.isdir(folder):
+                raise NotABufferError(f"{folder}: no such folder") from None
+            raise CorruptBufferError(f"{self.path}: the state file is missing") from None
+        except IsADirectoryError:
+            raise CorruptBufferError(f"{self.path}: is a folder, expected the state file") from None
+
+    def read(self) -> State:
+        """The newest valid slot's state (one ``pread``)."""
+        fd = self._fd()
+        for _ in range(READ_TRIES):
+            raw = os.pread(fd, FILE_BYTES, 0)
+            state = newest(raw)
+            if state is not None:
+                return state
+        why = "; ".join(f"slot {i}: {decode_slot(raw, i)}" for i in (0, 1))
+        raise CorruptBufferError(f"{self.path}: neither state slot is valid ({why}); see `mmreplay recover`")
+
+    def write(self, state: State, fsync: bool) -> None:
+        """Write ``state`` into its slot (``generation % 2``): the slot of the older state."""
+        fd = self._fd()
+        data = encode_slot(state)
+        if os.pwrite(fd, data, (state.generation % 2) * SLOT_BYTES) != len(data):
+            raise OSError(f"{self.path}: short write of a state slot")
+        if fsync:
+            os.fdatasync(fd)
+
+    def _fd(self) -> int:
+        if self.fd is None:
+            raise ValueError(f"{self.path}: the state file is closed")
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
