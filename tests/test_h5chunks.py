@@ -104,16 +104,7 @@ def test_file_stops_growing_as_the_ring_turns(tmp_path, codec):
         assert np.array_equal(f["obs"][:], rows(first, first + 64)["obs"][order])
 
 
-#: `mmreplay verify` in a fresh process does not load hdf5plugin's filters yet, so it
-#: calls healthy zstd / blosc chunks damaged
-PLUGIN_NOT_LOADED = pytest.mark.xfail(
-    strict=True, reason="a fresh `mmreplay verify` does not load the hdf5plugin filters"
-)
-
-
-@pytest.mark.parametrize(
-    "codec", [c if c == "gzip" else pytest.param(c, marks=PLUGIN_NOT_LOADED) for c in codecs()]
-)
+@pytest.mark.parametrize("codec", codecs())
 def test_torn_chunk_is_read_from_the_journal_and_written_back(tmp_path, codec):
     path = str(tmp_path / "b")
     with mr.create(path, SPEC, capacity=64, num_envs=ENVS, backend="hdf5", compression=codec, chunk_steps=8) as store:
