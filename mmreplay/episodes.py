@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DiskFullError, NotEnoughDataError
+from .hooks import WriteHook
 from .metadata import atomic_write
 from .roles import subtree
 from .spec import leaf_paths, unflatten
@@ -567,6 +568,21 @@ def _append(fd: int, data: bytes, path: str) -> None:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(f"{path}: no space left to record episode ends; nothing was committed") from exc
         raise
+
+
+class EpisodeHook(WriteHook):
+    """The episode index as a write hook: the ends of committed steps reach its file
+    before the state that commits them; ``set`` rescans the steps it rewrote. The index
+    itself is made on first use."""
+
+    def __init__(self, store: Any):
+        self.store = store
+
+    def on_commit(self, old_end: int, new_end: int, fsync: bool) -> None:
+        index_for(self.store).commit(old_end, new_end, self.store.first_step, fsync)
+
+    def on_set(self, steps: np.ndarray) -> None:
+        index_for(self.store).rescan(self.store, steps)
 
 
 def index_for(store: Any) -> EpisodeIndex:

@@ -389,7 +389,10 @@ def sample(
         gen = sampling.as_generator(rng)
     prefetched = draw is not None
     if draw is None:
-        draw = _draw(store, batch_size, steps, replacement, gen, options, window)
+        if window is None:
+            draw = sampler.draw(batch_size, store.window, gen, num_steps=steps, replacement=replacement, **options)
+        else:
+            draw = _draw(store, batch_size, steps, replacement, gen, options, window)
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
         pattern = "random" if num_steps is None else "normal"

@@ -26,6 +26,7 @@ import numpy as np
 from . import backends
 from . import episodes as _episodes
 from . import reads as _reads
+from .hooks import WriteHook, overrides
 from .backends.base import MappedLeaf
 from .errors import (
     BadInputError,
@@ -86,6 +87,7 @@ class Store:
         self._meta = meta
         self._lock = lock
         self._capacity = meta.capacity
+        self._num_envs = meta.num_envs
         self._set_state(meta.state)
         self._static: str | None = None  # the metadata's static JSON, made at the first state write
         self._validator = StepValidator(meta.spec, meta.num_envs)
@@ -119,9 +121,13 @@ class Store:
         self._dirty = False
         self._episodes: Any = None  # mmreplay.episodes.EpisodeIndex, made on first use
         self._reads: Any = None  # mmreplay.reads.Reader, made on first read
+        self._hooks: list[WriteHook] = []
+        self._on_add: list[Any] = []  # bound on_add of the hooks that override it
         try:
+            self.add_write_hook(_episodes.EpisodeHook(self))
             self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
             self._sampler.attach(self)
+            self.add_write_hook(self._sampler)
         except BaseException:
             self._closed = True
             for entry in self._closers:
@@ -223,7 +229,7 @@ class Store:
         writer every step it added (committed or not), in a reader the committed ones."""
         written = self._written
         first = min(written, max(self._floor, written - self._capacity))
-        return Window(first, written, self._meta.num_envs, self._capacity)
+        return _new_window(Window, (first, written, self._num_envs, self._capacity))
 
     @property
     def sampler(self) -> Sampler:
@@ -287,6 +293,16 @@ class Store:
             if self._lock is not None:
                 self._lock.release()
 
+    def add_write_hook(self, hook: WriteHook) -> None:
+        """Call ``hook`` as this store writes (see :mod:`mmreplay.hooks`): on add/extend,
+        before each commit's state write, on set and clear. Hooks run in order of
+        registration; the episode index and the sampler are the first two."""
+        if not isinstance(hook, WriteHook):
+            raise TypeError(f"a write hook must be a mmreplay.hooks.WriteHook, got {type(hook).__name__}")
+        self._hooks.append(hook)
+        if overrides(hook, "on_add"):
+            self._on_add.append(hook.on_add)
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"{self.path}: store is closed")
@@ -321,6 +337,9 @@ class Store:
                 set_row(slot, value)
         g += 1
         self._written = g
+        if self._on_add:
+            for on_add in self._on_add:
+                on_add(g - 1, 1)
         if g >= self._commit_at:
             self._commit()
 
@@ -345,6 +364,8 @@ class Store:
                 leaf.write(slot, value[lo : lo + count])
             pos += count
         self._written = g + n
+        for on_add in self._on_add:
+            on_add(g, n)
         if self._written >= self._commit_at:
             self._commit()
 
@@ -374,8 +395,9 @@ class Store:
             commits=self._state.commits + 1,
             commit_time=time.time(),
         )
-        if written > self._state.end:  # the episode index covers a step before its commit
-            _episodes.index_for(self).commit(self._state.end, written, self.first_step, fsync)
+        if written > self._state.end:  # hooks persist what they derive before the state commits it
+            for hook in self._hooks:
+                hook.on_commit(self._state.end, written, fsync)
         self._write_state(state, fsync)
         self._dirty = False
 
@@ -399,6 +421,8 @@ class Store:
         state = State(self._written, self._written, self._state.reserved, self._state.commits + 1, time.time())
         self._write_state(state, self._meta.durability == "power")
         self._floor = self._written
+        for hook in self._hooks:
+            hook.on_clear(self._written)
 
     # --- reads ---------------------------------------------------------------------
 
@@ -475,7 +499,9 @@ class Store:
         for leaf, v in zip(self._leaves, values):
             leaf.write_slots(slots, v)
         self._dirty = True
-        _episodes.index_for(self).rescan(self, np.asarray(steps).reshape(-1))
+        changed = np.asarray(steps).reshape(-1)
+        for hook in self._hooks:
+            hook.on_set(changed)
 
     # --- sampling, passes, episodes (mmreplay.reads, mmreplay.episodes) ----------------
 
@@ -653,6 +679,9 @@ class Store:
         self._written = new.end
         self._floor = min(new.end, max(new.start, new.reserved - self.capacity))
         return True
+
+
+_new_window = tuple.__new__  # a Window without NamedTuple's keyword handling: read per batch
 
 
 def _step_writer(leaf: Any) -> Any:
