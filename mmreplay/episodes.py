@@ -138,7 +138,7 @@ class EndRule:
             return
         for role in wanted:
             if role in roles and roles[role] in index:
-                self.leaves[role] = store._leaves[index[roles[role]]]
+                self.leaves[role] = store.leaves[index[roles[role]]]
 
     def codes(self, slots: np.ndarray, num_envs: int) -> np.ndarray:
         v = {role: leaf.read(slots).reshape(len(slots), num_envs) for role, leaf in self.leaves.items()}
@@ -643,7 +643,7 @@ def episodes(store: Any, env: int | None = None, complete_only: bool = False) ->
             a, b, e = int(spans.first[i]), int(spans.last[i]), int(spans.env[i])
             rows = (np.arange(a, b + 1, dtype=np.int64) % capacity) * num_envs + e
             store._check_open()
-            data = [leaf.take(rows) for leaf in store._leaves]
+            data = [leaf.take(rows) for leaf in store.leaves]
             _check_retained(store, a)
             yield Episode(e, a, b, spans.status(i), unflatten(store.spec, data))
 
@@ -691,7 +691,7 @@ def to_arrays(store: Any) -> dict[str, Any]:
     timeouts[ends[~term]] = True
     out: dict[str, Any] = {}
     used: set[int] = set()
-    leaves = store._leaves
+    leaves = store.leaves
 
     def gather(role_info: tuple[Any, list[int]], r: np.ndarray) -> Any:
         node, idx = role_info

@@ -84,20 +84,17 @@ class Reader:
     prefetch thread. Made on first read, dropped when the store closes."""
 
     def __init__(self, store: Any):
-        self.leaves = list(store._leaves)
+        self.leaves = store.leaves
         # One gather per leaf: ``take`` on the mapping's flat rows, bound once.
         self.takes = [
-            partial(leaf.flat.take, axis=0, mode="wrap")
-            if getattr(leaf, "flat", None) is not None
-            else leaf.take
-            for leaf in self.leaves
+            partial(leaf.flat.take, axis=0, mode="wrap") if leaf.mappable else leaf.take for leaf in self.leaves
         ]
         self.pack = _packer(store.spec)
         self.capacity = store.capacity
         self.num_envs = store.num_envs
         self.is_reader = store.mode == "r"
         self.gen: np.random.Generator | None = None
-        self.mapped = [leaf for leaf in self.leaves if getattr(leaf, "mm", None) is not None]
+        self.mapped = [leaf for leaf in self.leaves if leaf.mappable]
         mapped_bytes = sum(leaf.flat.nbytes for leaf in self.mapped)
         self.prefetch = bool(self.mapped) and mapped_bytes > memory_available() // 2
         # Readers advise always; a writer only when its ring outgrows memory (its own
@@ -359,7 +356,7 @@ def sample(
 ) -> Any:
     """See :meth:`mmreplay.Store.sample`: draws through ``store.sampler``, then one fetch
     path for every sampler (gather, page-cache advice, prefetch, readers' re-draw)."""
-    if store._closed:
+    if store.closed:
         store._check_open()
     if type(batch_size) is not int or batch_size < 1:
         sampling.check_sizes(batch_size, None)

@@ -27,7 +27,6 @@ from . import backends
 from . import episodes as _episodes
 from . import reads as _reads
 from .hooks import WriteHook, overrides
-from .backends.base import MappedLeaf
 from .errors import (
     BadInputError,
     ClosedError,
@@ -104,10 +103,9 @@ class Store:
         self._leaves = [e for e in entries if getattr(e, "info", None) is not None]
         # file-level work after every leaf's flush (the hdf5 backend's chunk journal)
         self._file_flushes = [e.flush for e in entries if getattr(e, "info", None) is None and hasattr(e, "flush")]
-        self._all_mapped = all(isinstance(leaf, MappedLeaf) for leaf in self._leaves)
+        self._all_mapped = all(leaf.mappable for leaf in self._leaves)
         self._setters = [
-            leaf.array.__setitem__ if isinstance(leaf, MappedLeaf) else _step_writer(leaf)
-            for leaf in self._leaves
+            leaf.array.__setitem__ if leaf.mappable else _step_writer(leaf) for leaf in self._leaves
         ]
         # With every leaf mapped, `add` stores into the arrays directly: `a[i] = v` is
         # cheaper than calling a bound `__setitem__`.
@@ -190,6 +188,12 @@ class Store:
         self._meta = replace(self._meta, attrs=attrs)
         self._static = self._meta.static_json()
         self._write_state(self._state, self._meta.durability == "power")
+
+    @property
+    def leaves(self) -> list[Any]:
+        """The leaf arrays in flatten order (:class:`mmreplay.backends.base.Leaf`), for
+        the read path and what is derived from the rows; write through :meth:`add`."""
+        return list(self._leaves)
 
     @property
     def leaf_paths(self) -> list[str]:
