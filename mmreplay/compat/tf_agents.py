@@ -383,8 +383,8 @@ class UniformReplayBuffer(StoreShell):
 
     def _window(self) -> tuple[int, int]:
         """Global step ids ``[lo, hi)`` of the frames the buffer shows (newest ``max_length``)."""
-        hi = self.store.total_steps
-        return max(self.store.first_step, self._origin, hi - self._max_length), hi
+        first, hi = self.store.window[:2]
+        return max(first, self._origin, hi - self._max_length), hi
 
     @property
     def last_id(self) -> int:

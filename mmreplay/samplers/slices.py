@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..sampling import Draw, draw_in_spans, draw_uniform
-from .base import Sampler, Window, register_sampler
+from ..sampling import Draw, draw_in_spans
+from .base import Window, register_sampler
+from .uniform import UniformSampler
 
 __all__ = ["SliceSampler", "draw_within_episodes"]
 
@@ -35,16 +36,16 @@ def draw_within_episodes(
 
 
 @register_sampler
-class SliceSampler(Sampler):
+class SliceSampler(UniformSampler):
     """Sequences of ``num_steps`` steps by default (``sample(n)`` returns ``[n,
     num_steps, ...]``), inside one episode when ``within_episodes`` (the default); every
     valid start is equally likely. A ``num_steps`` or ``within_episodes`` given to
     ``sample`` overrides these for that call."""
 
     name = "slices"
-    draws_ahead = True
 
     def __init__(self, num_steps: int | None = None, within_episodes: bool = True) -> None:
+        super().__init__()
         if num_steps is not None and (
             not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1
         ):
@@ -53,13 +54,6 @@ class SliceSampler(Sampler):
             raise ValueError(f"within_episodes must be a bool, got {within_episodes!r}")
         self.num_steps = None if num_steps is None else int(num_steps)
         self.within_episodes = within_episodes
-        self.store: Any = None
-
-    def attach(self, store: Any) -> None:
-        self.store = store
-
-    def close(self) -> None:
-        self.store = None
 
     def state_json(self) -> dict[str, Any]:
         return {"name": self.name, "num_steps": self.num_steps, "within_episodes": self.within_episodes}
@@ -74,8 +68,4 @@ class SliceSampler(Sampler):
         within_episodes: bool | None = None,
     ) -> Draw:
         within = self.within_episodes if within_episodes is None else within_episodes
-        if within:
-            return draw_within_episodes(self.store, batch_size, window, rng, num_steps, replacement)
-        return draw_uniform(
-            window.first, window.end, window.num_envs, window.capacity, batch_size, num_steps, replacement, rng
-        )
+        return super().draw(batch_size, window, rng, num_steps, replacement, within_episodes=within)
