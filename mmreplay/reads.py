@@ -386,8 +386,8 @@ def sample(
         gen = sampling.as_generator(rng)
     prefetched = draw is not None
     if draw is None:
-        if window is None:
-            draw = sampler.draw(batch_size, store.window, gen, num_steps=steps, replacement=replacement, **options)
+        if window is None and not options:  # the common call, without keyword handling
+            draw = sampler.draw(batch_size, store.window, gen, steps, replacement)
         else:
             draw = _draw(store, batch_size, steps, replacement, gen, options, window)
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
