@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DiskFullError, NotEnoughDataError
+from .hooks import WriteHook
 from .metadata import atomic_write
 from .roles import subtree
 from .spec import leaf_paths, unflatten
@@ -145,7 +146,7 @@ class EndRule:
             return
         for role in wanted:
             if role in roles and roles[role] in index:
-                self.leaves[role] = store._leaves[index[roles[role]]]
+                self.leaves[role] = store.leaves[index[roles[role]]]
 
     def codes(self, slots: np.ndarray, num_envs: int) -> np.ndarray:
         v = {role: leaf.read(slots).reshape(len(slots), num_envs) for role, leaf in self.leaves.items()}
@@ -489,17 +490,25 @@ class EpisodeIndex:
         self.covered = max(self.covered, end)
 
     def spans(self, store: Any) -> Spans:
-        """Every episode span of the store's committed window (cached per window)."""
+        """Every episode span of the store's window (cached per window). A writer's
+        steps not committed yet are scanned here; the file records them at commit."""
         self.sync(store)
-        first, end = store.first_step, store.state.end
+        first, end = store.window[:2]
         key = (first, end, self.version, self.origin)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
-        out = self._compute(first, end)
+        rec = self.records
+        committed = store.state.end
+        if self.has_ends and end > committed:
+            lo = max(committed, first)
+            if self.n and self.buf["step"][self.n - 1] >= lo:
+                rec = rec[rec["step"] < lo]  # set() rescanned some of these steps
+            rec = _cat([rec, self._scan(lo, end)])
+        out = self._compute(first, end, rec)
         self._cache = (key, out)
         return out
 
-    def _compute(self, first: int, end: int) -> Spans:
+    def _compute(self, first: int, end: int, rec: np.ndarray) -> Spans:
         E = self.num_envs
         if end <= first:
             return _empty_spans()
@@ -507,7 +516,6 @@ class EpisodeIndex:
         if not self.has_ends:
             zeros = np.zeros(E, np.int64)
             return Spans(envs_all, zeros + first, zeros + end - 1, np.zeros(E, np.uint8), np.zeros(E, bool))
-        rec = self.records
         steps = rec["step"]
         lo, mid, hi = np.searchsorted(steps, [first - 1, first, end], side="left")
         # Did the step before the window end an episode? Then the window starts a fresh one.
@@ -579,6 +587,21 @@ def _append(fd: int, data: bytes, path: str) -> None:
         raise
 
 
+class EpisodeHook(WriteHook):
+    """The episode index as a write hook: the ends of committed steps reach its file
+    before the state that commits them; ``set`` rescans the steps it rewrote. The index
+    itself is made on first use."""
+
+    def __init__(self, store: Any):
+        self.store = store
+
+    def on_commit(self, old_end: int, new_end: int, fsync: bool) -> None:
+        index_for(self.store).commit(old_end, new_end, self.store.first_step, fsync)
+
+    def on_set(self, steps: np.ndarray) -> None:
+        index_for(self.store).rescan(self.store, steps)
+
+
 def index_for(store: Any) -> EpisodeIndex:
     """The store's episode index, made on first use."""
     index = store._episodes
@@ -639,7 +662,7 @@ def episodes(store: Any, env: int | None = None, complete_only: bool = False) ->
             a, b, e = int(spans.first[i]), int(spans.last[i]), int(spans.env[i])
             rows = (np.arange(a, b + 1, dtype=np.int64) % capacity) * num_envs + e
             store._check_open()
-            data = [leaf.take(rows) for leaf in store._leaves]
+            data = [leaf.take(rows) for leaf in store.leaves]
             _check_retained(store, a)
             yield Episode(e, a, b, spans.status(i), unflatten(store.spec, data), spans.ended(i))
 
@@ -687,7 +710,7 @@ def to_arrays(store: Any) -> dict[str, Any]:
     timeouts[ends[~term]] = True
     out: dict[str, Any] = {}
     used: set[int] = set()
-    leaves = store._leaves
+    leaves = store.leaves
 
     def gather(role_info: tuple[Any, list[int]], r: np.ndarray) -> Any:
         node, idx = role_info

@@ -32,7 +32,7 @@ import numpy as np
 from . import backends
 from . import episodes as _episodes
 from . import reads as _reads
-from .backends.base import MappedLeaf
+from .hooks import WriteHook, overrides
 from .errors import (
     BadInputError,
     ClosedError,
@@ -57,6 +57,7 @@ from .metadata import (
     write_metadata,
 )
 from .roles import validate_roles
+from .samplers.base import Sampler, Window, make_sampler, sampler_from_json
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
 from .statefile import slot_ranges
 from .values import StepValidator
@@ -86,12 +87,15 @@ class Store:
         1
     """
 
-    def __init__(self, path: str, meta: Metadata, mode: str, lock: WriterLock | None):
+    def __init__(
+        self, path: str, meta: Metadata, mode: str, lock: WriterLock | None, sampler: Sampler | None = None
+    ):
         self.path = path
         self.mode = mode
         self._meta = meta
         self._lock = lock
         self._capacity = meta.capacity
+        self._num_envs = meta.num_envs
         self._set_state(meta.state)
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._leaves: list[Any] = []
@@ -114,10 +118,9 @@ class Store:
         self._leaves = [e for e in entries if getattr(e, "info", None) is not None]
         # file-level work after every leaf's flush (the hdf5 backend's chunk journal)
         self._file_flushes = [e.flush for e in entries if getattr(e, "info", None) is None and hasattr(e, "flush")]
-        self._all_mapped = all(isinstance(leaf, MappedLeaf) for leaf in self._leaves)
+        self._all_mapped = all(leaf.mappable for leaf in self._leaves)
         self._setters = [
-            leaf.array.__setitem__ if isinstance(leaf, MappedLeaf) else _step_writer(leaf)
-            for leaf in self._leaves
+            leaf.array.__setitem__ if leaf.mappable else _step_writer(leaf) for leaf in self._leaves
         ]
         # With every leaf mapped, `add` stores into the arrays directly: `a[i] = v` is
         # cheaper than calling a bound `__setitem__`.
@@ -131,6 +134,21 @@ class Store:
         self._dirty = False
         self._episodes: Any = None  # mmreplay.episodes.EpisodeIndex, made on first use
         self._reads: Any = None  # mmreplay.reads.Reader, made on first read
+        self._hooks: list[WriteHook] = []
+        self._on_add: list[Any] = []  # bound on_add of the hooks that override it
+        try:
+            me = weakref.proxy(self)  # hooks hold no strong reference: a dropped store is collected
+            self.add_write_hook(_episodes.EpisodeHook(me))
+            self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
+            self._sampler.attach(me)
+            self.add_write_hook(self._sampler)
+        except BaseException:
+            self._closed = True
+            for entry in self._closers:
+                entry.close()
+            if lock is not None:
+                lock.release()
+            raise
         self._finalizer = _close_when_dropped(self, at_exit=mode == "a")
 
     # --- description ---------------------------------------------------------------
@@ -196,6 +214,12 @@ class Store:
         self._meta = new
 
     @property
+    def leaves(self) -> list[Any]:
+        """The leaf arrays in flatten order (:class:`mmreplay.backends.base.Leaf`), for
+        the read path and what is derived from the rows; write through :meth:`add`."""
+        return list(self._leaves)
+
+    @property
     def leaf_paths(self) -> list[str]:
         return [leaf.info.path for leaf in self._leaves]
 
@@ -215,8 +239,8 @@ class Store:
 
     @property
     def first_step(self) -> int:
-        """Global id of the oldest retained committed step."""
-        return min(self._state.end, max(self._floor, self._written - self.capacity))
+        """Global id of the oldest retained step (``window.first``)."""
+        return self.window.first
 
     @property
     def cursor(self) -> int:
@@ -227,9 +251,24 @@ class Store:
     def state(self) -> State:
         return self._state
 
+    @property
+    def window(self) -> Window:
+        """The steps this store retains and reads, global ids ``[first, end)``: in a
+        writer every step it added (committed or not), in a reader the committed ones."""
+        written = self._written
+        first = min(written, max(self._floor, written - self._capacity))
+        return _new_window(Window, (first, written, self._num_envs, self._capacity))
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler :meth:`sample` draws through (chosen at :func:`create`, recorded
+        in the metadata)."""
+        return self._sampler
+
     def __len__(self) -> int:
-        """Committed steps retained (each holds ``num_envs`` rows)."""
-        return self._state.end - self.first_step
+        """Steps retained (each holds ``num_envs`` rows): in a writer every step it
+        added, in a reader the committed ones."""
+        return self._written - self.first_step
 
     def __repr__(self) -> str:
         if self._closed:
@@ -270,7 +309,7 @@ class Store:
             self._closed = True
             self._writable = False
             self._arrays = None  # drop the views first, so the mappings can close
-            for part in (self._reads, self._episodes):
+            for part in (self._reads, self._episodes, self._sampler):
                 if part is not None:
                     part.close()
             self._reads = self._episodes = None
@@ -281,6 +320,16 @@ class Store:
             self._setters = []
             if self._lock is not None:
                 self._lock.release()
+
+    def add_write_hook(self, hook: WriteHook) -> None:
+        """Call ``hook`` as this store writes (see :mod:`mmreplay.hooks`): on add/extend,
+        before each commit's state write, on set and clear. Hooks run in order of
+        registration; the episode index and the sampler are the first two."""
+        if not isinstance(hook, WriteHook):
+            raise TypeError(f"a write hook must be a mmreplay.hooks.WriteHook, got {type(hook).__name__}")
+        self._hooks.append(hook)
+        if overrides(hook, "on_add"):
+            self._on_add.append(hook.on_add)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -316,6 +365,9 @@ class Store:
                 set_row(slot, value)
         g += 1
         self._written = g
+        if self._on_add:
+            for on_add in self._on_add:
+                on_add(g - 1, 1)
         if g >= self._commit_at:
             self._commit()
 
@@ -340,6 +392,8 @@ class Store:
                 leaf.write(slot, value[lo : lo + count])
             pos += count
         self._written = g + n
+        for on_add in self._on_add:
+            on_add(g, n)
         if self._written >= self._commit_at:
             self._commit()
 
@@ -369,8 +423,9 @@ class Store:
             commits=self._state.commits + 1,
             commit_time=time.time(),
         )
-        if written > self._state.end:  # the episode index covers a step before its commit
-            _episodes.index_for(self).commit(self._state.end, written, self.first_step, fsync)
+        if written > self._state.end:  # hooks persist what they derive before the state commits it
+            for hook in self._hooks:
+                hook.on_commit(self._state.end, written, fsync)
         self._write_state(state, fsync)
         self._dirty = False
 
@@ -393,6 +448,8 @@ class Store:
         )
         self._write_state(state, self._meta.durability == "power")
         self._floor = self._written
+        for hook in self._hooks:
+            hook.on_clear(self._written)
 
     # --- reads ---------------------------------------------------------------------
 
@@ -469,7 +526,9 @@ class Store:
         for leaf, v in zip(self._leaves, values):
             leaf.write_slots(slots, v)
         self._dirty = True
-        _episodes.index_for(self).rescan(self, np.asarray(steps).reshape(-1))
+        changed = np.asarray(steps).reshape(-1)
+        for hook in self._hooks:
+            hook.on_set(changed)
 
     # --- sampling, passes, episodes (mmreplay.reads, mmreplay.episodes) ----------------
 
@@ -479,10 +538,14 @@ class Store:
         num_steps: int | None = None,
         replacement: bool = True,
         rng: Any = None,
-        within_episodes: bool = False,
+        within_episodes: bool | None = None,
         return_info: bool = False,
+        window: tuple[int, int] | None = None,
+        **options: Any,
     ) -> Any:
-        """A random batch of committed rows, uniform over every (step, env) pair.
+        """A random batch of rows, drawn through :attr:`sampler` (by default uniform over
+        every (step, env) pair): in a writer from every step it added, in a reader from
+        the committed ones.
 
         Args:
             batch_size: items in the batch (without replacement: at most the number of
@@ -491,9 +554,15 @@ class Store:
                 one env, never crossing the write cursor or the oldest retained step.
             replacement: False gives distinct items.
             rng: an int seed, a ``numpy.random.Generator``, or None (the store's own).
-            within_episodes: sequences also never cross an episode end.
+            within_episodes: sequences also never cross an episode end (None: the
+                sampler's default, off for the uniform sampler).
             return_info: also return a :class:`mmreplay.reads.SampleInfo` (global step id
-                and slot of each item's first step, its env, its probability).
+                and slot of each item's first step, its env, its probability, and the
+                importance weight from a prioritized sampler).
+            window: ``(first, end)`` global step ids: draw only from these steps (within
+                the retained ones), as layers that show the newest part of the store do.
+            options: passed to the sampler's ``draw`` (such as ``beta`` for the
+                prioritized sampler).
 
         Returns:
             The spec's nest of arrays ``[batch_size, *shape]``, or
@@ -509,7 +578,20 @@ class Store:
             >>> store.sample(4, num_steps=3, rng=0)["x"].shape
             (4, 3)
         """
-        return _reads.sample(self, batch_size, num_steps, replacement, rng, within_episodes, return_info)
+        if within_episodes is not None:
+            options["within_episodes"] = within_episodes
+        return _reads.sample(self, batch_size, num_steps, replacement, rng, return_info, options, window)
+
+    def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
+        """New priorities for sampled items (``info.step``, ``info.env`` of
+        :meth:`sample`), for a store created with ``sampler="prioritized"``.
+
+        Allowed in readers too (it writes the priority file only), so a learner in
+        another process can update them. Items whose step the ring has dropped since
+        they were sampled are skipped; returns how many were applied.
+        """
+        self._check_open()
+        return self._sampler.update_priorities(step, env, priorities)
 
     def iterate(
         self,
@@ -585,9 +667,13 @@ class Store:
 
         Formats: minari, d4rl, d3rlpy, parquet, npz, csv, pt, zarr, hdf5. Options:
         ``compression``, ``complete_only``, ``force``, ``progress``, ``dataset_id`` (minari).
-        Returns an :class:`mmreplay.export.ExportResult`.
+        Returns an :class:`mmreplay.export.ExportResult`. A writer commits first, so
+        what is exported is what is durable and what readers see.
         """
         from .export import export
+
+        if self._writable:
+            self._commit()
 
         return export(self, out, format=format, **options)
 
@@ -664,6 +750,9 @@ def _close_when_dropped(store: Store, at_exit: bool) -> weakref.finalize:
 def _close_parts(cls: type, parts: dict[str, Any]) -> None:
     shell = cls.__new__(cls)
     shell.__dict__ = parts
+    for hook in parts.get("_hooks", ()):  # they held a weak proxy of the collected store
+        if getattr(hook, "store", None) is not None:
+            hook.store = shell
     try:
         shell.close()
     except Exception:
@@ -708,6 +797,9 @@ _atexit_registered = False
 
 def _close_before_threads_end() -> None:
     _close_open_writers(before_threads_end=True)
+
+
+_new_window = tuple.__new__  # a Window without NamedTuple's keyword handling: read per batch
 
 
 def _step_writer(leaf: Any) -> Any:
@@ -760,9 +852,11 @@ def plan(
     commit_every: int = DEFAULT_COMMIT_EVERY,
     durability: str = "process",
     roles: Mapping[str, str] | None = None,
+    sampler: Any = None,
 ) -> Metadata:
     """The metadata :func:`create` would write for these arguments (validated; no I/O).
-    Its leaves have no files yet: the backend places them."""
+    Its leaves have no files yet: the backend places them. ``sampler``: a
+    :class:`mmreplay.samplers.Sampler` instance (None: uniform)."""
     spec = to_spec(spec)
     leaves_spec = flatten(spec)
     if not leaves_spec or not all(isinstance(s, ArraySpec) for s in leaves_spec):
@@ -791,6 +885,7 @@ def plan(
             module.check_compression(comp)
         infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps, p), comp))
     roles_found = validate_roles(spec, roles)
+    sampler_json = sampler.state_json() if sampler is not None else {"name": "uniform"}
     return Metadata(
         backend=backend,
         capacity=capacity,
@@ -800,6 +895,7 @@ def plan(
         roles=roles_found,
         commit_every=commit_every,
         durability=durability,
+        sampler=None if sampler_json == {"name": "uniform"} else sampler_json,
     )
 
 
@@ -815,6 +911,8 @@ def create(
     durability: str = "process",
     roles: Mapping[str, str] | None = None,
     exist_ok: bool = False,
+    sampler: str | Sampler | None = None,
+    **sampler_options: Any,
 ) -> Store:
     """Create a buffer folder and open it for writing.
 
@@ -833,6 +931,11 @@ def create(
             (also syncs the data, then the state file, to the disk at each commit).
         roles: role -> leaf path, overriding the roles inferred from the names.
         exist_ok: if a buffer with the same layout exists there, open it for writing.
+        sampler: what :meth:`Store.sample` draws through: ``"uniform"`` (the default),
+            ``"slices"``, ``"prioritized"``, another registered name, or a
+            :class:`mmreplay.samplers.Sampler`; recorded in the metadata, so
+            :func:`open` restores it.
+        sampler_options: the named sampler's parameters (``num_steps=8``, ``alpha=0.6``...).
 
     Example:
         >>> import mmreplay as mr, tempfile
@@ -840,7 +943,8 @@ def create(
         >>> store.close()
     """
     path = os.fspath(path)
-    meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles)
+    chosen = make_sampler(sampler, **sampler_options)
+    meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles, chosen)
     module = backends.get(backend)
     if os.path.lexists(path):
         if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
@@ -876,7 +980,7 @@ def create(
     if durability == "power":
         for folder in {parent, *(os.path.dirname(m) for m in made)}:  # the new entries
             _fsync_dir(folder)
-    return Store(path, meta, "a", lock)
+    return Store(path, meta, "a", lock, chosen)
 
 
 def _existing_ancestor(folder: str) -> str:

@@ -52,12 +52,43 @@ def parse_compression(text: str) -> Compression:
 
 
 class Leaf(Protocol):
-    """What the store needs of a leaf. Slots are step indices into the ring."""
+    """What the store needs of a leaf. Slots are step indices into the ring; rows are
+    flat ids ``slot * num_envs + env``.
+
+    Capability flags, which the store and the read path consult instead of the leaf's
+    type:
+
+    - ``mappable``: the bytes are a local memory map; ``array`` (``[capacity, num_envs,
+      *shape]``) and ``flat`` (rows) are numpy views of it, written and read in place,
+      and page-cache advice applies.
+    - ``in_place``: a write changes the stored bytes where they are (a memory map, or an
+      HDF5 chunk behind its journal), so a crash can tear what is being rewritten.
+    - ``atomic_replace``: stored units (chunk files) are replaced whole by rename, so
+      none is ever torn.
+    - ``ranged_read``: one row is read without decoding anything else.
+    """
 
     info: LeafInfo
+    mappable: bool
+    in_place: bool
+    atomic_replace: bool
+    ranged_read: bool
 
     def read(self, slots: Any) -> np.ndarray:
         """Rows at ``slots`` (an int, a slice or an index array), as a new array."""
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows by flat id (any index shape; ids past the ring's end wrap), as a new array."""
+
+    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
+        """Rows of the (slot, env) pairs, broadcast together, as a new array."""
+
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
+        """Page-cache advice for the coming reads (``"random"`` or ``"normal"``); a no-op
+        unless ``mappable``."""
+
+    def willneed(self, rows: np.ndarray) -> None:
+        """Ask for the pages of ``rows`` ahead of reading them; a no-op unless ``mappable``."""
 
     def write(self, start: int, values: np.ndarray) -> None:
         """Write ``values[i]`` to slot ``start + i`` (no wrap: the store splits)."""
@@ -176,9 +207,14 @@ def map_file(path: str, writable: bool, need: int) -> mmap.mmap | None:
 class MappedLeaf:
     """A leaf whose bytes are one C-order block of a memory-mapped file."""
 
+    in_place = True
+    atomic_replace = False
+    ranged_read = True
+
     def __init__(self, info: LeafInfo, capacity: int, num_envs: int, mm: mmap.mmap | None):
         self.info = info
         self.mm = mm
+        self.mappable = mm is not None  # a leaf of zero bytes maps nothing
         shape = (capacity, num_envs, *info.spec.shape)
         dtype = info.spec.dtype.newbyteorder("<")
         if mm is None:  # zero-byte leaf
@@ -277,6 +313,11 @@ class MappedLeaf:
 
 
 class ChunkIO(Protocol):
+    """Encoded chunks of one compressed leaf. ``in_place``: a chunk is rewritten where
+    it is stored (else replaced whole by rename)."""
+
+    in_place: bool
+
     """Whole-chunk storage of one compressed leaf (zarr chunk files, HDF5 chunks)."""
 
     shape: tuple[int, ...]
@@ -307,8 +348,13 @@ class ChunkedLeaf:
     head leaves it or at flush. Reads keep an LRU of decoded chunks.
     """
 
+    mappable = False
+    ranged_read = False
+
     def __init__(self, info: LeafInfo, capacity: int, io: ChunkIO):
         self.info = info
+        self.in_place = io.in_place
+        self.atomic_replace = not io.in_place
         self.capacity = capacity
         self.cs = info.chunk_steps
         self.nchunks = -(-capacity // self.cs)

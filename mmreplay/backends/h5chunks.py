@@ -306,6 +306,8 @@ class ChunkGroup:
 class H5Chunks:
     """The chunk I/O of one compressed HDF5 leaf, for :class:`~.base.ChunkedLeaf`."""
 
+    in_place = True  # chunks are rewritten inside data.h5, behind the chunk journal
+
     def __init__(self, dset: h5py.Dataset, leaf_path: str, group: ChunkGroup, writable: bool):
         self.dset = dset
         self.path = leaf_path

@@ -178,6 +178,8 @@ class ZarrChunks:
     """Chunk I/O of a compressed zarr leaf: zarr-python writes each chunk file by
     rename, so a chunk is never torn and its old bytes are freed at once."""
 
+    in_place = False
+
     def __init__(self, path: str, arr: Any):
         self.path = path
         self.arr = arr

@@ -581,8 +581,8 @@ class Memory(StoreShell):
         store = self.store
         if store is None:
             return 0, 0
-        hi = store.total_steps
-        return max(store.first_step, self._origin, hi - self.memory_size), hi
+        first, hi = store.window[:2]
+        return max(first, self._origin, hi - self.memory_size), hi
 
     def _steps_of_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global step id held by each physical row, and whether the row holds one."""
