@@ -129,6 +129,7 @@ class Metadata:
     created: float = field(default_factory=time.time)
     attrs: dict[str, Any] = field(default_factory=dict)
     state: State = field(default_factory=State)
+    sampler: dict[str, Any] | None = None  # the sampler's name and parameters; None: uniform
 
     def static_json(self) -> str:
         """The JSON text of everything but the state, ending before the closing brace.
@@ -148,6 +149,8 @@ class Metadata:
             "created": self.created,
             "attrs": self.attrs,
         }
+        if self.sampler is not None:
+            body["sampler"] = self.sampler
         return json.dumps(body, indent=1)[:-2]
 
     def with_state(self, state: State) -> Metadata:
@@ -328,6 +331,9 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
     created = obj.get("created", 0.0)
     if not isinstance(created, (int, float)):
         raise CorruptBufferError(f"{where}: 'created' must be a number")
+    sampler = obj.get("sampler")
+    if sampler is not None and not (isinstance(sampler, dict) and isinstance(sampler.get("name"), str)):
+        raise CorruptBufferError(f"{where}: 'sampler' must be an object with a string 'name'")
     return Metadata(
         backend=backend,
         capacity=capacity,
@@ -340,6 +346,7 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         created=float(created),
         attrs=attrs,
         state=parse_state(obj.get("state"), where),
+        sampler=sampler,
     )
 
 

@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from . import episodes as _episodes
 from . import sampling
 from .errors import CorruptBufferError, NotEnoughDataError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, parse_state
@@ -57,12 +56,15 @@ class SampleInfo:
         slot: ring slot of the item's first step (``step % capacity``), ``[B]``.
         probability: probability of drawing this item in one draw, ``[B]`` (uniform:
             one over the number of valid starts).
+        weight: importance-sampling weight of each item, ``[B]``, from samplers that
+            give one (prioritized); None otherwise.
     """
 
     step: np.ndarray
     env: np.ndarray
     slot: np.ndarray
     probability: np.ndarray
+    weight: np.ndarray | None = None
 
 
 def _packer(spec: Any) -> Any:
@@ -331,31 +333,9 @@ def memory_available() -> int:
 
 
 def _draw(
-    store: Any, batch_size: int, num_steps: int, replacement: bool, gen: np.random.Generator, within: bool
+    store: Any, batch_size: int, num_steps: int, replacement: bool, gen: np.random.Generator, options: dict
 ) -> sampling.Draw:
-    if within:
-        spans = _episodes.index_for(store).spans(store)
-        return sampling.draw_in_spans(
-            spans.env,
-            spans.first,
-            spans.length,
-            store.num_envs,
-            store.capacity,
-            batch_size,
-            num_steps,
-            replacement,
-            gen,
-        )
-    return sampling.draw_uniform(
-        store.first_step,
-        store.state.end,
-        store.num_envs,
-        store.capacity,
-        batch_size,
-        num_steps,
-        replacement,
-        gen,
-    )
+    return store.sampler.draw(batch_size, store.window, gen, num_steps=num_steps, replacement=replacement, **options)
 
 
 def sample(
@@ -364,10 +344,11 @@ def sample(
     num_steps: int | None = None,
     replacement: bool = True,
     rng: Any = None,
-    within_episodes: bool = False,
     return_info: bool = False,
+    options: dict | None = None,
 ) -> Any:
-    """See :meth:`mmreplay.Store.sample`."""
+    """See :meth:`mmreplay.Store.sample`: draws through ``store.sampler``, then one fetch
+    path for every sampler (gather, page-cache advice, prefetch, readers' re-draw)."""
     if store._closed:
         store._check_open()
     if type(batch_size) is not int or batch_size < 1:
@@ -378,13 +359,17 @@ def sample(
     if num_steps is not None:
         sampling.check_sizes(batch_size, num_steps)
     reader = store._reads or reader_for(store)
+    sampler = store.sampler
+    if num_steps is None:
+        num_steps = sampler.num_steps
     steps = 1 if num_steps is None else num_steps
+    options = options or {}
     draw = None
     key = None
     if rng is None:
         gen = reader.own_gen()
-        if reader.prefetch:
-            key = (batch_size, steps, replacement, within_episodes, store.first_step, store.state.end)
+        if reader.prefetch and getattr(sampler, "draws_ahead", False):
+            key = (batch_size, steps, replacement, tuple(sorted(options.items())), store.first_step, store.state.end)
             if reader.pending is not None and reader.pending[0] == key:
                 draw = reader.pending[1]
             reader.pending = None
@@ -394,7 +379,7 @@ def sample(
         gen = sampling.as_generator(rng)
     prefetched = draw is not None
     if draw is None:
-        draw = _draw(store, batch_size, steps, replacement, gen, within_episodes)
+        draw = _draw(store, batch_size, steps, replacement, gen, options)
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
         pattern = "random" if num_steps is None else "normal"
@@ -405,16 +390,16 @@ def sample(
     out = [take(rows) for take in reader.takes]
     if reader.is_reader and reader.live_first(store) > store.first_step:  # some may be overwritten
         draw = _resample_overwritten(
-            store, reader, draw, out, steps, num_steps, replacement, gen, within_episodes
+            store, reader, draw, out, steps, num_steps, replacement, gen, options
         )
     if key is not None:  # the next batch with the same request: draw it now, prefetch it
-        nxt = _draw(store, batch_size, steps, replacement, gen, within_episodes)
+        nxt = _draw(store, batch_size, steps, replacement, gen, options)
         reader.pending = (key, nxt)
         reader.prefetch_later(sampling.rows_of(nxt.start, num_steps, reader.num_envs))
     nest = reader.pack(out)
     if return_info:
         step = draw.step
-        return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability)
+        return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability, draw.weight)
     return nest
 
 
@@ -427,7 +412,7 @@ def _resample_overwritten(
     num_steps: int | None,
     replacement: bool,
     gen: np.random.Generator,
-    within: bool,
+    options: dict,
 ) -> sampling.Draw:
     """Seqlock for readers: redraw (and read again) the items the writer overwrote while
     they were read, from the reader's window moved forward to the writer's."""
@@ -440,7 +425,7 @@ def _resample_overwritten(
         store.refresh()
         if not replacement:  # redraw all, so the batch stays free of repeats
             bad[:] = True
-        fresh = _draw(store, int(bad.sum()), steps, replacement, gen, within)
+        fresh = _draw(store, int(bad.sum()), steps, replacement, gen, options)
         if not replacement and len(fresh) != len(draw):
             raise NotEnoughDataError(
                 f"{store.path}: fewer rows are retained now than were sampled; sample again"
@@ -450,7 +435,11 @@ def _resample_overwritten(
             arr[bad] = take(fresh_rows)
         flat, start, prob = draw.flat.copy(), draw.start.copy(), np.array(draw.probability)
         flat[bad], start[bad], prob[bad] = fresh.flat, fresh.start, fresh.probability
-        draw = sampling.Draw(start, num_envs, prob, flat=flat)
+        weight = None
+        if draw.weight is not None and fresh.weight is not None:
+            weight = np.array(draw.weight)
+            weight[bad] = fresh.weight
+        draw = sampling.Draw(start, num_envs, prob, flat=flat, weight=weight)
     raise NotEnoughDataError(
         f"{store.path}: the writer overwrote the sampled rows {MAX_RESAMPLES} times in a row; "
         "the ring is too small for this reader"

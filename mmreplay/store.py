@@ -51,6 +51,7 @@ from .metadata import (
     write_metadata,
 )
 from .roles import validate_roles
+from .samplers.base import Sampler, Window, make_sampler, sampler_from_json
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
 from .values import StepValidator
 
@@ -77,7 +78,9 @@ class Store:
         1
     """
 
-    def __init__(self, path: str, meta: Metadata, mode: str, lock: WriterLock | None):
+    def __init__(
+        self, path: str, meta: Metadata, mode: str, lock: WriterLock | None, sampler: Sampler | None = None
+    ):
         self.path = path
         self.mode = mode
         self._meta = meta
@@ -116,6 +119,16 @@ class Store:
         self._dirty = False
         self._episodes: Any = None  # mmreplay.episodes.EpisodeIndex, made on first use
         self._reads: Any = None  # mmreplay.reads.Reader, made on first read
+        try:
+            self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
+            self._sampler.attach(self)
+        except BaseException:
+            self._closed = True
+            for entry in self._closers:
+                entry.close()
+            if lock is not None:
+                lock.release()
+            raise
 
     # --- description ---------------------------------------------------------------
 
@@ -204,6 +217,17 @@ class Store:
     def state(self) -> State:
         return self._state
 
+    @property
+    def window(self) -> Window:
+        """The steps this store retains and reads: global ids ``[first, end)``."""
+        return Window(self.first_step, self._state.end, self._meta.num_envs, self._meta.capacity)
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler :meth:`sample` draws through (chosen at :func:`create`, recorded
+        in the metadata)."""
+        return self._sampler
+
     def __len__(self) -> int:
         """Committed steps retained (each holds ``num_envs`` rows)."""
         return self._state.end - self.first_step
@@ -248,7 +272,7 @@ class Store:
             self._closed = True
             self._writable = False
             self._arrays = None  # drop the views first, so the mappings can close
-            for part in (self._reads, self._episodes):
+            for part in (self._reads, self._episodes, self._sampler):
                 if part is not None:
                     part.close()
             self._reads = self._episodes = None
@@ -348,6 +372,7 @@ class Store:
         )
         if written > self._state.end:  # the episode index covers a step before its commit
             _episodes.index_for(self).commit(self._state.end, written, self.first_step, fsync)
+            self._sampler.on_commit(self._state.end, written, fsync)
         self._write_state(state, fsync)
         self._dirty = False
 
@@ -371,6 +396,7 @@ class Store:
         state = State(self._written, self._written, self._state.reserved, self._state.commits + 1, time.time())
         self._write_state(state, self._meta.durability == "power")
         self._floor = self._written
+        self._sampler.on_clear(self._written)
 
     # --- reads ---------------------------------------------------------------------
 
@@ -448,6 +474,7 @@ class Store:
             leaf.write_slots(slots, v)
         self._dirty = True
         _episodes.index_for(self).rescan(self, np.asarray(steps).reshape(-1))
+        self._sampler.on_set(np.asarray(steps).reshape(-1))
 
     # --- sampling, passes, episodes (mmreplay.reads, mmreplay.episodes) ----------------
 
@@ -457,10 +484,12 @@ class Store:
         num_steps: int | None = None,
         replacement: bool = True,
         rng: Any = None,
-        within_episodes: bool = False,
+        within_episodes: bool | None = None,
         return_info: bool = False,
+        **options: Any,
     ) -> Any:
-        """A random batch of committed rows, uniform over every (step, env) pair.
+        """A random batch of committed rows, drawn through :attr:`sampler` (by default
+        uniform over every (step, env) pair).
 
         Args:
             batch_size: items in the batch (without replacement: at most the number of
@@ -469,9 +498,13 @@ class Store:
                 one env, never crossing the write cursor or the oldest retained step.
             replacement: False gives distinct items.
             rng: an int seed, a ``numpy.random.Generator``, or None (the store's own).
-            within_episodes: sequences also never cross an episode end.
+            within_episodes: sequences also never cross an episode end (None: the
+                sampler's default, off for the uniform sampler).
             return_info: also return a :class:`mmreplay.reads.SampleInfo` (global step id
-                and slot of each item's first step, its env, its probability).
+                and slot of each item's first step, its env, its probability, and the
+                importance weight from a prioritized sampler).
+            options: passed to the sampler's ``draw`` (such as ``beta`` for the
+                prioritized sampler).
 
         Returns:
             The spec's nest of arrays ``[batch_size, *shape]``, or
@@ -487,7 +520,20 @@ class Store:
             >>> store.sample(4, num_steps=3, rng=0)["x"].shape
             (4, 3)
         """
-        return _reads.sample(self, batch_size, num_steps, replacement, rng, within_episodes, return_info)
+        if within_episodes is not None:
+            options["within_episodes"] = within_episodes
+        return _reads.sample(self, batch_size, num_steps, replacement, rng, return_info, options)
+
+    def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
+        """New priorities for sampled items (``info.step``, ``info.env`` of
+        :meth:`sample`), for a store created with ``sampler="prioritized"``.
+
+        Allowed in readers too (it writes the priority file only), so a learner in
+        another process can update them. Items whose step the ring has dropped since
+        they were sampled are skipped; returns how many were applied.
+        """
+        self._check_open()
+        return self._sampler.update_priorities(step, env, priorities)
 
     def iterate(
         self,
@@ -664,6 +710,8 @@ def create(
     durability: str = "process",
     roles: Mapping[str, str] | None = None,
     exist_ok: bool = False,
+    sampler: str | Sampler | None = None,
+    **sampler_options: Any,
 ) -> Store:
     """Create a buffer folder and open it for writing.
 
@@ -682,6 +730,11 @@ def create(
             (also fsyncs data, state and folder at each commit).
         roles: role -> leaf path, overriding the roles inferred from the names.
         exist_ok: if a buffer with the same layout exists there, open it for writing.
+        sampler: what :meth:`Store.sample` draws through: ``"uniform"`` (the default),
+            ``"slices"``, ``"prioritized"``, another registered name, or a
+            :class:`mmreplay.samplers.Sampler`; recorded in the metadata, so
+            :func:`open` restores it.
+        sampler_options: the named sampler's parameters (``num_steps=8``, ``alpha=0.6``...).
 
     Example:
         >>> import mmreplay as mr, tempfile
@@ -717,6 +770,8 @@ def create(
             module.check_compression(comp)
         infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps, p), comp))
     roles_found = validate_roles(spec, roles)
+    chosen = make_sampler(sampler, **sampler_options)
+    sampler_json = chosen.state_json()
     meta = Metadata(
         backend=backend,
         capacity=capacity,
@@ -726,6 +781,7 @@ def create(
         roles=roles_found,
         commit_every=commit_every,
         durability=durability,
+        sampler=None if sampler_json == {"name": "uniform"} else sampler_json,
     )
 
     if os.path.lexists(path):
@@ -759,7 +815,7 @@ def create(
     lock.path = os.path.join(path, os.path.basename(lock.path))
     if durability == "power":
         _fsync_dir(parent)
-    return Store(path, meta, "a", lock)
+    return Store(path, meta, "a", lock, chosen)
 
 
 def _check_free_space(parent: str, meta: Metadata) -> None:
