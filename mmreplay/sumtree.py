@@ -79,19 +79,23 @@ class SumTree:
             raise IndexError(f"leaf index out of range [0, {self.n})")
         if index.size > 1:
             # keep the last occurrence of each index (numpy's fancy assignment with
-            # repeats promises no order)
-            _, last = np.unique(index[::-1], return_index=True)
-            keep = index.size - 1 - last
-            index, weights = index[keep], weights[keep]
+            # repeats promises no order); the survivors come out sorted
+            order = np.argsort(index, kind="stable")
+            index = index[order]
+            last = np.empty(index.size, bool)
+            last[-1] = True
+            np.not_equal(index[1:], index[:-1], out=last[:-1])
+            index, weights = index[last], weights[order[last]]
         node = index + self.size
         self.sums[node] = weights
         self.mins[node] = np.where(weights > 0, weights, np.inf)
         sums, mins = self.sums, self.mins
         for _ in range(self.depth):
-            node = np.unique(node >> 1) if node.size > 64 else node >> 1
-            left, right = node << 1, (node << 1) + 1
-            sums[node] = sums[left] + sums[right]
-            mins[node] = np.minimum(mins[left], mins[right])
+            # a parent listed twice is recomputed twice from the same children: same value
+            node >>= 1
+            left = node << 1
+            sums[node] = sums[left] + sums[left + 1]
+            mins[node] = np.minimum(mins[left], mins[left + 1])
 
     def set_range(self, lo: int, hi: int, weights: np.ndarray | float) -> None:
         """Set the contiguous leaves ``[lo, hi)``: slices all the way up, no gathers."""

@@ -298,8 +298,8 @@ class PrioritizedSampler(Sampler):
             step, env, p = step[keep], env[keep], p[keep]
             rows = (step % store.capacity) * store.num_envs + env
             if rows.size:
-                _, last = np.unique(rows[::-1], return_index=True)  # the last update of a row wins
-                pick = rows.size - 1 - last
+                order = np.argsort(rows, kind="stable")  # the last update of a row wins
+                pick = order[np.append(rows[order][1:] != rows[order][:-1], True)]
                 file.values.reshape(-1)[rows[pick]] = p[pick]
                 file.raise_max(float(p.max()))
         if self.tree is not None:
