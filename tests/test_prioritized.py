@@ -214,9 +214,8 @@ def test_learner_process_updates_while_a_writer_process_wraps_and_dies(tmp_path)
         while mr.open(path).committed_steps < 200 and time.time() < deadline:
             time.sleep(0.05)
         learner = subprocess.Popen([sys.executable, "-c", LEARNER, path, "6"], stdout=subprocess.PIPE, text=True)
-        own = 0
         for i in range(30):
-            own += check_priorities(path)
+            check_priorities(path)
             time.sleep(0.1)
             if i == 12:  # kill the writer mid-run, and start a new one on the same buffer
                 writer.send_signal(signal.SIGKILL)
@@ -225,8 +224,12 @@ def test_learner_process_updates_while_a_writer_process_wraps_and_dies(tmp_path)
         out, _ = learner.communicate(timeout=120)
         assert learner.returncode == 0
         applied, dropped = map(int, out.split())
-        assert applied > 0 and dropped > 0 and own > 0  # some landed, some came too late
+        assert applied > 0 and dropped > 0  # some landed, some came too late
     finally:
         writer.kill()
         writer.wait()
     check_priorities(path)
+    # with the writer gone, a learner's updates stay: they did land in the shared file
+    learner = subprocess.run([sys.executable, "-c", LEARNER, path, "1"], capture_output=True, text=True, timeout=120)
+    assert learner.returncode == 0, learner.stderr
+    assert check_priorities(path) > 0
