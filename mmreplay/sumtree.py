@@ -55,13 +55,29 @@ class SumTree:
         """Leaf index of each prefix sum ``u`` in ``[0, total)``: the smallest ``i`` with
         ``sum(leaves[: i + 1]) > u``. A leaf of weight zero is never returned while the
         total is positive."""
-        u = np.array(u, np.float64, copy=True)
+        start = np.asarray(u, np.float64)
+        u = start.copy()
         node = np.ones(u.shape, np.int64)
         sums = self.sums
         for _ in range(self.depth):
             node <<= 1
             left = sums[node]
-            # rounding may leave u at or past a subtree's sum; never step into zero mass
+            right = u >= left
+            u -= left * right
+            node += right
+        leaf = node - self.size
+        lost = sums[node] == 0  # rounding carried u past the last leaf with weight: rare
+        if lost.any():
+            leaf[lost] = self._find_guarded(start[lost].copy())
+        return leaf
+
+    def _find_guarded(self, u: np.ndarray) -> np.ndarray:
+        """:meth:`find` that never steps into a subtree without weight (slower)."""
+        node = np.ones(u.shape, np.int64)
+        sums = self.sums
+        for _ in range(self.depth):
+            node <<= 1
+            left = sums[node]
             right = (u >= left) & (sums[node + 1] > 0)
             u -= np.where(right, left, 0.0)
             node += right
