@@ -233,3 +233,43 @@ def test_learner_process_updates_while_a_writer_process_wraps_and_dies(tmp_path)
     learner = subprocess.run([sys.executable, "-c", LEARNER, path, "1"], capture_output=True, text=True, timeout=120)
     assert learner.returncode == 0, learner.stderr
     assert check_priorities(path) > 0
+
+
+def expected_leaves(store) -> np.ndarray:
+    """priority ** alpha for the rows of the store's window, zero elsewhere."""
+    sampler = store.sampler
+    values = sampler._file().values.astype(np.float64) ** sampler.alpha
+    keep = np.zeros(store.capacity, bool)
+    keep[np.arange(store.first_step, store.committed_steps) % store.capacity] = True
+    values[~keep] = 0.0
+    return values.reshape(-1)
+
+
+@pytest.mark.parametrize("who", ["writer", "reader"])
+def test_the_tree_follows_the_window_through_adds_wraps_clears_and_updates(tmp_path, who):
+    rng = np.random.default_rng(5)
+    writer = filled(tmp_path / "b", capacity=16, num_envs=2, steps=3, alpha=0.5, commit_every=4)
+    reader = mr.open(tmp_path / "b", "r")
+    learner = writer if who == "writer" else reader
+    try:
+        for i in range(200):
+            r = rng.random()
+            if r < 0.35:
+                k = int(rng.integers(1, 12))
+                writer.extend({"x": np.zeros((k, 2), np.int64)})
+            elif r < 0.4:
+                writer.commit()
+            elif r < 0.42:
+                writer.clear()
+            elif r < 0.45 and len(writer):
+                writer.set(0, {"x": np.ones(2, np.int64)})
+            reader.refresh()
+            if len(learner) < 2:
+                continue
+            _, info = learner.sample(8, rng=rng, return_info=True, num_steps=2 if r > 0.9 else None)
+            learner.update_priorities(info.step, info.env, rng.uniform(0.1, 4.0, 8))
+            learner.sample(1, rng=rng)  # the tree is in step with the window after a draw
+            np.testing.assert_allclose(learner.sampler.tree.leaves(), expected_leaves(learner), rtol=1e-6)
+    finally:
+        reader.close()
+        writer.close()
