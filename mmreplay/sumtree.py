@@ -85,15 +85,16 @@ class SumTree:
 
     # --- writing ----------------------------------------------------------------------
 
-    def set(self, index: np.ndarray, weights: np.ndarray) -> None:
-        """Set leaves ``index`` to ``weights``; where an index repeats, its last weight wins."""
+    def set(self, index: np.ndarray, weights: np.ndarray, distinct: bool = False) -> None:
+        """Set leaves ``index`` to ``weights``; where an index repeats, its last weight wins
+        (``distinct``: the caller knows no index repeats)."""
         index = np.asarray(index, np.int64).reshape(-1)
         weights = np.broadcast_to(np.asarray(weights, np.float64), index.shape).reshape(-1)
         if index.size == 0:
             return
         if index.min() < 0 or index.max() >= self.n:
             raise IndexError(f"leaf index out of range [0, {self.n})")
-        if index.size > 1:
+        if index.size > 1 and not distinct:
             # keep the last occurrence of each index (numpy's fancy assignment with
             # repeats promises no order); the survivors come out sorted
             order = np.argsort(index, kind="stable")

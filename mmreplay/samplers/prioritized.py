@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError, ReadOnlyError
 from ..priorities import PRIORITY_FILE, PriorityFile
+from ..reads import reader_for
 from ..sampling import Draw
 from ..sumtree import SumTree
 from .base import Sampler, Window, register_sampler
@@ -288,8 +289,9 @@ class PrioritizedSampler(Sampler):
             if writer:
                 first, end = store.first_step, store.total_steps
             else:
-                live = store.live_state()
-                first, end = live.first(store.capacity), live.end
+                # the writer's oldest retained step now (a stat when the state is
+                # unchanged); no step this reader sampled is past its own committed end
+                first, end = reader_for(store).live_first(store), store.committed_steps
             if step.size and step.max() >= end:
                 raise BadInputError(
                     f"{store.path}: step {int(step.max())} is not committed yet (committed steps end at {end})"
@@ -300,12 +302,14 @@ class PrioritizedSampler(Sampler):
             if rows.size:
                 order = np.argsort(rows, kind="stable")  # the last update of a row wins
                 pick = order[np.append(rows[order][1:] != rows[order][:-1], True)]
-                file.values.reshape(-1)[rows[pick]] = p[pick]
+                step, rows, p = step[pick], rows[pick], p[pick]
+                file.values.reshape(-1)[rows] = p
                 file.raise_max(float(p.max()))
+        applied = int(keep.sum())
         if self.tree is not None:
             inside = (step >= self.tree_first) & (step < self.tree_end)
-            self.tree.set(rows[inside], self._weights(p[inside]))
-        return int(step.size)
+            self.tree.set(rows[inside], self._weights(p[inside]), distinct=True)
+        return applied
 
     def priorities(self, step: Any, env: Any) -> np.ndarray:
         """The stored priorities of rows ``(step, env)`` (retained steps; the writer's
