@@ -70,7 +70,9 @@ class MmreplayPER:
         self.path = os.path.join(folder, "per")
         steps = rows // NUM_ENVS
         self.store = mr.create(self.path, SPEC, steps, NUM_ENVS, sampler="prioritized", alpha=ALPHA)
-        self.store.extend({k: v[: steps * NUM_ENVS].reshape(steps, NUM_ENVS, *v.shape[1:]) for k, v in arrays.items()})
+        self.store.extend(
+            {k: v[: steps * NUM_ENVS].reshape(steps, NUM_ENVS, *v.shape[1:]) for k, v in arrays.items()}
+        )
         self.store.commit()
         self.rng = np.random.default_rng(0)
         self.info: Any = None
@@ -200,11 +202,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(folder, ignore_errors=True)
     for name, fig in report["systems"].items():
         extra = "".join(f", {k} {v:.0f}" for k, v in fig.items() if k not in ("sample_us", "update_us"))
-        print(f"{name:9s} sample({BATCH}) {fig['sample_us']:8.1f} us  update_priorities({BATCH}) {fig['update_us']:8.1f} us{extra}")
+        print(
+            f"{name:9s} sample({BATCH}) {fig['sample_us']:8.1f} us  update_priorities({BATCH}) {fig['update_us']:8.1f} us{extra}"
+        )
     for name, why in report["skipped"].items():
         print(f"{name:9s} skipped: {why}")
-    print(f"add (8 envs): uniform {report['add_uniform_us']:.2f} us, prioritized {report['add_prioritized_us']:.2f} us "
-          f"({report['add_prioritized_us'] / report['add_uniform_us']:.2f}x)")
+    print(
+        f"add (8 envs): uniform {report['add_uniform_us']:.2f} us, prioritized {report['add_prioritized_us']:.2f} us "
+        f"({report['add_prioritized_us'] / report['add_uniform_us']:.2f}x)"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -60,7 +60,9 @@ class PriorityFile:
         try:
             fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         except PermissionError as exc:
-            raise ReadOnlyError(f"{self.path}: cannot open the priorities for writing ({exc.strerror})") from exc
+            raise ReadOnlyError(
+                f"{self.path}: cannot open the priorities for writing ({exc.strerror})"
+            ) from exc
         try:
             size = os.fstat(fd).st_size
             want = HEADER_BYTES + capacity * num_envs * 4

@@ -19,7 +19,14 @@ def test_dqn_per_example_trains_and_stores_priorities(tmp_path):
     pytest.importorskip("gymnasium")
     buffer = tmp_path / "cartpole"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "dqn_per.py"), "--steps", "300", "--buffer", str(buffer)],
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "dqn_per.py"),
+            "--steps",
+            "300",
+            "--buffer",
+            str(buffer),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

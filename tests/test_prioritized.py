@@ -4,7 +4,6 @@ process updating priorities while a writer process (killed mid-run) overwrites r
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,6 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.errors import BadInputError
-from mmreplay.priorities import PriorityFile
 
 SPEC = {"x": mr.ArraySpec((), "int64")}
 
@@ -48,7 +46,9 @@ def test_draw_frequencies_match_priorities_to_the_alpha(tmp_path):
     expected = (p + 1e-8) ** alpha
     expected = expected / expected.sum() * observed.sum()
     assert stats.chisquare(observed, expected).pvalue > 1e-3
-    np.testing.assert_allclose(info.probability, expected[info.step * 2 + info.env] / observed.sum(), rtol=1e-5)
+    np.testing.assert_allclose(
+        info.probability, expected[info.step * 2 + info.env] / observed.sum(), rtol=1e-5
+    )
 
 
 def test_weights_are_n_p_to_the_minus_beta_over_their_max(tmp_path):
@@ -213,7 +213,9 @@ def test_learner_process_updates_while_a_writer_process_wraps_and_dies(tmp_path)
         deadline = time.time() + 60
         while mr.open(path).committed_steps < 200 and time.time() < deadline:
             time.sleep(0.05)
-        learner = subprocess.Popen([sys.executable, "-c", LEARNER, path, "6"], stdout=subprocess.PIPE, text=True)
+        learner = subprocess.Popen(
+            [sys.executable, "-c", LEARNER, path, "6"], stdout=subprocess.PIPE, text=True
+        )
         for i in range(30):
             check_priorities(path)
             time.sleep(0.1)
@@ -230,7 +232,9 @@ def test_learner_process_updates_while_a_writer_process_wraps_and_dies(tmp_path)
         writer.wait()
     check_priorities(path)
     # with the writer gone, a learner's updates stay: they did land in the shared file
-    learner = subprocess.run([sys.executable, "-c", LEARNER, path, "1"], capture_output=True, text=True, timeout=120)
+    learner = subprocess.run(
+        [sys.executable, "-c", LEARNER, path, "1"], capture_output=True, text=True, timeout=120
+    )
     assert learner.returncode == 0, learner.stderr
     assert check_priorities(path) > 0
 
@@ -252,7 +256,7 @@ def test_the_tree_follows_the_window_through_adds_wraps_clears_and_updates(tmp_p
     reader = mr.open(tmp_path / "b", "r")
     learner = writer if who == "writer" else reader
     try:
-        for i in range(200):
+        for _ in range(200):
             r = rng.random()
             if r < 0.35:
                 k = int(rng.integers(1, 12))

@@ -26,7 +26,9 @@ def model_find(model: np.ndarray, u: np.ndarray) -> np.ndarray:
 @given(
     n=st.integers(1, 70),
     ops=st.lists(
-        st.tuples(st.lists(st.integers(0, 69), min_size=1, max_size=20), st.lists(weights, min_size=20, max_size=20)),
+        st.tuples(
+            st.lists(st.integers(0, 69), min_size=1, max_size=20), st.lists(weights, min_size=20, max_size=20)
+        ),
         max_size=8,
     ),
 )
@@ -65,7 +67,9 @@ def test_find_is_the_prefix_sum_search(n, data):
     if model.sum() == 0:
         return
     # integer weights: the sums are exact, so the search must agree everywhere
-    u = np.array(data.draw(st.lists(st.integers(0, int(model.sum()) - 1), min_size=1, max_size=30)), np.float64)
+    u = np.array(
+        data.draw(st.lists(st.integers(0, int(model.sum()) - 1), min_size=1, max_size=30)), np.float64
+    )
     u += np.array(data.draw(st.lists(st.sampled_from([0.0, 0.5]), min_size=len(u), max_size=len(u))))
     found = tree.find(u)
     np.testing.assert_array_equal(found, model_find(model, u))

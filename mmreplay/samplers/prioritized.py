@@ -88,7 +88,9 @@ class PrioritizedSampler(Sampler):
         self.num_steps = None if num_steps is None else int(num_steps)
         if isinstance(sequence_priority, str):
             if sequence_priority not in REDUCTIONS:
-                raise ValueError(f"sequence_priority must be one of {REDUCTIONS} or a number in [0, 1], got {sequence_priority!r}")
+                raise ValueError(
+                    f"sequence_priority must be one of {REDUCTIONS} or a number in [0, 1], got {sequence_priority!r}"
+                )
         else:
             sequence_priority = _number("sequence_priority", sequence_priority, 0.0, 1.0)
         self.sequence_priority = sequence_priority
@@ -191,7 +193,12 @@ class PrioritizedSampler(Sampler):
             self._fill(max(window.end, self.store.total_steps))
         file = self._file()
         f, e = window.first, window.end
-        if self.tree is None or e - self.tree_end >= window.capacity or f >= self.tree_end or f < self.tree_first:
+        if (
+            self.tree is None
+            or e - self.tree_end >= window.capacity
+            or f >= self.tree_end
+            or f < self.tree_first
+        ):
             if self.tree is None:
                 self.tree = SumTree(window.capacity * window.num_envs)
             weights = self._weights(file.values.reshape(-1))
@@ -260,7 +267,9 @@ class PrioritizedSampler(Sampler):
         store = self.store
         step, env = np.broadcast_arrays(np.asarray(step), np.asarray(env))
         if step.dtype.kind not in "iu" or env.dtype.kind not in "iu":
-            raise BadInputError(f"{store.path}: step and env must be integer arrays, got {step.dtype} and {env.dtype}")
+            raise BadInputError(
+                f"{store.path}: step and env must be integer arrays, got {step.dtype} and {env.dtype}"
+            )
         step, env = step.reshape(-1).astype(np.int64), env.reshape(-1).astype(np.int64)
         p = np.asarray(priorities, np.float64)
         if p.shape[:1] != step.shape or p.ndim > 2:
