@@ -333,9 +333,18 @@ def memory_available() -> int:
 
 
 def _draw(
-    store: Any, batch_size: int, num_steps: int, replacement: bool, gen: np.random.Generator, options: dict
+    store: Any,
+    batch_size: int,
+    num_steps: int,
+    replacement: bool,
+    gen: np.random.Generator,
+    options: dict,
+    within: tuple[int, int] | None,
 ) -> sampling.Draw:
-    return store.sampler.draw(batch_size, store.window, gen, num_steps=num_steps, replacement=replacement, **options)
+    window = store.window
+    if within is not None:  # a caller's narrower window (framework layers' own views)
+        window = window._replace(first=max(window.first, within[0]), end=min(window.end, within[1]))
+    return store.sampler.draw(batch_size, window, gen, num_steps=num_steps, replacement=replacement, **options)
 
 
 def sample(
@@ -346,6 +355,7 @@ def sample(
     rng: Any = None,
     return_info: bool = False,
     options: dict | None = None,
+    window: tuple[int, int] | None = None,
 ) -> Any:
     """See :meth:`mmreplay.Store.sample`: draws through ``store.sampler``, then one fetch
     path for every sampler (gather, page-cache advice, prefetch, readers' re-draw)."""
@@ -369,7 +379,7 @@ def sample(
     if rng is None:
         gen = reader.own_gen()
         if reader.prefetch and getattr(sampler, "draws_ahead", False):
-            key = (batch_size, steps, replacement, tuple(sorted(options.items())), store.first_step, store.state.end)
+            key = (batch_size, steps, replacement, tuple(sorted(options.items())), window, store.window)
             if reader.pending is not None and reader.pending[0] == key:
                 draw = reader.pending[1]
             reader.pending = None
@@ -379,7 +389,7 @@ def sample(
         gen = sampling.as_generator(rng)
     prefetched = draw is not None
     if draw is None:
-        draw = _draw(store, batch_size, steps, replacement, gen, options)
+        draw = _draw(store, batch_size, steps, replacement, gen, options, window)
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
         pattern = "random" if num_steps is None else "normal"
@@ -390,10 +400,10 @@ def sample(
     out = [take(rows) for take in reader.takes]
     if reader.is_reader and reader.live_first(store) > store.first_step:  # some may be overwritten
         draw = _resample_overwritten(
-            store, reader, draw, out, steps, num_steps, replacement, gen, options
+            store, reader, draw, out, steps, num_steps, replacement, gen, options, window
         )
     if key is not None:  # the next batch with the same request: draw it now, prefetch it
-        nxt = _draw(store, batch_size, steps, replacement, gen, options)
+        nxt = _draw(store, batch_size, steps, replacement, gen, options, window)
         reader.pending = (key, nxt)
         reader.prefetch_later(sampling.rows_of(nxt.start, num_steps, reader.num_envs))
     nest = reader.pack(out)
@@ -413,6 +423,7 @@ def _resample_overwritten(
     replacement: bool,
     gen: np.random.Generator,
     options: dict,
+    within: tuple[int, int] | None,
 ) -> sampling.Draw:
     """Seqlock for readers: redraw (and read again) the items the writer overwrote while
     they were read, from the reader's window moved forward to the writer's."""
@@ -425,7 +436,7 @@ def _resample_overwritten(
         store.refresh()
         if not replacement:  # redraw all, so the batch stays free of repeats
             bad[:] = True
-        fresh = _draw(store, int(bad.sum()), steps, replacement, gen, options)
+        fresh = _draw(store, int(bad.sum()), steps, replacement, gen, options, within)
         if not replacement and len(fresh) != len(draw):
             raise NotEnoughDataError(
                 f"{store.path}: fewer rows are retained now than were sampled; sample again"
@@ -458,10 +469,10 @@ def read_rows(store: Any, steps: Any, envs: Any) -> Any:
     steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
     if steps.size:
         lo, hi = int(steps.min()), int(steps.max())
-        first, end = store.first_step, store.state.end
+        first, end = store.window[:2]
         if lo < first or hi >= end:
             raise NotEnoughDataError(
-                f"{store.path}: steps [{lo}, {hi}] asked, the committed steps retained are [{first}, {end})"
+                f"{store.path}: steps [{lo}, {hi}] asked, the steps retained are [{first}, {end})"
             )
         if envs.min() < 0 or envs.max() >= store.num_envs:
             raise IndexError(f"{store.path}: env index out of range for {store.num_envs} envs")
@@ -494,7 +505,7 @@ def iterate(
     batch_size, num_steps, window_shift = sampling.check_sizes(batch_size, num_steps, window_shift)
     if window_shift is not None and num_steps is None:
         raise ValueError("window_shift needs num_steps: it is the step between the starts of two windows")
-    first, end = store.first_step, store.state.end
+    first, end = store.window[:2]
     env, start, length = sampling.pass_windows(
         first, end, store.num_envs, num_steps, window_shift, drop_remainder
     )

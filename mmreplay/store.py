@@ -205,8 +205,8 @@ class Store:
 
     @property
     def first_step(self) -> int:
-        """Global id of the oldest retained committed step."""
-        return min(self._state.end, max(self._floor, self._written - self.capacity))
+        """Global id of the oldest retained step (``window.first``)."""
+        return self.window.first
 
     @property
     def cursor(self) -> int:
@@ -219,8 +219,11 @@ class Store:
 
     @property
     def window(self) -> Window:
-        """The steps this store retains and reads: global ids ``[first, end)``."""
-        return Window(self.first_step, self._state.end, self._meta.num_envs, self._meta.capacity)
+        """The steps this store retains and reads, global ids ``[first, end)``: in a
+        writer every step it added (committed or not), in a reader the committed ones."""
+        written = self._written
+        first = min(written, max(self._floor, written - self._capacity))
+        return Window(first, written, self._meta.num_envs, self._capacity)
 
     @property
     def sampler(self) -> Sampler:
@@ -229,8 +232,9 @@ class Store:
         return self._sampler
 
     def __len__(self) -> int:
-        """Committed steps retained (each holds ``num_envs`` rows)."""
-        return self._state.end - self.first_step
+        """Steps retained (each holds ``num_envs`` rows): in a writer every step it
+        added, in a reader the committed ones."""
+        return self._written - self.first_step
 
     def __repr__(self) -> str:
         if self._closed:
@@ -486,10 +490,12 @@ class Store:
         rng: Any = None,
         within_episodes: bool | None = None,
         return_info: bool = False,
+        window: tuple[int, int] | None = None,
         **options: Any,
     ) -> Any:
-        """A random batch of committed rows, drawn through :attr:`sampler` (by default
-        uniform over every (step, env) pair).
+        """A random batch of rows, drawn through :attr:`sampler` (by default uniform over
+        every (step, env) pair): in a writer from every step it added, in a reader from
+        the committed ones.
 
         Args:
             batch_size: items in the batch (without replacement: at most the number of
@@ -503,6 +509,8 @@ class Store:
             return_info: also return a :class:`mmreplay.reads.SampleInfo` (global step id
                 and slot of each item's first step, its env, its probability, and the
                 importance weight from a prioritized sampler).
+            window: ``(first, end)`` global step ids: draw only from these steps (within
+                the retained ones), as layers that show the newest part of the store do.
             options: passed to the sampler's ``draw`` (such as ``beta`` for the
                 prioritized sampler).
 
@@ -522,7 +530,7 @@ class Store:
         """
         if within_episodes is not None:
             options["within_episodes"] = within_episodes
-        return _reads.sample(self, batch_size, num_steps, replacement, rng, return_info, options)
+        return _reads.sample(self, batch_size, num_steps, replacement, rng, return_info, options, window)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
         """New priorities for sampled items (``info.step``, ``info.env`` of
@@ -609,9 +617,13 @@ class Store:
 
         Formats: minari, d4rl, d3rlpy, parquet, npz, csv, pt, zarr, hdf5. Options:
         ``compression``, ``complete_only``, ``force``, ``progress``, ``dataset_id`` (minari).
-        Returns an :class:`mmreplay.export.ExportResult`.
+        Returns an :class:`mmreplay.export.ExportResult`. A writer commits first, so
+        what is exported is what is durable and what readers see.
         """
         from .export import export
+
+        if self._writable:
+            self._commit()
 
         return export(self, out, format=format, **options)
 

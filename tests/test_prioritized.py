@@ -244,7 +244,8 @@ def expected_leaves(store) -> np.ndarray:
     sampler = store.sampler
     values = sampler._file().values.astype(np.float64) ** sampler.alpha
     keep = np.zeros(store.capacity, bool)
-    keep[np.arange(store.first_step, store.committed_steps) % store.capacity] = True
+    window = store.window  # a writer's ends at its last step, a reader's at the committed end
+    keep[np.arange(window.first, window.end) % store.capacity] = True
     values[~keep] = 0.0
     return values.reshape(-1)
 

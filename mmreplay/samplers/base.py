@@ -56,8 +56,7 @@ Write hooks (no-op defaults, see :class:`mmreplay.hooks.WriteHook`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -67,8 +66,7 @@ from ..sampling import Draw
 __all__ = ["Draw", "Sampler", "Window", "register_sampler", "sampler_from_json", "make_sampler"]
 
 
-@dataclass(frozen=True)
-class Window:
+class Window(NamedTuple):
     """The steps a draw may use: global ids ``[first, end)`` of ``num_envs`` envs each,
     stored in a ring of ``capacity`` slots."""
 
@@ -77,7 +75,9 @@ class Window:
     num_envs: int
     capacity: int
 
-    def __len__(self) -> int:
+    @property
+    def steps(self) -> int:
+        """Steps in the window."""
         return max(0, self.end - self.first)
 
 
