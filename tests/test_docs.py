@@ -1,0 +1,191 @@
+"""Every runnable block of README.md and docs/*.md runs, so the documentation cannot rot.
+
+A fenced block is runnable when its info string is ``python run`` or ``bash run``
+(renderers read only the first word, the language). A block whose info string holds
+``file=NAME`` (``python file=train.py``) is written to that file in the working folder,
+for the blocks after it to run. ``needs=torch,gymnasium`` names optional packages: a
+file with a block whose packages are missing is skipped with that reason. A fenced
+block with the info string ``text output`` right after a runnable block is what that
+block prints (``...`` matches anything, as in doctest); the test compares them.
+
+The blocks of one file run in order in one fresh process (Python blocks share their
+names, as in a notebook), in a temporary working folder holding a copy of
+``datasets/``. Bash blocks run with ``bash -euo pipefail`` in the same folder, with the
+installed ``mmreplay`` command on PATH.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^`\n]*)$")
+
+
+@dataclass
+class Block:
+    language: str  # python, bash, or file (written to ``name``)
+    source: str
+    line: int  # of the block's first source line in the file
+    needs: tuple[str, ...] = ()
+    output: str | None = None
+    name: str | None = None
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str, int]]:
+    """(info string, source, first source line) of every fenced block."""
+    out = []
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info, start = m["fence"], m["info"].strip(), i + 1
+        j = start
+        while j < len(lines) and not re.match(rf"^ *{fence[0]}{{{len(fence)},}} *$", lines[j]):
+            j += 1
+        out.append((info, "\n".join(lines[start:j]) + "\n", start + 1))
+        i = j + 1
+    return out
+
+
+def runnable_blocks(text: str) -> list[Block]:
+    blocks: list[Block] = []
+    previous_runnable = False
+    for info, source, line in fenced_blocks(text):
+        words = info.split()
+        if words[:2] == ["text", "output"] and previous_runnable:
+            blocks[-1].output = source
+            previous_runnable = False
+            continue
+        options = dict(word.split("=", 1) for word in words[1:] if "=" in word)
+        needs = tuple(n for n in options.get("needs", "").split(",") if n)
+        previous_runnable = len(words) >= 2 and words[0] in ("python", "bash") and words[1] == "run"
+        if previous_runnable:
+            blocks.append(Block(words[0], source, line, needs))
+        elif "file" in options:
+            blocks.append(Block("file", source, line, needs, name=options["file"]))
+    return blocks
+
+
+#: run in the child: each block in turn, Python in one shared namespace
+DRIVER = r'''
+import contextlib, doctest, io, json, os, subprocess, sys
+path, blocks = sys.argv[1], json.load(sys.stdin)
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+namespace = {"__name__": "__main__"}
+checker = doctest.OutputChecker()
+for block in blocks:
+    where = f"{path}:{block['line']}"
+    if block["language"] == "file":
+        with open(block["name"], "w") as f:
+            f.write(block["source"])
+        continue
+    if block["language"] == "python":
+        code = compile("\n" * (block["line"] - 1) + block["source"], path, "exec")
+        captured = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(captured):
+                exec(code, namespace)
+        finally:
+            sys.stdout.write(captured.getvalue())
+        got = captured.getvalue()
+    else:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", block["source"]],
+                              capture_output=True, text=True)
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        if done.returncode != 0:
+            sys.exit(f"{where}: the bash block exited with status {done.returncode}")
+        got = done.stdout
+    want = block["output"]
+    if want is not None and not checker.check_output(want, got, doctest.ELLIPSIS):
+        sys.exit(f"{where}: the block printed\n{got}\nwhere its output block says\n{want}")
+'''
+
+
+def run_blocks(doc: pathlib.Path, blocks: list[Block], cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    """Run ``blocks`` of ``doc`` in order in a fresh Python process working in ``cwd``."""
+    return subprocess.run(
+        [sys.executable, "-c", DRIVER, str(doc)],
+        input=json.dumps([asdict(b) for b in blocks]),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def missing(needs: tuple[str, ...]) -> list[str]:
+    return [name for name in needs if importlib.util.find_spec(name) is None]
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=[str(p.relative_to(ROOT)) for p in DOC_FILES])
+def test_runnable_blocks(doc: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    blocks = runnable_blocks(doc.read_text())
+    if not blocks:
+        pytest.skip(f"{doc.name} has no runnable block")
+    lacking = sorted({name for block in blocks for name in missing(block.needs)})
+    if lacking:
+        pytest.skip(f"{doc.name} needs {', '.join(lacking)}")
+    shutil.copytree(ROOT / "datasets", tmp_path / "datasets")
+    done = run_blocks(doc, blocks, tmp_path)
+    assert done.returncode == 0, f"{doc.relative_to(ROOT)}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+
+
+def test_blocks_are_found_with_their_lines_and_outputs() -> None:
+    text = "\n".join([
+        "intro",
+        "```python run needs=torch",
+        "print(1)",
+        "```",
+        "```text output",
+        "1",
+        "```",
+        "```python",
+        "not run",
+        "```",
+        "````bash run",
+        "echo ```",
+        "````",
+        "```python file=train.py needs=torch",
+        "import torch",
+        "```",
+    ])
+    blocks = runnable_blocks(text)
+    assert [(b.language, b.line, b.needs, b.output, b.name) for b in blocks] == [
+        ("python", 3, ("torch",), "1\n", None),
+        ("bash", 12, (), None, None),
+        ("file", 15, ("torch",), None, "train.py"),
+    ]
+    assert blocks[1].source == "echo ```\n"
+
+
+def test_a_failing_block_fails_with_its_place(tmp_path: pathlib.Path) -> None:
+    doc = tmp_path / "broken.md"
+    doc.write_text("x\n\n```python run\nx = 1\nraise ValueError('boom')\n```\n")
+    blocks = runnable_blocks(doc.read_text())
+    done = run_blocks(doc, blocks, tmp_path)
+    assert done.returncode != 0
+    assert f'File "{doc}", line 5' in done.stderr
+
+
+def test_a_wrong_output_block_fails(tmp_path: pathlib.Path) -> None:
+    doc = tmp_path / "wrong.md"
+    doc.write_text("```python run\nprint('a')\n```\n```text output\nb\n```\n")
+    blocks = runnable_blocks(doc.read_text())
+    done = run_blocks(doc, blocks, tmp_path)
+    assert done.returncode != 0
+    assert "wrong.md:2: the block printed" in done.stderr
