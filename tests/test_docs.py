@@ -189,3 +189,24 @@ def test_a_wrong_output_block_fails(tmp_path: pathlib.Path) -> None:
     done = run_blocks(doc, blocks, tmp_path)
     assert done.returncode != 0
     assert "wrong.md:2: the block printed" in done.stderr
+
+
+def test_the_cli_reference_names_every_command_and_option() -> None:
+    """docs/cli.md has a section per command and mentions each of its options."""
+    import click
+
+    from mmreplay.cli import COMMANDS, main
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    ctx = click.Context(main)
+    missing_parts = []
+    for name in COMMANDS:
+        if f"\n## {name}\n" not in text:
+            missing_parts.append(f"section '## {name}'")
+        command = main.get_command(ctx, name)
+        for param in command.params:
+            if isinstance(param, click.Option):
+                for opt in param.opts + param.secondary_opts:
+                    if opt.startswith("--") and opt not in text:
+                        missing_parts.append(f"{name} {opt}")
+    assert not missing_parts, f"docs/cli.md does not mention: {', '.join(missing_parts)}"
