@@ -173,22 +173,21 @@ def test_blocks_are_found_with_their_lines_and_outputs() -> None:
     assert blocks[1].source == "echo ```\n"
 
 
-def test_a_failing_block_fails_with_its_place(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("x\n\n```python run\nx = 1\nraise ValueError('boom')\n```\n", 'File "{doc}", line 5'),
+        ("```python run\nprint('a')\n```\n```text output\nb\n```\n", "{doc}:2: the block printed"),
+        ("```bash run\nfalse\n```\n", "{doc}:2: the bash block exited with status 1"),
+    ],
+    ids=["raises", "wrong-output", "bash-fails"],
+)
+def test_a_broken_block_fails_and_says_where(tmp_path: pathlib.Path, text: str, says: str) -> None:
     doc = tmp_path / "broken.md"
-    doc.write_text("x\n\n```python run\nx = 1\nraise ValueError('boom')\n```\n")
-    blocks = runnable_blocks(doc.read_text())
-    done = run_blocks(doc, blocks, tmp_path)
+    doc.write_text(text)
+    done = run_blocks(doc, runnable_blocks(text), tmp_path)
     assert done.returncode != 0
-    assert f'File "{doc}", line 5' in done.stderr
-
-
-def test_a_wrong_output_block_fails(tmp_path: pathlib.Path) -> None:
-    doc = tmp_path / "wrong.md"
-    doc.write_text("```python run\nprint('a')\n```\n```text output\nb\n```\n")
-    blocks = runnable_blocks(doc.read_text())
-    done = run_blocks(doc, blocks, tmp_path)
-    assert done.returncode != 0
-    assert "wrong.md:2: the block printed" in done.stderr
+    assert says.format(doc=doc) in done.stderr
 
 
 def test_the_cli_reference_names_every_command_and_option() -> None:
