@@ -209,3 +209,28 @@ def test_the_cli_reference_names_every_command_and_option() -> None:
                     if opt.startswith("--") and opt not in text:
                         missing_parts.append(f"{name} {opt}")
     assert not missing_parts, f"docs/cli.md does not mention: {', '.join(missing_parts)}"
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors of a markdown file's headings."""
+    out = set()
+    for heading in re.findall(r"^#+ +(.+?) *$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
+def test_links_between_the_docs_lead_somewhere() -> None:
+    broken = []
+    for doc in DOC_FILES:
+        text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            path = (doc.parent / file).resolve() if file else doc
+            if not path.exists():
+                broken.append(f"{doc.name}: {target} (no such file)")
+            elif anchor and anchor not in anchors(path.read_text()):
+                broken.append(f"{doc.name}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
