@@ -21,8 +21,8 @@ import numpy as np
 from .episodes import continue_index, fresh_envs
 from .errors import NotEnoughDataError
 from .files import check_target
-from .metadata import State, write_metadata
 from .spec import flatten, unflatten
+from .statefile import StateFile
 from .store import Store, create
 from .store import open as open_store
 
@@ -54,8 +54,12 @@ def begin_at(store: Store, first_step: int, fresh: Any) -> Store:
     store.close()
     if first_step:
         fsync = meta.durability == "power"
-        state = State(start=first_step, end=first_step, reserved=first_step)
-        write_metadata(path, meta.with_state(state), fsync)
+        state_file = StateFile(path, writable=True)
+        try:
+            state = state_file.read()
+            state_file.write(state.next(start=first_step, end=first_step, reserved=first_step), fsync)
+        finally:
+            state_file.close()
         continue_index(path, first_step, fresh, fsync)
     return open_store(path, mode="a")
 

@@ -23,6 +23,7 @@ from .errors import BadInputError
 from .files import disk_usage
 from .metadata import Metadata, render
 from .spec import ArraySpec, flatten, leaf_paths
+from .statefile import FILE_BYTES as STATE_BYTES
 from .store import create, plan
 
 __all__ = ["LeafSize", "SizeEstimate", "estimate"]
@@ -67,7 +68,7 @@ class SizeEstimate:
     num_envs: int
     leaves: tuple[LeafSize, ...]
     data_metadata: int  # zarr.json files / the HDF5 file's own metadata
-    metadata_file: int  # mmreplay.json (its timestamps' digits may differ by a few bytes)
+    metadata_file: int  # mmreplay.json (its timestamps' digits may differ by a few bytes) and mmreplay.state
 
     @property
     def overhead(self) -> int:
@@ -176,7 +177,7 @@ def estimate(
             continue
         ratio = _trial_ratio(meta, leaf, rows)
         out.append(LeafSize(leaf.path, raw, int(round(raw / ratio)), leaf.compression, round(ratio, 3)))
-    metadata_file = len(render(replace(meta, leaves=tuple(placed))))
+    metadata_file = len(render(replace(meta, leaves=tuple(placed)))) + STATE_BYTES
     return SizeEstimate(meta.backend, meta.capacity, meta.num_envs, tuple(out), data_meta, metadata_file)
 
 
