@@ -15,12 +15,14 @@ import subprocess
 import sys
 import textwrap
 
+import h5py
 import numpy as np
 import pytest
 from conftest import folder_digest, one_line_error, recover_cli, run_cli, verify_cli
 
 import mmreplay as mr
 from mmreplay.metadata import METADATA_FILE, STATE_FILE, read_metadata
+from mmreplay.verify import hdf5_status
 from mmreplay.spec import flatten, unflatten
 from mmreplay.torture import SPEC, step_values
 from mmreplay.verify import leftovers
@@ -313,20 +315,48 @@ def test_file_size_limit_during_chunk_writes_keeps_every_commit(tmp_path):
     assert end == report["committed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a refused chunk write can leave data.h5 shorter than the end HDF5 recorded "
-    "(the write stopped at the limit part way); h5py then refuses to open it for writing",
-)
 def test_a_writer_resumes_after_the_file_size_limit(tmp_path):
+    """The refused chunk's space is past the file's end but inside the end HDF5 recorded
+    (its close could not extend the file past the limit): nothing committed lies there,
+    so the next writer extends the file and goes on with every committed row."""
     path = str(tmp_path / "b")
     fill_past_file_limit(path)
+    data = os.path.join(path, "data.h5")
+    assert os.path.getsize(data) < hdf5_status(data)[1]  # the fault this is about
     end = assert_exact(path)[1]
+    assert_detected(path, "before the end HDF5 recorded", "no committed chunk")
     with mr.open(path, "a") as store:  # no limit here: the next writer resumes
         assert store.total_steps == end
         store.extend(steps(end, end + 8))
     assert assert_exact(path)[1] == end + 8
     assert_healthy(path)
+
+
+def test_recover_after_the_file_size_limit_loses_nothing(tmp_path):
+    path = str(tmp_path / "b")
+    fill_past_file_limit(path)
+    window = assert_exact(path)
+    report = recover_cli(path)
+    assert report.ok and report.lost is None, str(report)
+    assert any("extended data.h5" in a for a in report.actions), str(report)
+    assert assert_exact(path) == window
+    assert_healthy(path)
+
+
+def test_a_file_cut_through_a_chunk_is_not_extended(tmp_path):
+    """Only a tail that nothing references is restored: a file cut short through a chunk
+    is refused for writing, and left as it is for ``mmreplay recover``."""
+    path = fill(tmp_path / "b", 30, "hdf5", "gzip")
+    data = os.path.join(path, "data.h5")
+    with h5py.File(data, "r") as f:
+        ends: list[int] = []
+        f["obs/pixels"].id.chunk_iter(lambda info: ends.append(info.byte_offset + info.size))
+    cut = max(ends) - 1
+    _truncate(data, cut)
+    with pytest.raises(mr.CorruptBufferError, match="truncated.*chunks of 'obs/pixels' end past it"):
+        mr.open(path, "a")
+    assert os.path.getsize(data) == cut
+    assert_detected(path, "truncated")
 
 
 READ_ONLY = """
