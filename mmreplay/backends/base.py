@@ -176,9 +176,13 @@ def map_file(path: str, writable: bool, need: int) -> mmap.mmap | None:
 class MappedLeaf:
     """A leaf whose bytes are one C-order block of a memory-mapped file."""
 
-    def __init__(self, info: LeafInfo, capacity: int, num_envs: int, mm: mmap.mmap | None):
+    def __init__(
+        self, info: LeafInfo, capacity: int, num_envs: int, mm: mmap.mmap | None, syncs_map: bool = True
+    ):
         self.info = info
         self.mm = mm
+        # False where leaves share one file's mapping: one of them syncs it, once per commit
+        self.syncs_map = syncs_map
         shape = (capacity, num_envs, *info.spec.shape)
         dtype = info.spec.dtype.newbyteorder("<")
         if mm is None:  # zero-byte leaf
@@ -259,7 +263,7 @@ class MappedLeaf:
         self.array[slots] = values
 
     def flush(self, fsync: bool) -> None:
-        if fsync and self.mm is not None:
+        if fsync and self.syncs_map and self.mm is not None:
             self.mm.flush()
 
     def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:

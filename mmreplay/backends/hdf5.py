@@ -221,8 +221,8 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
     out: list[Leaf] = []
     try:
         for leaf in meta.leaves:
-            if leaf.mapped:
-                out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm))
+            if leaf.mapped:  # one mapping of data.h5 for all of them: the first one syncs it
+                out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm, syncs_map=leaf is mapped[0]))
                 continue
             assert handle is not None
             dset = handle.file.get(leaf.path)
