@@ -295,6 +295,106 @@ def test_file_size_limit_at_creation_is_an_error_and_leaves_nothing(tmp_path, ba
     assert os.listdir(tmp_path) == []
 
 
+#: the child's own file size limit, set and lifted around one commit (SIGXFSZ ignored)
+FILE_LIMIT = """
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+def file_limit(limit):
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard if limit is None else limit, hard))
+"""
+
+#: under the limit the state file (1,024 bytes, two slots) can still be written in place
+STATE_ROOM = 1024
+
+COMMIT_AT_THE_LIMIT = FILE_LIMIT + """
+import json, sys, numpy as np, mmreplay as mr
+sys.path.insert(0, {tests!r})
+from conftest import folder_digest
+path = {path!r}
+store = mr.open(path, "a")
+store.add({{"obs": np.full((1, 4), 2, "float32"), "action": np.full(1, 2, "int64")}})
+before = folder_digest(path)
+file_limit({limit})  # from here no file is written past byte {limit}
+store.commit()
+file_limit(None)
+after = folder_digest(path)
+store.close()
+print(json.dumps({{"before": before, "after": after}}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_a_commit_needs_no_free_space_under_a_file_size_limit(tmp_path, backend):
+    """The tmpfs test above without root: during the commit no file may be written past
+    its first 1,024 bytes (the state file's size), and the commit must change no file but
+    the state file (a small file rewritten by rename would need new blocks on a full
+    disk). The data files are far larger: the rows are in them through their mappings."""
+    path = str(tmp_path / "b")
+    spec = {"obs": mr.ArraySpec((4,), "float32"), "action": mr.ArraySpec((), "int64")}
+    with mr.create(path, spec, capacity=1000, backend=backend, commit_every=10**6) as store:
+        store.add({"obs": np.ones((1, 4), "float32"), "action": np.ones(1, "int64")})
+    data = [f for f in files_of(path) if f not in (STATE_FILE, ".lock") and not f.endswith(".json")]
+    assert data and all(os.path.getsize(os.path.join(path, f)) > STATE_ROOM for f in data), data
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = textwrap.dedent(COMMIT_AT_THE_LIMIT.format(path=path, limit=STATE_ROOM, tests=tests))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    before, after = report["before"], report["after"]
+    changed = {f for f in before.keys() | after.keys() if before.get(f) != after.get(f)}
+    assert changed == {STATE_FILE}, changed
+    assert leftovers(path) == []
+    with mr.open(path) as reader:
+        assert len(reader) == 2 and reader.get(1)["action"][0] == 2
+    assert_healthy(path)
+
+
+EPISODE_ENDS_AT_THE_LIMIT = FILE_LIMIT + """
+import json, os, numpy as np, mmreplay as mr
+from mmreplay.verify import leftovers
+path = {path!r}
+state = os.path.join(path, {state!r})
+store = mr.open(path, "a")
+# every step ends an episode: the commit appends 2,000 records (32 KB) to episodes.idx
+store.extend({{"obs": np.full((2000, 1), 2, "float32"), "terminated": np.ones((2000, 1), bool)}})
+before = open(state, "rb").read()
+file_limit({limit})  # the state slot could still be written; the records cannot
+try:
+    store.commit()
+    error = None
+except mr.DiskFullError as exc:
+    error = str(exc)
+file_limit(None)
+report = {{"error": error, "state_kept": open(state, "rb").read() == before, "leftovers": leftovers(path)}}
+store.commit()  # room again
+store.close()
+print(json.dumps(report))
+"""
+
+
+def test_episode_ends_past_a_file_size_limit_keep_the_previous_state(tmp_path):
+    """The tmpfs test above without root: the episode index cannot grow past 1,024
+    bytes, which leaves the state file writable, so only the commit's order keeps its
+    state from naming steps whose episode ends are not recorded."""
+    path = str(tmp_path / "b")
+    spec = {"obs": mr.ArraySpec((), "float32"), "terminated": mr.ArraySpec((), "bool")}
+    with mr.create(path, spec, capacity=4000, commit_every=10**6) as store:
+        store.add({"obs": np.ones(1, "float32"), "terminated": np.ones(1, bool)})
+    assert os.path.getsize(os.path.join(path, STATE_FILE)) == STATE_ROOM
+    assert os.path.getsize(os.path.join(path, "episodes.idx")) < STATE_ROOM
+    code = textwrap.dedent(EPISODE_ENDS_AT_THE_LIMIT.format(path=path, state=STATE_FILE, limit=STATE_ROOM))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["error"] and "episode ends" in report["error"] and "ulimit -f" in report["error"], report
+    assert report["state_kept"] and report["leftovers"] == [], report
+    with mr.open(path) as reader:
+        assert len(reader) == 2001 and len(reader.episode_index()) == 2001
+    assert_healthy(path)
+
+
 def fill_past_file_limit(path: str) -> dict:
     """A compressed HDF5 store written in a process whose files may not grow past
     512 KiB more than the store's: the file grows with each chunk until one is refused."""
