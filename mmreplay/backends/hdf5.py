@@ -8,7 +8,9 @@ metadata writes so the file stays readable if the writer dies, and readers open 
 journal (:mod:`.h5chunks`), so the file does not grow as the ring turns. A writer killed
 in SWMR mode leaves the superblock's "open for write" flag set; the next writer (which
 holds the buffer's lock, so the old one is gone) clears it, as ``h5clear -s`` would,
-and writes the journal back.
+and writes the journal back. A chunk write refused for want of space can leave the file
+shorter than the end HDF5 recorded; the next writer extends it when nothing the file
+references lies in the missing bytes (:func:`restore_recorded_end`).
 """
 
 from __future__ import annotations
