@@ -425,6 +425,17 @@ def test_a_writer_resumes_after_the_file_size_limit(tmp_path):
     assert os.path.getsize(data) < hdf5_status(data)[1]  # the fault this is about
     end = assert_exact(path)[1]
     assert_detected(path, "before the end HDF5 recorded", "no committed chunk")
+    size = os.path.getsize(data)
+    still_limited = f'''
+    import mmreplay as mr
+    try:
+        mr.open({path!r}, "a")
+    except mr.DiskFullError as exc:
+        print(exc)
+    '''
+    done = run_with_file_limit(still_limited, size)  # the limit still there: no room to extend
+    assert "no room to extend" in done.stdout and "ulimit -f" in done.stdout, done.stdout + done.stderr
+    assert os.path.getsize(data) == size
     with mr.open(path, "a") as store:  # no limit here: the next writer resumes
         assert store.total_steps == end
         store.extend(steps(end, end + 8))

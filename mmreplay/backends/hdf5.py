@@ -26,7 +26,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import CorruptBufferError, SpecError
+from ..errors import CorruptBufferError, Error, SpecError
 from ..lock import holder_pid
 from ..metadata import LeafInfo, Metadata, write_metadata
 from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, map_file, parse_compression, preallocate
@@ -184,6 +184,8 @@ class _SwmrFile:
             else:
                 flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ
             self.file = h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=_file_access()))
+        except Error:
+            raise  # says what it is (a truncated file, no room to extend it)
         except OSError as exc:
             raise CorruptBufferError(f"{path}: cannot open HDF5 file: {exc}") from None
         if writable:
