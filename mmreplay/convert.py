@@ -21,7 +21,7 @@ import numpy as np
 from .episodes import continue_index, fresh_envs
 from .errors import NotEnoughDataError
 from .files import check_target
-from .metadata import State, write_metadata
+from .metadata import State, write_buffer
 from .spec import flatten, unflatten
 from .store import Store, create
 from .store import open as open_store
@@ -55,7 +55,7 @@ def begin_at(store: Store, first_step: int, fresh: Any) -> Store:
     if first_step:
         fsync = meta.durability == "power"
         state = State(start=first_step, end=first_step, reserved=first_step)
-        write_metadata(path, meta.with_state(state), fsync)
+        write_buffer(path, meta.with_state(state), fsync)  # the state file holds the cursor
         continue_index(path, first_step, fresh, fsync)
     return open_store(path, mode="a")
 
