@@ -30,7 +30,6 @@ they see always match their committed window.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import secrets
@@ -40,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DiskFullError, NotEnoughDataError
+from .backends.base import disk_full_as
+from .errors import NotEnoughDataError
 from .hooks import WriteHook
 from .metadata import atomic_write
 from .roles import subtree
@@ -578,13 +578,9 @@ def _write_index(path: str, origin: int, rec: np.ndarray, fsync: bool) -> bytes:
 def _append(fd: int, data: bytes, path: str) -> None:
     """Append every byte (a torn last record is cut by the next writer)."""
     view = memoryview(data)
-    try:
+    with disk_full_as(f"{path}: no space left to record episode ends; nothing was committed"):
         while view:
             view = view[os.write(fd, view) :]
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"{path}: no space left to record episode ends; nothing was committed") from exc
-        raise
 
 
 class EpisodeHook(WriteHook):

@@ -15,12 +15,14 @@ import subprocess
 import sys
 import textwrap
 
+import h5py
 import numpy as np
 import pytest
 from conftest import folder_digest, one_line_error, recover_cli, run_cli, verify_cli
 
 import mmreplay as mr
 from mmreplay.metadata import METADATA_FILE, STATE_FILE, read_metadata
+from mmreplay.verify import hdf5_status
 from mmreplay.spec import flatten, unflatten
 from mmreplay.torture import SPEC, step_values
 from mmreplay.verify import leftovers
@@ -293,6 +295,106 @@ def test_file_size_limit_at_creation_is_an_error_and_leaves_nothing(tmp_path, ba
     assert os.listdir(tmp_path) == []
 
 
+#: the child's own file size limit, set and lifted around one commit (SIGXFSZ ignored)
+FILE_LIMIT = """
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+def file_limit(limit):
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard if limit is None else limit, hard))
+"""
+
+#: under the limit the state file (1,024 bytes, two slots) can still be written in place
+STATE_ROOM = 1024
+
+COMMIT_AT_THE_LIMIT = FILE_LIMIT + """
+import json, sys, numpy as np, mmreplay as mr
+sys.path.insert(0, {tests!r})
+from conftest import folder_digest
+path = {path!r}
+store = mr.open(path, "a")
+store.add({{"obs": np.full((1, 4), 2, "float32"), "action": np.full(1, 2, "int64")}})
+before = folder_digest(path)
+file_limit({limit})  # from here no file is written past byte {limit}
+store.commit()
+file_limit(None)
+after = folder_digest(path)
+store.close()
+print(json.dumps({{"before": before, "after": after}}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_a_commit_needs_no_free_space_under_a_file_size_limit(tmp_path, backend):
+    """The tmpfs test above without root: during the commit no file may be written past
+    its first 1,024 bytes (the state file's size), and the commit must change no file but
+    the state file (a small file rewritten by rename would need new blocks on a full
+    disk). The data files are far larger: the rows are in them through their mappings."""
+    path = str(tmp_path / "b")
+    spec = {"obs": mr.ArraySpec((4,), "float32"), "action": mr.ArraySpec((), "int64")}
+    with mr.create(path, spec, capacity=1000, backend=backend, commit_every=10**6) as store:
+        store.add({"obs": np.ones((1, 4), "float32"), "action": np.ones(1, "int64")})
+    data = [f for f in files_of(path) if f not in (STATE_FILE, ".lock") and not f.endswith(".json")]
+    assert data and all(os.path.getsize(os.path.join(path, f)) > STATE_ROOM for f in data), data
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = textwrap.dedent(COMMIT_AT_THE_LIMIT.format(path=path, limit=STATE_ROOM, tests=tests))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    before, after = report["before"], report["after"]
+    changed = {f for f in before.keys() | after.keys() if before.get(f) != after.get(f)}
+    assert changed == {STATE_FILE}, changed
+    assert leftovers(path) == []
+    with mr.open(path) as reader:
+        assert len(reader) == 2 and reader.get(1)["action"][0] == 2
+    assert_healthy(path)
+
+
+EPISODE_ENDS_AT_THE_LIMIT = FILE_LIMIT + """
+import json, os, numpy as np, mmreplay as mr
+from mmreplay.verify import leftovers
+path = {path!r}
+state = os.path.join(path, {state!r})
+store = mr.open(path, "a")
+# every step ends an episode: the commit appends 2,000 records (32 KB) to episodes.idx
+store.extend({{"obs": np.full((2000, 1), 2, "float32"), "terminated": np.ones((2000, 1), bool)}})
+before = open(state, "rb").read()
+file_limit({limit})  # the state slot could still be written; the records cannot
+try:
+    store.commit()
+    error = None
+except mr.DiskFullError as exc:
+    error = str(exc)
+file_limit(None)
+report = {{"error": error, "state_kept": open(state, "rb").read() == before, "leftovers": leftovers(path)}}
+store.commit()  # room again
+store.close()
+print(json.dumps(report))
+"""
+
+
+def test_episode_ends_past_a_file_size_limit_keep_the_previous_state(tmp_path):
+    """The tmpfs test above without root: the episode index cannot grow past 1,024
+    bytes, which leaves the state file writable, so only the commit's order keeps its
+    state from naming steps whose episode ends are not recorded."""
+    path = str(tmp_path / "b")
+    spec = {"obs": mr.ArraySpec((), "float32"), "terminated": mr.ArraySpec((), "bool")}
+    with mr.create(path, spec, capacity=4000, commit_every=10**6) as store:
+        store.add({"obs": np.ones(1, "float32"), "terminated": np.ones(1, bool)})
+    assert os.path.getsize(os.path.join(path, STATE_FILE)) == STATE_ROOM
+    assert os.path.getsize(os.path.join(path, "episodes.idx")) < STATE_ROOM
+    code = textwrap.dedent(EPISODE_ENDS_AT_THE_LIMIT.format(path=path, state=STATE_FILE, limit=STATE_ROOM))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["error"] and "episode ends" in report["error"] and "ulimit -f" in report["error"], report
+    assert report["state_kept"] and report["leftovers"] == [], report
+    with mr.open(path) as reader:
+        assert len(reader) == 2001 and len(reader.episode_index()) == 2001
+    assert_healthy(path)
+
+
 def fill_past_file_limit(path: str) -> dict:
     """A compressed HDF5 store written in a process whose files may not grow past
     512 KiB more than the store's: the file grows with each chunk until one is refused."""
@@ -313,20 +415,59 @@ def test_file_size_limit_during_chunk_writes_keeps_every_commit(tmp_path):
     assert end == report["committed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a refused chunk write can leave data.h5 shorter than the end HDF5 recorded "
-    "(the write stopped at the limit part way); h5py then refuses to open it for writing",
-)
 def test_a_writer_resumes_after_the_file_size_limit(tmp_path):
+    """The refused chunk's space is past the file's end but inside the end HDF5 recorded
+    (its close could not extend the file past the limit): nothing committed lies there,
+    so the next writer extends the file and goes on with every committed row."""
     path = str(tmp_path / "b")
     fill_past_file_limit(path)
+    data = os.path.join(path, "data.h5")
+    assert os.path.getsize(data) < hdf5_status(data)[1]  # the fault this is about
     end = assert_exact(path)[1]
+    assert_detected(path, "before the end HDF5 recorded", "no committed chunk")
+    size = os.path.getsize(data)
+    still_limited = f'''
+    import mmreplay as mr
+    try:
+        mr.open({path!r}, "a")
+    except mr.DiskFullError as exc:
+        print(exc)
+    '''
+    done = run_with_file_limit(still_limited, size)  # the limit still there: no room to extend
+    assert "no room to extend" in done.stdout and "ulimit -f" in done.stdout, done.stdout + done.stderr
+    assert os.path.getsize(data) == size
     with mr.open(path, "a") as store:  # no limit here: the next writer resumes
         assert store.total_steps == end
         store.extend(steps(end, end + 8))
     assert assert_exact(path)[1] == end + 8
     assert_healthy(path)
+
+
+def test_recover_after_the_file_size_limit_loses_nothing(tmp_path):
+    path = str(tmp_path / "b")
+    fill_past_file_limit(path)
+    window = assert_exact(path)
+    report = recover_cli(path)
+    assert report.ok and report.lost is None, str(report)
+    assert any("extended data.h5" in a for a in report.actions), str(report)
+    assert assert_exact(path) == window
+    assert_healthy(path)
+
+
+def test_a_file_cut_through_a_chunk_is_not_extended(tmp_path):
+    """Only a tail that nothing references is restored: a file cut short through a chunk
+    is refused for writing, and left as it is for ``mmreplay recover``."""
+    path = fill(tmp_path / "b", 30, "hdf5", "gzip")
+    data = os.path.join(path, "data.h5")
+    with h5py.File(data, "r") as f:
+        ends: list[int] = []
+        f["obs/pixels"].id.chunk_iter(lambda info: ends.append(info.byte_offset + info.size))
+    cut = max(ends) - 1
+    _truncate(data, cut)
+    with pytest.raises(mr.CorruptBufferError, match="truncated.*chunks of 'obs/pixels' end past it"):
+        mr.open(path, "a")
+    assert os.path.getsize(data) == cut
+    assert_detected(path, "truncated")
 
 
 READ_ONLY = """

@@ -211,10 +211,14 @@ class MappedLeaf:
     atomic_replace = False
     ranged_read = True
 
-    def __init__(self, info: LeafInfo, capacity: int, num_envs: int, mm: mmap.mmap | None):
+    def __init__(
+        self, info: LeafInfo, capacity: int, num_envs: int, mm: mmap.mmap | None, syncs_map: bool = True
+    ):
         self.info = info
         self.mm = mm
         self.mappable = mm is not None  # a leaf of zero bytes maps nothing
+        # False where leaves share one file's mapping: one of them syncs it, once per commit
+        self.syncs_map = syncs_map
         shape = (capacity, num_envs, *info.spec.shape)
         dtype = info.spec.dtype.newbyteorder("<")
         if mm is None:  # zero-byte leaf
@@ -295,7 +299,7 @@ class MappedLeaf:
         self.array[slots] = values
 
     def flush(self, fsync: bool) -> None:
-        if fsync and self.mm is not None:
+        if fsync and self.syncs_map and self.mm is not None:
             self.mm.flush()
 
     def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:

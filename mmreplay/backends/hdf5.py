@@ -8,7 +8,9 @@ metadata writes so the file stays readable if the writer dies, and readers open 
 journal (:mod:`.h5chunks`), so the file does not grow as the ring turns. A writer killed
 in SWMR mode leaves the superblock's "open for write" flag set; the next writer (which
 holds the buffer's lock, so the old one is gone) clears it, as ``h5clear -s`` would,
-and writes the journal back.
+and writes the journal back. A chunk write refused for want of space can leave the file
+shorter than the end HDF5 recorded; the next writer extends it when nothing the file
+references lies in the missing bytes (:func:`restore_recorded_end`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import CorruptBufferError, SpecError
+from ..errors import CorruptBufferError, Error, SpecError
 from ..lock import holder_pid
 from ..metadata import LeafInfo, Metadata, write_metadata
 from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, map_file, parse_compression, preallocate
@@ -175,12 +177,15 @@ class _SwmrFile:
         try:
             if writable:
                 clear_status_flags(path)
+                restore_recorded_end(path, meta.durability == "power")
                 # open straight into SWMR-write mode: File("r+") then swmr_mode = True
                 # leaves a moment where a killed writer's flags lock readers out
                 flags = h5py.h5f.ACC_RDWR | h5py.h5f.ACC_SWMR_WRITE
             else:
                 flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ
             self.file = h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=_file_access()))
+        except Error:
+            raise  # says what it is (a truncated file, no room to extend it)
         except OSError as exc:
             raise CorruptBufferError(f"{path}: cannot open HDF5 file: {exc}") from None
         if writable:
@@ -220,8 +225,8 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
     out: list[Leaf] = []
     try:
         for leaf in meta.leaves:
-            if leaf.mapped:
-                out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm))
+            if leaf.mapped:  # one mapping of data.h5 for all of them: the first one syncs it
+                out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm, syncs_map=leaf is mapped[0]))
                 continue
             assert handle is not None
             dset = handle.file.get(leaf.path)
@@ -283,6 +288,71 @@ def clear_status_flags(path: str) -> bool:
         f.flush()
         os.fsync(f.fileno())
     return True
+
+
+def tail_in_use(path: str, size: int) -> str | None:
+    """What of ``data.h5`` lies at or past byte ``size`` (None: nothing it references).
+
+    The file is opened read-only in SWMR mode, which skips HDF5's end-of-file check, and
+    every dataset's object header and whole chunk index are read: they are checksummed,
+    and a part of them past the end reads as zeros and fails its checksum. Then every
+    chunk and every contiguous dataset must end at or before ``size``.
+    """
+    where: list[str] = []
+
+    def check(name: str, obj: Any) -> None:
+        if not isinstance(obj, h5py.Dataset):
+            return
+        if obj.chunks is None:
+            offset = obj.id.get_offset()
+            if offset is not None and int(offset) + obj.id.get_storage_size() > size:
+                where.append(f"dataset {name!r} ends at byte {int(offset) + obj.id.get_storage_size()}")
+            return
+        ends: list[int] = []
+        obj.id.chunk_iter(lambda info: ends.append(info.byte_offset + info.size))
+        past = [end for end in ends if end > size]
+        if past:
+            where.append(f"{len(past)} chunks of {name!r} end past it, the last at byte {max(past)}")
+
+    try:
+        with h5py.File(path, "r", libver="latest", swmr=True) as f:
+            f.visititems(check)
+    except Exception as exc:
+        return f"its metadata does not read ({type(exc).__name__}: {exc})"
+    return "; ".join(where) or None
+
+
+def restore_recorded_end(path: str, fsync: bool) -> tuple[int, int] | None:
+    """Extend ``data.h5`` to the end of file its superblock records, when it is shorter
+    and nothing it references lies in the missing bytes (:func:`tail_in_use`); returns
+    (old size, new size), or None when the file is not short.
+
+    HDF5 gives a new chunk the space at the end of the file, then writes it, and only
+    once written enters it into the chunk index. When that write is refused for want of
+    space, the chunk never enters the index, but the recorded end already covers it; at
+    close HDF5 extends the file to that end (``ftruncate``). A full disk lets that
+    through (a hole needs no blocks); a file size limit (``ulimit -f``) refuses it too,
+    and leaves a file that HDF5 will not open for writing ("truncated file"). Extending
+    it is what HDF5's close would have done. A file cut short for any other reason has
+    chunks or metadata in the missing bytes: it is refused and left as it is.
+    """
+    status = hdf5_status(path)
+    size = os.path.getsize(path)
+    if status is None or size >= status[1]:
+        return None
+    eof = status[1]
+    why = tail_in_use(path, size)
+    if why is not None:
+        raise CorruptBufferError(
+            f"{path}: data file is truncated: {size} bytes, HDF5 expects {eof}, and {why}; "
+            "run `mmreplay recover`"
+        )
+    with disk_full_as(f"{path}: no room to extend the file to the {eof} bytes HDF5 recorded"):
+        with open(path, "r+b") as f:
+            f.truncate(eof)
+            if fsync:
+                os.fsync(f.fileno())
+    return size, eof
 
 
 def lookup3(data: bytes, initval: int = 0) -> int:
@@ -357,6 +427,7 @@ class _Hdf5State:
     unusable: str | None = None
     flags_set: bool = False
     short: int | None = None  # the file is shorter than HDF5's end-of-file address
+    unused_tail: bool = False  # ... and nothing it references lies in the missing bytes
     bad_chunks: dict[str, dict[int, str]] = field(default_factory=dict)
     journal: dict = field(default_factory=dict)  # leaf path -> chunk -> (mask, bytes)
     bad_journal: bool = False
@@ -380,8 +451,17 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
         return found
     flags, eof = status
     if size < eof:
-        found.short = size
-        problems.append(f"data file {path} is truncated: {size} bytes, HDF5 expects {eof}")
+        why = tail_in_use(path, size)
+        if why is None:
+            found.unused_tail = True
+            problems.append(
+                f"data file {path} ends at byte {size}, before the end HDF5 recorded ({eof}): a chunk "
+                "write was refused there (a full disk or a file size limit); no committed chunk lies "
+                "in the missing bytes, and the next writer or `mmreplay recover` extends the file"
+            )
+        else:
+            found.short = size
+            problems.append(f"data file {path} is truncated: {size} bytes, HDF5 expects {eof}, and {why}")
     need = max((leaf.offset + leaf_nbytes(meta, leaf) for leaf in meta.leaves if leaf.mapped), default=0)
     if size < need:
         found.short = size if found.short is None else min(found.short, size)
@@ -511,6 +591,12 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
                 )
         problems = []
         found = verify_leaves(folder, meta, True, problems)
+    restored = restore_recorded_end(path, fsync=True) if found.unused_tail else None
+    if restored is not None:
+        repairs.actions.append(
+            f"extended {DATA_FILE} from {restored[0]} to {restored[1]} bytes, the end HDF5 recorded "
+            "(a refused chunk write left it short; no committed chunk was in the missing bytes)"
+        )
     if found.flags_set:
         clear_status_flags(path)
         repairs.actions.append(f"cleared the HDF5 status flags a dead writer left in {DATA_FILE}")
