@@ -54,12 +54,15 @@ try:
 except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install extra
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
-from ..errors import BadInputError
+from ..errors import BadInputError, SpecMismatchError
 from ..spec import ArraySpec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ._shared import read_origin, read_rows, temporary, write_origin
 
 __all__ = ["ReplayBuffer", "DictReplayBuffer", "MANIFEST_KIND"]
+
+#: the store attribute recording the spaces a buffer was made for
+SPACES_ATTR = "sb3_spaces"
 
 #: ``kind`` of the manifest that pickling a buffer writes
 MANIFEST_KIND = "mmreplay.compat.sb3"
@@ -159,6 +162,22 @@ class ReplayBuffer(sb3_buffers.ReplayBuffer):
         if path is None:
             self._temp.store = store
         self._attach(store)
+        self._check_spaces(store)
+
+    def _check_spaces(self, store: Store) -> None:
+        """Record the spaces in a new store; refuse (closing it) a store of other spaces.
+
+        The leaves alone do not tell ``Discrete(3)`` from ``Discrete(4)``.
+        """
+        spaces_now = {"observation_space": repr(self.observation_space), "action_space": repr(self.action_space)}
+        recorded = store.attrs.get(SPACES_ATTR)
+        if recorded is None:
+            store.set_attrs(**{SPACES_ATTR: spaces_now})
+        elif recorded != spaces_now:
+            store.close()
+            self.store = None
+            diffs = "; ".join(f"{k}: existing {recorded.get(k)} vs new {v}" for k, v in spaces_now.items() if recorded.get(k) != v)
+            raise SpecMismatchError(f"{store.path}: a replay buffer of other spaces exists there ({diffs})")
 
     def _take_over(self, folder: str) -> None:
         """Close the buffer of this process that holds ``folder`` (committing it)."""
