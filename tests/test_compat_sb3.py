@@ -68,6 +68,15 @@ def _pair(tmp_path, obs_space, action_space, n_envs, handle_timeout=True, size=1
     return theirs, ours
 
 
+def _add_both(theirs, ours, count: int, seed: int) -> None:
+    """The same random steps (Box observations, Discrete(3) actions) into both buffers."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        step = _random_step(rng, BOX, spaces.Discrete(3), theirs.n_envs)
+        theirs.add(*step)
+        ours.add(*step)
+
+
 def _assert_same(a, b) -> None:
     assert type(a) is type(b)
     for name in a._fields:
@@ -140,11 +149,7 @@ def test_episodes_and_roles_see_what_sb3_collected(tmp_path):
 
 def test_reopening_the_folder_resumes_and_a_different_buffer_is_refused(tmp_path):
     theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 2)
-    rng = np.random.default_rng(2)
-    for _ in range(9):
-        step = _random_step(rng, BOX, spaces.Discrete(3), 2)
-        theirs.add(*step)
-        ours.add(*step)
+    _add_both(theirs, ours, 9, seed=2)
     ours.close()
     again = ReplayBuffer(14, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf")
     assert (again.pos, again.full) == (theirs.pos, theirs.full)
@@ -159,18 +164,11 @@ def test_reopening_the_folder_resumes_and_a_different_buffer_is_refused(tmp_path
 
 def test_reset_forgets_every_step_as_sb3_does(tmp_path):
     theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 2)
-    rng = np.random.default_rng(3)
-    for _ in range(17):
-        step = _random_step(rng, BOX, spaces.Discrete(3), 2)
-        theirs.add(*step)
-        ours.add(*step)
+    _add_both(theirs, ours, 17, seed=3)
     theirs.reset()
     ours.reset()
     assert (ours.pos, ours.full, ours.size()) == (0, False, 0)
-    for _ in range(3):
-        step = _random_step(rng, BOX, spaces.Discrete(3), 2)
-        theirs.add(*step)
-        ours.add(*step)
+    _add_both(theirs, ours, 3, seed=4)
     ours.close()
     again = ReplayBuffer(14, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf")
     assert (again.pos, again.full) == (theirs.pos, theirs.full) == (3, False)

@@ -39,6 +39,7 @@ store to derive next observations from the next step, which it does not do yet.
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from typing import Any
 
@@ -57,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install
 from ..errors import BadInputError, SpecMismatchError
 from ..spec import ArraySpec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
-from ._shared import read_origin, read_rows, temporary, write_origin
+from ._shared import StoreShell, read_origin, read_rows, temporary, write_origin
 
 __all__ = ["ReplayBuffer", "DictReplayBuffer", "MANIFEST_KIND"]
 
@@ -76,8 +77,9 @@ def _leaf(space: Any, shape: tuple[int, ...]) -> ArraySpec:
     return ArraySpec(tuple(int(n) for n in shape), np.dtype(space.dtype).name)
 
 
-class ReplayBuffer(sb3_buffers.ReplayBuffer):
-    """SB3's ``ReplayBuffer`` over a store in the folder ``path``.
+class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
+    """SB3's ``ReplayBuffer`` over a store in the folder ``path``; ``close()`` commits and
+    releases it (it is also a context manager).
 
     Args:
         buffer_size, observation_space, action_space, device, n_envs,
@@ -89,6 +91,9 @@ class ReplayBuffer(sb3_buffers.ReplayBuffer):
         backend, compression, durability: how the store is created (see
             :func:`mmreplay.create`).
         env: accepted for SB3's HER, unused.
+        sampler, sampler_options: the store's sampler for :meth:`sample`, such as
+            ``sampler="prioritized", alpha=0.6`` (see :func:`mmreplay.create`); a
+            resumed buffer keeps the one it was created with.
 
     Raises:
         SpecMismatchError: ``path`` holds a different buffer (left untouched).
@@ -112,6 +117,8 @@ class ReplayBuffer(sb3_buffers.ReplayBuffer):
         compression: Any = None,
         durability: str = "process",
         env: Any = None,
+        sampler: str | None = None,
+        **sampler_options: Any,
     ):
         if optimize_memory_usage:
             raise ValueError(
@@ -130,7 +137,12 @@ class ReplayBuffer(sb3_buffers.ReplayBuffer):
         self.handle_timeout_termination = handle_timeout_termination
         self._action_dtype = self._maybe_cast_dtype(action_space.dtype)
         self.store: Store | None = None
-        self._open(path, commit_every, backend, compression, durability)
+        #: where the rows of the last :meth:`sample` came from (``step``, ``env``,
+        #: ``probability`` and, from a prioritized sampler, ``weight``)
+        self.last_info: Any = None
+        if sampler is not None:
+            sampler_options["sampler"] = sampler
+        self._open(path, commit_every, backend, compression, durability, sampler_options)
 
     # --- the store ---------------------------------------------------------------------
 
@@ -148,8 +160,10 @@ class ReplayBuffer(sb3_buffers.ReplayBuffer):
             "truncated": ArraySpec((), "bool"),
         }
 
-    def _open(self, path: Any, commit_every: int, backend: str, compression: Any, durability: str) -> None:
-        options = {"commit_every": commit_every, "backend": backend, "compression": compression}
+    def _open(
+        self, path: Any, commit_every: int, backend: str, compression: Any, durability: str, sampling: dict[str, Any]
+    ) -> None:
+        options = {"commit_every": commit_every, "backend": backend, "compression": compression, **sampling}
         self._backend = backend
         if path is None:
             folder = os.path.join(temporary(self).folder, "buffer")
@@ -198,14 +212,6 @@ class ReplayBuffer(sb3_buffers.ReplayBuffer):
                 "this replay buffer's store was closed (another buffer in this process opened its folder)"
             )
         return self.store
-
-    def close(self) -> None:
-        """Commit and release the store (a temporary one is deleted). Safe twice."""
-        cleanup = getattr(self, "_cleanup", None)
-        if cleanup is not None:
-            cleanup()
-        elif self.store is not None:
-            self.store.close()
 
     # --- SB3's cursor, derived from the store ----------------------------------------
 
@@ -271,11 +277,24 @@ class ReplayBuffer(sb3_buffers.ReplayBuffer):
 
     # --- reads -------------------------------------------------------------------------
 
-    def sample(self, batch_size: int, env: Any = None) -> Any:
-        """A batch drawn uniformly over every (step, env) added, through the store."""
+    def sample(self, batch_size: int, env: Any = None, **options: Any) -> Any:
+        """A batch drawn through the store's sampler (uniform over every (step, env)
+        added, by default); :attr:`last_info` says where its rows came from.
+
+        ``options`` go to the sampler (``beta=0.4`` for the prioritized one).
+        """
         store = self._live()
         store.commit()
-        return self._to_samples(store.sample(batch_size), env)
+        batch, self.last_info = store.sample(batch_size, return_info=True, **options)
+        return self._to_samples(batch, env)
+
+    def update_priorities(self, priorities: Any, info: Any = None) -> int:
+        """New priorities (such as ``|TD error|``) for the rows of a prioritized
+        :meth:`sample` (by default the last one); returns how many were applied."""
+        info = self.last_info if info is None else info
+        if info is None:
+            raise BadInputError("update_priorities needs the info of a sample(); none was drawn yet")
+        return self._live().update_priorities(info.step, info.env, np.asarray(priorities, np.float64).reshape(-1))
 
     def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> Any:
         """SB3's rows ``batch_inds``, each from an env drawn with ``np.random`` as SB3 does."""
@@ -342,7 +361,14 @@ class ReplayBuffer(sb3_buffers.ReplayBuffer):
         """Commit, then describe the buffer without its rows: what ``save_replay_buffer`` writes."""
         store = self._live()
         store.commit()
-        state = {k: v for k, v in self.__dict__.items() if k not in ("store", "_temp", "_cleanup", "_leaves")}
+        if getattr(self, "_temp", None) is not None:
+            warnings.warn(
+                f"{store.path}: this replay buffer lives in a temporary folder removed with it, so the saved "
+                "manifest names a folder that will be gone; pass replay_buffer_kwargs={'path': ...} to keep it",
+                stacklevel=2,
+            )
+        skip = ("store", "_temp", "_cleanup", "_leaves", "last_info")
+        state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["kind"] = MANIFEST_KIND
         state["path"] = store.path
         return state
@@ -359,6 +385,7 @@ class ReplayBuffer(sb3_buffers.ReplayBuffer):
         del state["kind"]
         self.__dict__.update(state)
         self.store = None
+        self.last_info = None
         self._take_over(path)
         self._attach(create(path, self._spec(), self.buffer_size, self.n_envs, backend=self._backend, exist_ok=True))
 
@@ -377,8 +404,8 @@ class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
             k: np.asarray(obs[k], space[k].dtype).reshape((self.n_envs, *shape)) for k, shape in self.obs_shape.items()
         }
 
-    def sample(self, batch_size: int, env: Any = None) -> Any:
-        return ReplayBuffer.sample(self, batch_size, env)
+    def sample(self, batch_size: int, env: Any = None, **options: Any) -> Any:
+        return ReplayBuffer.sample(self, batch_size, env, **options)
 
     def _to_samples(self, batch: dict[str, Any], env: Any) -> Any:
         obs = self._normalize_obs(batch["observation"], env)
