@@ -25,6 +25,7 @@ prefetch would only cost syscalls.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
