@@ -50,23 +50,31 @@ def _step(space: gym.spaces.Box, rng: np.random.Generator) -> tuple:
 def per_step(folder: str, size: int, calls: int, blocks: int) -> None:
     rng = np.random.default_rng(0)
     for name, space in SHAPES.items():
-        theirs = sb3_buffers.ReplayBuffer(size, space, ACTIONS, "cpu")
-        ours = ReplayBuffer(size, space, ACTIONS, "cpu", path=f"{folder}/{name.split()[0]}")
-        step = _step(space, rng)
-        adds = interleaved({"SB3 ReplayBuffer (RAM)": lambda: theirs.add(*step), "mmreplay": lambda: ours.add(*step)},
-                           calls, blocks)
-        report(f"add, {name}", adds, "SB3 ReplayBuffer (RAM)", "us/call", 1e6)
-        while not theirs.full:
-            theirs.add(*step)
-        while not ours.full:
-            ours.add(*step)
-        samples = interleaved(
-            {"SB3 ReplayBuffer (RAM)": lambda: theirs.sample(256), "mmreplay": lambda: ours.sample(256)},
-            max(1, calls // 20),
-            blocks,
-        )
-        report(f"sample(256), {name}", samples, "SB3 ReplayBuffer (RAM)", "us/call", 1e6)
-        ours.close()
+        one_shape(name, space, _step(space, rng), f"{folder}/{name.split()[0]}", size, calls, blocks)
+
+
+def one_shape(
+    name: str, space: gym.spaces.Box, step: tuple, path: str, size: int, calls: int, blocks: int
+) -> None:
+    theirs = sb3_buffers.ReplayBuffer(size, space, ACTIONS, "cpu")
+    ours = ReplayBuffer(size, space, ACTIONS, "cpu", path=path)
+    adds = interleaved(
+        {"SB3 ReplayBuffer (RAM)": lambda: theirs.add(*step), "mmreplay": lambda: ours.add(*step)},
+        calls,
+        blocks,
+    )
+    report(f"add, {name}", adds, "SB3 ReplayBuffer (RAM)", "us/call", 1e6)
+    while not theirs.full:
+        theirs.add(*step)
+    while not ours.full:
+        ours.add(*step)
+    samples = interleaved(
+        {"SB3 ReplayBuffer (RAM)": lambda: theirs.sample(256), "mmreplay": lambda: ours.sample(256)},
+        max(1, calls // 20),
+        blocks,
+    )
+    report(f"sample(256), {name}", samples, "SB3 ReplayBuffer (RAM)", "us/call", 1e6)
+    ours.close()
 
 
 def saving(folder: str, steps: int) -> None:
@@ -93,7 +101,9 @@ def saving(folder: str, steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, smaller buffers (a smoke run)")
-    parser.add_argument("--steps", type=int, nargs="+", default=None, help="buffer sizes for save_replay_buffer")
+    parser.add_argument(
+        "--steps", type=int, nargs="+", default=None, help="buffer sizes for save_replay_buffer"
+    )
     args = parser.parse_args()
     calls, blocks, size = (200, 3, 2_000) if args.quick else (2000, 7, 20_000)
     steps = args.steps or ([10_000] if args.quick else [100_000, 1_000_000])

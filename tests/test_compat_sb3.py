@@ -12,7 +12,9 @@ import textwrap
 import numpy as np
 import pytest
 
-sb3 = pytest.importorskip("stable_baselines3", reason="stable-baselines3 is not installed (pip install 'mmreplay[sb3]')")
+sb3 = pytest.importorskip(
+    "stable_baselines3", reason="stable-baselines3 is not installed (pip install 'mmreplay[sb3]')"
+)
 gym = pytest.importorskip("gymnasium")
 torch = pytest.importorskip("torch")
 
@@ -124,8 +126,12 @@ def test_sample_draws_through_the_store_over_every_added_step(tmp_path):
     for _ in range(5):  # 3 are committed by commit_every, 2 are not yet
         ours.add(*_random_step(rng, BOX, spaces.Discrete(3), 2))
     batch = ours.sample(256)
-    assert batch.observations.shape == (256, 3) and batch.dones.shape == (256, 1) and batch.rewards.shape == (256, 1)
-    assert ours.store.committed_steps == 5  # sampling committed every step added
+    assert (
+        batch.observations.shape == (256, 3)
+        and batch.dones.shape == (256, 1)
+        and batch.rewards.shape == (256, 1)
+    )
+    assert ours.store.committed_steps == 3  # the writer draws from the steps not committed yet too
     stored = ours.store.get(slice(None))["observation"].reshape(-1, 3)
     drawn = {tuple(r) for r in batch.observations.numpy()}
     assert drawn <= {tuple(r) for r in stored} and len(drawn) == 10  # each of the 5 x 2 rows, no other
@@ -182,7 +188,9 @@ def test_reset_forgets_every_step_as_sb3_does(tmp_path):
 
 def test_optimize_memory_usage_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="optimize_memory_usage"):
-        ReplayBuffer(10, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=False)
+        ReplayBuffer(
+            10, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=False
+        )
 
 
 def test_dqn_trains_saves_a_small_manifest_and_loads_it(tmp_path):
@@ -190,8 +198,16 @@ def test_dqn_trains_saves_a_small_manifest_and_loads_it(tmp_path):
 
     env = gym.make("CartPole-v1")
     kwargs = {"path": tmp_path / "buf", "commit_every": 50}
-    model = DQN("MlpPolicy", env, buffer_size=100_000, learning_starts=200, train_freq=4, seed=0,
-                replay_buffer_class=ReplayBuffer, replay_buffer_kwargs=kwargs)
+    model = DQN(
+        "MlpPolicy",
+        env,
+        buffer_size=100_000,
+        learning_starts=200,
+        train_freq=4,
+        seed=0,
+        replay_buffer_class=ReplayBuffer,
+        replay_buffer_kwargs=kwargs,
+    )
     model.learn(1500)
     assert model.replay_buffer.pos == 1500 and model.replay_buffer.store.committed_steps >= 1450
     model.save_replay_buffer(tmp_path / "rb.pkl")
@@ -200,7 +216,9 @@ def test_dqn_trains_saves_a_small_manifest_and_loads_it(tmp_path):
     saved = model.replay_buffer.store.get(slice(None))
     model.load_replay_buffer(tmp_path / "rb.pkl")
     assert isinstance(model.replay_buffer, ReplayBuffer) and model.replay_buffer.pos == 1500
-    np.testing.assert_array_equal(model.replay_buffer.store.get(slice(None))["observation"], saved["observation"])
+    np.testing.assert_array_equal(
+        model.replay_buffer.store.get(slice(None))["observation"], saved["observation"]
+    )
     model.learn(300, reset_num_timesteps=False)
     assert model.replay_buffer.pos == 1800
     store = mr.open(tmp_path / "buf")  # a reader beside the writer
@@ -215,15 +233,26 @@ def test_sac_trains_with_a_dict_observation(tmp_path):
     class GoalPendulum(gym.ObservationWrapper):
         def __init__(self, env):
             super().__init__(env)
-            self.observation_space = spaces.Dict({"state": env.observation_space, "goal": spaces.Box(-1, 1, (1,))})
+            self.observation_space = spaces.Dict(
+                {"state": env.observation_space, "goal": spaces.Box(-1, 1, (1,))}
+            )
 
         def observation(self, obs):
             return {"state": obs, "goal": np.zeros(1, np.float32)}
 
     env = GoalPendulum(gym.make("Pendulum-v1"))
-    model = SAC("MultiInputPolicy", env, buffer_size=5000, learning_starts=200, batch_size=32, train_freq=8, seed=0,
-                policy_kwargs={"net_arch": [32, 32]},
-                replay_buffer_class=DictReplayBuffer, replay_buffer_kwargs={"path": tmp_path / "buf"})
+    model = SAC(
+        "MultiInputPolicy",
+        env,
+        buffer_size=5000,
+        learning_starts=200,
+        batch_size=32,
+        train_freq=8,
+        seed=0,
+        policy_kwargs={"net_arch": [32, 32]},
+        replay_buffer_class=DictReplayBuffer,
+        replay_buffer_kwargs={"path": tmp_path / "buf"},
+    )
     model.learn(1000)
     assert model.replay_buffer.pos == 1000
     model.replay_buffer.close()
@@ -288,11 +317,68 @@ def test_pickle_names_the_folder_and_stays_small_for_any_size(tmp_path):
     restored.close()
 
 
+def test_a_prioritized_sample_follows_the_priorities_sent_back(tmp_path):
+    rb = ReplayBuffer(
+        100, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf", sampler="prioritized", alpha=1.0
+    )
+    _add_both(sb3_buffers.ReplayBuffer(100, BOX, spaces.Discrete(3), "cpu", n_envs=2), rb, 10, seed=5)
+    batch = rb.sample(64, beta=0.5)
+    info = rb.last_info
+    assert batch.observations.shape == (64, 3) and info.weight.shape == (64,)
+    stored = rb.store.get(slice(None))["observation"]
+    np.testing.assert_array_equal(batch.observations.numpy(), stored[info.step, info.env])
+    priorities = np.where((info.step == 7) & (info.env == 1), 1000.0, 1e-3)
+    assert rb.update_priorities(priorities) == 64
+    if not ((info.step == 7) & (info.env == 1)).any():  # (7, 1) was not drawn: set it alone
+        rb.store.update_priorities(np.array([7]), np.array([1]), np.array([1000.0]))
+    rb.sample(256)
+    hot = (rb.last_info.step == 7) & (rb.last_info.env == 1)
+    assert hot.mean() > 0.5  # the others weigh at most 19 x 1 (new rows) against 1000
+    rb.close()
+    again = ReplayBuffer(100, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf")
+    assert again.store.sampler.name == "prioritized"  # priorities and sampler come back with the folder
+    assert again.store.sampler.priorities(np.array([7]), np.array([1]))[0] >= 1000.0
+    again.close()
+
+
+def test_the_prioritized_dqn_example_trains_and_keeps_its_priorities(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        from sb3_prioritized_dqn import PrioritizedDQN
+    finally:
+        sys.path.pop(0)
+    model = PrioritizedDQN(
+        "MlpPolicy",
+        gym.make("CartPole-v1"),
+        buffer_path=tmp_path / "buf",
+        buffer_size=10_000,
+        learning_starts=200,
+        train_freq=4,
+        seed=0,
+    )
+    model.learn(1000)
+    rb = model.replay_buffer
+    assert rb.pos == 1000 and rb.last_info.weight is not None
+    values = rb.store.sampler.priorities(np.arange(1000), np.zeros(1000, np.int64))
+    assert len(np.unique(values)) > 100  # TD errors came back for the rows drawn
+    rb.close()
+
+
 def test_the_cleanrl_example_runs_with_only_the_import_changed(tmp_path):
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "cleanrl_dqn.py"), "--total-timesteps", "400",
-         "--learning-starts", "100", "--buffer-path", str(tmp_path / "buf")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "cleanrl_dqn.py"),
+            "--total-timesteps",
+            "400",
+            "--learning-starts",
+            "100",
+            "--buffer-path",
+            str(tmp_path / "buf"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     store = mr.open(tmp_path / "buf")

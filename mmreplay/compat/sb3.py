@@ -27,8 +27,8 @@ collected. A step's ``done`` is stored as ``terminated = done and not timeout`` 
 ``dones`` a batch carries are SB3's exactly.
 
 Persistence: the buffer is the folder. Steps are committed every ``commit_every`` adds,
-before every ``sample`` (so a batch draws from every step added), by
-``model.save_replay_buffer`` and when the process exits normally. A folder that already
+by ``model.save_replay_buffer`` and when the process exits normally (a batch draws from
+every step added, committed or not). A folder that already
 holds a buffer of the same spaces, size and number of envs is resumed. Pickling (what
 ``save_replay_buffer`` does) writes a manifest naming the folder, not the arrays.
 
@@ -100,8 +100,6 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         ValueError: ``optimize_memory_usage=True``.
     """
 
-    _samples_type: Any = ReplayBufferSamples
-
     def __init__(
         self,
         buffer_size: int,
@@ -161,7 +159,13 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         }
 
     def _open(
-        self, path: Any, commit_every: int, backend: str, compression: Any, durability: str, sampling: dict[str, Any]
+        self,
+        path: Any,
+        commit_every: int,
+        backend: str,
+        compression: Any,
+        durability: str,
+        sampling: dict[str, Any],
     ) -> None:
         options = {"commit_every": commit_every, "backend": backend, "compression": compression, **sampling}
         self._backend = backend
@@ -171,7 +175,13 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             folder = os.path.abspath(os.fspath(path))
         self._take_over(folder)
         store = create(
-            folder, self._spec(), self.buffer_size, self.n_envs, durability=durability, exist_ok=True, **options
+            folder,
+            self._spec(),
+            self.buffer_size,
+            self.n_envs,
+            durability=durability,
+            exist_ok=True,
+            **options,
         )
         if path is None:
             self._temp.store = store
@@ -183,14 +193,21 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
 
         The leaves alone do not tell ``Discrete(3)`` from ``Discrete(4)``.
         """
-        spaces_now = {"observation_space": repr(self.observation_space), "action_space": repr(self.action_space)}
+        spaces_now = {
+            "observation_space": repr(self.observation_space),
+            "action_space": repr(self.action_space),
+        }
         recorded = store.attrs.get(SPACES_ATTR)
         if recorded is None:
             store.set_attrs(**{SPACES_ATTR: spaces_now})
         elif recorded != spaces_now:
             store.close()
             self.store = None
-            diffs = "; ".join(f"{k}: existing {recorded.get(k)} vs new {v}" for k, v in spaces_now.items() if recorded.get(k) != v)
+            diffs = "; ".join(
+                f"{k}: existing {recorded.get(k)} vs new {v}"
+                for k, v in spaces_now.items()
+                if recorded.get(k) != v
+            )
             raise SpecMismatchError(f"{store.path}: a replay buffer of other spaces exists there ({diffs})")
 
     def _take_over(self, folder: str) -> None:
@@ -239,7 +256,9 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         n = self._live().total_steps - self._origin
         inds = np.asarray(batch_inds, np.int64)
         if inds.size and (inds.min() < 0 or inds.max() >= min(n, self.buffer_size)):
-            raise IndexError(f"{self.store.path}: indices must be in [0, {self.size()}), got {inds.min()}..{inds.max()}")
+            raise IndexError(
+                f"{self.store.path}: indices must be in [0, {self.size()}), got {inds.min()}..{inds.max()}"
+            )
         return self._origin + inds + self.buffer_size * ((n - 1 - inds) // self.buffer_size)
 
     # --- writes ------------------------------------------------------------------------
@@ -283,9 +302,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
 
         ``options`` go to the sampler (``beta=0.4`` for the prioritized one).
         """
-        store = self._live()
-        store.commit()
-        batch, self.last_info = store.sample(batch_size, return_info=True, **options)
+        batch, self.last_info = self._live().sample(batch_size, return_info=True, **options)
         return self._to_samples(batch, env)
 
     def update_priorities(self, priorities: Any, info: Any = None) -> int:
@@ -294,7 +311,9 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         info = self.last_info if info is None else info
         if info is None:
             raise BadInputError("update_priorities needs the info of a sample(); none was drawn yet")
-        return self._live().update_priorities(info.step, info.env, np.asarray(priorities, np.float64).reshape(-1))
+        return self._live().update_priorities(
+            info.step, info.env, np.asarray(priorities, np.float64).reshape(-1)
+        )
 
     def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> Any:
         """SB3's rows ``batch_inds``, each from an env drawn with ``np.random`` as SB3 does."""
@@ -387,7 +406,9 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         self.store = None
         self.last_info = None
         self._take_over(path)
-        self._attach(create(path, self._spec(), self.buffer_size, self.n_envs, backend=self._backend, exist_ok=True))
+        self._attach(
+            create(path, self._spec(), self.buffer_size, self.n_envs, backend=self._backend, exist_ok=True)
+        )
 
 
 class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
@@ -395,13 +416,16 @@ class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
 
     def _observation_spec(self) -> Any:
         if not isinstance(self.obs_shape, dict):
-            raise BadInputError(f"DictReplayBuffer needs a Dict observation space, got {self.observation_space}")
+            raise BadInputError(
+                f"DictReplayBuffer needs a Dict observation space, got {self.observation_space}"
+            )
         return {k: _leaf(self.observation_space[k], shape) for k, shape in self.obs_shape.items()}
 
     def _observation(self, obs: Any) -> Any:
         space = self.observation_space
         return {
-            k: np.asarray(obs[k], space[k].dtype).reshape((self.n_envs, *shape)) for k, shape in self.obs_shape.items()
+            k: np.asarray(obs[k], space[k].dtype).reshape((self.n_envs, *shape))
+            for k, shape in self.obs_shape.items()
         }
 
     def sample(self, batch_size: int, env: Any = None, **options: Any) -> Any:
