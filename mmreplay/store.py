@@ -137,7 +137,7 @@ class Store:
         self._hooks: list[WriteHook] = []
         self._on_add: list[Any] = []  # bound on_add of the hooks that override it
         try:
-            me = weakref.proxy(self)  # hooks hold no strong reference: a dropped store is collected
+            me = _attribute_view(self)  # hooks keep no reference to the store itself
             self.add_write_hook(_episodes.EpisodeHook(me))
             self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
             self._sampler.attach(me)
@@ -146,6 +146,7 @@ class Store:
             self._closed = True
             for entry in self._closers:
                 entry.close()
+            self._state_file.close()
             if lock is not None:
                 lock.release()
             raise
@@ -747,12 +748,18 @@ def _close_when_dropped(store: Store, at_exit: bool) -> weakref.finalize:
     return finalizer
 
 
+def _attribute_view(store: Store) -> Store:
+    """A store object sharing ``store``'s attributes, for the parts that keep a store
+    (the write hooks, the sampler): a reference to ``store`` itself among its attributes would keep it
+    from being collected, and so from being closed when it is dropped."""
+    view = type(store).__new__(type(store))
+    view.__dict__ = store.__dict__
+    return view
+
+
 def _close_parts(cls: type, parts: dict[str, Any]) -> None:
     shell = cls.__new__(cls)
     shell.__dict__ = parts
-    for hook in parts.get("_hooks", ()):  # they held a weak proxy of the collected store
-        if getattr(hook, "store", None) is not None:
-            hook.store = shell
     try:
         shell.close()
     except Exception:
@@ -895,7 +902,6 @@ def plan(
         roles=roles_found,
         commit_every=commit_every,
         durability=durability,
-        sampler=None if sampler_json == {"name": "uniform"} else sampler_json,
     )
 
 

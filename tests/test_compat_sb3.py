@@ -1,0 +1,386 @@
+"""mmreplay.compat.sb3 against Stable-Baselines3 itself: same adds, same samples."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+sb3 = pytest.importorskip(
+    "stable_baselines3", reason="stable-baselines3 is not installed (pip install 'mmreplay[sb3]')"
+)
+gym = pytest.importorskip("gymnasium")
+torch = pytest.importorskip("torch")
+
+from stable_baselines3.common import buffers as sb3_buffers  # noqa: E402
+
+import mmreplay as mr  # noqa: E402
+from mmreplay.compat.sb3 import DictReplayBuffer, ReplayBuffer  # noqa: E402
+
+spaces = gym.spaces
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+BOX = spaces.Box(-1.0, 1.0, (3,), np.float32)
+DICT = spaces.Dict({"pos": spaces.Box(-1.0, 1.0, (2,), np.float32), "cell": spaces.Discrete(5)})
+CASES = [
+    (BOX, spaces.Discrete(3), 1),
+    (BOX, spaces.Box(-1.0, 1.0, (2,), np.float64), 3),
+    (spaces.Discrete(7), spaces.MultiDiscrete([2, 3]), 2),
+    (DICT, spaces.Box(-1.0, 1.0, (2,), np.float32), 2),
+]
+
+
+def _random_step(rng: np.random.Generator, obs_space, action_space, n_envs: int):
+    def obs():
+        if isinstance(obs_space, spaces.Dict):
+            return {k: np.stack([s.sample() for _ in range(n_envs)]) for k, s in obs_space.spaces.items()}
+        return np.stack([obs_space.sample() for _ in range(n_envs)])
+
+    done = rng.random(n_envs) < 0.3
+    # as a VecEnv reports them: a time limit only on a step that ends an episode
+    infos = [{"TimeLimit.truncated": bool(d and rng.random() < 0.5)} for d in done]
+    for info, d in zip(infos, done):
+        if d:
+            info["terminal_observation"] = obs_space.sample()
+    action = np.stack([action_space.sample() for _ in range(n_envs)])
+    return obs(), obs(), action, rng.random(n_envs).astype(np.float32), done, infos
+
+
+def _pair(tmp_path, obs_space, action_space, n_envs, handle_timeout=True, size=14):
+    dict_obs = isinstance(obs_space, spaces.Dict)
+    theirs = (sb3_buffers.DictReplayBuffer if dict_obs else sb3_buffers.ReplayBuffer)(
+        size, obs_space, action_space, "cpu", n_envs=n_envs, handle_timeout_termination=handle_timeout
+    )
+    ours = (DictReplayBuffer if dict_obs else ReplayBuffer)(
+        size,
+        obs_space,
+        action_space,
+        "cpu",
+        n_envs=n_envs,
+        handle_timeout_termination=handle_timeout,
+        path=tmp_path / "buf",
+        commit_every=3,
+    )
+    return theirs, ours
+
+
+def _add_both(theirs, ours, count: int, seed: int) -> None:
+    """The same random steps (Box observations, Discrete(3) actions) into both buffers."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        step = _random_step(rng, BOX, spaces.Discrete(3), theirs.n_envs)
+        theirs.add(*step)
+        ours.add(*step)
+
+
+def _assert_same(a, b) -> None:
+    assert type(a) is type(b)
+    for name in a._fields:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, dict):
+            assert x.keys() == y.keys()
+            for k in x:
+                assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape, (name, k)
+                assert torch.equal(x[k], y[k]), (name, k)
+        elif x is None:
+            assert y is None, name
+        else:
+            assert x.dtype == y.dtype and x.shape == y.shape, (name, x.shape, y.shape)
+            assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("handle_timeout", [True, False])
+@pytest.mark.parametrize("obs_space,action_space,n_envs", CASES)
+def test_same_adds_give_the_same_samples_as_sb3(tmp_path, obs_space, action_space, n_envs, handle_timeout):
+    obs_space.seed(0)
+    action_space.seed(0)
+    theirs, ours = _pair(tmp_path, obs_space, action_space, n_envs, handle_timeout)
+    rng = np.random.default_rng(0)
+    for t in range(3 * theirs.buffer_size + 2):  # wraps the ring more than twice
+        step = _random_step(rng, obs_space, action_space, n_envs)
+        theirs.add(*step)
+        ours.add(*step)
+        assert (ours.pos, ours.full, ours.size()) == (theirs.pos, theirs.full, theirs.size())
+        if t % 5 == 4 or t < 3:
+            inds = rng.integers(0, theirs.size(), 40)
+            np.random.seed(t)
+            expected = theirs._get_samples(inds)
+            np.random.seed(t)
+            _assert_same(expected, ours._get_samples(inds))
+    np.testing.assert_array_equal(ours.dones, theirs.dones)
+    np.testing.assert_array_equal(ours.timeouts, theirs.timeouts)
+    np.testing.assert_array_equal(ours.rewards, theirs.rewards)
+    np.testing.assert_array_equal(ours.actions, theirs.actions)
+    ours.close()
+
+
+def test_sample_draws_through_the_store_over_every_added_step(tmp_path):
+    theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 2, size=1000)
+    rng = np.random.default_rng(1)
+    for _ in range(5):  # 3 are committed by commit_every, 2 are not yet
+        ours.add(*_random_step(rng, BOX, spaces.Discrete(3), 2))
+    batch = ours.sample(256)
+    assert (
+        batch.observations.shape == (256, 3)
+        and batch.dones.shape == (256, 1)
+        and batch.rewards.shape == (256, 1)
+    )
+    assert ours.store.committed_steps == 3  # the writer draws from the steps not committed yet too
+    stored = ours.store.get(slice(None))["observation"].reshape(-1, 3)
+    drawn = {tuple(r) for r in batch.observations.numpy()}
+    assert drawn <= {tuple(r) for r in stored} and len(drawn) == 10  # each of the 5 x 2 rows, no other
+    ours.close()
+
+
+def test_episodes_and_roles_see_what_sb3_collected(tmp_path):
+    _, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 1, size=100)
+    obs = np.zeros((1, 3), np.float32)
+    for t in range(6):
+        done = np.array([t in (2, 5)])
+        infos = [{"TimeLimit.truncated": t == 5}]
+        ours.add(obs + t, obs + t + 1, np.array([1]), np.array([1.0]), done, infos)
+    ours.close()
+    store = mr.open(tmp_path / "buf")
+    episodes = list(store.episodes())
+    assert [(e.length, e.ended) for e in episodes] == [(3, "terminated"), (3, "truncated")]
+    np.testing.assert_array_equal(episodes[1].data["next_observation"][:, 0], [4, 5, 6])
+    store.close()
+
+
+def test_reopening_the_folder_resumes_and_a_different_buffer_is_refused(tmp_path):
+    theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 2)
+    _add_both(theirs, ours, 9, seed=2)
+    ours.close()
+    again = ReplayBuffer(14, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf")
+    assert (again.pos, again.full) == (theirs.pos, theirs.full)
+    np.random.seed(0)
+    expected = theirs._get_samples(np.arange(7))
+    np.random.seed(0)
+    _assert_same(expected, again._get_samples(np.arange(7)))
+    again.close()
+    with pytest.raises(mr.SpecMismatchError):
+        ReplayBuffer(14, BOX, spaces.Discrete(4), "cpu", n_envs=2, path=tmp_path / "buf")
+
+
+def test_reset_forgets_every_step_as_sb3_does(tmp_path):
+    theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 2)
+    _add_both(theirs, ours, 17, seed=3)
+    theirs.reset()
+    ours.reset()
+    assert (ours.pos, ours.full, ours.size()) == (0, False, 0)
+    _add_both(theirs, ours, 3, seed=4)
+    ours.close()
+    again = ReplayBuffer(14, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf")
+    assert (again.pos, again.full) == (theirs.pos, theirs.full) == (3, False)
+    np.random.seed(4)
+    expected = theirs._get_samples(np.array([0, 1, 2, 2]))
+    np.random.seed(4)
+    _assert_same(expected, again._get_samples(np.array([0, 1, 2, 2])))
+    assert len(again.store) == 3
+    again.close()
+
+
+def test_optimize_memory_usage_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="optimize_memory_usage"):
+        ReplayBuffer(
+            10, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=False
+        )
+
+
+def test_dqn_trains_saves_a_small_manifest_and_loads_it(tmp_path):
+    from stable_baselines3 import DQN
+
+    env = gym.make("CartPole-v1")
+    kwargs = {"path": tmp_path / "buf", "commit_every": 50}
+    model = DQN(
+        "MlpPolicy",
+        env,
+        buffer_size=100_000,
+        learning_starts=200,
+        train_freq=4,
+        seed=0,
+        replay_buffer_class=ReplayBuffer,
+        replay_buffer_kwargs=kwargs,
+    )
+    model.learn(1500)
+    assert model.replay_buffer.pos == 1500 and model.replay_buffer.store.committed_steps >= 1450
+    model.save_replay_buffer(tmp_path / "rb.pkl")
+    assert os.path.getsize(tmp_path / "rb.pkl") < 1_000_000
+    assert model.replay_buffer.store.committed_steps == 1500
+    saved = model.replay_buffer.store.get(slice(None))
+    model.load_replay_buffer(tmp_path / "rb.pkl")
+    assert isinstance(model.replay_buffer, ReplayBuffer) and model.replay_buffer.pos == 1500
+    np.testing.assert_array_equal(
+        model.replay_buffer.store.get(slice(None))["observation"], saved["observation"]
+    )
+    model.learn(300, reset_num_timesteps=False)
+    assert model.replay_buffer.pos == 1800
+    store = mr.open(tmp_path / "buf")  # a reader beside the writer
+    assert len(list(store.episodes())) > 10
+    store.close()
+    model.replay_buffer.close()
+
+
+def test_sac_trains_with_a_dict_observation(tmp_path):
+    from stable_baselines3 import SAC
+
+    class GoalPendulum(gym.ObservationWrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            self.observation_space = spaces.Dict(
+                {"state": env.observation_space, "goal": spaces.Box(-1, 1, (1,))}
+            )
+
+        def observation(self, obs):
+            return {"state": obs, "goal": np.zeros(1, np.float32)}
+
+    env = GoalPendulum(gym.make("Pendulum-v1"))
+    model = SAC(
+        "MultiInputPolicy",
+        env,
+        buffer_size=5000,
+        learning_starts=200,
+        batch_size=32,
+        train_freq=8,
+        seed=0,
+        policy_kwargs={"net_arch": [32, 32]},
+        replay_buffer_class=DictReplayBuffer,
+        replay_buffer_kwargs={"path": tmp_path / "buf"},
+    )
+    model.learn(1000)
+    assert model.replay_buffer.pos == 1000
+    model.replay_buffer.close()
+    store = mr.open(tmp_path / "buf")
+    assert store.committed_steps == 1000 and store.roles["truncated"] == "truncated"
+    assert store.get(slice(None))["truncated"].sum() == 5  # Pendulum's 200-step time limit
+    store.close()
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys, numpy as np, gymnasium as gym
+    from mmreplay.compat.sb3 import ReplayBuffer
+    box = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    rb = ReplayBuffer(40, box, gym.spaces.Discrete(3), "cpu", n_envs=2, path=sys.argv[1], commit_every=7)
+    start = rb.store.total_steps
+    for t in range(start, start + 1_000_000):
+        obs = np.full((2, 3), t, np.float32)
+        rb.add(obs, obs + 1, np.array([t % 3, 1]), np.array([t, t]), np.array([t % 9 == 8] * 2), [{}, {}])
+        if t == start + 50:
+            print("ready", flush=True)
+    """
+)
+
+
+def test_a_run_killed_with_sigkill_resumes_with_every_committed_step(tmp_path):
+    path = str(tmp_path / "buf")
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, path], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    reader = mr.open(path)
+    committed = reader.committed_steps
+    retained = reader.get(slice(None))
+    first = reader.first_step
+    reader.close()
+    rb = ReplayBuffer(40, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=path)
+    assert rb.pos == committed % 20 and rb.full and rb.store.total_steps == committed
+    got = rb.store.get(slice(None))
+    for key in retained:
+        np.testing.assert_array_equal(got[key], retained[key])
+    steps = rb._steps_of(np.arange(20))
+    inds = np.flatnonzero(steps >= first)  # the steps still retained after the crash
+    np.random.seed(0)
+    batch = rb._get_samples(inds)
+    np.testing.assert_array_equal(batch.observations[:, 0].numpy(), steps[inds])
+    rb.close()
+
+
+def test_pickle_names_the_folder_and_stays_small_for_any_size(tmp_path):
+    pixels = spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    rb = ReplayBuffer(40_000, pixels, spaces.Discrete(4), "cpu", path=tmp_path / "big")
+    frame = np.zeros((1, 84, 84, 4), np.uint8)
+    for _ in range(10):
+        rb.add(frame, frame + 1, np.array([2]), np.array([0.5]), np.array([False]), [{}])
+    blob = pickle.dumps(rb)
+    assert len(blob) < 1_000_000 and b"mmreplay.compat.sb3" in blob
+    restored = pickle.loads(blob)  # takes the folder over from rb
+    assert rb.store is None and restored.pos == 10 and restored.store.committed_steps == 10
+    with pytest.raises(mr.BadInputError, match="closed"):
+        rb.add(frame, frame, np.array([2]), np.array([0.5]), np.array([False]), [{}])
+    restored.close()
+
+
+def test_a_prioritized_sample_follows_the_priorities_sent_back(tmp_path):
+    rb = ReplayBuffer(
+        100, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf", sampler="prioritized", alpha=1.0
+    )
+    _add_both(sb3_buffers.ReplayBuffer(100, BOX, spaces.Discrete(3), "cpu", n_envs=2), rb, 10, seed=5)
+    batch = rb.sample(64, beta=0.5)
+    info = rb.last_info
+    assert batch.observations.shape == (64, 3) and info.weight.shape == (64,)
+    stored = rb.store.get(slice(None))["observation"]
+    np.testing.assert_array_equal(batch.observations.numpy(), stored[info.step, info.env])
+    priorities = np.where((info.step == 7) & (info.env == 1), 1000.0, 1e-3)
+    assert rb.update_priorities(priorities) == 64
+    if not ((info.step == 7) & (info.env == 1)).any():  # (7, 1) was not drawn: set it alone
+        rb.store.update_priorities(np.array([7]), np.array([1]), np.array([1000.0]))
+    rb.sample(256)
+    hot = (rb.last_info.step == 7) & (rb.last_info.env == 1)
+    assert hot.mean() > 0.5  # the others weigh at most 19 x 1 (new rows) against 1000
+    rb.close()
+    again = ReplayBuffer(100, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf")
+    assert again.store.sampler.name == "prioritized"  # priorities and sampler come back with the folder
+    assert again.store.sampler.priorities(np.array([7]), np.array([1]))[0] >= 1000.0
+    again.close()
+
+
+def test_the_prioritized_dqn_example_trains_and_keeps_its_priorities(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        from sb3_prioritized_dqn import PrioritizedDQN
+    finally:
+        sys.path.pop(0)
+    model = PrioritizedDQN(
+        "MlpPolicy",
+        gym.make("CartPole-v1"),
+        buffer_path=tmp_path / "buf",
+        buffer_size=10_000,
+        learning_starts=200,
+        train_freq=4,
+        seed=0,
+    )
+    model.learn(1000)
+    rb = model.replay_buffer
+    assert rb.pos == 1000 and rb.last_info.weight is not None
+    values = rb.store.sampler.priorities(np.arange(1000), np.zeros(1000, np.int64))
+    assert len(np.unique(values)) > 100  # TD errors came back for the rows drawn
+    rb.close()
+
+
+def test_the_cleanrl_example_runs_with_only_the_import_changed(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "cleanrl_dqn.py"),
+            "--total-timesteps",
+            "400",
+            "--learning-starts",
+            "100",
+            "--buffer-path",
+            str(tmp_path / "buf"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    store = mr.open(tmp_path / "buf")
+    assert store.committed_steps == 400
+    store.close()
