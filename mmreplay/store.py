@@ -902,6 +902,7 @@ def plan(
         roles=roles_found,
         commit_every=commit_every,
         durability=durability,
+        sampler=None if sampler_json == {"name": "uniform"} else sampler_json,
     )
 
 
