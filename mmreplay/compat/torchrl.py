@@ -1,0 +1,284 @@
+"""A TorchRL storage whose rows live in a store.
+
+:class:`MMReplayStorage` is a ``TensorStorage`` whose tensors are zero-copy views over
+the store's memory-mapped leaves: TorchRL's own writers and samplers (random,
+``PrioritizedSampler``, ``SliceSampler``, ``ndim=2`` for ``[steps, envs]``) read it as
+they read a ``LazyMemmapStorage``, and every write goes through the store (appends with
+``extend``, overwrites with ``set``), so the store's commit protocol keeps the cursor
+and the rows durable. Reopening the same folder resumes: length, the writer's cursor
+and the rows committed. There is no ``dumps``/``loads`` step.
+
+Example:
+    >>> import tempfile, torch
+    >>> from tensordict import TensorDict
+    >>> from torchrl.data import TensorDictReplayBuffer
+    >>> from mmreplay.compat.torchrl import MMReplayStorage
+    >>> path = tempfile.mkdtemp() + "/buf"
+    >>> rb = TensorDictReplayBuffer(storage=MMReplayStorage(path, max_size=100), batch_size=4)
+    >>> _ = rb.extend(TensorDict({"obs": torch.ones(10, 3)}, batch_size=[10]))
+    >>> rb.sample()["obs"].shape
+    torch.Size([4, 3])
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+    from tensordict import TensorDict, TensorDictBase, is_tensor_collection
+    from torchrl.data.replay_buffers.storages import TensorStorage
+except ImportError as exc:  # torchrl is an install extra
+    raise ImportError("mmreplay.compat.torchrl needs torchrl: pip install 'mmreplay[torchrl]'") from exc
+
+from ..backends.base import MappedLeaf
+from ..errors import BadInputError
+from ..spec import ArraySpec, leaf_paths, unflatten
+from ..store import Store, create
+from ..store import open as open_store
+from ._shared import lenient_roles
+
+__all__ = ["MMReplayStorage"]
+
+
+def _key_path(key: Any) -> str:
+    return "/".join(key) if isinstance(key, tuple) else key
+
+
+def _spec_of(data: TensorDictBase, batch_dims: int) -> dict[str, Any]:
+    """The store's spec from one written TensorDict: nested keys become leaf paths."""
+    spec: dict[str, Any] = {}
+    for key, value in data.items(include_nested=True, leaves_only=True):
+        if not isinstance(value, torch.Tensor):
+            raise BadInputError(f"MMReplayStorage: entry {_key_path(key)!r} is {type(value).__name__}, expected a tensor")
+        node = spec
+        parts = key if isinstance(key, tuple) else (key,)
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = ArraySpec(tuple(value.shape[batch_dims:]), str(value.dtype).removeprefix("torch."))
+    return spec
+
+
+class MMReplayStorage(TensorStorage):
+    """A TorchRL storage over the store at ``path``, created from the first TensorDict written.
+
+    Args:
+        path: the store's folder; if it holds a store, it is reopened and resumed.
+        max_size: elements the storage holds, as for ``LazyMemmapStorage`` (with
+            ``ndim=2``, ``max_size // num_envs`` steps of ``num_envs`` rows).
+        ndim: 1 (one env, ``[steps]``) or 2 (``[steps, envs]``, the data's second dim).
+        commit_every, durability, backend: passed to :func:`mmreplay.create`.
+
+    Writes are durable at the store's commits (every ``commit_every`` steps, at
+    :meth:`commit`, at :meth:`close` and when the process exits normally).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        max_size: int | None = None,
+        *,
+        ndim: int = 1,
+        commit_every: int | None = None,
+        durability: str = "process",
+        backend: str = "zarr",
+    ) -> None:
+        if ndim not in (1, 2):
+            raise ValueError(f"MMReplayStorage: ndim must be 1 or 2, got {ndim}")
+        self.path = os.fspath(path)
+        self._create_options: dict[str, Any] = {"durability": durability, "backend": backend}
+        if commit_every is not None:
+            self._create_options["commit_every"] = commit_every
+        self.store: Store | None = None
+        exists = os.path.exists(os.path.join(self.path, "mmreplay.json"))
+        if exists:
+            store = open_store(self.path, mode="a")
+            size = store.capacity * (store.num_envs if ndim == 2 else 1)
+            if max_size is not None and int(max_size) != size:
+                store.close()
+                raise BadInputError(f"{self.path}: holds a store of max_size {size}, asked for {max_size}")
+            max_size = size
+        elif max_size is None:
+            raise BadInputError(f"{self.path}: no store there; give max_size to create one")
+        super().__init__(storage=None, max_size=int(max_size), device="cpu", ndim=ndim)
+        if exists:
+            self._attach_store(store)
+
+    # --- the store -------------------------------------------------------------------
+
+    def _attach_store(self, store: Store) -> None:
+        if self.ndim == 1 and store.num_envs != 1:
+            store.close()
+            raise BadInputError(f"{self.path}: a store of {store.num_envs} envs needs ndim=2")
+        leaves = store._leaves
+        if not all(isinstance(leaf, MappedLeaf) for leaf in leaves):
+            store.close()
+            raise BadInputError(f"{self.path}: MMReplayStorage needs uncompressed, memory-mapped leaves")
+        views = [torch.from_numpy(leaf.array if self.ndim == 2 else leaf.array[:, 0]) for leaf in leaves]
+        batch = [store.capacity, store.num_envs][: self.ndim]
+        self._storage = TensorDict(unflatten(store.spec, views), batch_size=batch)
+        self.store = store
+        self.initialized = True
+        if store.total_steps:
+            self._set_last_cursor((store.total_steps - 1) % store.capacity)
+
+    def _create_store(self, data: TensorDictBase, batched: bool) -> None:
+        lead = 1 if batched else 0
+        num_envs = int(data.shape[lead]) if self.ndim == 2 else 1
+        capacity = self.max_size // num_envs
+        if capacity < 1 or capacity * num_envs != self.max_size:
+            raise BadInputError(f"{self.path}: max_size {self.max_size} is not a multiple of {num_envs} envs")
+        spec = _spec_of(data, lead + self.ndim - 1)
+        store = create(self.path, spec, capacity, num_envs, roles=lenient_roles(spec), **self._create_options)
+        self._attach_store(store)
+
+    def commit(self) -> None:
+        """Make every row written so far durable."""
+        if self.store is not None:
+            self.store.commit()
+
+    def close(self) -> None:
+        """Commit and release the store (its views must not be used after)."""
+        if self.store is not None:
+            self.store.close()
+
+    # --- TorchRL's storage interface ---------------------------------------------------
+
+    @property
+    def _len(self) -> int:
+        store = self.__dict__.get("store")
+        if store is None:
+            return 0
+        steps = min(store.total_steps - store.first_step, store.capacity)
+        return steps * (store.num_envs if self.ndim == 2 else 1)
+
+    @_len.setter
+    def _len(self, value: int) -> None:
+        """The length follows the store; TorchRL's own bookkeeping is ignored."""
+
+    @property
+    def _rng(self) -> torch.Generator | None:
+        return self.__dict__.get("_rng_value")
+
+    @_rng.setter
+    def _rng(self, generator: torch.Generator | None) -> None:
+        # ReplayBuffer sets the rng once its writer is registered: the moment to start
+        # that writer at the store's cursor.
+        self.__dict__["_rng_value"] = generator
+        self._align_writers()
+
+    def _align_writers(self) -> None:
+        store = self.__dict__.get("store")
+        for entity in self._attached_entities:
+            writer = getattr(entity, "_writer", None)
+            if store is not None and getattr(writer, "_storage", None) is self and hasattr(writer, "_cursor"):
+                writer._cursor = store.cursor
+
+    def attach(self, buffer: Any) -> None:
+        super().attach(buffer)
+        self._align_writers()
+
+    def _slots(self, cursor: Any) -> tuple[np.ndarray, bool]:
+        if isinstance(cursor, (int, np.integer)):
+            return np.array([int(cursor)]), True
+        if isinstance(cursor, slice):
+            return np.arange(self._max_size_along_dim0())[cursor], False
+        if isinstance(cursor, tuple):
+            raise BadInputError(f"{self.path}: MMReplayStorage writes whole steps; got a tuple index")
+        slots = torch.as_tensor(cursor).cpu().numpy().astype(np.int64)
+        return slots.reshape(-1), slots.ndim == 0
+
+    def _values(self, data: Any, single: bool, slots: np.ndarray | None = None) -> dict[str, Any]:
+        """The store's nest of ``[T, num_envs, *shape]`` arrays for ``data``.
+
+        Leaves absent from ``data`` keep their stored rows at ``slots`` (an overwrite, as
+        a TensorDict assignment does); for appends (``slots`` None) every leaf is needed.
+        """
+        if not is_tensor_collection(data):
+            raise BadInputError(f"{self.path}: MMReplayStorage stores TensorDicts, got {type(data).__name__}")
+        if single:
+            data = data.unsqueeze(0)
+        if self.ndim == 1:
+            data = data.unsqueeze(1)
+        paths = leaf_paths(self.store.spec)
+        given = {_key_path(k) for k in data.keys(include_nested=True, leaves_only=True)}
+        if given - set(paths):
+            raise BadInputError(f"{self.path}: entries {sorted(given - set(paths))} are not in the store's {paths}")
+        leaves = []
+        for path in paths:
+            key = tuple(path.split("/"))
+            if path in given:
+                leaves.append(data.get(key).detach().cpu().numpy())
+            elif slots is not None:
+                stored = self._storage.get(key)[torch.from_numpy(slots)]
+                leaves.append(stored.numpy() if self.ndim == 2 else stored.unsqueeze(1).numpy())
+            else:
+                raise BadInputError(f"{self.path}: entry {path!r} is missing from the data written")
+        return unflatten(self.store.spec, leaves)
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        if isinstance(data, list):
+            data = torch.stack(data)
+        slots, single = self._slots(cursor)
+        if self.store is None:
+            if not is_tensor_collection(data):
+                raise BadInputError(f"{self.path}: MMReplayStorage stores TensorDicts, got {type(data).__name__}")
+            self._create_store(data, batched=not single)
+        store = self.store
+        values = self._values(data, single, None if set_cursor else slots)
+        if set_cursor:
+            expected = (store.cursor + np.arange(len(slots))) % store.capacity
+            if not np.array_equal(slots, expected):
+                raise BadInputError(
+                    f"{self.path}: writes with the cursor must continue at slot {store.cursor}, got slots "
+                    f"starting at {slots[:1].tolist()}; is the writer a round-robin writer of this buffer?"
+                )
+            store.extend(values)
+            self._set_last_cursor(cursor)
+        else:
+            written = store.total_steps
+            if slots.size and (slots.min() < 0 or slots.max() >= min(written, store.capacity)):
+                raise IndexError(f"{self.path}: slots {slots.tolist()} are not all written ({len(self)} rows)")
+            store.commit()
+            steps = written - 1 - ((written - 1 - slots) % store.capacity)
+            store.set(steps - store.first_step, values)
+        self._bump_mutation_revision()
+
+    def get(self, index: Any) -> Any:
+        if self.store is None:
+            raise RuntimeError(f"{self.path}: nothing written yet")
+        return super().get(index)
+
+    def _empty(self) -> None:
+        store = self.store
+        if store is not None and len(self):
+            if store.total_steps % store.capacity:
+                raise BadInputError(
+                    f"{self.path}: MMReplayStorage empties only at a ring boundary "
+                    f"(total steps {store.total_steps}, capacity {store.capacity})"
+                )
+            store.clear()
+        self._bump_mutation_revision()
+
+    def state_dict(self) -> dict[str, Any]:
+        """A reference to the store, not its rows: they are in the folder already."""
+        self.commit()
+        return {"path": self.path, "total_steps": 0 if self.store is None else self.store.total_steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if os.path.abspath(state_dict["path"]) != os.path.abspath(self.path):
+            raise BadInputError(f"{self.path}: a state of the store at {state_dict['path']} cannot be loaded here")
+
+    def dumps(self, path: Any) -> None:
+        """Commit: the store is its own checkpoint, nothing is copied to ``path``."""
+        self.commit()
+
+    def loads(self, path: Any) -> None:
+        """Nothing to load: the storage resumes from its folder when it is made."""
+
+    def __repr__(self) -> str:
+        return f"MMReplayStorage({self.path!r}, max_size={self.max_size}, ndim={self.ndim}, len={len(self)})"
+
