@@ -160,6 +160,35 @@ class MMReplayStorage(TensorStorage):
         """The length follows the store; TorchRL's own bookkeeping is ignored."""
 
     @property
+    def _len_along_dim0(self) -> int:
+        """Slots ever written: what ``get``, ``shape`` and ``storage[:]`` index, physically."""
+        store = self.__dict__.get("store")
+        return 0 if store is None else min(store.total_steps, store.capacity)
+
+    @property
+    def _is_full(self) -> bool:
+        store = self.__dict__.get("store")
+        return store is not None and store.total_steps >= store.capacity
+
+    def _rand_given_ndim(self, batch_size: int) -> Any:
+        """TorchRL's draw, or, right after a crash, one over the retained steps alone.
+
+        A writer killed between commits may have written into the few slots past its
+        last commit; on reopen the store no longer counts the steps those slots held, and
+        ``len`` does not either. Until the writer has written over them again, a random
+        draw picks among the other slots.
+        """
+        store = self.store
+        retained = self._len if self.ndim == 1 else self._len // store.num_envs
+        if store is None or retained == self._len_along_dim0:
+            return super()._rand_given_ndim(batch_size)
+        offsets = torch.randint(retained, (batch_size,), generator=self._rng)
+        slots = (store.first_step + offsets) % store.capacity
+        if self.ndim == 1:
+            return slots
+        return slots, torch.randint(store.num_envs, (batch_size,), generator=self._rng)
+
+    @property
     def _rng(self) -> torch.Generator | None:
         return self.__dict__.get("_rng_value")
 
