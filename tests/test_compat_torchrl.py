@@ -54,7 +54,9 @@ def test_storage_inplace_writing(tmp_path):
     rb = ReplayBuffer(storage=MMReplayStorage(tmp_path / "b", max_size=102))
     rb.extend(steps(0, 100))
     assert len(rb) == 100
-    rb[3:4] = TensorDict({"a": torch.tensor([0]), ("b", "c"): torch.tensor([0]), "obs": torch.zeros(1, 3)}, [1])
+    rb[3:4] = TensorDict(
+        {"a": torch.tensor([0]), ("b", "c"): torch.tensor([0]), "obs": torch.zeros(1, 3)}, [1]
+    )
     assert (rb[3:4]["a"] == 0).all()
     assert len(rb) == 100 and rb.writer._cursor == 100
     rb[10:20] = steps(0, 10).apply(torch.zeros_like)
@@ -119,7 +121,9 @@ def _prioritized_sampler_or_skip() -> PrioritizedSampler:
 
 def test_prioritized_sampler(tmp_path):
     sampler = _prioritized_sampler_or_skip()
-    rb = TensorDictReplayBuffer(storage=MMReplayStorage(tmp_path / "b", max_size=50), sampler=sampler, batch_size=8)
+    rb = TensorDictReplayBuffer(
+        storage=MMReplayStorage(tmp_path / "b", max_size=50), sampler=sampler, batch_size=8
+    )
     rb.extend(steps(0, 20))
     rb.update_priority(torch.arange(20), torch.tensor([0.0] * 19 + [10.0]))
     assert (rb.sample()["a"] == 19).all()
@@ -135,6 +139,23 @@ def test_a_storage_resumes_from_its_folder_without_loads(tmp_path):
     assert len(rb) == 10 and rb.writer._cursor == 3 and again.max_size == 10
     assert rb.extend(steps(13, 15)).tolist() == [3, 4]
     assert again[:]["a"].tolist() == [10, 11, 12, 13, 14, 5, 6, 7, 8, 9]
+
+
+def test_empty_at_slot_0_drops_every_row_and_stays_dropped(tmp_path):
+    storage = MMReplayStorage(tmp_path / "b", max_size=10)
+    rb = ReplayBuffer(storage=storage)
+    rb.extend(steps(0, 3))
+    with pytest.raises(mr.BadInputError, match="only at slot 0"):
+        rb.empty()
+    assert len(rb) == 3
+    rb.extend(steps(3, 10))
+    rb.empty()
+    assert len(rb) == 0 and rb.writer._cursor == 0 and not storage._is_full
+    rb.extend(steps(10, 12))
+    storage.close()
+    again = MMReplayStorage(tmp_path / "b")
+    rb = ReplayBuffer(storage=again)
+    assert len(rb) == 2 and rb.writer._cursor == 2 and again[:]["a"].tolist() == [10, 11]
 
 
 def test_a_reopen_with_another_size_or_layout_says_so(tmp_path):
@@ -210,7 +231,9 @@ def test_a_replay_buffer_resumes_after_sigkill(tmp_path):
     assert [storage[s % 16]["index"].item() for s in range(first, 20)] == [s % 16 for s in range(first, 20)]
     batch = rb.sample()
     assert set(batch["a"].tolist()) == set(range(first, 20)) and (batch["b", "c"] == -batch["a"]).all()
-    assert rb.extend(TensorDict({"a": torch.tensor([20]), ("b", "c"): torch.tensor([-20])}, [1])).tolist() == [4]
+    assert rb.extend(
+        TensorDict({"a": torch.tensor([20]), ("b", "c"): torch.tensor([-20])}, [1])
+    ).tolist() == [4]
     assert len(rb) == 20 + 1 - first
 
 
@@ -234,7 +257,10 @@ def test_slice_sampler_batches_equal_lazy_memmap_storage(tmp_path, ndim):
         data = data[0]
     size = 48 if ndim == 2 else 24  # 16 or 24 steps: the 30 written wrap the ring
     buffers = []
-    for storage in (MMReplayStorage(tmp_path / "b", max_size=size, ndim=ndim), LazyMemmapStorage(size, ndim=ndim)):
+    for storage in (
+        MMReplayStorage(tmp_path / "b", max_size=size, ndim=ndim),
+        LazyMemmapStorage(size, ndim=ndim),
+    ):
         sampler = SliceSampler(slice_len=4, traj_key="episode", strict_length=True)
         rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=12)
         rb.extend(data[..., :20])

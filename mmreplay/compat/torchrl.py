@@ -39,7 +39,7 @@ from ..errors import BadInputError
 from ..spec import ArraySpec, leaf_paths, unflatten
 from ..store import Store, create
 from ..store import open as open_store
-from ._shared import lenient_roles
+from ._shared import lenient_roles, read_origin, write_origin
 
 __all__ = ["MMReplayStorage"]
 
@@ -53,7 +53,9 @@ def _spec_of(data: TensorDictBase, batch_dims: int) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     for key, value in data.items(include_nested=True, leaves_only=True):
         if not isinstance(value, torch.Tensor):
-            raise BadInputError(f"MMReplayStorage: entry {_key_path(key)!r} is {type(value).__name__}, expected a tensor")
+            raise BadInputError(
+                f"MMReplayStorage: entry {_key_path(key)!r} is {type(value).__name__}, expected a tensor"
+            )
         node = spec
         parts = key if isinstance(key, tuple) else (key,)
         for part in parts[:-1]:
@@ -93,6 +95,7 @@ class MMReplayStorage(TensorStorage):
         if commit_every is not None:
             self._create_options["commit_every"] = commit_every
         self.store: Store | None = None
+        self._origin = 0  # global step id of TorchRL's slot 0 (moved by an empty)
         exists = os.path.exists(os.path.join(self.path, "mmreplay.json"))
         if exists:
             store = open_store(self.path, mode="a")
@@ -113,6 +116,8 @@ class MMReplayStorage(TensorStorage):
         if self.ndim == 1 and store.num_envs != 1:
             store.close()
             raise BadInputError(f"{self.path}: a store of {store.num_envs} envs needs ndim=2")
+        # The views are the mapped leaf arrays themselves: reads by TorchRL's samplers
+        # (and SliceSampler's trajectory column) touch the pages, never a copy.
         leaves = store._leaves
         if not all(isinstance(leaf, MappedLeaf) for leaf in leaves):
             store.close()
@@ -121,6 +126,7 @@ class MMReplayStorage(TensorStorage):
         batch = [store.capacity, store.num_envs][: self.ndim]
         self._storage = TensorDict(unflatten(store.spec, views), batch_size=batch)
         self.store = store
+        self._origin = read_origin(store)
         self.initialized = True
         if store.total_steps:
             self._set_last_cursor((store.total_steps - 1) % store.capacity)
@@ -152,7 +158,7 @@ class MMReplayStorage(TensorStorage):
         store = self.__dict__.get("store")
         if store is None:
             return 0
-        steps = min(store.total_steps - store.first_step, store.capacity)
+        steps = min(store.total_steps - max(store.first_step, self._origin), store.capacity)
         return steps * (store.num_envs if self.ndim == 2 else 1)
 
     @_len.setter
@@ -161,14 +167,15 @@ class MMReplayStorage(TensorStorage):
 
     @property
     def _len_along_dim0(self) -> int:
-        """Slots ever written: what ``get``, ``shape`` and ``storage[:]`` index, physically."""
+        """Slots written since the start (or the last empty): what ``get``, ``shape`` and
+        ``storage[:]`` index, physically."""
         store = self.__dict__.get("store")
-        return 0 if store is None else min(store.total_steps, store.capacity)
+        return 0 if store is None else min(store.total_steps - self._origin, store.capacity)
 
     @property
     def _is_full(self) -> bool:
         store = self.__dict__.get("store")
-        return store is not None and store.total_steps >= store.capacity
+        return store is not None and store.total_steps - self._origin >= store.capacity
 
     def _rand_given_ndim(self, batch_size: int) -> Any:
         """TorchRL's draw, or, right after a crash, one over the retained steps alone.
@@ -179,9 +186,9 @@ class MMReplayStorage(TensorStorage):
         draw picks among the other slots.
         """
         store = self.store
-        retained = self._len if self.ndim == 1 else self._len // store.num_envs
-        if store is None or retained == self._len_along_dim0:
+        if store is None or self._len == self._len_along_dim0 * (store.num_envs if self.ndim == 2 else 1):
             return super()._rand_given_ndim(batch_size)
+        retained = self._len if self.ndim == 1 else self._len // store.num_envs
         offsets = torch.randint(retained, (batch_size,), generator=self._rng)
         slots = (store.first_step + offsets) % store.capacity
         if self.ndim == 1:
@@ -226,8 +233,6 @@ class MMReplayStorage(TensorStorage):
         Leaves absent from ``data`` keep their stored rows at ``slots`` (an overwrite, as
         a TensorDict assignment does); for appends (``slots`` None) every leaf is needed.
         """
-        if not is_tensor_collection(data):
-            raise BadInputError(f"{self.path}: MMReplayStorage stores TensorDicts, got {type(data).__name__}")
         if single:
             data = data.unsqueeze(0)
         if self.ndim == 1:
@@ -235,7 +240,9 @@ class MMReplayStorage(TensorStorage):
         paths = leaf_paths(self.store.spec)
         given = {_key_path(k) for k in data.keys(include_nested=True, leaves_only=True)}
         if given - set(paths):
-            raise BadInputError(f"{self.path}: entries {sorted(given - set(paths))} are not in the store's {paths}")
+            raise BadInputError(
+                f"{self.path}: entries {sorted(given - set(paths))} are not in the store's {paths}"
+            )
         leaves = []
         for path in paths:
             key = tuple(path.split("/"))
@@ -251,10 +258,10 @@ class MMReplayStorage(TensorStorage):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if isinstance(data, list):
             data = torch.stack(data)
+        if not is_tensor_collection(data):
+            raise BadInputError(f"{self.path}: MMReplayStorage stores TensorDicts, got {type(data).__name__}")
         slots, single = self._slots(cursor)
         if self.store is None:
-            if not is_tensor_collection(data):
-                raise BadInputError(f"{self.path}: MMReplayStorage stores TensorDicts, got {type(data).__name__}")
             self._create_store(data, batched=not single)
         store = self.store
         values = self._values(data, single, None if set_cursor else slots)
@@ -269,8 +276,10 @@ class MMReplayStorage(TensorStorage):
             self._set_last_cursor(cursor)
         else:
             written = store.total_steps
-            if slots.size and (slots.min() < 0 or slots.max() >= min(written, store.capacity)):
-                raise IndexError(f"{self.path}: slots {slots.tolist()} are not all written ({len(self)} rows)")
+            if slots.size and (slots.min() < 0 or slots.max() >= self._len_along_dim0):
+                raise IndexError(
+                    f"{self.path}: slots {slots.tolist()} are not all written ({len(self)} rows)"
+                )
             store.commit()
             steps = written - 1 - ((written - 1 - slots) % store.capacity)
             store.set(steps - store.first_step, values)
@@ -282,14 +291,19 @@ class MMReplayStorage(TensorStorage):
         return super().get(index)
 
     def _empty(self) -> None:
+        """Drop every row. TorchRL's writer starts again at slot 0, so this is possible
+        only where the store's cursor is at slot 0 too (a whole number of rings written)."""
         store = self.store
-        if store is not None and len(self):
+        if store is not None and store.total_steps > self._origin:
             if store.total_steps % store.capacity:
+                self._align_writers()  # the buffer reset its writer first: undo that
                 raise BadInputError(
-                    f"{self.path}: MMReplayStorage empties only at a ring boundary "
-                    f"(total steps {store.total_steps}, capacity {store.capacity})"
+                    f"{self.path}: MMReplayStorage empties only at slot 0 of the ring "
+                    f"({store.total_steps} steps written, capacity {store.capacity})"
                 )
             store.clear()
+            write_origin(store, store.total_steps)
+            self._origin = store.total_steps
         self._bump_mutation_revision()
 
     def state_dict(self) -> dict[str, Any]:
@@ -299,7 +313,9 @@ class MMReplayStorage(TensorStorage):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if os.path.abspath(state_dict["path"]) != os.path.abspath(self.path):
-            raise BadInputError(f"{self.path}: a state of the store at {state_dict['path']} cannot be loaded here")
+            raise BadInputError(
+                f"{self.path}: a state of the store at {state_dict['path']} cannot be loaded here"
+            )
 
     def dumps(self, path: Any) -> None:
         """Commit: the store is its own checkpoint, nothing is copied to ``path``."""
@@ -310,4 +326,3 @@ class MMReplayStorage(TensorStorage):
 
     def __repr__(self) -> str:
         return f"MMReplayStorage({self.path!r}, max_size={self.max_size}, ndim={self.ndim}, len={len(self)})"
-
