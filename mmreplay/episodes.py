@@ -489,17 +489,25 @@ class EpisodeIndex:
         self.covered = max(self.covered, end)
 
     def spans(self, store: Any) -> Spans:
-        """Every episode span of the store's committed window (cached per window)."""
+        """Every episode span of the store's window (cached per window). A writer's
+        steps not committed yet are scanned here; the file records them at commit."""
         self.sync(store)
-        first, end = store.first_step, store.state.end
+        first, end = store.window[:2]
         key = (first, end, self.version, self.origin)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
-        out = self._compute(first, end)
+        rec = self.records
+        committed = store.state.end
+        if self.has_ends and end > committed:
+            lo = max(committed, first)
+            if self.n and self.buf["step"][self.n - 1] >= lo:
+                rec = rec[rec["step"] < lo]  # set() rescanned some of these steps
+            rec = _cat([rec, self._scan(lo, end)])
+        out = self._compute(first, end, rec)
         self._cache = (key, out)
         return out
 
-    def _compute(self, first: int, end: int) -> Spans:
+    def _compute(self, first: int, end: int, rec: np.ndarray) -> Spans:
         E = self.num_envs
         if end <= first:
             return _empty_spans()
@@ -507,7 +515,6 @@ class EpisodeIndex:
         if not self.has_ends:
             zeros = np.zeros(E, np.int64)
             return Spans(envs_all, zeros + first, zeros + end - 1, np.zeros(E, np.uint8), np.zeros(E, bool))
-        rec = self.records
         steps = rec["step"]
         lo, mid, hi = np.searchsorted(steps, [first - 1, first, end], side="left")
         # Did the step before the window end an episode? Then the window starts a fresh one.

@@ -120,6 +120,7 @@ class Metadata:
     attrs_generation: int = 0
     format_version: int = FORMAT_VERSION
     previous_attrs: tuple[int, dict[str, Any]] | None = None  # as read, before pairing
+    sampler: dict[str, Any] | None = None  # the sampler's name and parameters; None: uniform
 
     def with_state(self, state: State) -> Metadata:
         return replace(self, state=state)
@@ -143,6 +144,8 @@ def render(meta: Metadata, previous: tuple[int, dict[str, Any]] | None = None) -
         "attrs": meta.attrs,
         "attrs_generation": meta.attrs_generation,
     }
+    if meta.sampler is not None:
+        body["sampler"] = meta.sampler
     if previous is not None:
         body["previous_attrs"] = {"generation": previous[0], "attrs": previous[1]}
     text = json.dumps(body, indent=1)[:-2].encode()
@@ -302,6 +305,9 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
     created = obj.get("created", 0.0)
     if not isinstance(created, (int, float)):
         raise CorruptBufferError(f"{where}: 'created' must be a number")
+    sampler = obj.get("sampler")
+    if sampler is not None and not (isinstance(sampler, dict) and isinstance(sampler.get("name"), str)):
+        raise CorruptBufferError(f"{where}: 'sampler' must be an object with a string 'name'")
     return Metadata(
         backend=backend,
         capacity=capacity,
@@ -318,6 +324,7 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         attrs_generation=0 if version == 1 else _int(obj, "attrs_generation", 0, 1 << 62, where),
         format_version=version,
         previous_attrs=None if version == 1 else _previous_attrs(obj, where),
+        sampler=sampler,
     )
 
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from . import episodes as _episodes
 from . import sampling
 from .errors import NotEnoughDataError
 from .spec import ArraySpec, unflatten
@@ -54,12 +53,15 @@ class SampleInfo:
         slot: ring slot of the item's first step (``step % capacity``), ``[B]``.
         probability: probability of drawing this item in one draw, ``[B]`` (uniform:
             one over the number of valid starts).
+        weight: importance-sampling weight of each item, ``[B]``, from samplers that
+            give one (prioritized); None otherwise.
     """
 
     step: np.ndarray
     env: np.ndarray
     slot: np.ndarray
     probability: np.ndarray
+    weight: np.ndarray | None = None
 
 
 def _packer(spec: Any) -> Any:
@@ -286,31 +288,18 @@ def memory_available() -> int:
 
 
 def _draw(
-    store: Any, batch_size: int, num_steps: int, replacement: bool, gen: np.random.Generator, within: bool
+    store: Any,
+    batch_size: int,
+    num_steps: int,
+    replacement: bool,
+    gen: np.random.Generator,
+    options: dict,
+    within: tuple[int, int] | None,
 ) -> sampling.Draw:
-    if within:
-        spans = _episodes.index_for(store).spans(store)
-        return sampling.draw_in_spans(
-            spans.env,
-            spans.first,
-            spans.length,
-            store.num_envs,
-            store.capacity,
-            batch_size,
-            num_steps,
-            replacement,
-            gen,
-        )
-    return sampling.draw_uniform(
-        store.first_step,
-        store.state.end,
-        store.num_envs,
-        store.capacity,
-        batch_size,
-        num_steps,
-        replacement,
-        gen,
-    )
+    window = store.window
+    if within is not None:  # a caller's narrower window (framework layers' own views)
+        window = window._replace(first=max(window.first, within[0]), end=min(window.end, within[1]))
+    return store.sampler.draw(batch_size, window, gen, num_steps=num_steps, replacement=replacement, **options)
 
 
 def sample(
@@ -319,10 +308,12 @@ def sample(
     num_steps: int | None = None,
     replacement: bool = True,
     rng: Any = None,
-    within_episodes: bool = False,
     return_info: bool = False,
+    options: dict | None = None,
+    window: tuple[int, int] | None = None,
 ) -> Any:
-    """See :meth:`mmreplay.Store.sample`."""
+    """See :meth:`mmreplay.Store.sample`: draws through ``store.sampler``, then one fetch
+    path for every sampler (gather, page-cache advice, prefetch, readers' re-draw)."""
     if store._closed:
         store._check_open()
     if type(batch_size) is not int or batch_size < 1:
@@ -333,13 +324,17 @@ def sample(
     if num_steps is not None:
         sampling.check_sizes(batch_size, num_steps)
     reader = store._reads or reader_for(store)
+    sampler = store.sampler
+    if num_steps is None:
+        num_steps = sampler.num_steps
     steps = 1 if num_steps is None else num_steps
+    options = options or {}
     draw = None
     key = None
     if rng is None:
         gen = reader.own_gen()
-        if reader.prefetch:
-            key = (batch_size, steps, replacement, within_episodes, store.first_step, store.state.end)
+        if reader.prefetch and getattr(sampler, "draws_ahead", False):
+            key = (batch_size, steps, replacement, tuple(sorted(options.items())), window, store.window)
             if reader.pending is not None and reader.pending[0] == key:
                 draw = reader.pending[1]
             reader.pending = None
@@ -349,7 +344,7 @@ def sample(
         gen = sampling.as_generator(rng)
     prefetched = draw is not None
     if draw is None:
-        draw = _draw(store, batch_size, steps, replacement, gen, within_episodes)
+        draw = _draw(store, batch_size, steps, replacement, gen, options, window)
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
         pattern = "random" if num_steps is None else "normal"
@@ -360,16 +355,16 @@ def sample(
     out = [take(rows) for take in reader.takes]
     if reader.is_reader and reader.live_first(store) > store.first_step:  # some may be overwritten
         draw = _resample_overwritten(
-            store, reader, draw, out, steps, num_steps, replacement, gen, within_episodes
+            store, reader, draw, out, steps, num_steps, replacement, gen, options, window
         )
     if key is not None:  # the next batch with the same request: draw it now, prefetch it
-        nxt = _draw(store, batch_size, steps, replacement, gen, within_episodes)
+        nxt = _draw(store, batch_size, steps, replacement, gen, options, window)
         reader.pending = (key, nxt)
         reader.prefetch_later(sampling.rows_of(nxt.start, num_steps, reader.num_envs))
     nest = reader.pack(out)
     if return_info:
         step = draw.step
-        return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability)
+        return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability, draw.weight)
     return nest
 
 
@@ -382,7 +377,8 @@ def _resample_overwritten(
     num_steps: int | None,
     replacement: bool,
     gen: np.random.Generator,
-    within: bool,
+    options: dict,
+    within: tuple[int, int] | None,
 ) -> sampling.Draw:
     """Seqlock for readers: redraw (and read again) the items the writer overwrote while
     they were read, from the reader's window moved forward to the writer's."""
@@ -395,7 +391,7 @@ def _resample_overwritten(
         store.refresh()
         if not replacement:  # redraw all, so the batch stays free of repeats
             bad[:] = True
-        fresh = _draw(store, int(bad.sum()), steps, replacement, gen, within)
+        fresh = _draw(store, int(bad.sum()), steps, replacement, gen, options, within)
         if not replacement and len(fresh) != len(draw):
             raise NotEnoughDataError(
                 f"{store.path}: fewer rows are retained now than were sampled; sample again"
@@ -405,7 +401,11 @@ def _resample_overwritten(
             arr[bad] = take(fresh_rows)
         flat, start, prob = draw.flat.copy(), draw.start.copy(), np.array(draw.probability)
         flat[bad], start[bad], prob[bad] = fresh.flat, fresh.start, fresh.probability
-        draw = sampling.Draw(start, num_envs, prob, flat=flat)
+        weight = None
+        if draw.weight is not None and fresh.weight is not None:
+            weight = np.array(draw.weight)
+            weight[bad] = fresh.weight
+        draw = sampling.Draw(start, num_envs, prob, flat=flat, weight=weight)
     raise NotEnoughDataError(
         f"{store.path}: the writer overwrote the sampled rows {MAX_RESAMPLES} times in a row; "
         "the ring is too small for this reader"
@@ -424,10 +424,10 @@ def read_rows(store: Any, steps: Any, envs: Any) -> Any:
     steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
     if steps.size:
         lo, hi = int(steps.min()), int(steps.max())
-        first, end = store.first_step, store.state.end
+        first, end = store.window[:2]
         if lo < first or hi >= end:
             raise NotEnoughDataError(
-                f"{store.path}: steps [{lo}, {hi}] asked, the committed steps retained are [{first}, {end})"
+                f"{store.path}: steps [{lo}, {hi}] asked, the steps retained are [{first}, {end})"
             )
         if envs.min() < 0 or envs.max() >= store.num_envs:
             raise IndexError(f"{store.path}: env index out of range for {store.num_envs} envs")
@@ -460,7 +460,7 @@ def iterate(
     batch_size, num_steps, window_shift = sampling.check_sizes(batch_size, num_steps, window_shift)
     if window_shift is not None and num_steps is None:
         raise ValueError("window_shift needs num_steps: it is the step between the starts of two windows")
-    first, end = store.first_step, store.state.end
+    first, end = store.window[:2]
     env, start, length = sampling.pass_windows(
         first, end, store.num_envs, num_steps, window_shift, drop_remainder
     )

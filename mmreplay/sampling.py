@@ -39,10 +39,11 @@ class Draw:
     yet folded into the ring: they lie in ``[0, 2 * capacity * num_envs)`` and the
     gathers wrap them (``take(mode="wrap")``), which spares a modulo pass on the hot
     path. The global flat ids ``step * num_envs + env``, and from them ``step`` and
-    ``env``, are derived only when asked.
+    ``env``, are derived only when asked. ``weight`` holds importance-sampling weights
+    from samplers that give them (None otherwise).
     """
 
-    __slots__ = ("start", "num_envs", "p", "_shift", "_flat")
+    __slots__ = ("start", "num_envs", "p", "_shift", "_flat", "weight")
 
     def __init__(
         self,
@@ -51,12 +52,14 @@ class Draw:
         p: float | np.ndarray,
         shift: int | None = None,
         flat: np.ndarray | None = None,
+        weight: np.ndarray | None = None,
     ):
         self.start = start
         self.num_envs = num_envs
         self.p = p
         self._shift = shift
         self._flat = flat
+        self.weight = weight  # importance-sampling weights, from samplers that give them
 
     @property
     def flat(self) -> np.ndarray:

@@ -57,6 +57,7 @@ from .metadata import (
     write_metadata,
 )
 from .roles import validate_roles
+from .samplers.base import Sampler, Window, make_sampler, sampler_from_json
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
 from .statefile import slot_ranges
 from .values import StepValidator
@@ -86,7 +87,9 @@ class Store:
         1
     """
 
-    def __init__(self, path: str, meta: Metadata, mode: str, lock: WriterLock | None):
+    def __init__(
+        self, path: str, meta: Metadata, mode: str, lock: WriterLock | None, sampler: Sampler | None = None
+    ):
         self.path = path
         self.mode = mode
         self._meta = meta
@@ -131,6 +134,16 @@ class Store:
         self._dirty = False
         self._episodes: Any = None  # mmreplay.episodes.EpisodeIndex, made on first use
         self._reads: Any = None  # mmreplay.reads.Reader, made on first read
+        try:
+            self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
+            self._sampler.attach(self)
+        except BaseException:
+            self._closed = True
+            for entry in self._closers:
+                entry.close()
+            if lock is not None:
+                lock.release()
+            raise
         self._finalizer = _close_when_dropped(self, at_exit=mode == "a")
 
     # --- description ---------------------------------------------------------------
@@ -215,8 +228,8 @@ class Store:
 
     @property
     def first_step(self) -> int:
-        """Global id of the oldest retained committed step."""
-        return min(self._state.end, max(self._floor, self._written - self.capacity))
+        """Global id of the oldest retained step (``window.first``)."""
+        return self.window.first
 
     @property
     def cursor(self) -> int:
@@ -227,9 +240,24 @@ class Store:
     def state(self) -> State:
         return self._state
 
+    @property
+    def window(self) -> Window:
+        """The steps this store retains and reads, global ids ``[first, end)``: in a
+        writer every step it added (committed or not), in a reader the committed ones."""
+        written = self._written
+        first = min(written, max(self._floor, written - self._capacity))
+        return Window(first, written, self._meta.num_envs, self._capacity)
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler :meth:`sample` draws through (chosen at :func:`create`, recorded
+        in the metadata)."""
+        return self._sampler
+
     def __len__(self) -> int:
-        """Committed steps retained (each holds ``num_envs`` rows)."""
-        return self._state.end - self.first_step
+        """Steps retained (each holds ``num_envs`` rows): in a writer every step it
+        added, in a reader the committed ones."""
+        return self._written - self.first_step
 
     def __repr__(self) -> str:
         if self._closed:
@@ -270,7 +298,7 @@ class Store:
             self._closed = True
             self._writable = False
             self._arrays = None  # drop the views first, so the mappings can close
-            for part in (self._reads, self._episodes):
+            for part in (self._reads, self._episodes, self._sampler):
                 if part is not None:
                     part.close()
             self._reads = self._episodes = None
@@ -371,6 +399,7 @@ class Store:
         )
         if written > self._state.end:  # the episode index covers a step before its commit
             _episodes.index_for(self).commit(self._state.end, written, self.first_step, fsync)
+            self._sampler.on_commit(self._state.end, written, fsync)
         self._write_state(state, fsync)
         self._dirty = False
 
@@ -393,6 +422,7 @@ class Store:
         )
         self._write_state(state, self._meta.durability == "power")
         self._floor = self._written
+        self._sampler.on_clear(self._written)
 
     # --- reads ---------------------------------------------------------------------
 
@@ -470,6 +500,7 @@ class Store:
             leaf.write_slots(slots, v)
         self._dirty = True
         _episodes.index_for(self).rescan(self, np.asarray(steps).reshape(-1))
+        self._sampler.on_set(np.asarray(steps).reshape(-1))
 
     # --- sampling, passes, episodes (mmreplay.reads, mmreplay.episodes) ----------------
 
@@ -479,10 +510,14 @@ class Store:
         num_steps: int | None = None,
         replacement: bool = True,
         rng: Any = None,
-        within_episodes: bool = False,
+        within_episodes: bool | None = None,
         return_info: bool = False,
+        window: tuple[int, int] | None = None,
+        **options: Any,
     ) -> Any:
-        """A random batch of committed rows, uniform over every (step, env) pair.
+        """A random batch of rows, drawn through :attr:`sampler` (by default uniform over
+        every (step, env) pair): in a writer from every step it added, in a reader from
+        the committed ones.
 
         Args:
             batch_size: items in the batch (without replacement: at most the number of
@@ -491,9 +526,15 @@ class Store:
                 one env, never crossing the write cursor or the oldest retained step.
             replacement: False gives distinct items.
             rng: an int seed, a ``numpy.random.Generator``, or None (the store's own).
-            within_episodes: sequences also never cross an episode end.
+            within_episodes: sequences also never cross an episode end (None: the
+                sampler's default, off for the uniform sampler).
             return_info: also return a :class:`mmreplay.reads.SampleInfo` (global step id
-                and slot of each item's first step, its env, its probability).
+                and slot of each item's first step, its env, its probability, and the
+                importance weight from a prioritized sampler).
+            window: ``(first, end)`` global step ids: draw only from these steps (within
+                the retained ones), as layers that show the newest part of the store do.
+            options: passed to the sampler's ``draw`` (such as ``beta`` for the
+                prioritized sampler).
 
         Returns:
             The spec's nest of arrays ``[batch_size, *shape]``, or
@@ -509,7 +550,20 @@ class Store:
             >>> store.sample(4, num_steps=3, rng=0)["x"].shape
             (4, 3)
         """
-        return _reads.sample(self, batch_size, num_steps, replacement, rng, within_episodes, return_info)
+        if within_episodes is not None:
+            options["within_episodes"] = within_episodes
+        return _reads.sample(self, batch_size, num_steps, replacement, rng, return_info, options, window)
+
+    def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
+        """New priorities for sampled items (``info.step``, ``info.env`` of
+        :meth:`sample`), for a store created with ``sampler="prioritized"``.
+
+        Allowed in readers too (it writes the priority file only), so a learner in
+        another process can update them. Items whose step the ring has dropped since
+        they were sampled are skipped; returns how many were applied.
+        """
+        self._check_open()
+        return self._sampler.update_priorities(step, env, priorities)
 
     def iterate(
         self,
@@ -585,9 +639,13 @@ class Store:
 
         Formats: minari, d4rl, d3rlpy, parquet, npz, csv, pt, zarr, hdf5. Options:
         ``compression``, ``complete_only``, ``force``, ``progress``, ``dataset_id`` (minari).
-        Returns an :class:`mmreplay.export.ExportResult`.
+        Returns an :class:`mmreplay.export.ExportResult`. A writer commits first, so
+        what is exported is what is durable and what readers see.
         """
         from .export import export
+
+        if self._writable:
+            self._commit()
 
         return export(self, out, format=format, **options)
 
@@ -815,6 +873,8 @@ def create(
     durability: str = "process",
     roles: Mapping[str, str] | None = None,
     exist_ok: bool = False,
+    sampler: str | Sampler | None = None,
+    **sampler_options: Any,
 ) -> Store:
     """Create a buffer folder and open it for writing.
 
@@ -833,6 +893,11 @@ def create(
             (also syncs the data, then the state file, to the disk at each commit).
         roles: role -> leaf path, overriding the roles inferred from the names.
         exist_ok: if a buffer with the same layout exists there, open it for writing.
+        sampler: what :meth:`Store.sample` draws through: ``"uniform"`` (the default),
+            ``"slices"``, ``"prioritized"``, another registered name, or a
+            :class:`mmreplay.samplers.Sampler`; recorded in the metadata, so
+            :func:`open` restores it.
+        sampler_options: the named sampler's parameters (``num_steps=8``, ``alpha=0.6``...).
 
     Example:
         >>> import mmreplay as mr, tempfile
@@ -841,6 +906,9 @@ def create(
     """
     path = os.fspath(path)
     meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles)
+    chosen = make_sampler(sampler, **sampler_options)
+    sampler_json = chosen.state_json()
+    meta = replace(meta, sampler=None if sampler_json == {"name": "uniform"} else sampler_json)
     module = backends.get(backend)
     if os.path.lexists(path):
         if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
@@ -876,7 +944,7 @@ def create(
     if durability == "power":
         for folder in {parent, *(os.path.dirname(m) for m in made)}:  # the new entries
             _fsync_dir(folder)
-    return Store(path, meta, "a", lock)
+    return Store(path, meta, "a", lock, chosen)
 
 
 def _existing_ancestor(folder: str) -> str:

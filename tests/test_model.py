@@ -66,7 +66,7 @@ def _serve(path: str, commands: int, replies: int) -> None:
             store.commit()
         elif op == "clear":
             store.clear()
-        elif op == "sample":  # the writer samples its own committed window
+        elif op == "sample":  # the writer samples every step it added
             try:
                 nest, info = store.sample(cmd["k"], return_info=True, rng=cmd["seed"])
             except mr.NotEnoughDataError:
@@ -211,11 +211,13 @@ class BufferModel(RuleBasedStateMachine):
     def sample_in_the_writer(self, k, seed):
         reply = self.writer.call("sample", k=k, seed=seed)
         self._after(reply)
-        assert self._may_from() <= reply["first"] <= self._must_from()
-        if reply["first"] == reply["end"]:
+        # the writer samples every step it added, committed or not, that the ring retains
+        low = min(self.written, max(self.start, self.written - self.capacity))
+        assert low <= reply["first"] <= min(self.written, max(self._must_from(), self.written - self.capacity))
+        if reply["first"] == self.written:
             assert reply.get("empty")
         else:
-            assert reply["exact"] and reply["first"] <= reply["steps"][0] and reply["steps"][1] < reply["end"]
+            assert reply["exact"] and reply["first"] <= reply["steps"][0] and reply["steps"][1] < self.written
 
     def _reopen(self, via_create: bool) -> None:
         """A new writer (no writer is running): it resumes at the committed cursor."""

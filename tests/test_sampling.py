@@ -165,12 +165,10 @@ def test_empty_store_says_empty(tmp_path, layout):
             store.sample(4, num_steps=2, within_episodes=True)
 
 
-def test_uncommitted_steps_are_not_sampled(tmp_path):
+def test_a_writer_samples_its_uncommitted_steps(tmp_path):
     with make(tmp_path, 10, 1, 0, commit_every=100) as store:
         store.extend(steps_of(0, 3, 1))
-        with pytest.raises(mr.NotEnoughDataError, match="empty"):
-            store.sample(1)
-        store.commit()
+        assert store.committed_steps == 0
         assert set(store.sample(200, rng=0)["step"].tolist()) == {0, 1, 2}
 
 
@@ -214,7 +212,7 @@ def test_return_info_probability_is_one_over_the_valid_starts(tmp_path):
         assert np.allclose(info.probability, 1 / 21)
         _, info = store.sample(5, num_steps=4, rng=0, return_info=True)
         assert np.allclose(info.probability, 1 / 12)
-        assert set(vars(info)) == {"step", "env", "slot", "probability"}
+        assert set(vars(info)) == {"step", "env", "slot", "probability", "weight"} and info.weight is None
 
 
 def test_bad_arguments_are_refused(tmp_path):

@@ -275,23 +275,6 @@ def write_origin(store: Store, origin: int) -> None:
 
 
 def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:
-    """Leaf arrays (flatten order) of the rows ``(steps[i...], envs[i...])``, broadcast together.
-
-    Committed rows are gathered one by one (:func:`mmreplay.reads.read_rows`); a writer's
-    rows not committed yet are read a step at a time (every env of it), then picked.
-    """
-    steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
-    end = store.state.end
-    if steps.size == 0 or steps.max() < end:
-        return [np.asarray(x) for x in flatten(reads.read_rows(store, steps, envs))]
-    leaf_specs = flatten(store.spec)
-    out = [np.empty((*steps.shape, *s.shape), s.dtype) for s in leaf_specs]
-    done = steps < end
-    if done.any():
-        for o, x in zip(out, flatten(reads.read_rows(store, steps[done], envs[done]))):
-            o[done] = x
-    late = ~done
-    unique, inverse = np.unique(steps[late], return_inverse=True)
-    for o, leaf in zip(out, store.read_steps(unique)):
-        o[late] = leaf[inverse, envs[late]]
-    return out
+    """Leaf arrays (flatten order) of the rows ``(steps[i...], envs[i...])``, broadcast
+    together (:func:`mmreplay.reads.read_rows`; a writer reads its uncommitted rows too)."""
+    return [np.asarray(x) for x in flatten(reads.read_rows(store, steps, envs))]

@@ -456,12 +456,11 @@ class UniformReplayBuffer(StoreShell):
             raise NotEnoughDataError(
                 f"{_EMPTY} It holds {hi - lo} frames per segment, too short for num_steps={T}."
             )
-        starts = self._rng.integers(lo, lo + n_starts, size=S)
-        segments = self._rng.integers(0, self._batch_size, size=S)
-        steps = starts[:, None] + np.arange(T)  # [S, T]
-        leaves = self._read(steps, segments[:, None])
-        ids = self._ids(steps)
-        prob = np.full(S, 1.0 / (n_starts * self._batch_size), np.float32)
+        # the store's sampler draws (uniform over (start, segment)), its fetch path reads
+        nest, info = self.store.sample(S, num_steps=T, rng=self._rng, window=(lo, hi), return_info=True)
+        leaves = flatten(nest)  # [S, T, ...]
+        ids = self._ids(info.step[:, None] + np.arange(T))
+        prob = info.probability.astype(np.float32)
         # [S, T, ...] -> the requested layout
         if num_steps is None:
             leaves = [x[:, 0] for x in leaves]

@@ -109,7 +109,7 @@ class StoreDataset(Dataset):
         # already reserved for overwriting, which a reader must treat as gone.
         src = self._opened.get()
         steps = 1 if num_steps is None else num_steps
-        self.first, self.end = src.first_step, src.state.end
+        self.first, self.end = src.window[:2]
         self.num_envs = src.num_envs
         if within_episodes:
             spans = index_for(src).spans(src)

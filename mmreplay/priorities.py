@@ -1,0 +1,144 @@
+"""The priority file: one float32 priority per row, a ring beside the leaves, mapped.
+
+``priorities.bin`` holds a 4096-byte header (magic, version, capacity, num_envs, alpha,
+the running maximum priority) and then ``[capacity, num_envs]`` float32 priorities in C
+order: the priority of step ``g``, env ``e`` is at ``[g % capacity, e]``. A row's
+priority is meaningful only while its step is retained and committed (the store's
+state says which); a slot's global step id is its generation.
+
+Who writes what, and why it is safe against the ring (``priorities.lock``, an
+``flock``, orders the two writers):
+
+- The store's writer gives new steps the running maximum. It writes them under the lock,
+  at the commit that commits them (before the state write) or before its own draws, and
+  never per add. The store raises its reservation (the state write that lets it
+  overwrite old slots) before it writes a step, so when the writer writes the priority
+  of step ``g`` the state already excludes step ``g - capacity``.
+- A learner (any process, readers included) updates priorities under the lock: it
+  re-reads the committed state, drops every update for a step older than the oldest
+  retained one (those slots may hold newer steps) and applies the rest. An update that
+  slips in before the writer's priority write for the slot's new step is overwritten
+  by it; one that comes after sees the raised reservation and is dropped. Either way a
+  new step never keeps the priority of the step it replaced.
+
+Writes to the mapping survive a kill -9 of the process once made; with
+``durability="power"`` the writer's commit also ``msync``s the file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+from typing import Any
+
+import numpy as np
+
+from .errors import CorruptBufferError, ReadOnlyError
+
+__all__ = ["PriorityFile", "PRIORITY_FILE", "PRIORITY_LOCK"]
+
+PRIORITY_FILE = "priorities.bin"
+PRIORITY_LOCK = "priorities.lock"
+MAGIC = b"MMRPRIO\0"
+VERSION = 1
+HEADER_BYTES = 4096
+# magic, version, reserved, capacity, num_envs, alpha; the maximum lives at MAX_OFFSET
+_HEADER = struct.Struct("<8sII QQ d")
+MAX_OFFSET = 64
+
+
+class PriorityFile:
+    """The mapped priorities of one buffer and the lock that orders their writers."""
+
+    def __init__(self, folder: str, capacity: int, num_envs: int, writable: bool):
+        self.path = os.path.join(folder, PRIORITY_FILE)
+        self.lock_path = os.path.join(folder, PRIORITY_LOCK)
+        self.capacity, self.num_envs = capacity, num_envs
+        self.writable = writable
+        try:
+            fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        except PermissionError as exc:
+            raise ReadOnlyError(
+                f"{self.path}: cannot open the priorities for writing ({exc.strerror})"
+            ) from exc
+        try:
+            size = os.fstat(fd).st_size
+            want = HEADER_BYTES + capacity * num_envs * 4
+            if size != want:
+                raise CorruptBufferError(
+                    f"{self.path}: expected {want} bytes for {capacity} x {num_envs} priorities, found {size}"
+                )
+            self.mm = mmap.mmap(fd, want, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        magic, version, _, cap, envs, alpha = _HEADER.unpack_from(self.mm, 0)
+        if magic != MAGIC or version != VERSION or (cap, envs) != (capacity, num_envs):
+            self.mm.close()
+            raise CorruptBufferError(
+                f"{self.path}: not a priority file for {capacity} x {num_envs} rows "
+                f"(magic {magic!r}, version {version}, shape {cap} x {envs})"
+            )
+        self.alpha = alpha
+        self.values = np.ndarray((capacity, num_envs), np.float32, self.mm, HEADER_BYTES)
+        self._max = np.ndarray((1,), np.float64, self.mm, MAX_OFFSET)
+        self._lock_fd: int | None = None
+
+    @staticmethod
+    def create(folder: str, capacity: int, num_envs: int, alpha: float, fill: float = 1.0) -> None:
+        """Write a new priority file, every row at ``fill``; replaced atomically."""
+        path = os.path.join(folder, PRIORITY_FILE)
+        tmp = f"{path}.creating-{os.getpid()}"
+        header = bytearray(HEADER_BYTES)
+        _HEADER.pack_into(header, 0, MAGIC, VERSION, 0, capacity, num_envs, alpha)
+        struct.pack_into("<d", header, MAX_OFFSET, fill)
+        row = np.full(num_envs, fill, np.float32).tobytes()
+        with open(tmp, "wb") as f:
+            f.write(header)
+            block = row * max(1, min(capacity, (1 << 20) // len(row)))
+            left = capacity * len(row)
+            while left:
+                part = block[: min(left, len(block))]
+                f.write(part)
+                left -= len(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    # --- the running maximum -----------------------------------------------------------
+
+    @property
+    def max_priority(self) -> float:
+        return float(self._max[0])
+
+    def raise_max(self, value: float) -> None:
+        if value > self._max[0]:
+            self._max[0] = value
+
+    # --- the lock ------------------------------------------------------------------------
+
+    def __enter__(self) -> PriorityFile:
+        if self._lock_fd is None:
+            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    # --- durability ------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Push every written priority to the disk (``durability="power"``)."""
+        self.mm.flush()
+
+    def close(self) -> None:
+        self.values = self._max = None  # type: ignore[assignment]
+        try:
+            self.mm.close()
+        except BufferError:  # a view still alive elsewhere; the mapping goes with it
+            pass
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None

@@ -1,0 +1,16 @@
+"""Samplers: the objects a store draws its random batches through (see :mod:`.base`)."""
+
+from .base import Draw, Sampler, Window, make_sampler, register_sampler, sampler_from_json
+from .slices import SliceSampler
+from .uniform import UniformSampler
+
+__all__ = [
+    "Draw",
+    "Sampler",
+    "SliceSampler",
+    "UniformSampler",
+    "Window",
+    "make_sampler",
+    "register_sampler",
+    "sampler_from_json",
+]

@@ -1,0 +1,166 @@
+"""The sampler protocol: how a store turns a batch size, a window and an rng into rows.
+
+A store draws every random batch through one sampler object (``store.sampler``); the
+fetch path in :mod:`mmreplay.reads` then gathers the rows, advises the page cache,
+prefetches and, in readers, re-draws items the writer overwrote. A sampler never reads
+or writes leaf data itself.
+
+Contract
+--------
+``draw(batch_size, window, rng, num_steps=1, replacement=True, **options) -> Draw``
+    Return ``batch_size`` items (without replacement: at most the number of valid
+    items) whose ``num_steps`` consecutive steps all lie in ``[window.first,
+    window.end)`` of one env. The :class:`~mmreplay.sampling.Draw` holds the row id of
+    each item's first step (``start``: ``slot * num_envs + env``, possibly not folded
+    into the ring, ``< 2 * capacity * num_envs``), its global flat id (``flat``:
+    ``step * num_envs + env``, hence ``step`` and ``env``) and the probability of
+    drawing it in one draw (``probability``). All randomness comes from ``rng`` (a
+    ``numpy.random.Generator``), so a seeded rng and an unchanged window give the same
+    draw. Raise :class:`~mmreplay.NotEnoughDataError` when nothing can be drawn. Unknown
+    ``options`` raise ``TypeError``. ``draw`` may be called again for a subset of a
+    batch (a reader's re-draw), with the window moved forward.
+
+``window``
+    A :class:`Window`: ``first`` (oldest retained global step id), ``end`` (one past
+    the newest step this store sees: in a writer every step it added, in a reader the
+    committed end), ``num_envs``, ``capacity``.
+
+Write hooks (no-op defaults, see :class:`mmreplay.hooks.WriteHook`)
+    ``on_add(first_step, count)`` after steps ``[first_step, first_step + count)`` are
+    written (not yet committed); ``on_commit(old_end, new_end, fsync)`` before the state
+    write that commits steps ``[old_end, new_end)``: whatever the sampler persists for
+    them must be on disk (fsynced with ``fsync``) when it returns; ``on_set(steps)``
+    after stored steps are overwritten in place; ``on_clear(end)`` after every step
+    before ``end`` is dropped. Hooks run in the writer only.
+
+``attach(store)``
+    Called once when the store opens (writer or reader), before any other call; the
+    sampler may keep the store and use its public API (``path``, ``capacity``,
+    ``num_envs``, ``mode``, ``window``, ``episode_index``...). ``close()`` when the store
+    closes.
+
+``update_priorities(step, env, priorities)``
+    Samplers that keep priorities accept the learner's new priorities for items by
+    global step id and env; the default raises ``TypeError``.
+
+``state_json() -> dict`` / ``from_json(obj) -> Sampler``
+    The sampler's name and parameters as JSON values (no arrays: data a sampler keeps
+    per row goes into its own files under the store's folder). The store records
+    ``state_json()`` in its metadata at create and rebuilds the sampler with
+    :func:`sampler_from_json` at open. ``name`` picks the class from the registry
+    (:func:`register_sampler`).
+
+``num_steps``
+    The sequence length a ``sample`` without ``num_steps`` returns (None: single steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from ..hooks import WriteHook
+from ..sampling import Draw
+
+__all__ = ["Draw", "Sampler", "Window", "register_sampler", "sampler_from_json", "make_sampler"]
+
+
+class Window(NamedTuple):
+    """The steps a draw may use: global ids ``[first, end)`` of ``num_envs`` envs each,
+    stored in a ring of ``capacity`` slots."""
+
+    first: int
+    end: int
+    num_envs: int
+    capacity: int
+
+    @property
+    def steps(self) -> int:
+        """Steps in the window."""
+        return max(0, self.end - self.first)
+
+
+class Sampler(WriteHook):
+    """Base class of samplers: the hooks are no-ops, ``draw`` must be given."""
+
+    name: ClassVar[str] = ""
+    num_steps: int | None = None
+
+    def attach(self, store: Any) -> None:
+        """Called when the store opens; see the module docstring."""
+
+    def close(self) -> None:
+        """Called when the store closes."""
+
+    def draw(
+        self,
+        batch_size: int,
+        window: Window,
+        rng: np.random.Generator,
+        num_steps: int = 1,
+        replacement: bool = True,
+        **options: Any,
+    ) -> Draw:
+        raise NotImplementedError
+
+    def update_priorities(self, step: Any, env: Any, priorities: Any) -> None:
+        raise TypeError(f"the {self.name or type(self).__name__!r} sampler keeps no priorities")
+
+    def state_json(self) -> dict[str, Any]:
+        """``{"name": ..., **parameters}``: what :meth:`from_json` takes back."""
+        return {"name": self.name}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Sampler:
+        params = {k: v for k, v in obj.items() if k != "name"}
+        return cls(**params)
+
+
+_REGISTRY: dict[str, type[Sampler]] = {}
+
+
+def register_sampler(cls: type[Sampler]) -> type[Sampler]:
+    """Make a sampler class known by its ``name`` (usable as a class decorator), so
+    ``create(sampler=name)`` and reopening a store that recorded it find it."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a class attribute 'name' to be registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _lookup(name: str) -> type[Sampler]:
+    if name not in _REGISTRY:
+        from . import _builtin  # noqa: F401  registers the samplers shipped with mmreplay
+
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(
+            f"unknown sampler {name!r}; known: {known} (a custom sampler must be registered "
+            "with mmreplay.samplers.register_sampler before the store is opened)"
+        ) from None
+
+
+def sampler_from_json(obj: Any, where: str = "metadata") -> Sampler:
+    """The sampler a store recorded (``None``: uniform)."""
+    if obj is None:
+        return _lookup("uniform")()
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ValueError(f"{where}: 'sampler' must be an object with a string 'name', got {obj!r}")
+    return _lookup(obj["name"]).from_json(obj)
+
+
+def make_sampler(sampler: str | Sampler | None, **options: Any) -> Sampler:
+    """A sampler from ``create``'s arguments: a registered name with its options, or an
+    instance (then no options)."""
+    if sampler is None:
+        sampler = "uniform"
+    if isinstance(sampler, Sampler):
+        if options:
+            raise TypeError(f"sampler options {sorted(options)} given with a sampler instance")
+        return sampler
+    if isinstance(sampler, str):
+        return _lookup(sampler).from_json({"name": sampler, **options})
+    raise TypeError(f"sampler must be a name or a mmreplay.samplers.Sampler, got {type(sampler).__name__}")
