@@ -25,7 +25,7 @@ from torchrl.data import (  # noqa: E402
 )
 
 import mmreplay as mr  # noqa: E402
-from mmreplay.compat.torchrl import MMReplayStorage  # noqa: E402
+from mmreplay.compat.torchrl import MMReplayStorage, StoreSampler  # noqa: E402
 
 
 def steps(lo: int, hi: int) -> TensorDict:
@@ -127,6 +127,43 @@ def test_prioritized_sampler(tmp_path):
     rb.extend(steps(0, 20))
     rb.update_priority(torch.arange(20), torch.tensor([0.0] * 19 + [10.0]))
     assert (rb.sample()["a"] == 19).all()
+
+
+def test_the_stores_prioritized_sampler_draws_by_priority_and_resumes_them(tmp_path):
+    path = tmp_path / "b"
+    storage = MMReplayStorage(path, max_size=50, sampler="prioritized", alpha=1.0, beta=0.5)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=StoreSampler(), batch_size=64)
+    rb.extend(steps(0, 20))
+    batch, info = rb.sample(return_info=True)
+    assert (
+        info["priority_weight"].shape == (64,) and (info["priority_weight"] == 1).all()
+    )  # new rows: max priority
+    rb.update_priority(torch.arange(20), torch.tensor([0.0] * 18 + [1.0, 3.0]))
+    batch, info = rb.sample(return_info=True)
+    assert set(batch["a"].tolist()) == {18, 19}
+    weight = dict(zip(batch["a"].tolist(), info["priority_weight"].tolist()))
+    assert weight[18] / weight[19] == pytest.approx(3.0**0.5)  # (P_i / P_min) ** -beta
+    storage.close()
+    again = MMReplayStorage(path)  # no loads: the priorities are in the folder, committed with the rows
+    rb = TensorDictReplayBuffer(storage=again, sampler=StoreSampler(beta=1.0), batch_size=64)
+    batch, info = rb.sample(return_info=True)
+    assert set(batch["a"].tolist()) == {18, 19}
+    weight = dict(zip(batch["a"].tolist(), info["priority_weight"].tolist()))
+    assert weight[18] / weight[19] == pytest.approx(3.0)
+
+
+def test_store_sampler_with_envs_takes_back_slot_and_env_pairs(tmp_path):
+    storage = MMReplayStorage(tmp_path / "b", max_size=40, ndim=2, sampler="prioritized", alpha=1.0)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=StoreSampler(), batch_size=32)
+    rb.extend(TensorDict({"x": torch.arange(20).reshape(4, 5)}, [4, 5]))  # [envs, time]
+    index = rb.sample(return_info=True)[1]["index"]
+    assert isinstance(index, tuple) and len(index) == 2
+    rb.update_priority((torch.tensor([0, 3]), torch.tensor([0, 2])), torch.tensor([0.0, 5.0]))
+    rb.update_priority(
+        torch.stack([torch.arange(5).repeat(4), torch.arange(4).repeat_interleave(5)], -1), torch.zeros(20)
+    )
+    rb.update_priority((torch.tensor([3]), torch.tensor([2])), torch.tensor([5.0]))
+    assert set(rb.sample()["x"].tolist()) == {2 * 5 + 3}  # env 2, step 3
 
 
 def test_a_storage_resumes_from_its_folder_without_loads(tmp_path):

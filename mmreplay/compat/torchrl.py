@@ -30,6 +30,7 @@ import numpy as np
 try:
     import torch
     from tensordict import TensorDict, TensorDictBase, is_tensor_collection
+    from torchrl.data.replay_buffers.samplers import Sampler
     from torchrl.data.replay_buffers.storages import TensorStorage
 except ImportError as exc:  # torchrl is an install extra
     raise ImportError("mmreplay.compat.torchrl needs torchrl: pip install 'mmreplay[torchrl]'") from exc
@@ -41,7 +42,7 @@ from ..store import Store, create
 from ..store import open as open_store
 from ._shared import lenient_roles, read_origin, write_origin
 
-__all__ = ["MMReplayStorage"]
+__all__ = ["MMReplayStorage", "StoreSampler"]
 
 
 def _key_path(key: Any) -> str:
@@ -73,6 +74,9 @@ class MMReplayStorage(TensorStorage):
             ``ndim=2``, ``max_size // num_envs`` steps of ``num_envs`` rows).
         ndim: 1 (one env, ``[steps]``) or 2 (``[steps, envs]``, the data's second dim).
         commit_every, durability, backend: passed to :func:`mmreplay.create`.
+        sampler, sampler_options: the store's own sampler, passed to
+            :func:`mmreplay.create` (``sampler="prioritized", alpha=0.6, beta=0.4``); a
+            :class:`StoreSampler` in the buffer draws through it.
 
     Writes are durable at the store's commits (every ``commit_every`` steps, at
     :meth:`commit`, at :meth:`close` and when the process exits normally).
@@ -87,6 +91,8 @@ class MMReplayStorage(TensorStorage):
         commit_every: int | None = None,
         durability: str = "process",
         backend: str = "zarr",
+        sampler: str | None = None,
+        **sampler_options: Any,
     ) -> None:
         if ndim not in (1, 2):
             raise ValueError(f"MMReplayStorage: ndim must be 1 or 2, got {ndim}")
@@ -94,6 +100,8 @@ class MMReplayStorage(TensorStorage):
         self._create_options: dict[str, Any] = {"durability": durability, "backend": backend}
         if commit_every is not None:
             self._create_options["commit_every"] = commit_every
+        if sampler is not None:
+            self._create_options.update(sampler=sampler, **sampler_options)
         self.store: Store | None = None
         self._origin = 0  # global step id of TorchRL's slot 0 (moved by an empty)
         exists = os.path.exists(os.path.join(self.path, "mmreplay.json"))
@@ -158,7 +166,7 @@ class MMReplayStorage(TensorStorage):
         store = self.__dict__.get("store")
         if store is None:
             return 0
-        steps = min(store.total_steps - max(store.first_step, self._origin), store.capacity)
+        steps = min(store.total_steps - max(store.window.first, self._origin), store.capacity)
         return steps * (store.num_envs if self.ndim == 2 else 1)
 
     @_len.setter
@@ -190,7 +198,7 @@ class MMReplayStorage(TensorStorage):
             return super()._rand_given_ndim(batch_size)
         retained = self._len if self.ndim == 1 else self._len // store.num_envs
         offsets = torch.randint(retained, (batch_size,), generator=self._rng)
-        slots = (store.first_step + offsets) % store.capacity
+        slots = (store.window.first + offsets) % store.capacity
         if self.ndim == 1:
             return slots
         return slots, torch.randint(store.num_envs, (batch_size,), generator=self._rng)
@@ -326,3 +334,60 @@ class MMReplayStorage(TensorStorage):
 
     def __repr__(self) -> str:
         return f"MMReplayStorage({self.path!r}, max_size={self.max_size}, ndim={self.ndim}, len={len(self)})"
+
+
+class StoreSampler(Sampler):
+    """A TorchRL sampler that draws through the store's own sampler (``store.sampler``).
+
+    Over a storage made with ``sampler="prioritized"`` this is prioritized replay: the
+    batch's ``info`` holds ``"priority_weight"`` (importance weights, with ``beta`` or the
+    store's default), ``rb.update_priority(index, priority)`` writes the store's priority
+    file, and the priorities are committed with the rows, so a reopened storage draws by
+    them again. Randomness comes from the buffer's generator, or torch's global one.
+    """
+
+    def __init__(self, beta: float | None = None) -> None:
+        self.beta = beta
+
+    @staticmethod
+    def _store(storage: Any) -> Store:
+        if not isinstance(storage, MMReplayStorage):
+            raise TypeError(f"StoreSampler draws from an MMReplayStorage, got {type(storage).__name__}")
+        if storage.store is None:
+            raise RuntimeError(f"{storage.path}: nothing written yet")
+        return storage.store
+
+    def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict[str, Any]]:
+        store = self._store(storage)
+        seed = int(torch.randint(0, 2**62, (), generator=self._rng))
+        options = {} if self.beta is None else {"beta": self.beta}
+        draw = store.sampler.draw(batch_size, store.window, np.random.default_rng(seed), **options)
+        slots = torch.from_numpy(draw.step % store.capacity)
+        index = slots if storage.ndim == 1 else (slots, torch.from_numpy(draw.env))
+        info = {} if draw.weight is None else {"priority_weight": torch.from_numpy(draw.weight)}
+        return index, info
+
+    def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
+        """Priorities for the rows at ``index`` (slots, or ``[N, 2]`` slot and env pairs),
+        given to the rows those slots hold now."""
+        store = self._store(storage)
+        index = torch.as_tensor(index).cpu().numpy().astype(np.int64)
+        slots, envs = (index[..., 0], index[..., 1]) if storage.ndim == 2 else (index, np.zeros_like(index))
+        end = store.total_steps
+        steps = end - 1 - ((end - 1 - slots.reshape(-1)) % store.capacity)
+        store.update_priorities(steps, envs.reshape(-1), torch.as_tensor(priority).reshape(-1).cpu().numpy())
+
+    def _empty(self) -> None:
+        """The store's sampler follows the store's own clear."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to load: the priorities live in the store's folder."""
+
+    def dumps(self, path: Any) -> None:
+        """Nothing to write: the priorities are committed with the rows."""
+
+    def loads(self, path: Any) -> None:
+        """Nothing to read: the priorities live in the store's folder."""
