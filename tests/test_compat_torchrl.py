@@ -274,6 +274,40 @@ def test_a_replay_buffer_resumes_after_sigkill(tmp_path):
     assert len(rb) == 20 + 1 - first
 
 
+PRIORITIZED_WRITER = textwrap.dedent(
+    """
+    import sys, time, torch
+    from tensordict import TensorDict
+    from torchrl.data import TensorDictReplayBuffer
+    from mmreplay.compat.torchrl import MMReplayStorage, StoreSampler
+    storage = MMReplayStorage(sys.argv[1], max_size=32, sampler="prioritized", alpha=1.0, commit_every=10_000)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=StoreSampler())
+    rb.extend(TensorDict({"a": torch.arange(20)}, [20]))
+    storage.commit()
+    rb.update_priority(torch.arange(20), (torch.arange(20) % 5 == 0).float())
+    print("ready", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_priorities_survive_sigkill(tmp_path):
+    path = tmp_path / "b"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PRIORITIZED_WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    rb = TensorDictReplayBuffer(storage=MMReplayStorage(path), sampler=StoreSampler(), batch_size=256)
+    assert len(rb) == 20
+    assert set(rb.sample()["a"].tolist()) == {0, 5, 10, 15}
+
+
 # --- SliceSampler: the same batches as over LazyMemmapStorage -------------------------
 
 
