@@ -155,9 +155,11 @@ class MMReplayStorage(TensorStorage):
             self.store.commit()
 
     def close(self) -> None:
-        """Commit and release the store (its views must not be used after)."""
+        """Commit and release the store; the storage holds no rows after this."""
         if self.store is not None:
             self.store.close()
+            self._storage = None  # the mapping closes once no tensor views it
+            self.initialized = False
 
     # --- TorchRL's storage interface ---------------------------------------------------
 
