@@ -227,6 +227,19 @@ def test_the_trajectory_column_is_a_view_of_the_mapped_leaf(tmp_path):
 
 # --- resume after SIGKILL -------------------------------------------------------------
 
+
+def kill_when_ready(code: str, path) -> None:
+    """Run ``code`` with ``path`` in a new process and SIGKILL it once it prints "ready"."""
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+
+
 WRITER = textwrap.dedent(
     """
     import sys, time, torch
@@ -249,14 +262,7 @@ WRITER = textwrap.dedent(
 
 def test_a_replay_buffer_resumes_after_sigkill(tmp_path):
     path = tmp_path / "b"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    kill_when_ready(WRITER, path)
     storage = MMReplayStorage(path, max_size=16)
     rb = TensorDictReplayBuffer(storage=storage, batch_size=64)
     # Steps 0..19 were committed; the ring kept the newest 16, minus those whose slots the
@@ -293,16 +299,7 @@ PRIORITIZED_WRITER = textwrap.dedent(
 
 def test_priorities_survive_sigkill(tmp_path):
     path = tmp_path / "b"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PRIORITIZED_WRITER, str(path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    kill_when_ready(PRIORITIZED_WRITER, path)
     rb = TensorDictReplayBuffer(storage=MMReplayStorage(path), sampler=StoreSampler(), batch_size=256)
     assert len(rb) == 20
     assert set(rb.sample()["a"].tolist()) == {0, 5, 10, 15}
