@@ -274,6 +274,9 @@ def test_a_replay_buffer_resumes_after_sigkill(tmp_path):
     assert [storage[s % 16]["index"].item() for s in range(first, 20)] == [s % 16 for s in range(first, 20)]
     batch = rb.sample()
     assert set(batch["a"].tolist()) == set(range(first, 20)) and (batch["b", "c"] == -batch["a"]).all()
+    with pytest.raises(IndexError, match="slot 4 holds no committed row"):
+        rb[4] = TensorDict({"a": torch.tensor(-1)}, [])  # slot 4's step 4 was given up
+    assert storage.store.total_steps == 20 and -1 not in storage[:]["a"].tolist()
     assert rb.extend(
         TensorDict({"a": torch.tensor([20]), ("b", "c"): torch.tensor([-20])}, [1])
     ).tolist() == [4]

@@ -2,11 +2,13 @@
 
 :class:`MMReplayStorage` is a ``TensorStorage`` whose tensors are zero-copy views over
 the store's memory-mapped leaves: TorchRL's own writers and samplers (random,
-``PrioritizedSampler``, ``SliceSampler``, ``ndim=2`` for ``[steps, envs]``) read it as
-they read a ``LazyMemmapStorage``, and every write goes through the store (appends with
-``extend``, overwrites with ``set``), so the store's commit protocol keeps the cursor
-and the rows durable. Reopening the same folder resumes: length, the writer's cursor
-and the rows committed. There is no ``dumps``/``loads`` step.
+``SliceSampler``, ``ndim=2`` for ``[steps, envs]``) read it as they read a
+``LazyMemmapStorage``, and every write goes through the store (appends with ``extend``,
+overwrites with ``set``), so the store's commit protocol keeps the cursor and the rows
+durable. :class:`StoreSampler` draws through the store's own sampler: with
+``sampler="prioritized"``, prioritized replay whose priorities live in the folder.
+Reopening the same folder resumes: length, the writer's cursor, the rows committed and
+the priorities. There is no ``dumps``/``loads`` step.
 
 Example:
     >>> import tempfile, torch
@@ -292,6 +294,8 @@ class MMReplayStorage(TensorStorage):
                 )
             store.commit()
             steps = written - 1 - ((written - 1 - slots) % store.capacity)
+            if slots.size and steps.min() < store.first_step:
+                raise IndexError(f"{self.path}: slot {int(slots[steps.argmin()])} holds no committed row")
             store.set(steps - store.first_step, values)
         self._bump_mutation_revision()
 
