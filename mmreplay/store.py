@@ -136,7 +136,9 @@ class Store:
         self._reads: Any = None  # mmreplay.reads.Reader, made on first read
         try:
             self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
-            self._sampler.attach(self)
+            # a proxy: the exit finalizer closes a store that is dropped, so nothing the
+            # store holds may refer back to it
+            self._sampler.attach(weakref.proxy(self))
         except BaseException:
             self._closed = True
             for entry in self._closers:
