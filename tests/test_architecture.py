@@ -21,7 +21,7 @@ LAYERS = [
     {"export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
-OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas", "PIL", "imageio_ffmpeg"}
+OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas", "PIL", "imageio_ffmpeg", "torchrl", "tensordict"}
 
 
 def layer_of(name: str) -> int | None:

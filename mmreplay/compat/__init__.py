@@ -10,6 +10,9 @@ when used:
   recorder that writes every transition of an env or a vector env into a store.
 - :mod:`mmreplay.compat.torch`: a map-style ``Dataset`` of steps or sequences and an
   ``IterableDataset`` that samples, both safe with ``DataLoader(num_workers>0)``.
+- :mod:`mmreplay.compat.torchrl`: a TorchRL storage (``MMReplayStorage``) for its
+  ``ReplayBuffer`` with its own writers and samplers, and ``StoreSampler``, which draws
+  through the store's sampler (prioritized replay whose priorities persist).
 
 This package itself imports nothing.
 """
