@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError
+from ..sampling import pass_windows
 from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
 from ..values import StepValidator
@@ -545,19 +546,18 @@ class UniformReplayBuffer(StoreShell):
         if hi <= lo:
             raise NotEnoughDataError(_EMPTY)
         B = self._batch_size
-        size = 1 if num_steps is None else num_steps
-        shift = size if (num_steps is None or self._window_shift is None) else self._window_shift
-        offsets = np.arange(0, hi - lo, shift)
-        lengths = np.minimum(size, hi - lo - offsets)
-        if self._drop_remainder:
-            offsets, lengths = offsets[lengths == size], lengths[lengths == size]
+        # The store's windows of one segment's stream (store.iterate's). Its batches stack
+        # windows of one pass order (segment by segment); TF-Agents stacks a group of
+        # segments at the same window, so the grouping below stays here.
+        shift = None if num_steps is None else self._window_shift
+        _, starts, lengths = pass_windows(lo, hi, 1, num_steps, shift, self._drop_remainder)
         group = 1 if sample_batch_size is None else sample_batch_size
         groups = [np.arange(b, min(b + group, B)) for b in range(0, B, group)]
         if self._drop_remainder:
             groups = [g for g in groups if len(g) == group]
         for segs in groups:
-            for off, n in zip(offsets.tolist(), lengths.tolist()):
-                steps = lo + off + np.arange(n)  # [n]
+            for first, n in zip(starts.tolist(), lengths.tolist()):
+                steps = first + np.arange(n)  # [n]
                 leaves = self._read(steps[None, :], segs[:, None])  # [G, n, ...]
                 ids = np.broadcast_to(self._ids(steps), (len(segs), n)).copy()
                 if num_steps is None:
