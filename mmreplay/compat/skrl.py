@@ -185,6 +185,12 @@ class Memory(StoreShell):
         backend, compression, durability: as :func:`mmreplay.create`.
         commit_every: complete steps per commit (1: each is durable when written); a
             reopened memory keeps the value it was created with.
+        sampler, alpha: ``sampler="prioritized"`` (with its ``alpha``) makes
+            :meth:`RandomMemory.sample` draw by priority through the store's sampler
+            (``sampling_info`` then holds each item's importance weight); new priorities
+            go in with :meth:`update_priorities`. Recorded in the store: a reopened memory
+            keeps them. A ``create_tensor`` that rebuilds the store starts every priority
+            at the maximum again.
 
     Raises:
         ValueError: an unsupported ``export_format``.
@@ -220,6 +226,8 @@ class Memory(StoreShell):
         compression: Any = None,
         commit_every: int = DEFAULT_COMMIT_EVERY,
         durability: str = "process",
+        sampler: str | None = None,
+        alpha: float | None = None,
     ):
         for name, value in (("memory_size", memory_size), ("num_envs", num_envs)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
@@ -236,6 +244,7 @@ class Memory(StoreShell):
         self.export_format = fmt
         self.export_directory = export_directory
         self.sampling_indexes: torch.Tensor | None = None
+        self.sampling_info: Any = None  # the store's SampleInfo of the last sample (weights...)
         M, E = self.memory_size, self.num_envs
         self.all_sequence_indexes = np.concatenate([np.arange(i, M * E + i, E) for i in range(E)])
         self._options = {
@@ -243,6 +252,8 @@ class Memory(StoreShell):
             "compression": compression,
             "commit_every": commit_every,
             "durability": durability,
+            "sampler": sampler,
+            **({} if alpha is None else {"alpha": alpha}),
         }
         self._tensors: dict[str, _Tensor] = {}
         self._staged: dict[str, np.ndarray] | None = None
@@ -275,6 +286,10 @@ class Memory(StoreShell):
         if self._temp is not None:
             self._temp.store = store
         self._origin = read_origin(store)
+        recorded = store.sampler.state_json()  # a rebuilt store keeps the sampler it had
+        self._options = {k: v for k, v in self._options.items() if k not in ("sampler", "alpha")}
+        self._options["sampler"] = recorded.pop("name")
+        self._options.update(recorded)
         for name, spec in store.spec.items():
             self._tensors[name] = _Tensor(spec.shape, spec.dtype)
 
@@ -696,6 +711,20 @@ class Memory(StoreShell):
         parts = np.array_split(np.arange(M * E), mini_batches) if mini_batches > 1 else [slice(None)]
         return [[self._out(views[n][p]) if n in views else None for n in names] for p in parts]
 
+    def update_priorities(self, indexes: Any, priorities: Any) -> int:
+        """New priorities for rows at flat physical indexes (such as
+        :meth:`get_sampling_indexes`; for sequences, the index of each sequence's first
+        row), for a memory created with ``sampler="prioritized"``. Rows the ring has
+        overwritten since they were sampled are skipped; returns how many were applied."""
+        flat = self._flat_indexes(indexes)
+        rows, envs = np.divmod(flat, self.num_envs)
+        steps, valid = self._steps_of_rows(rows)
+        if not valid.all():
+            raise IndexError(f"{self._store_path()}: indexes {flat[~valid].tolist()} hold no stored row")
+        if isinstance(priorities, torch.Tensor):
+            priorities = priorities.detach().cpu().numpy()
+        return self._ensure_store().update_priorities(steps, envs, np.asarray(priorities).reshape(-1))
+
     def get_sampling_indexes(self) -> torch.Tensor | None:
         """The flat indexes of the last :meth:`sample` (None before the first)."""
         return self.sampling_indexes
@@ -907,15 +936,23 @@ class RandomMemory(Memory):
         """A random batch: ``[[tensor per name] per mini-batch]``, each ``(batch_size *
         sequence_length, *size)``; a sequence is one env's consecutive rows.
 
+        Drawn with skrl's torch calls (the indexes of skrl under ``torch.manual_seed``),
+        or by priority for a memory created with ``sampler="prioritized"`` (stored
+        steps only: a partial step staged in RAM is not drawn); the rows are read
+        through the store's fetch path.
+
         Raises:
             MemoryEmptyError: with replacement, nothing (or no whole sequence) to draw.
         """
-        if self.store is None or (self._staged is not None and self._env_index):
+        if self.store is None or (
+            self._staged is not None and self._env_index and self.store.sampler.name == "uniform"
+        ):
             # No store yet, or a partial step staged in RAM that the store cannot read.
             draw = self._rule.draw_physical(batch_size, sequence_length, self._replacement)
-            self.sampling_indexes = draw
+            self.sampling_indexes, self.sampling_info = draw, None
             return self.sample_by_index(names, draw, mini_batches)
         lo, hi = self._window()
+        uniform = self.store.sampler.name == "uniform"  # else the store's own (prioritized...)
         nest, info = sample_store(
             self.store,  # type: ignore[arg-type]
             batch_size,
@@ -923,9 +960,15 @@ class RandomMemory(Memory):
             self._replacement,
             return_info=True,
             window=(lo, hi),
-            sampler=self._rule,
+            sampler=self._rule if uniform else None,
         )
-        self.sampling_indexes = self._rule.last_indexes
+        if uniform:
+            self.sampling_indexes = self._rule.last_indexes
+        else:
+            rows = (info.step - self._origin)[:, None] + np.arange(sequence_length)
+            flat = (rows % self.memory_size) * self.num_envs + info.env[:, None]
+            self.sampling_indexes = torch.from_numpy(flat.reshape(-1))
+        self.sampling_info = info
         return self._batches(names, nest, mini_batches)
 
     def _batches(
