@@ -147,7 +147,9 @@ class PriorityFile:
 # --- verify and recover -----------------------------------------------------------------
 
 
-def _read_problems(folder: str, capacity: int, num_envs: int, first: int, end: int) -> tuple[list[str], float]:
+def _read_problems(
+    folder: str, capacity: int, num_envs: int, first: int, end: int
+) -> tuple[list[str], float]:
     """What is wrong with the priority file, and the running maximum its header holds
     (1.0 when it cannot be read or is not a valid priority)."""
     path = os.path.join(folder, PRIORITY_FILE)

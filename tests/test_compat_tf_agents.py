@@ -631,7 +631,8 @@ def test_prioritized_buffer_draws_by_priority_and_updates_land(tmp_path):
         assert items.tolist() == [[4, 5]] * 32
     with make_rb(tmp_path, 2, 4, "per") as rb:  # reopened: sampler and priorities are back
         assert rb.store.sampler.name == "prioritized"
-        assert rb.store.sampler.priorities(np.array([4, 3]), np.array([0, 1])) == pytest.approx([3.0, 0.0], abs=1e-6)
+        got = rb.store.sampler.priorities(np.array([4, 3]), np.array([0, 1]))
+        assert got == pytest.approx([3.0, 0.0], abs=1e-6)
 
 
 def test_uniform_buffer_has_no_priorities(tmp_path):

@@ -1016,7 +1016,9 @@ class TorchDrawRule(Sampler):
             starts = torch.randint(0, size, (batch_size,))
         else:
             if size < 0:
-                raise MemoryEmptyError(f"cannot sample sequences of {sequence_length} steps from {len(m)} rows")
+                raise MemoryEmptyError(
+                    f"cannot sample sequences of {sequence_length} steps from {len(m)} rows"
+                )
             starts = torch.randperm(size, dtype=torch.long)[:batch_size]
         if sequence_length == 1:
             self.last_indexes = starts
