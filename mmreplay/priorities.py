@@ -142,3 +142,61 @@ class PriorityFile:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+# --- verify and recover -----------------------------------------------------------------
+
+
+def _read_problems(
+    folder: str, capacity: int, num_envs: int, first: int, end: int
+) -> tuple[list[str], float]:
+    """What is wrong with the priority file, and the running maximum its header holds
+    (1.0 when it cannot be read or is not a valid priority)."""
+    path = os.path.join(folder, PRIORITY_FILE)
+    if not os.path.exists(path):
+        return [f"{path}: missing (the buffer's sampler is prioritized)"], 1.0
+    try:
+        file = PriorityFile(folder, capacity, num_envs, writable=False)
+    except CorruptBufferError as exc:
+        return [str(exc)], 1.0
+    try:
+        top = file.max_priority
+        problems = []
+        if not (np.isfinite(top) and top > 0):
+            problems.append(f"{path}: the running maximum priority in the header is {top}, expected > 0")
+            top = 1.0
+        slots = np.arange(max(first, end - capacity), end) % capacity
+        values = file.values[slots]
+        bad = ~np.isfinite(values) | (values < 0)
+        if bad.any():
+            slot, env = np.argwhere(bad)[0]
+            problems.append(
+                f"{path}: {int(bad.sum())} priorities of committed rows are NaN, infinite or negative "
+                f"(the first at slot {int(slots[slot])}, env {int(env)}: {values[slot, env]})"
+            )
+        return problems, top
+    finally:
+        file.close()
+
+
+def check_priority_file(folder: str, meta: Any) -> list[str]:
+    """Problems of the priority file of a buffer whose sampler is prioritized (size,
+    header, committed rows finite and >= 0); nothing for other samplers."""
+    if not meta.sampler or meta.sampler.get("name") != "prioritized":
+        return []
+    first, end = meta.state.first(meta.capacity), meta.state.end
+    return _read_problems(folder, meta.capacity, meta.num_envs, first, end)[0]
+
+
+def reset_priority_file(folder: str, meta: Any) -> str | None:
+    """Rewrite a damaged priority file with every row at the running maximum (1.0 when
+    the header's is lost); what was done, or None when the file was sound."""
+    if not meta.sampler or meta.sampler.get("name") != "prioritized":
+        return None
+    first, end = meta.state.first(meta.capacity), meta.state.end
+    problems, top = _read_problems(folder, meta.capacity, meta.num_envs, first, end)
+    if not problems:
+        return None
+    alpha = float(meta.sampler.get("alpha", 0.6))
+    PriorityFile.create(folder, meta.capacity, meta.num_envs, alpha, fill=top)
+    return f"{PRIORITY_FILE} was damaged ({problems[0]}): every priority reset to the maximum, {top:g}"

@@ -293,11 +293,13 @@ def _draw(
     gen: np.random.Generator,
     options: dict,
     within: tuple[int, int] | None,
+    sampler: Any = None,
 ) -> sampling.Draw:
     window = store.window
     if within is not None:  # a caller's narrower window (framework layers' own views)
         window = window._replace(first=max(window.first, within[0]), end=min(window.end, within[1]))
-    return store.sampler.draw(batch_size, window, gen, num_steps=num_steps, replacement=replacement, **options)
+    sampler = store.sampler if sampler is None else sampler
+    return sampler.draw(batch_size, window, gen, num_steps=num_steps, replacement=replacement, **options)
 
 
 def sample(
@@ -309,9 +311,12 @@ def sample(
     return_info: bool = False,
     options: dict | None = None,
     window: tuple[int, int] | None = None,
+    sampler: Any = None,
 ) -> Any:
     """See :meth:`mmreplay.Store.sample`: draws through ``store.sampler``, then one fetch
-    path for every sampler (gather, page-cache advice, prefetch, readers' re-draw)."""
+    path for every sampler (gather, page-cache advice, prefetch, readers' re-draw).
+    ``sampler``: a sampler to draw through instead of the store's (framework layers
+    that keep their framework's draw rule)."""
     if store.closed:
         store._check_open()
     if type(batch_size) is not int or batch_size < 1:
@@ -322,7 +327,8 @@ def sample(
     if num_steps is not None:
         sampling.check_sizes(batch_size, num_steps)
     reader = store._reads or reader_for(store)
-    sampler = store.sampler
+    own = sampler
+    sampler = store.sampler if own is None else own
     if num_steps is None:
         num_steps = sampler.num_steps
     steps = 1 if num_steps is None else num_steps
@@ -345,7 +351,7 @@ def sample(
         if window is None and not options:  # the common call, without keyword handling
             draw = sampler.draw(batch_size, store.window, gen, steps, replacement)
         else:
-            draw = _draw(store, batch_size, steps, replacement, gen, options, window)
+            draw = _draw(store, batch_size, steps, replacement, gen, options, window, own)
     rows = draw.start if num_steps is None else sampling.rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
         pattern = "random" if num_steps is None else "normal"
@@ -356,10 +362,10 @@ def sample(
     out = [take(rows) for take in reader.takes]
     if reader.is_reader and reader.live_first(store) > store.first_step:  # some may be overwritten
         draw = _resample_overwritten(
-            store, reader, draw, out, steps, num_steps, replacement, gen, options, window
+            store, reader, draw, out, steps, num_steps, replacement, gen, options, window, own
         )
     if key is not None:  # the next batch with the same request: draw it now, prefetch it
-        nxt = _draw(store, batch_size, steps, replacement, gen, options, window)
+        nxt = _draw(store, batch_size, steps, replacement, gen, options, window, own)
         reader.pending = (key, nxt)
         reader.prefetch_later(sampling.rows_of(nxt.start, num_steps, reader.num_envs))
     nest = reader.pack(out)
@@ -380,6 +386,7 @@ def _resample_overwritten(
     gen: np.random.Generator,
     options: dict,
     within: tuple[int, int] | None,
+    sampler: Any = None,
 ) -> sampling.Draw:
     """Seqlock for readers: redraw (and read again) the items the writer overwrote while
     they were read, from the reader's window moved forward to the writer's."""
@@ -392,7 +399,7 @@ def _resample_overwritten(
         store.refresh()
         if not replacement:  # redraw all, so the batch stays free of repeats
             bad[:] = True
-        fresh = _draw(store, int(bad.sum()), steps, replacement, gen, options, within)
+        fresh = _draw(store, int(bad.sum()), steps, replacement, gen, options, within, sampler)
         if not replacement and len(fresh) != len(draw):
             raise NotEnoughDataError(
                 f"{store.path}: fewer rows are retained now than were sampled; sample again"

@@ -49,6 +49,7 @@ from .metadata import (
     read_static,
     write_buffer,
 )
+from .priorities import check_priority_file, reset_priority_file
 from .statefile import FILE_BYTES, StateFile, decode_slot, salvage
 
 __all__ = ["verify", "recover", "Recovery", "leftovers", "hdf5_status"]
@@ -91,6 +92,7 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
     _check_state_file(folder, meta, problems)
     backends.get(meta.backend).verify_leaves(folder, meta, deep, problems)
     _check_episodes(folder, meta, deep, problems)
+    problems.extend(check_priority_file(folder, meta))
     if not problems:
         problems.extend(_check_opens(folder))
     return problems
@@ -376,6 +378,9 @@ def _recover(folder: str) -> Recovery:
 
         repairs.move_aside(os.path.join(folder, INDEX_FILE))
         out.actions.append("the episode index is rebuilt from the role leaves when the buffer is next opened")
+    reset = reset_priority_file(folder, meta)
+    if reset is not None:
+        out.actions.append(reset)
     for extra in leftovers(folder):
         os.unlink(extra)
         out.actions.append(f"removed {os.path.relpath(extra, folder)} (left by a killed writer)")

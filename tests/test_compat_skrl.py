@@ -529,3 +529,39 @@ def test_an_empty_memory_samples_empty_batches_as_skrl_does(tmp_path, created):
     with pytest.raises(RuntimeError):
         RandomMemory(10, 2, device="cpu").sample(["states"], batch_size=4)
     m.close()
+
+
+# --- prioritized replay through the layer -----------------------------------------------
+
+
+def test_prioritized_memory_draws_by_priority_and_updates_land(tmp_path):
+    with memory(tmp_path, 4, 2, sampler="prioritized", alpha=1.0, commit_every=1) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 6)  # wrapped: physical rows 0, 1 hold steps 4, 5
+        assert m.store.sampler.name == "prioritized"
+        # physical row 1, env 1 (flat index 3) holds step 5 of env 1: value 105
+        assert m.update_priorities(torch.arange(8), torch.tensor([0, 0, 0, 1, 0, 0, 0, 0.0])) == 8
+        prio = m.store.sampler.priorities(np.array([2, 3, 4, 5]), np.array([1, 1, 1, 1]))
+        assert prio[3] == pytest.approx(1.0) and prio[:3].max() < 1e-6
+        [[x]] = m.sample(["x"], 64)
+        assert set(col(x)) == {105.0}
+        assert m.get_sampling_indexes().tolist() == [3] * 64
+        assert m.sampling_info.weight.shape == (64,)
+        m.update_priorities(torch.tensor([3, 6]), torch.tensor([0.0, 5.0]))  # row 3, env 0: step 3
+        [[x]] = m.sample(["x"], 64, sequence_length=2)
+        assert col(x) == [3.0, 4.0] * 64  # the sequence starting at step 3 of env 0
+        assert m.get_sampling_indexes().tolist() == [6, 0] * 64
+    with memory(tmp_path, 4, 2) as m:  # reopened: the sampler and its priorities are back
+        assert m.store.sampler.name == "prioritized"
+        assert m.store.sampler.priorities(np.array([3]), np.array([0]))[0] == pytest.approx(5.0)
+        m.create_tensor("y", 1)  # rebuilds the store: the sampler stays prioritized
+        assert m.store.sampler.state_json()["name"] == "prioritized"
+        assert m.store.sampler.state_json()["alpha"] == 1.0
+
+
+def test_uniform_memory_has_no_priorities(tmp_path):
+    with memory(tmp_path, 4) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 2)
+        with pytest.raises(TypeError, match="keeps no priorities"):
+            m.update_priorities([0], [1.0])

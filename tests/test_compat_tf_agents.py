@@ -607,3 +607,36 @@ def test_real_tf_agents_specs(tmp_path):
         assert s.get(1)["act"] == 2
     with pytest.raises(ValueError, match="array_spec.ArraySpec"):
         NumpyStorage({"obs": tf.TensorSpec((2,), tf.float32)}, 3, path=tmp_path / "t")
+
+
+# --- prioritized replay through the layer -----------------------------------------------
+
+
+def test_prioritized_buffer_draws_by_priority_and_updates_land(tmp_path):
+    with make_rb(tmp_path, 2, 4, "per", sampler="prioritized", alpha=1.0, commit_every=1) as rb:
+        add_counter(rb, 6)  # frames 2..5 of each segment are shown
+        assert rb.store.sampler.name == "prioritized"
+        ids = np.array([2, 3, 4, 5, 2, 3, 4, 5])
+        segments = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+        assert rb.update_priorities(ids, segments, [0, 0, 0, 0, 0, 1.0, 0, 0]) == 8
+        items, info = rb.get_next(sample_batch_size=64)
+        assert set(items.tolist()) == {103}  # frame 3 of segment 1
+        assert set(info.ids.tolist()) == {3} and set(rb.last_sample.env.tolist()) == {1}
+        assert info.probabilities == pytest.approx(np.ones(64), rel=1e-6)
+        assert rb.last_sample.weight.shape == (64,)
+        # the update lands on the item the sample gave
+        rb.update_priorities(info.ids[:1], rb.last_sample.env[:1], [0.0])
+        rb.update_priorities([4], [0], [3.0])
+        items, _ = rb.get_next(sample_batch_size=32, num_steps=2)
+        assert items.tolist() == [[4, 5]] * 32
+    with make_rb(tmp_path, 2, 4, "per") as rb:  # reopened: sampler and priorities are back
+        assert rb.store.sampler.name == "prioritized"
+        got = rb.store.sampler.priorities(np.array([4, 3]), np.array([0, 1]))
+        assert got == pytest.approx([3.0, 0.0], abs=1e-6)
+
+
+def test_uniform_buffer_has_no_priorities(tmp_path):
+    with make_rb(tmp_path, 2, 4) as rb:
+        add_counter(rb, 2)
+        with pytest.raises(TypeError, match="keeps no priorities"):
+            rb.update_priorities([0], [0], [1.0])

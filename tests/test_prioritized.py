@@ -278,3 +278,61 @@ def test_the_tree_follows_the_window_through_adds_wraps_clears_and_updates(tmp_p
     finally:
         reader.close()
         writer.close()
+
+
+# --- verify and recover ---------------------------------------------------------------
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "mmreplay.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("damage", ["nan", "negative", "truncated", "header"])
+def test_verify_finds_a_damaged_priority_file_and_recover_resets_it(tmp_path, damage):
+    from mmreplay.priorities import HEADER_BYTES, PRIORITY_FILE
+
+    path = tmp_path / "b"
+    store = mr.create(path, {"x": mr.ArraySpec((), "float32")}, 8, 2, sampler="prioritized", alpha=0.6)
+    store.extend({"x": np.zeros((5, 2), np.float32)})
+    store.commit()
+    store.update_priorities(np.array([1, 2]), np.array([0, 1]), np.array([3.0, 0.5]))
+    store.close()
+    assert _cli("verify", str(path)).returncode == 0
+    file = path / PRIORITY_FILE
+    raw = bytearray(file.read_bytes())
+    if damage in ("nan", "negative"):
+        value = np.float32("nan" if damage == "nan" else -1.0)
+        at = HEADER_BYTES + 4 * (3 * 2 + 1)  # step 3, env 1: committed
+        raw[at : at + 4] = value.tobytes()
+        expect = "NaN, infinite or negative"
+    elif damage == "truncated":
+        raw = raw[:-4]
+        expect = "expected"
+    else:
+        raw[:8] = b"garbage!"
+        expect = "not a priority file"
+    file.write_bytes(bytes(raw))
+    found = _cli("verify", str(path))
+    assert found.returncode != 0 and expect in found.stdout + found.stderr
+    fixed = _cli("recover", str(path))
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "every priority reset to the maximum" in fixed.stdout
+    assert _cli("verify", str(path)).returncode == 0
+    top = 3.0 if damage in ("nan", "negative") else 1.0  # the header's running max, when readable
+    with mr.open(path, "r") as store:
+        got = store.sampler.priorities(np.arange(5).repeat(2), np.tile([0, 1], 5))
+    assert got == pytest.approx(np.full(10, top))
+
+
+def test_a_never_committed_row_may_hold_any_priority(tmp_path):
+    from mmreplay.priorities import HEADER_BYTES, PRIORITY_FILE
+
+    path = tmp_path / "b"
+    store = mr.create(path, {"x": mr.ArraySpec((), "float32")}, 8, 1, sampler="prioritized")
+    store.extend({"x": np.zeros((3, 1), np.float32)})
+    store.commit()
+    store.close()
+    raw = bytearray((path / PRIORITY_FILE).read_bytes())
+    raw[HEADER_BYTES + 4 * 6 : HEADER_BYTES + 4 * 7] = np.float32("nan").tobytes()  # slot 6: no step
+    (path / PRIORITY_FILE).write_bytes(bytes(raw))
+    assert _cli("verify", str(path)).returncode == 0

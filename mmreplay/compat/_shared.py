@@ -64,12 +64,16 @@ class StoreOptions:
         chunk_steps: Any = None,
         commit_every: int = 1,
         durability: str = "process",
+        sampler: Any = None,
+        sampler_options: Mapping[str, Any] | None = None,
     ):
         self.backend = backend
         self.compression = compression
         self.chunk_steps = chunk_steps
         self.commit_every = commit_every
         self.durability = durability
+        self.sampler = sampler
+        self.sampler_options = dict(sampler_options or {})
 
     def create_kwargs(self) -> dict[str, Any]:
         return {
@@ -78,6 +82,8 @@ class StoreOptions:
             "chunk_steps": self.chunk_steps,
             "commit_every": self.commit_every,
             "durability": self.durability,
+            "sampler": self.sampler,
+            **self.sampler_options,
         }
 
 

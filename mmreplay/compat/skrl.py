@@ -66,6 +66,7 @@ import logging
 import math
 import os
 import shutil
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,6 +79,9 @@ except ImportError as exc:  # pragma: no cover - torch is an install extra
 
 from ..errors import NotEnoughDataError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
+from ..reads import sample as sample_store
+from ..samplers.base import Sampler, Window
+from ..sampling import Draw
 from ..spec import ArraySpec
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ..store import open as open_store
@@ -181,6 +185,12 @@ class Memory(StoreShell):
         backend, compression, durability: as :func:`mmreplay.create`.
         commit_every: complete steps per commit (1: each is durable when written); a
             reopened memory keeps the value it was created with.
+        sampler, alpha: ``sampler="prioritized"`` (with its ``alpha``) makes
+            :meth:`RandomMemory.sample` draw by priority through the store's sampler
+            (``sampling_info`` then holds each item's importance weight); new priorities
+            go in with :meth:`update_priorities`. Recorded in the store: a reopened memory
+            keeps them. A ``create_tensor`` that rebuilds the store starts every priority
+            at the maximum again.
 
     Raises:
         ValueError: an unsupported ``export_format``.
@@ -216,6 +226,8 @@ class Memory(StoreShell):
         compression: Any = None,
         commit_every: int = DEFAULT_COMMIT_EVERY,
         durability: str = "process",
+        sampler: str | None = None,
+        alpha: float | None = None,
     ):
         for name, value in (("memory_size", memory_size), ("num_envs", num_envs)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
@@ -232,6 +244,7 @@ class Memory(StoreShell):
         self.export_format = fmt
         self.export_directory = export_directory
         self.sampling_indexes: torch.Tensor | None = None
+        self.sampling_info: Any = None  # the store's SampleInfo of the last sample (weights...)
         M, E = self.memory_size, self.num_envs
         self.all_sequence_indexes = np.concatenate([np.arange(i, M * E + i, E) for i in range(E)])
         self._options = {
@@ -239,6 +252,8 @@ class Memory(StoreShell):
             "compression": compression,
             "commit_every": commit_every,
             "durability": durability,
+            "sampler": sampler,
+            **({} if alpha is None else {"alpha": alpha}),
         }
         self._tensors: dict[str, _Tensor] = {}
         self._staged: dict[str, np.ndarray] | None = None
@@ -271,6 +286,10 @@ class Memory(StoreShell):
         if self._temp is not None:
             self._temp.store = store
         self._origin = read_origin(store)
+        recorded = store.sampler.state_json()  # a rebuilt store keeps the sampler it had
+        self._options = {k: v for k, v in self._options.items() if k not in ("sampler", "alpha")}
+        self._options["sampler"] = recorded.pop("name")
+        self._options.update(recorded)
         for name, spec in store.spec.items():
             self._tensors[name] = _Tensor(spec.shape, spec.dtype)
 
@@ -692,6 +711,20 @@ class Memory(StoreShell):
         parts = np.array_split(np.arange(M * E), mini_batches) if mini_batches > 1 else [slice(None)]
         return [[self._out(views[n][p]) if n in views else None for n in names] for p in parts]
 
+    def update_priorities(self, indexes: Any, priorities: Any) -> int:
+        """New priorities for rows at flat physical indexes (such as
+        :meth:`get_sampling_indexes`; for sequences, the index of each sequence's first
+        row), for a memory created with ``sampler="prioritized"``. Rows the ring has
+        overwritten since they were sampled are skipped; returns how many were applied."""
+        flat = self._flat_indexes(indexes)
+        rows, envs = np.divmod(flat, self.num_envs)
+        steps, valid = self._steps_of_rows(rows)
+        if not valid.all():
+            raise IndexError(f"{self._store_path()}: indexes {flat[~valid].tolist()} hold no stored row")
+        if isinstance(priorities, torch.Tensor):
+            priorities = priorities.detach().cpu().numpy()
+        return self._ensure_store().update_priorities(steps, envs, np.asarray(priorities).reshape(-1))
+
     def get_sampling_indexes(self) -> torch.Tensor | None:
         """The flat indexes of the last :meth:`sample` (None before the first)."""
         return self.sampling_indexes
@@ -895,6 +928,7 @@ class RandomMemory(Memory):
             memory_size, num_envs, device, export, export_format, export_directory, path, **options
         )
         self._replacement = bool(replacement)
+        self._rule = TorchDrawRule(self)
 
     def sample(
         self, names: Sequence[str], batch_size: int, mini_batches: int = 1, sequence_length: int = 1
@@ -902,36 +936,119 @@ class RandomMemory(Memory):
         """A random batch: ``[[tensor per name] per mini-batch]``, each ``(batch_size *
         sequence_length, *size)``; a sequence is one env's consecutive rows.
 
+        Drawn with skrl's torch calls (the indexes of skrl under ``torch.manual_seed``),
+        or by priority for a memory created with ``sampler="prioritized"`` (stored
+        steps only: a partial step staged in RAM is not drawn); the rows are read
+        through the store's fetch path.
+
         Raises:
             MemoryEmptyError: with replacement, nothing (or no whole sequence) to draw.
         """
-        E = self.num_envs
-        size = len(self) - (sequence_length - 1) * E
-        if self._replacement:
+        if self.store is None or (
+            self._staged is not None and self._env_index and self.store.sampler.name == "uniform"
+        ):
+            # No store yet, or a partial step staged in RAM that the store cannot read.
+            draw = self._rule.draw_physical(batch_size, sequence_length, self._replacement)
+            self.sampling_indexes, self.sampling_info = draw, None
+            return self.sample_by_index(names, draw, mini_batches)
+        lo, hi = self._window()
+        uniform = self.store.sampler.name == "uniform"  # else the store's own (prioritized...)
+        nest, info = sample_store(
+            self.store,  # type: ignore[arg-type]
+            batch_size,
+            None if sequence_length == 1 else sequence_length,
+            self._replacement,
+            return_info=True,
+            window=(lo, hi),
+            sampler=self._rule if uniform else None,
+        )
+        if uniform:
+            self.sampling_indexes = self._rule.last_indexes
+        else:
+            rows = (info.step - self._origin)[:, None] + np.arange(sequence_length)
+            flat = (rows % self.memory_size) * self.num_envs + info.env[:, None]
+            self.sampling_indexes = torch.from_numpy(flat.reshape(-1))
+        self.sampling_info = info
+        return self._batches(names, nest, mini_batches)
+
+    def _batches(
+        self, names: Sequence[str], nest: dict[str, np.ndarray], mini_batches: int
+    ) -> list[list[torch.Tensor | None]]:
+        """Rows of a store batch as skrl's ``[[tensor per name] per mini-batch]``
+        (sequences flattened into ``batch * sequence_length`` rows)."""
+        flat = {n: a.reshape(-1, *self._tensors[n].shape) for n, a in nest.items() if n in self._tensors}
+        count = next(iter(flat.values())).shape[0] if flat else 0
+        parts = np.array_split(np.arange(count), mini_batches) if mini_batches > 1 else [slice(None)]
+        return [[self._out(flat[n][p]) if n in flat else None for n in names] for p in parts]
+
+
+class TorchDrawRule(Sampler):
+    """skrl's ``RandomMemory`` draw rule as a sampler the store's fetch path draws through.
+
+    The starts come from torch's global generator with skrl's calls
+    (``torch.randint(0, size, (batch_size,))``, or ``torch.randperm(size)[:batch_size]``
+    without replacement), so ``torch.manual_seed`` gives skrl's indexes; ``rng`` is not
+    used. Indexes are the memory's physical flat rows ``row * num_envs + env``; the draw
+    maps them to the global steps they hold. ``last_indexes`` keeps the physical indexes
+    of the last draw (skrl's ``sampling_indexes``).
+    """
+
+    name = "skrl-random"
+
+    def __init__(self, memory: RandomMemory):
+        self.memory = weakref.proxy(memory)  # no cycle: a dropped memory closes at once
+        self.last_indexes: torch.Tensor | None = None
+
+    def state_json(self) -> dict[str, Any]:
+        raise TypeError("the skrl draw rule lives with its memory and is not recorded in a store")
+
+    def draw_physical(self, batch_size: int, sequence_length: int, replacement: bool) -> torch.Tensor:
+        """Physical flat indexes of a batch (``batch_size * sequence_length``), as skrl draws them."""
+        m = self.memory
+        E = m.num_envs
+        size = len(m) - (sequence_length - 1) * E
+        if replacement:
             if size <= 0:
                 raise MemoryEmptyError(
-                    f"cannot sample: the memory holds {len(self)} rows"
+                    f"cannot sample: the memory holds {len(m)} rows"
                     + (f", no sequence of {sequence_length} steps" if sequence_length > 1 else "")
                 )
             starts = torch.randint(0, size, (batch_size,))
         else:
             if size < 0:
                 raise MemoryEmptyError(
-                    f"cannot sample sequences of {sequence_length} steps from {len(self)} rows"
+                    f"cannot sample sequences of {sequence_length} steps from {len(m)} rows"
                 )
             starts = torch.randperm(size, dtype=torch.long)[:batch_size]
-        if sequence_length > 1:
-            u = starts.numpy()
-            k, envs = np.divmod(u, E)
-            oldest = 0
-            if self.filled:  # each env's stream starts after its newest row
-                oldest = (self.memory_index + (envs < self._env_index)) % self.memory_size
-            rows = (oldest + k)[:, None] + np.arange(sequence_length)
-            indexes = torch.from_numpy(((rows % self.memory_size) * E + envs[:, None]).reshape(-1))
-        else:
-            indexes = starts
-        self.sampling_indexes = indexes
-        return self.sample_by_index(names, indexes, mini_batches)
+        if sequence_length == 1:
+            self.last_indexes = starts
+            return starts
+        k, envs = np.divmod(starts.numpy(), E)
+        oldest = 0
+        if m.filled:  # each env's stream starts after its newest row
+            oldest = (m.memory_index + (envs < m.env_index)) % m.memory_size
+        rows = (oldest + k)[:, None] + np.arange(sequence_length)
+        self.last_indexes = torch.from_numpy(((rows % m.memory_size) * E + envs[:, None]).reshape(-1))
+        return self.last_indexes
+
+    def draw(
+        self,
+        batch_size: int,
+        window: Window,
+        rng: np.random.Generator,
+        num_steps: int = 1,
+        replacement: bool = True,
+    ) -> Draw:
+        """A skrl draw of whole stored steps (no partial step staged) as a :class:`Draw`."""
+        m = self.memory
+        indexes = self.draw_physical(batch_size, num_steps, replacement).numpy()
+        first = indexes.reshape(-1, num_steps)[:, 0]
+        rows, envs = np.divmod(first, m.num_envs)
+        steps, _ = m._steps_of_rows(rows)
+        flat = steps * window.num_envs + envs
+        start = (steps % window.capacity) * window.num_envs + envs
+        size = len(m) - (num_steps - 1) * m.num_envs
+        return Draw(start, window.num_envs, 1.0 / max(size, 1), flat=flat)
 
 
 def _step_bytes(tensors: dict[str, _Tensor], num_envs: int) -> int:

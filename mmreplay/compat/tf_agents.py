@@ -38,6 +38,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError
+from ..reads import SampleInfo
+from ..sampling import pass_windows
 from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
 from ..values import StepValidator
@@ -281,6 +283,11 @@ class UniformReplayBuffer(StoreShell):
             returns); a reopened buffer keeps the value it was created with.
         backend, compression, durability: as :func:`mmreplay.create`.
         seed: seed of the sampling rng (``None``: fresh entropy).
+        sampler, alpha: ``sampler="prioritized"`` (with its ``alpha``) makes
+            :meth:`get_next` draw by priority (``BufferInfo.probabilities`` are the
+            items' probabilities; ``last_sample.weight`` their importance weights);
+            new priorities go in with :meth:`update_priorities`. Recorded in the store,
+            so a reopened buffer keeps them.
 
     Deliberate differences from TF-Agents (its behaviour in brackets):
 
@@ -329,6 +336,8 @@ class UniformReplayBuffer(StoreShell):
         compression: Any = None,
         durability: str = "process",
         seed: Any = None,
+        sampler: str | None = None,
+        alpha: float | None = None,
     ):
         for name, value in (("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
@@ -348,8 +357,14 @@ class UniformReplayBuffer(StoreShell):
         self._window_shift = None if dataset_window_shift is None else int(dataset_window_shift)
         self._rng = np.random.default_rng(seed)
         options = StoreOptions(
-            backend=backend, compression=compression, commit_every=commit_every, durability=durability
+            backend=backend,
+            compression=compression,
+            commit_every=commit_every,
+            durability=durability,
+            sampler=sampler,
+            sampler_options=None if alpha is None else {"alpha": alpha},
         )
+        self.last_sample: SampleInfo | None = None  # the store's info of the last get_next
         self.store, _ = attach_store(
             self,
             path,
@@ -441,7 +456,8 @@ class UniformReplayBuffer(StoreShell):
         Start frame and segment are drawn independently and uniformly, with
         replacement; sequences never cross the cursor or the oldest frame.
         ``probabilities`` is ``1 / (valid starts * batch_size)``, of shape ``[]`` or
-        ``[S]``.
+        ``[S]``. A buffer created with ``sampler="prioritized"`` draws (start, segment)
+        pairs by priority instead, and ``probabilities`` are theirs.
 
         Raises:
             mmreplay.NotEnoughDataError: the buffer is empty or shorter than ``num_steps``.
@@ -458,6 +474,7 @@ class UniformReplayBuffer(StoreShell):
             )
         # the store's sampler draws (uniform over (start, segment)), its fetch path reads
         nest, info = self.store.sample(S, num_steps=T, rng=self._rng, window=(lo, hi), return_info=True)
+        self.last_sample = info
         leaves = flatten(nest)  # [S, T, ...]
         ids = self._ids(info.step[:, None] + np.arange(T))
         prob = info.probability.astype(np.float32)
@@ -475,6 +492,16 @@ class UniformReplayBuffer(StoreShell):
             items = tuple(unflatten(self._spec, [np.take(x, t, axis=axis) for x in leaves]) for t in range(T))
             ids = tuple(np.take(ids, t, axis=axis) for t in range(T))
         return items, BufferInfo(ids, prob)
+
+    def update_priorities(self, ids: Any, segments: Any, priorities: Any) -> int:
+        """New priorities for sampled items, for a buffer created with
+        ``sampler="prioritized"``: ``ids`` the frame id of each item's first frame
+        (``info.ids``, or ``info.ids[:, 0]`` for sequences), ``segments`` its segment
+        (``last_sample.env`` after :meth:`get_next`), ``priorities`` ``[S]`` (or ``[S, T]``
+        for sequences). Items the ring has dropped since they were sampled are skipped;
+        returns how many were applied."""
+        steps = np.asarray(ids, np.int64) + self._origin
+        return self.store.update_priorities(steps, segments, np.asarray(priorities))
 
     def gather_all(self) -> Any:
         """Every frame: leaves ``[batch_size, n, *shape]``, each segment in time order."""
@@ -545,19 +572,18 @@ class UniformReplayBuffer(StoreShell):
         if hi <= lo:
             raise NotEnoughDataError(_EMPTY)
         B = self._batch_size
-        size = 1 if num_steps is None else num_steps
-        shift = size if (num_steps is None or self._window_shift is None) else self._window_shift
-        offsets = np.arange(0, hi - lo, shift)
-        lengths = np.minimum(size, hi - lo - offsets)
-        if self._drop_remainder:
-            offsets, lengths = offsets[lengths == size], lengths[lengths == size]
+        # The store's windows of one segment's stream (store.iterate's). Its batches stack
+        # windows of one pass order (segment by segment); TF-Agents stacks a group of
+        # segments at the same window, so the grouping below stays here.
+        shift = None if num_steps is None else self._window_shift
+        _, starts, lengths = pass_windows(lo, hi, 1, num_steps, shift, self._drop_remainder)
         group = 1 if sample_batch_size is None else sample_batch_size
         groups = [np.arange(b, min(b + group, B)) for b in range(0, B, group)]
         if self._drop_remainder:
             groups = [g for g in groups if len(g) == group]
         for segs in groups:
-            for off, n in zip(offsets.tolist(), lengths.tolist()):
-                steps = lo + off + np.arange(n)  # [n]
+            for first, n in zip(starts.tolist(), lengths.tolist()):
+                steps = first + np.arange(n)  # [n]
                 leaves = self._read(steps[None, :], segs[:, None])  # [G, n, ...]
                 ids = np.broadcast_to(self._ids(steps), (len(segs), n)).copy()
                 if num_steps is None:
