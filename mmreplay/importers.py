@@ -46,8 +46,8 @@ import numpy as np
 
 from .convert import begin_at
 from .errors import BadInputError, CorruptBufferError, NotABufferError, UnsupportedFormatError
-from .files import check_target
 from .export.minari import SPACES_ATTR
+from .files import check_target
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, unflatten
 from .store import create
 

@@ -32,7 +32,6 @@ import numpy as np
 from . import backends
 from . import episodes as _episodes
 from . import reads as _reads
-from .hooks import WriteHook, overrides
 from .errors import (
     BadInputError,
     ClosedError,
@@ -43,6 +42,7 @@ from .errors import (
     SpecError,
     SpecMismatchError,
 )
+from .hooks import WriteHook, overrides
 from .lock import WriterLock
 from .metadata import (
     DURABILITIES,

@@ -193,7 +193,6 @@ def test_a_broken_block_fails_and_says_where(tmp_path: pathlib.Path, text: str, 
 def test_the_cli_reference_names_every_command_and_option() -> None:
     """docs/cli.md has a section per command and mentions each of its options."""
     import click
-
     from mmreplay.cli import COMMANDS, main
 
     text = (ROOT / "docs" / "cli.md").read_text()

@@ -22,10 +22,9 @@ from conftest import folder_digest, one_line_error, recover_cli, run_cli, verify
 
 import mmreplay as mr
 from mmreplay.metadata import METADATA_FILE, STATE_FILE, read_metadata
-from mmreplay.verify import hdf5_status
 from mmreplay.spec import flatten, unflatten
 from mmreplay.torture import SPEC, step_values
-from mmreplay.verify import leftovers
+from mmreplay.verify import hdf5_status, leftovers
 
 LEAVES = flatten(SPEC)
 LAYOUTS = [("zarr", None), ("zarr", "zstd"), ("hdf5", None), ("hdf5", "gzip")]

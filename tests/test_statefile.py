@@ -19,7 +19,7 @@ from v1format import to_v1
 
 import mmreplay as mr
 from mmreplay.metadata import METADATA_FILE, STATE_FILE, read_metadata
-from mmreplay.statefile import FILE_BYTES, SLOT_BYTES, State, StateFile, decode_slot, encode_slot, fresh_bytes
+from mmreplay.statefile import FILE_BYTES, SLOT_BYTES, State, decode_slot, encode_slot, fresh_bytes
 from mmreplay.verify import recover, verify
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -25,8 +25,10 @@ import numpy as np
 from ..codecs import LEVELS, parse
 from ..episodes import fresh_envs
 from ..errors import BadInputError, NotEnoughDataError
-from ..files import check_target
-from ..files import disk_usage  # noqa: F401 - the exporters take it from here
+from ..files import (
+    check_target,
+    disk_usage,  # noqa: F401 - the exporters take it from here
+)
 from ..roles import subtree
 from ..spec import ArraySpec, flatten, leaf_paths, spec_to_json
 

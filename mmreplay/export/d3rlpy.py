@@ -19,7 +19,17 @@ import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError
 from ..spec import ArraySpec, flatten
-from ._base import EXPORT_MARK, ExportResult, Roles, Target, Ticker, episode_flags, episode_total, episodes, part
+from ._base import (
+    EXPORT_MARK,
+    ExportResult,
+    Roles,
+    Target,
+    Ticker,
+    episode_flags,
+    episode_total,
+    episodes,
+    part,
+)
 from .hdf5 import dataset_options, h5py_module
 
 COMPRESSIONS = ("gzip", "lzf")
