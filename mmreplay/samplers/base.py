@@ -56,6 +56,7 @@ Write hooks (no-op defaults, see :class:`mmreplay.hooks.WriteHook`)
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -81,7 +82,7 @@ class Window(NamedTuple):
         return max(0, self.end - self.first)
 
 
-class Sampler(WriteHook):
+class Sampler(WriteHook, ABC):
     """Base class of samplers: the hooks are no-ops, ``draw`` must be given."""
 
     name: ClassVar[str] = ""
@@ -93,6 +94,7 @@ class Sampler(WriteHook):
     def close(self) -> None:
         """Called when the store closes."""
 
+    @abstractmethod
     def draw(
         self,
         batch_size: int,
@@ -102,7 +104,7 @@ class Sampler(WriteHook):
         replacement: bool = True,
         **options: Any,
     ) -> Draw:
-        raise NotImplementedError
+        """Where the batch's items start (see the module docstring)."""
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> None:
         raise TypeError(f"the {self.name or type(self).__name__!r} sampler keeps no priorities")
