@@ -197,34 +197,48 @@ def test_a_layer_left_open_commits_every_step(tmp_path, layer, ending):
 
 def test_closed_writers_leave_no_exit_hooks_behind(tmp_path):
     """A store closed by hand drops its finalizer: a thousand opens hold nothing."""
-    import atexit
-    import threading
-
     path = str(tmp_path / "b")
-    mr.create(path, {"x": mr.ArraySpec((), "int64")}, capacity=10).close()
-    before = atexit._ncallbacks(), len(threading._threading_atexits)
-    for _ in range(1000):
-        store = mr.open(path, "a")
-        store.add({"x": np.ones(1, "int64")})
-        store.close()
-    assert (atexit._ncallbacks(), len(threading._threading_atexits)) == before
-    assert mr.store._open_writers == set()
+    code = textwrap.dedent(
+        f"""
+        import atexit, threading, numpy as np, mmreplay as mr
+        mr.create({path!r}, {{"x": mr.ArraySpec((), "int64")}}, capacity=10).close()
+        before = atexit._ncallbacks(), len(threading._threading_atexits)
+        for _ in range(1000):
+            store = mr.open({path!r}, "a")
+            store.add({{"x": np.ones(1, "int64")}})
+            store.close()
+        after = atexit._ncallbacks(), len(threading._threading_atexits)
+        print(before == after, len(mr.store._open_writers))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "0"]
 
 
 def test_a_reader_left_open_releases_its_files_when_collected(tmp_path):
-    import gc
-
     path = str(tmp_path / "b")
     with mr.create(path, {"x": mr.ArraySpec((), "int64")}, capacity=100) as store:
         store.extend({"x": np.arange(50).reshape(50, 1)})
-    fds = len(os.listdir("/proc/self/fd"))
-    for _ in range(20):
-        reader = mr.open(path)
-        reader.sample(8)
-        reader.refresh()
-        del reader
+    code = textwrap.dedent(
+        f"""
+        import gc, os, mmreplay as mr
+        mr.open({path!r}).close()  # imports and thread pools settle before counting
         gc.collect()
-    assert len(os.listdir("/proc/self/fd")) == fds
+        fds = len(os.listdir("/proc/self/fd"))
+        for _ in range(20):
+            reader = mr.open({path!r})
+            reader.sample(8)
+            reader.refresh()
+            del reader
+            gc.collect()
+        print(fds, len(os.listdir("/proc/self/fd")))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    before, after = result.stdout.split()
+    assert after == before
 
 
 def test_sigkill_loses_only_the_uncommitted_tail(tmp_path):
