@@ -136,7 +136,8 @@ class Store:
         self._hooks: list[WriteHook] = []
         self._on_add: list[Any] = []  # bound on_add of the hooks that override it
         try:
-            me = _attribute_view(self)  # hooks keep no reference to the store itself
+            # hooks, the sampler and the parts keep this view, no reference to the store itself
+            me = self._view = _attribute_view(self)
             self.add_write_hook(_episodes.EpisodeHook(me))
             self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
             self._sampler.attach(me)
@@ -331,7 +332,7 @@ class Store:
         """
         part = self._parts.get(name)
         if part is None:
-            part = self._parts[name] = make(_attribute_view(self))
+            part = self._parts[name] = make(self._view)
         return part
 
     def add_write_hook(self, hook: WriteHook) -> None:
