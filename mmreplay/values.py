@@ -203,7 +203,11 @@ class StepValidator:
             ndarray = np.ndarray
             for key, dtype, shape, castable in fast:
                 v = value.get(key)
-                if type(v) is not ndarray or v.shape != shape or (v.dtype is not dtype and v.dtype not in castable):
+                if (
+                    type(v) is not ndarray
+                    or v.shape != shape
+                    or (v.dtype is not dtype and v.dtype not in castable)
+                ):
                     break
                 out.append(v)
             else:

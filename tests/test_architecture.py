@@ -122,7 +122,7 @@ def test_no_module_outside_the_store_reaches_into_its_private_fields():
             if not (isinstance(node, ast.Attribute) and node.attr in fields):
                 continue
             owner = node.value
-            named = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            named = getattr(owner, "id", None) or getattr(owner, "attr", "")
             if named in ("store", "writer", "reader_store") or named.endswith("store"):
                 problems.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {named}.{node.attr}")
     assert not problems, problems

@@ -259,7 +259,6 @@ def test_casts_that_are_allowed_store_the_values(tmp_path, nested_spec):
         np.testing.assert_array_equal(got["obs"]["pixels"], good(nested_spec, 0)["obs"]["pixels"])
 
 
-
 def test_a_dtype_accepted_once_passes_again_but_ints_are_checked_every_time(tmp_path, layout):
     """The validator remembers dtypes whose every value casts (float64 into float32),
     never the integer narrowings, whose values it must look at on each add."""

@@ -411,7 +411,8 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
                 "manifest names a folder that will be gone; pass replay_buffer_kwargs={'path': ...} to keep it",
                 stacklevel=2,
             )
-        skip = ("store", "_temp", "_cleanup", "_leaves", "last_info", "_obs_step_shape", "_action_shape", "_reward_shape", "_no_ends")
+        skip = ("store", "_temp", "_cleanup", "_leaves", "last_info")
+        skip += ("_obs_step_shape", "_action_shape", "_reward_shape", "_no_ends")  # _step_layout()
         state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["kind"] = MANIFEST_KIND
         state["path"] = store.path
@@ -449,7 +450,9 @@ class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
 
     def _observation(self, obs: Any) -> Any:
         space = self.observation_space
-        return {k: _as_leaf(obs[k], space[k].dtype, (self.n_envs, *shape)) for k, shape in self.obs_shape.items()}
+        return {
+            k: _as_leaf(obs[k], space[k].dtype, (self.n_envs, *shape)) for k, shape in self.obs_shape.items()
+        }
 
     def sample(self, batch_size: int, env: Any = None, **options: Any) -> Any:
         return ReplayBuffer.sample(self, batch_size, env, **options)

@@ -272,7 +272,8 @@ class PrioritizedSampler(Sampler):
             raise BadInputError(
                 f"{store.path}: step and env must be integer arrays, got {step.dtype} and {env.dtype}"
             )
-        step, env = step.reshape(-1).astype(np.int64, copy=False), env.reshape(-1).astype(np.int64, copy=False)
+        step = step.reshape(-1).astype(np.int64, copy=False)
+        env = env.reshape(-1).astype(np.int64, copy=False)
         p = np.asarray(priorities, np.float64)
         if p.shape[:1] != step.shape or p.ndim > 2:
             raise BadInputError(
