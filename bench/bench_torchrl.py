@@ -9,7 +9,7 @@ float32[6], ``("next", "reward")`` float32, ``("next", "done")`` bool), written 
   (``ndim=2``, 8 envs, episodes of 50 steps),
 - ``extend`` of one step of 8 envs (``ndim=2``), the store committing every 1000 steps.
 
-Usage: ``python bench/bench_torchrl.py [--quick]``.
+Usage: ``python bench/bench_torchrl.py [--quick] [--rows N]`` (default 200,000 rows).
 """
 
 from __future__ import annotations
@@ -98,11 +98,13 @@ def run(folder: str, steps: int, calls: int, blocks: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small buffer and fewer calls (a smoke run)")
+    parser.add_argument("--rows", type=int, default=None, help="rows in each buffer (default 200000)")
     args = parser.parse_args(argv)
     import torchrl  # noqa: F401 - configures its logger on import; quiet it after
 
     logging.getLogger("torchrl").setLevel(logging.WARNING)
     steps, calls, blocks = (4_000, 50, 3) if args.quick else (200_000, 500, 7)
+    steps = args.rows or steps
     with tempfile.TemporaryDirectory() as folder:
         run(folder, steps, calls, blocks)
 

@@ -600,10 +600,7 @@ class EpisodeHook(WriteHook):
 
 def index_for(store: Any) -> EpisodeIndex:
     """The store's episode index, made on first use."""
-    index = store._episodes
-    if index is None:
-        index = store._episodes = EpisodeIndex(store)
-    return index
+    return store.part("episodes", EpisodeIndex)
 
 
 # --- queries ----------------------------------------------------------------------

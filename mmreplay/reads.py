@@ -105,12 +105,11 @@ class Reader:
         self.pattern: str | None = None  # the advice in force (readers: the whole of it)
         self.pending: tuple[Any, sampling.Draw] | None = None
         self.thread: _Prefetcher | None = None
-        self.state_file = store._state_file
 
     def live_first(self, store: Any) -> int:
         """The oldest step the writer retains now: the readers' seqlock check, one
         ``pread`` of the state file (no JSON is opened)."""
-        return self.state_file.read().first(self.capacity)
+        return store.live_state().first(self.capacity)
 
     def own_gen(self) -> np.random.Generator:
         if self.gen is None:
@@ -192,10 +191,8 @@ class _Prefetcher:
 
 
 def reader_for(store: Any) -> Reader:
-    reader = store._reads
-    if reader is None:
-        reader = store._reads = Reader(store)
-    return reader
+    """The store's read path, made on first read."""
+    return store.part("reads", Reader)
 
 
 def set_prefetch(store: Any, enabled: bool | None, advise: bool | None = None) -> None:
@@ -326,7 +323,7 @@ def sample(
         batch_size = int(batch_size)
     if num_steps is not None:
         sampling.check_sizes(batch_size, num_steps)
-    reader = store._reads or reader_for(store)
+    reader = reader_for(store)
     own = sampler
     sampler = store.sampler if own is None else own
     if num_steps is None:
@@ -439,7 +436,7 @@ def read_rows(store: Any, steps: Any, envs: Any) -> Any:
             )
         if envs.min() < 0 or envs.max() >= store.num_envs:
             raise IndexError(f"{store.path}: env index out of range for {store.num_envs} envs")
-    reader = store._reads or reader_for(store)
+    reader = reader_for(store)
     out = reader.take((steps % reader.capacity) * reader.num_envs + envs)
     if store.mode == "r" and steps.size:
         lowest = int(steps.min())

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from .errors import CorruptBufferError, NotABufferError
 from .files import atomic_write
 
-__all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "salvage", "slot_ranges", "write_fresh"]
+__all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "oldest_retained", "salvage", "slot_ranges", "write_fresh"]
 
 STATE_FILE = "mmreplay.state"
 SLOT_BYTES = 512  # one sector per slot: a torn sector write damages one slot only
@@ -70,12 +70,19 @@ class State:
 
     def first(self, capacity: int) -> int:
         """Global id of the oldest retained committed step."""
-        return min(self.end, max(self.start, self.reserved - capacity))
+        return oldest_retained(max(self.start, self.reserved - capacity), self.end, capacity)
 
     def next(self, **changes: int | float | None) -> State:
         """This state with ``changes``, one generation later."""
         fields = {**self.__dict__, **changes, "generation": self.generation + 1}
         return State(**fields)
+
+
+def oldest_retained(floor: int, end: int, capacity: int) -> int:
+    """Global id of the oldest step a ring of ``capacity`` slots retains when its steps
+    end at ``end`` and those before ``floor`` are gone (cleared, or their slots reserved
+    for overwriting): the one rule behind every window of committed or written steps."""
+    return min(end, max(floor, end - capacity))
 
 
 def slot_ranges(a: int, b: int, capacity: int) -> list[tuple[int, int]]:

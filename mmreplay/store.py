@@ -23,7 +23,7 @@ import shutil
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -59,7 +59,7 @@ from .metadata import (
 from .roles import validate_roles
 from .samplers.base import Sampler, Window, make_sampler, sampler_from_json
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
-from .statefile import slot_ranges
+from .statefile import oldest_retained, slot_ranges
 from .values import StepValidator
 
 __all__ = ["Store", "create", "open", "BufferExistsError"]
@@ -128,16 +128,16 @@ class Store:
         capacity = meta.capacity
         # Steps before `_floor` are gone: cleared, or their slots may hold a dead
         # writer's uncommitted rows (its reservation).
-        self._floor = min(self._state.end, max(self._state.start, self._state.reserved - capacity))
+        self._floor = self._state.first(capacity)
         self._written = self._state.end
         self._ahead = max(1, min(meta.commit_every, capacity // 8))
         self._dirty = False
-        self._episodes: Any = None  # mmreplay.episodes.EpisodeIndex, made on first use
-        self._reads: Any = None  # mmreplay.reads.Reader, made on first read
+        self._parts: dict[str, Any] = {}  # see part(): the read path, the episode index...
         self._hooks: list[WriteHook] = []
         self._on_add: list[Any] = []  # bound on_add of the hooks that override it
         try:
-            me = _attribute_view(self)  # hooks keep no reference to the store itself
+            # hooks, the sampler and the parts keep this view, no reference to the store itself
+            me = self._view = _attribute_view(self)
             self.add_write_hook(_episodes.EpisodeHook(me))
             self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
             self._sampler.attach(me)
@@ -257,7 +257,7 @@ class Store:
         """The steps this store retains and reads, global ids ``[first, end)``: in a
         writer every step it added (committed or not), in a reader the committed ones."""
         written = self._written
-        first = min(written, max(self._floor, written - self._capacity))
+        first = oldest_retained(self._floor, written, self._capacity)
         return _new_window(Window, (first, written, self._num_envs, self._capacity))
 
     @property
@@ -310,10 +310,9 @@ class Store:
             self._closed = True
             self._writable = False
             self._arrays = None  # drop the views first, so the mappings can close
-            for part in (self._reads, self._episodes, self._sampler):
-                if part is not None:
-                    part.close()
-            self._reads = self._episodes = None
+            for part in [*self._parts.values(), self._sampler]:
+                part.close()
+            self._parts.clear()
             for entry in self._closers:
                 entry.close()
             self._state_file.close()
@@ -321,6 +320,20 @@ class Store:
             self._setters = []
             if self._lock is not None:
                 self._lock.release()
+
+    def part(self, name: str, make: Callable[[Store], Any]) -> Any:
+        """The part of this store called ``name`` (its read path, its episode index, a
+        layer's own cache), made by ``make(store)`` at its first use and closed (its
+        ``close()``) when the store closes, before the sampler.
+
+        ``make`` is handed a store sharing this one's attributes, as the write hooks and
+        the sampler are: a part that keeps it does not keep this store from being
+        collected, and so from being closed when dropped.
+        """
+        part = self._parts.get(name)
+        if part is None:
+            part = self._parts[name] = make(self._view)
+        return part
 
     def add_write_hook(self, hook: WriteHook) -> None:
         """Call ``hook`` as this store writes (see :mod:`mmreplay.hooks`): on add/extend,
@@ -724,7 +737,7 @@ class Store:
             leaf.invalidate(changed)
         self._set_state(new)
         self._written = new.end
-        self._floor = min(new.end, max(new.start, new.reserved - self.capacity))
+        self._floor = new.first(self.capacity)
         return True
 
 

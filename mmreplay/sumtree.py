@@ -89,7 +89,9 @@ class SumTree:
         """Set leaves ``index`` to ``weights``; where an index repeats, its last weight wins
         (``distinct``: the caller knows no index repeats)."""
         index = np.asarray(index, np.int64).reshape(-1)
-        weights = np.broadcast_to(np.asarray(weights, np.float64), index.shape).reshape(-1)
+        weights = np.asarray(weights, np.float64)
+        if weights.shape != index.shape:
+            weights = np.broadcast_to(weights, index.shape).reshape(-1)
         if index.size == 0:
             return
         if index.min() < 0 or index.max() >= self.n:
@@ -104,15 +106,24 @@ class SumTree:
             np.not_equal(index[1:], index[:-1], out=last[:-1])
             index, weights = index[last], weights[order[last]]
         node = index + self.size
-        self.sums[node] = weights
-        self.mins[node] = np.where(weights > 0, weights, np.inf)
+        value = np.array(weights, np.float64)  # the running sums of the walk up
+        least = np.where(value > 0, value, np.inf)  # and its running minima
         sums, mins = self.sums, self.mins
-        for _ in range(self.depth):
-            # a parent listed twice is recomputed twice from the same children: same value
+        sums[node] = value
+        mins[node] = least
+        # Below level `top` a parent is its child plus the child's sibling, both already
+        # final on this level (siblings that are both in the batch give the same parent:
+        # addition and minimum commute exactly); from `top` up, where a level has about
+        # as many nodes as the batch, whole levels are recomputed from their children.
+        top = min(self.depth, index.size.bit_length() + 1)
+        for _ in range(self.depth - top):
+            sibling = node ^ 1
+            value += sums[sibling]
+            np.minimum(least, mins[sibling], out=least)
             node >>= 1
-            left = node << 1
-            sums[node] = sums[left] + sums[left + 1]
-            mins[node] = np.minimum(mins[left], mins[left + 1])
+            sums[node] = value
+            mins[node] = least
+        self._fix_up(1 << top, 2 << top)
 
     def set_range(self, lo: int, hi: int, weights: np.ndarray | float) -> None:
         """Set the contiguous leaves ``[lo, hi)``: slices all the way up, no gathers."""

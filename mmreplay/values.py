@@ -16,7 +16,7 @@ import numpy as np
 from .errors import BadInputError
 from .spec import ArraySpec, flatten, is_namedtuple, leaf_paths
 
-__all__ = ["StepValidator", "cast_refusal"]
+__all__ = ["StepValidator", "cast_needs_no_values", "cast_refusal"]
 
 
 def cast_refusal(a: np.ndarray, dst: np.dtype) -> str | None:
@@ -39,6 +39,14 @@ def cast_refusal(a: np.ndarray, dst: np.dtype) -> str | None:
     if src.kind == "c" and dst.kind == "c":
         return None
     return f"casting {src} to {dst} is not safe"
+
+
+def cast_needs_no_values(src: np.dtype, dst: np.dtype) -> bool:
+    """Whether :func:`cast_refusal` accepts every array of ``src`` for ``dst`` whatever
+    its values (all but the integer narrowings, which look at them)."""
+    if src == dst or np.can_cast(src, dst, "safe"):
+        return True
+    return (src.kind in "iuf" and dst.kind in "fc") or (src.kind == "c" and dst.kind == "c")
 
 
 def _structure(spec: Any, value: Any, path: str, out: list[Any]) -> None:
@@ -137,9 +145,12 @@ class StepValidator:
         self.step_shapes = [(num_envs, *s.shape) for s in self.leaves]
         flat = isinstance(spec, dict) and all(isinstance(v, ArraySpec) for v in spec.values())
         self.flat_keys = tuple(self.paths) if flat else None
-        # (key, dtype, shape) per leaf of a flat dict spec: the per-step fast path
+        # per leaf, the dtypes already found castable to it whatever the values (float64
+        # rewards for a float32 leaf...): judged once, then passed as they are
+        self._castable: list[set[np.dtype]] = [{d} for d in self.dtypes]
+        # (key, dtype, shape, castable) per leaf of a flat dict spec: the per-step fast path
         self._nfast = len(self.paths)
-        self._fast = tuple(zip(self.paths, self.dtypes, self.step_shapes)) if flat else None
+        self._fast = tuple(zip(self.paths, self.dtypes, self.step_shapes, self._castable)) if flat else None
         # the same for a nest of dicts: (key, dtype, shape, sub-plan or None) per key
         self._fast_nest = None if flat else _dict_plan(spec, num_envs)
         self._step_what = f"[num_envs={num_envs}, *shape] ="
@@ -179,6 +190,8 @@ class StepValidator:
         why = cast_refusal(a, dtype)
         if why is not None:
             raise BadInputError(f"leaf {path!r}: {why} (expected {dtype}, got {a.dtype})")
+        if a.dtype not in self._castable[i] and cast_needs_no_values(a.dtype, dtype):
+            self._castable[i].add(a.dtype)
         return a
 
     def step(self, value: Any) -> list[np.ndarray]:
@@ -188,9 +201,13 @@ class StepValidator:
             # Arrays already of the right dtype and shape pass as they are, as in coerce.
             out = []
             ndarray = np.ndarray
-            for key, dtype, shape in fast:
+            for key, dtype, shape, castable in fast:
                 v = value.get(key)
-                if type(v) is not ndarray or v.shape != shape or (v.dtype is not dtype and v.dtype != dtype):
+                if (
+                    type(v) is not ndarray
+                    or v.shape != shape
+                    or (v.dtype is not dtype and v.dtype not in castable)
+                ):
                     break
                 out.append(v)
             else:

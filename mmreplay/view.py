@@ -352,7 +352,7 @@ def select(store: Any, env: int | None, episode: int | None, steps: Any) -> Sele
 
 
 def _read_leaf(store: Any, index: int, env: int, steps: np.ndarray, progress: Progress | None) -> np.ndarray:
-    leaf = store._leaves[index]
+    leaf = store.leaves[index]
     blocks = []
     for i in range(0, len(steps), READ_BLOCK_FRAMES):
         part = steps[i : i + READ_BLOCK_FRAMES]

@@ -91,3 +91,38 @@ def test_importing_mmreplay_imports_no_optional_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def store_fields() -> set[str]:
+    """The private attributes a Store sets on itself (``self._x = ...`` in store.py)."""
+    tree = ast.parse((PACKAGE / "store.py").read_text())
+    store = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Store")
+    return {
+        target.attr
+        for node in ast.walk(store)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute)
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+        and target.attr.startswith("_")
+    }
+
+
+def test_no_module_outside_the_store_reaches_into_its_private_fields():
+    # parts derived from a store (its read path, its episode index, a framework's view
+    # of its leaves) go through store.part(), store.leaves, store.live_state()...
+    fields = store_fields()
+    assert {"_leaves", "_state_file"} <= fields
+    problems = []
+    for path, _ in modules():
+        if path == PACKAGE / "store.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr in fields):
+                continue
+            owner = node.value
+            named = getattr(owner, "id", None) or getattr(owner, "attr", "")
+            if named in ("store", "writer", "reader_store") or named.endswith("store"):
+                problems.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {named}.{node.attr}")
+    assert not problems, problems

@@ -258,3 +258,21 @@ def test_casts_that_are_allowed_store_the_values(tmp_path, nested_spec):
         np.testing.assert_array_equal(got["reward"], [0.5, 1.5, 2.5])
         np.testing.assert_array_equal(got["obs"]["pixels"], good(nested_spec, 0)["obs"]["pixels"])
 
+
+def test_a_dtype_accepted_once_passes_again_but_ints_are_checked_every_time(tmp_path, layout):
+    """The validator remembers dtypes whose every value casts (float64 into float32),
+    never the integer narrowings, whose values it must look at on each add."""
+    spec = {"small": mr.ArraySpec((), "int8"), "reward": mr.ArraySpec((), "float32")}
+    path = tmp_path / "b"
+    with mr.create(path, spec, capacity=8, num_envs=2, **layout) as store:
+        for i in range(3):
+            store.add({"small": np.array([i, -i], np.int64), "reward": np.array([i + 0.25, 0.5])})
+        with pytest.raises(mr.BadInputError, match="small"):
+            store.add({"small": np.array([1, 300], np.int64), "reward": np.zeros(2)})
+        with pytest.raises(mr.BadInputError, match="reward"):
+            store.add({"small": np.zeros(2, np.int8), "reward": np.array(["a", "b"])})
+        assert store.total_steps == 3
+    with mr.open(path) as store:
+        np.testing.assert_array_equal(store.get(2)["small"], [2, -2])
+        np.testing.assert_array_equal(store.get(2)["reward"], np.array([2.25, 0.5], np.float32))
+        assert store.get(2)["reward"].dtype == np.float32

@@ -297,7 +297,7 @@ def test_prefetch_mode_returns_the_same_rows(tmp_path, layout):
             assert {leaf.advice for leaf in store._leaves} == {"normal"}
         reads.set_prefetch(store, False)
         np.testing.assert_array_equal(store.sample(50, rng=3)["obs"], plain["obs"])
-    assert store._reads is None  # the prefetch thread was stopped with the store
+    assert store._parts == {}  # the read path and its prefetch thread were closed with the store
 
 
 def test_the_store_generator_can_be_seeded_and_prefetches_the_next_batch(tmp_path, layout):
@@ -308,8 +308,8 @@ def test_the_store_generator_can_be_seeded_and_prefetches_the_next_batch(tmp_pat
         reads.set_rng(store, 11)
         ahead = [store.sample(16)["step"] for _ in range(3)]
         assert all(np.array_equal(a, b) for a, b in zip(plain, ahead))
-        mapped = store._reads.mapped
-        assert (store._reads.pending is not None) == bool(mapped)  # the next batch, drawn and prefetched
+        reader = reads.reader_for(store)
+        assert (reader.pending is not None) == bool(reader.mapped)  # the next batch, drawn and prefetched
 
 
 def test_page_advice_defaults(tmp_path):

@@ -77,6 +77,18 @@ def _leaf(space: Any, shape: tuple[int, ...]) -> ArraySpec:
     return ArraySpec(tuple(int(n) for n in shape), np.dtype(space.dtype).name)
 
 
+_BOOL, _FLOAT32, _FLOAT64 = np.dtype(bool), np.dtype(np.float32), np.dtype(np.float64)
+
+
+def _as_leaf(value: Any, dtype: np.dtype, shape: tuple[int, ...], also: np.dtype | None = None) -> np.ndarray:
+    """``value`` as an array of ``dtype`` and ``shape``: itself when it already is one, or
+    one of dtype ``also`` (which the store casts as it writes). Dtypes compare by
+    identity here (numpy's built-in dtypes are singletons); a miss only costs a copy."""
+    if type(value) is np.ndarray and value.shape == shape and (value.dtype is dtype or value.dtype is also):
+        return value
+    return np.asarray(value, dtype).reshape(shape)
+
+
 class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
     """SB3's ``ReplayBuffer`` over a store in the folder ``path``; ``close()`` commits and
     releases it (it is also a context manager).
@@ -133,7 +145,8 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         self.buffer_size = max(buffer_size // n_envs, 1)
         self.optimize_memory_usage = False
         self.handle_timeout_termination = handle_timeout_termination
-        self._action_dtype = self._maybe_cast_dtype(action_space.dtype)
+        self._action_dtype = np.dtype(self._maybe_cast_dtype(action_space.dtype))
+        self._step_layout()
         self.store: Store | None = None
         #: where the rows of the last :meth:`sample` came from (``step``, ``env``,
         #: ``probability`` and, from a prioritized sampler, ``weight``)
@@ -143,6 +156,13 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         self._open(path, commit_every, backend, compression, durability, sampler_options)
 
     # --- the store ---------------------------------------------------------------------
+
+    def _step_layout(self) -> None:
+        """What :meth:`add` converts to, worked out once: the leaf shapes of one step."""
+        self._obs_step_shape = (self.n_envs, *self.obs_shape) if isinstance(self.obs_shape, tuple) else None
+        self._action_shape = (self.n_envs, self.action_dim)
+        self._reward_shape = (self.n_envs,)
+        self._no_ends = np.zeros(self.n_envs, bool)  # only ever copied into the store
 
     def _observation_spec(self) -> Any:
         return _leaf(self.observation_space, self.obs_shape)
@@ -270,7 +290,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
 
     def _observation(self, obs: Any) -> Any:
         """``obs`` as SB3 stores it: ``[n_envs, *obs_shape]`` in the space's dtype."""
-        return np.asarray(obs, self.observation_space.dtype).reshape((self.n_envs, *self.obs_shape))
+        return _as_leaf(obs, self.observation_space.dtype, self._obs_step_shape)
 
     def add(
         self,
@@ -281,16 +301,21 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         done: np.ndarray,
         infos: Any,
     ) -> None:
-        done = np.asarray(done).reshape(self.n_envs).astype(bool)
-        timeout = self._timeouts(infos) & done
-        self._live().add(
+        store = self.store if self.store is not None else self._live()
+        done = _as_leaf(done, _BOOL, self._reward_shape)
+        if np.count_nonzero(done):
+            truncated = self._timeouts(infos) & done
+            terminated = done & ~truncated
+        else:  # most steps end nothing: no infos to read
+            terminated = truncated = self._no_ends
+        store.add(
             {
                 "observation": self._observation(obs),
                 "next_observation": self._observation(next_obs),
-                "action": np.asarray(action, self._action_dtype).reshape((self.n_envs, self.action_dim)),
-                "reward": np.asarray(reward, np.float32).reshape(self.n_envs),
-                "terminated": done & ~timeout,
-                "truncated": timeout,
+                "action": _as_leaf(action, self._action_dtype, self._action_shape),
+                "reward": _as_leaf(reward, _FLOAT32, self._reward_shape, also=_FLOAT64),
+                "terminated": terminated,
+                "truncated": truncated,
             }
         )
 
@@ -387,6 +412,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
                 stacklevel=2,
             )
         skip = ("store", "_temp", "_cleanup", "_leaves", "last_info")
+        skip += ("_obs_step_shape", "_action_shape", "_reward_shape", "_no_ends")  # _step_layout()
         state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["kind"] = MANIFEST_KIND
         state["path"] = store.path
@@ -403,6 +429,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         path = state.pop("path")
         del state["kind"]
         self.__dict__.update(state)
+        self._step_layout()
         self.store = None
         self.last_info = None
         self._take_over(path)
@@ -424,8 +451,7 @@ class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
     def _observation(self, obs: Any) -> Any:
         space = self.observation_space
         return {
-            k: np.asarray(obs[k], space[k].dtype).reshape((self.n_envs, *shape))
-            for k, shape in self.obs_shape.items()
+            k: _as_leaf(obs[k], space[k].dtype, (self.n_envs, *shape)) for k, shape in self.obs_shape.items()
         }
 
     def sample(self, batch_size: int, env: Any = None, **options: Any) -> Any:

@@ -128,7 +128,7 @@ class MMReplayStorage(TensorStorage):
             raise BadInputError(f"{self.path}: a store of {store.num_envs} envs needs ndim=2")
         # The views are the mapped leaf arrays themselves: reads by TorchRL's samplers
         # (and SliceSampler's trajectory column) touch the pages, never a copy.
-        leaves = store._leaves
+        leaves = store.leaves
         if not all(isinstance(leaf, MappedLeaf) for leaf in leaves):
             store.close()
             raise BadInputError(f"{self.path}: MMReplayStorage needs uncompressed, memory-mapped leaves")

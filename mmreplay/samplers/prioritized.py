@@ -265,20 +265,23 @@ class PrioritizedSampler(Sampler):
         ``SampleInfo``); returns how many were applied. Items whose step the ring has
         dropped since it was sampled are skipped."""
         store = self.store
-        step, env = np.broadcast_arrays(np.asarray(step), np.asarray(env))
+        step, env = np.asarray(step), np.asarray(env)
+        if step.shape != env.shape:
+            step, env = np.broadcast_arrays(step, env)
         if step.dtype.kind not in "iu" or env.dtype.kind not in "iu":
             raise BadInputError(
                 f"{store.path}: step and env must be integer arrays, got {step.dtype} and {env.dtype}"
             )
-        step, env = step.reshape(-1).astype(np.int64), env.reshape(-1).astype(np.int64)
+        step = step.reshape(-1).astype(np.int64, copy=False)
+        env = env.reshape(-1).astype(np.int64, copy=False)
         p = np.asarray(priorities, np.float64)
         if p.shape[:1] != step.shape or p.ndim > 2:
             raise BadInputError(
                 f"{store.path}: expected {step.size} priorities (one per item, or [items, num_steps]), "
                 f"got shape {np.shape(priorities)}"
             )
-        bad = ~np.isfinite(p) | (p < 0)
-        if bad.any():
+        if p.size and not (0.0 <= p.min() and p.max() < np.inf):  # NaN fails both
+            bad = ~np.isfinite(p) | (p < 0)
             raise BadInputError(
                 f"{store.path}: priorities must be finite and >= 0; {int(bad.sum())} are not "
                 f"(the first is {p[bad][0]!r} at position {np.argwhere(bad)[0].tolist()})"
@@ -305,19 +308,27 @@ class PrioritizedSampler(Sampler):
                 raise BadInputError(
                     f"{store.path}: step {int(step.max())} is not committed yet (committed steps end at {end})"
                 )
-            keep = step >= first
-            step, env, p = step[keep], env[keep], p[keep]
+            if step.size and step.min() < first:
+                keep = step >= first
+                step, env, p = step[keep], env[keep], p[keep]
+            applied = int(step.size)
             rows = (step % store.capacity) * store.num_envs + env
             if rows.size:
-                order = np.argsort(rows, kind="stable")  # the last update of a row wins
-                pick = order[np.append(rows[order][1:] != rows[order][:-1], True)]
-                step, rows, p = step[pick], rows[pick], p[pick]
+                # the last update of a row wins: keep the last occurrence of each row
+                order = np.argsort(rows, kind="stable")
+                sorted_rows = rows[order]
+                last = np.empty(rows.size, bool)
+                last[-1] = True
+                np.not_equal(sorted_rows[1:], sorted_rows[:-1], out=last[:-1])
+                pick = order[last]
+                step, rows, p = step[pick], sorted_rows[last], p[pick]
                 file.values.reshape(-1)[rows] = p
                 file.raise_max(float(p.max()))
-        applied = int(keep.sum())
-        if self.tree is not None:
+        if self.tree is not None and rows.size:
             inside = (step >= self.tree_first) & (step < self.tree_end)
-            self.tree.set(rows[inside], self._weights(p[inside]), distinct=True)
+            if not inside.all():
+                rows, p = rows[inside], p[inside]
+            self.tree.set(rows, self._weights(p), distinct=True)
         return applied
 
     def priorities(self, step: Any, env: Any) -> np.ndarray:
