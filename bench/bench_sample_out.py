@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import shutil
 import statistics
@@ -49,7 +48,7 @@ import numpy as np
 import mmreplay as mr
 
 from . import atari_like
-from .bench_sampling import conditions, data_files, drop_cache, warm
+from .bench_sampling import conditions, data_files, drop_cache, finish, timed_blocks, warm
 
 NUM_ENVS = 8
 BATCH = 256
@@ -132,24 +131,6 @@ def empty_batch() -> dict[str, np.ndarray]:
 # --- 1. page-cached --------------------------------------------------------------------
 
 
-def interleaved(fns: dict[str, Callable[[np.random.Generator], Any]], calls: int, repeats: int) -> dict:
-    """Seconds per call of each function: ``repeats`` blocks of ``calls`` calls, systems
-    interleaved block by block, every block of every system seeded alike."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():  # warm-up: page tables, allocator
-        g = np.random.default_rng(99)
-        for _ in range(max(4, calls // 4)):
-            fn(g)
-    for r in range(repeats):
-        for name, fn in fns.items():
-            g = np.random.default_rng(r)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn(g)
-            times[name].append((time.perf_counter() - t0) / calls)
-    return {name: {"median_s": statistics.median(ts), "samples_s": ts} for name, ts in times.items()}
-
-
 def cached(stores: dict[str, Any], flat: list[np.ndarray], rows: int, calls: int, repeats: int) -> dict:
     into, allocating = numpy_gathers(flat, rows)
     systems: dict[str, tuple[Callable, Callable]] = {"numpy take": (into, allocating)}
@@ -166,7 +147,7 @@ def cached(stores: dict[str, Any], flat: list[np.ndarray], rows: int, calls: int
         fns[f"{name}|into a batch (pool of {POOL})"] = lambda g, f=into_fn, p=pool, t=turn: f(g, p[next(t) % POOL])
         fns[f"{name}|allocating, dropped"] = lambda g, f=alloc_fn: f(g) and None
         fns[f"{name}|allocating, kept alive ({POOL})"] = lambda g, f=alloc_fn, k=kept: k.append(f(g))
-    return interleaved(fns, calls, repeats)
+    return timed_blocks(fns, calls, repeats)
 
 
 # --- 2. first batches after open --------------------------------------------------------
@@ -242,18 +223,18 @@ def cached_table(res: dict, stores: list[str]) -> list[str]:
     head = ["batch", "numpy take (k rows/s)"] + [f"{s} (k rows/s, × numpy)" for s in stores]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for way in ways:
-        base = _shown(BATCH / res[f"numpy take|{way}"]["median_s"] / 1e3)
+        base = _shown(BATCH / res[f"numpy take|{way}"] / 1e3)
         cells = [way, _cell(base)]
         for s in stores:
-            v = _shown(BATCH / res[f"{s}|{way}"]["median_s"] / 1e3)
+            v = _shown(BATCH / res[f"{s}|{way}"] / 1e3)
             cells.append(f"{_cell(v)} ({v / base:.2f}×)")
         lines.append("| " + " | ".join(cells) + " |")
     into = ways[0]
     lines.append("")
     for s in stores:
         for way in ways[1:]:
-            a = _shown(BATCH / res[f"{s}|{into}"]["median_s"] / 1e3)
-            b = _shown(BATCH / res[f"numpy take|{way}"]["median_s"] / 1e3)
+            a = _shown(BATCH / res[f"{s}|{into}"] / 1e3)
+            b = _shown(BATCH / res[f"numpy take|{way}"] / 1e3)
             lines.append(f"- {s} into a batch / numpy take {way}: {a / b:.2f}×")
     return lines
 
@@ -323,11 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(first_table(res, "system")), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["conditions_after"] = conditions()
-    print(f"\nconditions after: {results['conditions_after']}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    print()
+    finish(results, args.json)
     return 0
 
 

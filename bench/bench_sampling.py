@@ -293,6 +293,15 @@ def conditions() -> dict:
     }
 
 
+def finish(results: dict, json_path: str | None) -> None:
+    """Record the conditions after the run, print them, write ``results`` as JSON if asked."""
+    results["conditions_after"] = conditions()
+    print(f"conditions after: {results['conditions_after']}", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
@@ -323,11 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["conditions_after"] = conditions()
-    print(f"conditions after: {results['conditions_after']}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    finish(results, args.json)
     return 0
 
 
