@@ -17,8 +17,11 @@ an uncompressed zarr store, an uncompressed hdf5 store, and numpy arrays in RAM.
    - allocating, batches kept alive: each batch is held until 4 more were drawn (a
      loader's queue), so freed memory is not reused at once.
 
-   Systems run in interleaved blocks; each cell is the median over the same number of
-   blocks for every system.
+   Every store is opened with ``populate=True`` and waits for it, so that its pages are
+   mapped as the numpy arrays' are. Systems run in interleaved blocks; each cell is the
+   median over the same number of blocks for every system (``--clock cpu`` times the
+   calling thread's CPU time instead of the wall clock, which a loaded machine disturbs
+   less).
 2. First batches after open. Before each repeat every file is closed and its page cache
    either dropped (``posix_fadvise(DONTNEED)``: cold) or kept (warm); then the clock
    starts, the store is opened as a reader (with and without ``populate``, whose thread
@@ -28,7 +31,8 @@ an uncompressed zarr store, an uncompressed hdf5 store, and numpy arrays in RAM.
    repeats for every system.
 
 Ratios in the printed tables are computed from the numbers shown in their cells.
-Usage: ``python -m bench.bench_sample_out [--steps 5000] [--quick] [--dir D] [--json OUT]``.
+Usage: ``python -m bench.bench_sample_out [--steps 5000] [--clock wall|cpu] [--quick] [--dir D]
+[--json OUT]``.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import numpy as np
 
 import mmreplay as mr
 
-from . import atari_like
+from . import atari_like, bench_sampling
 from .bench_sampling import conditions, data_files, drop_cache, finish, timed_blocks, warm
 
 NUM_ENVS = 8
@@ -255,11 +259,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open-repeats", type=int, default=5, help="repeats per system (first batches)")
     parser.add_argument("--dir", default=None, help="folder for the stores (default: a temp folder)")
     parser.add_argument("--json", default=None, help="write every raw figure to this file")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="page-cached part: wall time, or the calling thread's CPU time (steadier on a busy machine)",
+    )
     args = parser.parse_args(argv)
+    bench_sampling.CLOCK = time.perf_counter if args.clock == "wall" else time.thread_time
     steps = 200 if args.quick else args.steps
     calls, repeats, open_repeats = (4, 2, 2) if args.quick else (args.calls, args.repeats, args.open_repeats)
     root = tempfile.mkdtemp(prefix="mmreplay-bench-out-", dir=args.dir)
-    results: dict[str, Any] = {"conditions_before": conditions(), "steps": steps, "num_envs": NUM_ENVS}
+    results: dict[str, Any] = {
+        "conditions_before": conditions(),
+        "steps": steps,
+        "num_envs": NUM_ENVS,
+        "clock": args.clock,
+    }
     print(f"conditions: {results['conditions_before']}", flush=True)
     try:
         data = make_data(steps)
@@ -272,12 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         flat = flat_rows(data)
 
         stores = {}
-        for name, path in paths.items():
-            writer = mr.open(path, "a")
-            stores[f"{name} writer"] = writer
-            reader = mr.open(path, populate=True)
-            reader._populator.wait()
-            stores[f"{name} reader"] = reader
+        for name, path in paths.items():  # populated, as the numpy arrays are: every page mapped
+            for mode in ("a", "r"):
+                store = stores[f"{name} {'writer' if mode == 'a' else 'reader'}"] = mr.open(path, mode, populate=True)
+                store._populator.wait()
         try:
             res = cached(stores, flat, rows, calls, repeats)
         finally:
