@@ -86,7 +86,7 @@ def fill(path: str, spec: dict, steps: int, **layout: Any) -> None:
 
 
 def data_files(path: str) -> list[str]:
-    with mr.open(path) as store:
+    with mr.open(path, populate=False) as store:
         leaves = store.metadata.leaves
     out = set()
     for leaf in leaves:
@@ -264,7 +264,7 @@ def cold(workload: str, steps: int, batches: int, root: str) -> dict:
             slots = envs = None
             for mode, (prefetch, advise) in modes.items():
                 drop_cache(files)
-                with mr.open(path) as store:
+                with mr.open(path, populate=False) as store:  # the data as if larger than memory
                     reads.set_prefetch(store, prefetch, advise=advise)
                     t0 = time.perf_counter()
                     _, info = store.sample(256, rng=i, return_info=True)

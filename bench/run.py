@@ -409,7 +409,8 @@ def _resident_bytes(paths: list[str]) -> int | None:
 
 
 def _data_files(path: str) -> list[str]:
-    meta = mr.open(path).metadata
+    with mr.open(path, populate=False) as store:
+        meta = store.metadata
     files = sorted({os.path.join(path, leaf.file) for leaf in meta.leaves if leaf.file})
     out = []
     for f in files:
@@ -471,8 +472,9 @@ def bench_out_of_memory(ctx: Context) -> dict[str, Any]:
             for _ in range(s.ooc_batches):
                 _drop_cache(files)
                 resident.append(_resident_bytes(files))
-                with mr.open(path) as store:
-                    # what the store does by itself once its leaves exceed the memory it may use
+                # what the store does by itself once its leaves exceed the memory it may use:
+                # per-batch prefetch, and no populating at open
+                with mr.open(path, populate=False) as store:
                     reads.set_prefetch(store, True)
                     t0 = time.perf_counter()
                     _, info = store.sample(BATCH, rng=rng, return_info=True)
