@@ -26,9 +26,9 @@ an uncompressed zarr store, an uncompressed hdf5 store, and numpy arrays in RAM.
    either dropped (``posix_fadvise(DONTNEED)``: cold) or kept (warm); then the clock
    starts, the store is opened as a reader (with and without ``populate``, whose thread
    races the first batches) or the ``.npy`` files are mapped with ``np.load(mmap_mode="r")``
-   (or loaded into RAM), and 10 batches of 256 are gathered into a pool of batches. Cells:
-   median ms until the first batch is done, and until the tenth, over the same number of
-   repeats for every system.
+   (or loaded into RAM), and 50 batches of 256 are gathered into a pool of batches.
+   Cells: median ms until the first, the tenth and the fiftieth batch are done, over the
+   same number of repeats for every system.
 
 Ratios in the printed tables are computed from the numbers shown in their cells.
 Usage: ``python -m bench.bench_sample_out [--steps 5000] [--clock wall|cpu] [--quick] [--dir D]
@@ -57,7 +57,7 @@ from .bench_sampling import conditions, data_files, drop_cache, finish, timed_bl
 NUM_ENVS = 8
 BATCH = 256
 POOL = 4
-FIRST_BATCHES = 10
+FIRST_BATCHES = (1, 10, 50)  # the batch counts after open whose time is reported
 
 SPEC = {
     "action": mr.ArraySpec((), "int64"),
@@ -184,9 +184,9 @@ class StoreReader:
 
 
 def first_batches(openers: dict[str, tuple[Callable[[], Any], list[str]]], repeats: int, cold: bool) -> dict:
-    """ms from the start of open until the first and the tenth batch are gathered."""
+    """ms from the start of open until each count of :data:`FIRST_BATCHES` is gathered."""
     pool = [empty_batch() for _ in range(POOL)]
-    out: dict[str, dict[str, list[float]]] = {name: {"first_ms": [], "tenth_ms": []} for name in openers}
+    out: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in FIRST_BATCHES} for name in openers}
     for r in range(repeats):
         for name, (open_fn, files) in openers.items():
             if cold:
@@ -196,18 +196,12 @@ def first_batches(openers: dict[str, tuple[Callable[[], Any], list[str]]], repea
             g = np.random.default_rng(r)
             t0 = time.perf_counter()
             system = open_fn()
-            system.sample(g, pool[0])
-            t1 = time.perf_counter()
-            for i in range(1, FIRST_BATCHES):
+            for i in range(1, max(FIRST_BATCHES) + 1):
                 system.sample(g, pool[i % POOL])
-            t2 = time.perf_counter()
+                if i in FIRST_BATCHES:
+                    out[name][str(i)].append((time.perf_counter() - t0) * 1e3)
             system.close()
-            out[name]["first_ms"].append((t1 - t0) * 1e3)
-            out[name]["tenth_ms"].append((t2 - t0) * 1e3)
-    return {
-        name: {**v, "first_median_ms": statistics.median(v["first_ms"]), "tenth_median_ms": statistics.median(v["tenth_ms"])}
-        for name, v in out.items()
-    }
+    return {name: {"ms": v, "median_ms": {n: statistics.median(x) for n, x in v.items()}} for name, v in out.items()}
 
 
 # --- report ---------------------------------------------------------------------------
@@ -244,9 +238,10 @@ def cached_table(res: dict, stores: list[str]) -> list[str]:
 
 
 def first_table(res: dict, title: str) -> list[str]:
-    lines = [f"| {title} | first batch (ms) | first {FIRST_BATCHES} batches (ms) |", "|---|---|---|"]
+    head = [title] + [f"{n} batch{'es' if n > 1 else ''} (ms)" for n in FIRST_BATCHES]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, v in res.items():
-        lines.append(f"| {name} | {_cell(_shown(v['first_median_ms']))} | {_cell(_shown(v['tenth_median_ms']))} |")
+        lines.append("| " + " | ".join([name] + [_cell(_shown(v["median_ms"][str(n)])) for n in FIRST_BATCHES]) + " |")
     return lines
 
 
@@ -256,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="200 steps and few repeats (a smoke run)")
     parser.add_argument("--calls", type=int, default=40, help="batches per timed block")
     parser.add_argument("--repeats", type=int, default=7, help="timed blocks per system (page-cached)")
-    parser.add_argument("--open-repeats", type=int, default=5, help="repeats per system (first batches)")
+    parser.add_argument("--open-repeats", type=int, default=3, help="repeats per system (first batches)")
+    parser.add_argument("--skip-cached", action="store_true", help="only the first batches after open")
     parser.add_argument("--dir", default=None, help="folder for the stores (default: a temp folder)")
     parser.add_argument("--json", default=None, help="write every raw figure to this file")
     parser.add_argument(
@@ -287,19 +283,20 @@ def main(argv: list[str] | None = None) -> int:
         npy_files = write_npy(npy, data)
         flat = flat_rows(data)
 
-        stores = {}
-        for name, path in paths.items():  # populated, as the numpy arrays are: every page mapped
-            for mode in ("a", "r"):
-                store = stores[f"{name} {'writer' if mode == 'a' else 'reader'}"] = mr.open(path, mode, populate=True)
-                store._populator.wait()
-        try:
-            res = cached(stores, flat, rows, calls, repeats)
-        finally:
-            for store in stores.values():
-                store.close()
-        results["cached"] = res
-        print(f"\n## sample({BATCH}) page-cached, {steps} steps x {NUM_ENVS} envs\n")
-        print("\n".join(cached_table(res, list(stores))), flush=True)
+        if not args.skip_cached:
+            stores = {}
+            for name, path in paths.items():  # populated, as the numpy arrays are: every page mapped
+                for mode in ("a", "r"):
+                    store = stores[f"{name} {'writer' if mode == 'a' else 'reader'}"] = mr.open(path, mode, populate=True)
+                    store._populator.wait()
+            try:
+                res = cached(stores, flat, rows, calls, repeats)
+            finally:
+                for store in stores.values():
+                    store.close()
+            results["cached"] = res
+            print(f"\n## sample({BATCH}) page-cached, {steps} steps x {NUM_ENVS} envs\n")
+            print("\n".join(cached_table(res, list(stores))), flush=True)
         del data, flat
 
         openers: dict[str, tuple[Callable[[], Any], list[str]]] = {}
