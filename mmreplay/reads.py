@@ -20,7 +20,11 @@ leaves exceed half the memory available to the process, each batch also issues
 them in parallel instead of one page fault at a time, and when the next batch is known
 (``rng=None``, a shuffled pass) a background thread issues it while the caller works on
 the current one. ``set_prefetch`` overrides both choices; on page-cached data the
-prefetch would only cost syscalls.
+prefetch would only cost syscalls. Below that line, a reader populates its mapping at open
+instead, in a background thread (:func:`populate_at_open`).
+
+``sample(..., out=batch)`` gathers each leaf into the caller's array with one
+``take(out=)``, checked first against the spec (:meth:`Reader.out_leaves`).
 """
 
 from __future__ import annotations
