@@ -86,7 +86,7 @@ def fill(path: str, spec: dict, steps: int, **layout: Any) -> None:
 
 
 def data_files(path: str) -> list[str]:
-    with mr.open(path) as store:
+    with mr.open(path, populate=False) as store:
         leaves = store.metadata.leaves
     out = set()
     for leaf in leaves:
@@ -264,7 +264,7 @@ def cold(workload: str, steps: int, batches: int, root: str) -> dict:
             slots = envs = None
             for mode, (prefetch, advise) in modes.items():
                 drop_cache(files)
-                with mr.open(path) as store:
+                with mr.open(path, populate=False) as store:  # the data as if larger than memory
                     reads.set_prefetch(store, prefetch, advise=advise)
                     t0 = time.perf_counter()
                     _, info = store.sample(256, rng=i, return_info=True)
@@ -291,6 +291,15 @@ def conditions() -> dict:
         "machine": platform.machine(),
         "loadavg": os.getloadavg(),
     }
+
+
+def finish(results: dict, json_path: str | None) -> None:
+    """Record the conditions after the run, print them, write ``results`` as JSON if asked."""
+    results["conditions_after"] = conditions()
+    print(f"conditions after: {results['conditions_after']}", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,11 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["conditions_after"] = conditions()
-    print(f"conditions after: {results['conditions_after']}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    finish(results, args.json)
     return 0
 
 

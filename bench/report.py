@@ -63,17 +63,28 @@ def _ratio(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}×"
 
 
+def _shown(x: float) -> float:
+    """``x`` as its cell shows it, so that ratios are those of the numbers shown."""
+    return float(_num(x).replace(",", ""))
+
+
 Row = tuple[str, str, bool, dict[str, "float | None"], dict[str, str], dict[str, "float | None"]]
 
 
 def _table(rows: list[Row], names: list[str]) -> list[str]:
     """rows: (label, unit, higher_better, system -> value in shown unit, system -> n/a
-    reason, system -> value relative to the numpy baseline measured alongside it)."""
+    reason, system -> median of the numpy baseline measured alongside it, in shown unit).
+
+    An mmreplay cell gives its ratio to numpy (to the paired baseline, shown in the cell,
+    where there is one; else to the numpy column) and to the best peer of the row, each
+    computed from the numbers shown."""
     peers = _peers(names)
     head = ["figure"] + names
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, unit, hb, values, reasons, norms in rows:
+    for label, unit, hb, values, reasons, bases in rows:
         cells = [f"{label} ({unit}, {'higher' if hb else 'lower'} is better)"]
+        shown = {n: _shown(v) for n, v in values.items() if v is not None}
+        best = _best(shown, peers, hb)
         for n in names:
             v = values.get(n)
             if v is None:
@@ -81,14 +92,16 @@ def _table(rows: list[Row], names: list[str]) -> list[str]:
                 continue
             cell = _num(v)
             if _is_mmreplay(n):
-                r_base, r_peer = _ratios(n, values, norms, peers, hb)
                 parts = []
-                if r_base is not None:
-                    parts.append(f"{_ratio(r_base)} numpy")
-                if r_peer is not None:
-                    parts.append(f"{_ratio(r_peer)} best peer")
+                base = bases.get(n)
+                if base is not None:
+                    parts.append(f"{_ratio(advantage(shown[n], _shown(base), hb))} numpy's {_num(base)} beside it")
+                elif BASELINE in shown:
+                    parts.append(f"{_ratio(advantage(shown[n], shown[BASELINE], hb))} numpy")
+                if best is not None:
+                    parts.append(f"{_ratio(advantage(shown[n], best[1], hb))} best peer")
                 if parts:
-                    cell += " (" + ", ".join(parts) + ")"
+                    cell += " (" + "; ".join(parts) + ")"
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -121,15 +134,16 @@ def _workload_rows(per: dict[str, Any]) -> list[Row]:
     for key, label, unit, hb, scale in FIGURES:
         values: dict[str, float | None] = {}
         reasons: dict[str, str] = {}
-        norms: dict[str, float | None] = {}
+        bases: dict[str, float | None] = {}
         for name, figs in per.items():
             fig = figs.get(key, {})
             m = fig.get("median")
             values[name] = None if m is None else m * scale
             if "na" in fig:
                 reasons[name] = fig["na"]
-            norms[name] = _normalised(fig) if name != BASELINE else (1.0 if m is not None else None)
-        rows.append((label, unit, hb, values, reasons, norms))
+            base = fig.get("baseline")
+            bases[name] = statistics.median(base) * scale if base and name != BASELINE else None
+        rows.append((label, unit, hb, values, reasons, bases))
     return rows
 
 
@@ -177,9 +191,8 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         keys = sorted((k for k in figs if figs[k].get("samples")), key=int)
         if len(keys) < 2:
             continue
-        # growth with size, from the fastest of the repeats at each size: a sub-millisecond
-        # median moves with the machine's load, the fastest run shows the cost itself
-        flat = min(figs[keys[-1]]["samples"]) / min(figs[keys[0]]["samples"])
+        # growth with size, from the medians (every system ran the same number of repeats)
+        flat = figs[keys[-1]]["median"] / figs[keys[0]]["median"]
         mid = "1000000" if "1000000" in figs else keys[len(keys) // 2]
         others = {n: sizes[n].get(mid, {}).get("median") for n in sizes if not _is_mmreplay(n)}
         others = {n: v for n, v in others.items() if v is not None}
@@ -189,7 +202,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         out.append(
             (
                 f"reopen flat in size and ahead of every other system at {int(mid):.0e} rows ({mm})",
-                f"fastest at {int(keys[-1]):.0e} / fastest at {int(keys[0]):.0e} rows: {flat:.2f}; "
+                f"median at {int(keys[-1]):.0e} / median at {int(keys[0]):.0e} rows: {flat:.2f}; "
                 f"median {mine:.2f} ms vs " + (f"{closest[1]:.2f} ms ({closest[0]})" if closest else "–"),
                 (flat < 1.5 and bool(ahead)) if ahead is not None else None,
             )
@@ -234,10 +247,14 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
     lines += [
         "Medians over repeated runs. mmreplay cells also give how many times better "
-        "(faster or smaller) mmreplay is than numpy-in-RAM and than the best peer: above 1× is better. "
+        "(faster or smaller) mmreplay is than numpy-in-RAM and than the best peer of the row: "
+        "above 1× is better; every ratio is computed from the numbers shown. "
         "Rates (add, extend, sample) are measured in alternate repeats with a numpy-in-RAM "
-        "baseline holding the same data, and their ratios are taken against that paired "
-        "baseline, so that load from other processes changing between systems cancels out.",
+        "baseline holding the same data, whose median the mmreplay cell shows (\"numpy's N "
+        "beside it\"), so that load from other processes changing between systems cancels out. "
+        "numpy samples draw the rows as mmreplay does and gather them with one "
+        "`take(mode=\"wrap\")` per leaf (no modulo pass on either side); every system's sampled "
+        "batches are dropped as soon as they are made.",
         "",
     ]
     sizes = results.get("sizes", {})

@@ -29,7 +29,7 @@ import mmreplay as mr
 from mmreplay import reads
 
 from . import report
-from .systems import SYSTEMS, Mmreplay, NumpyRAM, System, Unsupported, available, du, version
+from .systems import SYSTEMS, NumpyRAM, System, Unsupported, available, du, version
 from .timing import repeat_seconds
 from .workloads import WORKLOADS, Workload, nest_from_flat
 
@@ -74,7 +74,7 @@ SIZES = {
         budget_s=0.08,
         slow_budget_s=3.0,
         reopen_rows=(10**5, 10**6, 10**7),
-        reopen_repeats=3,
+        reopen_repeats=5,
         reopen_budget_s=5.0,
         ooc_steps=2_000,
         ooc_batches=8,
@@ -305,8 +305,7 @@ def bench_reopen_sizes(ctx: Context) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 system.checkpoint()
                 ckpt_s = time.perf_counter() - t0
-                reps = s.reopen_repeats if not issubclass(cls, Mmreplay) else max(s.reopen_repeats, 20)
-                times = repeat_seconds(system.reopen, reps, setup=system.drop)
+                times = repeat_seconds(system.reopen, s.reopen_repeats, setup=system.drop)
                 res[str(rows)] = _figure(
                     [x * 1e3 for x in times],
                     "ms",
@@ -410,7 +409,8 @@ def _resident_bytes(paths: list[str]) -> int | None:
 
 
 def _data_files(path: str) -> list[str]:
-    meta = mr.open(path).metadata
+    with mr.open(path, populate=False) as store:
+        meta = store.metadata
     files = sorted({os.path.join(path, leaf.file) for leaf in meta.leaves if leaf.file})
     out = []
     for f in files:
@@ -472,8 +472,9 @@ def bench_out_of_memory(ctx: Context) -> dict[str, Any]:
             for _ in range(s.ooc_batches):
                 _drop_cache(files)
                 resident.append(_resident_bytes(files))
-                with mr.open(path) as store:
-                    # what the store does by itself once its leaves exceed the memory it may use
+                # what the store does by itself once its leaves exceed the memory it may use:
+                # per-batch prefetch, and no populating at open
+                with mr.open(path, populate=False) as store:
                     reads.set_prefetch(store, True)
                     t0 = time.perf_counter()
                     _, info = store.sample(BATCH, rng=rng, return_info=True)

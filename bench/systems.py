@@ -179,21 +179,27 @@ class NumpyRAM(System):
         return self.size * self.num_envs
 
     def _take(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        # one take over the [capacity * num_envs] rows of each leaf: numpy's fastest gather
-        return {p: np.take(a.reshape(-1, *a.shape[2:]), rows, axis=0) for p, a in self.items}
+        # one take over the [capacity * num_envs] rows of each leaf, ids past the end
+        # wrapped by the take itself: numpy's fastest gather, and the one mmreplay does
+        return {
+            p: np.take(a.reshape(-1, *a.shape[2:]), rows, axis=0, mode="wrap") for p, a in self.items
+        }
+
+    def _starts(self, num_steps: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        """Row ids of uniform starts drawn as mmreplay draws them: consecutive ids from
+        the oldest step's slot, left unfolded (the take wraps them), so neither side does
+        a modulo pass the other does not."""
+        offset = (self._first() % self.capacity) * self.num_envs
+        return rng.integers(offset, offset + (self.size - num_steps + 1) * self.num_envs, batch_size)
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        rows = rng.integers(0, self.size * self.num_envs, batch_size)
-        slot = (self._first() + rows // self.num_envs) % self.capacity
-        return self._take(slot * self.num_envs + rows % self.num_envs)
+        return self._take(self._starts(1, batch_size, rng))
 
     def sample_sequences(
         self, batch_size: int, num_steps: int, rng: np.random.Generator
     ) -> dict[str, np.ndarray]:
-        start = rng.integers(0, self.size - num_steps + 1, batch_size)
-        env = rng.integers(0, self.num_envs, batch_size)
-        slot = (self._first() + start[:, None] + np.arange(num_steps)) % self.capacity
-        return self._take(slot * self.num_envs + env[:, None])
+        start = self._starts(num_steps, batch_size, rng)
+        return self._take(start[:, None] + np.arange(0, num_steps * self.num_envs, self.num_envs))
 
     def disk_bytes(self) -> int:
         return du(self.folder)
@@ -281,7 +287,8 @@ class MmreplayZstd(Mmreplay):
 
 
 class TorchRL(System):
-    """``ReplayBuffer`` over ``LazyMemmapStorage`` of ``capacity * num_envs`` rows (step-major)."""
+    """``ReplayBuffer`` over ``LazyMemmapStorage`` of ``capacity * num_envs`` rows (step-major);
+    sequences through ``SliceSampler`` over the same storage seen as ``[steps, envs]``."""
 
     name = "TorchRL memmap"
     modules = ("torch", "tensordict", "torchrl")
@@ -297,6 +304,8 @@ class TorchRL(System):
         self.ckpt = os.path.join(folder, "checkpoint")
         self.rb = self._buffer(existsok=False)
         self.add = self.rb.extend  # one step of num_envs rows: no adapter layer on the hot path
+        self.seq_rb: Any = None  # the sequence sampler's view of self.seq_of's storage
+        self.seq_of: Any = None
 
     def _buffer(self, existsok: bool) -> Any:
         from torchrl.data import LazyMemmapStorage, ReplayBuffer
@@ -342,9 +351,20 @@ class TorchRL(System):
         return len(self.rb)
 
     def sample_sequences(self, batch_size: int, num_steps: int, rng: np.random.Generator) -> Any:
-        raise Unsupported(
-            "steps of 8 envs are interleaved in a flat storage; SliceSampler needs each trajectory contiguous"
-        )
+        """``SliceSampler`` over a 2-D ``[steps, envs]`` view (``ndim=2``) of the same
+        memmap storage: each env's steps form its trajectories, cut at terminated or
+        truncated (TorchRL's sequences stay in one episode)."""
+        if self.seq_rb is None or self.seq_of is not self.rb:
+            from torchrl.data import ReplayBuffer, TensorStorage
+            from torchrl.data.replay_buffers.samplers import SliceSampler
+
+            if len(self.rb) < self.capacity * self.num_envs:
+                raise Unsupported("the 2-D view needs the ring full")
+            steps = self.rb.storage._storage.reshape(self.capacity, self.num_envs)
+            sampler = SliceSampler(slice_len=num_steps, end_keys=["terminated", "truncated"], strict_length=True)
+            self.seq_rb = ReplayBuffer(storage=TensorStorage(steps, ndim=2), sampler=sampler)
+            self.seq_of = self.rb
+        return self.seq_rb.sample(batch_size * num_steps)
 
 
 # --- cpprb ---------------------------------------------------------------------------------

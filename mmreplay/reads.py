@@ -20,7 +20,11 @@ leaves exceed half the memory available to the process, each batch also issues
 them in parallel instead of one page fault at a time, and when the next batch is known
 (``rng=None``, a shuffled pass) a background thread issues it while the caller works on
 the current one. ``set_prefetch`` overrides both choices; on page-cached data the
-prefetch would only cost syscalls.
+prefetch would only cost syscalls. Below that line, a reader populates its mapping at open
+instead, in a background thread (:func:`populate_at_open`).
+
+``sample(..., out=batch)`` gathers each leaf into the caller's array with one
+``take(out=)``, checked first against the spec (:meth:`Reader.out_leaves`).
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ from typing import Any
 import numpy as np
 
 from . import sampling
-from .errors import NotEnoughDataError
-from .spec import ArraySpec, unflatten
+from .errors import BadInputError, NotEnoughDataError
+from .spec import ArraySpec, leaf_paths, unflatten
+from .statefile import slot_ranges
+from .values import flatten_value
 
-__all__ = ["SampleInfo", "sample", "iterate", "read_rows", "set_prefetch", "set_rng"]
+__all__ = ["SampleInfo", "sample", "empty_batch", "iterate", "read_rows", "set_prefetch", "set_rng"]
 
 MAX_RESAMPLES = 16
+POPULATE_PIECE_BYTES = 16 << 20  # a closing store waits for at most one piece
 WRITE_WINDOW_BYTES = 16 << 20  # a writer's slots ahead of its cursor kept on readahead
 
 
@@ -65,14 +72,21 @@ class SampleInfo:
     weight: np.ndarray | None = None
 
 
-def _packer(spec: Any) -> Any:
-    """A fast ``unflatten`` for the spec: a flat dict of leaves is packed with one zip."""
+def _flat_keys(spec: Any) -> list[str] | None:
+    """The sorted keys of a spec that is a flat dict of leaves (the fast paths), else None."""
     if (
         isinstance(spec, Mapping)
         and type(spec) is dict
         and all(isinstance(v, ArraySpec) for v in spec.values())
     ):
-        keys = sorted(spec)
+        return sorted(spec)
+    return None
+
+
+def _packer(spec: Any) -> Any:
+    """A fast ``unflatten`` for the spec: a flat dict of leaves is packed with one zip."""
+    keys = _flat_keys(spec)
+    if keys is not None:
         return lambda arrays: dict(zip(keys, arrays))
     return lambda arrays: unflatten(spec, arrays)
 
@@ -88,6 +102,16 @@ class Reader:
             partial(leaf.flat.take, axis=0, mode="wrap") if leaf.mappable else leaf.take for leaf in self.leaves
         ]
         self.pack = _packer(store.spec)
+        self.spec = store.spec
+        self.keys = _flat_keys(store.spec)
+        self.paths = leaf_paths(store.spec)
+        self.dtypes = [np.dtype(leaf.info.spec.dtype) for leaf in self.leaves]
+        self.shapes = [tuple(leaf.info.spec.shape) for leaf in self.leaves]
+        # One gather per leaf into a caller's array: ``take(out=)`` on the mapping, a copy
+        # of the decoded rows for the other leaves.
+        self.takes_into = [
+            take if leaf.mappable else partial(_copy_into, leaf.take) for take, leaf in zip(self.takes, self.leaves)
+        ]
         self.capacity = store.capacity
         self.num_envs = store.num_envs
         self.is_reader = store.mode == "r"
@@ -145,6 +169,28 @@ class Reader:
     def take(self, rows: np.ndarray) -> list[np.ndarray]:
         return [take(rows) for take in self.takes]
 
+    def out_leaves(self, out: Any, items: tuple[int, ...]) -> list[np.ndarray]:
+        """The leaf arrays of a caller's batch ``out``, in flatten order, each checked to be
+        a writeable numpy array ``[*items, *leaf shape]`` of the leaf's dtype.
+
+        Raises:
+            BadInputError: naming the leaf, what was expected and what came.
+        """
+        keys = self.keys
+        if keys is not None and type(out) is dict and len(out) == len(keys):
+            try:
+                arrays = [out[k] for k in keys]
+            except KeyError:
+                arrays = flatten_value(self.spec, out, "out")
+        else:
+            arrays = flatten_value(self.spec, out, "out")
+        for arr, path, dtype, shape in zip(arrays, self.paths, self.dtypes, self.shapes):
+            if type(arr) is not np.ndarray or arr.dtype != dtype or arr.shape != items + shape:
+                _refuse_out(arr, path, dtype, items + shape)
+            if not arr.flags.writeable:
+                raise BadInputError(f"out leaf {path!r}: the array is read-only; pass a writeable array")
+        return arrays
+
     def close(self) -> None:
         if self.thread is not None:
             self.thread.stop()
@@ -152,6 +198,35 @@ class Reader:
         self.leaves = []
         self.takes = []
         self.mapped = []
+
+
+def _copy_into(take: Any, rows: np.ndarray, out: np.ndarray) -> None:
+    np.copyto(out, take(rows))
+
+
+def _refuse_out(arr: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    got = (
+        f"shape {arr.shape} and dtype {arr.dtype}"
+        if isinstance(arr, np.ndarray)
+        else f"{type(arr).__name__} (not a numpy array)"
+    )
+    raise BadInputError(
+        f"out leaf {path!r}: expected a numpy array of shape {shape} and dtype {dtype}, got {got} "
+        "(make one with store.empty_batch(batch_size, num_steps))"
+    )
+
+
+def empty_batch(store: Any, batch_size: int, num_steps: int | None = None) -> Any:
+    """See :meth:`mmreplay.Store.empty_batch`."""
+    store._check_open()
+    sampling.check_sizes(batch_size, num_steps)
+    if batch_size is None:
+        raise ValueError("batch_size must be a positive int, got None")
+    if num_steps is None:
+        num_steps = store.sampler.num_steps
+    items = (int(batch_size),) if num_steps is None else (int(batch_size), int(num_steps))
+    reader = reader_for(store)
+    return reader.pack([np.empty(items + shape, dtype) for shape, dtype in zip(reader.shapes, reader.dtypes)])
 
 
 class _Prefetcher:
@@ -188,6 +263,67 @@ class _Prefetcher:
             self.stopping = True
             self.cond.notify()
         self.thread.join()
+
+
+class Populator:
+    """A daemon thread that populates the retained slots of a store's mapped leaves, in
+    pieces (see :func:`populate_at_open`); ``stop()`` ends it between two pieces."""
+
+    def __init__(self, leaves: list[Any], ranges: list[tuple[int, int]]):
+        self.leaves = leaves
+        self.ranges = ranges
+        self.advice: set[str] = set()  # the advice that took effect
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="mmreplay-populate", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for leaf in self.leaves:
+            piece = max(1, POPULATE_PIECE_BYTES // max(1, leaf.array.strides[0]))
+            for a, b in self.ranges:
+                for x in range(a, b, piece):
+                    if self.stopping.is_set():
+                        return
+                    used = leaf.populate(x, min(b, x + piece))
+                    if used is None:
+                        return  # no advice here (or the mapping is gone)
+                    self.advice.add(used)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every piece is populated; True when done."""
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
+def populate_at_open(store: Any, populate: bool | None) -> Populator | None:
+    """Start populating the mapping of a store just opened, or None.
+
+    ``populate``: True always, False never, None in a reader (mode ``"r"``) whose
+    retained rows of the mapped leaves take at most half the memory available to the
+    process (the rule that turns the per-batch prefetch off: a store that fits is read
+    from memory, one that does not is prefetched batch by batch instead); a writer
+    resuming mostly writes, so it populates only when asked. The work runs in a background thread without
+    the GIL, so opening stays as fast as before and the first batches find their pages
+    mapped (or, still racing the thread, fault them as they would have anyway).
+    """
+    if populate is False:
+        return None
+    mapped = [leaf for leaf in store.leaves if leaf.mappable]
+    first, end = store.window[:2]
+    ranges = slot_ranges(first, end, store.capacity)
+    if not mapped or not ranges:
+        return None
+    if populate is None:
+        if store.mode != "r":
+            return None
+        retained = sum(b - a for a, b in ranges) * sum(leaf.array.strides[0] for leaf in mapped)
+        if retained > memory_available() // 2:
+            return None
+    return Populator(mapped, ranges)
 
 
 def reader_for(store: Any) -> Reader:
@@ -309,11 +445,12 @@ def sample(
     options: dict | None = None,
     window: tuple[int, int] | None = None,
     sampler: Any = None,
+    out: Any = None,
 ) -> Any:
     """See :meth:`mmreplay.Store.sample`: draws through ``store.sampler``, then one fetch
     path for every sampler (gather, page-cache advice, prefetch, readers' re-draw).
     ``sampler``: a sampler to draw through instead of the store's (framework layers
-    that keep their framework's draw rule)."""
+    that keep their framework's draw rule). ``out``: a batch to gather into."""
     if store.closed:
         store._check_open()
     if type(batch_size) is not int or batch_size < 1:
@@ -329,6 +466,8 @@ def sample(
     if num_steps is None:
         num_steps = sampler.num_steps
     steps = 1 if num_steps is None else num_steps
+    if out is not None:  # checked before anything is drawn: a refused batch is left as it was
+        arrays = reader.out_leaves(out, (batch_size,) if num_steps is None else (batch_size, num_steps))
     options = options or {}
     draw = None
     key = None
@@ -356,16 +495,23 @@ def sample(
             reader.advise(pattern, store)
     if reader.prefetch and not prefetched:
         reader.willneed(rows)
-    out = [take(rows) for take in reader.takes]
+    if out is None:
+        got = [take(rows) for take in reader.takes]
+    else:
+        if len(rows) < batch_size:  # without replacement, fewer items than asked
+            arrays = [arr[: len(rows)] for arr in arrays]
+        for take, arr in zip(reader.takes_into, arrays):
+            take(rows, out=arr)
+        got = arrays
     if reader.is_reader and reader.live_first(store) > store.first_step:  # some may be overwritten
         draw = _resample_overwritten(
-            store, reader, draw, out, steps, num_steps, replacement, gen, options, window, own
+            store, reader, draw, got, steps, num_steps, replacement, gen, options, window, own
         )
     if key is not None:  # the next batch with the same request: draw it now, prefetch it
         nxt = _draw(store, batch_size, steps, replacement, gen, options, window, own)
         reader.pending = (key, nxt)
         reader.prefetch_later(sampling.rows_of(nxt.start, num_steps, reader.num_envs))
-    nest = reader.pack(out)
+    nest = out if out is not None and len(rows) == batch_size else reader.pack(got)
     if return_info:
         step = draw.step
         return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability, draw.weight)

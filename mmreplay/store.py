@@ -133,6 +133,7 @@ class Store:
         self._ahead = max(1, min(meta.commit_every, capacity // 8))
         self._dirty = False
         self._parts: dict[str, Any] = {}  # see part(): the read path, the episode index...
+        self._populator: Any = None  # mmreplay.reads.Populator, started by open()
         self._hooks: list[WriteHook] = []
         self._on_add: list[Any] = []  # bound on_add of the hooks that override it
         try:
@@ -310,6 +311,9 @@ class Store:
             self._closed = True
             self._writable = False
             self._arrays = None  # drop the views first, so the mappings can close
+            if self._populator is not None:
+                self._populator.stop()
+                self._populator = None
             for part in [*self._parts.values(), self._sampler]:
                 part.close()
             self._parts.clear()
@@ -555,6 +559,7 @@ class Store:
         within_episodes: bool | None = None,
         return_info: bool = False,
         window: tuple[int, int] | None = None,
+        out: Any = None,
         **options: Any,
     ) -> Any:
         """A random batch of rows, drawn through :attr:`sampler` (by default uniform over
@@ -575,6 +580,14 @@ class Store:
                 importance weight from a prioritized sampler).
             window: ``(first, end)`` global step ids: draw only from these steps (within
                 the retained ones), as layers that show the newest part of the store do.
+            out: a batch to gather into instead of allocating one: the spec's nest of
+                arrays ``[batch_size, *shape]`` (``[batch_size, num_steps, *shape]``) of
+                the leaves' dtypes, such as :meth:`empty_batch` makes or an earlier
+                ``sample`` returned. Each leaf is gathered with one ``take(out=)``
+                (compressed leaves decode, then copy). Returns ``out`` itself (without
+                replacement and fewer items than asked: views of its first rows). A batch
+                that does not fit raises :class:`~mmreplay.BadInputError` before anything
+                is drawn or written into it.
             options: passed to the sampler's ``draw`` (such as ``beta`` for the
                 prioritized sampler).
 
@@ -594,7 +607,17 @@ class Store:
         """
         if within_episodes is not None:
             options["within_episodes"] = within_episodes
-        return _reads.sample(self, batch_size, num_steps, replacement, rng, return_info, options, window)
+        return _reads.sample(self, batch_size, num_steps, replacement, rng, return_info, options, window, out=out)
+
+    def empty_batch(self, batch_size: int, num_steps: int | None = None) -> Any:
+        """A batch for ``sample(batch_size, num_steps, out=...)`` to gather into: the
+        spec's nest of uninitialised arrays ``[batch_size, *shape]`` (or
+        ``[batch_size, num_steps, *shape]``; None: the sampler's ``num_steps``).
+
+        Reusing a few batches spares allocating, and faulting in, fresh memory for every
+        batch: pixel batches of several MB are returned to the OS when dropped.
+        """
+        return _reads.empty_batch(self, batch_size, num_steps)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
         """New priorities for sampled items (``info.step``, ``info.env`` of
@@ -1057,15 +1080,25 @@ def _check_same_layout(store: Store, meta: Metadata) -> None:
         raise SpecMismatchError(f"{store.path}: a different buffer exists there ({'; '.join(diffs)})")
 
 
-def open(path: str | os.PathLike, mode: str = "r") -> Store:  # noqa: A001 - mirrors h5py.File / zarr.open
+def open(  # noqa: A001 - mirrors h5py.File / zarr.open
+    path: str | os.PathLike, mode: str = "r", populate: bool | None = None
+) -> Store:
     """Open an existing buffer: ``mode="r"`` to read, ``"a"`` to resume writing.
 
     Opening reads the metadata file and maps the data files; its cost does not grow with
     the buffer's size. Nothing in the folder is ever executed or unpickled.
+
+    ``populate``: read the retained rows of the memory-mapped leaves into memory and
+    the mapping in a background thread (``MADV_POPULATE_READ``, Linux >= 5.14; elsewhere
+    ``MADV_WILLNEED``), so the first batches do not fault page by page. None (the
+    default) does it in a reader (``mode="r"``) when those rows take at most half the
+    memory available to the process; True always, False never.
     """
     path = os.fspath(path)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if populate is not None and not isinstance(populate, bool):
+        raise TypeError(f"populate must be True, False or None, got {populate!r}")
     meta = read_metadata(path)
     lock = None
     if mode == "a":
@@ -1077,4 +1110,6 @@ def open(path: str | os.PathLike, mode: str = "r") -> Store:  # noqa: A001 - mir
         except BaseException:
             lock.release()
             raise
-    return Store(path, meta, mode, lock)
+    store = Store(path, meta, mode, lock)
+    store._populator = _reads.populate_at_open(store, populate)
+    return store

@@ -16,7 +16,7 @@ import numpy as np
 from .errors import BadInputError
 from .spec import ArraySpec, flatten, is_namedtuple, leaf_paths
 
-__all__ = ["StepValidator", "cast_needs_no_values", "cast_refusal"]
+__all__ = ["StepValidator", "cast_needs_no_values", "cast_refusal", "flatten_value"]
 
 
 def cast_refusal(a: np.ndarray, dst: np.dtype) -> str | None:
@@ -49,9 +49,17 @@ def cast_needs_no_values(src: np.dtype, dst: np.dtype) -> bool:
     return (src.kind in "iuf" and dst.kind in "fc") or (src.kind == "c" and dst.kind == "c")
 
 
-def _structure(spec: Any, value: Any, path: str, out: list[Any]) -> None:
+def flatten_value(spec: Any, value: Any, root: str = "the step") -> list[Any]:
+    """``value``'s leaves along ``spec``'s nest, in flatten order; a
+    :class:`BadInputError` names the first place they differ (``root``: what the value is)."""
+    out: list[Any] = []
+    _structure(spec, value, "", out, root)
+    return out
+
+
+def _structure(spec: Any, value: Any, path: str, out: list[Any], root: str = "the step") -> None:
     """Flatten ``value`` along ``spec``'s nest, naming the first place they differ."""
-    where = path or "the step"
+    where = path or root
     if isinstance(spec, Mapping):
         if not isinstance(value, Mapping):
             raise BadInputError(f"{where}: expected a dict with keys {sorted(spec)}, got {type(value).__name__}")
@@ -65,7 +73,7 @@ def _structure(spec: Any, value: Any, path: str, out: list[Any]) -> None:
                 parts.append("unexpected " + ", ".join(repr(_j(path, str(k))) for k in extra))
             raise BadInputError(f"{where}: {'; '.join(parts)} (expected keys {sorted(spec)})")
         for key in sorted(spec):
-            _structure(spec[key], value[key], _j(path, key), out)
+            _structure(spec[key], value[key], _j(path, key), out, root)
     elif is_namedtuple(spec):
         if isinstance(value, Mapping):
             value = tuple(_pick(value, spec._fields, where))
@@ -74,13 +82,13 @@ def _structure(spec: Any, value: Any, path: str, out: list[Any]) -> None:
                 f"{where}: expected {type(spec).__name__} with fields {spec._fields}, got {type(value).__name__}"
             )
         for field, s, v in zip(spec._fields, spec, value):
-            _structure(s, v, _j(path, field), out)
+            _structure(s, v, _j(path, field), out, root)
     elif isinstance(spec, (tuple, list)):
         if not isinstance(value, (tuple, list)) or is_namedtuple(value) or len(value) != len(spec):
             got = f"{type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list)) else type(value).__name__
             raise BadInputError(f"{where}: expected a {type(spec).__name__} of {len(spec)} items, got {got}")
         for i, (s, v) in enumerate(zip(spec, value)):
-            _structure(s, v, _j(path, str(i)), out)
+            _structure(s, v, _j(path, str(i)), out, root)
     else:
         out.append(value)
 

@@ -9,10 +9,12 @@ whole chunks decoded and encoded through zarr / h5py, with writes staged in RAM)
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
 import stat
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -41,6 +43,25 @@ CHUNK_CACHE_BYTES = 256 << 20
 _MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
 _MADV_NORMAL = getattr(mmap, "MADV_NORMAL", None)
 _MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
+_MADV_POPULATE_READ = 22  # Linux >= 5.14: fault a range into the page tables, reading it
+_libc_madvise: Any = None
+
+
+def _madvise_call() -> Any:
+    """libc's ``madvise`` through ctypes (Linux), which drops the GIL while it runs, unlike
+    ``mmap.madvise``; None where it cannot be loaded."""
+    global _libc_madvise
+    if _libc_madvise is None:
+        _libc_madvise = False
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).madvise
+            except (OSError, AttributeError):
+                return None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            _libc_madvise = fn
+    return _libc_madvise or None
 
 
 #: what the store backends accept (the zarr and hdf5 backends refine it)
@@ -291,6 +312,34 @@ class MappedLeaf:
                 advise(willneed, a, b)
         except (OSError, ValueError):
             pass  # the mapping was closed meanwhile: nothing left to prefetch
+
+    def populate(self, a: int, b: int) -> str | None:
+        """Read slots ``[a, b)`` into memory and into the mapping's page tables now, so
+        the first batches do not fault page by page: ``MADV_WILLNEED`` (start reading
+        them), then ``MADV_POPULATE_READ`` (wait and map them; Linux >= 5.14). Returns the
+        advice that took effect last (``"populate_read"`` or ``"willneed"``), None if
+        none could be given. Runs without the GIL where libc is at hand."""
+        array, mm = self.array, self.mm
+        if mm is None or array is None or b <= a:
+            return None
+        base = self.info.offset or 0
+        lo, hi = base + a * array.strides[0], base + b * array.strides[0]
+        start = lo // mmap.PAGESIZE * mmap.PAGESIZE
+        madvise = _madvise_call()
+        if madvise is None:
+            if _MADV_WILLNEED is None:
+                return None
+            try:
+                mm.madvise(_MADV_WILLNEED, start, hi - start)
+            except (OSError, ValueError):
+                return None
+            return "willneed"
+        address = array.ctypes.data - base + start  # the mapping's first byte + start
+        if madvise(address, hi - start, _MADV_WILLNEED) != 0:
+            return None
+        if madvise(address, hi - start, _MADV_POPULATE_READ) != 0:
+            return "willneed"  # EINVAL: a kernel before 5.14, where only the read-ahead helps
+        return "populate_read"
 
     def write(self, start: int, values: np.ndarray) -> None:
         self.array[start : start + len(values)] = values
