@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: (backend, compression) pairs every storage test runs on
-LAYOUTS = [("zarr", None), ("zarr", "zstd"), ("hdf5", None), ("hdf5", "gzip")]
+LAYOUTS = [("zarr", None), ("zarr", "zstd"), ("zarr", "rows:lz4"), ("zarr", "rows:zstd:1"), ("hdf5", None), ("hdf5", "gzip")]
 LAYOUT_IDS = [f"{b}-{c or 'mapped'}" for b, c in LAYOUTS]
 
 

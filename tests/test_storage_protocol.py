@@ -12,6 +12,8 @@ from mmreplay.backends.base import Leaf
 FLAGS = {  # (mappable, in_place, atomic_replace, ranged_read)
     ("zarr", None): (True, True, False, True),
     ("zarr", "zstd"): (False, False, True, False),
+    ("zarr", "rows:lz4"): (False, True, True, True),
+    ("zarr", "rows:zstd:1"): (False, True, True, True),
     ("hdf5", None): (True, True, False, True),
     ("hdf5", "gzip"): (False, True, False, False),
 }
