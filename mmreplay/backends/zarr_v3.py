@@ -32,6 +32,7 @@ from .base import ChunkedLeaf, Leaf, MappedLeaf, map_file, parse_compression, pr
 from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
 from .row_frames import (
     STAGING_FILE,
+    STAGING_MAGIC,
     RowFrameLeaf,
     create_staging,
     is_row_compression,
