@@ -527,8 +527,9 @@ def _repair_rows(folder: str, meta: Metadata, leaf: LeafInfo, s: _ZarrLeafState,
         repairs.move_aside(path)
         create_staging(path, seg, meta.num_envs, leaf.spec.nbytes)
         repairs.actions.append(f"leaf {leaf.path!r}: made a new, empty staging file")
+        # The shard of the segment the head was in may hold an older lap: its rows are gone.
         end = meta.state.end
-        if end > meta.state.first(meta.capacity):  # the rows of the segment the head was in are gone
+        if end > meta.state.first(meta.capacity):
             last = (end - 1) % meta.capacity
             damaged.append((last - last % seg, last + 1, f"leaf {leaf.path!r}: {s.bad_staging}"))
     if s.bad_chunks:
