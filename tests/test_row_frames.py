@@ -201,3 +201,24 @@ def test_without_the_pixels_extra_the_error_names_it(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
     assert out.returncode != 0
     assert "mmreplay[pixels]" in out.stderr
+
+
+def test_the_decoded_chunk_cache_of_chunked_leaves_is_a_parameter(tmp_path):
+    spec = {"obs": mr.ArraySpec((16,), "uint8")}
+    with mr.create(tmp_path / "b", spec, 64, compression="zstd", chunk_steps=4) as store:
+        store.extend({"obs": np.ones((64, 1, 16), np.uint8)})
+    with mr.open(tmp_path / "b") as reader:
+        (leaf,) = reader.leaves
+        every = np.arange(64)
+        reader.get(every)
+        assert len(leaf.cache) == 16  # the default holds all 16 chunks of 64 bytes
+        reader.set_chunk_cache(3 * 4 * 16)
+        assert len(leaf.cache) == 3
+        reader.get(every)
+        assert len(leaf.cache) == 3
+        reader.set_chunk_cache(0)
+        reader.get(every)
+        assert len(leaf.cache) == 0
+        np.testing.assert_array_equal(reader.get(every)["obs"], np.ones((64, 1, 16), np.uint8))
+        with pytest.raises(ValueError, match="byte count"):
+            reader.set_chunk_cache(-1)
