@@ -222,3 +222,24 @@ def test_the_decoded_chunk_cache_of_chunked_leaves_is_a_parameter(tmp_path):
         np.testing.assert_array_equal(reader.get(every)["obs"], np.ones((64, 1, 16), np.uint8))
         with pytest.raises(ValueError, match="byte count"):
             reader.set_chunk_cache(-1)
+
+
+def test_a_trained_zstd_dictionary_serves_the_writer_and_a_reader_opened_before_it(tmp_path):
+    path = tmp_path / "b"
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 4, (16, 16)).astype(np.uint8) * 60
+    data = np.stack([np.roll(base, t, axis=1) for t in range(80)])[:, None].repeat(2, 1)  # [80, 2, 16, 16]
+    data[:, 1] += 1
+    spec = {"obs": mr.ArraySpec((16, 16), "uint8")}
+    with mr.create(path, spec, 64, num_envs=2, compression="rows:zstd:3:dict", chunk_steps=16) as store:
+        store.extend({"obs": data[:8]})
+        store.commit()
+        reader = mr.open(path)  # before any dictionary exists
+        store.extend({"obs": data[8:80]})  # seals segments: the first one trains the dictionary
+        assert (path / "data.zarr" / "obs" / "rows.dictionary").is_file()
+        np.testing.assert_array_equal(store.get(slice(None))["obs"], data[16:80])
+    with reader:
+        reader.refresh()
+        np.testing.assert_array_equal(reader.get(slice(None))["obs"], data[16:80])
+    done = subprocess.run([sys.executable, "-m", "mmreplay.cli", "verify", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -20,15 +20,18 @@ number after reading, seqlock style. zarr readers see sealed segments only: a wr
 seals the one it is in when it closes.
 
 Codecs: ``rows:lz4`` (frames as numcodecs' LZ4 writes them: a 4-byte little-endian size,
-then an LZ4 block) and ``rows:zstd[:LEVEL]`` (zstd frames with a content checksum). They
-need the ``pixels`` extra (``zstandard``, ``cramjam``); zarr reads them with numcodecs.
+then an LZ4 block) and ``rows:zstd[:LEVEL][:dict]`` (zstd frames with a content checksum).
+They need the ``pixels`` extra (``zstandard``, ``cramjam``); zarr reads them with numcodecs.
+With ``:dict`` a zstd dictionary is trained on the first segment's rows when it is sealed
+(small frames compress better and decode faster with one) and kept in ``rows.dictionary``
+beside the shards; the frames before it are plain zstd frames. zarr's zstd codec takes no
+dictionary, so zarr-python cannot decode such a leaf's rows (mmreplay can).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +61,9 @@ PREFIX = "rows:"
 #: what ``rows:CODEC[:LEVEL]`` accepts
 ROW_CODECS: dict[str, tuple[int, int] | None] = {"lz4": None, "zstd": (1, 22)}
 STAGING_FILE = "rows.staging"
+DICTIONARY_FILE = "rows.dictionary"
+#: bytes of a trained dictionary (zstd's default size)
+DICTIONARY_BYTES = 112_640
 STAGING_MAGIC = b"MMRROWS1"
 #: header: magic, then int64 seq, segment, base, filled
 HEADER_BYTES = 4096
@@ -77,6 +83,7 @@ class RowCodec:
 
     codec: str  # "lz4" or "zstd"
     level: int
+    dictionary: bool = False  # zstd with a dictionary trained on the first segment
 
     @property
     def zarr_codec(self) -> dict[str, Any]:
@@ -87,8 +94,14 @@ class RowCodec:
 
 
 def parse_row_compression(text: str) -> RowCodec:
-    c = parse(text[len(PREFIX) :], ROW_CODECS, f"row frames ({text!r})")
-    return RowCodec(c.codec, 1 if c.level is None else c.level)
+    body = text[len(PREFIX) :]
+    dictionary = body.lower().endswith(":dict")
+    if dictionary:
+        body = body[: -len(":dict")]
+    c = parse(body, ROW_CODECS, f"row frames ({text!r})")
+    if dictionary and c.codec != "zstd":
+        raise SpecError(f"row frames ({text!r}): a trained dictionary is for zstd only (rows:zstd[:LEVEL]:dict)")
+    return RowCodec(c.codec, 1 if c.level is None else c.level, dictionary)
 
 
 def _require(module: str) -> Any:
@@ -102,22 +115,64 @@ def _require(module: str) -> Any:
         ) from None
 
 
+def require_row_codecs() -> None:
+    """Import what row frames decode with, or raise an ImportError naming the extra."""
+    _require("zstandard")
+    _require("cramjam")
+
+
 class _Frames:
     """Encode one row, decode a batch of rows into an output array."""
 
-    def __init__(self, codec: RowCodec, row_bytes: int, threads: int):
+    def __init__(self, codec: RowCodec, row_bytes: int, threads: int, dictionary_path: str = ""):
         self.codec = codec
         self.row_bytes = row_bytes
         self.threads = max(1, threads)
         self._pool: ThreadPoolExecutor | None = None
-        self._local = threading.local()
+        self.dictionary_path = dictionary_path
+        self.dictionary: Any = None
         if codec.codec == "zstd":
             zstd = _require("zstandard")
             self._zstd = zstd
             self._compressor = zstd.ZstdCompressor(level=codec.level, write_checksum=True)
             self._decompressor = zstd.ZstdDecompressor()
+            self.load_dictionary()
         else:
             self._cramjam = _require("cramjam")
+
+    def load_dictionary(self) -> bool:
+        """Use the leaf's trained dictionary if there is one yet; True if there is."""
+        if self.dictionary is not None or not self.codec.dictionary:
+            return self.dictionary is not None
+        try:
+            with open(self.dictionary_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return False
+        self._use(self._zstd.ZstdCompressionDict(raw))
+        return True
+
+    def _use(self, dictionary: Any) -> None:
+        zstd = self._zstd
+        self.dictionary = dictionary
+        self._compressor = zstd.ZstdCompressor(level=self.codec.level, write_checksum=True, dict_data=dictionary)
+        # frames written before the dictionary decode with it too: they never refer to it
+        self._decompressor = zstd.ZstdDecompressor(dict_data=dictionary)
+
+    def train(self, rows: np.ndarray) -> bool:
+        """Train the dictionary on ``rows`` and store it (write then rename); False when
+        the rows are too few or too alike to train on (the next segment tries again)."""
+        zstd = self._zstd
+        try:
+            dictionary = zstd.train_dictionary(DICTIONARY_BYTES, [r.tobytes() for r in rows], level=self.codec.level)
+        except zstd.ZstdError:
+            return False
+        tmp = self.dictionary_path + ".partial"
+        with open(tmp, "wb") as f:
+            f.write(dictionary.as_bytes())
+        os.replace(tmp, self.dictionary_path)
+        self._use(dictionary)
+        return True
 
     def encode(self, row: np.ndarray) -> bytes:
         if self.codec.codec == "zstd":
@@ -135,6 +190,7 @@ class _Frames:
 
     def _decode_zstd(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
         zstd = self._zstd
+        self.load_dictionary()  # a reader: the writer may have trained it since
         buffers = []
         for buf, _, offsets, lengths in sources:
             segments = np.empty((len(offsets), 2), "<u8")
@@ -224,6 +280,17 @@ def read_shard_index(data: Any, rows: int, where: str) -> tuple[np.ndarray, np.n
     return offsets, lengths
 
 
+def check_frames(info: LeafInfo, folder: str, data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    """Decode the frames at ``offsets`` of a shard's bytes (verify); raises if one does not."""
+    frames = _Frames(parse_row_compression(info.compression or ""), info.spec.nbytes, 1, os.path.join(folder, DICTIONARY_FILE))
+    out = np.empty((len(offsets), info.spec.nbytes), np.uint8)
+    frames.decode([(data, np.arange(len(offsets)), offsets, lengths)], out)
+    if frames.codec.codec == "lz4":  # lz4 blocks carry no checksum: at least the sizes must agree
+        sizes = np.frombuffer(b"".join(data[o : o + 4] for o in offsets.tolist()), "<u4")
+        if (sizes != info.spec.nbytes).any():
+            raise ValueError(f"a frame's size is not the row's {info.spec.nbytes} bytes")
+
+
 def staging_bytes(segment_steps: int, num_envs: int, row_bytes: int) -> int:
     return HEADER_BYTES + segment_steps * num_envs * row_bytes
 
@@ -269,7 +336,9 @@ class RowFrameLeaf:
         self.tail = tuple(info.spec.shape)
         self.row_bytes = info.spec.nbytes
         self.seg_rows = self.seg * num_envs
-        self.frames = _Frames(self.codec, self.row_bytes, threads or os.cpu_count() or 1)
+        self.frames = _Frames(
+            self.codec, self.row_bytes, threads or os.cpu_count() or 1, os.path.join(folder, DICTIONARY_FILE)
+        )
         self.where = f"leaf {info.path!r}"
         # the in-memory shard index: offset and length of every row's frame (-1: unknown)
         self.offsets = np.full(capacity * num_envs, -1, np.int64)
@@ -510,6 +579,11 @@ class RowFrameLeaf:
         shard's for rows not written this lap."""
         frames = self.pending
         assert frames is not None
+        if self.codec.dictionary and not self.frames.load_dictionary():
+            _, _, base, filled = self._header()
+            lo, hi = base * self.num_envs, filled * self.num_envs
+            if self.frames.train(self.staged[lo:hi]):  # this segment's frames, once more with it
+                frames[lo:hi] = [self.frames.encode(r) for r in self.staged[lo:hi]]
         if any(f is None for f in frames):
             old = self._stored_frames(k)
             frames = [f if f is not None else o for f, o in zip(frames, old)]

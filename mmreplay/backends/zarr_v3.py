@@ -33,6 +33,8 @@ from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
 from .row_frames import (
     STAGING_FILE,
     STAGING_MAGIC,
+    check_frames,
+    require_row_codecs,
     RowFrameLeaf,
     create_staging,
     is_row_compression,
@@ -307,7 +309,12 @@ def data_paths(folder: str, meta: Metadata) -> list[str]:
 
 
 def require_codecs(folder: str) -> None:
-    """Nothing to load: zarr's codecs (numcodecs) come with zarr itself."""
+    """Row-frame leaves need the ``pixels`` extra (an ImportError naming it, before any
+    change); zarr's own codecs (numcodecs) come with zarr itself."""
+    for _, _, files in os.walk(os.path.join(folder, DATA_DIR)):
+        if STAGING_FILE in files:
+            require_row_codecs()
+            return
 
 
 def leftover_files(folder: str) -> list[str]:
@@ -497,7 +504,7 @@ def _row_leaf_checks(
         try:
             with open(shard, "rb") as f:
                 data = f.read()
-            offsets, _ = read_shard_index(data, seg * envs, shard)
+            offsets, lengths = read_shard_index(data, seg * envs, shard)
         except FileNotFoundError:
             found.bad_chunks[k] = f"shard file {shard} is missing"
             continue
@@ -509,7 +516,7 @@ def _row_leaf_checks(
             found.bad_chunks[k] = f"shard file {shard} lacks committed rows"
         elif deep:
             try:
-                np.asarray(arr[k * seg + steps[0] : k * seg + steps[-1] + 1])
+                check_frames(leaf, arr_dir, data, offsets[rows], lengths[rows])
             except Exception as exc:
                 found.bad_chunks[k] = f"shard file {shard} does not decode ({type(exc).__name__}: {exc})"
     for why in found.bad_chunks.values():
