@@ -181,6 +181,26 @@ def disk_full_as(message: str) -> Iterator[None]:
         raise DiskFullError(message) from exc
 
 
+def fsync_files(paths: Iterable[str]) -> None:
+    """fsync each file that exists, then each of their folders (so renames into them last)."""
+    folders = set()
+    for path in paths:
+        if os.path.exists(path):
+            _fsync(path)
+        folders.add(os.path.dirname(path))
+    for folder in folders:
+        if os.path.isdir(folder):
+            _fsync(folder)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def map_file(path: str, writable: bool, need: int) -> mmap.mmap | None:
     """Map a whole data file, checking it holds at least ``need`` bytes."""
     try:

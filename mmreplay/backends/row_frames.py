@@ -43,7 +43,7 @@ import numpy as np
 from ..codecs import parse
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo
-from .base import disk_full_as, preallocate
+from .base import disk_full_as, fsync_files, preallocate
 
 __all__ = [
     "PREFIX",
@@ -211,17 +211,19 @@ class _Frames:
             pos += len(part)
 
     def _decode_lz4(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+        rb = self.row_bytes
         jobs = [
-            (memoryview(buf), where.tolist(), (offsets + 4).tolist(), (offsets + lengths).tolist())
+            (memoryview(buf), (where * rb).tolist(), (offsets + 4).tolist(), (offsets + lengths).tolist())
             for buf, where, offsets, lengths in sources
         ]
         total = sum(len(j[1]) for j in jobs)
         decode_into = self._cramjam.lz4.decompress_block_into
+        target = memoryview(out.reshape(-1))  # slices of a memoryview cost less than numpy views
 
         def run(part: list[tuple[memoryview, list[int], list[int], list[int]]]) -> None:
-            for view, where, starts, stops in part:
-                for w, a, b in zip(where, starts, stops):
-                    decode_into(view[a:b], out[w])
+            for view, places, starts, stops in part:
+                for w, a, b in zip(places, starts, stops):
+                    decode_into(view[a:b], target[w : w + rb])
 
         if self.threads == 1 or total < 64 or len(jobs) < 2:
             run(jobs)
@@ -606,14 +608,7 @@ class RowFrameLeaf:
     def flush(self, fsync: bool) -> None:
         if fsync:
             self.mm.flush()
-            folders = set()
-            for k in self.sealed_since_flush:
-                path = self.shard_path(k)
-                if os.path.exists(path):
-                    _fsync_path(path)
-                folders.add(os.path.dirname(path))
-            for d in folders:
-                _fsync_path(d)
+            fsync_files([self.shard_path(k) for k in self.sealed_since_flush])
         self.sealed_since_flush = set()
 
     def seal_open_segment(self) -> None:
@@ -645,18 +640,3 @@ class RowFrameLeaf:
             except BufferError:
                 pass
             self.mm = None  # type: ignore[assignment]
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def check(text: str) -> None:
-    """Refuse a bad ``rows:`` setting before anything is written."""
-    if not is_row_compression(text):
-        raise SpecError(f"{text!r} is not a row-frames setting (rows:lz4, rows:zstd[:1-22])")
-    parse_row_compression(text)

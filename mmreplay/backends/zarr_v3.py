@@ -28,18 +28,18 @@ from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipC
 
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo, Metadata, little_endian
-from .base import ChunkedLeaf, Leaf, MappedLeaf, map_file, parse_compression, preallocate
+from .base import ChunkedLeaf, Leaf, MappedLeaf, fsync_files, map_file, parse_compression, preallocate
 from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
 from .row_frames import (
     STAGING_FILE,
     STAGING_MAGIC,
-    check_frames,
-    require_row_codecs,
     RowFrameLeaf,
+    check_frames,
     create_staging,
     is_row_compression,
     parse_row_compression,
     read_shard_index,
+    require_row_codecs,
     staging_bytes,
 )
 
@@ -233,6 +233,12 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
     return out
 
 
+def _open_read_only(arr_dir: str) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
+        return zarr.open_array(store=zarr.storage.LocalStore(arr_dir, read_only=True), mode="r")
+
+
 def _row_leaf(path: str, arr: Any, leaf: LeafInfo, meta: Metadata, writable: bool) -> RowFrameLeaf:
     expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
     if arr.shape != expected or arr.dtype != leaf.spec.dtype or arr.shards != (leaf.chunk_steps, *expected[1:]):
@@ -275,15 +281,7 @@ class ZarrChunks:
             a = k * self.arr.chunks[0]
             self.write(k, a, a + len(chunk), chunk)
         if fsync:
-            folders = set()
-            for k in self.written:
-                chunk_file = self._file(k)
-                if os.path.exists(chunk_file):
-                    _fsync_path(chunk_file)
-                folders.add(os.path.dirname(chunk_file))
-            for d in folders:
-                if os.path.isdir(d):
-                    _fsync_path(d)
+            fsync_files([self._file(k) for k in self.written])
         self.written = set()
 
     def exists(self, k: int) -> bool:
@@ -294,14 +292,6 @@ class ZarrChunks:
 
     def close(self) -> None:
         pass  # zarr holds no open files
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def data_paths(folder: str, meta: Metadata) -> list[str]:
@@ -364,7 +354,7 @@ def _zarr_leaf(
         problem(found.unusable)
         return found
     try:
-        arr = zarr.open_array(store=zarr.storage.LocalStore(arr_dir, read_only=True), mode="r")
+        arr = _open_read_only(arr_dir)
     except Exception as exc:
         found.unusable = f"zarr cannot open {arr_dir}: {exc}"
         found.meta_bad = True
@@ -557,7 +547,7 @@ def _repair_rows(folder: str, meta: Metadata, leaf: LeafInfo, s: _ZarrLeafState,
 
 def _open_row_leaf(arr_dir: str, meta: Metadata, leaf: LeafInfo) -> RowFrameLeaf:
     """A row-frames leaf opened for writing, without its staging segment (for repair)."""
-    arr = zarr.open_array(store=zarr.storage.LocalStore(arr_dir, read_only=True), mode="r")
+    arr = _open_read_only(arr_dir)
     return _row_leaf(arr_dir, arr, leaf, meta, True)
 
 
