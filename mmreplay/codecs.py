@@ -90,5 +90,6 @@ def parse(
 #: what a store's leaves take, for the command line's help
 STORE_HELP = (
     f"zarr: {describe({c: LEVELS[c] for c in ('zstd', 'blosc', 'gzip')})}; "
-    f"hdf5: {describe({'gzip': LEVELS['gzip']})}, zstd and blosc with the hdf5plugin extra"
+    f"hdf5: {describe({'gzip': LEVELS['gzip']})}, zstd and blosc with the hdf5plugin extra; "
+    "zarr row frames (pixels sampled at random, the pixels extra): rows:lz4, rows:zstd[:1-22][:dict]"
 )

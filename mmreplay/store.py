@@ -415,6 +415,16 @@ class Store:
         if self._written >= self._commit_at:
             self._commit()
 
+    def set_chunk_cache(self, nbytes: int) -> None:
+        """Bytes of decoded chunks each chunk-compressed leaf (``zstd``, ``blosc``, ``gzip``)
+        keeps between reads (default 256 MiB; 0 keeps none). Mapped and row-frame leaves
+        keep no decoded copies."""
+        if not isinstance(nbytes, (int, np.integer)) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ValueError(f"set_chunk_cache: expected a byte count >= 0, got {nbytes!r}")
+        for leaf in self._leaves:
+            if hasattr(leaf, "set_cache_bytes"):
+                leaf.set_cache_bytes(int(nbytes))
+
     def commit(self) -> None:
         """Make every step added so far durable; cheap when nothing is new."""
         self._check_writable()

@@ -79,17 +79,22 @@ REPORT_TIMEOUT = 120.0  # seconds without a word from a writer before it counts 
 
 @dataclass(frozen=True)
 class Layout:
-    """Backend, whether leaves are compressed, and the number of envs."""
+    """Backend, whether leaves are compressed (with ``codec``, else the backend's default
+    in :data:`CODECS`; ``"rows"``: row frames, lz4 or zstd by trial), and the number of envs."""
 
     backend: str
     compressed: bool
     num_envs: int
+    codec: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.backend}-{'compressed' if self.compressed else 'mapped'}-{self.num_envs}env"
+        kind = (self.codec or "compressed") if self.compressed else "mapped"
+        return f"{self.backend}-{kind}-{self.num_envs}env"
 
 
-LAYOUTS = tuple(Layout(b, c, n) for b in ("zarr", "hdf5") for c in (False, True) for n in (1, 8))
+LAYOUTS = tuple(Layout(b, c, n) for b in ("zarr", "hdf5") for c in (False, True) for n in (1, 8)) + (
+    Layout("zarr", True, 3, "rows"),
+)
 
 
 @dataclass(frozen=True)
@@ -427,7 +432,9 @@ def draw_config(rng: np.random.Generator, layout: Layout, kills: int) -> TrialCo
     capacity = int(rng.integers(8, 160))
     compression = None
     if layout.compressed:
-        codec = CODECS[layout.backend]
+        codec = layout.codec or CODECS[layout.backend]
+        if codec == "rows":  # row frames: either codec
+            codec = "rows:lz4" if rng.random() < 0.5 else "rows:zstd:1"
         compression = codec if rng.random() < 0.6 else {"obs/pixels": codec}
     return TrialConfig(
         layout=layout,

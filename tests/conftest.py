@@ -32,6 +32,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: (backend, compression) pairs every storage test runs on
 LAYOUTS = [("zarr", None), ("zarr", "zstd"), ("hdf5", None), ("hdf5", "gzip")]
 LAYOUT_IDS = [f"{b}-{c or 'mapped'}" for b, c in LAYOUTS]
+#: the layouts with row-frame leaves too (tests of the leaf protocol and of visibility)
+WITH_ROWS = LAYOUTS + [("zarr", "rows:lz4"), ("zarr", "rows:zstd:1")]
+WITH_ROWS_IDS = [f"{b}-{c or 'mapped'}" for b, c in WITH_ROWS]
 
 
 @pytest.fixture(params=LAYOUTS, ids=LAYOUT_IDS)

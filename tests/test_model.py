@@ -30,7 +30,7 @@ from mmreplay.torture import step_values
 
 SPEC = {"x": mr.ArraySpec((2,), "int64"), "r": mr.ArraySpec((), "float32"), "done": mr.ArraySpec((), "bool")}
 LEAVES = flatten(SPEC)
-LAYOUTS = [("zarr", None), ("zarr", "zstd"), ("hdf5", None), ("hdf5", "gzip")]
+LAYOUTS = [("zarr", None), ("zarr", "zstd"), ("zarr", "rows:lz4"), ("hdf5", None), ("hdf5", "gzip")]
 
 
 def _rows(lo: int, n: int, num_envs: int):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import LAYOUT_IDS, LAYOUTS
+from conftest import WITH_ROWS, WITH_ROWS_IDS
 
 import mmreplay as mr
 from mmreplay.backends.base import Leaf
@@ -12,12 +12,14 @@ from mmreplay.backends.base import Leaf
 FLAGS = {  # (mappable, in_place, atomic_replace, ranged_read)
     ("zarr", None): (True, True, False, True),
     ("zarr", "zstd"): (False, False, True, False),
+    ("zarr", "rows:lz4"): (False, True, True, True),
+    ("zarr", "rows:zstd:1"): (False, True, True, True),
     ("hdf5", None): (True, True, False, True),
     ("hdf5", "gzip"): (False, True, False, False),
 }
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("layout", WITH_ROWS, ids=WITH_ROWS_IDS)
 def test_leaves_state_their_capabilities_and_serve_the_protocol(tmp_path, layout):
     backend, compression = layout
     spec = {"x": mr.ArraySpec((3,), "float32")}

@@ -10,7 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import LAYOUT_IDS, LAYOUTS
+from conftest import WITH_ROWS, WITH_ROWS_IDS
 
 import mmreplay as mr
 
@@ -28,7 +28,7 @@ def run_python(code: str) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("layout", WITH_ROWS, ids=WITH_ROWS_IDS)
 def test_writer_reads_its_first_step_before_any_commit(tmp_path, layout):
     backend, compression = layout
     path = tmp_path / "b"
@@ -72,7 +72,7 @@ def test_reader_process_sees_only_the_committed_prefix(tmp_path):
         assert len(store) == 8  # the writer's view is unchanged
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("layout", WITH_ROWS, ids=WITH_ROWS_IDS)
 def test_writer_view_after_a_wrap_with_uncommitted_steps(tmp_path, layout):
     backend, compression = layout
     with mr.create(tmp_path / "b", SPEC, 10, num_envs=2, backend=backend, compression=compression) as store:

@@ -37,6 +37,7 @@ __all__ = [
     "preallocate",
 ]
 
+#: decoded chunks a chunk-compressed leaf keeps by default (``Store.set_chunk_cache``)
 CHUNK_CACHE_BYTES = 256 << 20
 
 # Page advice, where the OS has it (Linux, macOS); without it reads are just not advised.
@@ -199,6 +200,26 @@ def disk_full_as(message: str) -> Iterator[None]:
         if code == errno.EFBIG:
             message += " (a file reached the size limit: ulimit -f, or the file system's largest file)"
         raise DiskFullError(message) from exc
+
+
+def fsync_files(paths: Iterable[str]) -> None:
+    """fsync each file that exists, then each of their folders (so renames into them last)."""
+    folders = set()
+    for path in paths:
+        if os.path.exists(path):
+            _fsync(path)
+        folders.add(os.path.dirname(path))
+    for folder in folders:
+        if os.path.isdir(folder):
+            _fsync(folder)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def map_file(path: str, writable: bool, need: int) -> mmap.mmap | None:
@@ -404,7 +425,7 @@ class ChunkedLeaf:
     mappable = False
     ranged_read = False
 
-    def __init__(self, info: LeafInfo, capacity: int, io: ChunkIO):
+    def __init__(self, info: LeafInfo, capacity: int, io: ChunkIO, cache_bytes: int = CHUNK_CACHE_BYTES):
         self.info = info
         self.in_place = io.in_place
         self.atomic_replace = not io.in_place
@@ -415,8 +436,20 @@ class ChunkedLeaf:
         self.shape = tuple(io.shape)
         self.staged: dict[int, np.ndarray] = {}
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        chunk_bytes = self.cs * max(1, int(np.prod(self.shape[1:]))) * info.spec.dtype.itemsize
-        self.cache_chunks = max(2, CHUNK_CACHE_BYTES // max(1, chunk_bytes))
+        self.set_cache_bytes(cache_bytes)
+
+    def set_cache_bytes(self, nbytes: int) -> None:
+        """Keep about ``nbytes`` of decoded chunks (at least two; 0: none), oldest out first."""
+        chunk_bytes = self.cs * max(1, int(np.prod(self.shape[1:]))) * self.info.spec.dtype.itemsize
+        self.cache_chunks = max(2, int(nbytes) // max(1, chunk_bytes)) if nbytes > 0 else 0
+        while len(self.cache) > self.cache_chunks:
+            self.cache.popitem(last=False)
+
+    def _keep(self, k: int, chunk: np.ndarray) -> None:
+        if self.cache_chunks:
+            self.cache[k] = chunk
+            if len(self.cache) > self.cache_chunks:
+                self.cache.popitem(last=False)
 
     def _bounds(self, k: int) -> tuple[int, int]:
         return k * self.cs, min((k + 1) * self.cs, self.capacity)
@@ -436,9 +469,7 @@ class ChunkedLeaf:
                 chunk = self.io.read(k, a, b)
             except Exception as exc:
                 raise CorruptBufferError(f"{where} cannot be read: {exc}") from exc
-            self.cache[k] = chunk
-            if len(self.cache) > self.cache_chunks:
-                self.cache.popitem(last=False)
+            self._keep(k, chunk)
         else:
             self.cache.move_to_end(k)
         return chunk
@@ -524,7 +555,7 @@ class ChunkedLeaf:
             f"(slots {a}..{b - 1}); the last commit is intact"
         ):
             self.io.write(k, a, b, chunk)
-        self.cache[k] = chunk
+        self._keep(k, chunk)
 
     def flush(self, fsync: bool) -> None:
         with disk_full_as(

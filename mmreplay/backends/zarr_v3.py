@@ -7,6 +7,9 @@ memory-mapped; zarr readers and dask read the same bytes through the index. Such
 must never be written through zarr-python, which replaces files by rename.
 
 A compressed leaf is a plain chunked array, read and written whole chunk at a time.
+
+A ``rows:`` leaf (``rows:lz4``, ``rows:zstd[:LEVEL]``) is one shard per segment of
+``chunk_steps`` steps, with one compressed frame per row; see :mod:`.row_frames`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,8 +28,20 @@ from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipC
 
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo, Metadata, little_endian
-from .base import ChunkedLeaf, Leaf, MappedLeaf, map_file, parse_compression, preallocate
-from .checks import Repairs, chunks_of, leaf_shape
+from .base import ChunkedLeaf, Leaf, MappedLeaf, fsync_files, map_file, parse_compression, preallocate
+from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
+from .row_frames import (
+    STAGING_FILE,
+    STAGING_MAGIC,
+    RowFrameLeaf,
+    check_frames,
+    create_staging,
+    is_row_compression,
+    parse_row_compression,
+    read_shard_index,
+    require_row_codecs,
+    staging_bytes,
+)
 
 DATA_DIR = "data.zarr"
 
@@ -46,7 +62,26 @@ def _compressor(text: str) -> Any:
 
 
 def check_compression(text: str) -> None:
-    _compressor(text)
+    if is_row_compression(text):
+        parse_row_compression(text)
+    else:
+        _compressor(text)
+
+
+def _row_serializer(leaf: LeafInfo, num_envs: int) -> ShardingCodec:
+    """Shards of one segment, inner chunks of one row, each its own compressed frame."""
+    codec = parse_row_compression(leaf.compression or "").zarr_codec
+    if codec["name"] == "zstd":
+        inner: Any = ZstdCodec(**codec["configuration"])
+    else:
+        from numcodecs.zarr3 import LZ4
+
+        inner = LZ4(**codec["configuration"])
+    return ShardingCodec(
+        chunk_shape=(1, 1, *leaf.spec.shape),
+        codecs=[BytesCodec(), inner],
+        index_codecs=[BytesCodec(), Crc32cCodec()],
+    )
 
 
 def _fill(dtype: np.dtype) -> Any:
@@ -59,6 +94,20 @@ def _create_array(root: Any, leaf: LeafInfo, capacity: int, num_envs: int) -> tu
     dtype = leaf.spec.dtype.newbyteorder("<")
     shape = (capacity, num_envs, *leaf.spec.shape)
     inner = (leaf.chunk_steps, num_envs, *leaf.spec.shape)
+    if is_row_compression(leaf.compression):
+        with warnings.catch_warnings():  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
+            warnings.simplefilter("ignore")
+            arr = root.create_array(
+                leaf.path,
+                shape=shape,
+                dtype=dtype,
+                chunks=(leaf.chunk_steps, num_envs, *leaf.spec.shape),
+                serializer=_row_serializer(leaf, num_envs),
+                compressors=None,
+                filters=None,
+                fill_value=_fill(dtype),
+            )
+        return arr, 0, 0
     if leaf.compression is not None:
         arr = root.create_array(
             leaf.path,
@@ -90,6 +139,9 @@ def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) ->
     for leaf in leaves:
         arr, nchunks, chunk_bytes = _create_array(root, leaf, capacity, num_envs)
         if leaf.compression is not None:
+            if is_row_compression(leaf.compression):
+                staging = os.path.join(folder, DATA_DIR, leaf.path, STAGING_FILE)
+                create_staging(staging, leaf.chunk_steps, num_envs, leaf.spec.nbytes)
             out.append(replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None))
             continue
         rel = f"{DATA_DIR}/{leaf.path}/{arr.metadata.encode_chunk_key((0,) * arr.ndim)}"
@@ -115,6 +167,8 @@ def planned_bytes(
             placed.append(replace(leaf, file=rel, offset=0))
         else:
             placed.append(replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None))
+            if is_row_compression(leaf.compression):
+                shards[leaf.path] = staging_bytes(leaf.chunk_steps, num_envs, leaf.spec.nbytes)
     return placed, shards, sum(len(buf) for buf in files.values())
 
 
@@ -157,11 +211,16 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
             out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm))
             continue
         try:
-            arr = zarr.open_array(
-                store=zarr.storage.LocalStore(path, read_only=not writable), mode="r+" if writable else "r"
-            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # numcodecs.lz4 is "not in the zarr v3 spec"
+                arr = zarr.open_array(
+                    store=zarr.storage.LocalStore(path, read_only=not writable), mode="r+" if writable else "r"
+                )
         except Exception as exc:
             raise CorruptBufferError(f"{path}: cannot open zarr array for leaf {leaf.path!r}: {exc}") from None
+        if is_row_compression(leaf.compression):
+            out.append(_row_leaf(path, arr, leaf, meta, writable))
+            continue
         # store all-zero chunks too, so a missing chunk file is always damage (verify)
         arr = arr.with_config({"write_empty_chunks": True})
         expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
@@ -172,6 +231,27 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
             )
         out.append(ChunkedLeaf(leaf, meta.capacity, ZarrChunks(path, arr)))
     return out
+
+
+def _open_read_only(arr_dir: str) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
+        return zarr.open_array(store=zarr.storage.LocalStore(arr_dir, read_only=True), mode="r")
+
+
+def _row_leaf(path: str, arr: Any, leaf: LeafInfo, meta: Metadata, writable: bool) -> RowFrameLeaf:
+    expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
+    if arr.shape != expected or arr.dtype != leaf.spec.dtype or arr.shards != (leaf.chunk_steps, *expected[1:]):
+        raise CorruptBufferError(
+            f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype} in shards of "
+            f"{leaf.chunk_steps} steps, found {arr.shape} {arr.dtype} shards {arr.shards}"
+        )
+    tail = (0,) * (arr.ndim - 1)
+
+    def shard_path(k: int) -> str:
+        return os.path.join(path, arr.metadata.encode_chunk_key((k, *tail)))
+
+    return RowFrameLeaf(leaf, meta.capacity, meta.num_envs, path, shard_path, writable)
 
 
 class ZarrChunks:
@@ -201,15 +281,7 @@ class ZarrChunks:
             a = k * self.arr.chunks[0]
             self.write(k, a, a + len(chunk), chunk)
         if fsync:
-            folders = set()
-            for k in self.written:
-                chunk_file = self._file(k)
-                if os.path.exists(chunk_file):
-                    _fsync_path(chunk_file)
-                folders.add(os.path.dirname(chunk_file))
-            for d in folders:
-                if os.path.isdir(d):
-                    _fsync_path(d)
+            fsync_files([self._file(k) for k in self.written])
         self.written = set()
 
     def exists(self, k: int) -> bool:
@@ -222,20 +294,17 @@ class ZarrChunks:
         pass  # zarr holds no open files
 
 
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def data_paths(folder: str, meta: Metadata) -> list[str]:
     return [os.path.join(folder, leaf.file or "") for leaf in meta.leaves]
 
 
 def require_codecs(folder: str) -> None:
-    """Nothing to load: zarr's codecs (numcodecs) come with zarr itself."""
+    """Row-frame leaves need the ``pixels`` extra (an ImportError naming it, before any
+    change); zarr's own codecs (numcodecs) come with zarr itself."""
+    for _, _, files in os.walk(os.path.join(folder, DATA_DIR)):
+        if STAGING_FILE in files:
+            require_row_codecs()
+            return
 
 
 def leftover_files(folder: str) -> list[str]:
@@ -258,6 +327,7 @@ class _ZarrLeafState:
     shard_short: int | None = None  # a mapped shard file shorter than this many bytes
     bad_index: bool = False
     bad_chunks: dict[int, str] = field(default_factory=dict)  # chunk -> why
+    bad_staging: str | None = None  # a row-frames leaf's staging file, and why
 
 
 def _shard_layout(meta: Metadata, leaf: LeafInfo) -> tuple[int, int, np.ndarray]:
@@ -284,7 +354,7 @@ def _zarr_leaf(
         problem(found.unusable)
         return found
     try:
-        arr = zarr.open_array(store=zarr.storage.LocalStore(arr_dir, read_only=True), mode="r")
+        arr = _open_read_only(arr_dir)
     except Exception as exc:
         found.unusable = f"zarr cannot open {arr_dir}: {exc}"
         found.meta_bad = True
@@ -296,6 +366,9 @@ def _zarr_leaf(
             f"{arr_dir}: expected {expected} {leaf.spec.dtype}, the array is {arr.shape} {arr.dtype}"
         )
         problem(found.unusable)
+        return found
+    if is_row_compression(leaf.compression):
+        _row_leaf_checks(arr_dir, arr, meta, leaf, deep, found, problem)
         return found
     if leaf.mapped:
         nchunks = -(-meta.capacity // leaf.chunk_steps)
@@ -371,6 +444,111 @@ def _zarr_leaf(
     for why in found.bad_chunks.values():
         problem(f"{why} (it holds committed steps)")
     return found
+
+
+def _staging_segment(arr_dir: str, meta: Metadata, leaf: LeafInfo) -> tuple[tuple[int, int, int] | None, str | None]:
+    """(segment, base, filled) of a row-frames leaf's staging file, or why it is unusable."""
+    path = os.path.join(arr_dir, STAGING_FILE)
+    need = staging_bytes(leaf.chunk_steps, meta.num_envs, leaf.spec.nbytes)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(len(STAGING_MAGIC) + 32)
+    except (FileNotFoundError, IsADirectoryError):
+        return None, f"staging file {path} is missing"
+    if size < need:
+        return None, f"staging file {path} has {size} bytes, expected {need}"
+    if not head.startswith(STAGING_MAGIC):
+        return None, f"staging file {path} is damaged (bad magic)"
+    _, segment, base, filled = np.frombuffer(head[len(STAGING_MAGIC) :], "<i8").tolist()
+    if not (-1 <= segment < -(-meta.capacity // leaf.chunk_steps) and 0 <= base <= filled <= leaf.chunk_steps):
+        return None, f"staging file {path} is damaged (header segment {segment} steps {base}..{filled})"
+    return (segment, base, filled), None
+
+
+def _row_leaf_checks(
+    arr_dir: str, arr: Any, meta: Metadata, leaf: LeafInfo, deep: bool, found: _ZarrLeafState, problem: Any
+) -> None:
+    """A row-frames leaf: its shape, staging file, and the shard (index, frames) of every
+    segment with retained committed steps outside staging."""
+    seg, envs = leaf.chunk_steps, meta.num_envs
+    if arr.shards != (seg, *leaf_shape(meta, leaf)[1:]) or arr.chunks != (1, 1, *leaf.spec.shape):
+        found.unusable = f"{arr_dir}: expected shards of {seg} steps and one-row chunks, found shards {arr.shards} chunks {arr.chunks}"
+        problem(found.unusable)
+        return
+    staged, why = _staging_segment(arr_dir, meta, leaf)
+    if why:
+        found.bad_staging = why
+        problem(why)
+    segment, base, filled = staged or (-1, 0, 0)
+    for k in chunks_of(meta, leaf):
+        steps = sorted(
+            t - k * seg
+            for a, b in retained_ranges(meta)
+            for t in range(max(a, k * seg), min(b, (k + 1) * seg))
+            if not (k == segment and base <= t - k * seg < filled)
+        )
+        if not steps:
+            continue
+        shard = os.path.join(arr_dir, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
+        try:
+            with open(shard, "rb") as f:
+                data = f.read()
+            offsets, lengths = read_shard_index(data, seg * envs, shard)
+        except FileNotFoundError:
+            found.bad_chunks[k] = f"shard file {shard} is missing"
+            continue
+        except CorruptBufferError as exc:
+            found.bad_chunks[k] = str(exc)
+            continue
+        rows = (np.asarray(steps)[:, None] * envs + np.arange(envs)).reshape(-1)
+        if (offsets[rows] < 0).any():
+            found.bad_chunks[k] = f"shard file {shard} lacks committed rows"
+        elif deep:
+            try:
+                check_frames(leaf, arr_dir, data, offsets[rows], lengths[rows])
+            except Exception as exc:
+                found.bad_chunks[k] = f"shard file {shard} does not decode ({type(exc).__name__}: {exc})"
+    for why in found.bad_chunks.values():
+        problem(f"{why} (it holds committed steps)")
+
+
+def _repair_rows(folder: str, meta: Metadata, leaf: LeafInfo, s: _ZarrLeafState, repairs: Repairs) -> list[tuple[int, int, str]]:
+    """Damaged shards of a row-frames leaf become shards of zero rows; a damaged staging
+    file an empty one. Returns the slot ranges whose rows are gone."""
+    arr_dir = os.path.join(folder, DATA_DIR, leaf.path)
+    damaged = []
+    seg = leaf.chunk_steps
+    if s.bad_staging:
+        path = os.path.join(arr_dir, STAGING_FILE)
+        repairs.move_aside(path)
+        create_staging(path, seg, meta.num_envs, leaf.spec.nbytes)
+        repairs.actions.append(f"leaf {leaf.path!r}: made a new, empty staging file")
+        # The shard of the segment the head was in may hold an older lap: its rows are gone.
+        end = meta.state.end
+        if end > meta.state.first(meta.capacity):
+            last = (end - 1) % meta.capacity
+            damaged.append((last - last % seg, last + 1, f"leaf {leaf.path!r}: {s.bad_staging}"))
+    if s.bad_chunks:
+        zero = np.zeros((1, meta.num_envs, *leaf.spec.shape), leaf.spec.dtype)
+        store = _open_row_leaf(arr_dir, meta, leaf)
+        try:
+            for k, why in sorted(s.bad_chunks.items()):
+                a, b = k * seg, min((k + 1) * seg, meta.capacity)
+                repairs.move_aside(store.shard_path(k))
+                frames = store._encode_step(zero[0]) * (b - a)
+                store._write_shard(k, frames + [None] * (seg * meta.num_envs - len(frames)))
+                repairs.actions.append(f"leaf {leaf.path!r}: rewrote segment {k} (slots {a}..{b - 1}) as zeros")
+                damaged.append((a, b, f"leaf {leaf.path!r}: {why}"))
+        finally:
+            store.mm.close()
+    return damaged
+
+
+def _open_row_leaf(arr_dir: str, meta: Metadata, leaf: LeafInfo) -> RowFrameLeaf:
+    """A row-frames leaf opened for writing, without its staging segment (for repair)."""
+    arr = _open_read_only(arr_dir)
+    return _row_leaf(arr_dir, arr, leaf, meta, True)
 
 
 def _groups(meta: Metadata) -> list[str]:
@@ -479,6 +657,9 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
                     damaged.append((lo, meta.capacity, f"leaf {leaf.path!r}: its data file was {what}"))
                 else:
                     repairs.actions.append(f"leaf {leaf.path!r}: rewrote the shard index")
+            if is_row_compression(leaf.compression):
+                damaged += _repair_rows(folder, meta, leaf, s, repairs)
+                continue
             if s.bad_chunks:
                 arr = zarr.open_array(store=zarr.storage.LocalStore(arr_dir), mode="r+").with_config(
                     {"write_empty_chunks": True}

@@ -1,0 +1,642 @@
+"""Compressed leaves whose rows decode one at a time: one compressed frame per row.
+
+A random batch of a chunk-compressed leaf decodes every chunk it touches, ~100× the bytes
+it returns. Here each row (one step of one env) is its own lz4 or zstd frame, so a batch
+decodes exactly its rows, in one call into native code per leaf, off the GIL.
+
+Layout (zarr v3, readable by ``zarr.open`` and dask): the leaf is an array sharded along
+the step axis, one shard per *segment* of ``chunk_steps`` steps, with inner chunks of one
+row ``(1, 1, *shape)``. A shard file is the rows' frames one after the other, then the
+shard index (an offset and a length per row, in (step, env) order) and its CRC-32C. A
+segment is written once, when the write head leaves it, to a temporary file renamed over
+the old one: a shard is never torn, and a reader that holds the old one keeps reading it.
+
+The segment the head is in lives raw in ``rows.staging`` beside the shards (a memory-mapped
+file: a header, then one segment of rows) so the writer reads everything it added, and
+readers and a writer reopening after a crash find the committed rows there. Its header
+says which segment it holds, which of its steps (``[base, filled)``), and a sequence
+number that changes whenever it starts another segment; a reader checks the sequence
+number after reading, seqlock style. zarr readers see sealed segments only: a writer
+seals the one it is in when it closes.
+
+Codecs: ``rows:lz4`` (frames as numcodecs' LZ4 writes them: a 4-byte little-endian size,
+then an LZ4 block) and ``rows:zstd[:LEVEL][:dict]`` (zstd frames with a content checksum).
+They need the ``pixels`` extra (``zstandard``, ``cramjam``); zarr reads them with numcodecs.
+With ``:dict`` a zstd dictionary is trained on the first segment's rows when it is sealed
+(small frames compress better and decode faster with one) and kept in ``rows.dictionary``
+beside the shards; the frames before it are plain zstd frames. zarr's zstd codec takes no
+dictionary, so zarr-python cannot decode such a leaf's rows (mmreplay can).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..codecs import parse
+from ..errors import CorruptBufferError, SpecError
+from ..metadata import LeafInfo
+from .base import disk_full_as, fsync_files, preallocate
+
+__all__ = [
+    "PREFIX",
+    "RowCodec",
+    "RowFrameLeaf",
+    "is_row_compression",
+    "parse_row_compression",
+    "staging_bytes",
+    "create_staging",
+    "read_shard_index",
+    "shard_bytes",
+]
+
+PREFIX = "rows:"
+#: what ``rows:CODEC[:LEVEL]`` accepts
+ROW_CODECS: dict[str, tuple[int, int] | None] = {"lz4": None, "zstd": (1, 22)}
+STAGING_FILE = "rows.staging"
+DICTIONARY_FILE = "rows.dictionary"
+#: bytes of a trained dictionary (zstd's default size)
+DICTIONARY_BYTES = 112_640
+STAGING_MAGIC = b"MMRROWS1"
+#: header: magic, then int64 seq, segment, base, filled
+HEADER_BYTES = 4096
+#: shard index entry of a row that was never written (zarr reads it as the fill value)
+MISSING = np.uint64(2**64 - 1)
+#: sealed shards kept mapped per leaf; the rest are mapped again when read
+MAPPED_SHARDS = 1024
+
+
+def is_row_compression(text: str | None) -> bool:
+    return text is not None and text.lower().startswith(PREFIX)
+
+
+@dataclass(frozen=True)
+class RowCodec:
+    """A parsed ``rows:`` setting."""
+
+    codec: str  # "lz4" or "zstd"
+    level: int
+    dictionary: bool = False  # zstd with a dictionary trained on the first segment
+
+    @property
+    def zarr_codec(self) -> dict[str, Any]:
+        """The codec in the zarr metadata of the shard's inner chunks."""
+        if self.codec == "lz4":
+            return {"name": "numcodecs.lz4", "configuration": {"acceleration": 1}}
+        return {"name": "zstd", "configuration": {"level": self.level, "checksum": True}}
+
+
+def parse_row_compression(text: str) -> RowCodec:
+    body = text[len(PREFIX) :]
+    dictionary = body.lower().endswith(":dict")
+    if dictionary:
+        body = body[: -len(":dict")]
+    c = parse(body, ROW_CODECS, f"row frames ({text!r})")
+    if dictionary and c.codec != "zstd":
+        raise SpecError(f"row frames ({text!r}): a trained dictionary is for zstd only (rows:zstd[:LEVEL]:dict)")
+    return RowCodec(c.codec, 1 if c.level is None else c.level, dictionary)
+
+
+def _require(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(
+            f"compressed row frames need {module!r}: pip install 'mmreplay[pixels]'"
+        ) from None
+
+
+def require_row_codecs() -> None:
+    """Import what row frames decode with, or raise an ImportError naming the extra."""
+    _require("zstandard")
+    _require("cramjam")
+
+
+class _Frames:
+    """Encode one row, decode a batch of rows into an output array."""
+
+    def __init__(self, codec: RowCodec, row_bytes: int, threads: int, dictionary_path: str = ""):
+        self.codec = codec
+        self.row_bytes = row_bytes
+        self.threads = max(1, threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self.dictionary_path = dictionary_path
+        self.dictionary: Any = None
+        if codec.codec == "zstd":
+            zstd = _require("zstandard")
+            self._zstd = zstd
+            self._compressor = zstd.ZstdCompressor(level=codec.level, write_checksum=True)
+            self._decompressor = zstd.ZstdDecompressor()
+            self.load_dictionary()
+        else:
+            self._cramjam = _require("cramjam")
+
+    def load_dictionary(self) -> bool:
+        """Use the leaf's trained dictionary if there is one yet; True if there is."""
+        if self.dictionary is not None or not self.codec.dictionary:
+            return self.dictionary is not None
+        try:
+            with open(self.dictionary_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return False
+        self._use(self._zstd.ZstdCompressionDict(raw))
+        return True
+
+    def _use(self, dictionary: Any) -> None:
+        zstd = self._zstd
+        self.dictionary = dictionary
+        self._compressor = zstd.ZstdCompressor(level=self.codec.level, write_checksum=True, dict_data=dictionary)
+        # frames written before the dictionary decode with it too: they never refer to it
+        self._decompressor = zstd.ZstdDecompressor(dict_data=dictionary)
+
+    def train(self, rows: np.ndarray) -> bool:
+        """Train the dictionary on ``rows`` and store it (write then rename); False when
+        the rows are too few or too alike to train on (the next segment tries again)."""
+        zstd = self._zstd
+        try:
+            dictionary = zstd.train_dictionary(DICTIONARY_BYTES, [r.tobytes() for r in rows], level=self.codec.level)
+        except zstd.ZstdError:
+            return False
+        tmp = self.dictionary_path + ".partial"
+        with open(tmp, "wb") as f:
+            f.write(dictionary.as_bytes())
+        os.replace(tmp, self.dictionary_path)
+        self._use(dictionary)
+        return True
+
+    def encode(self, row: np.ndarray) -> bytes:
+        if self.codec.codec == "zstd":
+            return self._compressor.compress(row)
+        # numcodecs' LZ4 layout: a little-endian uint32 size, then the block
+        return bytes(self._cramjam.lz4.compress_block(row, store_size=True))
+
+    def decode(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+        """Decode into ``out`` (rows of ``row_bytes``, uint8): for each source buffer,
+        the output positions, offsets and lengths of its frames."""
+        if self.codec.codec == "zstd":
+            self._decode_zstd(sources, out)
+        else:
+            self._decode_lz4(sources, out)
+
+    def _decode_zstd(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+        zstd = self._zstd
+        self.load_dictionary()  # a reader: the writer may have trained it since
+        buffers = []
+        for buf, _, offsets, lengths in sources:
+            segments = np.empty((len(offsets), 2), "<u8")
+            segments[:, 0] = offsets
+            segments[:, 1] = lengths
+            buffers.append(zstd.BufferWithSegments(buf, segments.tobytes()))
+        # One native call: the frames are decoded on ``threads`` threads without the GIL.
+        # (Each frame records its size; zstandard 0.25 refuses ``decompressed_sizes`` with
+        # more than one buffer.)
+        decoded = self._decompressor.multi_decompress_to_buffer(
+            zstd.BufferWithSegmentsCollection(*buffers), threads=self.threads
+        )
+        where = np.concatenate([s[1] for s in sources])
+        pos = 0
+        for i in range(len(decoded)):
+            part = np.frombuffer(decoded[i], np.uint8).reshape(-1, self.row_bytes)
+            out[where[pos : pos + len(part)]] = part
+            pos += len(part)
+
+    def _decode_lz4(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+        rb = self.row_bytes
+        jobs = [
+            (memoryview(buf), (where * rb).tolist(), (offsets + 4).tolist(), (offsets + lengths).tolist())
+            for buf, where, offsets, lengths in sources
+        ]
+        total = sum(len(j[1]) for j in jobs)
+        decode_into = self._cramjam.lz4.decompress_block_into
+        target = memoryview(out.reshape(-1))  # slices of a memoryview cost less than numpy views
+
+        def run(part: list[tuple[memoryview, list[int], list[int], list[int]]]) -> None:
+            for view, places, starts, stops in part:
+                for w, a, b in zip(places, starts, stops):
+                    decode_into(view[a:b], target[w : w + rb])
+
+        if self.threads == 1 or total < 64 or len(jobs) < 2:
+            run(jobs)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmreplay-lz4")
+        parts = [jobs[i :: self.threads] for i in range(self.threads)]
+        for f in [self._pool.submit(run, p) for p in parts if p]:
+            f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+# --- files --------------------------------------------------------------------------------
+
+
+def shard_bytes(frames: list[bytes | None]) -> bytes:
+    """A zarr v3 shard: the frames one after the other, then the index (offset, length per
+    row, MISSING for rows never written) and the CRC-32C of the index."""
+    import google_crc32c
+
+    index = np.empty((len(frames), 2), "<u8")
+    pos = 0
+    for i, f in enumerate(frames):
+        if f is None:
+            index[i] = MISSING
+        else:
+            index[i] = (pos, len(f))
+            pos += len(f)
+    raw = index.tobytes()
+    crc = np.uint32(google_crc32c.value(raw)).astype("<u4").tobytes()
+    return b"".join(f for f in frames if f is not None) + raw + crc
+
+
+def read_shard_index(data: Any, rows: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets and lengths (int64; -1 for a missing row) from a shard's index, checked."""
+    import google_crc32c
+
+    need = rows * 16 + 4
+    if len(data) < need:
+        raise CorruptBufferError(f"{where}: shard has {len(data)} bytes, less than its index ({need})")
+    raw = bytes(data[len(data) - need : len(data) - 4])
+    crc = np.frombuffer(bytes(data[len(data) - 4 :]), "<u4")[0]
+    if np.uint32(google_crc32c.value(raw)) != crc:
+        raise CorruptBufferError(f"{where}: the shard index fails its CRC-32C check")
+    index = np.frombuffer(raw, "<u8").reshape(rows, 2)
+    missing = index[:, 0] == MISSING
+    offsets = np.where(missing, -1, index[:, 0].astype(np.int64))
+    lengths = np.where(missing, 0, index[:, 1].astype(np.int64))
+    body = len(data) - need
+    if np.any((offsets + lengths > body) & ~missing):
+        raise CorruptBufferError(f"{where}: the shard index points past the frames")
+    return offsets, lengths
+
+
+def check_frames(info: LeafInfo, folder: str, data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    """Decode the frames at ``offsets`` of a shard's bytes (verify); raises if one does not."""
+    frames = _Frames(parse_row_compression(info.compression or ""), info.spec.nbytes, 1, os.path.join(folder, DICTIONARY_FILE))
+    out = np.empty((len(offsets), info.spec.nbytes), np.uint8)
+    frames.decode([(data, np.arange(len(offsets)), offsets, lengths)], out)
+    if frames.codec.codec == "lz4":  # lz4 blocks carry no checksum: at least the sizes must agree
+        sizes = np.frombuffer(b"".join(data[o : o + 4] for o in offsets.tolist()), "<u4")
+        if (sizes != info.spec.nbytes).any():
+            raise ValueError(f"a frame's size is not the row's {info.spec.nbytes} bytes")
+
+
+def staging_bytes(segment_steps: int, num_envs: int, row_bytes: int) -> int:
+    return HEADER_BYTES + segment_steps * num_envs * row_bytes
+
+
+def create_staging(path: str, segment_steps: int, num_envs: int, row_bytes: int) -> None:
+    """An empty staging file: no segment (-1), preallocated."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        preallocate(fd, staging_bytes(segment_steps, num_envs, row_bytes), path)
+        os.pwrite(fd, STAGING_MAGIC + np.array([0, -1, 0, 0], "<i8").tobytes(), 0)
+    finally:
+        os.close(fd)
+
+
+class RowFrameLeaf:
+    """A leaf of one compressed frame per row (see the module's docstring)."""
+
+    mappable = False
+    in_place = True  # the staging segment is written where it is (sealed shards: by rename)
+    atomic_replace = True
+    ranged_read = True
+
+    def __init__(
+        self,
+        info: LeafInfo,
+        capacity: int,
+        num_envs: int,
+        folder: str,
+        shard_path: Any,
+        writable: bool,
+        threads: int | None = None,
+    ):
+        self.info = info
+        self.codec = parse_row_compression(info.compression or "")
+        self.capacity = capacity
+        self.num_envs = num_envs
+        self.seg = info.chunk_steps
+        self.nseg = -(-capacity // self.seg)
+        self.folder = folder  # the zarr array folder
+        self.shard_path = shard_path  # segment -> shard file path
+        self.writable = writable
+        self.dtype = info.spec.dtype.newbyteorder("<")
+        self.tail = tuple(info.spec.shape)
+        self.row_bytes = info.spec.nbytes
+        self.seg_rows = self.seg * num_envs
+        self.frames = _Frames(
+            self.codec, self.row_bytes, threads or os.cpu_count() or 1, os.path.join(folder, DICTIONARY_FILE)
+        )
+        self.where = f"leaf {info.path!r}"
+        # the in-memory shard index: offset and length of every row's frame (-1: unknown)
+        self.offsets = np.full(capacity * num_envs, -1, np.int64)
+        self.lengths = np.zeros(capacity * num_envs, np.int64)
+        self.loaded = np.zeros(self.nseg, bool)
+        self.shards: OrderedDict[int, mmap.mmap | bytes] = OrderedDict()
+        self.sealed_since_flush: set[int] = set()
+        staging = os.path.join(folder, STAGING_FILE)
+        need = staging_bytes(self.seg, num_envs, self.row_bytes)
+        try:
+            fd = os.open(staging, os.O_RDWR if writable else os.O_RDONLY)
+        except FileNotFoundError:
+            raise CorruptBufferError(f"{staging}: the staging file of {self.where} is missing") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < need:
+                raise CorruptBufferError(f"{staging}: {self.where} expects {need} bytes, found {size}")
+            self.mm = mmap.mmap(fd, need, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        if self.mm[: len(STAGING_MAGIC)] != STAGING_MAGIC:
+            raise CorruptBufferError(f"{staging}: not a staging file of {self.where} (bad magic)")
+        self.header = np.ndarray(4, "<i8", buffer=self.mm, offset=len(STAGING_MAGIC))
+        self.staged = np.ndarray((self.seg_rows, self.row_bytes), np.uint8, buffer=self.mm, offset=HEADER_BYTES)
+        # the writer's frames of the staging segment's rows (None: not written this lap)
+        self.pending: list[bytes | None] | None = None
+        self.seen = (-1, -1)  # the staging (seq, segment) of the last read
+
+    # --- the staging header -------------------------------------------------------------
+
+    def _header(self) -> tuple[int, int, int, int]:
+        seq, segment, base, filled = (int(x) for x in self.header)
+        return seq, segment, base, filled
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _shard(self, k: int) -> Any:
+        """Sealed segment ``k``'s bytes (mapped), its index loaded into memory."""
+        buf = self.shards.get(k)
+        if buf is not None:
+            self.shards.move_to_end(k)
+            return buf
+        path = self.shard_path(k)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        except FileNotFoundError:
+            raise CorruptBufferError(
+                f"{self.where}: shard file {path} (segment {k}) holds committed steps but is missing; "
+                "see `mmreplay verify`"
+            ) from None
+        offsets, lengths = read_shard_index(buf, self.seg_rows, f"{self.where}: {path}")
+        lo = k * self.seg_rows
+        n = min(self.seg_rows, len(self.offsets) - lo)
+        self.offsets[lo : lo + n] = offsets[:n]
+        self.lengths[lo : lo + n] = lengths[:n]
+        self.loaded[k] = True
+        self.shards[k] = buf
+        if len(self.shards) > MAPPED_SHARDS:
+            self._drop(next(iter(self.shards)))
+        return buf
+
+    def _drop(self, k: int) -> None:
+        buf = self.shards.pop(k, None)
+        self.loaded[k] = False
+        if isinstance(buf, mmap.mmap):
+            try:
+                buf.close()
+            except BufferError:
+                pass  # a decode still holds a view; the mapping closes with it
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows by flat id ``slot * num_envs + env`` (ids past the ring's end wrap), as a
+        new array: rows of the staging segment are copied raw, the others decoded."""
+        rows = np.asarray(rows, np.int64)
+        flat = rows.reshape(-1) % (self.capacity * self.num_envs)
+        out = np.empty((flat.size, self.row_bytes), np.uint8)
+        if flat.size:
+            for _ in range(100):
+                seq = self._gather(flat, out)
+                if seq == int(self.header[0]):  # staging did not move on while read
+                    break
+            else:
+                raise CorruptBufferError(f"{self.where}: the staging segment kept changing while read")
+        return out.view(self.dtype).reshape(rows.shape + self.tail)
+
+    def _gather(self, flat: np.ndarray, out: np.ndarray) -> int:
+        seq, segment, base, filled = self._header()
+        if (seq, segment) != self.seen:
+            # the segment staged before may have been sealed since: its shard is new
+            if self.seen[1] >= 0:
+                self._drop(self.seen[1])
+            self.seen = (seq, segment)
+        seg_of = flat // self.seg_rows
+        inner = flat - seg_of * self.seg_rows
+        step = inner // self.num_envs
+        staged = (seg_of == segment) & (step >= base) & (step < filled)
+        if staged.any():
+            out[staged] = self.staged[inner[staged]]
+        rest = np.flatnonzero(~staged)
+        if rest.size:
+            order = rest[np.argsort(seg_of[rest], kind="stable")]
+            ks = seg_of[order]
+            cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+            sources = []
+            for sel in np.split(order, cuts):
+                k = int(seg_of[sel[0]])
+                buf = self._shard(k)
+                offsets = self.offsets[flat[sel]]
+                if (offsets < 0).any():
+                    bad = int(flat[sel][offsets < 0][0])
+                    raise CorruptBufferError(
+                        f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
+                        f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
+                    )
+                sources.append((buf, sel, offsets, self.lengths[flat[sel]]))
+            try:
+                self.frames.decode(sources, out)
+            except CorruptBufferError:
+                raise
+            except Exception as exc:
+                raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
+        return seq
+
+    def read(self, slots: Any) -> np.ndarray:
+        if isinstance(slots, slice):
+            slots = np.arange(self.capacity)[slots]
+        idx = np.asarray(slots, np.int64)
+        rows = (idx % self.capacity)[..., None] * self.num_envs + np.arange(self.num_envs)
+        return self.take(rows)
+
+    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
+        return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
+
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
+        """Frames are read whole by offset: there is no mapping of rows to advise."""
+
+    def willneed(self, rows: np.ndarray) -> None:
+        """Frames are decoded on demand: nothing to prefetch."""
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def _raw(self, values: np.ndarray) -> np.ndarray:
+        """``values`` as rows of raw little-endian bytes."""
+        return np.ascontiguousarray(values, self.dtype).view(np.uint8).reshape(-1, self.row_bytes)
+
+    def _encode_step(self, values: np.ndarray) -> list[bytes]:
+        return [self.frames.encode(r) for r in self._raw(values)]
+
+    def _start(self, k: int, step: int) -> None:
+        """Make segment ``k`` the staging segment, its rows from ``step`` on written next."""
+        seq, segment, base, filled = self._header()
+        if segment == k and self.pending is None and base <= step <= filled:
+            # a writer reopening: the rows before ``step`` in staging are this lap's
+            self.pending = [None] * self.seg_rows
+            for i in range(base * self.num_envs, step * self.num_envs):
+                self.pending[i] = self.frames.encode(self.staged[i])
+            self.header[3] = step
+            return
+        if segment == k and self.pending is not None and base <= step <= filled:
+            self.header[3] = step
+            return
+        if segment >= 0 and filled > base:
+            if self.pending is None:  # rows a dead writer left in staging
+                self.pending = [None] * self.seg_rows
+                for i in range(base * self.num_envs, filled * self.num_envs):
+                    self.pending[i] = self.frames.encode(self.staged[i])
+            self._seal(segment)
+        # In this order, so a reader never pairs the new sequence number with the old
+        # segment: it reads the sequence number first and checks it again at the end.
+        self.header[1] = -1
+        self.header[0] = seq + 1
+        self.header[2] = step
+        self.header[3] = step
+        self.header[1] = k
+        self.pending = [None] * self.seg_rows
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        pos, end = start, start + len(values)
+        while pos < end:
+            k = pos // self.seg
+            a = k * self.seg
+            b = min(a + self.seg, self.capacity)
+            n = min(end, b) - pos
+            self._start(k, pos - a)
+            frames = self.pending
+            assert frames is not None
+            lo = (pos - a) * self.num_envs
+            part = values[pos - start : pos - start + n]
+            self.staged[lo : lo + n * self.num_envs] = self._raw(part)
+            for t in range(n):
+                frames[lo + t * self.num_envs : lo + (t + 1) * self.num_envs] = self._encode_step(part[t])
+            self.header[3] = pos - a + n
+            pos += n
+            if pos == b:  # the write head leaves segment k: store it
+                self._seal(k)
+
+    def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
+        slots = np.asarray(slots, np.int64) % self.capacity
+        seg_of = slots // self.seg
+        _, segment, base, filled = self._header()
+        for k in np.unique(seg_of):
+            k = int(k)
+            sel = np.flatnonzero(seg_of == k)
+            steps = slots[sel] - k * self.seg
+            changed = {}
+            for i, t in zip(sel.tolist(), steps.tolist()):
+                for e, frame in enumerate(self._encode_step(values[i])):
+                    changed[t * self.num_envs + e] = frame
+                if k == segment and base <= t < filled:
+                    lo = t * self.num_envs
+                    self.staged[lo : lo + self.num_envs] = self._raw(values[i])
+            if k == segment and self.pending is not None:
+                for i, frame in changed.items():
+                    self.pending[i] = frame
+            if os.path.exists(self.shard_path(k)):
+                frames = self._stored_frames(k)
+                for i, frame in changed.items():
+                    frames[i] = frame
+                self._write_shard(k, frames)
+            elif k != segment:
+                self._write_shard(k, [changed.get(i) for i in range(self.seg_rows)])
+
+    def _stored_frames(self, k: int) -> list[bytes | None]:
+        """The frames of sealed segment ``k`` (None for rows never written)."""
+        path = self.shard_path(k)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return [None] * self.seg_rows
+        offsets, lengths = read_shard_index(data, self.seg_rows, f"{self.where}: {path}")
+        return [None if o < 0 else data[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
+
+    def _seal(self, k: int) -> None:
+        """Store the staging segment ``k`` as its shard: this lap's frames, and the old
+        shard's for rows not written this lap."""
+        frames = self.pending
+        assert frames is not None
+        if self.codec.dictionary and not self.frames.load_dictionary():
+            _, _, base, filled = self._header()
+            lo, hi = base * self.num_envs, filled * self.num_envs
+            if self.frames.train(self.staged[lo:hi]):  # this segment's frames, once more with it
+                frames[lo:hi] = [self.frames.encode(r) for r in self.staged[lo:hi]]
+        if any(f is None for f in frames):
+            old = self._stored_frames(k)
+            frames = [f if f is not None else o for f, o in zip(frames, old)]
+        self._write_shard(k, frames)
+
+    def _write_shard(self, k: int, frames: list[bytes | None]) -> None:
+        path = self.shard_path(k)
+        tmp = path + ".partial"
+        with disk_full_as(
+            f"{self.where}: no space left on the file system for segment {k} "
+            f"(slots {k * self.seg}..{min((k + 1) * self.seg, self.capacity) - 1}); the last commit is intact"
+        ):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(shard_bytes(frames))
+            os.replace(tmp, path)
+        self._drop(k)
+        self.sealed_since_flush.add(k)
+
+    def flush(self, fsync: bool) -> None:
+        if fsync:
+            self.mm.flush()
+            fsync_files([self.shard_path(k) for k in self.sealed_since_flush])
+        self.sealed_since_flush = set()
+
+    def seal_open_segment(self) -> None:
+        """Store the rows of the staging segment as its shard too, so zarr readers see them
+        (a writer's close); staging keeps them for the next writer."""
+        _, segment, base, filled = self._header()
+        if self.writable and self.pending is not None and segment >= 0 and filled > base:
+            self._seal(segment)
+
+    def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
+        """A reader's refresh: shards of the segments with new rows were replaced."""
+        for a, b in slots:
+            for k in range(a // self.seg, (b - 1) // self.seg + 1):
+                self._drop(k)
+
+    def close(self) -> None:
+        if self.mm is None:
+            return
+        try:
+            self.seal_open_segment()
+        finally:
+            for k in list(self.shards):
+                self._drop(k)
+            self.frames.close()
+            self.header = None  # type: ignore[assignment]
+            self.staged = None  # type: ignore[assignment]
+            try:
+                self.mm.close()
+            except BufferError:
+                pass
+            self.mm = None  # type: ignore[assignment]

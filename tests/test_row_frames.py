@@ -1,0 +1,245 @@
+"""Row-frame leaves (``rows:lz4``, ``rows:zstd``): one compressed frame per row.
+
+Round trips of every dtype and shape, the ring's wrap, reopening, a writer killed in the
+middle of a segment, verify / recover from the CLI in a fresh process, and zarr-python
+reading what was written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import zarr
+
+import mmreplay as mr
+
+pytest.importorskip("zstandard")
+pytest.importorskip("cramjam")
+
+CODECS = ["rows:lz4", "rows:zstd:1"]
+DTYPES = ["uint8", "int16", "float32", "float64", "bool", "int64", ">i4"]
+SHAPES = [(), (3,), (4, 5, 2)]
+
+
+def values(rng: np.random.Generator, n: int, envs: int, shape: tuple, dtype: str) -> np.ndarray:
+    raw = rng.integers(0, 200, (n, envs, *shape))
+    return (raw % 2 == 0) if dtype == "bool" else raw.astype(dtype)
+
+
+def zarr_array(path, leaf: str):
+    return zarr.open_array(os.path.join(path, "data.zarr", leaf), mode="r")
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_and_shape_round_trips_through_the_ring(tmp_path, codec, dtype):
+    rng = np.random.default_rng(1)
+    spec = {f"x{i}": mr.ArraySpec(shape, dtype) for i, shape in enumerate(SHAPES)}
+    data = {k: values(rng, 23, 3, s.shape, dtype) for k, s in spec.items()}
+    with mr.create(tmp_path / "b", spec, capacity=10, num_envs=3, compression=codec, chunk_steps=4) as store:
+        for t in range(23):
+            store.add({k: v[t] for k, v in data.items()})
+            got = store.get(slice(None))  # the writer sees every step it added, sealed or not
+            for k, v in data.items():
+                np.testing.assert_array_equal(got[k], v[max(0, t - 9) : t + 1])
+    with mr.open(tmp_path / "b") as reader:
+        got = reader.get(slice(None))
+        for k, v in data.items():
+            np.testing.assert_array_equal(got[k], v[13:])
+            assert got[k].dtype == np.dtype(dtype).newbyteorder("<")  # as a mapped leaf returns it
+        batch = reader.sample(64, rng=0)
+        for k, v in data.items():  # each sampled row is one of the rows kept
+            flat = v[13:].reshape(-1, *v.shape[2:])
+            assert all((flat == row).reshape(len(flat), -1).all(1).any() for row in batch[k])
+        # zarr-python reads the same rows through the shard index (the store sealed them at close)
+        for k, v in data.items():
+            want = np.empty((10, 3, *v.shape[2:]), v.dtype)
+            want[np.arange(13, 23) % 10] = v[13:]
+            np.testing.assert_array_equal(np.asarray(zarr_array(tmp_path / "b", k)[:]), want)
+
+
+def test_a_reopened_writer_goes_on_inside_the_segment_it_left(tmp_path):
+    rng = np.random.default_rng(2)
+    data = values(rng, 30, 2, (6, 6), "uint8")
+    spec = {"obs": mr.ArraySpec((6, 6), "uint8")}
+    path = tmp_path / "b"
+    with mr.create(path, spec, capacity=16, num_envs=2, compression="rows:lz4", chunk_steps=5) as store:
+        store.extend({"obs": data[:7]})
+    for a, b in ((7, 9), (9, 21), (21, 30)):
+        with mr.open(path, "a") as store:
+            store.extend({"obs": data[a:b]})
+            np.testing.assert_array_equal(store.get(slice(None))["obs"], data[max(0, b - 16) : b])
+    with mr.open(path) as reader:
+        np.testing.assert_array_equal(reader.get(slice(None))["obs"], data[14:30])
+        seq = reader.sample(3, num_steps=4, rng=0)["obs"]
+        for s in seq:  # sequences are consecutive rows of one env
+            starts = [t for t in range(14, 27) for e in range(2) if (data[t : t + 4, e] == s).all()]
+            assert starts
+
+
+def test_a_reader_sees_the_committed_rows_of_the_segment_being_written(tmp_path):
+    data = values(np.random.default_rng(3), 12, 2, (4,), "int32")
+    path = tmp_path / "b"
+    with mr.create(path, {"x": mr.ArraySpec((4,), "int32")}, 32, num_envs=2, compression="rows:zstd") as store:
+        store.extend({"x": data[:3]})  # inside the first segment: staged, not sealed
+        store.commit()
+        with mr.open(path) as reader:
+            np.testing.assert_array_equal(reader.get(slice(None))["x"], data[:3])
+            store.extend({"x": data[3:12]})
+            store.commit()
+            reader.refresh()
+            np.testing.assert_array_equal(reader.get(slice(None))["x"], data[:12])
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, numpy as np, mmreplay as mr
+    path, codec = sys.argv[1], sys.argv[2]
+    spec = {"obs": mr.ArraySpec((8, 8), "uint8"), "step": mr.ArraySpec((), "int64")}
+    store = mr.create(path, spec, capacity=40, num_envs=2, compression={"obs": codec}, chunk_steps=6)
+    t = 0
+    while True:
+        store.add({"obs": np.full((2, 8, 8), t % 251, np.uint8), "step": np.full(2, t)})
+        t += 1
+        if t % 5 == 0:
+            store.commit()
+        if t == 57:  # mid-segment (57 = 9 * 6 + 3), after a wrap, commits up to step 55
+            print("ready", flush=True)
+            sys.stdin.readline()
+    """
+)
+
+
+def killed_writer(path: str, codec: str) -> None:
+    """Run WRITER until it is mid-segment, then kill -9 it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, path, codec], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("codec", ["rows:lz4", "rows:zstd:1"])
+def test_kill_9_mid_segment_keeps_every_committed_row_and_the_cli_agrees(tmp_path, codec):
+    path = str(tmp_path / "b")
+    killed_writer(path, codec)
+    cli = [sys.executable, "-m", "mmreplay.cli"]
+    check = subprocess.run([*cli, "verify", path], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    with mr.open(path) as reader:
+        assert reader.total_steps == 55
+        got = reader.get(slice(None))
+        steps = got["step"][:, 0]
+        # the oldest steps may be cut off by the dead writer's reservation, never the newest
+        assert steps.tolist() == list(range(reader.first_step, 55)) and reader.first_step <= 25
+        np.testing.assert_array_equal(got["obs"], (steps % 251).astype(np.uint8)[:, None, None, None] + np.zeros((1, 2, 8, 8), np.uint8))
+    with mr.open(path, "a") as store:  # a new writer goes on from the committed end
+        store.add({"obs": np.full((2, 8, 8), 7, np.uint8), "step": np.full(2, 55)})
+        assert store.get(slice(-2, None))["step"][:, 0].tolist() == [54, 55]
+
+
+def test_verify_finds_a_damaged_shard_and_recover_drops_its_rows(tmp_path):
+    path = tmp_path / "b"
+    with mr.create(path, {"obs": mr.ArraySpec((8,), "uint8")}, 24, compression="rows:zstd", chunk_steps=4) as store:
+        store.extend({"obs": np.arange(20 * 8, dtype=np.uint8).reshape(20, 1, 8)})
+    shard = path / "data.zarr" / "obs" / "c" / "1" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[5] ^= 0xFF  # a flipped byte inside row 4's frame
+    shard.write_bytes(bytes(raw))
+    cli = [sys.executable, "-m", "mmreplay.cli"]
+    check = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
+    assert check.returncode != 0
+    assert "c/1/0/0" in check.stdout + check.stderr
+    fixed = subprocess.run([*cli, "recover", str(path)], capture_output=True, text=True)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    again = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    with mr.open(path) as reader:  # the steps after the damaged segment are kept
+        kept = reader.get(slice(None))["obs"][:, 0, 0]
+        assert kept.tolist() == [t * 8 % 256 for t in range(8, 20)]
+
+
+def test_a_missing_staging_file_is_found_and_recovered(tmp_path):
+    path = str(tmp_path / "b")
+    killed_writer(path, "rows:lz4")  # committed steps 54 and 55 are in staging only
+    os.remove(os.path.join(path, "data.zarr", "obs", "rows.staging"))
+    cli = [sys.executable, "-m", "mmreplay.cli"]
+    check = subprocess.run([*cli, "verify", path], capture_output=True, text=True)
+    assert check.returncode != 0 and "rows.staging" in check.stdout + check.stderr
+    fixed = subprocess.run([*cli, "recover", path], capture_output=True, text=True)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert subprocess.run([*cli, "verify", path], capture_output=True, text=True).returncode == 0
+    with mr.open(path) as reader:
+        # the shard of the staged segment holds the lap before: its committed steps (52..54)
+        # are gone, and recover keeps only the steps after the damage (none)
+        assert reader.total_steps == 55 and len(reader) == 0
+
+
+def test_bad_row_settings_are_refused_before_anything_is_written(tmp_path):
+    spec = {"x": mr.ArraySpec((2,), "uint8")}
+    for bad in ("rows:lz4:3", "rows:zstd:40", "rows:brotli"):
+        with pytest.raises(mr.SpecError, match="row frames"):
+            mr.create(tmp_path / "b", spec, 8, compression=bad)
+        assert not (tmp_path / "b").exists()
+    with pytest.raises(mr.SpecError):
+        mr.create(tmp_path / "h", spec, 8, backend="hdf5", compression="rows:lz4")
+
+
+def test_without_the_pixels_extra_the_error_names_it(tmp_path):
+    path = tmp_path / "b"
+    mr.create(path, {"x": mr.ArraySpec((2,), "uint8")}, 8, compression="rows:zstd").close()
+    code = "import sys; sys.modules['zstandard'] = None; import mmreplay as mr; mr.open(sys.argv[1])"
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "mmreplay[pixels]" in out.stderr
+
+
+def test_the_decoded_chunk_cache_of_chunked_leaves_is_a_parameter(tmp_path):
+    spec = {"obs": mr.ArraySpec((16,), "uint8")}
+    with mr.create(tmp_path / "b", spec, 64, compression="zstd", chunk_steps=4) as store:
+        store.extend({"obs": np.ones((64, 1, 16), np.uint8)})
+    with mr.open(tmp_path / "b") as reader:
+        (leaf,) = reader.leaves
+        every = np.arange(64)
+        reader.get(every)
+        assert len(leaf.cache) == 16  # the default holds all 16 chunks of 64 bytes
+        reader.set_chunk_cache(3 * 4 * 16)
+        assert len(leaf.cache) == 3
+        reader.get(every)
+        assert len(leaf.cache) == 3
+        reader.set_chunk_cache(0)
+        reader.get(every)
+        assert len(leaf.cache) == 0
+        np.testing.assert_array_equal(reader.get(every)["obs"], np.ones((64, 1, 16), np.uint8))
+        with pytest.raises(ValueError, match="byte count"):
+            reader.set_chunk_cache(-1)
+
+
+def test_a_trained_zstd_dictionary_serves_the_writer_and_a_reader_opened_before_it(tmp_path):
+    path = tmp_path / "b"
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 4, (16, 16)).astype(np.uint8) * 60
+    data = np.stack([np.roll(base, t, axis=1) for t in range(80)])[:, None].repeat(2, 1)  # [80, 2, 16, 16]
+    data[:, 1] += 1
+    spec = {"obs": mr.ArraySpec((16, 16), "uint8")}
+    with mr.create(path, spec, 64, num_envs=2, compression="rows:zstd:3:dict", chunk_steps=16) as store:
+        store.extend({"obs": data[:8]})
+        store.commit()
+        reader = mr.open(path)  # before any dictionary exists
+        store.extend({"obs": data[8:80]})  # seals segments: the first one trains the dictionary
+        assert (path / "data.zarr" / "obs" / "rows.dictionary").is_file()
+        np.testing.assert_array_equal(store.get(slice(None))["obs"], data[16:80])
+    with reader:
+        reader.refresh()
+        np.testing.assert_array_equal(reader.get(slice(None))["obs"], data[16:80])
+    done = subprocess.run([sys.executable, "-m", "mmreplay.cli", "verify", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
