@@ -204,6 +204,8 @@ def plan_layout(spec: Any, roles: dict[str, str], frames: Frames, capacity: int,
         s = subtree(spec, obs_path)
         axis = _stack_axis(s, k, frames.stack_axis, obs_path) if k > 1 else None
         pairs.append(Pair(obs_path, next_path, axis))
+    if k > capacity:
+        raise SpecError(f"frames.frame_stack={k} needs a capacity of at least {k} steps, got {capacity}")
     slots = frames.final_slots
     if slots is None:
         slots = max(4 * num_envs, capacity * num_envs // 64)
@@ -497,7 +499,9 @@ class FrameWriter:
     def restore(self) -> None:
         """Take up where the last writer's committed steps end."""
         store = self.store
-        first, end = store.window[:2]
+        end = store.total_steps
+        # rows a dead writer may have overwritten are those its reservation covered
+        first = max(end, store.state.reserved) - self.capacity
         if end <= first:
             return
         last = np.array([end - 1])
@@ -505,8 +509,10 @@ class FrameWriter:
         k = self.layout.frame_stack
         n = len(self.obs_index)
         if self.layout.stacked:
-            self.stacks = [v[0].copy() for v in values[:n]]
-            self.depth = self.parts.depth.read(np.array([(end - 1) % self.capacity]))[0].astype(np.uint8)
+            depth = self.parts.depth.read(np.array([(end - 1) % self.capacity]))[0].astype(np.uint8)
+            if end - 1 - int(depth.max()) >= first:  # else the next stacks must start episodes
+                self.stacks = [np.array(v[0]) for v in values[:n]]
+                self.depth = depth
         if self.layout.derived:
             self.pending = [_newest(v[0], axis, k) for v, axis in zip(values[n:], self.axes)]
             self.has_pending = True
