@@ -142,6 +142,7 @@ class Store:
         self._read_leaves = self._leaves
         self._frames: Any = None  # mmreplay.frames.FrameWriter of a writer of a frames-once store
         self._shrink = 0
+        self._dropped_early = False  # the side ring of next frames dropped steps (warned once)
         frame_parts = None
         if meta.frames is not None:
             self._read_leaves, frame_parts = _frames.read_leaves(meta, self._leaves, side)
@@ -493,7 +494,13 @@ class Store:
         if step < self._floor:
             return
         self._floor = min(self._written, step + 1)
-        log.info("%s: the side ring of next frames is full: steps up to %d dropped", self.path, step)
+        if not self._dropped_early:
+            self._dropped_early = True
+            log.warning(
+                "%s: the side ring of next frames (Frames.final_slots=%d) is full: steps up to %d are dropped "
+                "before the ring reaches them; a larger final_slots keeps them",
+                self.path, self._meta.frames.final_slots, step,
+            )
         if step >= self._state.first(self._capacity) and self._state.end > self._state.first(self._capacity):
             start = min(self._floor, self._state.end)
             self._write_state(self._state.next(start=start), self._meta.durability == "power")
