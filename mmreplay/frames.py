@@ -69,8 +69,8 @@ class Frames:
         pad: what a stack shows before an episode's first frame: ``"repeat"`` (that
             frame, as the Atari wrappers do) or ``"zeros"`` (as SB3's ``VecFrameStack``).
         final_slots: next frames the side ring keeps (final observations of ended
-            episodes, and each commit's newest step); None: one per 64 rows, at least
-            four steps' worth.
+            episodes, and one per env at each commit); None: one per 64 rows plus one
+            per env for each commit a ring's worth of steps makes.
 
     Example:
         >>> import mmreplay as mr, numpy as np, tempfile
@@ -164,7 +164,9 @@ class FramesLayout:
         return out
 
 
-def plan_layout(spec: Any, roles: dict[str, str], frames: Frames, capacity: int, num_envs: int) -> FramesLayout:
+def plan_layout(
+    spec: Any, roles: dict[str, str], frames: Frames, capacity: int, num_envs: int, commit_every: int
+) -> FramesLayout:
     """The layout for a spec and its roles (validated; no I/O)."""
     if not isinstance(frames, Frames):
         raise SpecError(f"frames must be a mmreplay.Frames, got {type(frames).__name__}")
@@ -207,8 +209,9 @@ def plan_layout(spec: Any, roles: dict[str, str], frames: Frames, capacity: int,
     if k > capacity:
         raise SpecError(f"frames.frame_stack={k} needs a capacity of at least {k} steps, got {capacity}")
     slots = frames.final_slots
-    if slots is None:
-        slots = max(4 * num_envs, capacity * num_envs // 64)
+    if slots is None:  # each commit takes one slot per env, each episode end one
+        ahead = max(1, min(commit_every, capacity // 8))  # steps between a writer's commits at most
+        slots = num_envs * (-(-capacity // ahead) + 4) + capacity * num_envs // 64
     if not isinstance(slots, (int, np.integer)) or isinstance(slots, bool) or slots < 2 * num_envs:
         raise SpecError(f"frames.final_slots must be an int >= 2 * num_envs = {2 * num_envs}, got {slots!r}")
     return FramesLayout(derived, int(k), frames.pad, int(slots) if derived else 0, tuple(pairs))
@@ -294,7 +297,13 @@ class _Gather:
         self.pair = pair
         self.obs_spec = obs_spec
         self.frames = parts.leaf(pair.obs)
-        self.cached: tuple[np.ndarray, np.ndarray] | None = None
+        self.cached: tuple[Any, np.ndarray] | None = None  # (rows and writer's step count, gather)
+        # [n, k, *frame] -> the observation's layout: the stack axis moved into place (a view)
+        nd = 1 + len(obs_spec.shape)
+        self.order = None
+        if pair.axis not in (None, 0):
+            rest = [d for d in range(nd) if d != 1]
+            self.order = tuple(rest[: pair.axis + 1] + [1] + rest[pair.axis + 1 :])
 
     def _sources(self, r: np.ndarray, with_next: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Frame rows ``[n, k (+1)]`` and a mask of the stack positions that are padding."""
@@ -342,27 +351,29 @@ class _Gather:
 
     def arrange(self, g: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
         """``[n, k, *frame]`` as the observation's layout (a view), shaped ``lead``."""
-        axis = self.pair.axis
-        if axis is None:
+        if self.pair.axis is None:
             g = g[:, 0]
-        elif axis != 0:
-            g = np.moveaxis(g, 1, axis + 1)
+        elif self.order is not None:
+            g = g.transpose(self.order)
         return g if lead == g.shape[:1] else g.reshape(lead + self.obs_spec.shape)
 
-    def observation(self, rows: np.ndarray) -> np.ndarray:
+    def read(self, rows: Any, is_next: bool) -> np.ndarray:
+        """The observation (or next observation) of ``rows``. The first of the two asked
+        for the same index array gathers both and keeps the gather for the other."""
         rows = np.asarray(rows)
-        with_next = self.pair.next is not None and self.parts.layout.derived
-        g = self.gather(rows, with_next)
-        k = self.parts.layout.frame_stack
-        if with_next:
-            self.cached = (rows, g)
-        return self.arrange(g[:, :k], rows.shape)
-
-    def next_observation(self, rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows)
+        writer = self.parts.writer
+        key = (rows, None if writer is None else writer.written)
         cached, self.cached = self.cached, None
-        g = cached[1] if cached is not None and cached[0] is rows else self.gather(rows, True)
-        return self.arrange(g[:, 1:], rows.shape)
+        if cached is not None and cached[0][0] is rows and cached[0][1] == key[1]:
+            g = cached[1]
+        else:
+            paired = self.pair.next is not None and self.parts.layout.derived
+            g = self.gather(rows, paired)
+            if paired:
+                self.cached = (key, g)
+        if is_next:
+            return self.arrange(g[:, 1:], rows.shape)
+        return self.arrange(g[:, : self.parts.layout.frame_stack], rows.shape)
 
 
 class _Parts:
@@ -402,9 +413,7 @@ class FrameLeaf:
         self._is_next = is_next
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        if self._is_next:
-            return self._gather.next_observation(rows)
-        return self._gather.observation(rows)
+        return self._gather.read(rows, self._is_next)
 
     def read(self, slots: Any) -> np.ndarray:
         ne = self.num_envs
@@ -501,7 +510,7 @@ class FrameWriter:
         store = self.store
         end = store.total_steps
         # rows a dead writer may have overwritten are those its reservation covered
-        first = max(end, store.state.reserved) - self.capacity
+        first = max(0, max(end, store.state.reserved) - self.capacity)
         if end <= first:
             return
         last = np.array([end - 1])
@@ -524,7 +533,7 @@ class FrameWriter:
         """The stored leaves' values of one validated step, and what :meth:`apply` needs;
         raises :class:`~mmreplay.BadInputError` (nothing changed) on stacks that do not
         follow from the previous ones."""
-        k, pad = self.layout.frame_stack, self.layout.pad
+        k = self.layout.frame_stack
         frames, nexts, depth = [], [], self.depth
         for j, (i, axis) in enumerate(zip(self.obs_index, self.axes)):
             obs = values[i]
@@ -532,19 +541,20 @@ class FrameWriter:
                 frames.append(obs)
             else:
                 a = axis + 1  # the env axis leads
-                frames.append(np.take(obs, k - 1, axis=a))
-                depth = self._depths(obs, a, j, k, pad)
+                frames.append(_part(obs, a, k - 1))
+                depth = self._depths(obs, a, j, k)
             if self.layout.derived:
                 nxt = values[self.next_index[j]]
                 if axis is not None:
                     a = axis + 1
-                    if not np.array_equal(np.take(nxt, range(k - 1), axis=a), np.take(obs, range(1, k), axis=a)):
-                        bad = _first_bad_env(np.take(nxt, range(k - 1), axis=a), np.take(obs, range(1, k), axis=a))
+                    follows = _follows(nxt, obs, a, k)
+                    if not follows.all():
                         raise BadInputError(
-                            f"leaf {self.layout.pairs[j].next!r}, env {bad}: a next observation stack must be the "
-                            f"observation stack shifted by one frame (leaf {self.layout.pairs[j].obs!r})"
+                            f"leaf {self.layout.pairs[j].next!r}, env {int(np.flatnonzero(~follows)[0])}: a next "
+                            "observation stack must be the observation stack shifted by one frame "
+                            f"(leaf {self.layout.pairs[j].obs!r})"
                         )
-                    nxt = np.take(nxt, k - 1, axis=a)
+                    nxt = _part(nxt, a, k - 1)
                 nexts.append(nxt)
         out = [values[i] for i in self.keep_index]
         for j, i in enumerate(self.obs_index):
@@ -555,31 +565,27 @@ class FrameWriter:
             out.append(depth)
         return out, (frames, nexts, depth, values)
 
-    def _depths(self, obs: np.ndarray, a: int, j: int, k: int, pad: str) -> np.ndarray:
+    def _depths(self, obs: np.ndarray, a: int, j: int, k: int) -> np.ndarray:
         """Frames of the episode each env's stack shows before its newest one."""
         ne = self.num_envs
-        newest = np.take(obs, [k - 1], axis=a)
-        start = np.zeros_like(obs) if pad == "zeros" else np.repeat(newest, k, axis=a)
-        if pad == "zeros":
-            idx = [slice(None)] * obs.ndim
-            idx[a] = slice(k - 1, k)
-            start[tuple(idx)] = newest
-        is_start = (obs == start).reshape(ne, -1).all(axis=1)
         if self.stacks is None:
             follows = np.zeros(ne, bool)
         else:
-            prev = self.stacks[j]
-            follows = (
-                np.take(obs, range(k - 1), axis=a) == np.take(prev, range(1, k), axis=a)
-            ).reshape(ne, -1).all(axis=1)
-        bad = ~(follows | is_start)
-        if bad.any():
-            e = int(np.flatnonzero(bad)[0])
-            raise BadInputError(
-                f"leaf {self.layout.pairs[j].obs!r}, env {e}: a frame stack must be the previous step's stack "
-                f"shifted by one frame, or an episode's first stack ({pad} padding); "
-                "pass frames=Frames(frame_stack=1) to store stacks as they are"
-            )
+            follows = _follows(obs, self.stacks[j], a, k)
+        if not follows.all():
+            newest = _part(obs, a, k - 1)
+            is_start = np.ones(ne, bool)
+            for pos in range(k - 1):
+                before = _part(obs, a, pos)
+                pad_ok = (before == 0) if self.layout.pad == "zeros" else (before == newest)
+                is_start &= pad_ok.reshape(ne, -1).all(axis=1)
+            bad = ~(follows | is_start)
+            if bad.any():
+                raise BadInputError(
+                    f"leaf {self.layout.pairs[j].obs!r}, env {int(np.flatnonzero(bad)[0])}: a frame stack must be "
+                    "the previous step's stack shifted by one frame, or an episode's first stack "
+                    f"({self.layout.pad} padding); pass frames=Frames(frame_stack=1) to store stacks as they are"
+                )
         return np.where(follows, np.minimum(self.depth.astype(np.int64) + 1, k - 1), 0).astype(np.uint8)
 
     def apply(self, prepared: Any, step: int) -> None:
@@ -595,7 +601,10 @@ class FrameWriter:
                 envs = np.flatnonzero(need)
                 self._to_side(step - 1, envs, [p[envs] for p in self.pending])
         if self.layout.stacked:
-            self.stacks = [values[i].copy() for i in self.obs_index]
+            if self.stacks is None:
+                self.stacks = [np.empty_like(values[i]) for i in self.obs_index]
+            for kept, i in zip(self.stacks, self.obs_index):
+                np.copyto(kept, values[i])  # the caller may reuse its arrays (VecFrameStack does)
             self.depth = depth
         if self.layout.derived:
             self.pending = [np.array(n) for n in nexts]
@@ -647,5 +656,32 @@ def _newest(stack: np.ndarray, axis: int | None, k: int) -> np.ndarray:
     return np.array(stack) if axis is None else np.take(stack, k - 1, axis=axis + 1)
 
 
-def _first_bad_env(a: np.ndarray, b: np.ndarray) -> int:
-    return int(np.flatnonzero((a != b).reshape(len(a), -1).any(axis=1))[0])
+def _part(stack: np.ndarray, axis: int, pos: int) -> np.ndarray:
+    """Frame ``pos`` of each stack along ``axis`` (a view)."""
+    index: list[Any] = [slice(None)] * stack.ndim
+    index[axis] = pos
+    return stack[tuple(index)]
+
+
+def _follows(stack: np.ndarray, prev: np.ndarray, axis: int, k: int) -> np.ndarray:
+    """Per env: are ``stack``'s first ``k - 1`` frames ``prev``'s last ``k - 1``?
+
+    With the stack on the last axis (HWC), frame ``i`` of a pixel is byte ``i`` of a run
+    of ``k``: comparing the contiguous bytes shifted by one is much faster than strided
+    views of three of every four bytes.
+    """
+    ne = len(stack)
+    if axis == stack.ndim - 1 and stack.flags.c_contiguous and prev.flags.c_contiguous:
+        a, b = stack.reshape(ne, -1), prev.reshape(ne, -1)
+        same = np.empty(a.shape, bool)
+        np.equal(a[:, :-1], b[:, 1:], out=same[:, :-1])
+        same.reshape(ne, -1, k)[:, :, k - 1] = True  # each pixel's newest frame: not compared
+        return same.all(axis=1)
+    index: list[Any] = [slice(None)] * stack.ndim
+    index[axis] = slice(0, k - 1)
+    mine = stack[tuple(index)]
+    index[axis] = slice(1, k)
+    theirs = prev[tuple(index)]
+    if np.array_equal(mine, theirs):
+        return np.ones(ne, bool)
+    return (mine == theirs).reshape(ne, -1).all(axis=1)

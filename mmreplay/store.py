@@ -985,7 +985,7 @@ def plan(
     roles_found = validate_roles(spec, roles)
     layout = None
     if frames is not None:
-        layout = _frames.plan_layout(spec, roles_found, frames, capacity, num_envs)
+        layout = _frames.plan_layout(spec, roles_found, frames, capacity, num_envs, commit_every)
         by_path = {info.path: info for info in infos}
         infos = []
         for p, s in layout.physical(spec):
