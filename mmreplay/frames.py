@@ -527,6 +527,22 @@ class FrameWriter:
             self.has_pending = True
             self.pending_in_side[:] = True
 
+    def settable(self, slots: np.ndarray, values: list[np.ndarray], leaves: list[Any], where: str) -> list[Any]:
+        """For ``set``: the stored leaf each value is written to, None for the observation
+        leaves, whose values must be those stored (a row's frames are its neighbours' too)."""
+        out = []
+        for leaf, value in zip(leaves, values):
+            if isinstance(leaf, FrameLeaf):
+                if not np.array_equal(leaf.read(slots), value):
+                    raise BadInputError(
+                        f"{where}: set() cannot change leaf {leaf.info.path!r} of a store that keeps each frame "
+                        "once (a row's frames are its neighbours' too); only the other leaves can be set"
+                    )
+                out.append(None)
+            else:
+                out.append(leaf)
+        return out
+
     # --- one step ---------------------------------------------------------------------
 
     def prepare(self, values: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:

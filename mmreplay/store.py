@@ -597,11 +597,6 @@ class Store:
         process killed during ``set`` may leave those steps partly updated.
         """
         self._check_writable()
-        if self._frames is not None:
-            raise BadInputError(
-                f"{self.path}: set() cannot rewrite a store that keeps each frame once (its rows depend on "
-                "their neighbours); write a new store"
-            )
         steps, scalar = self._steps_for(index)
         if scalar:
             values = self._validator.step(value)
@@ -612,8 +607,13 @@ class Store:
             _, values = self._validator.batch(value, lead=steps.shape)
             slots = steps.reshape(-1) % self.capacity
             values = [v.reshape(-1, *v.shape[steps.ndim :]) for v in values]
-        for leaf, v in zip(self._leaves, values):
-            leaf.write_slots(slots, v)
+        if self._frames is not None:  # frames are not rewritten: only the other leaves
+            leaves = self._frames.settable(slots, values, self._read_leaves, self.path)
+        else:
+            leaves = self._leaves
+        for leaf, v in zip(leaves, values):
+            if leaf is not None:
+                leaf.write_slots(slots, v)
         self._dirty = True
         changed = np.asarray(steps).reshape(-1)
         for hook in self._hooks:

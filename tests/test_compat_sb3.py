@@ -257,11 +257,7 @@ def test_optimize_memory_usage_stores_each_observation_once_and_keeps_timeouts_r
         size, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=handle_timeout,
         path=tmp_path / "buf", final_slots=200, **kw,
     )
-    inds = np.arange(full.size())
-    np.random.seed(1)
-    expected = full._get_samples(inds)
-    np.random.seed(1)
-    _assert_same(expected, again._get_samples(inds))
+    _assert_same_rows(full, again, np.arange(full.size()), seed=1)
     again.close()
 
 
@@ -286,12 +282,16 @@ def test_optimize_memory_usage_with_frame_stacks_stores_one_frame_per_step(tmp_p
         stacks[done, -1] = frames.obs[done]
     assert [leaf.spec.shape for leaf in ours.store.metadata.leaves if leaf.path == "observation"] == [(6, 5)]
     first, end = ours.store.window[:2]
-    inds = (np.arange(first, end) - ours._origin) % ours.buffer_size
-    np.random.seed(2)
-    expected = full._get_samples(inds)
-    np.random.seed(2)
-    _assert_same(expected, ours._get_samples(inds))
+    _assert_same_rows(full, ours, (np.arange(first, end) - ours._origin) % ours.buffer_size, seed=2)
     ours.close()
+
+
+def _assert_same_rows(theirs, ours, inds, seed: int) -> None:
+    """``_get_samples(inds)`` of both, with the same envs drawn."""
+    np.random.seed(seed)
+    expected = theirs._get_samples(inds)
+    np.random.seed(seed)
+    _assert_same(expected, ours._get_samples(inds))
 
 
 def test_dqn_trains_saves_a_small_manifest_and_loads_it(tmp_path):

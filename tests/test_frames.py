@@ -242,7 +242,9 @@ def test_a_stack_that_does_not_follow_is_refused_and_changes_nothing(tmp_path):
         store.add(step)
         _same(store.get(-1)["obs"], step["obs"], "obs after refused adds")
         with pytest.raises(mr.BadInputError, match="each frame once"):
-            store.set(0, store.get(0))
+            store.set(0, dict(store.get(0), obs=store.get(1)["obs"]))
+        store.set(0, dict(store.get(0), truncated=np.array([True])))  # the other leaves can be set
+        assert store.get(0)["truncated"].all() and not store.get(1)["truncated"].any()
 
 
 def test_a_full_side_ring_drops_the_oldest_steps_never_a_wrong_frame(tmp_path):
@@ -301,3 +303,32 @@ def test_hdf5_and_compressed_leaves_store_frames_once_too(tmp_path):
             _compare_window(full, reader, f"{backend} reader")
         full.close()
         once.close()
+
+
+def test_gymnasium_recorders_and_torch_datasets_read_the_same(tmp_path):
+    """A vector env recorded into both kinds of store at once; the torch datasets over
+    them, and the gymnasium recorders' own stores, hold the same values."""
+    gymnasium = pytest.importorskip("gymnasium")
+    torch = pytest.importorskip("torch")
+    from mmreplay.compat.gymnasium import RecordVectorTransitions
+    from mmreplay.compat.torch import StoreDataset
+
+    envs = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1", max_episode_steps=15)] * 3)
+    inner = RecordVectorTransitions(envs, tmp_path / "full", capacity=200)
+    outer = RecordVectorTransitions(inner, tmp_path / "once", capacity=200, frames=mr.Frames(final_slots=300))
+    outer.reset(seed=0)
+    for _ in range(60):
+        outer.step(outer.action_space.sample())
+    outer.close()
+    inner.close()
+    with mr.open(tmp_path / "full") as full, mr.open(tmp_path / "once") as once:
+        assert once.frames is not None and full.frames is None
+        assert once.episode_index(complete_only=True)  # episodes ended (by time limit or falling)
+        _compare_all(full, once)
+    for num_steps in (None, 4):
+        a, b = StoreDataset(tmp_path / "full", num_steps), StoreDataset(tmp_path / "once", num_steps)
+        assert len(a) == len(b)
+        for i in range(0, len(a), 7):
+            x, y = a[i], b[i]
+            for key in x:
+                assert torch.equal(x[key], y[key]), (num_steps, i, key)
