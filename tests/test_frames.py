@@ -332,3 +332,16 @@ def test_gymnasium_recorders_and_torch_datasets_read_the_same(tmp_path):
             x, y = a[i], b[i]
             for key in x:
                 assert torch.equal(x[key], y[key]), (num_steps, i, key)
+
+
+def test_convert_copies_a_frames_store_into_one_that_keeps_every_leaf(tmp_path):
+    from mmreplay.convert import convert
+
+    with mr.create(tmp_path / "a", spec(FRAME, 4, -1), 30, num_envs=2, frames=mr.Frames(frame_stack=4)) as store:
+        episodes = Episodes(2, FRAME, 4, -1, "repeat", 0.05, 0)
+        for _ in range(40):
+            store.add(episodes.step())
+    convert(tmp_path / "a", tmp_path / "b", backend="hdf5")
+    with mr.open(tmp_path / "a") as src, mr.open(tmp_path / "b") as copy:
+        assert copy.frames is None and copy.window[:2] == src.window[:2]
+        _compare_window(copy, src)
