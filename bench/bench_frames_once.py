@@ -86,8 +86,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         stores = {
             "store stacks": mr.create(f"{folder}/stacks", spec(False), steps, envs),
-            "frames once HWC": mr.create(f"{folder}/hwc", spec(False), steps, envs, frames=mr.Frames(frame_stack=4)),
-            "frames once CHW": mr.create(f"{folder}/chw", spec(True), steps, envs, frames=mr.Frames(frame_stack=4)),
+            "frames once HWC": mr.create(
+                f"{folder}/hwc", spec(False), steps, envs, frames=mr.Frames(frame_stack=4)
+            ),
+            "frames once CHW": mr.create(
+                f"{folder}/chw", spec(True), steps, envs, frames=mr.Frames(frame_stack=4)
+            ),
         }
         ram = {k: np.empty((steps, envs, *v.shape[1:]), v.dtype) for k, v in data[0].items()}
         cursor = [0]

@@ -125,7 +125,9 @@ class FramesLayout:
             "frame_stack": self.frame_stack,
             "pad": self.pad,
             "final_slots": self.final_slots,
-            "pairs": [{"observation": p.obs, "next_observation": p.next, "stack_axis": p.axis} for p in self.pairs],
+            "pairs": [
+                {"observation": p.obs, "next_observation": p.next, "stack_axis": p.axis} for p in self.pairs
+            ],
             "side": [leaf.to_json() for leaf in self.side],
         }
 
@@ -171,7 +173,9 @@ def plan_layout(
     if not isinstance(frames, Frames):
         raise SpecError(f"frames must be a mmreplay.Frames, got {type(frames).__name__}")
     if frames.next_observation not in ("derived", "stored"):
-        raise SpecError(f"frames.next_observation must be 'derived' or 'stored', got {frames.next_observation!r}")
+        raise SpecError(
+            f"frames.next_observation must be 'derived' or 'stored', got {frames.next_observation!r}"
+        )
     k = frames.frame_stack
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= 255:
         raise SpecError(f"frames.frame_stack must be an int in [1, 255], got {k!r}")
@@ -186,7 +190,9 @@ def plan_layout(
     if derived and "next_observation" not in roles:
         raise SpecError("frames.next_observation='derived' needs a next_observation role (a leaf to derive)")
     if k > 1 and not derived and "next_observation" in roles:
-        raise SpecError("frames.frame_stack > 1 with a next_observation leaf needs next_observation='derived'")
+        raise SpecError(
+            "frames.frame_stack > 1 with a next_observation leaf needs next_observation='derived'"
+        )
     obs_root, next_root = roles["observation"], roles.get("next_observation")
     obs_node = subtree(spec, obs_root)
     obs_paths = _under(paths, obs_root)
@@ -380,7 +386,9 @@ class _Parts:
     """What the frame leaves of one store share: its stored leaves by path, the side ring
     and (in a writer) the writer's next frames of its newest step."""
 
-    def __init__(self, layout: FramesLayout, stored: dict[str, Any], side: list[Any], capacity: int, num_envs: int):
+    def __init__(
+        self, layout: FramesLayout, stored: dict[str, Any], side: list[Any], capacity: int, num_envs: int
+    ):
         self.layout = layout
         self.stored = stored
         self.capacity = capacity
@@ -527,7 +535,9 @@ class FrameWriter:
             self.has_pending = True
             self.pending_in_side[:] = True
 
-    def settable(self, slots: np.ndarray, values: list[np.ndarray], leaves: list[Any], where: str) -> list[Any]:
+    def settable(
+        self, slots: np.ndarray, values: list[np.ndarray], leaves: list[Any], where: str
+    ) -> list[Any]:
         """For ``set``: the stored leaf each value is written to, None for the observation
         leaves, whose values must be those stored (a row's frames are its neighbours' too)."""
         out = []

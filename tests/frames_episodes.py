@@ -27,7 +27,9 @@ def spec(frame: tuple[int, ...], k: int, axis: int) -> dict:
 class Episodes:
     """Steps of ``num_envs`` envs; ``end`` is the chance that a step ends its episode."""
 
-    def __init__(self, num_envs: int, frame: tuple[int, ...], k: int, axis: int, pad: str, end: float, seed: int):
+    def __init__(
+        self, num_envs: int, frame: tuple[int, ...], k: int, axis: int, pad: str, end: float, seed: int
+    ):
         self.rng = np.random.default_rng(seed)
         self.num_envs, self.frame, self.k, self.pad, self.end = num_envs, frame, k, pad, end
         self.axis = (axis if axis >= 0 else len(frame) + 1 + axis) + 1  # in [num_envs, *stack]

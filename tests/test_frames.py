@@ -24,13 +24,23 @@ from mmreplay.reads import read_rows
 FRAME = (5, 6)
 
 
-def _stores(tmp_path, num_envs, k, axis, pad, capacity, final_slots=None, backend="zarr", commit_every=1000, **kw):
+def _stores(
+    tmp_path, num_envs, k, axis, pad, capacity, final_slots=None, backend="zarr", commit_every=1000, **kw
+):
     sp = spec(FRAME, k, axis)
-    full = mr.create(tmp_path / "full", sp, capacity, num_envs=num_envs, backend=backend, commit_every=commit_every)
+    full = mr.create(
+        tmp_path / "full", sp, capacity, num_envs=num_envs, backend=backend, commit_every=commit_every
+    )
     frames = mr.Frames(frame_stack=k, pad=pad, final_slots=final_slots)
     once = mr.create(
-        tmp_path / "once", sp, capacity, num_envs=num_envs, backend=backend, frames=frames,
-        commit_every=commit_every, **kw,
+        tmp_path / "once",
+        sp,
+        capacity,
+        num_envs=num_envs,
+        backend=backend,
+        frames=frames,
+        commit_every=commit_every,
+        **kw,
     )
     return full, once
 
@@ -161,8 +171,24 @@ def test_every_read_path_and_export_matches_over_many_envs_timeouts_and_commits(
 
 def _same_export(a: str, b: str, fmt: str) -> None:
     """The exported files hold the same arrays (files that name their own path aside)."""
-    files_a = sorted(os.path.relpath(p, a) for p in glob.glob(os.path.join(a, "**"), recursive=True) if os.path.isfile(p)) if os.path.isdir(a) else [""]
-    files_b = sorted(os.path.relpath(p, b) for p in glob.glob(os.path.join(b, "**"), recursive=True) if os.path.isfile(p)) if os.path.isdir(b) else [""]
+    files_a = (
+        sorted(
+            os.path.relpath(p, a)
+            for p in glob.glob(os.path.join(a, "**"), recursive=True)
+            if os.path.isfile(p)
+        )
+        if os.path.isdir(a)
+        else [""]
+    )
+    files_b = (
+        sorted(
+            os.path.relpath(p, b)
+            for p in glob.glob(os.path.join(b, "**"), recursive=True)
+            if os.path.isfile(p)
+        )
+        if os.path.isdir(b)
+        else [""]
+    )
     assert files_a == files_b, fmt
     for rel in files_a:
         pa, pb = os.path.join(a, rel) if rel else a, os.path.join(b, rel) if rel else b
@@ -204,7 +230,9 @@ def _numpy(x):
 def _h5_arrays(path: str) -> dict:
     out = {}
     with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(
+            lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None
+        )
     return {k: v for k, v in out.items() if not (isinstance(v, bytes) and b"/" in v)}
 
 
@@ -218,7 +246,7 @@ def test_frames_once_keeps_one_frame_per_row_and_records_the_layout(tmp_path):
         recorded = json.load(f)["frames"]
     assert recorded["frame_stack"] == 4 and recorded["next_observation"] == "derived"
     assert recorded["pairs"] == [{"observation": "obs", "next_observation": "next_obs", "stack_axis": 2}]
-    with mr.create(tmp_path / "plain", sp, 10) as plain:  # stores without frames are as before
+    with mr.create(tmp_path / "plain", sp, 10):  # stores without frames are as before
         pass
     with open(tmp_path / "plain" / "mmreplay.json") as f:
         assert "frames" not in json.load(f)
@@ -289,8 +317,16 @@ def test_a_damaged_frames_record_is_refused(tmp_path):
 def test_hdf5_and_compressed_leaves_store_frames_once_too(tmp_path):
     for backend, compression in (("hdf5", None), ("zarr", "zstd")):
         full, once = _stores(
-            tmp_path / f"{backend}-{compression}", 2, 2, 0, "repeat", 12, backend=backend,
-            compression=compression, commit_every=5, final_slots=100,
+            tmp_path / f"{backend}-{compression}",
+            2,
+            2,
+            0,
+            "repeat",
+            12,
+            backend=backend,
+            compression=compression,
+            commit_every=5,
+            final_slots=100,
         )
         episodes = Episodes(2, FRAME, 2, 0, "repeat", 0.2, 7)
         for _ in range(20):
@@ -337,7 +373,9 @@ def test_gymnasium_recorders_and_torch_datasets_read_the_same(tmp_path):
 def test_convert_copies_a_frames_store_into_one_that_keeps_every_leaf(tmp_path):
     from mmreplay.convert import convert
 
-    with mr.create(tmp_path / "a", spec(FRAME, 4, -1), 30, num_envs=2, frames=mr.Frames(frame_stack=4)) as store:
+    with mr.create(
+        tmp_path / "a", spec(FRAME, 4, -1), 30, num_envs=2, frames=mr.Frames(frame_stack=4)
+    ) as store:
         episodes = Episodes(2, FRAME, 4, -1, "repeat", 0.05, 0)
         for _ in range(40):
             store.add(episodes.step())
