@@ -365,18 +365,18 @@ class _Gather:
 
     def read(self, rows: Any, is_next: bool) -> np.ndarray:
         """The observation (or next observation) of ``rows``. The first of the two asked
-        for the same index array gathers both and keeps the gather for the other."""
+        for the same rows gathers both and keeps the gather for the other."""
         rows = np.asarray(rows)
         writer = self.parts.writer
-        key = (rows, None if writer is None else writer.written)
+        written = None if writer is None else writer.written
         cached, self.cached = self.cached, None
-        if cached is not None and cached[0][0] is rows and cached[0][1] == key[1]:
+        if cached is not None and cached[0][1] == written and np.array_equal(cached[0][0], rows):
             g = cached[1]
         else:
             paired = self.pair.next is not None and self.parts.layout.derived
             g = self.gather(rows, paired)
-            if paired:
-                self.cached = (key, g)
+            if paired:  # a copy of the ids: a caller may reuse its index array
+                self.cached = ((np.array(rows), written), g)
         if is_next:
             return self.arrange(g[:, 1:], rows.shape)
         return self.arrange(g[:, : self.parts.layout.frame_stack], rows.shape)
