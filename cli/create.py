@@ -120,7 +120,7 @@ def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **opti
     with mr.create(path, spec, capacity, **settings) as store:
         leaves = ", ".join(
             f"{p} {leaf.spec.shape} {leaf.spec.dtype}"
-            for p, leaf in zip(store.leaf_paths, store.metadata.leaves)
+            for p, leaf in zip(store.leaf_paths, (leaf.info for leaf in store.leaves))
         )
         click.echo(
             f"created {os.path.abspath(path)}: {store.backend}, capacity {store.capacity:,} x {store.num_envs} envs; "

@@ -56,7 +56,7 @@ def episode_stats(store: mr.Store) -> dict[str, Any]:
 def leaf_stats(store: mr.Store) -> dict[str, dict[str, Any]]:
     """min / max / mean / NaN count of every leaf over the retained committed rows, in blocks."""
     paths = store.leaf_paths
-    specs = [leaf.spec for leaf in store.metadata.leaves]
+    specs = [leaf.info.spec for leaf in store.leaves]
     acc = [{"min": None, "max": None, "sum": 0.0, "count": 0, "nan": 0, "inf": 0} for _ in paths]
     step_bytes = max(1, store.num_envs * sum(s.nbytes for s in specs))
     k = max(1, BLOCK_BYTES // step_bytes)

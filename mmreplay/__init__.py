@@ -15,6 +15,7 @@ from .errors import (
     TargetError,
     UnsupportedFormatError,
 )
+from .frames import Frames
 from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
 from .store import BufferExistsError, Store, create, open
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArraySpec",
+    "Frames",
     "Store",
     "create",
     "open",

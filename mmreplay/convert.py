@@ -92,7 +92,8 @@ def convert(
     out = check_target(out, [src], what="converted store")
     with open_store(src, mode="r") as store:
         meta = store.metadata
-        leaves = meta.leaves
+        # the spec's leaves: a copy of a store that keeps each frame once keeps every leaf
+        leaves = [leaf for leaf in meta.leaves if leaf.path in set(store.leaf_paths)]
         if compression == "same":
             compression = {leaf.path: leaf.compression for leaf in leaves if leaf.compression}
         if chunk_steps is None and backend in (None, meta.backend) and capacity in (None, meta.capacity):

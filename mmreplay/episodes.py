@@ -638,7 +638,7 @@ def _rows(first: np.ndarray, last: np.ndarray, env: np.ndarray, capacity: int, n
 
 
 def _check_retained(store: Any, lowest: int) -> None:
-    if store.mode == "r" and lowest < store.live_state().first(store.capacity):
+    if store.mode == "r" and lowest < store._first_of(store.live_state()):
         raise NotEnoughDataError(
             f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
             "call refresh() and read again"

@@ -121,6 +121,7 @@ class Metadata:
     format_version: int = FORMAT_VERSION
     previous_attrs: tuple[int, dict[str, Any]] | None = None  # as read, before pairing
     sampler: dict[str, Any] | None = None  # the sampler's name and parameters; None: uniform
+    frames: Any = None  # mmreplay.frames.FramesLayout: each frame stored once; None: as given
 
     def with_state(self, state: State) -> Metadata:
         return replace(self, state=state)
@@ -146,6 +147,8 @@ def render(meta: Metadata, previous: tuple[int, dict[str, Any]] | None = None) -
     }
     if meta.sampler is not None:
         body["sampler"] = meta.sampler
+    if meta.frames is not None:
+        body["frames"] = meta.frames.to_json()
     if previous is not None:
         body["previous_attrs"] = {"generation": previous[0], "attrs": previous[1]}
     text = json.dumps(body, indent=1)[:-2].encode()
@@ -287,7 +290,16 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
     if not isinstance(raw_leaves, list):
         raise CorruptBufferError(f"{where}: 'leaves' must be a list")
     leaves = tuple(_parse_leaf(leaf, capacity, num_envs, where) for leaf in raw_leaves)
-    expected = list(zip(leaf_paths(spec), flatten(spec)))
+    frames = None
+    if obj.get("frames") is not None:
+        from .frames import layout_from_json
+
+        frames = layout_from_json(
+            obj["frames"], spec, lambda leaf, slots: _parse_leaf(leaf, slots, 1, f"{where} frames"), where
+        )
+        expected = frames.physical(spec)
+    else:
+        expected = list(zip(leaf_paths(spec), flatten(spec)))
     # names aside (the leaves carry none): both sides hold normalised shapes and dtypes
     found = [(leaf.path, leaf.spec.shape, leaf.spec.dtype) for leaf in leaves]
     if [(p, s.shape, s.dtype) for p, s in expected] != found:
@@ -325,6 +337,7 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         format_version=version,
         previous_attrs=None if version == 1 else _previous_attrs(obj, where),
         sampler=sampler,
+        frames=frames,
     )
 
 

@@ -116,7 +116,7 @@ class Reader:
         self.num_envs = store.num_envs
         self.is_reader = store.mode == "r"
         self.gen: np.random.Generator | None = None
-        self.mapped = [leaf for leaf in self.leaves if leaf.mappable]
+        self.mapped = [leaf for leaf in store._storage if leaf.mappable]  # the stored leaves
         mapped_bytes = sum(leaf.flat.nbytes for leaf in self.mapped)
         self.prefetch = bool(self.mapped) and mapped_bytes > memory_available() // 2
         # Readers advise always; a writer only when its ring outgrows memory (its own
@@ -133,7 +133,7 @@ class Reader:
     def live_first(self, store: Any) -> int:
         """The oldest step the writer retains now: the readers' seqlock check, one
         ``pread`` of the state file (no JSON is opened)."""
-        return store.live_state().first(self.capacity)
+        return store.live_first()
 
     def own_gen(self) -> np.random.Generator:
         if self.gen is None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from . import backends
 from . import episodes as _episodes
+from . import frames as _frames
 from . import reads as _reads
 from .errors import (
     BadInputError,
@@ -116,9 +117,36 @@ class Store:
             raise
         self._closers = entries
         self._leaves = [e for e in entries if getattr(e, "info", None) is not None]
+        side: list[Any] = []
+        if meta.frames is not None and meta.frames.side:
+            side_folder = os.path.join(path, _frames.SIDE_DIR)
+            try:
+                side_entries = backends.get(meta.backend).open_leaves(
+                    side_folder, _frames.side_metadata(meta), mode == "a"
+                )
+            except BaseException:
+                for entry in entries:
+                    entry.close()
+                self._state_file.close()
+                if lock is not None:
+                    lock.release()
+                raise
+            self._closers = entries = entries + side_entries
+            side = [e for e in side_entries if getattr(e, "info", None) is not None]
+        # what is written and flushed: the stored leaves and the side ring of next frames
+        self._storage = self._leaves + side
         # file-level work after every leaf's flush (the hdf5 backend's chunk journal)
         self._file_flushes = [e.flush for e in entries if getattr(e, "info", None) is None and hasattr(e, "flush")]
-        self._all_mapped = all(leaf.mappable for leaf in self._leaves)
+        self._all_mapped = all(leaf.mappable for leaf in self._storage)
+        # what is read: the spec's leaves (frames rebuilt from the stored ones, or those)
+        self._read_leaves = self._leaves
+        self._frames: Any = None  # mmreplay.frames.FrameWriter of a writer of a frames-once store
+        self._shrink = 0
+        self._dropped_early = False  # the side ring of next frames dropped steps (warned once)
+        frame_parts = None
+        if meta.frames is not None:
+            self._read_leaves, frame_parts = _frames.read_leaves(meta, self._leaves, side)
+            self._shrink = meta.frames.shrink
         self._setters = [
             leaf.array.__setitem__ if leaf.mappable else _step_writer(leaf) for leaf in self._leaves
         ]
@@ -143,6 +171,9 @@ class Store:
             self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
             self._sampler.attach(me)
             self.add_write_hook(self._sampler)
+            if frame_parts is not None and mode == "a":
+                self._frames = _frames.FrameWriter(me, meta, frame_parts)
+                self._frames.restore()
         except BaseException:
             self._closed = True
             for entry in self._closers:
@@ -218,12 +249,20 @@ class Store:
     @property
     def leaves(self) -> list[Any]:
         """The leaf arrays in flatten order (:class:`mmreplay.backends.base.Leaf`), for
-        the read path and what is derived from the rows; write through :meth:`add`."""
-        return list(self._leaves)
+        the read path and what is derived from the rows; write through :meth:`add`. In a
+        store that keeps each frame once (:class:`mmreplay.Frames`) the observation
+        leaves are rebuilt from the stored frames (:class:`mmreplay.frames.FrameLeaf`)."""
+        return list(self._read_leaves)
 
     @property
     def leaf_paths(self) -> list[str]:
-        return [leaf.info.path for leaf in self._leaves]
+        return [leaf.info.path for leaf in self._read_leaves]
+
+    @property
+    def frames(self) -> Any:
+        """The :class:`mmreplay.frames.FramesLayout` of a store that keeps each frame once,
+        else None."""
+        return self._meta.frames
 
     @property
     def closed(self) -> bool:
@@ -258,7 +297,7 @@ class Store:
         """The steps this store retains and reads, global ids ``[first, end)``: in a
         writer every step it added (committed or not), in a reader the committed ones."""
         written = self._written
-        first = oldest_retained(self._floor, written, self._capacity)
+        first = self._readable_from(oldest_retained(self._floor, written, self._capacity), written)
         return _new_window(Window, (first, written, self._num_envs, self._capacity))
 
     @property
@@ -314,6 +353,12 @@ class Store:
             if self._populator is not None:
                 self._populator.stop()
                 self._populator = None
+            self._frames = None
+            for leaf in self._read_leaves:
+                if isinstance(leaf, _frames.FrameLeaf):
+                    leaf.close()
+            self._read_leaves = []
+            self._storage = []
             for part in [*self._parts.values(), self._sampler]:
                 part.close()
             self._parts.clear()
@@ -371,7 +416,12 @@ class Store:
             self._check_writable()
         values = self._validator.step(step)
         g = self._written
-        if g >= self._reserved:
+        if self._frames is not None:
+            values, prepared = self._frames.prepare(values)
+            if g >= self._reserved:
+                self._commit(reserve_to=g + self._ahead)
+            self._frames.apply(prepared, g)
+        elif g >= self._reserved:
             self._commit(reserve_to=g + self._ahead)
         slot = g % self._capacity
         arrays = self._arrays
@@ -394,6 +444,10 @@ class Store:
         self._check_writable()
         n, values = self._validator.batch(steps)
         if n == 0:
+            return
+        if self._frames is not None:  # each step's frames follow from the one before
+            for t in range(n):
+                self.add(unflatten(self.spec, [v[t] for v in values]))
             return
         g = self._written
         capacity = self._meta.capacity
@@ -438,9 +492,11 @@ class Store:
         reserved = max(written, written + self._ahead if reserve_to is None else reserve_to)
         if written == self._state.end and reserved == self._state.reserved and not self._dirty:
             return
+        if self._frames is not None and written > self._state.end:
+            self._frames.before_commit(written)
         if written != self._state.end or self._dirty:
             if not self._all_mapped or fsync:
-                for leaf in self._leaves:
+                for leaf in self._storage:
                     leaf.flush(fsync)
                 for flush in self._file_flushes:
                     flush(fsync)
@@ -456,6 +512,39 @@ class Store:
                 hook.on_commit(self._state.end, written, fsync)
         self._write_state(state, fsync)
         self._dirty = False
+
+    def _drop_through(self, step: int) -> None:
+        """Drop the retained steps up to ``step`` (its side-ring frame is about to be
+        overwritten); committed at once when readers may still read them."""
+        if step < self._floor:
+            return
+        self._floor = min(self._written, step + 1)
+        if not self._dropped_early:
+            self._dropped_early = True
+            log.warning(
+                "%s: the side ring of next frames (Frames.final_slots=%d) is full: steps up to %d are dropped "
+                "before the ring reaches them; a larger final_slots keeps them",
+                self.path, self._meta.frames.final_slots, step,
+            )
+        if step >= self._state.first(self._capacity) and self._state.end > self._state.first(self._capacity):
+            start = min(self._floor, self._state.end)
+            self._write_state(self._state.next(start=start), self._meta.durability == "power")
+
+    def _first_of(self, state: State) -> int:
+        """The oldest readable step of a committed state."""
+        return self._readable_from(state.first(self._capacity), state.end)
+
+    def _readable_from(self, first: int, end: int) -> int:
+        """The oldest readable step when ``first`` is the oldest retained: frame stacks
+        need the frames before them."""
+        if self._shrink and first > 0:
+            return min(end, first + self._shrink)
+        return first
+
+    def live_first(self) -> int:
+        """The oldest step readable now (for a reader, after the writer's latest commit):
+        one ``pread`` of the state file."""
+        return self._first_of(self.live_state())
 
     def _write_state(self, state: State, fsync: bool) -> None:
         self._state_file.write(state, fsync)
@@ -508,7 +597,7 @@ class Store:
         """
         self._check_open()
         slots = np.asarray(steps, dtype=np.int64) % self.capacity
-        chosen = self._leaves if leaves is None else [self._leaves[i] for i in leaves]
+        chosen = self._read_leaves if leaves is None else [self._read_leaves[i] for i in leaves]
         out = [np.array(leaf.read(slots)) for leaf in chosen]
         if self.mode == "r":
             self._check_still_retained(steps)
@@ -518,10 +607,10 @@ class Store:
         """Seqlock check for readers: were the rows just read still retained after the read?"""
         live = self.live_state()
         lo = np.min(steps) if np.size(steps) else None
-        if lo is not None and lo < live.first(self.capacity):
+        if lo is not None and lo < self._first_of(live):
             raise NotEnoughDataError(
                 f"{self.path}: step {int(lo)} was overwritten by the writer while it was read "
-                f"(oldest retained is now {live.first(self.capacity)}); call refresh()"
+                f"(oldest retained is now {self._first_of(live)}); call refresh()"
             )
 
     def get(self, index: Any) -> Any:
@@ -551,8 +640,13 @@ class Store:
             _, values = self._validator.batch(value, lead=steps.shape)
             slots = steps.reshape(-1) % self.capacity
             values = [v.reshape(-1, *v.shape[steps.ndim :]) for v in values]
-        for leaf, v in zip(self._leaves, values):
-            leaf.write_slots(slots, v)
+        if self._frames is not None:  # frames are not rewritten: only the other leaves
+            leaves = self._frames.settable(slots, values, self._read_leaves, self.path)
+        else:
+            leaves = self._leaves
+        for leaf, v in zip(leaves, values):
+            if leaf is not None:
+                leaf.write_slots(slots, v)
         self._dirty = True
         changed = np.asarray(steps).reshape(-1)
         for hook in self._hooks:
@@ -768,6 +862,8 @@ class Store:
         changed = slot_ranges(old.end, new.end, self.capacity)
         for leaf in self._leaves:
             leaf.invalidate(changed)
+        for leaf in self._storage[len(self._leaves) :]:  # the side ring: any slot may have changed
+            leaf.invalidate([(0, self._meta.frames.final_slots)])
         self._set_state(new)
         self._written = new.end
         self._floor = new.first(self.capacity)
@@ -906,6 +1002,7 @@ def plan(
     durability: str = "process",
     roles: Mapping[str, str] | None = None,
     sampler: Any = None,
+    frames: _frames.Frames | None = None,
 ) -> Metadata:
     """The metadata :func:`create` would write for these arguments (validated; no I/O).
     Its leaves have no files yet: the backend places them. ``sampler``: a
@@ -938,6 +1035,20 @@ def plan(
             module.check_compression(comp)
         infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps, p), comp))
     roles_found = validate_roles(spec, roles)
+    layout = None
+    if frames is not None:
+        layout = _frames.plan_layout(spec, roles_found, frames, capacity, num_envs, commit_every)
+        by_path = {info.path: info for info in infos}
+        infos = []
+        for p, s in layout.physical(spec):
+            given = by_path.get(p)
+            comp = given.compression if given is not None else None
+            infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps if given else None, p), comp))
+        side = []
+        for (p, s), pair in zip(layout.side_specs(spec), [*layout.pairs, None]):
+            comp = by_path[pair.obs].compression if pair is not None else None
+            side.append(LeafInfo(p, s, _chunk_steps(s, 1, layout.final_slots, None, p), comp))
+        layout = replace(layout, side=tuple(side))
     sampler_json = sampler.state_json() if sampler is not None else {"name": "uniform"}
     return Metadata(
         backend=backend,
@@ -949,6 +1060,7 @@ def plan(
         commit_every=commit_every,
         durability=durability,
         sampler=None if sampler_json == {"name": "uniform"} else sampler_json,
+        frames=layout,
     )
 
 
@@ -965,6 +1077,7 @@ def create(
     roles: Mapping[str, str] | None = None,
     exist_ok: bool = False,
     sampler: str | Sampler | None = None,
+    frames: _frames.Frames | None = None,
     **sampler_options: Any,
 ) -> Store:
     """Create a buffer folder and open it for writing.
@@ -988,6 +1101,9 @@ def create(
             ``"slices"``, ``"prioritized"``, another registered name, or a
             :class:`mmreplay.samplers.Sampler`; recorded in the metadata, so
             :func:`open` restores it.
+        frames: a :class:`mmreplay.Frames` to store each frame once: next observations
+            derived from the next step, frame stacks rebuilt from single frames
+            (``frames=mr.Frames(frame_stack=4)``); recorded in the metadata.
         sampler_options: the named sampler's parameters (``num_steps=8``, ``alpha=0.6``...).
 
     Example:
@@ -997,7 +1113,9 @@ def create(
     """
     path = os.fspath(path)
     chosen = make_sampler(sampler, **sampler_options)
-    meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles, chosen)
+    meta = plan(
+        spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles, chosen, frames
+    )
     module = backends.get(backend)
     if os.path.lexists(path):
         if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
@@ -1020,6 +1138,9 @@ def create(
         os.mkdir(tmp)
         lock.acquire()
         created = module.create(tmp, list(meta.leaves), meta.capacity, meta.num_envs)
+        if meta.frames is not None and meta.frames.side:
+            side = _frames.create_side(module, tmp, meta, list(meta.frames.side))
+            meta = replace(meta, frames=replace(meta.frames, side=tuple(side)))
         meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
         os.rename(tmp, path)
     except BaseException:
@@ -1085,6 +1206,10 @@ def _check_same_layout(store: Store, meta: Metadata) -> None:
     for name in ("capacity", "num_envs", "backend"):
         if getattr(have, name) != getattr(want, name):
             diffs.append(f"{name}: existing {getattr(have, name)} vs new {getattr(want, name)}")
+    frames_have = None if have.frames is None else {**have.frames.to_json(), "side": None}
+    frames_want = None if want.frames is None else {**want.frames.to_json(), "side": None}
+    if frames_have != frames_want:
+        diffs.append(f"frames: existing {frames_have} vs new {frames_want}")
     if diffs:
         store.close()
         raise SpecMismatchError(f"{store.path}: a different buffer exists there ({'; '.join(diffs)})")

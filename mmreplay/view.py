@@ -253,7 +253,7 @@ class ViewOptions:
 def frame_leaves(store: Any) -> list[str]:
     """Paths of the leaves whose shape is recognised as frames, observation first."""
     out = []
-    for leaf in store.metadata.leaves:
+    for leaf in (leaf.info for leaf in store.leaves):  # the spec's leaves (frames once: rebuilt)
         try:
             Layout.infer(leaf.spec.shape, leaf.path)
         except BadInputError:
@@ -270,7 +270,7 @@ def _pick_leaf(store: Any, leaf: str | None) -> str:
         return leaf
     found = frame_leaves(store)
     if not found:
-        shapes = ", ".join(f"{p} {s.spec.shape}" for p, s in zip(store.leaf_paths, store.metadata.leaves))
+        shapes = ", ".join(f"{p} {s.spec.shape}" for p, s in zip(store.leaf_paths, (leaf.info for leaf in store.leaves)))
         raise BadInputError(
             f"{store.path}: no leaf looks like frames ({shapes}); name one with leaf=/--leaf and its layout"
         )
@@ -390,7 +390,7 @@ def frames(
     options = options or ViewOptions()
     path = _pick_leaf(store, leaf)
     index = store.leaf_paths.index(path)
-    shape = store.metadata.leaves[index].spec.shape
+    shape = store.leaves[index].info.spec.shape
     layout = Layout.parse(options.layout, shape, path) if options.layout else Layout.infer(shape, path)
     sel = select(store, env, episode, steps)
     raw = _read_leaf(store, index, sel.env, sel.steps, progress)

@@ -186,11 +186,112 @@ def test_reset_forgets_every_step_as_sb3_does(tmp_path):
     again.close()
 
 
-def test_optimize_memory_usage_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="optimize_memory_usage"):
-        ReplayBuffer(
-            10, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=False
-        )
+class _Trajectories:
+    """Steps whose next observation is the next step's observation, as a VecEnv makes them:
+    an env that ends an episode reports its terminal observation in ``next_obs`` and
+    starts the next episode from a reset observation."""
+
+    def __init__(self, n_envs: int, seed: int, shape=(3,), dtype=np.float32):
+        self.rng = np.random.default_rng(seed)
+        self.n_envs, self.shape, self.dtype = n_envs, shape, dtype
+        self.obs = self._draw()
+
+    def _draw(self):
+        if self.dtype == np.uint8:
+            return self.rng.integers(0, 255, (self.n_envs, *self.shape), dtype=np.uint8)
+        return self.rng.uniform(-1, 1, (self.n_envs, *self.shape)).astype(self.dtype)
+
+    def step(self):
+        obs, next_obs = self.obs, self._draw()
+        done = self.rng.random(self.n_envs) < 0.3
+        infos = [{"TimeLimit.truncated": bool(d and self.rng.random() < 0.5)} for d in done]
+        self.obs = np.where(done.reshape(-1, *[1] * len(self.shape)), self._draw(), next_obs)
+        action = self.rng.integers(0, 3, (self.n_envs,))
+        return obs, next_obs, action, self.rng.random(self.n_envs).astype(np.float32), done, infos
+
+
+@pytest.mark.parametrize("handle_timeout", [False, True])
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_optimize_memory_usage_stores_each_observation_once_and_keeps_timeouts_right(
+    tmp_path, n_envs, handle_timeout
+):
+    """Against SB3's full-memory buffer: equal in every field, terminal observations and
+    timeouts included. Against SB3's own memory-saving buffer (which refuses timeouts):
+    equal except the next observation of a step that ended an episode, which SB3's
+    overwrites with the next episode's reset observation."""
+    size = 14
+    kw = dict(device="cpu", n_envs=n_envs)
+    full = sb3_buffers.ReplayBuffer(size, BOX, spaces.Discrete(3), handle_timeout_termination=handle_timeout, **kw)
+    saving = sb3_buffers.ReplayBuffer(
+        size, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=False, **kw
+    )
+    ours = ReplayBuffer(
+        size, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=handle_timeout,
+        path=tmp_path / "buf", commit_every=4, final_slots=200, **kw,
+    )
+    assert "next_observation" not in [leaf.path for leaf in ours.store.metadata.leaves]
+    steps = _Trajectories(n_envs, seed=n_envs)
+    rng = np.random.default_rng(0)
+    for t in range(3 * full.buffer_size + 2):  # wraps the ring more than twice
+        step = steps.step()
+        for buffer in (full, saving, ours):
+            buffer.add(*step)
+        assert (ours.pos, ours.full, ours.size()) == (full.pos, full.full, full.size())
+        if t % 4 == 3 or t < 3:
+            valid = [i for i in range(full.size()) if not (full.full and i == full.pos)]  # SB3's rule
+            inds = rng.choice(valid, 40)
+            np.random.seed(t)
+            expected = full._get_samples(inds)
+            np.random.seed(t)
+            got = ours._get_samples(inds)
+            _assert_same(expected, got)
+            if not handle_timeout:
+                np.random.seed(t)
+                theirs = saving._get_samples(inds)
+                ended = theirs.dones.numpy()[:, 0] > 0
+                for name in ("observations", "actions", "dones", "rewards"):
+                    assert torch.equal(getattr(theirs, name), getattr(got, name)), name
+                assert torch.equal(theirs.next_observations[~ended], got.next_observations[~ended])
+    ours.close()
+    again = ReplayBuffer(  # resumed: the newest step's next observation too
+        size, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=handle_timeout,
+        path=tmp_path / "buf", final_slots=200, **kw,
+    )
+    _assert_same_rows(full, again, np.arange(full.size()), seed=1)
+    again.close()
+
+
+def test_optimize_memory_usage_with_frame_stacks_stores_one_frame_per_step(tmp_path):
+    """VecFrameStack's stacks (channels first, zeros before an episode's first frame)."""
+    pixels = spaces.Box(0, 255, (4, 6, 5), np.uint8)
+    full = sb3_buffers.ReplayBuffer(20, pixels, spaces.Discrete(3), "cpu", n_envs=2)
+    ours = ReplayBuffer(
+        20, pixels, spaces.Discrete(3), "cpu", n_envs=2, optimize_memory_usage=True, frame_stack=4,
+        path=tmp_path / "buf", final_slots=100,
+    )
+    frames = _Trajectories(2, seed=5, shape=(6, 5), dtype=np.uint8)
+    stacks = np.zeros((2, 4, 6, 5), np.uint8)
+    stacks[:, -1] = frames.obs
+    for _ in range(25):
+        _, frame, action, reward, done, infos = frames.step()
+        next_stacks = np.concatenate([stacks[:, 1:], frame[:, None]], axis=1)
+        for buffer in (full, ours):
+            buffer.add(stacks, next_stacks, action, reward, done, infos)
+        stacks = next_stacks.copy()
+        stacks[done] = 0
+        stacks[done, -1] = frames.obs[done]
+    assert [leaf.spec.shape for leaf in ours.store.metadata.leaves if leaf.path == "observation"] == [(6, 5)]
+    first, end = ours.store.window[:2]
+    _assert_same_rows(full, ours, (np.arange(first, end) - ours._origin) % ours.buffer_size, seed=2)
+    ours.close()
+
+
+def _assert_same_rows(theirs, ours, inds, seed: int) -> None:
+    """``_get_samples(inds)`` of both, with the same envs drawn."""
+    np.random.seed(seed)
+    expected = theirs._get_samples(inds)
+    np.random.seed(seed)
+    _assert_same(expected, ours._get_samples(inds))
 
 
 def test_dqn_trains_saves_a_small_manifest_and_loads_it(tmp_path):

@@ -32,8 +32,12 @@ every step added, committed or not). A folder that already
 holds a buffer of the same spaces, size and number of envs is resumed. Pickling (what
 ``save_replay_buffer`` does) writes a manifest naming the folder, not the arrays.
 
-``optimize_memory_usage=True`` is refused: storing each observation once needs the
-store to derive next observations from the next step, which it does not do yet.
+``optimize_memory_usage=True`` stores each observation once (:class:`mmreplay.Frames`):
+a row's next observation is read from the next step of its env, and the terminal
+observation of an episode that ended, which SB3's own memory-saving buffer loses, is
+kept in the store's side ring, so it combines with ``handle_timeout_termination`` (SB3
+refuses that pair). With ``frame_stack=4`` (frame-stacked pixels, as ``VecFrameStack``
+makes them) only the newest frame of each stack is stored.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
 from ..errors import BadInputError, SpecMismatchError
+from ..frames import Frames
 from ..spec import ArraySpec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ._shared import StoreShell, read_origin, read_rows, temporary, write_origin
@@ -106,10 +111,15 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         sampler, sampler_options: the store's sampler for :meth:`sample`, such as
             ``sampler="prioritized", alpha=0.6`` (see :func:`mmreplay.create`); a
             resumed buffer keeps the one it was created with.
+        frame_stack, frame_pad: with ``optimize_memory_usage``, observations that are
+            stacks of this many frames (``VecFrameStack``'s, padded with zeros at an
+            episode's start: ``frame_pad="zeros"``) are stored one frame per step.
+        final_slots: with ``optimize_memory_usage``, the terminal observations kept
+            (see :class:`mmreplay.Frames`); None: one per 16 rows. When more episodes
+            end within the buffer, its oldest steps are dropped early.
 
     Raises:
         SpecMismatchError: ``path`` holds a different buffer (left untouched).
-        ValueError: ``optimize_memory_usage=True``.
     """
 
     def __init__(
@@ -128,13 +138,13 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         durability: str = "process",
         env: Any = None,
         sampler: str | None = None,
+        frame_stack: int = 1,
+        frame_pad: str = "zeros",
+        final_slots: int | None = None,
         **sampler_options: Any,
     ):
-        if optimize_memory_usage:
-            raise ValueError(
-                "mmreplay.compat.sb3 does not support optimize_memory_usage=True yet (each observation "
-                "stored once needs next observations derived by the store); pass optimize_memory_usage=False"
-            )
+        if frame_stack != 1 and not optimize_memory_usage:
+            raise ValueError("frame_stack needs optimize_memory_usage=True (frames stored once)")
         # SB3's BaseBuffer.__init__ minus pos/full, which the store's step count gives
         self.observation_space = observation_space
         self.action_space = action_space
@@ -143,7 +153,10 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         self.device = get_device(device)
         self.n_envs = n_envs
         self.buffer_size = max(buffer_size // n_envs, 1)
-        self.optimize_memory_usage = False
+        self.optimize_memory_usage = bool(optimize_memory_usage)
+        self._frame_stack = frame_stack
+        self._frame_pad = frame_pad
+        self._final_slots = final_slots
         self.handle_timeout_termination = handle_timeout_termination
         self._action_dtype = np.dtype(self._maybe_cast_dtype(action_space.dtype))
         self._step_layout()
@@ -178,6 +191,15 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             "truncated": ArraySpec((), "bool"),
         }
 
+    def _frames(self) -> Frames | None:
+        """The store's frames-once layout for ``optimize_memory_usage``."""
+        if not self.optimize_memory_usage:
+            return None
+        slots = self._final_slots
+        if slots is None:
+            slots = max(4 * self.n_envs, self.buffer_size * self.n_envs // 16)
+        return Frames(frame_stack=self._frame_stack, pad=self._frame_pad, final_slots=slots)
+
     def _open(
         self,
         path: Any,
@@ -201,6 +223,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             self.n_envs,
             durability=durability,
             exist_ok=True,
+            frames=self._frames(),
             **options,
         )
         if path is None:
@@ -370,7 +393,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         """A leaf laid out as SB3's array ``[buffer_size, n_envs, ...]`` (zeros where unwritten)."""
         store = self._live()
         index = self._leaves.index(leaf)
-        spec = store.metadata.leaves[index].spec
+        spec = store.leaves[index].info.spec
         out = np.zeros((self.buffer_size, self.n_envs, *spec.shape), spec.dtype)
         filled = np.arange(self.size())
         if filled.size:
@@ -434,7 +457,15 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         self.last_info = None
         self._take_over(path)
         self._attach(
-            create(path, self._spec(), self.buffer_size, self.n_envs, backend=self._backend, exist_ok=True)
+            create(
+                path,
+                self._spec(),
+                self.buffer_size,
+                self.n_envs,
+                backend=self._backend,
+                exist_ok=True,
+                frames=self._frames(),
+            )
         )
 
 

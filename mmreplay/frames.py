@@ -1,0 +1,713 @@
+"""Each frame stored once: next observations derived from the next step, frame stacks
+rebuilt from single frames.
+
+A pixel buffer that keeps ``obs`` and ``next_obs`` as ``[84, 84, 4]`` stacks stores
+every frame eight times. With :class:`Frames` the store keeps one frame per row:
+
+- **Derived next observations.** A row's next observation is the observation of the
+  next step of the same env. Where it is not (the final observation of an episode that
+  ended, whose slot holds the next episode's reset frame), the next frame goes to a
+  small side ring, and the row holds its sequence number (``_frames/next``, 0: none).
+  The newest step of a writer has no next step yet: the writer keeps its next frames in
+  memory and writes them to the side ring at each commit, so a reader of the committed
+  prefix never reads the slot the writer is about to fill.
+- **Frame stacks.** Only the newest frame of each stack is stored; ``_frames/depth``
+  holds how many earlier frames of the same episode the stack shows (at most ``k - 1``);
+  slots before the episode's first frame repeat it (``pad="repeat"``, as the Atari
+  wrappers do) or are zeros (``pad="zeros"``, as SB3's ``VecFrameStack``). Stacks are
+  checked as they are added: one that is not the previous stack shifted by one frame,
+  nor an episode's first stack, is refused.
+
+Reads go through :class:`FrameLeaf` objects that stand in the logical leaves' place
+(:attr:`mmreplay.Store.leaves`), so sampling, passes, episodes, exports and every compat
+layer see the spec's shapes. A gather reads the ``k`` frames of each observation and the
+one next frame once, and returns both as views of that one array (the next stack is the
+observation stack shifted by one frame): stacks whose frame axis is the last one (HWC)
+are strided views, no copy is made.
+
+The side ring holds ``final_slots`` frames. Overwriting a side slot that a retained row
+still needs drops the steps up to that row from the retained window (committed before
+the slot is overwritten, so readers never read a torn frame). With frame stacks, once
+steps have been dropped the oldest ``k - 1`` retained steps are not readable (their
+earlier frames may be gone): the readable window starts ``k - 1`` steps later.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .errors import BadInputError, CorruptBufferError, SpecError
+from .roles import subtree
+from .spec import ArraySpec, flatten, leaf_paths
+
+__all__ = ["Frames", "FramesLayout", "FrameLeaf", "FrameWriter", "SIDE_DIR", "PREFIX"]
+
+#: the folder (inside the buffer) of the side ring of next frames
+SIDE_DIR = "frames"
+#: the prefix of the per-row leaves this layout adds
+PREFIX = "_frames"
+NEXT_LEAF = f"{PREFIX}/next"
+DEPTH_LEAF = f"{PREFIX}/depth"
+PADS = ("repeat", "zeros")
+
+
+@dataclass(frozen=True)
+class Frames:
+    """How a store keeps observations: pass as ``mmreplay.create(..., frames=Frames(...))``.
+
+    Args:
+        next_observation: ``"derived"`` (the next step's observation; each frame stored
+            once) or ``"stored"`` (kept as given).
+        frame_stack: frames per observation stack; above 1, only the newest frame of each
+            stack is stored and the stack is rebuilt when read.
+        stack_axis: the axis of the observation leaves that holds the stack (None: the
+            last axis if its size is ``frame_stack``, else the first).
+        pad: what a stack shows before an episode's first frame: ``"repeat"`` (that
+            frame, as the Atari wrappers do) or ``"zeros"`` (as SB3's ``VecFrameStack``).
+        final_slots: next frames the side ring keeps (final observations of ended
+            episodes, and one per env at each commit); None: one per 64 rows plus one
+            per env for each commit a ring's worth of steps makes.
+
+    Example:
+        >>> import mmreplay as mr, numpy as np, tempfile
+        >>> spec = {"obs": mr.ArraySpec((4, 8, 8), "uint8"), "next_obs": mr.ArraySpec((4, 8, 8), "uint8"),
+        ...         "terminated": mr.ArraySpec((), "bool")}
+        >>> store = mr.create(tempfile.mkdtemp() + "/b", spec, 100, frames=mr.Frames(frame_stack=4))
+        >>> [leaf.path for leaf in store.metadata.leaves]
+        ['obs', 'terminated', '_frames/next', '_frames/depth']
+        >>> store.metadata.leaves[0].spec.shape, store.spec["obs"].shape
+        ((8, 8), (4, 8, 8))
+    """
+
+    next_observation: str = "derived"
+    frame_stack: int = 1
+    stack_axis: int | None = None
+    pad: str = "repeat"
+    final_slots: int | None = None
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One observation leaf and the next-observation leaf paired with it."""
+
+    obs: str
+    next: str | None
+    axis: int | None  # the stack axis in the observation's shape (None: not stacked)
+
+
+@dataclass(frozen=True)
+class FramesLayout:
+    """The frames-once layout of a buffer, as recorded in ``mmreplay.json`` (``"frames"``)."""
+
+    derived: bool
+    frame_stack: int
+    pad: str
+    final_slots: int
+    pairs: tuple[Pair, ...]
+    side: tuple[Any, ...] = ()  # the side ring's LeafInfo, placed by the backend
+
+    @property
+    def stacked(self) -> bool:
+        return self.frame_stack > 1
+
+    @property
+    def shrink(self) -> int:
+        """Steps after the oldest retained one that cannot be read once steps were dropped."""
+        return self.frame_stack - 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "next_observation": "derived" if self.derived else "stored",
+            "frame_stack": self.frame_stack,
+            "pad": self.pad,
+            "final_slots": self.final_slots,
+            "pairs": [
+                {"observation": p.obs, "next_observation": p.next, "stack_axis": p.axis} for p in self.pairs
+            ],
+            "side": [leaf.to_json() for leaf in self.side],
+        }
+
+    def frame_spec(self, spec: ArraySpec, pair: Pair) -> ArraySpec:
+        if pair.axis is None:
+            return spec
+        shape = spec.shape[: pair.axis] + spec.shape[pair.axis + 1 :]
+        return ArraySpec(shape, spec.dtype)
+
+    def physical(self, spec: Any) -> list[tuple[str, ArraySpec]]:
+        """The leaves stored for ``spec`` (path, spec), in order: the spec's leaves with
+        each observation leaf as one frame and derived next observations left out, then
+        the per-row leaves of the layout."""
+        by_obs = {p.obs: p for p in self.pairs}
+        nexts = {p.next for p in self.pairs if p.next is not None} if self.derived else set()
+        out = []
+        for path, s in zip(leaf_paths(spec), flatten(spec)):
+            if path in nexts:
+                continue
+            out.append((path, self.frame_spec(s, by_obs[path]) if path in by_obs else s))
+        if self.derived:
+            out.append((NEXT_LEAF, ArraySpec((), "int64")))
+        if self.stacked:
+            out.append((DEPTH_LEAF, ArraySpec((), "uint8")))
+        return out
+
+    def side_specs(self, spec: Any) -> list[tuple[str, ArraySpec]]:
+        """The side ring's leaves: one next frame per observation leaf, and ``ref``
+        (sequence number + 1, and the step of the row that needs it)."""
+        if not self.derived:
+            return []
+        out = []
+        for i, pair in enumerate(self.pairs):
+            out.append((f"frame{i}", self.frame_spec(subtree(spec, pair.obs), pair)))
+        out.append(("ref", ArraySpec((2,), "int64")))
+        return out
+
+
+def plan_layout(
+    spec: Any, roles: dict[str, str], frames: Frames, capacity: int, num_envs: int, commit_every: int
+) -> FramesLayout:
+    """The layout for a spec and its roles (validated; no I/O)."""
+    if not isinstance(frames, Frames):
+        raise SpecError(f"frames must be a mmreplay.Frames, got {type(frames).__name__}")
+    if frames.next_observation not in ("derived", "stored"):
+        raise SpecError(
+            f"frames.next_observation must be 'derived' or 'stored', got {frames.next_observation!r}"
+        )
+    k = frames.frame_stack
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= 255:
+        raise SpecError(f"frames.frame_stack must be an int in [1, 255], got {k!r}")
+    if frames.pad not in PADS:
+        raise SpecError(f"frames.pad must be one of {PADS}, got {frames.pad!r}")
+    paths = leaf_paths(spec)
+    if any(p == PREFIX or p.startswith(PREFIX + "/") for p in paths):
+        raise SpecError(f"spec leaves under {PREFIX!r} clash with the frames layout's own leaves")
+    if "observation" not in roles:
+        raise SpecError(f"frames: the spec has no observation role (leaves: {', '.join(paths)}); pass roles=")
+    derived = frames.next_observation == "derived"
+    if derived and "next_observation" not in roles:
+        raise SpecError("frames.next_observation='derived' needs a next_observation role (a leaf to derive)")
+    if k > 1 and not derived and "next_observation" in roles:
+        raise SpecError(
+            "frames.frame_stack > 1 with a next_observation leaf needs next_observation='derived'"
+        )
+    obs_root, next_root = roles["observation"], roles.get("next_observation")
+    obs_node = subtree(spec, obs_root)
+    obs_paths = _under(paths, obs_root)
+    next_paths: list[str | None] = [None] * len(obs_paths)
+    if derived:
+        next_node = subtree(spec, next_root)
+        from .spec import spec_to_json
+
+        if spec_to_json(obs_node) != spec_to_json(next_node):
+            raise SpecError(
+                f"frames: next_observation {next_root!r} must have the observation's structure and leaves; "
+                f"got {next_node} vs {obs_node}"
+            )
+        next_paths = list(_under(paths, next_root))
+    pairs = []
+    for obs_path, next_path in zip(obs_paths, next_paths):
+        s = subtree(spec, obs_path)
+        axis = _stack_axis(s, k, frames.stack_axis, obs_path) if k > 1 else None
+        pairs.append(Pair(obs_path, next_path, axis))
+    if k > capacity:
+        raise SpecError(f"frames.frame_stack={k} needs a capacity of at least {k} steps, got {capacity}")
+    slots = frames.final_slots
+    if slots is None:  # each commit takes one slot per env, each episode end one
+        ahead = max(1, min(commit_every, capacity // 8))  # steps between a writer's commits at most
+        slots = num_envs * (-(-capacity // ahead) + 4) + capacity * num_envs // 64
+    if not isinstance(slots, (int, np.integer)) or isinstance(slots, bool) or slots < 2 * num_envs:
+        raise SpecError(f"frames.final_slots must be an int >= 2 * num_envs = {2 * num_envs}, got {slots!r}")
+    return FramesLayout(derived, int(k), frames.pad, int(slots) if derived else 0, tuple(pairs))
+
+
+def _under(paths: list[str], root: str) -> list[str]:
+    return [p for p in paths if p == root or p.startswith(root + "/")]
+
+
+def _stack_axis(spec: ArraySpec, k: int, given: int | None, path: str) -> int:
+    nd = len(spec.shape)
+    if given is None:
+        if nd and spec.shape[-1] == k:
+            return nd - 1
+        if nd and spec.shape[0] == k:
+            return 0
+        raise SpecError(f"frames: observation leaf {path!r} {spec.shape} has no axis of frame_stack={k}")
+    axis = given + nd if given < 0 else given
+    if not 0 <= axis < nd or spec.shape[axis] != k:
+        raise SpecError(f"frames: observation leaf {path!r} {spec.shape} has no stack of {k} at axis {given}")
+    return axis
+
+
+def layout_from_json(obj: Any, spec: Any, parse_leaf: Any, where: str) -> FramesLayout:
+    """The layout recorded in a buffer's metadata, validated against its spec."""
+    try:
+        if not isinstance(obj, dict):
+            raise ValueError("expected an object")
+        k = obj["frame_stack"]
+        slots = obj["final_slots"]
+        if not isinstance(k, int) or not 1 <= k <= 255 or not isinstance(slots, int) or slots < 0:
+            raise ValueError("bad frame_stack or final_slots")
+        if obj["pad"] not in PADS or obj["next_observation"] not in ("derived", "stored"):
+            raise ValueError("bad pad or next_observation")
+        pairs = []
+        paths = set(leaf_paths(spec))
+        for p in obj["pairs"]:
+            obs, nxt, axis = p["observation"], p["next_observation"], p["stack_axis"]
+            if obs not in paths or (nxt is not None and nxt not in paths):
+                raise ValueError(f"pair {obs!r}, {nxt!r} names leaves not in the spec")
+            if axis is not None:
+                _stack_axis(subtree(spec, obs), k, axis, obs)
+            elif k > 1:
+                raise ValueError(f"pair {obs!r} has no stack axis")
+            pairs.append(Pair(obs, nxt, axis))
+        derived = obj["next_observation"] == "derived"
+        layout = FramesLayout(derived, k, obj["pad"], slots, tuple(pairs))
+        side = tuple(parse_leaf(leaf, max(slots, 1)) for leaf in obj["side"])
+        want = [(p, s.shape, s.dtype) for p, s in layout.side_specs(spec)]
+        if [(leaf.path, leaf.spec.shape, leaf.spec.dtype) for leaf in side] != want:
+            raise ValueError("the side ring's leaves do not match the spec")
+        return replace(layout, side=side)
+    except (KeyError, TypeError, ValueError, SpecError) as exc:
+        raise CorruptBufferError(f"{where}: 'frames' is not a valid frames layout: {exc}") from None
+
+
+def side_metadata(meta: Any) -> Any:
+    """A metadata record for the side ring (capacity ``final_slots``, one env), for the backend."""
+    layout = meta.frames
+    spec = {leaf.path: leaf.spec for leaf in layout.side}
+    return replace(
+        meta, capacity=layout.final_slots, num_envs=1, spec=spec, leaves=tuple(layout.side), frames=None
+    )
+
+
+def create_side(module: Any, folder: str, meta: Any, side_infos: list[Any]) -> list[Any]:
+    """Create the side ring's files in ``folder/frames`` with the buffer's backend."""
+    side_folder = os.path.join(folder, SIDE_DIR)
+    os.mkdir(side_folder)
+    return module.create(side_folder, side_infos, meta.frames.final_slots, 1)
+
+
+# --- reads --------------------------------------------------------------------------
+
+
+class _Gather:
+    """The frames of one observation leaf for a set of rows: its stack and its next frame,
+    gathered together once (the observation and the next observation are views of it)."""
+
+    def __init__(self, parts: _Parts, pair_index: int, pair: Pair, obs_spec: ArraySpec):
+        self.parts = parts
+        self.i = pair_index
+        self.pair = pair
+        self.obs_spec = obs_spec
+        self.frames = parts.leaf(pair.obs)
+        self.cached: tuple[Any, np.ndarray] | None = None  # (rows and writer's step count, gather)
+        # [n, k, *frame] -> the observation's layout: the stack axis moved into place (a view)
+        nd = 1 + len(obs_spec.shape)
+        self.order = None
+        if pair.axis not in (None, 0):
+            rest = [d for d in range(nd) if d != 1]
+            self.order = tuple(rest[: pair.axis + 1] + [1] + rest[pair.axis + 1 :])
+
+    def _sources(self, r: np.ndarray, with_next: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Frame rows ``[n, k (+1)]`` and a mask of the stack positions that are padding."""
+        parts = self.parts
+        k, ne, total = parts.layout.frame_stack, parts.num_envs, parts.rows
+        width = k + (1 if with_next else 0)
+        src = np.empty((len(r), width), np.int64)
+        zero = None
+        if k > 1:
+            depth = parts.depth.take(r).astype(np.int64)
+            back = np.arange(k - 1, -1, -1, dtype=np.int64)  # frames back of each position
+            use = np.minimum(back[None, :], depth[:, None])
+            src[:, :k] = r[:, None] - use * ne
+            if parts.layout.pad == "zeros":
+                zero = np.zeros((len(r), width), bool)
+                zero[:, :k] = back[None, :] > depth[:, None]
+        else:
+            src[:, 0] = r
+        if with_next:
+            src[:, k] = r + ne
+        np.remainder(src, total, out=src)
+        return src, zero
+
+    def gather(self, rows: np.ndarray, with_next: bool) -> np.ndarray:
+        """``[n, k (+1), *frame]`` for flat rows ``rows``."""
+        parts = self.parts
+        r = np.remainder(np.asarray(rows, np.int64).reshape(-1), parts.rows)
+        src, zero = self._sources(r, with_next)
+        out = self.frames.take(src)
+        if zero is not None and zero.any():
+            out[zero] = 0
+        if with_next:
+            k = parts.layout.frame_stack
+            seq = parts.next.take(r)
+            side = seq > 0
+            if side.any():
+                slots = (seq[side] - 1) % parts.layout.final_slots
+                out[side, k] = parts.side_frames[self.i].take(slots)
+            writer = parts.writer
+            if writer is not None and writer.has_pending:
+                newest = (r // parts.num_envs == (writer.written - 1) % parts.capacity) & ~side
+                if newest.any():
+                    out[newest, k] = writer.pending[self.i][r[newest] % parts.num_envs]
+        return out
+
+    def arrange(self, g: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
+        """``[n, k, *frame]`` as the observation's layout (a view), shaped ``lead``."""
+        if self.pair.axis is None:
+            g = g[:, 0]
+        elif self.order is not None:
+            g = g.transpose(self.order)
+        return g if lead == g.shape[:1] else g.reshape(lead + self.obs_spec.shape)
+
+    def read(self, rows: Any, is_next: bool) -> np.ndarray:
+        """The observation (or next observation) of ``rows``. The first of the two asked
+        for the same rows gathers both and keeps the gather for the other."""
+        rows = np.asarray(rows)
+        writer = self.parts.writer
+        written = None if writer is None else writer.written
+        cached, self.cached = self.cached, None
+        if cached is not None and cached[0][1] == written and np.array_equal(cached[0][0], rows):
+            g = cached[1]
+        else:
+            paired = self.pair.next is not None and self.parts.layout.derived
+            g = self.gather(rows, paired)
+            if paired:  # a copy of the ids: a caller may reuse its index array
+                self.cached = ((np.array(rows), written), g)
+        if is_next:
+            return self.arrange(g[:, 1:], rows.shape)
+        return self.arrange(g[:, : self.parts.layout.frame_stack], rows.shape)
+
+
+class _Parts:
+    """What the frame leaves of one store share: its stored leaves by path, the side ring
+    and (in a writer) the writer's next frames of its newest step."""
+
+    def __init__(
+        self, layout: FramesLayout, stored: dict[str, Any], side: list[Any], capacity: int, num_envs: int
+    ):
+        self.layout = layout
+        self.stored = stored
+        self.capacity = capacity
+        self.num_envs = num_envs
+        self.rows = capacity * num_envs
+        self.next = stored.get(NEXT_LEAF)
+        self.depth = stored.get(DEPTH_LEAF)
+        self.side_frames = side[:-1]
+        self.side_ref = side[-1] if side else None
+        self.writer: FrameWriter | None = None
+
+    def leaf(self, path: str) -> Any:
+        return self.stored[path]
+
+
+class FrameLeaf:
+    """A logical observation or next-observation leaf rebuilt from stored frames; it has
+    the read side of :class:`mmreplay.backends.base.Leaf` (writes go through the store)."""
+
+    mappable = False
+    in_place = False
+    atomic_replace = False
+    ranged_read = False
+
+    def __init__(self, info: Any, gather: _Gather, is_next: bool, num_envs: int):
+        self.info = info
+        self.num_envs = num_envs
+        self.row_bytes = info.spec.nbytes
+        self._gather = gather
+        self._is_next = is_next
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return self._gather.read(rows, self._is_next)
+
+    def read(self, slots: Any) -> np.ndarray:
+        ne = self.num_envs
+        if isinstance(slots, slice):
+            slots = np.arange(self._gather.parts.capacity)[slots]
+        slots = np.asarray(slots, np.int64)
+        return self.take(slots[..., None] * ne + np.arange(ne))
+
+    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
+        slots, envs = np.broadcast_arrays(np.asarray(slots, np.int64), np.asarray(envs, np.int64))
+        return self.take(slots * self.num_envs + envs)
+
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
+        """The stored frames leaf is advised with the other stored leaves."""
+
+    def willneed(self, rows: np.ndarray) -> None:
+        """The stored frames leaf is prefetched with the other stored leaves."""
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        raise BadInputError(f"leaf {self.info.path!r} is rebuilt from stored frames; write through the store")
+
+    write_slots = write
+
+    def flush(self, fsync: bool) -> None:
+        """Nothing of its own to flush."""
+
+    def invalidate(self, slots: Any) -> None:
+        """The stored leaves are invalidated by the store."""
+
+    def close(self) -> None:
+        self._gather.cached = None
+
+
+def read_leaves(meta: Any, stored: list[Any], side: list[Any]) -> tuple[list[Any], _Parts]:
+    """The logical leaves (flatten order of the spec) over the stored ones."""
+    from .metadata import LeafInfo
+
+    layout: FramesLayout = meta.frames
+    by_path = {leaf.info.path: leaf for leaf in stored}
+    parts = _Parts(layout, by_path, side, meta.capacity, meta.num_envs)
+    gathers: dict[str, _Gather] = {}
+    for i, pair in enumerate(layout.pairs):
+        gathers[pair.obs] = _Gather(parts, i, pair, subtree(meta.spec, pair.obs))
+        if layout.derived and pair.next is not None:
+            gathers[pair.next] = gathers[pair.obs]
+    out = []
+    for path, s in zip(leaf_paths(meta.spec), flatten(meta.spec)):
+        gather = gathers.get(path)
+        if gather is None:
+            out.append(by_path[path])
+            continue
+        frames = by_path[gather.pair.obs].info
+        info = LeafInfo(path, s, frames.chunk_steps, frames.compression)
+        out.append(FrameLeaf(info, gather, path != gather.pair.obs, meta.num_envs))
+    return out, parts
+
+
+# --- writes --------------------------------------------------------------------------
+
+
+class FrameWriter:
+    """The writer's side of the layout: turns each added step into the stored leaves,
+    checks the stacks, and feeds the side ring.
+
+    It keeps, per env, the newest step's stacks (to check the next ones) and its next
+    frames (until the next step shows whether they are that step's frames)."""
+
+    def __init__(self, store: Any, meta: Any, parts: _Parts):
+        self.store = store
+        self.layout: FramesLayout = meta.frames
+        self.parts = parts
+        parts.writer = self
+        self.capacity, self.num_envs = meta.capacity, meta.num_envs
+        paths = leaf_paths(meta.spec)
+        self.obs_index = [paths.index(p.obs) for p in self.layout.pairs]
+        self.next_index = [paths.index(p.next) for p in self.layout.pairs if p.next is not None]
+        nexts = {p.next for p in self.layout.pairs} if self.layout.derived else set()
+        self.keep_index = [i for i, p in enumerate(paths) if p not in nexts]
+        by_obs = {paths.index(p.obs): p for p in self.layout.pairs}
+        self.axes = [by_obs[i].axis for i in self.obs_index]
+        self.written = store.total_steps
+        ne = self.num_envs
+        self.pending: list[np.ndarray] = []  # next frames of the newest step, per pair
+        self.has_pending = False
+        self.pending_in_side = np.zeros(ne, bool)  # the newest step's row already has a side entry
+        self.stacks: list[np.ndarray] | None = None  # the newest step's stacks, per pair
+        self.depth = np.zeros(ne, np.uint8)
+        self.seq: int | None = None  # side entries ever written (read on first need)
+
+    # --- reopening ------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Take up where the last writer's committed steps end."""
+        store = self.store
+        end = store.total_steps
+        # rows a dead writer may have overwritten are those its reservation covered
+        first = max(0, max(end, store.state.reserved) - self.capacity)
+        if end <= first:
+            return
+        last = np.array([end - 1])
+        values = store.read_steps(last, leaves=self.obs_index + self.next_index)
+        k = self.layout.frame_stack
+        n = len(self.obs_index)
+        if self.layout.stacked:
+            depth = self.parts.depth.read(np.array([(end - 1) % self.capacity]))[0].astype(np.uint8)
+            if end - 1 - int(depth.max()) >= first:  # else the next stacks must start episodes
+                self.stacks = [np.array(v[0]) for v in values[:n]]
+                self.depth = depth
+        if self.layout.derived:
+            self.pending = [_newest(v[0], axis, k) for v, axis in zip(values[n:], self.axes)]
+            self.has_pending = True
+            self.pending_in_side[:] = True
+
+    def settable(
+        self, slots: np.ndarray, values: list[np.ndarray], leaves: list[Any], where: str
+    ) -> list[Any]:
+        """For ``set``: the stored leaf each value is written to, None for the observation
+        leaves, whose values must be those stored (a row's frames are its neighbours' too)."""
+        out = []
+        for leaf, value in zip(leaves, values):
+            if isinstance(leaf, FrameLeaf):
+                if not np.array_equal(leaf.read(slots), value):
+                    raise BadInputError(
+                        f"{where}: set() cannot change leaf {leaf.info.path!r} of a store that keeps each frame "
+                        "once (a row's frames are its neighbours' too); only the other leaves can be set"
+                    )
+                out.append(None)
+            else:
+                out.append(leaf)
+        return out
+
+    # --- one step ---------------------------------------------------------------------
+
+    def prepare(self, values: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
+        """The stored leaves' values of one validated step, and what :meth:`apply` needs;
+        raises :class:`~mmreplay.BadInputError` (nothing changed) on stacks that do not
+        follow from the previous ones."""
+        k = self.layout.frame_stack
+        frames, nexts, depth = [], [], self.depth
+        for j, (i, axis) in enumerate(zip(self.obs_index, self.axes)):
+            obs = values[i]
+            if axis is None:
+                frames.append(obs)
+            else:
+                a = axis + 1  # the env axis leads
+                frames.append(_part(obs, a, k - 1))
+                depth = self._depths(obs, a, j, k)
+            if self.layout.derived:
+                nxt = values[self.next_index[j]]
+                if axis is not None:
+                    a = axis + 1
+                    follows = _follows(nxt, obs, a, k)
+                    if not follows.all():
+                        raise BadInputError(
+                            f"leaf {self.layout.pairs[j].next!r}, env {int(np.flatnonzero(~follows)[0])}: a next "
+                            "observation stack must be the observation stack shifted by one frame "
+                            f"(leaf {self.layout.pairs[j].obs!r})"
+                        )
+                    nxt = _part(nxt, a, k - 1)
+                nexts.append(nxt)
+        out = [values[i] for i in self.keep_index]
+        for j, i in enumerate(self.obs_index):
+            out[self.keep_index.index(i)] = frames[j]
+        if self.layout.derived:
+            out.append(np.zeros(self.num_envs, np.int64))
+        if self.layout.stacked:
+            out.append(depth)
+        return out, (frames, nexts, depth, values)
+
+    def _depths(self, obs: np.ndarray, a: int, j: int, k: int) -> np.ndarray:
+        """Frames of the episode each env's stack shows before its newest one."""
+        ne = self.num_envs
+        if self.stacks is None:
+            follows = np.zeros(ne, bool)
+        else:
+            follows = _follows(obs, self.stacks[j], a, k)
+        if not follows.all():
+            newest = _part(obs, a, k - 1)
+            is_start = np.ones(ne, bool)
+            for pos in range(k - 1):
+                before = _part(obs, a, pos)
+                pad_ok = (before == 0) if self.layout.pad == "zeros" else (before == newest)
+                is_start &= pad_ok.reshape(ne, -1).all(axis=1)
+            bad = ~(follows | is_start)
+            if bad.any():
+                raise BadInputError(
+                    f"leaf {self.layout.pairs[j].obs!r}, env {int(np.flatnonzero(bad)[0])}: a frame stack must be "
+                    "the previous step's stack shifted by one frame, or an episode's first stack "
+                    f"({self.layout.pad} padding); pass frames=Frames(frame_stack=1) to store stacks as they are"
+                )
+        return np.where(follows, np.minimum(self.depth.astype(np.int64) + 1, k - 1), 0).astype(np.uint8)
+
+    def apply(self, prepared: Any, step: int) -> None:
+        """Before the step's rows are written: the previous step's rows whose next frame is
+        not this step's frame get a side entry; then this step's frames become pending."""
+        frames, nexts, depth, values = prepared
+        if self.layout.derived and self.has_pending and step > 0:
+            differs = np.zeros(self.num_envs, bool)
+            for p, f in zip(self.pending, frames):
+                differs |= (p != f).reshape(self.num_envs, -1).any(axis=1)
+            need = differs & ~self.pending_in_side
+            if need.any():
+                envs = np.flatnonzero(need)
+                self._to_side(step - 1, envs, [p[envs] for p in self.pending])
+        if self.layout.stacked:
+            if self.stacks is None:
+                self.stacks = [np.empty_like(values[i]) for i in self.obs_index]
+            for kept, i in zip(self.stacks, self.obs_index):
+                np.copyto(kept, values[i])  # the caller may reuse its arrays (VecFrameStack does)
+            self.depth = depth
+        if self.layout.derived:
+            self.pending = [np.array(n) for n in nexts]
+            self.has_pending = True
+            self.pending_in_side[:] = False
+        self.written = step + 1
+
+    def before_commit(self, end: int) -> None:
+        """The newest step's next frames into the side ring, so that readers of the
+        committed prefix never need the slot after it."""
+        if not (self.layout.derived and self.has_pending) or end != self.written:
+            return
+        need = ~self.pending_in_side
+        if need.any():
+            envs = np.flatnonzero(need)
+            self._to_side(end - 1, envs, [p[envs] for p in self.pending])
+            self.pending_in_side[envs] = True
+
+    def _to_side(self, step: int, envs: np.ndarray, frames: list[np.ndarray]) -> None:
+        parts = self.parts
+        slots_total = self.layout.final_slots
+        if self.seq is None:
+            refs = parts.side_ref.read(slice(None)).reshape(-1, 2)
+            self.seq = int(refs[:, 0].max()) if len(refs) else 0
+        seqs = self.seq + np.arange(len(envs), dtype=np.int64)  # 0-based sequence numbers
+        slots = seqs % slots_total
+        old = parts.side_ref.read(slots).reshape(-1, 2)
+        live = old[:, 0] > 0
+        if live.any():
+            self.store._drop_through(int(old[live, 1].max()))
+        for leaf, f in zip(parts.side_frames, frames):
+            leaf.write_slots(slots, f[:, None])
+        ref = np.stack([seqs + 1, np.full(len(envs), step, np.int64)], axis=1)
+        parts.side_ref.write_slots(slots, ref[:, None])
+        self._write_next(step, envs, seqs + 1)
+        self.seq += len(envs)
+
+    def _write_next(self, step: int, envs: np.ndarray, values: np.ndarray) -> None:
+        """Set the side-ring entries of some envs' rows of one step."""
+        leaf = self.parts.next
+        slot = np.array([step % self.capacity])
+        row = np.array(leaf.read(slot))
+        row[0, envs] = values
+        leaf.write_slots(slot, row)
+
+
+def _newest(stack: np.ndarray, axis: int | None, k: int) -> np.ndarray:
+    """The newest frame of ``[num_envs, *stack]`` values."""
+    return np.array(stack) if axis is None else np.take(stack, k - 1, axis=axis + 1)
+
+
+def _part(stack: np.ndarray, axis: int, pos: int) -> np.ndarray:
+    """Frame ``pos`` of each stack along ``axis`` (a view)."""
+    index: list[Any] = [slice(None)] * stack.ndim
+    index[axis] = pos
+    return stack[tuple(index)]
+
+
+def _follows(stack: np.ndarray, prev: np.ndarray, axis: int, k: int) -> np.ndarray:
+    """Per env: are ``stack``'s first ``k - 1`` frames ``prev``'s last ``k - 1``?
+
+    With the stack on the last axis (HWC), frame ``i`` of a pixel is byte ``i`` of a run
+    of ``k``: comparing the contiguous bytes shifted by one is much faster than strided
+    views of three of every four bytes.
+    """
+    ne = len(stack)
+    if axis == stack.ndim - 1 and stack.flags.c_contiguous and prev.flags.c_contiguous:
+        a, b = stack.reshape(ne, -1), prev.reshape(ne, -1)
+        same = np.empty(a.shape, bool)
+        np.equal(a[:, :-1], b[:, 1:], out=same[:, :-1])
+        same.reshape(ne, -1, k)[:, :, k - 1] = True  # each pixel's newest frame: not compared
+        return same.all(axis=1)
+    index: list[Any] = [slice(None)] * stack.ndim
+    index[axis] = slice(0, k - 1)
+    mine = stack[tuple(index)]
+    index[axis] = slice(1, k)
+    theirs = prev[tuple(index)]
+    if np.array_equal(mine, theirs):
+        return np.ones(ne, bool)
+    return (mine == theirs).reshape(ne, -1).all(axis=1)

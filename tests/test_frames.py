@@ -1,0 +1,385 @@
+"""Each frame stored once: every read path returns what a store that kept everything does.
+
+The same random episodes (many envs, terminations, timeouts, frame stacks, ring wrap,
+commits at random points) go to a store that keeps every leaf and to one created with
+``frames=Frames(...)``; every way of reading them is compared.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+from frames_episodes import Episodes, spec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mmreplay as mr
+from mmreplay.reads import read_rows
+
+FRAME = (5, 6)
+
+
+def _stores(
+    tmp_path, num_envs, k, axis, pad, capacity, final_slots=None, backend="zarr", commit_every=1000, **kw
+):
+    sp = spec(FRAME, k, axis)
+    full = mr.create(
+        tmp_path / "full", sp, capacity, num_envs=num_envs, backend=backend, commit_every=commit_every
+    )
+    frames = mr.Frames(frame_stack=k, pad=pad, final_slots=final_slots)
+    once = mr.create(
+        tmp_path / "once",
+        sp,
+        capacity,
+        num_envs=num_envs,
+        backend=backend,
+        frames=frames,
+        commit_every=commit_every,
+        **kw,
+    )
+    return full, once
+
+
+def _same(a, b, what):
+    if isinstance(a, dict):
+        assert sorted(a) == sorted(b), what
+        for key in a:
+            _same(a[key], b[key], f"{what}/{key}")
+        return
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape and a.dtype == b.dtype, f"{what}: {a.shape} {a.dtype} vs {b.shape} {b.dtype}"
+    assert np.array_equal(a, b), f"{what}: values differ"
+
+
+def _compare_window(full, once, what=""):
+    """Rows, samples and sequences of ``once``'s readable window, read from both."""
+    first, end = once.window[:2]
+    assert full.window.first <= first and end == full.window.end, (full.window, once.window)
+    if end == first:
+        return
+    steps = np.arange(first, end)
+    for p, a, b in zip(full.leaf_paths, full.read_steps(steps), once.read_steps(steps)):
+        _same(a, b, f"{what} read_steps {p}")
+    _same(full.sample(40, rng=3, window=(first, end)), once.sample(40, rng=3), f"{what} sample")
+    n = min(4, end - first)
+    _same(
+        full.sample(9, num_steps=n, rng=4, window=(first, end)),
+        once.sample(9, num_steps=n, rng=4),
+        f"{what} sample(num_steps={n})",
+    )
+    rng = np.random.default_rng(5)
+    s, e = rng.integers(first, end, 7), rng.integers(0, once.num_envs, 7)
+    _same(read_rows(full, s, e), read_rows(once, s, e), f"{what} read_rows")
+
+
+def _compare_all(full, once):
+    """Every read path, for stores whose windows are the same."""
+    assert full.window[:2] == once.window[:2]
+    _compare_window(full, once)
+    _same(full.get(slice(None)), once.get(slice(None)), "get")
+    for kw in ({}, {"batch_size": 3}, {"num_steps": 3, "batch_size": 2}, {"num_steps": 2, "window_shift": 1}):
+        for i, (a, b) in enumerate(zip(full.iterate(**kw), once.iterate(**kw), strict=True)):
+            _same(a, b, f"iterate({kw}) batch {i}")
+    for a, b in zip(full.episodes(), once.episodes(), strict=True):
+        assert (a.env, a.first_step, a.last_step, a.status) == (b.env, b.first_step, b.last_step, b.status)
+        _same(a.data, b.data, f"episode {a.env} {a.first_step}")
+    _same(full.to_arrays(), once.to_arrays(), "to_arrays")
+
+
+_RANDOM = dict(
+    num_envs=st.integers(1, 3),
+    k=st.sampled_from([1, 2, 4]),
+    axis=st.sampled_from([-1, 0]),
+    pad=st.sampled_from(["repeat", "zeros"]),
+    end=st.sampled_from([0.0, 0.1, 0.5]),
+    capacity=st.integers(4, 24),
+    steps=st.integers(1, 50),
+    commits=st.sets(st.integers(0, 49), max_size=6),
+    small_side=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@settings(max_examples=12, **_SETTINGS)
+@given(**_RANDOM)
+def test_random_episodes_read_the_same_as_a_store_that_keeps_everything(tmp_path_factory, **case):
+    _random_case(tmp_path_factory, **case)
+
+
+@pytest.mark.long
+@settings(max_examples=400, **_SETTINGS)
+@given(**_RANDOM)
+def test_many_random_episodes_read_the_same_as_a_store_that_keeps_everything(tmp_path_factory, **case):
+    _random_case(tmp_path_factory, **case)
+
+
+def _random_case(tmp_path_factory, num_envs, k, axis, pad, end, capacity, steps, commits, small_side, seed):
+    tmp_path = tmp_path_factory.mktemp("frames")
+    slots = 2 * num_envs if small_side else 10_000
+    full, once = _stores(tmp_path, num_envs, k, axis, pad, capacity, final_slots=slots)
+    episodes = Episodes(num_envs, FRAME, k, axis, pad, end, seed)
+    for t in range(steps):
+        step = episodes.step()
+        full.add(step)
+        once.add(step)
+        if t in commits:
+            once.commit()
+            full.commit()
+            with mr.open(tmp_path / "once") as reader:  # a reader sees the committed prefix
+                assert reader.window.end == t + 1
+                _compare_window(full, reader, "reader")
+    _compare_window(full, once, "writer")
+    if not small_side and (k == 1 or steps <= capacity):  # nothing dropped: the same window
+        _compare_all(full, once)
+    once.close()
+    with mr.open(tmp_path / "once", "a") as again:  # a writer reopened takes up the episodes
+        _compare_window(full, again, "reopened")
+        for _ in range(5):
+            step = episodes.step()
+            full.add(step)
+            again.add(step)
+        _compare_window(full, again, "resumed")
+    full.close()
+
+
+def test_every_read_path_and_export_matches_over_many_envs_timeouts_and_commits(tmp_path):
+    full, once = _stores(tmp_path, 3, 4, -1, "repeat", 64, final_slots=1000, commit_every=7)
+    episodes = Episodes(3, FRAME, 4, -1, "repeat", 0.15, 11)
+    for _ in range(60):
+        step = episodes.step()
+        full.add(step)
+        once.add(step)
+    ends = once.get(slice(None))
+    assert ends["terminated"].any() and ends["truncated"].any()
+    _compare_all(full, once)
+    for fmt in ("npz", "hdf5", "d4rl", "zarr", "csv", "parquet", "pt", "minari", "d3rlpy"):
+        try:
+            a = full.export(tmp_path / f"full-{fmt}", format=fmt)
+            b = once.export(tmp_path / f"once-{fmt}", format=fmt)
+        except ImportError:
+            continue
+        _same_export(a.path, b.path, fmt)
+    full.close()
+    once.close()
+
+
+def _same_export(a: str, b: str, fmt: str) -> None:
+    """The exported files hold the same arrays (files that name their own path aside)."""
+    files_a = (
+        sorted(
+            os.path.relpath(p, a)
+            for p in glob.glob(os.path.join(a, "**"), recursive=True)
+            if os.path.isfile(p)
+        )
+        if os.path.isdir(a)
+        else [""]
+    )
+    files_b = (
+        sorted(
+            os.path.relpath(p, b)
+            for p in glob.glob(os.path.join(b, "**"), recursive=True)
+            if os.path.isfile(p)
+        )
+        if os.path.isdir(b)
+        else [""]
+    )
+    assert files_a == files_b, fmt
+    for rel in files_a:
+        pa, pb = os.path.join(a, rel) if rel else a, os.path.join(b, rel) if rel else b
+        if pa.endswith(".npz"):
+            with np.load(pa) as x, np.load(pb) as y:
+                assert sorted(x) == sorted(y)
+                for key in x:
+                    if key != "metadata":
+                        _same(x[key], y[key], f"{fmt} {key}")
+        elif h5py.is_hdf5(pa):
+            _same(_h5_arrays(pa), _h5_arrays(pb), f"{fmt} {rel}")
+        elif pa.endswith(".json"):
+            continue  # names the source buffer and the time
+        elif fmt == "pt":
+            import torch
+
+            x, y = torch.load(pa, weights_only=True), torch.load(pb, weights_only=True)
+            _same(_numpy(x), _numpy(y), f"{fmt} {rel}")
+        elif pa.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            assert pq.read_table(pa).equals(pq.read_table(pb)), f"{fmt} {rel}"
+        elif pa.endswith(".csv"):
+            with open(pa) as x, open(pb) as y:
+                assert x.read() == y.read(), f"{fmt} {rel}"
+        elif "/zarr.json" in "/" + rel or rel.endswith("zarr.json"):
+            continue
+        else:
+            with open(pa, "rb") as x, open(pb, "rb") as y:
+                assert x.read() == y.read(), f"{fmt} {rel}"
+
+
+def _numpy(x):
+    if isinstance(x, dict):
+        return {k: _numpy(v) for k, v in x.items() if k != "metadata"}
+    return x.numpy() if hasattr(x, "numpy") else x
+
+
+def _h5_arrays(path: str) -> dict:
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(
+            lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None
+        )
+    return {k: v for k, v in out.items() if not (isinstance(v, bytes) and b"/" in v)}
+
+
+def test_frames_once_keeps_one_frame_per_row_and_records_the_layout(tmp_path):
+    sp = spec((84, 84), 4, -1)
+    with mr.create(tmp_path / "b", sp, 100, num_envs=2, frames=mr.Frames(frame_stack=4)) as store:
+        assert store.spec["obs"].shape == (84, 84, 4)
+        stored = {leaf.path: leaf.spec.shape for leaf in store.metadata.leaves}
+        assert stored["obs"] == (84, 84) and "next_obs" not in stored
+    with open(tmp_path / "b" / "mmreplay.json") as f:
+        recorded = json.load(f)["frames"]
+    assert recorded["frame_stack"] == 4 and recorded["next_observation"] == "derived"
+    assert recorded["pairs"] == [{"observation": "obs", "next_observation": "next_obs", "stack_axis": 2}]
+    with mr.create(tmp_path / "plain", sp, 10):  # stores without frames are as before
+        pass
+    with open(tmp_path / "plain" / "mmreplay.json") as f:
+        assert "frames" not in json.load(f)
+
+
+def test_a_stack_that_does_not_follow_is_refused_and_changes_nothing(tmp_path):
+    sp = spec(FRAME, 3, 0)
+    with mr.create(tmp_path / "b", sp, 10, frames=mr.Frames(frame_stack=3)) as store:
+        episodes = Episodes(1, FRAME, 3, 0, "repeat", 0.0, 0)
+        store.add(episodes.step())
+        step = episodes.step()
+        bad = dict(step, obs=step["obs"].copy())
+        bad["obs"][0, 0] += 1  # the oldest frame is not the previous stack's second
+        with pytest.raises(mr.BadInputError, match="shifted by one frame"):
+            store.add(bad)
+        bad = dict(step, next_obs=step["next_obs"].copy())
+        bad["next_obs"][0, 0] += 1
+        with pytest.raises(mr.BadInputError, match="next observation stack"):
+            store.add(bad)
+        assert store.total_steps == 1
+        store.add(step)
+        _same(store.get(-1)["obs"], step["obs"], "obs after refused adds")
+        with pytest.raises(mr.BadInputError, match="each frame once"):
+            store.set(0, dict(store.get(0), obs=store.get(1)["obs"]))
+        store.set(0, dict(store.get(0), truncated=np.array([True])))  # the other leaves can be set
+        assert store.get(0)["truncated"].all() and not store.get(1)["truncated"].any()
+
+
+def test_a_full_side_ring_drops_the_oldest_steps_never_a_wrong_frame(tmp_path):
+    full, once = _stores(tmp_path, 2, 1, -1, "repeat", 50, final_slots=4)
+    episodes = Episodes(2, FRAME, 1, -1, "repeat", 0.5, 3)
+    for _ in range(30):
+        step = episodes.step()
+        full.add(step)
+        once.add(step)
+    assert once.window.first > full.window.first  # the ends' frames pushed the oldest steps out
+    _compare_window(full, once)
+    once.commit()
+    with mr.open(tmp_path / "once") as reader:
+        assert reader.window.first == once.window.first
+        _compare_window(full, reader, "reader")
+
+
+def test_wrong_layouts_are_refused_at_creation(tmp_path):
+    sp = spec(FRAME, 4, -1)
+    with pytest.raises(mr.SpecError, match="no axis of frame_stack=3"):
+        mr.create(tmp_path / "a", sp, 10, frames=mr.Frames(frame_stack=3))
+    with pytest.raises(mr.SpecError, match="final_slots"):
+        mr.create(tmp_path / "b", sp, 10, num_envs=4, frames=mr.Frames(frame_stack=4, final_slots=3))
+    no_next = {k: v for k, v in sp.items() if k != "next_obs"}
+    with pytest.raises(mr.SpecError, match="next_observation role"):
+        mr.create(tmp_path / "c", no_next, 10, frames=mr.Frames())
+    assert not os.path.exists(tmp_path / "a")
+
+
+def test_a_damaged_frames_record_is_refused(tmp_path):
+    with mr.create(tmp_path / "b", spec(FRAME, 2, 0), 10, frames=mr.Frames(frame_stack=2)):
+        pass
+    path = tmp_path / "b" / "mmreplay.json"
+    obj = json.loads(path.read_text())
+    obj.pop("checksum")
+    obj["frames"]["frame_stack"] = 3
+    path.write_text(json.dumps(obj))
+    with pytest.raises(mr.CorruptBufferError, match="frames"):
+        mr.open(tmp_path / "b")
+
+
+def test_hdf5_and_compressed_leaves_store_frames_once_too(tmp_path):
+    for backend, compression in (("hdf5", None), ("zarr", "zstd")):
+        full, once = _stores(
+            tmp_path / f"{backend}-{compression}",
+            2,
+            2,
+            0,
+            "repeat",
+            12,
+            backend=backend,
+            compression=compression,
+            commit_every=5,
+            final_slots=100,
+        )
+        episodes = Episodes(2, FRAME, 2, 0, "repeat", 0.2, 7)
+        for _ in range(20):
+            step = episodes.step()
+            full.add(step)
+            once.add(step)
+        _compare_window(full, once, backend)
+        once.commit()
+        with mr.open(once.path) as reader:
+            _compare_window(full, reader, f"{backend} reader")
+        full.close()
+        once.close()
+
+
+def test_gymnasium_recorders_and_torch_datasets_read_the_same(tmp_path):
+    """A vector env recorded into both kinds of store at once; the torch datasets over
+    them, and the gymnasium recorders' own stores, hold the same values."""
+    gymnasium = pytest.importorskip("gymnasium")
+    torch = pytest.importorskip("torch")
+    from mmreplay.compat.gymnasium import RecordVectorTransitions
+    from mmreplay.compat.torch import StoreDataset
+
+    envs = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1", max_episode_steps=15)] * 3)
+    inner = RecordVectorTransitions(envs, tmp_path / "full", capacity=200)
+    outer = RecordVectorTransitions(inner, tmp_path / "once", capacity=200, frames=mr.Frames(final_slots=300))
+    outer.reset(seed=0)
+    for _ in range(60):
+        outer.step(outer.action_space.sample())
+    outer.close()
+    inner.close()
+    with mr.open(tmp_path / "full") as full, mr.open(tmp_path / "once") as once:
+        assert once.frames is not None and full.frames is None
+        assert once.episode_index(complete_only=True)  # episodes ended (by time limit or falling)
+        _compare_all(full, once)
+    for num_steps in (None, 4):
+        a, b = StoreDataset(tmp_path / "full", num_steps), StoreDataset(tmp_path / "once", num_steps)
+        assert len(a) == len(b)
+        for i in range(0, len(a), 7):
+            x, y = a[i], b[i]
+            for key in x:
+                assert torch.equal(x[key], y[key]), (num_steps, i, key)
+
+
+def test_convert_copies_a_frames_store_into_one_that_keeps_every_leaf(tmp_path):
+    from mmreplay.convert import convert
+
+    with mr.create(
+        tmp_path / "a", spec(FRAME, 4, -1), 30, num_envs=2, frames=mr.Frames(frame_stack=4)
+    ) as store:
+        episodes = Episodes(2, FRAME, 4, -1, "repeat", 0.05, 0)
+        for _ in range(40):
+            store.add(episodes.step())
+    convert(tmp_path / "a", tmp_path / "b", backend="hdf5")
+    with mr.open(tmp_path / "a") as src, mr.open(tmp_path / "b") as copy:
+        assert copy.frames is None and copy.window[:2] == src.window[:2]
+        _compare_window(copy, src)
