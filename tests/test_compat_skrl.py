@@ -23,6 +23,8 @@ from mmreplay.compat.skrl import Memory, MemoryEmptyError, RandomMemory  # noqa:
 
 
 def memory(tmp_path, M, E=1, name="m", cls=RandomMemory, **kw):
+    if cls is RandomMemory:
+        kw.setdefault("replacement", True)  # the default follows the installed skrl (test_skrl_differential)
     return cls(M, E, device="cpu", path=tmp_path / name, **kw)
 
 
@@ -109,9 +111,12 @@ def test_unknown_and_none_values_are_skipped_missing_tensors_read_unwritten(tmp_
         n = m.get_tensor_by_name("n")
         assert n.dtype == torch.int64 and n[:, :, 0].tolist() == [[3, 4], [0, 0], [0, 0], [0, 0]]
         assert torch.isnan(m.get_tensor_by_name("x")[2:]).all()
-        with pytest.raises(ValueError, match="'n'"):
-            m.add_samples(x=torch.ones(2, 1), n=torch.full((2, 1), 0.5))  # float into an integer tensor
-        assert len(m) == 4
+        m.add_samples(x=torch.ones(2, 1), n=torch.tensor([[2.9], [-1.9]]))  # truncated, as skrl's copy_ does
+        assert m.get_tensor_by_name("n")[2, :, 0].tolist() == [2, -1]
+        for bad in (float("nan"), float("inf"), 2.0**70):  # no defined integer: refused
+            with pytest.raises(ValueError, match="'n'.*cannot be stored in a int64 tensor"):
+                m.add_samples(x=torch.ones(2, 1), n=torch.full((2, 1), bad))
+        assert len(m) == 6
 
 
 # --- create_tensor --------------------------------------------------------------------
@@ -527,7 +532,7 @@ def test_an_empty_memory_samples_empty_batches_as_skrl_does(tmp_path, created):
     for batches in (m.sample(["states"], batch_size=4), m.sample_by_index(["states"], [])):
         assert [[t.shape for t in batch] for batch in batches] == [[torch.Size([0, 3])]]
     with pytest.raises(RuntimeError):
-        RandomMemory(10, 2, device="cpu").sample(["states"], batch_size=4)
+        RandomMemory(10, 2, device="cpu", replacement=True).sample(["states"], batch_size=4)
     m.close()
 
 

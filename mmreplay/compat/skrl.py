@@ -39,9 +39,19 @@ Deliberate differences from skrl / rofunc (their behaviour in brackets):
   ``filled`` when it wraps, and takes any ``n`` [a second tensor lands on shifted rows,
   a wrap does not set ``filled``, ``n > 2 * memory_size - memory_index`` fails].
 - A row's tensors not given to ``add_samples`` read NaN / zero [they keep stale data].
-  Values are cast by :mod:`mmreplay.values`' rules (float into an integer tensor is
-  refused; 0 / 1 numbers go into bool tensors) [``copy_`` truncates]. An add of all envs while a partial step is staged,
-  or a partial add overflowing ``num_envs``, raises ``RuntimeError`` and changes nothing.
+  Values are cast by :mod:`mmreplay.values`' rules, except that floats go into integer
+  tensors truncated toward zero, as ``copy_`` stores them; NaN, infinities and values
+  outside the integer range are refused [``copy_`` stores platform-dependent numbers].
+  Only 0 / 1 numbers go into bool tensors [``copy_`` makes any nonzero True]. An add of
+  all envs while a partial step is staged, or a partial add overflowing ``num_envs``,
+  raises ``RuntimeError`` and changes nothing.
+- ``tensors`` / ``tensors_view`` read each tensor as a copy [views of the storage]:
+  write back with ``set_tensor_by_name``. Setting ``memory_index`` or ``filled``
+  rewrites the memory so that every row keeps its data; with ``filled`` False the rows
+  from ``memory_index`` on read unwritten, since a store holds only the steps before its
+  cursor [they keep their data, out of reach of ``sample``].
+- ``RandomMemory``'s ``replacement`` defaults to the installed skrl's default (without
+  replacement since skrl 2.1, with it before).
 - After a wrap, sequences (``sequence_length > 1``) follow each env's stream from its
   oldest row, across the physical end of the ring, and never join the newest and the
   oldest rows [they do]. The draws, the count of valid starts and, before a wrap, the
@@ -62,12 +72,14 @@ from __future__ import annotations
 
 import csv
 import datetime
+import importlib.metadata
 import logging
 import math
 import os
+import re
 import shutil
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -102,6 +114,20 @@ __all__ = ["Memory", "RandomMemory", "MemoryEmptyError"]
 log = logging.getLogger(__name__)
 
 FORMATS = ("pt", "npz", "csv")
+
+
+def skrl_replacement_default() -> bool:
+    """The default of skrl's ``RandomMemory(replacement=...)`` for the installed skrl.
+
+    skrl up to 2.0 samples with replacement by default, skrl 2.1 and later without; with
+    no skrl installed the newest default (without) applies.
+    """
+    try:
+        version = importlib.metadata.version("skrl")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return found is not None and (int(found[1]), int(found[2])) < (2, 1)
 
 
 class MemoryEmptyError(NotEnoughDataError, RuntimeError):
@@ -322,15 +348,65 @@ class Memory(StoreShell):
 
     @property
     def memory_index(self) -> int:
+        """The row the next step goes to. Settable, as in skrl: see :meth:`_move_cursor`."""
         return self._steps % self.memory_size
+
+    @memory_index.setter
+    def memory_index(self, value: int) -> None:
+        self._move_cursor(_index("memory_index", value, self.memory_size), self.filled)
 
     @property
     def env_index(self) -> int:
+        """The env of the current step the next partial add goes to. Settable, as in skrl:
+        envs before it (their values in the row now) count as added, staged in RAM."""
         return self._env_index
+
+    @env_index.setter
+    def env_index(self, value: int) -> None:
+        index = _index("env_index", value, self.num_envs)
+        if index == 0:
+            self._staged, self._env_index = None, 0
+            return
+        names = self.get_tensor_names()
+        row = self._physical(names)
+        self._staged = {name: row[name][self.memory_index].copy() for name in names}
+        self._env_index = index
 
     @property
     def filled(self) -> bool:
+        """Whether every row holds a step. Settable, as in skrl: see :meth:`_move_cursor`."""
         return self._steps >= self.memory_size
+
+    @filled.setter
+    def filled(self, value: bool) -> None:
+        self._move_cursor(self.memory_index, bool(value))
+
+    def _move_cursor(self, index: int, filled: bool) -> None:
+        """Make ``memory_index`` / ``filled`` what skrl's assignments make them: every row
+        keeps what it reads now and the next step goes to row ``index``.
+
+        The store holds the steps before its cursor, so the memory is rewritten: filled,
+        rows ``index, ..., memory_size - 1, 0, ..., index - 1`` become its steps, oldest
+        first (rows never written count, reading NaN / zero); not filled, rows ``0, ...,
+        index - 1``, and the rows from ``index`` on read unwritten. ``env_index`` is kept,
+        its envs staged from the new current row. Committed at once.
+        """
+        if (index, filled) == (self.memory_index, self.filled):
+            return
+        names = self.get_tensor_names()
+        if not names:
+            raise RuntimeError("the memory has no tensors: call create_tensor() before moving its cursor")
+        M, env_index = self.memory_size, self._env_index
+        full = self._physical(names)
+        order = np.r_[index:M, 0:index] if filled else np.arange(index)
+        self._refill({name: full[name][order] for name in names}, len(order), None)
+        if filled and index:
+            store = self._ensure_store()
+            self._origin = store.total_steps - M - index  # M + index steps since the origin
+            write_origin(store, self._origin)
+        if env_index:
+            self._staged = {name: full[name][index].copy() for name in names}
+            self._env_index = env_index
 
     def __len__(self) -> int:
         """``memory_size * num_envs`` once filled, else ``memory_index * num_envs + env_index``."""
@@ -343,6 +419,18 @@ class Memory(StoreShell):
     def get_tensor_names(self) -> list[str]:
         """Names of the tensors, sorted."""
         return sorted(self._tensors)
+
+    @property
+    def tensors(self) -> Mapping[str, torch.Tensor]:
+        """skrl's ``tensors``: each tensor ``(memory_size, num_envs, *size)`` by name, read
+        as a copy (write back with :meth:`set_tensor_by_name`)."""
+        return _TensorCopies(self, keepdim=True)
+
+    @property
+    def tensors_view(self) -> Mapping[str, torch.Tensor]:
+        """skrl's ``tensors_view``: each tensor ``(memory_size * num_envs, *size)`` by
+        name, read as a copy (write back with :meth:`set_tensor_by_name`)."""
+        return _TensorCopies(self, keepdim=False)
 
     def create_tensor(
         self,
@@ -585,6 +673,8 @@ class Memory(StoreShell):
             raise ValueError(f"tensor {name!r}: expected numbers, got {a.dtype} values")
         if t.dtype == np.bool_ and a.dtype.kind in "iuf" and np.isin(a, (0, 1)).all():
             a = a.astype(bool)  # 0 / 1 flags (uint8 dones, float masks) into a bool tensor
+        elif t.dtype.kind in "iu" and a.dtype.kind == "f":
+            a = _truncated(name, a, t.dtype)
         why = cast_refusal(a, t.dtype)
         if why is not None:
             raise ValueError(f"tensor {name!r}: {why} (tensor dtype {t.dtype}, got {a.dtype})")
@@ -909,6 +999,8 @@ class RandomMemory(Memory):
     Args:
         replacement: draw with replacement (the batch size is always met); without,
             at most ``len(memory)`` distinct rows (or sequence starts) are returned.
+            None: the installed skrl's default (:func:`skrl_replacement_default`:
+            without replacement since skrl 2.1, with it before).
         others: as :class:`Memory`.
     """
 
@@ -920,14 +1012,14 @@ class RandomMemory(Memory):
         export: bool = False,
         export_format: str = "pt",
         export_directory: str = "",
-        replacement: bool = True,
+        replacement: bool | None = None,
         path: str | os.PathLike | None = None,
         **options: Any,
     ):
         super().__init__(
             memory_size, num_envs, device, export, export_format, export_directory, path, **options
         )
-        self._replacement = bool(replacement)
+        self._replacement = skrl_replacement_default() if replacement is None else bool(replacement)
         self._rule = TorchDrawRule(self)
 
     def sample(
@@ -1049,6 +1141,51 @@ class TorchDrawRule(Sampler):
         start = (steps % window.capacity) * window.num_envs + envs
         size = len(m) - (num_steps - 1) * m.num_envs
         return Draw(start, window.num_envs, 1.0 / max(size, 1), flat=flat)
+
+
+class _TensorCopies(Mapping):
+    """``memory.tensors`` / ``memory.tensors_view``: the tensors by name, each read as a copy."""
+
+    def __init__(self, memory: Memory, keepdim: bool):
+        self._memory = memory
+        self._keepdim = keepdim
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._memory.get_tensor_by_name(name, self._keepdim)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._memory._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._memory.get_tensor_names())
+
+    def __len__(self) -> int:
+        return len(self._memory._tensors)
+
+
+def _index(name: str, value: Any, bound: int) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 0 <= value < bound:
+        raise ValueError(f"{name} must be an int in [0, {bound}), got {value!r}")
+    return int(value)
+
+
+def _truncated(name: str, a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Floats for an integer tensor, truncated toward zero as torch's ``copy_`` stores them.
+
+    NaN, infinities and values outside the dtype's range have no defined result in torch
+    (they depend on the platform) and are refused.
+    """
+    whole = np.trunc(a)
+    info = np.iinfo(dtype)
+    bad = ~np.isfinite(whole) | (whole < info.min) | (whole > info.max)
+    if bad.any():
+        raise ValueError(
+            f"tensor {name!r}: {a[bad].flat[0]!r} cannot be stored in a {dtype} tensor "
+            f"(integer tensors take finite values in [{info.min}, {info.max}], truncated)"
+        )
+    return whole.astype(dtype)
 
 
 def _step_bytes(tensors: dict[str, _Tensor], num_envs: int) -> int:
