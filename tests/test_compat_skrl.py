@@ -540,7 +540,7 @@ def test_an_empty_memory_samples_empty_batches_as_skrl_does(tmp_path, created):
 
 
 def test_prioritized_memory_draws_by_priority_and_updates_land(tmp_path):
-    with memory(tmp_path, 4, 2, sampler="prioritized", alpha=1.0, commit_every=1) as m:
+    with memory(tmp_path, 4, 2, sampler="prioritized", alpha=1.0, commit_every=1, replacement=None) as m:
         m.create_tensor("x", 1)
         add_steps(m, 6)  # wrapped: physical rows 0, 1 hold steps 4, 5
         assert m.store.sampler.name == "prioritized"

@@ -47,7 +47,9 @@ class Pair:
     """Both memories, and the rows of skrl's that are comparable."""
 
     def __init__(self, M: int, E: int, replacement: bool):
-        self.ref = skrl_memories.RandomMemory(memory_size=M, num_envs=E, device="cpu", replacement=replacement)
+        self.ref = skrl_memories.RandomMemory(
+            memory_size=M, num_envs=E, device="cpu", replacement=replacement
+        )
         self.ours = RandomMemory(memory_size=M, num_envs=E, device="cpu", replacement=replacement)
         self.M, self.E = M, E
         self.touched = np.zeros(M * E, bool)  # flat rows skrl ever wrote
@@ -93,7 +95,9 @@ class Pair:
             ours, ref = ours[keep], ref[keep]
         same = torch.equal(ours, ref)
         if ref.dtype.is_floating_point:  # NaN where skrl has NaN, equal values elsewhere
-            same = torch.equal(ours.isnan(), ref.isnan()) and torch.equal(ours.nan_to_num(0), ref.nan_to_num(0))
+            same = torch.equal(ours.isnan(), ref.isnan()) and torch.equal(
+                ours.nan_to_num(0), ref.nan_to_num(0)
+            )
         assert same, f"{what}: {ours.tolist()} vs skrl {ref.tolist()}"
 
     def both(self, what: str, call):
@@ -158,7 +162,9 @@ class Pair:
         assert len(got) == len(want), what
         if seq > 1 and self.ref.filled:  # skrl's sequences cross the cursor: shapes only
             for g, w in zip(got, want):
-                assert [None if t is None else t.shape for t in g] == [None if t is None else t.shape for t in w]
+                assert [None if t is None else t.shape for t in g] == [
+                    None if t is None else t.shape for t in w
+                ]
             return
         ref_idx = self.ref.get_sampling_indexes()
         assert torch.equal(self.ours.get_sampling_indexes().to(torch.long), ref_idx.to(torch.long)), what
@@ -201,8 +207,12 @@ class Pair:
             ref = self.ref.get_tensor_by_name(name)
             self.check_rows(f"get_tensor_by_name({name})", self.ours.get_tensor_by_name(name).flatten(0, 1),
                             ref.flatten(0, 1), flat)  # fmt: skip
-            self.check_rows(f"tensors[{name}]", self.ours.tensors[name].flatten(0, 1), ref.flatten(0, 1), flat)
-            self.check_rows(f"tensors_view[{name}]", self.ours.tensors_view[name], self.ref.tensors_view[name], flat)
+            self.check_rows(
+                f"tensors[{name}]", self.ours.tensors[name].flatten(0, 1), ref.flatten(0, 1), flat
+            )
+            self.check_rows(
+                f"tensors_view[{name}]", self.ours.tensors_view[name], self.ref.tensors_view[name], flat
+            )
         assert sorted(self.ours.tensors) == sorted(self.ref.tensors) == self.ours.get_tensor_names()
 
     def set_tensor(self, rng: np.random.Generator) -> None:

@@ -1000,7 +1000,8 @@ class RandomMemory(Memory):
         replacement: draw with replacement (the batch size is always met); without,
             at most ``len(memory)`` distinct rows (or sequence starts) are returned.
             None: the installed skrl's default (:func:`skrl_replacement_default`:
-            without replacement since skrl 2.1, with it before).
+            without replacement since skrl 2.1, with it before); with replacement
+            for ``sampler="prioritized"``, which draws only so.
         others: as :class:`Memory`.
     """
 
@@ -1019,7 +1020,10 @@ class RandomMemory(Memory):
         super().__init__(
             memory_size, num_envs, device, export, export_format, export_directory, path, **options
         )
-        self._replacement = skrl_replacement_default() if replacement is None else bool(replacement)
+        if replacement is None:  # a prioritized (or other store) sampler draws with replacement
+            uniform = self._options.get("sampler") in (None, "uniform")
+            replacement = skrl_replacement_default() if uniform else True
+        self._replacement = bool(replacement)
         self._rule = TorchDrawRule(self)
 
     def sample(
