@@ -77,6 +77,25 @@ def test_partial_env_adds(tmp_path):  # 28
             m.add_samples()
 
 
+def test_a_partial_step_is_written_ahead_and_drawn_through_the_store(tmp_path):
+    with memory(tmp_path, 4, 3) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 2)
+        m.add_samples(x=torch.tensor([[50.0], [51.0]]))  # envs 0 and 1 of step 2
+        assert m.store.total_steps == 2 and m.store.read_steps([2])[0][0, :2, 0].tolist() == [50.0, 51.0]
+        torch.manual_seed(3)
+        [[x]] = m.sample(["x"], 64)
+        info = m.sampling_info  # the store's fetch path drew the batch
+        ahead = info.step == 2
+        assert ahead.any() and set(info.env[ahead].tolist()) <= {0, 1}
+        assert set(x[torch.from_numpy(ahead)].flatten().tolist()) <= {50.0, 51.0}
+        torch.manual_seed(3)
+        assert torch.equal(m.get_sampling_indexes(), torch.randint(0, 8, (64,)))  # skrl's draw
+        m.add_samples(x=torch.tensor([52.0]))  # the last env: the step is added
+        assert (m.store.total_steps, m.memory_index, m.env_index) == (3, 3, 0)
+        assert col(m.get_tensor_by_name("x")[2]) == [50, 51, 52]
+
+
 def test_multi_row_add_for_one_env_wraps_and_fills(tmp_path):  # 29, adapted
     with memory(tmp_path, 5) as m:
         m.create_tensor("x", 1)
