@@ -96,6 +96,26 @@ def test_a_partial_step_is_written_ahead_and_drawn_through_the_store(tmp_path):
         assert col(m.get_tensor_by_name("x")[2]) == [50, 51, 52]
 
 
+def test_a_cursor_set_as_in_skrl_keeps_the_rows_and_survives_a_reopen(tmp_path):
+    with memory(tmp_path, 4, 2) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 3)  # rows 0..2 hold steps 0..2
+        m.filled = True  # row 3 (never written) counts; the next step goes to row 3
+        m.memory_index = 1  # the next step goes to row 1: rows 1, 2, 3, 0 are oldest to newest
+        m.env_index = 1  # env 0 of row 1 counts as added
+        assert (m.memory_index, m.env_index, m.filled, len(m)) == (1, 1, True, 8)
+        assert col(m.tensors["x"])[:6] == [0, 100, 1, 101, 2, 102]
+        m.add_samples(x=torch.tensor([7.0]))  # env 1 completes row 1
+        assert (m.memory_index, m.env_index) == (2, 0) and col(m.tensors_view["x"])[2:4] == [1, 7]
+    with memory(tmp_path, 4, 2) as m:
+        assert (m.memory_index, m.env_index, m.filled) == (2, 0, True)
+        assert col(m.get_tensor_by_name("x"))[:4] == [0, 100, 1, 7]
+        m.filled = False  # rows from memory_index on read unwritten
+        assert len(m) == 4 and torch.isnan(m.get_tensor_by_name("x")[2:]).all()
+        with pytest.raises(ValueError, match="env_index"):
+            m.env_index = 2
+
+
 def test_multi_row_add_for_one_env_wraps_and_fills(tmp_path):  # 29, adapted
     with memory(tmp_path, 5) as m:
         m.create_tensor("x", 1)
