@@ -158,6 +158,7 @@ class Store:
         # writer's uncommitted rows (its reservation).
         self._floor = self._state.first(capacity)
         self._written = self._state.end
+        self._next_written = 0  # 1 while rows of the next step are written ahead (write_next)
         self._ahead = max(1, min(meta.commit_every, capacity // 8))
         self._dirty = False
         self._parts: dict[str, Any] = {}  # see part(): the read path, the episode index...
@@ -297,7 +298,9 @@ class Store:
         """The steps this store retains and reads, global ids ``[first, end)``: in a
         writer every step it added (committed or not), in a reader the committed ones."""
         written = self._written
-        first = self._readable_from(oldest_retained(self._floor, written, self._capacity), written)
+        # rows written ahead (write_next) take the slot of the oldest step
+        retained = oldest_retained(self._floor, written, self._capacity - self._next_written)
+        first = self._readable_from(retained, written)
         return _new_window(Window, (first, written, self._num_envs, self._capacity))
 
     @property
@@ -433,6 +436,7 @@ class Store:
                 set_row(slot, value)
         g += 1
         self._written = g
+        self._next_written = 0
         if self._on_add:
             for on_add in self._on_add:
                 on_add(g - 1, 1)
@@ -464,6 +468,7 @@ class Store:
                 leaf.write(slot, value[lo : lo + count])
             pos += count
         self._written = g + n
+        self._next_written = 0
         for on_add in self._on_add:
             on_add(g, n)
         if self._written >= self._commit_at:
@@ -478,6 +483,28 @@ class Store:
         for leaf in self._leaves:
             if hasattr(leaf, "set_cache_bytes"):
                 leaf.set_cache_bytes(int(nbytes))
+
+    def write_next(self, step: Any) -> None:
+        """Write the rows of the next step ahead of its :meth:`add`: every leaf ``[num_envs, *shape]``.
+
+        The rows go into the slot of global step ``total_steps``, where this writer can
+        read them (``read_steps([total_steps])``, or a sampler that draws that step), but
+        the step is not added: nothing counts, commits or hooks it, :meth:`add` or
+        :meth:`extend` overwrites the slot, and a crash, :meth:`clear` or :meth:`close`
+        drops it. Layers whose frameworks add a step env by env (skrl) keep the partial
+        step here. While such rows are written, the window leaves out the oldest step
+        if it shares their slot. Validated as :meth:`add`.
+        """
+        if not self._writable:
+            self._check_writable()
+        values = self._validator.step(step)
+        g = self._written
+        if g >= self._reserved:  # the slot may hold a committed step: leave it out first
+            self._commit(reserve_to=g + self._ahead)
+        slot = g % self._capacity
+        for set_row, value in zip(self._setters, values):
+            set_row(slot, value)
+        self._next_written = 1
 
     def commit(self) -> None:
         """Make every step added so far durable; cheap when nothing is new."""
@@ -565,6 +592,7 @@ class Store:
         )
         self._write_state(state, self._meta.durability == "power")
         self._floor = self._written
+        self._next_written = 0
         for hook in self._hooks:
             hook.on_clear(self._written)
 

@@ -23,6 +23,8 @@ from mmreplay.compat.skrl import Memory, MemoryEmptyError, RandomMemory  # noqa:
 
 
 def memory(tmp_path, M, E=1, name="m", cls=RandomMemory, **kw):
+    if cls is RandomMemory:
+        kw.setdefault("replacement", True)  # the default follows the installed skrl (test_skrl_differential)
     return cls(M, E, device="cpu", path=tmp_path / name, **kw)
 
 
@@ -75,6 +77,45 @@ def test_partial_env_adds(tmp_path):  # 28
             m.add_samples()
 
 
+def test_a_partial_step_is_written_ahead_and_drawn_through_the_store(tmp_path):
+    with memory(tmp_path, 4, 3) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 2)
+        m.add_samples(x=torch.tensor([[50.0], [51.0]]))  # envs 0 and 1 of step 2
+        assert m.store.total_steps == 2 and m.store.read_steps([2])[0][0, :2, 0].tolist() == [50.0, 51.0]
+        torch.manual_seed(3)
+        [[x]] = m.sample(["x"], 64)
+        info = m.sampling_info  # the store's fetch path drew the batch
+        ahead = info.step == 2
+        assert ahead.any() and set(info.env[ahead].tolist()) <= {0, 1}
+        assert set(x[torch.from_numpy(ahead)].flatten().tolist()) <= {50.0, 51.0}
+        torch.manual_seed(3)
+        assert torch.equal(m.get_sampling_indexes(), torch.randint(0, 8, (64,)))  # skrl's draw
+        m.add_samples(x=torch.tensor([52.0]))  # the last env: the step is added
+        assert (m.store.total_steps, m.memory_index, m.env_index) == (3, 3, 0)
+        assert col(m.get_tensor_by_name("x")[2]) == [50, 51, 52]
+
+
+def test_a_cursor_set_as_in_skrl_keeps_the_rows_and_survives_a_reopen(tmp_path):
+    with memory(tmp_path, 4, 2) as m:
+        m.create_tensor("x", 1)
+        add_steps(m, 3)  # rows 0..2 hold steps 0..2
+        m.filled = True  # row 3 (never written) counts; the next step goes to row 3
+        m.memory_index = 1  # the next step goes to row 1: rows 1, 2, 3, 0 are oldest to newest
+        m.env_index = 1  # env 0 of row 1 counts as added
+        assert (m.memory_index, m.env_index, m.filled, len(m)) == (1, 1, True, 8)
+        assert col(m.tensors["x"])[:6] == [0, 100, 1, 101, 2, 102]
+        m.add_samples(x=torch.tensor([7.0]))  # env 1 completes row 1
+        assert (m.memory_index, m.env_index) == (2, 0) and col(m.tensors_view["x"])[2:4] == [1, 7]
+    with memory(tmp_path, 4, 2) as m:
+        assert (m.memory_index, m.env_index, m.filled) == (2, 0, True)
+        assert col(m.get_tensor_by_name("x"))[:4] == [0, 100, 1, 7]
+        m.filled = False  # rows from memory_index on read unwritten
+        assert len(m) == 4 and torch.isnan(m.get_tensor_by_name("x")[2:]).all()
+        with pytest.raises(ValueError, match="env_index"):
+            m.env_index = 2
+
+
 def test_multi_row_add_for_one_env_wraps_and_fills(tmp_path):  # 29, adapted
     with memory(tmp_path, 5) as m:
         m.create_tensor("x", 1)
@@ -109,9 +150,12 @@ def test_unknown_and_none_values_are_skipped_missing_tensors_read_unwritten(tmp_
         n = m.get_tensor_by_name("n")
         assert n.dtype == torch.int64 and n[:, :, 0].tolist() == [[3, 4], [0, 0], [0, 0], [0, 0]]
         assert torch.isnan(m.get_tensor_by_name("x")[2:]).all()
-        with pytest.raises(ValueError, match="'n'"):
-            m.add_samples(x=torch.ones(2, 1), n=torch.full((2, 1), 0.5))  # float into an integer tensor
-        assert len(m) == 4
+        m.add_samples(x=torch.ones(2, 1), n=torch.tensor([[2.9], [-1.9]]))  # truncated, as skrl's copy_ does
+        assert m.get_tensor_by_name("n")[2, :, 0].tolist() == [2, -1]
+        for bad in (float("nan"), float("inf"), 2.0**70):  # no defined integer: refused
+            with pytest.raises(ValueError, match="'n'.*cannot be stored in a int64 tensor"):
+                m.add_samples(x=torch.ones(2, 1), n=torch.full((2, 1), bad))
+        assert len(m) == 6
 
 
 # --- create_tensor --------------------------------------------------------------------
@@ -527,7 +571,7 @@ def test_an_empty_memory_samples_empty_batches_as_skrl_does(tmp_path, created):
     for batches in (m.sample(["states"], batch_size=4), m.sample_by_index(["states"], [])):
         assert [[t.shape for t in batch] for batch in batches] == [[torch.Size([0, 3])]]
     with pytest.raises(RuntimeError):
-        RandomMemory(10, 2, device="cpu").sample(["states"], batch_size=4)
+        RandomMemory(10, 2, device="cpu", replacement=True).sample(["states"], batch_size=4)
     m.close()
 
 
@@ -535,7 +579,7 @@ def test_an_empty_memory_samples_empty_batches_as_skrl_does(tmp_path, created):
 
 
 def test_prioritized_memory_draws_by_priority_and_updates_land(tmp_path):
-    with memory(tmp_path, 4, 2, sampler="prioritized", alpha=1.0, commit_every=1) as m:
+    with memory(tmp_path, 4, 2, sampler="prioritized", alpha=1.0, commit_every=1, replacement=None) as m:
         m.create_tensor("x", 1)
         add_steps(m, 6)  # wrapped: physical rows 0, 1 hold steps 4, 5
         assert m.store.sampler.name == "prioritized"

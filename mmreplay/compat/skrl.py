@@ -20,11 +20,15 @@ How it maps onto the store:
   (moved by ``reset``), so ``memory_index = steps % memory_size`` and ``filled`` survive
   a reopen; physical row ``r`` holds the newest step whose count is ``r`` modulo
   ``memory_size``.
-- A step is written when all its envs are in: adds of fewer than ``num_envs`` envs are
-  staged in RAM (readable at once) and the whole step is written when the last env
-  arrives. What is durable is every complete step as of the last commit (every
-  ``commit_every`` steps, the store's default 1000; ``commit_every=1`` commits each
-  complete step when it is written); a staged partial step is lost in a crash.
+- A step is added when all its envs are in: the envs of a partial step (adds of fewer
+  than ``num_envs`` envs) are written ahead into the store's next slot
+  (:meth:`mmreplay.Store.write_next`), where reads and ``sample`` see them at once,
+  and the step is added when the last env arrives. The cursor arithmetic and the draw
+  rule are :mod:`mmreplay.samplers.torch_rule`'s; every random batch is read through
+  the store's fetch path. What is durable is every complete step as of the last commit
+  (every ``commit_every`` steps, the store's default 1000; ``commit_every=1`` commits
+  each complete step when it is written); a partial step is lost in a crash and at
+  ``close``.
 - The store's spec is fixed at creation. The store is created at the first
   ``add_samples`` with the tensors declared so far; a ``create_tensor`` after that
   rewrites the memory into a new store holding the new tensor too (NaN / zero for the
@@ -39,9 +43,19 @@ Deliberate differences from skrl / rofunc (their behaviour in brackets):
   ``filled`` when it wraps, and takes any ``n`` [a second tensor lands on shifted rows,
   a wrap does not set ``filled``, ``n > 2 * memory_size - memory_index`` fails].
 - A row's tensors not given to ``add_samples`` read NaN / zero [they keep stale data].
-  Values are cast by :mod:`mmreplay.values`' rules (float into an integer tensor is
-  refused; 0 / 1 numbers go into bool tensors) [``copy_`` truncates]. An add of all envs while a partial step is staged,
-  or a partial add overflowing ``num_envs``, raises ``RuntimeError`` and changes nothing.
+  Values are cast by :mod:`mmreplay.values`' rules, except that floats go into integer
+  tensors truncated toward zero, as ``copy_`` stores them; NaN, infinities and values
+  outside the integer range are refused [``copy_`` stores platform-dependent numbers].
+  Only 0 / 1 numbers go into bool tensors [``copy_`` makes any nonzero True]. An add of
+  all envs while a partial step is staged, or a partial add overflowing ``num_envs``,
+  raises ``RuntimeError`` and changes nothing.
+- ``tensors`` / ``tensors_view`` read each tensor as a copy [views of the storage]:
+  write back with ``set_tensor_by_name``. Setting ``memory_index`` or ``filled``
+  rewrites the memory so that every row keeps its data; with ``filled`` False the rows
+  from ``memory_index`` on read unwritten, since a store holds only the steps before its
+  cursor [they keep their data, out of reach of ``sample``].
+- ``RandomMemory``'s ``replacement`` defaults to the installed skrl's default (without
+  replacement since skrl 2.1, with it before).
 - After a wrap, sequences (``sequence_length > 1``) follow each env's stream from its
   oldest row, across the physical end of the ring, and never join the newest and the
   oldest rows [they do]. The draws, the count of valid starts and, before a wrap, the
@@ -62,12 +76,13 @@ from __future__ import annotations
 
 import csv
 import datetime
+import importlib.metadata
 import logging
 import math
 import os
+import re
 import shutil
-import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,11 +92,10 @@ try:
 except ImportError as exc:  # pragma: no cover - torch is an install extra
     raise ImportError("mmreplay.compat.skrl needs torch: pip install 'mmreplay[torch]'") from exc
 
-from ..errors import NotEnoughDataError, SpecError, SpecMismatchError
+from ..errors import SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
 from ..reads import sample as sample_store
-from ..samplers.base import Sampler, Window
-from ..sampling import Draw
+from ..samplers.torch_rule import MemoryEmptyError, PhysicalRows, TorchDrawRule
 from ..spec import ArraySpec
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ..store import open as open_store
@@ -104,8 +118,18 @@ log = logging.getLogger(__name__)
 FORMATS = ("pt", "npz", "csv")
 
 
-class MemoryEmptyError(NotEnoughDataError, RuntimeError):
-    """Sampling asked for more than the memory holds (a ``RuntimeError`` too, as in skrl)."""
+def skrl_replacement_default() -> bool:
+    """The default of skrl's ``RandomMemory(replacement=...)`` for the installed skrl.
+
+    skrl up to 2.0 samples with replacement by default, skrl 2.1 and later without; with
+    no skrl installed the newest default (without) applies.
+    """
+    try:
+        version = importlib.metadata.version("skrl")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return found is not None and (int(found[1]), int(found[2])) < (2, 1)
 
 
 def _numpy_dtype(dtype: torch.dtype, name: str) -> np.dtype:
@@ -256,10 +280,7 @@ class Memory(StoreShell):
             **({} if alpha is None else {"alpha": alpha}),
         }
         self._tensors: dict[str, _Tensor] = {}
-        self._staged: dict[str, np.ndarray] | None = None
-        self._env_index = 0
-        self._origin = 0
-        self.store: Store | None = None
+        self._rows = PhysicalRows(self.memory_size, self.num_envs)  # cursor and row <-> step
         self._path = None if path is None else os.fspath(path)
         self._temp = temporary(self) if path is None else None
         if self._path is not None:
@@ -268,6 +289,29 @@ class Memory(StoreShell):
                 self._attach(open_store(self._path, "a"))
 
     # --- the store ------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store | None:
+        """The store holding the memory (None until the first ``add_samples``)."""
+        return self._rows.store
+
+    @store.setter
+    def store(self, store: Store | None) -> None:
+        self._rows.store = store
+
+    def _ahead(self) -> dict[str, np.ndarray]:
+        """The next step's rows as written ahead (envs from ``env_index`` on read unwritten)."""
+        store = self.store
+        if not self._rows.env_index or store is None:
+            return {
+                name: np.full((self.num_envs, *t.shape), t.fill, t.dtype) for name, t in self._tensors.items()
+            }
+        return {name: a[0] for name, a in zip(store.leaf_paths, store.read_steps([store.total_steps]))}
+
+    def _write_ahead(self, step: dict[str, np.ndarray], env_index: int) -> None:
+        """Keep envs ``0..env_index-1`` of the next step in the store's next slot."""
+        self._ensure_store().write_next(step)
+        self._rows.env_index = env_index
 
     def _attach(self, store: Store) -> None:
         """Adopt an opened store: check its size, take its tensors and cursor."""
@@ -285,7 +329,7 @@ class Memory(StoreShell):
         self.store = store
         if self._temp is not None:
             self._temp.store = store
-        self._origin = read_origin(store)
+        self._rows.origin = read_origin(store)
         recorded = store.sampler.state_json()  # a rebuilt store keeps the sampler it had
         self._options = {k: v for k, v in self._options.items() if k not in ("sampler", "alpha")}
         self._options["sampler"] = recorded.pop("name")
@@ -318,31 +362,89 @@ class Memory(StoreShell):
     @property
     def _steps(self) -> int:
         """Complete steps since the origin (the last reset)."""
-        return 0 if self.store is None else self.store.total_steps - self._origin
+        return self._rows.steps
 
     @property
     def memory_index(self) -> int:
-        return self._steps % self.memory_size
+        """The row the next step goes to. Settable, as in skrl: see :meth:`_move_cursor`."""
+        return self._rows.memory_index
+
+    @memory_index.setter
+    def memory_index(self, value: int) -> None:
+        self._move_cursor(_index("memory_index", value, self.memory_size), self.filled)
 
     @property
     def env_index(self) -> int:
-        return self._env_index
+        """The env of the current step the next partial add goes to. Settable, as in skrl:
+        envs before it (their values in the row now) count as added, written ahead."""
+        return self._rows.env_index
+
+    @env_index.setter
+    def env_index(self, value: int) -> None:
+        index = _index("env_index", value, self.num_envs)
+        if index == 0:
+            self._rows.env_index = 0
+            return
+        names = self.get_tensor_names()
+        row = self._physical(names)
+        self._write_ahead({name: row[name][self.memory_index] for name in names}, index)
 
     @property
     def filled(self) -> bool:
-        return self._steps >= self.memory_size
+        """Whether every row holds a step. Settable, as in skrl: see :meth:`_move_cursor`."""
+        return self._rows.filled
+
+    @filled.setter
+    def filled(self, value: bool) -> None:
+        self._move_cursor(self.memory_index, bool(value))
+
+    def _move_cursor(self, index: int, filled: bool) -> None:
+        """Make ``memory_index`` / ``filled`` what skrl's assignments make them: every row
+        keeps what it reads now and the next step goes to row ``index``.
+
+        The store holds the steps before its cursor, so the memory is rewritten: filled,
+        rows ``index, ..., memory_size - 1, 0, ..., index - 1`` become its steps, oldest
+        first (rows never written count, reading NaN / zero); not filled, rows ``0, ...,
+        index - 1``, and the rows from ``index`` on read unwritten. ``env_index`` is kept,
+        its envs written ahead from the new current row. Committed at once.
+        """
+        if (index, filled) == (self.memory_index, self.filled):
+            return
+        names = self.get_tensor_names()
+        if not names:
+            raise RuntimeError("the memory has no tensors: call create_tensor() before moving its cursor")
+        M, env_index = self.memory_size, self._rows.env_index
+        full = self._physical(names)
+        order = np.r_[index:M, 0:index] if filled else np.arange(index)
+        self._refill({name: full[name][order] for name in names}, len(order), None)
+        if filled and index:
+            store = self._ensure_store()
+            self._rows.origin = store.total_steps - M - index  # M + index steps since the origin
+            write_origin(store, self._rows.origin)
+        if env_index:
+            self._write_ahead({name: full[name][index] for name in names}, env_index)
 
     def __len__(self) -> int:
         """``memory_size * num_envs`` once filled, else ``memory_index * num_envs + env_index``."""
-        if self.filled:
-            return self.memory_size * self.num_envs
-        return self.memory_index * self.num_envs + self._env_index
+        return len(self._rows)
 
     # --- tensors --------------------------------------------------------------------
 
     def get_tensor_names(self) -> list[str]:
         """Names of the tensors, sorted."""
         return sorted(self._tensors)
+
+    @property
+    def tensors(self) -> Mapping[str, torch.Tensor]:
+        """skrl's ``tensors``: each tensor ``(memory_size, num_envs, *size)`` by name, read
+        as a copy (write back with :meth:`set_tensor_by_name`)."""
+        return _TensorCopies(self, keepdim=True)
+
+    @property
+    def tensors_view(self) -> Mapping[str, torch.Tensor]:
+        """skrl's ``tensors_view``: each tensor ``(memory_size * num_envs, *size)`` by
+        name, read as a copy (write back with :meth:`set_tensor_by_name`)."""
+        return _TensorCopies(self, keepdim=False)
 
     def create_tensor(
         self,
@@ -386,20 +488,17 @@ class Memory(StoreShell):
         tensor = _Tensor(shape, np_dtype)
         ArraySpec(shape, np_dtype)  # refuse an unstorable dtype before anything changes
         self._tensors[name] = tensor
-        if self._staged is not None:
-            self._staged[name] = np.full((self.num_envs, *shape), tensor.fill, np_dtype)
         if self.store is not None:
             try:
-                self._migrate()
+                self._migrate(name)
             except BaseException:
                 del self._tensors[name]
-                if self._staged is not None:
-                    self._staged.pop(name, None)
                 raise
         return True
 
-    def _migrate(self) -> None:
-        """Rewrite the memory into a new store with the current tensors, then swap folders.
+    def _migrate(self, added: str) -> None:
+        """Rewrite the memory into a new store with the current tensors (``added`` is
+        new), then swap folders; the rows written ahead go along.
 
         The new store is complete before the old one is touched; a crash at any point
         leaves one whole memory at the path (finished by :func:`_finish_swap` on reopen).
@@ -407,6 +506,11 @@ class Memory(StoreShell):
         old = self.store
         assert old is not None
         old.commit()
+        ahead, env_index = None, self._rows.env_index
+        if env_index:
+            ahead = {name: a[0] for name, a in zip(old.leaf_paths, old.read_steps([old.total_steps]))}
+            t = self._tensors[added]
+            ahead[added] = np.full((self.num_envs, *t.shape), t.fill, t.dtype)
         path = self._store_path()
         building, replaced = _swap_names(path)
         if os.path.exists(building):
@@ -437,7 +541,10 @@ class Memory(StoreShell):
         os.rename(building, path)
         shutil.rmtree(replaced, ignore_errors=True)
         self.store = None
+        self._rows.env_index = 0
         self._attach(open_store(path, "a"))
+        if ahead is not None:
+            self._write_ahead(ahead, env_index)
 
     def get_tensor_by_name(self, name: str, keepdim: bool = True) -> torch.Tensor:
         """A copy of the tensor: ``(memory_size, num_envs, *size)``, or
@@ -456,7 +563,7 @@ class Memory(StoreShell):
         """Overwrite the tensor (broadcast to ``(memory_size, num_envs, *size)``).
 
         Rows holding stored steps are rewritten (durable at the next commit, made here);
-        rows of a staged partial step are updated in RAM; rows never written stay so.
+        rows of a partial step are written ahead again; rows never written stay so.
 
         Raises:
             KeyError: no such tensor.
@@ -464,14 +571,16 @@ class Memory(StoreShell):
         t = self._tensors[name]
         M, E = self.memory_size, self.num_envs
         value = self._as_array(name, tensor, (M, E, *t.shape))
-        if self._staged is not None and self._env_index:
-            self._staged[name][: self._env_index] = value[self.memory_index, : self._env_index]
         if self.store is None:
             return
+        if self._rows.env_index:
+            ahead = self._ahead()
+            ahead[name][: self._rows.env_index] = value[self.memory_index, : self._rows.env_index]
+            self._write_ahead(ahead, self._rows.env_index)
         store = self.store
         store.commit()
         rows = np.arange(M)
-        steps, valid = self._steps_of_rows(rows)
+        steps, valid = self._rows.steps_of_rows(rows)
         if not valid.any():
             return
         steps, rows = steps[valid], rows[valid]
@@ -484,13 +593,12 @@ class Memory(StoreShell):
 
     def reset(self) -> None:
         """Empty the memory: cursor to 0, not filled; stored steps are dropped."""
-        self._staged = None
-        self._env_index = 0
+        self._rows.env_index = 0
         if self.store is not None:
             self.store.commit()
             origin = self.store.total_steps
             write_origin(self.store, origin)  # first: a crash before the clear shows an empty memory
-            self._origin = origin
+            self._rows.origin = origin
             self.store.clear()
 
     def add_samples(self, **tensors: Any) -> None:
@@ -516,7 +624,7 @@ class Memory(StoreShell):
         ref_shape = tuple(given[ref_name].shape)
         ref = self._tensors.get(ref_name)
         lead = len(ref_shape) - (len(ref.shape) if ref is not None else 1)
-        E, ei = self.num_envs, self._env_index
+        E, ei = self.num_envs, self._rows.env_index
         known = {k: v for k, v in given.items() if k in self._tensors}
         if lead == 1 and ref_shape[0] == E:
             if ei:
@@ -547,16 +655,14 @@ class Memory(StoreShell):
         elif kind == "rows":
             store.extend(self._complete({name: a[:, None] for name, a in arrays.items()}, E, lead=(n,)))
         else:
-            if self._staged is None:
-                self._staged = {
-                    name: np.full((E, *t.shape), t.fill, t.dtype) for name, t in self._tensors.items()
-                }
+            step = self._ahead()
             for name, a in arrays.items():
-                self._staged[name][ei : ei + n] = a
-            self._env_index = ei + n
-            if self._env_index == E:
-                staged, self._staged, self._env_index = self._staged, None, 0
-                store.add(staged)
+                step[name][ei : ei + n] = a
+            if ei + n == E:
+                store.add(step)
+                self._rows.env_index = 0
+            else:
+                self._write_ahead(step, ei + n)
         if self.export and self._steps // self.memory_size > before // self.memory_size:
             self.save(self.export_directory, self.export_format)
 
@@ -585,6 +691,8 @@ class Memory(StoreShell):
             raise ValueError(f"tensor {name!r}: expected numbers, got {a.dtype} values")
         if t.dtype == np.bool_ and a.dtype.kind in "iuf" and np.isin(a, (0, 1)).all():
             a = a.astype(bool)  # 0 / 1 flags (uint8 dones, float masks) into a bool tensor
+        elif t.dtype.kind in "iu" and a.dtype.kind == "f":
+            a = _truncated(name, a, t.dtype)
         why = cast_refusal(a, t.dtype)
         if why is not None:
             raise ValueError(f"tensor {name!r}: {why} (tensor dtype {t.dtype}, got {a.dtype})")
@@ -596,68 +704,52 @@ class Memory(StoreShell):
     # --- reads ----------------------------------------------------------------------
 
     def _window(self) -> tuple[int, int]:
-        """Global step ids ``[lo, hi)`` of the stored steps the memory shows."""
-        store = self.store
-        if store is None:
-            return 0, 0
-        first, hi = store.window[:2]
-        return max(first, self._origin, hi - self.memory_size), hi
-
-    def _steps_of_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Global step id held by each physical row, and whether the row holds one."""
-        T = self._steps
-        offset = T - 1 - np.mod(T - 1 - rows, self.memory_size)
-        steps = self._origin + offset
-        lo, _ = self._window()
-        return steps, (offset >= 0) & (steps >= lo)
+        """Global step ids ``[lo, hi)`` of the complete steps the memory shows."""
+        return self._rows.window()
 
     def _gather(self, names: Sequence[str], flat: np.ndarray) -> dict[str, np.ndarray]:
         """Rows at flat physical indexes ``row * num_envs + env``, per name."""
-        E = self.num_envs
-        rows, envs = np.divmod(flat, E)
-        steps, valid = self._steps_of_rows(rows)
-        staged = None
-        if self._staged is not None and self._env_index:
-            staged = (rows == self.memory_index) & (envs < self._env_index)
-            valid &= ~staged
-        if valid.size and valid.all() and names:  # the common case: every row is stored
-            by_name = dict(zip(self.store.leaf_paths, read_rows(self.store, steps, envs)))  # type: ignore[union-attr,arg-type]
+        steps, envs, holds = self._rows.locate(flat)
+        store = self.store
+        ahead = None
+        if self._rows.env_index:
+            ahead = holds & (steps == store.total_steps)  # type: ignore[union-attr]
+            holds = holds & ~ahead
+        if holds.size and holds.all() and names:  # the common case: every row is a stored one
+            by_name = dict(zip(store.leaf_paths, read_rows(store, steps, envs)))  # type: ignore[union-attr,arg-type]
             return {name: by_name[name] for name in names}
-        out = {
+        out = self._unwritten(names, flat.shape)
+        if holds.any():
+            by_name = dict(zip(store.leaf_paths, read_rows(store, steps[holds], envs[holds])))  # type: ignore[union-attr,arg-type]
+            for name in names:
+                out[name][holds] = by_name[name]
+        if ahead is not None and ahead.any():
+            row = self._ahead()
+            for name in names:
+                out[name][ahead] = row[name][envs[ahead]]
+        return out
+
+    def _unwritten(self, names: Sequence[str], lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+        return {
             name: np.full(
-                (*flat.shape, *self._tensors[name].shape), self._tensors[name].fill, self._tensors[name].dtype
+                (*lead, *self._tensors[name].shape), self._tensors[name].fill, self._tensors[name].dtype
             )
             for name in names
         }
-        if valid.any():
-            paths = self.store.leaf_paths  # type: ignore[union-attr]
-            leaves = read_rows(self.store, steps[valid], envs[valid])  # type: ignore[arg-type]
-            by_name = dict(zip(paths, leaves))
-            for name in names:
-                out[name][valid] = by_name[name]
-        if staged is not None and staged.any():
-            for name in names:
-                out[name][staged] = self._staged[name][envs[staged]]  # type: ignore[index]
-        return out
 
     def _physical(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         """Whole tensors ``(memory_size, num_envs, *size)`` in physical row order."""
-        M, E = self.memory_size, self.num_envs
-        out = {
-            name: np.full(
-                (M, E, *self._tensors[name].shape), self._tensors[name].fill, self._tensors[name].dtype
-            )
-            for name in names
-        }
-        rows = np.arange(M)
-        steps, valid = self._steps_of_rows(rows)
+        out = self._unwritten(names, (self.memory_size, self.num_envs))
+        rows = np.arange(self.memory_size)
+        steps, valid = self._rows.steps_of_rows(rows)
         if valid.any():
             by_name = dict(zip(self.store.leaf_paths, self.store.read_steps(steps[valid])))  # type: ignore[union-attr]
             for name in names:
                 out[name][rows[valid]] = by_name[name]
-        if self._staged is not None and self._env_index:
+        if self._rows.env_index:
+            row = self._ahead()
             for name in names:
-                out[name][self.memory_index, : self._env_index] = self._staged[name][: self._env_index]
+                out[name][self.memory_index, : self._rows.env_index] = row[name][: self._rows.env_index]
         return out
 
     def _out(self, a: np.ndarray) -> torch.Tensor:
@@ -718,7 +810,7 @@ class Memory(StoreShell):
         overwritten since they were sampled are skipped; returns how many were applied."""
         flat = self._flat_indexes(indexes)
         rows, envs = np.divmod(flat, self.num_envs)
-        steps, valid = self._steps_of_rows(rows)
+        steps, valid = self._rows.steps_of_rows(rows)
         if not valid.all():
             raise IndexError(f"{self._store_path()}: indexes {flat[~valid].tolist()} hold no stored row")
         if isinstance(priorities, torch.Tensor):
@@ -774,7 +866,7 @@ class Memory(StoreShell):
         the last one holding any non-NaN value are loaded as steps in physical order, so
         a memory saved before it filled resumes at its cursor and a full one resumes
         filled at row 0. ``csv`` holds ``len(memory)`` rows: complete steps are stored
-        and a trailing partial step is staged. Tensors in the file that the memory
+        and a trailing partial step is written ahead. Tensors in the file that the memory
         lacks are created; tensors the file lacks read NaN / zero.
 
         Raises:
@@ -869,28 +961,26 @@ class Memory(StoreShell):
             store.extend(self._complete(
                 {name: a.reshape(n, self.num_envs, *self._tensors[name].shape).astype(self._tensors[name].dtype)
                  for name, a in steps.items()}, self.num_envs, lead=(n,)))  # fmt: skip
+        store.commit()
         if tail:
             k = len(next(iter(tail.values())))
-            self._staged = {
-                name: np.full((self.num_envs, *t.shape), t.fill, t.dtype) for name, t in self._tensors.items()
-            }
+            step = self._ahead()
             for name, a in tail.items():
-                self._staged[name][:k] = a.reshape(k, *self._tensors[name].shape)
-            self._env_index = k
-        store.commit()
+                step[name][:k] = a.reshape(k, *self._tensors[name].shape)
+            self._write_ahead(step, k)
 
     # --- life cycle -----------------------------------------------------------------
 
     def close(self) -> None:
         """Commit and release the store (a temporary one is deleted). Safe twice.
 
-        A staged partial step (fewer than ``num_envs`` envs added) is not written.
+        A partial step (fewer than ``num_envs`` envs added) is not committed.
         """
-        if self._env_index and self.store is not None and not self.store.closed:
+        if self._rows.env_index and self.store is not None and not self.store.closed:
             log.warning(
                 "%s: closing with envs 0..%d of a step staged; they are not written",
                 self.store.path,
-                self._env_index - 1,
+                self._rows.env_index - 1,
             )
         super().close()
 
@@ -909,6 +999,9 @@ class RandomMemory(Memory):
     Args:
         replacement: draw with replacement (the batch size is always met); without,
             at most ``len(memory)`` distinct rows (or sequence starts) are returned.
+            None: the installed skrl's default (:func:`skrl_replacement_default`:
+            without replacement since skrl 2.1, with it before); with replacement
+            for ``sampler="prioritized"``, which draws only so.
         others: as :class:`Memory`.
     """
 
@@ -920,15 +1013,18 @@ class RandomMemory(Memory):
         export: bool = False,
         export_format: str = "pt",
         export_directory: str = "",
-        replacement: bool = True,
+        replacement: bool | None = None,
         path: str | os.PathLike | None = None,
         **options: Any,
     ):
         super().__init__(
             memory_size, num_envs, device, export, export_format, export_directory, path, **options
         )
+        if replacement is None:  # a prioritized (or other store) sampler draws with replacement
+            uniform = self._options.get("sampler") in (None, "uniform")
+            replacement = skrl_replacement_default() if uniform else True
         self._replacement = bool(replacement)
-        self._rule = TorchDrawRule(self)
+        self._rule = TorchDrawRule(self._rows)
 
     def sample(
         self, names: Sequence[str], batch_size: int, mini_batches: int = 1, sequence_length: int = 1
@@ -937,18 +1033,15 @@ class RandomMemory(Memory):
         sequence_length, *size)``; a sequence is one env's consecutive rows.
 
         Drawn with skrl's torch calls (the indexes of skrl under ``torch.manual_seed``),
-        or by priority for a memory created with ``sampler="prioritized"`` (stored
-        steps only: a partial step staged in RAM is not drawn); the rows are read
+        or by priority for a memory created with ``sampler="prioritized"`` (complete
+        steps only: the envs of a partial step are not drawn); the rows are read
         through the store's fetch path.
 
         Raises:
             MemoryEmptyError: with replacement, nothing (or no whole sequence) to draw.
         """
-        if self.store is None or (
-            self._staged is not None and self._env_index and self.store.sampler.name == "uniform"
-        ):
-            # No store yet, or a partial step staged in RAM that the store cannot read.
-            draw = self._rule.draw_physical(batch_size, sequence_length, self._replacement)
+        if self.store is None:  # nothing added yet: skrl's draw raises or gives no rows
+            draw = self._rows.draw(batch_size, sequence_length, self._replacement)
             self.sampling_indexes, self.sampling_info = draw, None
             return self.sample_by_index(names, draw, mini_batches)
         lo, hi = self._window()
@@ -965,7 +1058,7 @@ class RandomMemory(Memory):
         if uniform:
             self.sampling_indexes = self._rule.last_indexes
         else:
-            rows = (info.step - self._origin)[:, None] + np.arange(sequence_length)
+            rows = (info.step - self._rows.origin)[:, None] + np.arange(sequence_length)
             flat = (rows % self.memory_size) * self.num_envs + info.env[:, None]
             self.sampling_indexes = torch.from_numpy(flat.reshape(-1))
         self.sampling_info = info
@@ -982,73 +1075,49 @@ class RandomMemory(Memory):
         return [[self._out(flat[n][p]) if n in flat else None for n in names] for p in parts]
 
 
-class TorchDrawRule(Sampler):
-    """skrl's ``RandomMemory`` draw rule as a sampler the store's fetch path draws through.
+class _TensorCopies(Mapping):
+    """``memory.tensors`` / ``memory.tensors_view``: the tensors by name, each read as a copy."""
 
-    The starts come from torch's global generator with skrl's calls
-    (``torch.randint(0, size, (batch_size,))``, or ``torch.randperm(size)[:batch_size]``
-    without replacement), so ``torch.manual_seed`` gives skrl's indexes; ``rng`` is not
-    used. Indexes are the memory's physical flat rows ``row * num_envs + env``; the draw
-    maps them to the global steps they hold. ``last_indexes`` keeps the physical indexes
-    of the last draw (skrl's ``sampling_indexes``).
+    def __init__(self, memory: Memory, keepdim: bool):
+        self._memory = memory
+        self._keepdim = keepdim
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._memory.get_tensor_by_name(name, self._keepdim)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._memory._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._memory.get_tensor_names())
+
+    def __len__(self) -> int:
+        return len(self._memory._tensors)
+
+
+def _index(name: str, value: Any, bound: int) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 0 <= value < bound:
+        raise ValueError(f"{name} must be an int in [0, {bound}), got {value!r}")
+    return int(value)
+
+
+def _truncated(name: str, a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Floats for an integer tensor, truncated toward zero as torch's ``copy_`` stores them.
+
+    NaN, infinities and values outside the dtype's range have no defined result in torch
+    (they depend on the platform) and are refused.
     """
-
-    name = "skrl-random"
-
-    def __init__(self, memory: RandomMemory):
-        self.memory = weakref.proxy(memory)  # no cycle: a dropped memory closes at once
-        self.last_indexes: torch.Tensor | None = None
-
-    def state_json(self) -> dict[str, Any]:
-        raise TypeError("the skrl draw rule lives with its memory and is not recorded in a store")
-
-    def draw_physical(self, batch_size: int, sequence_length: int, replacement: bool) -> torch.Tensor:
-        """Physical flat indexes of a batch (``batch_size * sequence_length``), as skrl draws them."""
-        m = self.memory
-        E = m.num_envs
-        size = len(m) - (sequence_length - 1) * E
-        if replacement:
-            if size <= 0:
-                raise MemoryEmptyError(
-                    f"cannot sample: the memory holds {len(m)} rows"
-                    + (f", no sequence of {sequence_length} steps" if sequence_length > 1 else "")
-                )
-            starts = torch.randint(0, size, (batch_size,))
-        else:
-            if size < 0:
-                raise MemoryEmptyError(
-                    f"cannot sample sequences of {sequence_length} steps from {len(m)} rows"
-                )
-            starts = torch.randperm(size, dtype=torch.long)[:batch_size]
-        if sequence_length == 1:
-            self.last_indexes = starts
-            return starts
-        k, envs = np.divmod(starts.numpy(), E)
-        oldest = 0
-        if m.filled:  # each env's stream starts after its newest row
-            oldest = (m.memory_index + (envs < m.env_index)) % m.memory_size
-        rows = (oldest + k)[:, None] + np.arange(sequence_length)
-        self.last_indexes = torch.from_numpy(((rows % m.memory_size) * E + envs[:, None]).reshape(-1))
-        return self.last_indexes
-
-    def draw(
-        self,
-        batch_size: int,
-        window: Window,
-        rng: np.random.Generator,
-        num_steps: int = 1,
-        replacement: bool = True,
-    ) -> Draw:
-        """A skrl draw of whole stored steps (no partial step staged) as a :class:`Draw`."""
-        m = self.memory
-        indexes = self.draw_physical(batch_size, num_steps, replacement).numpy()
-        first = indexes.reshape(-1, num_steps)[:, 0]
-        rows, envs = np.divmod(first, m.num_envs)
-        steps, _ = m._steps_of_rows(rows)
-        flat = steps * window.num_envs + envs
-        start = (steps % window.capacity) * window.num_envs + envs
-        size = len(m) - (num_steps - 1) * m.num_envs
-        return Draw(start, window.num_envs, 1.0 / max(size, 1), flat=flat)
+    whole = np.trunc(a)
+    info = np.iinfo(dtype)
+    bad = ~np.isfinite(whole) | (whole < info.min) | (whole > info.max)
+    if bad.any():
+        raise ValueError(
+            f"tensor {name!r}: {a[bad].flat[0]!r} cannot be stored in a {dtype} tensor "
+            f"(integer tensors take finite values in [{info.min}, {info.max}], truncated)"
+        )
+    return whole.astype(dtype)
 
 
 def _step_bytes(tensors: dict[str, _Tensor], num_envs: int) -> int:
