@@ -602,6 +602,10 @@ class Store:
         drop_remainder: bool = False,
         shuffle: bool = False,
         rng: Any = None,
+        *,
+        window: tuple[int, int] | None = None,
+        group_envs: bool = False,
+        return_steps: bool = False,
     ) -> Iterator[Any]:
         """One deterministic pass over every committed row, env by env in time order.
 
@@ -611,6 +615,12 @@ class Store:
         ``drop_remainder``. With ``batch_size``, windows are stacked: full windows
         first, then the shorter ones grouped by length; a last smaller batch is kept
         unless ``drop_remainder``. ``shuffle`` permutes the windows with ``rng``.
+        ``window=(first, end)`` limits the pass to those global step ids (within
+        :attr:`window`). ``group_envs`` makes each batch the same window of
+        ``batch_size`` consecutive envs, env group by env group, each in time order
+        (TF-Agents' order; a last smaller group is kept unless ``drop_remainder``).
+        ``return_steps`` yields ``(batch, steps)``: the global step ids of the batch's
+        rows, shaped as its outer axes.
 
         Yields:
             Nests of ``[*shape]`` (no sizes), ``[n, *shape]`` (``num_steps`` or
@@ -623,7 +633,9 @@ class Store:
             >>> [b["x"].tolist() for b in store.iterate(num_steps=2)]
             [[0, 1], [2, 3], [4]]
         """
-        return _reads.iterate(self, batch_size, num_steps, window_shift, drop_remainder, shuffle, rng)
+        return _reads.iterate(
+            self, batch_size, num_steps, window_shift, drop_remainder, shuffle, rng, window, group_envs, return_steps
+        )
 
     def episodes(self, env: int | None = None, complete_only: bool = False) -> Iterator[Any]:
         """Each episode of the committed window with its data, env by env, in time order.

@@ -39,7 +39,6 @@ import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError
 from ..reads import SampleInfo
-from ..sampling import pass_windows
 from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
 from ..values import StepValidator
@@ -49,7 +48,6 @@ from ._shared import (
     attach_store,
     flatten_like,
     read_origin,
-    read_rows,
     write_origin,
 )
 
@@ -443,9 +441,6 @@ class UniformReplayBuffer(StoreShell):
     def _ids(self, steps: np.ndarray) -> np.ndarray:
         return steps - self._origin
 
-    def _read(self, steps: np.ndarray, segments: np.ndarray) -> list[np.ndarray]:
-        return read_rows(self.store, steps, segments)
-
     def get_next(
         self, sample_batch_size: int | None = None, num_steps: int | None = None, time_stacked: bool = True
     ) -> tuple[Any, BufferInfo]:
@@ -563,36 +558,25 @@ class UniformReplayBuffer(StoreShell):
     def _deterministic_pass(
         self, sample_batch_size: int | None, num_steps: int | None
     ) -> Iterator[tuple[Any, BufferInfo]]:
-        lo, hi = self._window()  # the frames present now, as TF-Agents reads its range once
-        return self._pass(lo, hi, sample_batch_size, num_steps)
+        # the frames present now, as TF-Agents reads its range once; the store's pass
+        # stacks a group of segments at the same window, as TF-Agents does
+        lo, hi = self._window()
+        batches = self.store.iterate(
+            batch_size=sample_batch_size,
+            num_steps=num_steps,
+            window_shift=None if num_steps is None else self._window_shift,
+            drop_remainder=self._drop_remainder,
+            window=(lo, hi),
+            group_envs=True,
+            return_steps=True,
+        )
+        return self._pass(batches, hi <= lo)
 
-    def _pass(
-        self, lo: int, hi: int, sample_batch_size: int | None, num_steps: int | None
-    ) -> Iterator[tuple[Any, BufferInfo]]:
-        if hi <= lo:
+    def _pass(self, batches: Iterator[tuple[Any, np.ndarray]], empty: bool) -> Iterator[tuple[Any, BufferInfo]]:
+        if empty:
             raise NotEnoughDataError(_EMPTY)
-        B = self._batch_size
-        # The store's windows of one segment's stream (store.iterate's). Its batches stack
-        # windows of one pass order (segment by segment); TF-Agents stacks a group of
-        # segments at the same window, so the grouping below stays here.
-        shift = None if num_steps is None else self._window_shift
-        _, starts, lengths = pass_windows(lo, hi, 1, num_steps, shift, self._drop_remainder)
-        group = 1 if sample_batch_size is None else sample_batch_size
-        groups = [np.arange(b, min(b + group, B)) for b in range(0, B, group)]
-        if self._drop_remainder:
-            groups = [g for g in groups if len(g) == group]
-        for segs in groups:
-            for first, n in zip(starts.tolist(), lengths.tolist()):
-                steps = first + np.arange(n)  # [n]
-                leaves = self._read(steps[None, :], segs[:, None])  # [G, n, ...]
-                ids = np.broadcast_to(self._ids(steps), (len(segs), n)).copy()
-                if num_steps is None:
-                    leaves = [x[:, 0] for x in leaves]
-                    ids = ids[:, 0]
-                if sample_batch_size is None:
-                    leaves = [x[0] for x in leaves]
-                    ids = ids[0]
-                yield unflatten(self._spec, leaves), BufferInfo(ids, ())
+        for nest, steps in batches:
+            yield unflatten(self._spec, flatten(nest)), BufferInfo(self._ids(steps), ())
 
     def _tf_dataset(
         self, make: Any, sample_batch_size: int | None, num_steps: int | None, deterministic: bool
