@@ -885,6 +885,7 @@ def plan(
     commit_every = _check_int("commit_every", commit_every, 1)
     if durability not in DURABILITIES:
         raise SpecError(f"durability must be one of {DURABILITIES}, got {durability!r}")
+    backend = backends.for_new_buffer(backend)
     module = backends.get(backend)
     paths = leaf_paths(spec)
     if isinstance(compression, Mapping):
@@ -940,7 +941,8 @@ def create(
         spec: a nest of :class:`ArraySpec` or anything :func:`mmreplay.spec.to_spec` takes.
         capacity: time steps the ring holds; each step holds ``num_envs`` rows.
         num_envs: parallel environments written per step.
-        backend: ``"zarr"`` (zarr v3) or ``"hdf5"``.
+        backend: ``"zarr"`` (zarr v3) or ``"hdf5"``; ``"zarr"`` without zarr-python 3
+            installed (the ``zarr`` extra) creates an hdf5 buffer, with a warning.
         chunk_steps: steps per chunk, for every leaf or per leaf path; default chunks of
             about 4 MiB.
         compression: ``None`` (memory-mapped), a codec such as ``"zstd"``, ``"zstd:5"``,
@@ -964,6 +966,7 @@ def create(
     path = os.fspath(path)
     chosen = make_sampler(sampler, **sampler_options)
     meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles, chosen)
+    backend = meta.backend  # hdf5 where zarr-python 3 does not import
     module = backends.get(backend)
     if os.path.lexists(path):
         if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
