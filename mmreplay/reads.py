@@ -479,21 +479,16 @@ def iterate(
     env, start, length = sampling.pass_windows(
         first, end, store.num_envs, num_steps, window_shift, drop_remainder
     )
-    if drop_remainder and end > first:
+    if drop_remainder and end > first and not group_envs:  # (TF-Agents' order yields nothing then)
         if len(env) == 0:
             raise NotEnoughDataError(
                 f"{store.path}: all data would be dropped: num_steps={num_steps} is longer than the "
                 f"{end - first} committed steps retained"
             )
-        if batch_size is not None and len(env) < batch_size and not group_envs:
+        if batch_size is not None and len(env) < batch_size:
             raise NotEnoughDataError(
                 f"{store.path}: all data would be dropped: batch_size={batch_size} is larger than the "
                 f"{len(env)} windows of one pass"
-            )
-        if batch_size is not None and store.num_envs < batch_size and group_envs:
-            raise NotEnoughDataError(
-                f"{store.path}: all data would be dropped: batch_size={batch_size} is larger than the "
-                f"{store.num_envs} envs"
             )
     if group_envs:
         groups = sampling.env_group_batches(store.num_envs, len(env) // store.num_envs, batch_size, drop_remainder)

@@ -618,7 +618,8 @@ class Store:
         ``window=(first, end)`` limits the pass to those global step ids (within
         :attr:`window`). ``group_envs`` makes each batch the same window of
         ``batch_size`` consecutive envs, env group by env group, each in time order
-        (TF-Agents' order; a last smaller group is kept unless ``drop_remainder``).
+        (TF-Agents' order; a last smaller group is kept unless ``drop_remainder``, and
+        a pass that drops everything yields nothing instead of raising).
         ``return_steps`` yields ``(batch, steps)``: the global step ids of the batch's
         rows, shaped as its outer axes.
 
