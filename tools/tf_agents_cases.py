@@ -19,7 +19,7 @@ import numpy as np
 DRAWS = 1024
 
 
-def cases(seed: int = 2026, count: int = 40) -> list[dict[str, Any]]:
+def cases(seed: int = 2026, count: int = 60) -> list[dict[str, Any]]:
     """Buffer shapes and operation sequences, the same for a given seed."""
     rng = np.random.default_rng(seed)
     out = []
@@ -28,16 +28,16 @@ def cases(seed: int = 2026, count: int = 40) -> list[dict[str, Any]]:
         max_length = int(rng.integers(2, 10))
         shift = None if rng.random() < 0.5 else int(rng.integers(1, 4))
         drop = bool(rng.random() < 0.3)
-        ops: list[dict[str, Any]] = []
-        for _ in range(int(rng.integers(3, 9))):
-            kind = rng.choice(["add", "add", "get_next", "pass", "clear"], p=[0.3, 0.2, 0.25, 0.2, 0.05])
+        ops: list[dict[str, Any]] = [{"op": "get_next", "num_steps": None}] if i == 0 else []  # empty
+        for j in range(int(rng.integers(3, 9))):
+            kind = "add" if j == 0 else rng.choice(["add", "get_next", "pass", "clear"], p=[0.35, 0.3, 0.3, 0.05])
             if kind == "add":
                 ops.append({"op": "add", "n": int(rng.integers(1, 2 * max_length))})
             elif kind == "get_next":
                 ops.append(
                     {
                         "op": "get_next",
-                        "num_steps": None if rng.random() < 0.4 else int(rng.integers(1, max_length + 2)),
+                        "num_steps": None if rng.random() < 0.3 else int(rng.integers(1, max_length + 2)),
                     }
                 )
             elif kind == "pass":
