@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..errors import Error, NotEnoughDataError
+from ..errors import NotEnoughDataError
+from .tf_agents import BufferCheckpointError
 
-__all__ = ["EmptyBufferError", "BufferCheckpointError", "trackable_class", "in_graph"]
+__all__ = ["EmptyBufferError", "trackable_class", "in_graph", "graph_add", "graph_call"]
 
 
 class EmptyBufferError(NotEnoughDataError, tf.errors.InvalidArgumentError):
@@ -33,10 +34,6 @@ class EmptyBufferError(NotEnoughDataError, tf.errors.InvalidArgumentError):
 
     def __str__(self) -> str:
         return self.message
-
-
-class BufferCheckpointError(Error, ValueError):
-    """A checkpoint restored over a buffer folder that does not hold the commit it recorded."""
 
 
 def in_graph() -> bool:

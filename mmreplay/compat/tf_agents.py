@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import BadInputError, NotEnoughDataError
+from ..errors import BadInputError, Error, NotEnoughDataError
 from ..reads import SampleInfo
 from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
@@ -53,7 +53,7 @@ from ._shared import (
     write_origin,
 )
 
-__all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo"]
+__all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo", "BufferCheckpointError"]
 
 _EMPTY = "TFUniformReplayBuffer is empty. Make sure to add items before sampling the buffer."
 
@@ -72,6 +72,11 @@ def _not_enough(message: str) -> NotEnoughDataError:
     as TF-Agents raises, once TensorFlow is imported."""
     tf_glue = _tensorflow()
     return NotEnoughDataError(message) if tf_glue is None else tf_glue.EmptyBufferError(message)
+
+
+class BufferCheckpointError(Error, ValueError):
+    """A TF checkpoint restored over a buffer folder that does not hold the commit it
+    recorded (another buffer, or a copy older than the checkpoint)."""
 
 
 class BufferInfo(NamedTuple):
@@ -311,7 +316,14 @@ class UniformReplayBuffer(StoreShell):
       :class:`mmreplay.BadInputError` (a ``ValueError``) and uses up no id [the id is
       consumed and its slot later serves stale data].
     - Sampling an empty or too short buffer raises :class:`mmreplay.NotEnoughDataError`
-      (a ``ValueError``) with TF-Agents' message [``InvalidArgumentError``].
+      (a ``ValueError``) with TF-Agents' message, also a ``tf.errors.InvalidArgumentError``
+      once TensorFlow is imported [only the latter].
+    - ``scope``, ``device``, ``table_fn`` and ``stateful_dataset`` are keyword-only and
+      have no effect (no TF variables or tables hold the data) [positional].
+    - A ``tf.train.Checkpoint`` of the buffer records the store's commit, not the
+      frames, which stay in the folder; restoring checks the folder holds that commit
+      (:class:`BufferCheckpointError` if it is older or another buffer, a warning if it
+      holds later adds) [the frames are in the checkpoint].
     - The deterministic pass reads frame ids, not raw table rows, so it is right after
       the ring wraps for any ``batch_size`` [for ``batch_size > 1`` it reads the next
       segment]; with ``sample_batch_size`` its windows stay inside each segment group
