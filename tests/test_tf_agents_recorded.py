@@ -30,7 +30,9 @@ SPEC = {"value": mr.ArraySpec((), "int64"), "half": mr.ArraySpec((), "float32")}
 def error_kind(exc: BaseException) -> str | None:
     if isinstance(exc, ValueError) and "ALL data will be dropped" in str(exc):
         return "all_dropped"
-    if isinstance(exc, mr.NotEnoughDataError) and "is empty" in str(exc):
+    tf = sys.modules.get("tensorflow")  # where installed, a tf.data pass raises TF's error
+    empty = (mr.NotEnoughDataError,) + (() if tf is None else (tf.errors.InvalidArgumentError,))
+    if isinstance(exc, empty) and "is empty" in str(exc):
         return "empty"
     return None
 
