@@ -79,6 +79,11 @@ def test_dataset_feeds_a_tf_function_train_step_and_get_next_runs_in_graph(tmp_p
             (items, info), frames = rb.get_next(sample_batch_size=64), rb.num_frames()
             return items["x"], info.ids, info.probabilities, frames
 
+        @common.function
+        def train_on_everything():  # PPO's and REINFORCE's train step
+            return rb.gather_all()["x"]
+
+        assert train_on_everything().numpy()[:, -1].tolist() == [9, 109]
         first = draw()
         rb.add_batch({"x": np.array([10, 110])})
         second = draw()  # the same trace draws again and sees the new frames
@@ -86,6 +91,7 @@ def test_dataset_feeds_a_tf_function_train_step_and_get_next_runs_in_graph(tmp_p
         assert first[2].shape == (64,) and first[2].numpy()[0] == pytest.approx(1 / 20)
         assert second[2].numpy()[0] == pytest.approx(1 / 22)
         assert not np.array_equal(first[0].numpy(), second[0].numpy())
+        assert train_on_everything().numpy()[:, -1].tolist() == [10, 110]
         assert 10 in second[1].numpy() or 10 in (second[0].numpy() % 100)
 
 

@@ -588,10 +588,19 @@ class UniformReplayBuffer(StoreShell):
         return self.store.update_priorities(steps, segments, np.asarray(priorities))
 
     def gather_all(self) -> Any:
-        """Every frame: leaves ``[batch_size, n, *shape]``, each segment in time order."""
+        """Every frame: leaves ``[batch_size, n, *shape]``, each segment in time order
+        (inside a ``tf.function``, as PPO's and REINFORCE's train steps call it, an op
+        that reads when the function runs)."""
+        tf_glue = _tensorflow()
+        if tf_glue is not None and tf_glue.in_graph():
+            shapes = [(self._batch_size, None, *s.shape) for s in self._leaf_specs]
+            dtypes = [s.dtype for s in self._leaf_specs]
+            return unflatten(self._spec, tf_glue.graph_call(self._gather_leaves, dtypes, shapes))
+        return unflatten(self._spec, self._gather_leaves())
+
+    def _gather_leaves(self) -> list[np.ndarray]:
         lo, hi = self._window()
-        leaves = self.store.read_steps(np.arange(lo, hi))
-        return unflatten(self._spec, [np.swapaxes(x, 0, 1) for x in leaves])
+        return [np.swapaxes(x, 0, 1) for x in self.store.read_steps(np.arange(lo, hi))]
 
     def as_dataset(
         self,
