@@ -322,7 +322,10 @@ def _hdf5_source(src: str) -> tuple[Source, Callable[[], None]]:
 
 
 def _zarr_source(src: str) -> tuple[Source, Callable[[], None]]:
-    import zarr
+    try:
+        import zarr
+    except ImportError as exc:
+        raise ImportError(f"importing a zarr export needs zarr-python 3: pip install 'mmreplay[zarr]' ({exc})") from exc
 
     g = zarr.open_group(src, mode="r")
     meta = dict(g.attrs).get("mmreplay")

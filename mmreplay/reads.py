@@ -605,17 +605,24 @@ def iterate(
     drop_remainder: bool = False,
     shuffle: bool = False,
     rng: Any = None,
+    window: tuple[int, int] | None = None,
+    group_envs: bool = False,
+    return_steps: bool = False,
 ) -> Iterator[Any]:
     """See :meth:`mmreplay.Store.iterate`."""
     store._check_open()
     batch_size, num_steps, window_shift = sampling.check_sizes(batch_size, num_steps, window_shift)
     if window_shift is not None and num_steps is None:
         raise ValueError("window_shift needs num_steps: it is the step between the starts of two windows")
+    if group_envs and shuffle:
+        raise ValueError("group_envs keeps the pass order: it cannot be shuffled")
     first, end = store.window[:2]
+    if window is not None:  # a caller's narrower window (framework layers' own views)
+        first, end = max(first, int(window[0])), min(end, int(window[1]))
     env, start, length = sampling.pass_windows(
         first, end, store.num_envs, num_steps, window_shift, drop_remainder
     )
-    if drop_remainder and end > first:
+    if drop_remainder and end > first and not group_envs:  # (TF-Agents' order yields nothing then)
         if len(env) == 0:
             raise NotEnoughDataError(
                 f"{store.path}: all data would be dropped: num_steps={num_steps} is longer than the "
@@ -626,10 +633,13 @@ def iterate(
                 f"{store.path}: all data would be dropped: batch_size={batch_size} is larger than the "
                 f"{len(env)} windows of one pass"
             )
-    gen = sampling.as_generator(rng) if shuffle else None
-    groups = sampling.pass_batches(length, batch_size, drop_remainder, gen)
+    if group_envs:
+        groups = sampling.env_group_batches(store.num_envs, len(env) // store.num_envs, batch_size, drop_remainder)
+    else:
+        gen = sampling.as_generator(rng) if shuffle else None
+        groups = sampling.pass_batches(length, batch_size, drop_remainder, gen)
     reader = reader_for(store)
-    return _pass(store, reader, groups, env, start, length, batch_size, num_steps, shuffle)
+    return _pass(store, reader, groups, env, start, length, batch_size, num_steps, shuffle, return_steps)
 
 
 def _pass(
@@ -642,16 +652,23 @@ def _pass(
     batch_size: int | None,
     num_steps: int | None,
     shuffle: bool,
+    return_steps: bool = False,
 ) -> Iterator[Any]:
     capacity, num_envs = reader.capacity, reader.num_envs
 
-    def rows_for(group: np.ndarray) -> np.ndarray:
+    def steps_for(group: np.ndarray) -> np.ndarray:
+        """Global step ids of the group's rows, in the shape of the batch's outer axes."""
         n = int(length[group[0]])
         steps = start[group][:, None] + np.arange(n, dtype=np.int64)
-        rows = (steps % capacity) * num_envs + env[group][:, None]
         if num_steps is None:
-            rows = rows[:, 0]
-        return rows if batch_size is not None else rows[0]
+            steps = steps[:, 0]
+        return steps if batch_size is not None else steps[0]
+
+    def rows_for(group: np.ndarray) -> np.ndarray:
+        envs = env[group] if batch_size is not None else env[group[0]]
+        if num_steps is not None:
+            envs = np.expand_dims(envs, -1)
+        return (steps_for(group) % capacity) * num_envs + envs
 
     pattern = "random" if shuffle and num_steps is None else "normal"
     group = next(groups, None)
@@ -671,5 +688,5 @@ def _pass(
                     f"{store.path}: step {lowest} was overwritten by the writer during the pass; "
                     "a pass over a ring being written must keep ahead of the writer"
                 )
-        yield reader.pack(out)
+        yield (reader.pack(out), steps_for(group)) if return_steps else reader.pack(out)
         group = nxt

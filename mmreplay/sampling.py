@@ -255,3 +255,18 @@ def pass_batches(
         stop = len(group) - len(group) % batch_size if drop_remainder else len(group)
         for i in range(0, stop, batch_size):
             yield group[i : i + batch_size]
+
+
+def env_group_batches(num_envs: int, per_env: int, group_size: int | None, drop_remainder: bool) -> Iterator[np.ndarray]:
+    """Groups of window indices (as :func:`pass_windows` orders them) for a pass that
+    stacks the same window of ``group_size`` consecutive envs: env group by env group,
+    each in time order (TF-Agents' deterministic pass). A last smaller env group is kept
+    unless ``drop_remainder``; without ``group_size`` each env is its own group.
+    """
+    size = 1 if group_size is None else group_size
+    for lo in range(0, num_envs, size):
+        envs = np.arange(lo, min(lo + size, num_envs), dtype=np.int64)
+        if drop_remainder and len(envs) < size:
+            continue
+        for w in range(per_env):
+            yield envs * per_env + w

@@ -162,7 +162,7 @@ def estimate(
         True
     """
     meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression)
-    module = backends.get(backend)
+    module = backends.get(meta.backend)
     placed, shards, data_meta = module.planned_bytes(list(meta.leaves), meta.capacity, meta.num_envs)
     samples = _sample_by_path(meta, sample)
     out = []

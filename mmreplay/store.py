@@ -770,6 +770,10 @@ class Store:
         drop_remainder: bool = False,
         shuffle: bool = False,
         rng: Any = None,
+        *,
+        window: tuple[int, int] | None = None,
+        group_envs: bool = False,
+        return_steps: bool = False,
     ) -> Iterator[Any]:
         """One deterministic pass over every committed row, env by env in time order.
 
@@ -779,6 +783,13 @@ class Store:
         ``drop_remainder``. With ``batch_size``, windows are stacked: full windows
         first, then the shorter ones grouped by length; a last smaller batch is kept
         unless ``drop_remainder``. ``shuffle`` permutes the windows with ``rng``.
+        ``window=(first, end)`` limits the pass to those global step ids (within
+        :attr:`window`). ``group_envs`` makes each batch the same window of
+        ``batch_size`` consecutive envs, env group by env group, each in time order
+        (TF-Agents' order; a last smaller group is kept unless ``drop_remainder``, and
+        a pass that drops everything yields nothing instead of raising).
+        ``return_steps`` yields ``(batch, steps)``: the global step ids of the batch's
+        rows, shaped as its outer axes.
 
         Yields:
             Nests of ``[*shape]`` (no sizes), ``[n, *shape]`` (``num_steps`` or
@@ -791,7 +802,9 @@ class Store:
             >>> [b["x"].tolist() for b in store.iterate(num_steps=2)]
             [[0, 1], [2, 3], [4]]
         """
-        return _reads.iterate(self, batch_size, num_steps, window_shift, drop_remainder, shuffle, rng)
+        return _reads.iterate(
+            self, batch_size, num_steps, window_shift, drop_remainder, shuffle, rng, window, group_envs, return_steps
+        )
 
     def episodes(self, env: int | None = None, complete_only: bool = False) -> Iterator[Any]:
         """Each episode of the committed window with its data, env by env, in time order.
@@ -1044,6 +1057,7 @@ def plan(
     commit_every = _check_int("commit_every", commit_every, 1)
     if durability not in DURABILITIES:
         raise SpecError(f"durability must be one of {DURABILITIES}, got {durability!r}")
+    backend = backends.for_new_buffer(backend)
     module = backends.get(backend)
     paths = leaf_paths(spec)
     if isinstance(compression, Mapping):
@@ -1115,7 +1129,8 @@ def create(
         spec: a nest of :class:`ArraySpec` or anything :func:`mmreplay.spec.to_spec` takes.
         capacity: time steps the ring holds; each step holds ``num_envs`` rows.
         num_envs: parallel environments written per step.
-        backend: ``"zarr"`` (zarr v3) or ``"hdf5"``.
+        backend: ``"zarr"`` (zarr v3) or ``"hdf5"``; ``"zarr"`` without zarr-python 3
+            installed (the ``zarr`` extra) creates an hdf5 buffer, with a warning.
         chunk_steps: steps per chunk, for every leaf or per leaf path; default chunks of
             about 4 MiB.
         compression: ``None`` (memory-mapped), a codec such as ``"zstd"``, ``"zstd:5"``,
@@ -1144,6 +1159,7 @@ def create(
     meta = plan(
         spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles, chosen, frames
     )
+    backend = meta.backend  # hdf5 where zarr-python 3 does not import
     module = backends.get(backend)
     if os.path.lexists(path):
         if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):

@@ -55,7 +55,6 @@ from .statefile import FILE_BYTES, StateFile, decode_slot, salvage
 __all__ = ["verify", "recover", "Recovery", "leftovers", "hdf5_status"]
 
 EPISODE_BLOCK = 1 << 16  # steps of role leaves read at a time by the episode index check
-BACKEND_NAMES = ("zarr", "hdf5")
 
 
 # --- verify -------------------------------------------------------------------------
@@ -230,7 +229,7 @@ def leftovers(path: str | os.PathLike) -> list[str]:
     out = glob.glob(os.path.join(glob.escape(folder), METADATA_FILE + ".*.tmp"))
     out += glob.glob(os.path.join(glob.escape(folder), STATE_FILE + ".*.tmp"))
     out += glob.glob(os.path.join(glob.escape(folder), "episodes.idx.*.tmp"))
-    for name in BACKEND_NAMES:
+    for name in backends.importable():
         out += backends.get(name).leftover_files(folder)
     return sorted(out)
 
@@ -327,7 +326,7 @@ def _tmp_copies(folder: str) -> list[str]:
 def _recover(folder: str) -> Recovery:
     out = Recovery(folder)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for name in BACKEND_NAMES:  # (the metadata may be the damage: ask every backend)
+    for name in backends.importable():  # (the metadata may be the damage: ask every backend)
         # chunks that do not decode for want of a codec are no damage: stop before any change
         backends.get(name).require_codecs(folder)
     repairs = Repairs(folder, stamp, out.actions)

@@ -132,3 +132,30 @@ def test_pass_in_prefetch_mode_is_the_same(tmp_path, layout):
         assert windows(store, batch_size=4, num_steps=3, shuffle=True, rng=5) == want
         assert sorted(b["step"].item() * 2 + b["env"].item() for b in store.iterate(shuffle=True, rng=1)) == list(range(60))
 
+
+
+def test_env_groups_a_narrower_window_and_step_ids(tmp_path):
+    store = mr.create(tmp_path / "b", {"x": mr.ArraySpec((), "int64")}, 10, num_envs=3)
+    for t in range(6):
+        store.add({"x": np.array([t, 100 + t, 200 + t])})
+    got = [
+        (b["x"].tolist(), steps.tolist())
+        for b, steps in store.iterate(
+            batch_size=2, num_steps=2, window=(1, 6), group_envs=True, return_steps=True
+        )
+    ]
+    # the same window of envs 0 and 1, then of env 2 alone; a shorter last window is kept
+    assert got == [
+        ([[1, 2], [101, 102]], [[1, 2], [1, 2]]),
+        ([[3, 4], [103, 104]], [[3, 4], [3, 4]]),
+        ([[5], [105]], [[5], [5]]),
+        ([[201, 202]], [[1, 2]]),
+        ([[203, 204]], [[3, 4]]),
+        ([[205]], [[5]]),
+    ]
+    dropped = store.iterate(batch_size=2, num_steps=2, window=(1, 6), group_envs=True, drop_remainder=True)
+    assert [b["x"].tolist() for b in dropped] == [[[1, 2], [101, 102]], [[3, 4], [103, 104]]]
+    assert list(store.iterate(num_steps=4, window=(4, 6), group_envs=True, drop_remainder=True)) == []
+    with pytest.raises(ValueError, match="cannot be shuffled"):
+        store.iterate(batch_size=2, group_envs=True, shuffle=True)
+    store.close()

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 from types import ModuleType
 
 from ..errors import SpecError
 
 _MODULES = {"zarr": "zarr_v3", "hdf5": "hdf5"}
+
+ZARR_MISSING = (
+    "the zarr backend needs zarr-python 3 (pip install 'mmreplay[zarr]'); "
+    "environments pinned below it (TF-Agents 0.19 pins typing-extensions 4.5) can use backend='hdf5'"
+)
 
 
 def get(name: str) -> ModuleType:
@@ -16,4 +22,39 @@ def get(name: str) -> ModuleType:
         module = _MODULES[name]
     except KeyError:
         raise SpecError(f"unknown backend {name!r}; expected one of {', '.join(_MODULES)}") from None
-    return importlib.import_module(f"{__name__}.{module}")
+    try:
+        return importlib.import_module(f"{__name__}.{module}")
+    except ImportError as exc:
+        if name != "zarr":
+            raise
+        raise ImportError(f"{ZARR_MISSING} ({exc})") from exc
+
+
+def importable() -> list[str]:
+    """The backend names whose libraries import here."""
+    out = []
+    for name in _MODULES:
+        try:
+            get(name)
+        except ImportError:
+            continue
+        out.append(name)
+    return out
+
+
+def for_new_buffer(name: str) -> str:
+    """The backend a new buffer gets: ``name``, except ``"zarr"`` becomes ``"hdf5"`` (with a
+    warning) where zarr-python 3 does not import. Both memory-map uncompressed leaves."""
+    if name != "zarr":
+        return name
+    try:
+        get(name)
+    except ImportError as exc:
+        warnings.warn(
+            f"zarr-python 3 does not import here ({exc.__cause__}): the buffer is created with the "
+            "hdf5 backend, memory-mapped the same way; pip install 'mmreplay[zarr]' for zarr",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return "hdf5"
+    return name

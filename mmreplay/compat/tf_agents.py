@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import BadInputError, NotEnoughDataError
+from ..errors import BadInputError, Error, NotEnoughDataError
 from ..reads import SampleInfo
-from ..sampling import pass_windows
 from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
 from ..values import StepValidator
@@ -49,13 +50,33 @@ from ._shared import (
     attach_store,
     flatten_like,
     read_origin,
-    read_rows,
     write_origin,
 )
 
-__all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo"]
+__all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo", "BufferCheckpointError"]
 
 _EMPTY = "TFUniformReplayBuffer is empty. Make sure to add items before sampling the buffer."
+
+
+def _tensorflow() -> Any:
+    """The layer's TensorFlow glue (:mod:`._tensorflow`) once TensorFlow is imported, else None."""
+    if "tensorflow" not in sys.modules:
+        return None
+    from . import _tensorflow
+
+    return _tensorflow
+
+
+def _not_enough(message: str) -> NotEnoughDataError:
+    """The error for a buffer too short to sample: also TF's ``InvalidArgumentError``,
+    as TF-Agents raises, once TensorFlow is imported."""
+    tf_glue = _tensorflow()
+    return NotEnoughDataError(message) if tf_glue is None else tf_glue.EmptyBufferError(message)
+
+
+class BufferCheckpointError(Error, ValueError):
+    """A TF checkpoint restored over a buffer folder that does not hold the commit it
+    recorded (another buffer, or a copy older than the checkpoint)."""
 
 
 class BufferInfo(NamedTuple):
@@ -295,7 +316,14 @@ class UniformReplayBuffer(StoreShell):
       :class:`mmreplay.BadInputError` (a ``ValueError``) and uses up no id [the id is
       consumed and its slot later serves stale data].
     - Sampling an empty or too short buffer raises :class:`mmreplay.NotEnoughDataError`
-      (a ``ValueError``) with TF-Agents' message [``InvalidArgumentError``].
+      (a ``ValueError``) with TF-Agents' message, also a ``tf.errors.InvalidArgumentError``
+      once TensorFlow is imported [only the latter].
+    - ``scope``, ``device``, ``table_fn`` and ``stateful_dataset`` are keyword-only and
+      have no effect (no TF variables or tables hold the data) [positional].
+    - A ``tf.train.Checkpoint`` of the buffer records the store's commit, not the
+      frames, which stay in the folder; restoring checks the folder holds that commit
+      (:class:`BufferCheckpointError` if it is older or another buffer, a warning if it
+      holds later adds) [the frames are in the checkpoint].
     - The deterministic pass reads frame ids, not raw table rows, so it is right after
       the ring wraps for any ``batch_size`` [for ``batch_size > 1`` it reads the next
       segment]; with ``sample_batch_size`` its windows stay inside each segment group
@@ -322,6 +350,12 @@ class UniformReplayBuffer(StoreShell):
         >>> rb.close()
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        tf_glue = _tensorflow()
+        if tf_glue is not None and cls is UniformReplayBuffer:  # trackable by tf.train.Checkpoint
+            cls = tf_glue.trackable_class(cls)
+        return super().__new__(cls)
+
     def __init__(
         self,
         data_spec: Any,
@@ -338,7 +372,19 @@ class UniformReplayBuffer(StoreShell):
         seed: Any = None,
         sampler: str | None = None,
         alpha: float | None = None,
+        scope: str = "TFUniformReplayBuffer",
+        device: str = "cpu:*",
+        table_fn: Any = None,
+        stateful_dataset: bool = False,
     ):
+        if table_fn is not None and getattr(table_fn, "__name__", None) != "Table":
+            warnings.warn(
+                f"table_fn={table_fn!r} is ignored: the store holds the data, not TF tables",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self.scope = scope  # kept for code that reads it; no TF variables are made
+        del device, stateful_dataset  # see the class docstring
         for name, value in (("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -406,8 +452,17 @@ class UniformReplayBuffer(StoreShell):
         """Id of the newest frame (-1 when empty): adds since the last ``clear``, minus one."""
         return self.store.total_steps - self._origin - 1
 
-    def num_frames(self) -> int:
-        """``min(adds * batch_size, batch_size * max_length)``."""
+    def num_frames(self) -> Any:
+        """``min(adds * batch_size, batch_size * max_length)``: an int64 tensor once
+        TensorFlow is imported (as TF-Agents returns), else an int."""
+        tf_glue = _tensorflow()
+        if tf_glue is None:
+            return self._num_frames()
+        if tf_glue.in_graph():
+            return tf_glue.graph_call(lambda: [np.int64(self._num_frames())], [np.int64], [()])[0]
+        return sys.modules["tensorflow"].constant(self._num_frames(), sys.modules["tensorflow"].int64)
+
+    def _num_frames(self) -> int:
         lo, hi = self._window()
         return (hi - lo) * self._batch_size
 
@@ -424,6 +479,9 @@ class UniformReplayBuffer(StoreShell):
         try:
             self.store.add(items)
         except BadInputError:
+            tf_glue = _tensorflow()
+            if tf_glue is not None and tf_glue.in_graph():  # symbolic tensors: add when the graph runs
+                return tf_glue.graph_add(self.add_batch, items)
             # A scalar for a leaf TF-Agents broadcasts to the batch; else the first error.
             broadcast = _broadcast_leaves(self._spec, items, (self._batch_size,))
             if broadcast is items:
@@ -443,9 +501,6 @@ class UniformReplayBuffer(StoreShell):
     def _ids(self, steps: np.ndarray) -> np.ndarray:
         return steps - self._origin
 
-    def _read(self, steps: np.ndarray, segments: np.ndarray) -> list[np.ndarray]:
-        return read_rows(self.store, steps, segments)
-
     def get_next(
         self, sample_batch_size: int | None = None, num_steps: int | None = None, time_stacked: bool = True
     ) -> tuple[Any, BufferInfo]:
@@ -459,17 +514,24 @@ class UniformReplayBuffer(StoreShell):
         ``[S]``. A buffer created with ``sampler="prioritized"`` draws (start, segment)
         pairs by priority instead, and ``probabilities`` are theirs.
 
+        Inside a ``tf.function`` the draw is an op that runs each time the function does,
+        and the outputs are tensors.
+
         Raises:
-            mmreplay.NotEnoughDataError: the buffer is empty or shorter than ``num_steps``.
+            mmreplay.NotEnoughDataError: the buffer is empty or shorter than ``num_steps``
+                (also ``tf.errors.InvalidArgumentError`` once TensorFlow is imported).
         """
+        tf_glue = _tensorflow()
+        if tf_glue is not None and tf_glue.in_graph():
+            return self._graph_get_next(tf_glue, sample_batch_size, num_steps, time_stacked)
         lo, hi = self._window()
         T = 1 if num_steps is None else _positive("num_steps", num_steps)
         S = 1 if sample_batch_size is None else _positive("sample_batch_size", sample_batch_size)
         n_starts = hi - lo - T + 1
         if n_starts <= 0:
             if hi == lo:
-                raise NotEnoughDataError(_EMPTY)
-            raise NotEnoughDataError(
+                raise _not_enough(_EMPTY)
+            raise _not_enough(
                 f"{_EMPTY} It holds {hi - lo} frames per segment, too short for num_steps={T}."
             )
         # the store's sampler draws (uniform over (start, segment)), its fetch path reads
@@ -493,6 +555,28 @@ class UniformReplayBuffer(StoreShell):
             ids = tuple(np.take(ids, t, axis=axis) for t in range(T))
         return items, BufferInfo(ids, prob)
 
+    def _graph_get_next(
+        self, tf_glue: Any, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
+    ) -> tuple[Any, BufferInfo]:
+        """:meth:`get_next` as an op of the ``tf.function`` being traced."""
+        outer = tuple(n for n in (sample_batch_size, num_steps) if n is not None)
+
+        def draw() -> list[np.ndarray]:
+            items, info = self.get_next(sample_batch_size, num_steps, time_stacked=True)
+            return [*flatten(items), info.ids, info.probabilities]
+
+        dtypes = [s.dtype for s in self._leaf_specs] + [np.int64, np.float32]
+        shapes = [outer + s.shape for s in self._leaf_specs] + [outer, outer[:1] if sample_batch_size else ()]
+        out = tf_glue.graph_call(draw, dtypes, shapes)
+        leaves, ids, prob = out[:-2], out[-2], out[-1]
+        if num_steps is not None and not time_stacked:
+            tf = sys.modules["tensorflow"]
+            axis = 0 if sample_batch_size is None else 1
+            per_step = [tf.unstack(x, num_steps, axis=axis) for x in leaves]
+            items = tuple(unflatten(self._spec, [x[t] for x in per_step]) for t in range(num_steps))
+            return items, BufferInfo(tuple(tf.unstack(ids, num_steps, axis=axis)), prob)
+        return unflatten(self._spec, leaves), BufferInfo(ids, prob)
+
     def update_priorities(self, ids: Any, segments: Any, priorities: Any) -> int:
         """New priorities for sampled items, for a buffer created with
         ``sampler="prioritized"``: ``ids`` the frame id of each item's first frame
@@ -504,10 +588,19 @@ class UniformReplayBuffer(StoreShell):
         return self.store.update_priorities(steps, segments, np.asarray(priorities))
 
     def gather_all(self) -> Any:
-        """Every frame: leaves ``[batch_size, n, *shape]``, each segment in time order."""
+        """Every frame: leaves ``[batch_size, n, *shape]``, each segment in time order
+        (inside a ``tf.function``, as PPO's and REINFORCE's train steps call it, an op
+        that reads when the function runs)."""
+        tf_glue = _tensorflow()
+        if tf_glue is not None and tf_glue.in_graph():
+            shapes = [(self._batch_size, None, *s.shape) for s in self._leaf_specs]
+            dtypes = [s.dtype for s in self._leaf_specs]
+            return unflatten(self._spec, tf_glue.graph_call(self._gather_leaves, dtypes, shapes))
+        return unflatten(self._spec, self._gather_leaves())
+
+    def _gather_leaves(self) -> list[np.ndarray]:
         lo, hi = self._window()
-        leaves = self.store.read_steps(np.arange(lo, hi))
-        return unflatten(self._spec, [np.swapaxes(x, 0, 1) for x in leaves])
+        return [np.swapaxes(x, 0, 1) for x in self.store.read_steps(np.arange(lo, hi))]
 
     def as_dataset(
         self,
@@ -547,7 +640,8 @@ class UniformReplayBuffer(StoreShell):
                     f"sample_batch_size={sample_batch_size} > batch_size={self._batch_size} or "
                     f"num_steps={num_steps} > max_length={self._max_length}"
                 )
-            make = lambda: self._deterministic_pass(sample_batch_size, num_steps)  # noqa: E731
+            window = self._window()  # the frames present now, as TF-Agents reads its range once
+            make = lambda: self._deterministic_pass(sample_batch_size, num_steps, window)  # noqa: E731
         else:
             make = lambda: self._random_items(sample_batch_size, num_steps)  # noqa: E731
         if importlib.util.find_spec("tensorflow") is None:
@@ -561,38 +655,26 @@ class UniformReplayBuffer(StoreShell):
             yield self.get_next(sample_batch_size, num_steps, time_stacked=True)
 
     def _deterministic_pass(
-        self, sample_batch_size: int | None, num_steps: int | None
+        self, sample_batch_size: int | None, num_steps: int | None, window: tuple[int, int]
     ) -> Iterator[tuple[Any, BufferInfo]]:
-        lo, hi = self._window()  # the frames present now, as TF-Agents reads its range once
-        return self._pass(lo, hi, sample_batch_size, num_steps)
+        # the store's pass stacks a group of segments at the same window, as TF-Agents does
+        lo, hi = window
+        batches = self.store.iterate(
+            batch_size=sample_batch_size,
+            num_steps=num_steps,
+            window_shift=None if num_steps is None else self._window_shift,
+            drop_remainder=self._drop_remainder,
+            window=(lo, hi),
+            group_envs=True,
+            return_steps=True,
+        )
+        return self._pass(batches, hi <= lo)
 
-    def _pass(
-        self, lo: int, hi: int, sample_batch_size: int | None, num_steps: int | None
-    ) -> Iterator[tuple[Any, BufferInfo]]:
-        if hi <= lo:
-            raise NotEnoughDataError(_EMPTY)
-        B = self._batch_size
-        # The store's windows of one segment's stream (store.iterate's). Its batches stack
-        # windows of one pass order (segment by segment); TF-Agents stacks a group of
-        # segments at the same window, so the grouping below stays here.
-        shift = None if num_steps is None else self._window_shift
-        _, starts, lengths = pass_windows(lo, hi, 1, num_steps, shift, self._drop_remainder)
-        group = 1 if sample_batch_size is None else sample_batch_size
-        groups = [np.arange(b, min(b + group, B)) for b in range(0, B, group)]
-        if self._drop_remainder:
-            groups = [g for g in groups if len(g) == group]
-        for segs in groups:
-            for first, n in zip(starts.tolist(), lengths.tolist()):
-                steps = first + np.arange(n)  # [n]
-                leaves = self._read(steps[None, :], segs[:, None])  # [G, n, ...]
-                ids = np.broadcast_to(self._ids(steps), (len(segs), n)).copy()
-                if num_steps is None:
-                    leaves = [x[:, 0] for x in leaves]
-                    ids = ids[:, 0]
-                if sample_batch_size is None:
-                    leaves = [x[0] for x in leaves]
-                    ids = ids[0]
-                yield unflatten(self._spec, leaves), BufferInfo(ids, ())
+    def _pass(self, batches: Iterator[tuple[Any, np.ndarray]], empty: bool) -> Iterator[tuple[Any, BufferInfo]]:
+        if empty:
+            raise _not_enough(_EMPTY)
+        for nest, steps in batches:
+            yield unflatten(self._spec, flatten(nest)), BufferInfo(self._ids(steps), ())
 
     def _tf_dataset(
         self, make: Any, sample_batch_size: int | None, num_steps: int | None, deterministic: bool
@@ -627,7 +709,7 @@ class UniformReplayBuffer(StoreShell):
     def __repr__(self) -> str:
         return (
             f"<mmreplay.compat.tf_agents.UniformReplayBuffer batch_size={self._batch_size} "
-            f"max_length={self._max_length} num_frames={self.num_frames() if not self.store.closed else '?'} "
+            f"max_length={self._max_length} num_frames={self._num_frames() if not self.store.closed else '?'} "
             f"path={self.store.path!r}>"
         )
 

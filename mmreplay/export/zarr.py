@@ -107,7 +107,7 @@ def write(
     try:
         import zarr
     except ImportError as exc:
-        raise ImportError("the zarr export needs zarr: pip install 'zarr>=3'") from exc
+        raise ImportError("the zarr export needs zarr-python 3: pip install 'mmreplay[zarr]'") from exc
     target = Target(out, "folder", force, fmt="zarr", source=store.path)
     try:
         specs = flatten(store.spec)
