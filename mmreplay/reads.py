@@ -106,6 +106,9 @@ class Reader:
         self.pending: tuple[Any, sampling.Draw] | None = None
         self.thread: _Prefetcher | None = None
         self.state_file = store._state_file
+        location = store._location
+        if location is not None:  # object storage: every leaf's range requests in flight together
+            self.take = partial(location.take_leaves, self.leaves)  # type: ignore[method-assign]
 
     def live_first(self, store: Any) -> int:
         """The oldest step the writer retains now: the readers' seqlock check, one

@@ -88,9 +88,18 @@ class Store:
     """
 
     def __init__(
-        self, path: str, meta: Metadata, mode: str, lock: WriterLock | None, sampler: Sampler | None = None
+        self,
+        path: str,
+        meta: Metadata,
+        mode: str,
+        lock: WriterLock | None,
+        sampler: Sampler | None = None,
+        location: Any = None,
     ):
         self.path = path
+        # where the state and the leaves live when not in the folder ``path``
+        # (:class:`mmreplay.objstore.Location`); None: the local folder
+        self._location = location
         self.mode = mode
         self._meta = meta
         self._lock = lock
@@ -104,9 +113,15 @@ class Store:
         self._writable = mode == "a"  # one check on the hot path; False once closed
         try:
             # the committed state: read by readers per batch, written by each commit
-            self._state_file = open_state(path, meta.format_version, mode == "a")
+            if location is None:
+                self._state_file = open_state(path, meta.format_version, mode == "a")
+            else:
+                self._state_file = location.open_state()
             try:
-                entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+                if location is None:
+                    entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+                else:
+                    entries = location.open_leaves(meta)
             except BaseException:
                 self._state_file.close()
                 raise
@@ -678,6 +693,15 @@ class Store:
 
         return export(self, out, format=format, **options)
 
+    def push(self, url: str, storage_options: dict[str, Any] | None = None) -> Any:
+        """Publish the committed state to object storage (``s3://bucket/prefix``) as a
+        consistent snapshot, sending only what changed since the last push; see
+        :func:`mmreplay.snapshots.push`. A writer commits first."""
+        from .snapshots import push
+
+        self._check_open()
+        return push(self, url, storage_options)
+
     def view(self, out: str | os.PathLike | None = None, **options: Any) -> Any:
         """One env's frames of an image leaf as pictures; see :func:`mmreplay.view.view`.
 
@@ -1044,15 +1068,27 @@ def _check_same_layout(store: Store, meta: Metadata) -> None:
         raise SpecMismatchError(f"{store.path}: a different buffer exists there ({'; '.join(diffs)})")
 
 
-def open(path: str | os.PathLike, mode: str = "r") -> Store:  # noqa: A001 - mirrors h5py.File / zarr.open
+def open(  # noqa: A001 - mirrors h5py.File / zarr.open
+    path: str | os.PathLike, mode: str = "r", storage_options: dict[str, Any] | None = None
+) -> Store:
     """Open an existing buffer: ``mode="r"`` to read, ``"a"`` to resume writing.
 
     Opening reads the metadata file and maps the data files; its cost does not grow with
     the buffer's size. Nothing in the folder is ever executed or unpickled.
+
+    ``path`` may be an ``s3://bucket/prefix`` URL of a store in object storage (read-only;
+    see :mod:`mmreplay.objstore`), reached with ``storage_options`` or the ``AWS_*``
+    environment variables.
     """
     path = os.fspath(path)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if path.startswith("s3://"):
+        from .objstore import open_url
+
+        return open_url(path, mode, storage_options)
+    if storage_options:
+        raise ValueError(f"{path}: storage_options are for s3:// URLs; a local folder takes none")
     meta = read_metadata(path)
     lock = None
     if mode == "a":
