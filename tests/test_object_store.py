@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
-import urllib.request
 import uuid
 
 import numpy as np
@@ -21,6 +18,9 @@ import mmreplay as mr
 pytest.importorskip("obstore")
 pytest.importorskip("moto")
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.s3_server import local_s3_server  # noqa: E402
+
 BUCKET = "replays"
 CAPACITY = 40
 NUM_ENVS = 2
@@ -28,44 +28,9 @@ NUM_ENVS = 2
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """A moto S3 server on a free port, its environment set for this process and its
-    children (the AWS_* variables, as a user would set them)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(endpoint, timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("the moto S3 server did not start")
-            time.sleep(0.1)
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"))
-    env = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield endpoint
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    proc.kill()
-    proc.wait()
+    """One moto S3 server for the session (see bench/s3_server.py)."""
+    with local_s3_server(BUCKET) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -90,12 +55,16 @@ def steps(first: int, n: int) -> dict[str, np.ndarray]:
         "action": np.stack([g, -g], axis=-1),
         "reward": g,
         "terminated": (g.astype(int) % 5 == 4),
-        "pixels": np.broadcast_to((g.astype(int) % 256).astype(np.uint8)[..., None, None], (n, NUM_ENVS, 4, 4)),
+        "pixels": np.broadcast_to(
+            (g.astype(int) % 256).astype(np.uint8)[..., None, None], (n, NUM_ENVS, 4, 4)
+        ),
     }
 
 
 def make(path, n: int) -> str:
-    with mr.create(path, SPEC, capacity=CAPACITY, num_envs=NUM_ENVS, chunk_steps=4, compression={"pixels": "zstd"}) as s:
+    with mr.create(
+        path, SPEC, capacity=CAPACITY, num_envs=NUM_ENVS, chunk_steps=4, compression={"pixels": "zstd"}
+    ) as s:
         s.extend(steps(0, n))
     return str(path)
 
@@ -258,7 +227,10 @@ def test_exports_target_object_storage(tmp_path, s3_server, url):
 
 def cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "mmreplay.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "mmreplay.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -287,7 +259,6 @@ def test_cli_push_inspect_verify_stats_export_pull(tmp_path, s3_server, url):
     from mmreplay.objstore import Location
 
     assert Location(url + "-export.parquet").list()  # the parquet files were uploaded
-
 
 
 def test_verify_finds_missing_and_damaged_objects(tmp_path, url):
