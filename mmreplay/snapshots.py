@@ -34,7 +34,7 @@ from typing import Any
 
 from .backends import zarr_v3
 from .errors import CorruptBufferError, SpecMismatchError, TargetError
-from .metadata import METADATA_FILE, Metadata, parse_metadata, read_metadata
+from .metadata import METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
 from .objstore import UPLOADS_IN_FLIGHT, Location, shard_key, shard_layout, split_url
 from .spec import spec_to_json
 from .statefile import STATE_FILE, State, fresh_bytes, write_fresh
@@ -199,10 +199,30 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
             old_state = None  # an earlier first push was cut short: nothing is readable yet
     manifest = _read_manifest(location)
     state = meta.state
+    # the reservation readers of the previous snapshot see: before an object is sent, it
+    # covers every step whose slot that object's bytes may have rewritten
+    shown = [old_state.reserved if old_state is not None else 0]
     if old_state is not None:
         gap = _gap_state(old_state, state, meta.capacity)
         if gap.first(meta.capacity) != old_state.first(meta.capacity):
             location.put(STATE_FILE, fresh_bytes(gap))
+            shown[0] = gap.reserved
+    state_lock = asyncio.Lock()
+
+    async def reserve_for_readers() -> None:
+        """A writer in another process moved on while the object was read: first hide
+        the steps it may have overwritten from the previous snapshot's readers."""
+        if old_state is None:
+            return  # nothing published yet: no reader to protect
+        now = read_state(folder)
+        if now.reserved <= shown[0]:
+            return
+        async with state_lock:
+            if now.reserved > shown[0]:
+                moved = State(**{**state.__dict__, "reserved": max(state.reserved, now.reserved)})
+                gap = _gap_state(old_state, moved, meta.capacity)
+                await location.obstore.put_async(location.store, STATE_FILE, fresh_bytes(gap))
+                shown[0] = gap.reserved
 
     sent = [0, 0]
     total = [0, 0]
@@ -225,6 +245,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
                 total[0] += 1
                 total[1] += len(data)
                 if manifest.get(key) != digest:
+                    await reserve_for_readers()
                     await send(key, data)
 
         await asyncio.gather(*(one(key, what) for key, what in items))
@@ -236,7 +257,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     location.run(upload_changed(meta_items))
     # A writer in another process may have overwritten steps while they were read:
     # publish without them, as a local reader's seqlock check drops them.
-    now = read_metadata(folder).state
+    now = read_state(folder)
     published = State(**{**state.__dict__, "reserved": max(state.reserved, now.reserved)})
     location.put(
         MANIFEST, json.dumps({"format": MANIFEST_FORMAT, "objects": hashes}, sort_keys=True).encode()
@@ -280,6 +301,10 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     try:
         _download(location, meta, tmp)
         last = location.read_state()
+        if last.end < first.end or last.start > first.start:
+            raise CorruptBufferError(
+                f"{location.url}: a push of another history replaced the store while it was pulled; pull again"
+            )
         # steps a push overwrote while they were downloaded are left out, as a reader would
         state = State(**{**first.__dict__, "reserved": max(first.reserved, last.reserved)})
         write_fresh(tmp, state, fsync=True)

@@ -169,6 +169,44 @@ def test_a_push_killed_mid_way_leaves_the_previous_snapshot_readable(tmp_path, u
         check_rows(remote.sample(64, rng=2))
 
 
+WRITER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    import mmreplay as mr
+    from test_object_store import steps
+
+    with mr.open(sys.argv[1], mode="a") as s:
+        g = s.total_steps
+        while True:
+            s.extend(steps(g, 3))
+            s.commit()
+            g += 3
+    """
+)
+
+
+def test_readers_see_whole_rows_while_a_running_writer_is_pushed(tmp_path, url):
+    local = make(tmp_path / "buf", 30)
+    mr.push(local, url)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, local, os.path.dirname(__file__)])
+    try:
+        with mr.open(url) as remote:
+            ends = []
+            for i in range(4):
+                report = mr.push(local, url)
+                ends.append(report.state.end)
+                remote.refresh()
+                for k in range(3):
+                    g = check_rows(remote.sample(32, rng=i * 3 + k))
+                    assert g.max() < remote.total_steps  # committed steps only
+                    check_rows(remote.sample(4, num_steps=3, rng=k))
+    finally:
+        writer.kill()
+        writer.wait()
+    assert ends == sorted(ends)
+
+
 def test_pull_brings_back_a_store_to_write(tmp_path, url):
     local = make(tmp_path / "buf", 47)
     mr.push(local, url)
