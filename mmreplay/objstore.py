@@ -119,15 +119,18 @@ class Location:
         return _Loop.run(coro)
 
     def get(self, key: str, limit: int | None = None) -> bytes | None:
-        """The object's bytes, or None when there is none (``limit``: refuse a larger one)."""
+        """The object's bytes, or None when there is none (``limit``: refuse a larger one,
+        reading no more than one byte past it)."""
+        options = None if limit is None else {"range": (0, limit + 1)}
         try:
-            if limit is not None:
-                size = self.obstore.head(self.store, key)["size"]
-                if size > limit:
-                    raise CorruptBufferError(f"{self.where(key)}: {size} bytes, more than {limit} expected")
-            return bytes(self.obstore.get(self.store, key).bytes())
+            raw = bytes(self.obstore.get(self.store, key, options=options).bytes())
         except FileNotFoundError:
             return None
+        if limit is not None and len(raw) > limit:
+            raise CorruptBufferError(
+                f"{self.where(key)}: more than the {limit} bytes such an object can hold"
+            )
+        return raw
 
     def exists(self, key: str) -> bool:
         try:
