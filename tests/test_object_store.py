@@ -318,3 +318,16 @@ def test_without_obstore_the_error_names_the_extra(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0
     assert "mmreplay[s3]" in out.stderr
+
+
+def test_a_prioritized_store_samples_uniformly_from_object_storage_and_by_priority_once_pulled(tmp_path, url):
+    with mr.create(tmp_path / "buf", SPEC, capacity=CAPACITY, num_envs=NUM_ENVS, sampler="prioritized") as s:
+        s.extend(steps(0, 10))
+        s.commit()
+        s.update_priorities(np.arange(10), np.zeros(10, np.int64), np.full(10, 5.0))
+        s.push(url)
+    with pytest.warns(UserWarning, match="uniform"), mr.open(url) as remote:
+        check_rows(remote.sample(16, rng=0))
+    with mr.open(mr.pull(url, tmp_path / "back"), mode="a") as back:
+        assert back.sampler.name == "prioritized"
+        check_rows(back.sample(16, rng=0))
