@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "create": ("create", "Create an empty store from a JSON or YAML spec file."),
     "verify": ("verify", "Check a buffer's files against its metadata; exit 0 only if healthy."),
     "recover": ("recover", "Bring a damaged buffer back to its last consistent commit; say what was lost."),
+    "push": ("push", "Publish a store to object storage (s3://) as a snapshot, sending what changed."),
+    "pull": ("pull", "Download a store from object storage (s3://) into a new folder."),
     "torture": ("torture", "Kill writers with SIGKILL at random moments; check no committed step is lost."),
 }
 
@@ -95,8 +97,20 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(mmreplay.__version__, prog_name="mmreplay")
-def main() -> None:
-    """mmreplay: a disk-persistent, memory-mapped replay store for RL."""
+@click.option(
+    "--endpoint-url",
+    default=None,
+    metavar="URL",
+    help="The S3-compatible endpoint of s3:// paths (else the AWS_ENDPOINT_URL environment variable).",
+)
+def main(endpoint_url: str | None) -> None:
+    """mmreplay: a disk-persistent, memory-mapped replay store for RL.
+
+    Wherever a command reads a store (inspect, verify, export, stats, sample) or writes
+    an export, PATH may be an s3://bucket/prefix URL; credentials come from the AWS_*
+    environment variables."""
+    if endpoint_url:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint_url
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -47,10 +47,22 @@ def _hdf5_storage(folder: str, leaves: list[Any]) -> dict[str, int]:
         return {}
 
 
-def leaf_bytes(store: mr.Store) -> dict[str, int | None]:
-    """Bytes on disk per leaf path."""
+def object_sizes(store: mr.Store) -> dict[str, int] | None:
+    """Key -> bytes of every object of a store in object storage (None: a local store)."""
+    location = store._location
+    return None if location is None else location.list()
+
+
+def _bytes_under(sizes: dict[str, int], prefix: str) -> int:
+    return sum(n for key, n in sizes.items() if key.startswith(prefix))
+
+
+def leaf_bytes(store: mr.Store, sizes: dict[str, int] | None = None) -> dict[str, int | None]:
+    """Bytes on disk (or in object storage, given its ``sizes``) per leaf path."""
     meta = store.metadata
     out: dict[str, int | None] = {}
+    if sizes is not None:
+        return {leaf.path: _bytes_under(sizes, f"data.zarr/{leaf.path}/") for leaf in meta.leaves}
     h5 = _hdf5_storage(store.path, list(meta.leaves)) if meta.backend == "hdf5" else {}
     for leaf in meta.leaves:
         if meta.backend == "zarr":
@@ -69,7 +81,8 @@ def describe(store: mr.Store) -> dict[str, Any]:
     n = len(store)
     spans = store.episode_index()
     statuses = [s.status for s in spans]
-    on_disk = leaf_bytes(store)
+    sizes = object_sizes(store)
+    on_disk = leaf_bytes(store, sizes)
     leaves = []
     for leaf in meta.leaves:
         raw = n * meta.num_envs * leaf.spec.nbytes
@@ -77,7 +90,8 @@ def describe(store: mr.Store) -> dict[str, Any]:
         ratio = None
         if leaf.compression is not None and disk and raw:
             ratio = round(raw / disk, 2)
-        per_step, when_full = _projection(leaf, meta, disk, n, _fixed_bytes(store, leaf))
+        fixed = _fixed_bytes(store, leaf) if sizes is None else sizes.get(f"data.zarr/{leaf.path}/zarr.json", 0)
+        per_step, when_full = _projection(leaf, meta, disk, n, fixed)
         leaves.append(
             {
                 "path": leaf.path,
@@ -95,10 +109,10 @@ def describe(store: mr.Store) -> dict[str, Any]:
             }
         )
     known = [leaf["projected_bytes_when_full"] for leaf in leaves]
-    total = disk_usage(store.path)
+    total = disk_usage(store.path) if sizes is None else _bytes_under(sizes, "")
     other = total - sum(d or 0 for d in on_disk.values())  # metadata, episode index, journal
     return {
-        "path": os.path.abspath(store.path),
+        "path": os.path.abspath(store.path) if sizes is None else store.path,
         "format": f"{FORMAT_NAME}/{meta.format_version}",
         "backend": meta.backend,
         "capacity": meta.capacity,

@@ -24,7 +24,14 @@ from . import buffer_folder
     "--quick", is_flag=True, help="Check structure and sizes only; do not decode compressed chunks."
 )
 def command(path: str, quick: bool) -> None:
-    """Check that a buffer's data files match its metadata and decode."""
+    """Check that a buffer's data files match its metadata and decode.
+
+    PATH may be an s3:// URL: its objects are checked in place."""
+    if path.startswith("s3://"):
+        from mmreplay.objstore import verify_url
+
+        report(path, verify_url(path, deep=not quick), f"`mmreplay push` the store again to {path}")
+        return
     buffer_folder(path)
     if not os.path.exists(os.path.join(path, METADATA_FILE)) and not leftovers(path):
         raise NotABufferError(f"{path}: not an mmreplay buffer (no {METADATA_FILE})")
@@ -38,9 +45,14 @@ def command(path: str, quick: bool) -> None:
         click.echo(
             f"note: {len(extra)} temporary file(s) left by a killed writer (harmless; `mmreplay recover` removes them)"
         )
+    report(path, problems, f"`mmreplay recover {path}` repairs what it can")
+
+
+def report(path: str, problems: list[str], remedy: str) -> None:
+    """One line per problem and the verdict; exit status 1 when there are problems."""
     if problems:
         for p in problems:
             click.echo(f"problem: {p}")
-        click.echo(f"{path}: {len(problems)} problem(s); `mmreplay recover {path}` repairs what it can")
+        click.echo(f"{path}: {len(problems)} problem(s); {remedy}")
         raise SystemExit(1)
     click.echo(f"{path}: ok")

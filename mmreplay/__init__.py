@@ -28,6 +28,8 @@ __all__ = [
     "Store",
     "create",
     "open",
+    "push",
+    "pull",
     "estimate",
     "SizeEstimate",
     "to_spec",
@@ -46,3 +48,12 @@ __all__ = [
     "TargetError",
     "UnsupportedFormatError",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``push`` and ``pull`` (object storage) load their module, and zarr, on first use."""
+    if name in ("push", "pull"):
+        from . import snapshots
+
+        return getattr(snapshots, name)
+    raise AttributeError(f"module 'mmreplay' has no attribute {name!r}")

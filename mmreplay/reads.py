@@ -129,6 +129,9 @@ class Reader:
         self.pattern: str | None = None  # the advice in force (readers: the whole of it)
         self.pending: tuple[Any, sampling.Draw] | None = None
         self.thread: _Prefetcher | None = None
+        location = store._location
+        if location is not None:  # object storage: every leaf's range requests in flight together
+            self.take = partial(location.take_leaves, self.leaves)  # type: ignore[method-assign]
 
     def live_first(self, store: Any) -> int:
         """The oldest step the writer retains now: the readers' seqlock check, one

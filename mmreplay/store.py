@@ -89,9 +89,18 @@ class Store:
     """
 
     def __init__(
-        self, path: str, meta: Metadata, mode: str, lock: WriterLock | None, sampler: Sampler | None = None
+        self,
+        path: str,
+        meta: Metadata,
+        mode: str,
+        lock: WriterLock | None,
+        sampler: Sampler | None = None,
+        location: Any = None,
     ):
         self.path = path
+        # where the state and the leaves live when not in the folder ``path``
+        # (:class:`mmreplay.objstore.Location`); None: the local folder
+        self._location = location
         self.mode = mode
         self._meta = meta
         self._lock = lock
@@ -105,9 +114,15 @@ class Store:
         self._writable = mode == "a"  # one check on the hot path; False once closed
         try:
             # the committed state: read by readers per batch, written by each commit
-            self._state_file = open_state(path, meta.format_version, mode == "a")
+            if location is None:
+                self._state_file = open_state(path, meta.format_version, mode == "a")
+            else:
+                self._state_file = location.open_state()
             try:
-                entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+                if location is None:
+                    entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+                else:
+                    entries = location.open_leaves(meta)
             except BaseException:
                 self._state_file.close()
                 raise
@@ -859,6 +874,15 @@ class Store:
 
         return export(self, out, format=format, **options)
 
+    def push(self, url: str, storage_options: dict[str, Any] | None = None) -> Any:
+        """Publish the committed state to object storage (``s3://bucket/prefix``) as a
+        consistent snapshot, sending only what changed since the last push; see
+        :func:`mmreplay.snapshots.push`. A writer commits first."""
+        from .snapshots import push
+
+        self._check_open()
+        return push(self, url, storage_options)
+
     def view(self, out: str | os.PathLike | None = None, **options: Any) -> Any:
         """One env's frames of an image leaf as pictures; see :func:`mmreplay.view.view`.
 
@@ -1260,7 +1284,10 @@ def _check_same_layout(store: Store, meta: Metadata) -> None:
 
 
 def open(  # noqa: A001 - mirrors h5py.File / zarr.open
-    path: str | os.PathLike, mode: str = "r", populate: bool | None = None
+    path: str | os.PathLike,
+    mode: str = "r",
+    populate: bool | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Store:
     """Open an existing buffer: ``mode="r"`` to read, ``"a"`` to resume writing.
 
@@ -1271,13 +1298,23 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
     the mapping in a background thread (``MADV_POPULATE_READ``, Linux >= 5.14; elsewhere
     ``MADV_WILLNEED``), so the first batches do not fault page by page. None (the
     default) does it in a reader (``mode="r"``) when those rows take at most half the
-    memory available to the process; True always, False never.
+    memory available to the process; True always, False never (local folders only).
+
+    ``path`` may be an ``s3://bucket/prefix`` URL of a store in object storage (read-only;
+    see :mod:`mmreplay.objstore`), reached with ``storage_options`` or the ``AWS_*``
+    environment variables.
     """
     path = os.fspath(path)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if populate is not None and not isinstance(populate, bool):
         raise TypeError(f"populate must be True, False or None, got {populate!r}")
+    if path.startswith("s3://"):
+        from .objstore import open_url
+
+        return open_url(path, mode, storage_options)
+    if storage_options:
+        raise ValueError(f"{path}: storage_options are for s3:// URLs; a local folder takes none")
     meta = read_metadata(path)
     lock = None
     if mode == "a":

@@ -17,8 +17,8 @@ LAYERS = [
     {"roles", "values"},
     {"metadata", "lock", "files", "statefile"},
     {"backends"},
-    {"store", "sampling", "episodes", "reads"},
-    {"export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images"},
+    {"store", "sampling", "episodes", "reads", "objstore"},
+    {"snapshots", "export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
 OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas", "PIL", "imageio_ffmpeg", "torchrl", "tensordict"}

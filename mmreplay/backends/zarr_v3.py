@@ -88,9 +88,12 @@ def _fill(dtype: np.dtype) -> Any:
     return np.zeros((), dtype)[()]
 
 
-def _create_array(root: Any, leaf: LeafInfo, capacity: int, num_envs: int) -> tuple[Any, int, int]:
+def _create_array(
+    root: Any, leaf: LeafInfo, capacity: int, num_envs: int, shard_chunks: int | None = None
+) -> tuple[Any, int, int]:
     """The leaf's array in ``root`` (metadata only); for an uncompressed leaf also the
-    chunks of its one shard and the bytes of each (0, 0 for a compressed leaf)."""
+    chunks of its one shard and the bytes of each (0, 0 for a compressed leaf).
+    ``shard_chunks``: shards of that many chunks instead of one shard of the whole leaf."""
     dtype = leaf.spec.dtype.newbyteorder("<")
     shape = (capacity, num_envs, *leaf.spec.shape)
     inner = (leaf.chunk_steps, num_envs, *leaf.spec.shape)
@@ -124,7 +127,7 @@ def _create_array(root: Any, leaf: LeafInfo, capacity: int, num_envs: int) -> tu
         leaf.path,
         shape=shape,
         dtype=dtype,
-        chunks=(nchunks * leaf.chunk_steps, *inner[1:]),
+        chunks=((shard_chunks or nchunks) * leaf.chunk_steps, *inner[1:]),
         serializer=ShardingCodec(chunk_shape=inner, codecs=[BytesCodec()], index_codecs=[BytesCodec()]),
         compressors=None,
         filters=None,
@@ -170,6 +173,20 @@ def planned_bytes(
             if is_row_compression(leaf.compression):
                 shards[leaf.path] = staging_bytes(leaf.chunk_steps, num_envs, leaf.spec.nbytes)
     return placed, shards, sum(len(buf) for buf in files.values())
+
+
+def array_metadata(leaf: LeafInfo, capacity: int, num_envs: int, shard_chunks: int | None = None) -> bytes:
+    """The ``zarr.json`` of a leaf's array as :func:`create` writes it (``shard_chunks``:
+    a mapped leaf cut into shards of that many chunks, as object storage holds it)."""
+    files: dict[str, Any] = {}
+    root = zarr.open_group(zarr.storage.MemoryStore(files), mode="w-", zarr_format=3)
+    _create_array(root, leaf, capacity, num_envs, shard_chunks)
+    return files[f"{leaf.path}/zarr.json"].to_bytes()
+
+
+def shard_index(nchunks: int, chunk_bytes: int) -> np.ndarray:
+    """The index of a shard whose inner chunks lie one after the other from its start."""
+    return _shard_index(nchunks, chunk_bytes)
 
 
 def _shard_bytes(nchunks: int, chunk_bytes: int) -> int:

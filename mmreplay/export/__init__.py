@@ -74,6 +74,7 @@ def export(
     complete_only: bool = False,
     force: bool = False,
     progress: Progress | None = None,
+    storage_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> ExportResult:
     """Export a store's retained committed data to an offline format.
@@ -91,6 +92,9 @@ def export(
             (episode formats).
         force: replace an existing target (an earlier export of the same format).
         progress: called with the number of rows (steps x envs) written at each block.
+        storage_options: how to reach object storage when ``out`` is an ``s3://`` URL
+            (else the ``AWS_*`` environment variables). Such an export is written to a
+            local temporary folder first, then uploaded under the URL.
         **options: format options (``dataset_id`` for minari, ``rows_per_file`` for parquet).
 
     Returns:
@@ -115,6 +119,23 @@ def export(
     if FORMATS[name].kind == "steps":
         reject_complete_only(name, complete_only)
     compression = check_compression(name, compression, module.COMPRESSIONS)
+    if isinstance(out, str) and out.startswith("s3://"):
+        from ..objstore import export_to_url
+
+        return export_to_url(
+            lambda local: module.write(
+                store,
+                local,
+                compression=compression,
+                complete_only=complete_only,
+                force=False,
+                progress=progress or (lambda n: None),
+                **options,
+            ),
+            out,
+            force,
+            storage_options,
+        )
     return module.write(
         store,
         os.fspath(out),

@@ -1,0 +1,58 @@
+"""A local S3 server (moto's server mode) on 127.0.0.1, for the object storage tests and
+figures: a real S3 API over HTTP, started as its own process on a free port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["local_s3_server"]
+
+
+@contextmanager
+def local_s3_server(bucket: str, timeout: float = 30.0) -> Iterator[str]:
+    """Start the server, make ``bucket`` and set the ``AWS_*`` variables for this process
+    and its children, as a user would; yields the endpoint URL. Everything is undone on exit."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the moto S3 server on {endpoint} did not start") from None
+                time.sleep(0.1)
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT"))
+        os.environ.update(env)
+        yield endpoint
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,333 @@
+"""Stores in S3-compatible object storage, against a real S3 API: moto's server, started
+once per session on 127.0.0.1, reached over HTTP by obstore (no mock of the client)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.s3_server import local_s3_server  # noqa: E402
+
+BUCKET = "replays"
+CAPACITY = 40
+NUM_ENVS = 2
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One moto S3 server for the session (see bench/s3_server.py)."""
+    with local_s3_server(BUCKET) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def url(s3_server):
+    return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/buffer"
+
+
+SPEC = {
+    "obs": mr.ArraySpec((3,), "float32"),  # [global step, env, 1]
+    "action": mr.ArraySpec((2,), "float32"),
+    "reward": mr.ArraySpec((), "float32"),
+    "terminated": mr.ArraySpec((), "bool"),
+    "pixels": mr.ArraySpec((4, 4), "uint8"),  # compressed: step % 256
+}
+
+
+def steps(first: int, n: int) -> dict[str, np.ndarray]:
+    g = np.arange(first, first + n, dtype=np.float32)[:, None] * np.ones((1, NUM_ENVS), np.float32)
+    env = np.broadcast_to(np.arange(NUM_ENVS, dtype=np.float32), g.shape)
+    return {
+        "obs": np.stack([g, env, np.ones_like(g)], axis=-1),
+        "action": np.stack([g, -g], axis=-1),
+        "reward": g,
+        "terminated": (g.astype(int) % 5 == 4),
+        "pixels": np.broadcast_to(
+            (g.astype(int) % 256).astype(np.uint8)[..., None, None], (n, NUM_ENVS, 4, 4)
+        ),
+    }
+
+
+def make(path, n: int) -> str:
+    with mr.create(
+        path, SPEC, capacity=CAPACITY, num_envs=NUM_ENVS, chunk_steps=4, compression={"pixels": "zstd"}
+    ) as s:
+        s.extend(steps(0, n))
+    return str(path)
+
+
+def check_rows(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """Every leaf of each row belongs to the same step: the rows are whole."""
+    g = batch["obs"][..., 0]
+    np.testing.assert_array_equal(batch["reward"], g)
+    np.testing.assert_array_equal(batch["action"][..., 0], g)
+    np.testing.assert_array_equal(batch["pixels"][..., 0, 0], (g.astype(int) % 256).astype(np.uint8))
+    return g
+
+
+def test_read_in_place_equals_the_local_store(tmp_path, url):
+    local = make(tmp_path / "buf", 55)  # wrapped: steps 15..54 retained
+    with mr.open(local) as src:
+        report = src.push(url)
+        assert report.steps == CAPACITY
+        with mr.open(url, mode="r") as remote:
+            assert (len(remote), remote.total_steps, remote.first_step) == (len(src), 55, 15)
+            for a, b in zip(
+                (remote.sample(64, rng=3), remote.sample(8, num_steps=5, rng=4)),
+                (src.sample(64, rng=3), src.sample(8, num_steps=5, rng=4)),
+            ):
+                for key in SPEC:
+                    np.testing.assert_array_equal(a[key], b[key])
+                check_rows(a)
+            got = [b["obs"] for b in remote.iterate(batch_size=16)]
+            want = [b["obs"] for b in src.iterate(batch_size=16)]
+            np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
+            ra, la = remote.to_arrays(), src.to_arrays()
+            assert sorted(ra) == sorted(la)
+            for key in la:
+                np.testing.assert_array_equal(ra[key], la[key])
+            assert [e.status for e in remote.episode_index()] == [e.status for e in src.episode_index()]
+
+
+def test_push_sends_only_what_changed(tmp_path, url):
+    local = make(tmp_path / "buf", 12)
+    first = mr.push(local, url)
+    assert first.uploaded == first.objects
+    again = mr.push(local, url)
+    assert again.uploaded == 0  # nothing changed
+    with mr.open(local, mode="a") as s:
+        s.extend(steps(12, 2))  # two steps: one chunk of the compressed leaf, one shard per leaf
+    third = mr.push(local, url)
+    assert 0 < third.uploaded < third.objects
+    with mr.open(url) as remote, mr.open(local) as src:
+        assert remote.total_steps == 14
+        np.testing.assert_array_equal(remote.to_arrays()["observations"], src.to_arrays()["observations"])
+
+
+def test_a_reader_sees_a_new_push_after_refresh(tmp_path, url):
+    local = make(tmp_path / "buf", 10)
+    mr.push(local, url)
+    with mr.open(url) as remote:
+        assert remote.total_steps == 10
+        with mr.open(local, mode="a") as s:
+            s.extend(steps(10, 50))  # past a full ring: every slot rewritten
+        mr.push(local, url)
+        assert remote.refresh()
+        assert (remote.first_step, remote.total_steps) == (20, 60)
+        g = check_rows(remote.sample(128, rng=0))
+        assert g.min() >= 20 and g.max() < 60
+
+
+KILLED_PUSH = textwrap.dedent(
+    """
+    import logging, os, signal, sys
+    import mmreplay as mr
+
+    class KillAtFirstUpload(logging.Handler):
+        def emit(self, record):
+            if "uploaded" in record.getMessage():
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    log = logging.getLogger("mmreplay.snapshots")
+    log.setLevel(logging.INFO)
+    log.addHandler(KillAtFirstUpload())
+    mr.push(sys.argv[1], sys.argv[2])
+    """
+)
+
+
+def test_a_push_killed_mid_way_leaves_the_previous_snapshot_readable(tmp_path, url):
+    local = make(tmp_path / "buf", 30)
+    mr.push(local, url)
+    with mr.open(local, mode="a") as s:
+        s.extend(steps(30, 25))  # overwrites the slots of steps 0..14
+    proc = subprocess.run([sys.executable, "-c", KILLED_PUSH, local, url], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    with mr.open(url) as remote:
+        # the previous snapshot, less the steps the push had begun to overwrite
+        assert remote.total_steps == 30
+        assert remote.first_step == 55 - CAPACITY
+        arrays = remote.to_arrays()
+        np.testing.assert_array_equal(np.unique(arrays["rewards"]), np.arange(15, 30))
+        check_rows(remote.sample(64, rng=1))
+    mr.push(local, url)  # the next push completes it
+    with mr.open(url) as remote:
+        assert (remote.first_step, remote.total_steps) == (15, 55)
+        check_rows(remote.sample(64, rng=2))
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    import mmreplay as mr
+    from test_object_store import steps
+
+    with mr.open(sys.argv[1], mode="a") as s:
+        g = s.total_steps
+        while True:
+            s.extend(steps(g, 3))
+            s.commit()
+            g += 3
+    """
+)
+
+
+def test_readers_see_whole_rows_while_a_running_writer_is_pushed(tmp_path, url):
+    local = make(tmp_path / "buf", 30)
+    mr.push(local, url)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, local, os.path.dirname(__file__)])
+    try:
+        with mr.open(url) as remote:
+            ends = []
+            for i in range(4):
+                report = mr.push(local, url)
+                ends.append(report.state.end)
+                remote.refresh()
+                for k in range(3):
+                    g = check_rows(remote.sample(32, rng=i * 3 + k))
+                    assert g.max() < remote.total_steps  # committed steps only
+                    check_rows(remote.sample(4, num_steps=3, rng=k))
+    finally:
+        writer.kill()
+        writer.wait()
+    assert ends == sorted(ends)
+
+
+def test_pull_brings_back_a_store_to_write(tmp_path, url):
+    local = make(tmp_path / "buf", 47)
+    mr.push(local, url)
+    back = mr.pull(url, tmp_path / "back")
+    with mr.open(back, mode="a") as s, mr.open(local) as src:
+        assert (s.first_step, s.total_steps) == (src.first_step, src.total_steps)
+        for key, value in src.to_arrays().items():
+            np.testing.assert_array_equal(s.to_arrays()[key], value)
+        s.extend(steps(47, 3))
+    from mmreplay.verify import verify
+
+    assert verify(str(back), deep=True) == []
+    with pytest.raises(mr.TargetError):
+        mr.pull(url, back)  # never into an existing store
+
+
+def test_a_store_in_object_storage_is_read_only(tmp_path, url):
+    mr.push(make(tmp_path / "buf", 5), url)
+    with pytest.raises(mr.ReadOnlyError, match="pull"):
+        mr.open(url, mode="a")
+    with mr.open(url) as remote, pytest.raises(mr.ReadOnlyError):
+        remote.add(steps(5, 1))
+
+
+def test_a_missing_store_and_another_store_are_clear_errors(tmp_path, url):
+    with pytest.raises(mr.NotABufferError, match="mmreplay.json"):
+        mr.open(url)
+    mr.push(make(tmp_path / "a", 5), url)
+    with mr.create(tmp_path / "b", {"x": mr.ArraySpec((), "int32")}, capacity=8) as other:
+        other.add({"x": np.zeros(1, "int32")})
+    with pytest.raises(mr.SpecMismatchError, match="another store"):
+        mr.push(tmp_path / "b", url)
+
+
+def test_exports_target_object_storage(tmp_path, s3_server, url):
+    local = make(tmp_path / "buf", 20)
+    with mr.open(local) as s:
+        npz = s.export(url + "/steps.npz", format="npz")
+        zarr_out = s.export(url + "/steps.zarr", format="zarr")
+        with pytest.raises(mr.TargetError):
+            s.export(url + "/steps.npz", format="npz")
+        s.export(url + "/steps.npz", format="npz", force=True)
+    assert npz.path == url + "/steps.npz"
+    from mmreplay.objstore import Location
+
+    raw = Location(url).get("steps.npz")
+    import io
+
+    with np.load(io.BytesIO(raw)) as f:
+        assert f["reward"].shape == (20, NUM_ENVS)
+    import zarr
+
+    group = zarr.open_group(store=Location(zarr_out.path).zarr_store(), mode="r")
+    assert group["obs"].shape == (20, NUM_ENVS, 3)
+
+
+def cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mmreplay.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finished(proc: subprocess.Popen) -> tuple[int, str]:
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out + err
+
+
+def test_cli_push_inspect_verify_stats_export_pull(tmp_path, s3_server, url):
+    local = make(tmp_path / "buf", 33)
+    code, out = finished(cli("--endpoint-url", s3_server, "push", local, url))
+    assert code == 0 and "33 steps" in out, out
+    # the reading commands are independent: run them side by side
+    runs = {
+        "inspect": cli("inspect", url, "--json"),
+        "verify": cli("verify", url),
+        "stats": cli("stats", url),
+        "export": cli("export", url, url + "-export.parquet", "-f", "parquet", "-q"),
+        "pull": cli("pull", url, str(tmp_path / "back")),
+    }
+    results = {name: finished(proc) for name, proc in runs.items()}
+    assert all(code == 0 for code, _ in results.values()), results
+    assert '"total_steps": 33' in results["inspect"][1]
+    assert "ok" in results["verify"][1]
+    assert "33 steps" in results["pull"][1]
+    from mmreplay.objstore import Location
+
+    assert Location(url + "-export.parquet").list()  # the parquet files were uploaded
+
+
+def test_verify_finds_missing_and_damaged_objects(tmp_path, url):
+    from mmreplay.objstore import Location, verify_url
+
+    mr.push(make(tmp_path / "buf", 33), url)
+    assert verify_url(url) == []
+    location = Location(url)
+    location.delete(["data.zarr/reward/c/0/0"])
+    location.put("data.zarr/pixels/c/1/0/0/0", b"not zstd")
+    problems = verify_url(url)
+    assert len(problems) == 2, problems
+    assert any("reward" in p and "missing" in p for p in problems), problems
+    assert any("pixels" in p and "does not decode" in p for p in problems), problems
+
+
+def test_without_obstore_the_error_names_the_extra(tmp_path):
+    code = "import sys; sys.modules['obstore'] = None\nimport mmreplay as mr\nmr.open('s3://bucket/x')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "mmreplay[s3]" in out.stderr
+
+
+def test_a_prioritized_store_samples_uniformly_from_object_storage_and_by_priority_once_pulled(tmp_path, url):
+    with mr.create(tmp_path / "buf", SPEC, capacity=CAPACITY, num_envs=NUM_ENVS, sampler="prioritized") as s:
+        s.extend(steps(0, 10))
+        s.commit()
+        s.update_priorities(np.arange(10), np.zeros(10, np.int64), np.full(10, 5.0))
+        s.push(url)
+    with pytest.warns(UserWarning, match="uniform"), mr.open(url) as remote:
+        check_rows(remote.sample(16, rng=0))
+    with mr.open(mr.pull(url, tmp_path / "back"), mode="a") as back:
+        assert back.sampler.name == "prioritized"
+        check_rows(back.sample(16, rng=0))
