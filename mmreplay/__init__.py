@@ -15,6 +15,7 @@ from .errors import (
     TargetError,
     UnsupportedFormatError,
 )
+from .group import Group, GroupSampleInfo, create_group, open_group, open_shard
 from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
 from .store import BufferExistsError, Store, create, open
@@ -26,6 +27,11 @@ __all__ = [
     "Store",
     "create",
     "open",
+    "Group",
+    "GroupSampleInfo",
+    "create_group",
+    "open_group",
+    "open_shard",
     "estimate",
     "SizeEstimate",
     "to_spec",
