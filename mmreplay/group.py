@@ -33,7 +33,6 @@ import numpy as np
 from . import sampling
 from .errors import BadInputError, CorruptBufferError, NotABufferError, NotEnoughDataError, SpecMismatchError
 from .files import atomic_write
-from .reads import SampleInfo
 from .spec import flatten, spec_to_json, unflatten
 from .store import MODES, BufferExistsError, Store
 from .store import create as create_store
@@ -169,7 +168,9 @@ def create_group(
         group = open_group(path)
         if group.num_shards != shards:
             group.close()
-            raise SpecMismatchError(f"{path}: a group exists there with {group.num_shards} shards, not {shards}")
+            raise SpecMismatchError(
+                f"{path}: a group exists there with {group.num_shards} shards, not {shards}"
+            )
         return group
     if os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path)):
         raise BufferExistsError(f"{path}: already exists and is not an empty folder")
@@ -237,6 +238,65 @@ def _check_alike(path: str, stores: list[Store]) -> None:
                 f"{path}: shard {os.path.basename(store.path)} differs from {os.path.basename(first.path)} "
                 f"({'; '.join(diffs)})"
             )
+
+
+# --- one batch from many shards ------------------------------------------------------
+
+
+def split_batch(
+    batch_size: int, totals: np.ndarray, replacement: bool, gen: np.random.Generator
+) -> np.ndarray:
+    """How many items each shard draws: multinomial in proportion to ``totals`` (with
+    replacement), or a multivariate hypergeometric over the shards' valid starts
+    (distinct items, at most all of them)."""
+    if replacement:
+        return gen.multinomial(batch_size, totals / totals.sum())
+    counts = totals.astype(np.int64)
+    return gen.multivariate_hypergeometric(counts, min(batch_size, int(counts.sum())))
+
+
+def join_parts(
+    spec: Any,
+    parts: dict[int, tuple[Any, Any]],
+    shares: np.ndarray,
+    masses: list[Any],
+    beta: float,
+    gen: np.random.Generator,
+    return_info: bool,
+) -> Any:
+    """One batch, in random order, from each shard's ``(nest, info)`` part.
+
+    ``shares[s]`` is the probability that one item is drawn from shard ``s`` and
+    ``masses[s]`` the shard's :class:`~mmreplay.samplers.Mass` at its draw: an item's
+    probability in the group is ``shares[s] * p``, and importance weights are
+    ``(P(i) / P_min) ** -beta`` with ``P_min`` the smallest over the group, as one
+    store's prioritized sampler gives them.
+    """
+    shard_ids = [np.full(len(info.step), index, np.int64) for index, (_, info) in parts.items()]
+    order = gen.permutation(sum(len(ids) for ids in shard_ids))
+    leaves = [np.concatenate(arrays)[order] for arrays in zip(*(flatten(nest) for nest, _ in parts.values()))]
+    nest = unflatten(spec, leaves)
+    if not return_info:
+        return nest
+    infos = [info for _, info in parts.values()]
+
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([np.asarray(getattr(info, name)) for info in infos])[order]
+
+    probability = np.concatenate(
+        [shares[index] * np.asarray(info.probability) for index, (_, info) in parts.items()]
+    )
+    probability = probability[order]
+    weight = None
+    if all(info.weight is not None for info in infos):
+        smallest = min(
+            share * m.smallest / m.total for share, m in zip(shares, masses) if m.total > 0 and share > 0
+        )
+        weight = np.power(probability / smallest, -beta).astype(np.float32)
+    info = GroupSampleInfo(
+        np.concatenate(shard_ids)[order], joined("step"), joined("env"), joined("slot"), probability, weight
+    )
+    return nest, info
 
 
 # --- the group ------------------------------------------------------------------------
@@ -374,49 +434,15 @@ class Group:
                 f"{self.path}: cannot sample: no shard holds a committed step to draw "
                 f"({self._steps(num_steps)}-step items; call refresh() to see newer commits)"
             )
-        if replacement:
-            counts = gen.multinomial(batch_size, totals / totals.sum())
-        else:  # distinct items: a uniform draw without replacement over all valid starts
-            counts = gen.multivariate_hypergeometric(totals.astype(np.int64), min(batch_size, int(totals.sum())))
-        parts, infos, shard_ids = [], [], []
-        for index in np.flatnonzero(counts):
-            nest, info = self._shards[index].sample(
+        counts = split_batch(batch_size, totals, replacement, gen)
+        parts = {
+            int(index): self._shards[index].sample(
                 int(counts[index]), num_steps, replacement, gen, return_info=True, **options
             )
-            parts.append(flatten(nest))
-            infos.append(info)
-            shard_ids.append(np.full(len(info.step), index, np.int64))
-        order = gen.permutation(sum(len(ids) for ids in shard_ids))
-        leaves = [np.concatenate(arrays)[order] for arrays in zip(*parts)]
-        nest = unflatten(self.spec, leaves)
-        if not return_info:
-            return nest
-        return nest, self._info(masses, totals, shard_ids, infos, order, options)
-
-    def _info(
-        self,
-        masses: list[Any],
-        totals: np.ndarray,
-        shard_ids: list[np.ndarray],
-        infos: list[SampleInfo],
-        order: np.ndarray,
-        options: dict,
-    ) -> GroupSampleInfo:
-        shard = np.concatenate(shard_ids)
-
-        def joined(name: str) -> np.ndarray:
-            return np.concatenate([getattr(info, name) for info in infos])[order]
-
-        # an item's weight in the group is its weight in its shard: P(i) = p_shard * M_s / M
-        item_mass = np.concatenate([info.probability * totals[s[0]] for info, s in zip(infos, shard_ids)])
-        probability = (item_mass / totals.sum())[order]
-        weight = None
-        if all(info.weight is not None for info in infos):
-            sampler = self._shards[0].sampler
-            beta = float(options.get("beta", getattr(sampler, "beta", 0.0)))
-            smallest = min(m.smallest for m in masses if m.total > 0)
-            weight = np.power(item_mass[order] / smallest, -beta).astype(np.float32)
-        return GroupSampleInfo(shard[order], joined("step"), joined("env"), joined("slot"), probability, weight)
+            for index in np.flatnonzero(counts)
+        }
+        beta = float(options.get("beta", getattr(self._shards[0].sampler, "beta", 0.0)))
+        return join_parts(self.spec, parts, totals / totals.sum(), masses, beta, gen, return_info)
 
     def _own_gen(self) -> np.random.Generator:
         if self._gen is None:
@@ -449,7 +475,9 @@ class Group:
 
     # --- passes -----------------------------------------------------------------------
 
-    def iterate(self, batch_size: int | None = None, num_steps: int | None = None, **options: Any) -> Iterator[Any]:
+    def iterate(
+        self, batch_size: int | None = None, num_steps: int | None = None, **options: Any
+    ) -> Iterator[Any]:
         """One pass over every shard in turn (:meth:`mmreplay.Store.iterate` on each):
         items never span two shards, and each shard's last batch may be smaller."""
         self._check_open()

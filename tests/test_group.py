@@ -37,7 +37,9 @@ def check_rows(batch: dict, info: mr.GroupSampleInfo) -> None:
     obs = batch["obs"]
     if obs.ndim == 3:  # sequences: the first step is what the info names
         obs = obs[:, 0]
-    assert (obs[:, 0] == info.shard).all() and (obs[:, 1] == info.step).all() and (obs[:, 2] == info.env).all()
+    assert (
+        (obs[:, 0] == info.shard).all() and (obs[:, 1] == info.step).all() and (obs[:, 2] == info.env).all()
+    )
 
 
 def test_a_group_is_a_folder_of_ordinary_stores(tmp_path):
@@ -126,13 +128,18 @@ def test_the_learner_sees_each_shards_committed_prefix(tmp_path):
 
 def test_prioritized_groups_split_by_priority_mass_and_route_updates_back(tmp_path):
     path = tmp_path / "g"
-    mr.create_group(path, SPEC, shards=2, capacity=30, sampler="prioritized", alpha=1.0, beta=0.5, eps=0.0).close()
+    mr.create_group(
+        path, SPEC, shards=2, capacity=30, sampler="prioritized", alpha=1.0, beta=0.5, eps=0.0
+    ).close()
     fill(path, [10, 10], num_envs=1)
     with mr.open_group(path) as group:
         batch, info = group.sample(8, rng=0, return_info=True)
         np.testing.assert_allclose(info.weight, 1.0)
         # shard 1's rows get priority 9: its mass is 90 against shard 0's 10
-        assert group.update_priorities(np.ones(10, int), np.arange(10), np.zeros(10, int), np.full(10, 9.0)) == 10
+        assert (
+            group.update_priorities(np.ones(10, int), np.arange(10), np.zeros(10, int), np.full(10, 9.0))
+            == 10
+        )
         np.testing.assert_allclose(group.shards[1].sampler.priorities(np.arange(10), 0), 9.0)
         np.testing.assert_allclose(group.shards[0].sampler.priorities(np.arange(10), 0), 1.0)
         batch, info = group.sample(4000, rng=1, return_info=True)
@@ -200,7 +207,9 @@ ACTOR = textwrap.dedent(
 
 
 def start_actor(path, shard: int) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-c", ACTOR, str(path), str(shard)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ACTOR, str(path), str(shard)], stdout=subprocess.PIPE, text=True
+    )
     return proc, int(proc.stdout.readline())
 
 

@@ -70,6 +70,8 @@ class SliceSampler(UniformSampler):
         within = self.within_episodes if within_episodes is None else within_episodes
         return super().draw(batch_size, window, rng, num_steps, replacement, within_episodes=within)
 
-    def mass(self, window: Window, num_steps: int = 1, within_episodes: bool | None = None, **options: Any) -> Mass:
+    def mass(
+        self, window: Window, num_steps: int = 1, within_episodes: bool | None = None, **options: Any
+    ) -> Mass:
         within = self.within_episodes if within_episodes is None else within_episodes
         return super().mass(window, num_steps, within_episodes=within)
