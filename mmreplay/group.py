@@ -47,6 +47,7 @@ __all__ = [
     "open_group",
     "open_shard",
     "shard_name",
+    "write_manifest",
 ]
 
 GROUP_FILE = "mmreplay-group.json"
@@ -116,6 +117,19 @@ def _read_manifest(path: str) -> list[str]:
     return shards
 
 
+def write_manifest(path: str | os.PathLike, shards: int, fsync: bool = False) -> None:
+    """Make the folder ``path``, which holds the stores ``shard-000`` ... ``shard-<N-1>``,
+    a group (replacing its manifest atomically): for shards written apart, such as by
+    actors on different nodes, then brought into one folder."""
+    path = os.fspath(path)
+    names = [shard_name(i) for i in range(shards)]
+    missing = [name for name in names if not os.path.isdir(os.path.join(path, name))]
+    if missing:
+        raise NotABufferError(f"{path}: no shard folder {missing[0]} for a group of {shards} shards")
+    body = json.dumps({"format": GROUP_FORMAT, "shards": names}, indent=1).encode() + b"\n"
+    atomic_write(_manifest_path(path), body, fsync=fsync)
+
+
 def _check_index(path: str, shard: Any, count: int) -> int:
     if not isinstance(shard, (int, np.integer)) or isinstance(shard, bool) or not 0 <= shard < count:
         raise IndexError(f"{path}: shard must be an int in [0, {count}), got {shard!r}")
@@ -180,8 +194,7 @@ def create_group(
     try:
         for name in names:
             create_store(os.path.join(path, name), spec, capacity, num_envs, **options).close()
-        body = json.dumps({"format": GROUP_FORMAT, "shards": names}, indent=1).encode() + b"\n"
-        atomic_write(_manifest_path(path), body, fsync=options.get("durability") == "power")
+        write_manifest(path, shards, fsync=options.get("durability") == "power")
     except BaseException:
         for name in names:  # a failed create leaves no shard behind
             shutil.rmtree(os.path.join(path, name), ignore_errors=True)
