@@ -11,7 +11,11 @@ envs per step, page-cached.
   sequences (``num_steps=8``).
 - ``ray``: ``RaySampler.sample(256)`` over 4 :class:`~mmreplay.ray.ShardWriter` actors
   on this machine next to the local group's ``sample(256)``: what a batch costs through
-  Ray (reported as skipped when ray is not installed, or with ``--no-ray``).
+  Ray, and one empty call to an actor (reported as skipped when ray is not installed,
+  or with ``--no-ray``).
+
+The machine's load average is recorded with the figures: on a shared machine they
+move with it.
 
 Usage: ``python -m bench.bench_group [--steps N] [--rows N] [--repeats R] [--actors 1 2 4]
 [--no-ray] [--json OUT]``.
@@ -27,7 +31,6 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,14 +38,10 @@ import numpy as np
 import mmreplay as mr
 from mmreplay.group import write_manifest
 
+from .bench_prioritized import SPEC, median_us
+
 NUM_ENVS = 8
 BATCH = 256
-SPEC = {
-    "obs": mr.ArraySpec((17,), "float32"),
-    "action": mr.ArraySpec((6,), "float32"),
-    "reward": mr.ArraySpec((), "float32"),
-    "terminated": mr.ArraySpec((), "bool"),
-}
 
 
 def steps(count: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -53,15 +52,6 @@ def steps(count: int, seed: int = 0) -> dict[str, np.ndarray]:
         "reward": rng.standard_normal((count, NUM_ENVS), np.float32),
         "terminated": rng.random((count, NUM_ENVS)) < 0.01,
     }
-
-
-def median_us(fn: Callable[[], Any], repeats: int) -> float:
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out) * 1e6
 
 
 # --- aggregate add rate -----------------------------------------------------------------
@@ -154,6 +144,7 @@ def ray_figures(folder: str, rows: int, repeats: int) -> dict[str, float]:
             out = {}
             for _ in range(2):
                 out["ray_sample_us"] = median_us(lambda: sampler.sample(BATCH, rng=rng), repeats)
+                out["ray_round_trip_us"] = median_us(lambda: ray.get(writers[0].info.remote()), repeats)
                 out["local_group_sample_us"] = median_us(lambda: group.sample(BATCH, rng=rng), repeats)
         ray.get([w.close.remote() for w in writers])
         return out
@@ -171,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     report: dict[str, Any] = {"cpus": os.cpu_count(), "num_envs": NUM_ENVS, "batch": BATCH, "skipped": {}}
+    report["load_average_before"] = os.getloadavg()[0]
     folder = tempfile.mkdtemp(prefix="bench-group-")
     try:
         report["add"] = {str(n): add_rate(folder, n, args.steps) for n in args.actors}
@@ -184,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 report["skipped"]["ray"] = str(exc)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    report["load_average_after"] = os.getloadavg()[0]
     lines = [
         f"{n} actor process(es): {f['rows_per_s'] / 1e6:.2f} M rows/s added in all "
         f"({f['per_actor_rows_per_s'] / 1e6:.2f} M per actor)"
@@ -191,6 +184,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     lines += [f"{k}: {v:.0f} us" for k, v in {**report["sample"], **report.get("ray", {})}.items()]
     lines += [f"skipped {k}: {v}" for k, v in report["skipped"].items()]
+    lines.append(
+        f"load average (1 min) before and after: {report['load_average_before']:.1f}, "
+        f"{report['load_average_after']:.1f} on {report['cpus']} cpus"
+    )
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
