@@ -31,7 +31,14 @@ from typing import Any
 import numpy as np
 
 from . import sampling
-from .errors import BadInputError, CorruptBufferError, NotABufferError, NotEnoughDataError, SpecMismatchError
+from .errors import (
+    BadInputError,
+    ClosedError,
+    CorruptBufferError,
+    NotABufferError,
+    NotEnoughDataError,
+    SpecMismatchError,
+)
 from .files import atomic_write
 from .spec import flatten, spec_to_json, unflatten
 from .store import MODES, BufferExistsError, Store
@@ -392,8 +399,7 @@ class Group:
 
     def _check_open(self) -> None:
         if self._closed:
-            self._shards[0]._check_open()  # raises the store's ClosedError
-            raise AssertionError("unreachable")
+            raise ClosedError(f"{self.path}: group is closed")
 
     def refresh(self) -> bool:
         """Pick up every shard's newer commits (readers); True if any changed."""

@@ -21,6 +21,7 @@ parallel read tasks over ranges of steps.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +43,8 @@ from .samplers.base import Mass
 from .spec import flatten, unflatten
 from .store import Store, create
 from .store import open as open_store
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ShardWriter", "RaySampler", "start_writers", "read_store", "StoreDatasource"]
 
@@ -169,6 +172,20 @@ def start_writers(
 
 # --- the learner's sampler -------------------------------------------------------------
 
+EMPTY = Mass(0.0, np.inf)
+
+
+def _gather(refs: list[Any]) -> list[Any]:
+    """Each call's result, or None for an actor that is down."""
+    out = []
+    for ref in refs:
+        try:
+            out.append(ray.get(ref))
+        except ray.exceptions.RayActorError as exc:
+            log.warning("a shard actor is down; its shard counts as empty until it answers again: %s", exc)
+            out.append(None)
+    return out
+
 
 class RaySampler:
     """Batches drawn across :class:`ShardWriter` actors, as :meth:`mmreplay.Group.sample`
@@ -194,9 +211,9 @@ class RaySampler:
         self._gen = np.random.default_rng()
 
     def masses(self, num_steps: int | None = None, **options: Any) -> list[Mass]:
-        """Ask every actor for its mass now."""
-        found = ray.get([w.mass.remote(num_steps, options) for w in self.writers])
-        return [Mass(*m) for m in found]
+        """Ask every actor for its mass now (an actor that is down counts as empty)."""
+        replies = _gather([w.mass.remote(num_steps, options) for w in self.writers])
+        return [Mass(*m) if m is not None else EMPTY for m in replies]
 
     def sample(
         self,
@@ -208,37 +225,64 @@ class RaySampler:
         **options: Any,
     ) -> Any:
         """A batch from every shard (see :meth:`mmreplay.Group.sample`); with
-        ``return_info`` also a :class:`mmreplay.GroupSampleInfo`."""
+        ``return_info`` also a :class:`mmreplay.GroupSampleInfo`.
+
+        An actor that is down (killed, being restarted) counts as empty until it
+        answers again: the batch is drawn again from the others, so one actor's crash
+        does not stop the learner.
+        """
         sampling.check_sizes(batch_size, num_steps)
         gen = self._gen if rng is None else sampling.as_generator(rng)
         key = (num_steps, tuple(sorted(options.items())))
         if self._masses is None or self._key != key:
             self._masses, self._key = self.masses(num_steps, **options), key
-        totals = np.array([m.total for m in self._masses], np.float64)
+        for _ in range(len(self.writers)):  # each retry drops at least one actor that is down
+            batch = self._draw(batch_size, num_steps, replacement, rng, gen, return_info, options)
+            if batch is not None:
+                return batch
+        raise NotEnoughDataError("cannot sample: every shard actor with committed steps is down")
+
+    def _draw(
+        self,
+        batch_size: int,
+        num_steps: int | None,
+        replacement: bool,
+        rng: Any,
+        gen: np.random.Generator,
+        return_info: bool,
+        options: dict,
+    ) -> Any:
+        """One round trip: the batch, or None when an actor that was to draw a part is
+        down (its mass is then zero, for the retry)."""
+        used = self._masses
+        totals = np.array([m.total for m in used], np.float64)
         if not totals.sum() > 0:
-            self._masses = None  # ask again next time
+            self._masses = None  # ask every actor again next time
             raise NotEnoughDataError("cannot sample: no shard actor holds a committed step to draw")
-        shares = totals / totals.sum()
         counts = split_batch(batch_size, totals, replacement, gen)
-        chosen = np.flatnonzero(counts)
+        chosen, idle = np.flatnonzero(counts), np.flatnonzero(counts == 0)
         seeds = gen.integers(0, 2**63, len(chosen)) if rng is not None else [None] * len(chosen)
         refs = [
             self.writers[i].sample.remote(int(counts[i]), num_steps, replacement, seed, options)
             for i, seed in zip(chosen, seeds)
         ]
-        idle = np.flatnonzero(counts == 0)  # their mass is asked in the same round trip
-        idle_refs = [self.writers[i].mass.remote(num_steps, options) for i in idle]
-        replies = ray.get(refs + idle_refs)
-        used, masses = self._masses, list(self._masses)
-        parts, betas = {}, [0.0]
-        for index, (leaves, fields, mass, beta) in zip(chosen, replies):
+        # the actors that draw nothing are asked their mass in the same round trip
+        replies = _gather(refs + [self.writers[i].mass.remote(num_steps, options) for i in idle])
+        masses, parts, betas = list(used), {}, [0.0]
+        for index, reply in zip(chosen, replies):
+            if reply is None:
+                masses[index] = EMPTY
+                continue
+            leaves, fields, mass, beta = reply
             masses[index] = Mass(*mass)
             parts[int(index)] = (unflatten(self.spec, leaves), SampleInfo(**fields))
             betas.append(beta)
         for index, mass in zip(idle, replies[len(refs) :]):
-            masses[index] = Mass(*mass)
+            masses[index] = Mass(*mass) if mass is not None else EMPTY
         self._masses = masses  # the next batch splits by what the actors just reported
-        return join_parts(self.spec, parts, shares, used, betas[-1], gen, return_info)
+        if len(parts) < len(chosen):
+            return None
+        return join_parts(self.spec, parts, totals / totals.sum(), used, betas[-1], gen, return_info)
 
     def update_priorities(self, shard: Any, step: Any, env: Any, priorities: Any) -> int:
         """Send new priorities to the actors of their shards (``info.shard``...)."""

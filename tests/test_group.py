@@ -54,6 +54,9 @@ def test_a_group_is_a_folder_of_ordinary_stores(tmp_path):
         assert [len(s) for s in group.shards] == [4, 0, 5] and len(group) == 9
         assert "shards=3 steps=[4, 0, 5]" in repr(group)
     assert "closed" in repr(group)
+    with pytest.raises(mr.ClosedError, match="group is closed"):
+        group.sample(1)
+    group.close()  # safe twice
 
 
 def test_create_and_open_refuse_what_is_not_a_group(tmp_path):
@@ -254,3 +257,15 @@ def test_an_actor_killed_loses_only_its_uncommitted_tail_and_resumes_its_shard(t
         for proc in actors:
             proc.kill()
             proc.wait()
+
+
+def test_slice_groups_split_by_the_starts_inside_episodes(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=40, sampler="slices", num_steps=3).close()
+    fill(path, [20, 9], num_envs=1)  # episodes end at steps 6, 13: 5 + 5 + 4 starts, and 5 + 0 + 0
+    with mr.open_group(path) as group:
+        assert [m.total for m in group.masses()] == [14.0, 5.0]
+        batch, info = group.sample(400, rng=0, return_info=True)
+        check_rows(batch, info)
+        assert not batch["terminated"][:, :-1].any()  # no sequence crosses an episode's end
+        np.testing.assert_allclose(info.probability, 1 / 19)

@@ -89,7 +89,12 @@ def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster
         ray.get(writer.commit.remote())
         ray.get(writer.extend.remote(steps_of(shard, 20, 5, 2)))  # the uncommitted tail
     before = info_of(ray, writers[0])
+    sampler = mray.RaySampler(writers, SPEC)
+    sampler.sample(8)
     ray.kill(writers[0], no_restart=False)  # Ray restarts it (max_restarts=-1): it reopens its store
+    batch, info = sampler.sample(64, rng=3, return_info=True)  # the learner carries on
+    check_rows(batch, info)
+    assert len(info.shard) == 64
     assert ray.get(writers[1].extend.remote(steps_of(1, 25, 1, 2))) == 26  # the other carries on
     deadline = time.monotonic() + 60
     while True:
