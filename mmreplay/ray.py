@@ -39,7 +39,7 @@ from . import sampling
 from .errors import NotEnoughDataError
 from .group import join_parts, open_group, shard_name, split_batch
 from .reads import SampleInfo
-from .samplers.base import Mass
+from .samplers import Mass
 from .spec import flatten, unflatten
 from .store import Store, create
 from .store import open as open_store
