@@ -269,3 +269,17 @@ def test_slice_groups_split_by_the_starts_inside_episodes(tmp_path):
         check_rows(batch, info)
         assert not batch["terminated"][:, :-1].any()  # no sequence crosses an episode's end
         np.testing.assert_allclose(info.probability, 1 / 19)
+
+
+def test_shards_written_apart_become_a_group(tmp_path):
+    from mmreplay.group import write_manifest
+
+    for shard in range(2):  # as actors on two nodes would, then copied into one folder
+        with mr.create(tmp_path / "g" / f"shard-00{shard}", SPEC, capacity=10) as store:
+            store.extend(steps_of(shard, 0, 3 + shard, 1))
+    with pytest.raises(mr.NotABufferError, match="no shard folder shard-002"):
+        write_manifest(tmp_path / "g", 3)
+    write_manifest(tmp_path / "g", 2)
+    with mr.open_group(tmp_path / "g") as group:
+        assert [len(s) for s in group.shards] == [3, 4]
+        check_rows(*group.sample(16, rng=0, return_info=True))
