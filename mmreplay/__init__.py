@@ -16,6 +16,7 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .frames import Frames
+from .group import Group, GroupSampleInfo, create_group, open_group, open_shard
 from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
 from .store import BufferExistsError, Store, create, open
@@ -30,6 +31,11 @@ __all__ = [
     "open",
     "push",
     "pull",
+    "Group",
+    "GroupSampleInfo",
+    "create_group",
+    "open_group",
+    "open_shard",
     "estimate",
     "SizeEstimate",
     "to_spec",

@@ -18,10 +18,10 @@ LAYERS = [
     {"metadata", "lock", "files", "statefile"},
     {"backends"},
     {"store", "sampling", "episodes", "reads", "objstore"},
-    {"snapshots", "export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images"},
+    {"snapshots", "export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images", "group", "ray"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
-OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas", "PIL", "imageio_ffmpeg", "torchrl", "tensordict"}
+OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas", "PIL", "imageio_ffmpeg", "torchrl", "tensordict", "ray"}
 
 
 def layer_of(name: str) -> int | None:

@@ -1,11 +1,12 @@
 """Samplers: the objects a store draws its random batches through (see :mod:`.base`)."""
 
-from .base import Draw, Sampler, Window, make_sampler, register_sampler, sampler_from_json
+from .base import Draw, Mass, Sampler, Window, make_sampler, register_sampler, sampler_from_json
 from .slices import SliceSampler
 from .uniform import UniformSampler
 
 __all__ = [
     "Draw",
+    "Mass",
     "Sampler",
     "SliceSampler",
     "UniformSampler",

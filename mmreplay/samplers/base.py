@@ -39,6 +39,12 @@ Write hooks (no-op defaults, see :class:`mmreplay.hooks.WriteHook`)
     ``num_envs``, ``mode``, ``window``, ``episode_index``...). ``close()`` when the store
     closes.
 
+``mass(window, num_steps=1, **options) -> Mass``
+    The total draw weight of the window's valid starts and the smallest weight of one
+    (uniform: their count, and 1), so that a group of stores can split a batch between
+    them in proportion and renormalise importance weights over all of them. ``options``
+    are those ``draw`` takes.
+
 ``update_priorities(step, env, priorities)``
     Samplers that keep priorities accept the learner's new priorities for items by
     global step id and env; the default raises ``TypeError``.
@@ -64,7 +70,7 @@ import numpy as np
 from ..hooks import WriteHook
 from ..sampling import Draw
 
-__all__ = ["Draw", "Sampler", "Window", "register_sampler", "sampler_from_json", "make_sampler"]
+__all__ = ["Draw", "Mass", "Sampler", "Window", "register_sampler", "sampler_from_json", "make_sampler"]
 
 
 class Window(NamedTuple):
@@ -80,6 +86,14 @@ class Window(NamedTuple):
     def steps(self) -> int:
         """Steps in the window."""
         return max(0, self.end - self.first)
+
+
+class Mass(NamedTuple):
+    """What a sampler would draw from: the total weight of the valid starts and the
+    smallest positive weight of one (0 and inf when there is none)."""
+
+    total: float
+    smallest: float
 
 
 class Sampler(WriteHook, ABC):
@@ -105,6 +119,11 @@ class Sampler(WriteHook, ABC):
         **options: Any,
     ) -> Draw:
         """Where the batch's items start (see the module docstring)."""
+
+    def mass(self, window: Window, num_steps: int = 1, **options: Any) -> Mass:
+        """Every start whose ``num_steps`` steps lie in the window weighs 1."""
+        count = max(0, window.steps - num_steps + 1) * window.num_envs
+        return Mass(float(count), 1.0 if count else np.inf)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> None:
         raise TypeError(f"the {self.name or type(self).__name__!r} sampler keeps no priorities")

@@ -17,7 +17,9 @@ has since dropped are ignored, never applied to the rows that replaced them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from ..priorities import PRIORITY_FILE, PriorityFile
 from ..reads import reader_for
 from ..sampling import Draw
 from ..sumtree import SumTree
-from .base import Sampler, Window, register_sampler
+from .base import Mass, Sampler, Window, register_sampler
 
 __all__ = ["PrioritizedSampler"]
 
@@ -215,6 +217,30 @@ class PrioritizedSampler(Sampler):
 
     # --- draws --------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _starts(self, window: Window, num_steps: int) -> Iterator[SumTree]:
+        """The tree in step with the window, holding only the rows a ``num_steps``
+        sequence may start at: a sequence must end inside the window, so the last
+        ``num_steps - 1`` steps start none."""
+        self.sync(window)
+        tree, num_envs = self.tree, window.num_envs
+        tail = _step_ranges(window.end - num_steps + 1, window.end, window.capacity)
+        saved = [tree.sums[tree.size + x * num_envs : tree.size + y * num_envs].copy() for x, y in tail]
+        for x, y in tail:
+            tree.set_range(x * num_envs, y * num_envs, 0.0)
+        try:
+            yield tree
+        finally:
+            for (x, y), values in zip(tail, saved):
+                tree.set_range(x * num_envs, y * num_envs, values)
+
+    def mass(self, window: Window, num_steps: int = 1, beta: float | None = None) -> Mass:
+        """The sum and the smallest of ``priority ** alpha`` over the valid starts."""
+        if window.steps < num_steps:
+            return Mass(0.0, np.inf)
+        with self._starts(window, num_steps) as tree:
+            return Mass(tree.total, tree.min)
+
     def draw(
         self,
         batch_size: int,
@@ -234,22 +260,12 @@ class PrioritizedSampler(Sampler):
             raise NotEnoughDataError(
                 f"cannot sample sequences of num_steps={num_steps}: only {e - f} committed steps are retained"
             )
-        self.sync(window)
-        tree = self.tree
-        # a sequence must end inside the window: the last num_steps - 1 steps start none
-        tail = _step_ranges(e - num_steps + 1, e, capacity)
-        saved = [tree.sums[tree.size + x * num_envs : tree.size + y * num_envs].copy() for x, y in tail]
-        for x, y in tail:
-            tree.set_range(x * num_envs, y * num_envs, 0.0)
-        try:
+        with self._starts(window, num_steps) as tree:
             total, smallest = tree.total, tree.min
             if not total > 0:
                 raise NotEnoughDataError("cannot sample: every retained row has priority zero")
             rows = tree.find(rng.random(batch_size) * total)
             mass = tree.get(rows)
-        finally:
-            for (x, y), values in zip(tail, saved):
-                tree.set_range(x * num_envs, y * num_envs, values)
         p = mass / total
         # (N * P_i)^-beta / (N * P_min)^-beta: N and the total cancel
         weight = np.power(mass / smallest, -beta).astype(np.float32)

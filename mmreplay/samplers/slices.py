@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..sampling import Draw, draw_in_spans
-from .base import Window, register_sampler
+from .base import Mass, Window, register_sampler
 from .uniform import UniformSampler
 
 __all__ = ["SliceSampler", "draw_within_episodes"]
@@ -69,3 +69,9 @@ class SliceSampler(UniformSampler):
     ) -> Draw:
         within = self.within_episodes if within_episodes is None else within_episodes
         return super().draw(batch_size, window, rng, num_steps, replacement, within_episodes=within)
+
+    def mass(
+        self, window: Window, num_steps: int = 1, within_episodes: bool | None = None, **options: Any
+    ) -> Mass:
+        within = self.within_episodes if within_episodes is None else within_episodes
+        return super().mass(window, num_steps, within_episodes=within)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..sampling import Draw, draw_uniform
-from .base import Sampler, Window, register_sampler
+from .base import Mass, Sampler, Window, register_sampler
 
 __all__ = ["UniformSampler"]
 
@@ -46,3 +46,12 @@ class UniformSampler(Sampler):
         return draw_uniform(
             window.first, window.end, window.num_envs, window.capacity, batch_size, num_steps, replacement, rng
         )
+
+    def mass(self, window: Window, num_steps: int = 1, within_episodes: bool = False, **options: Any) -> Mass:
+        if not within_episodes:
+            return super().mass(window, num_steps)
+        from ..episodes import index_for
+
+        spans = index_for(self.store).spans(self.store)
+        count = int(np.maximum(spans.length - num_steps + 1, 0).sum())
+        return Mass(float(count), 1.0 if count else np.inf)

@@ -1,0 +1,530 @@
+"""A group of stores: many writers (one per shard), one learner that samples them all.
+
+A group is a folder of ``N`` ordinary stores (``shard-000`` ... one per actor) and a
+small manifest, ``mmreplay-group.json``, written last when the group is created. Each
+actor process opens its own shard as the writer (:func:`open_shard`), with the store's
+single-writer lock and commit protocol unchanged; the learner opens the group
+(:func:`open_group`) and sees each shard's committed prefix as any reader does.
+
+Sampling splits a batch between the shards in proportion to what their samplers would
+draw from (:meth:`mmreplay.samplers.Sampler.mass`: the number of valid starts for the
+uniform sampler, the sum of ``priority ** alpha`` for the prioritized one), so every
+row of the group is drawn as if the group were one store; each shard then draws its
+part through its own sampler and fetch path (readers' re-draw included). The sample
+info names the shard of every item, and :meth:`Group.update_priorities` routes the new
+priorities back to it (through the shard's priority-file protocol).
+
+Nothing in a shard knows about the group: a shard can be opened, verified, recovered
+or exported as a store on its own, and one actor's crash costs only that shard's
+uncommitted tail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import sampling
+from .errors import (
+    BadInputError,
+    ClosedError,
+    CorruptBufferError,
+    NotABufferError,
+    NotEnoughDataError,
+    SpecMismatchError,
+)
+from .files import atomic_write
+from .spec import flatten, spec_to_json, unflatten
+from .store import MODES, BufferExistsError, Store
+from .store import create as create_store
+from .store import open as open_store
+
+__all__ = [
+    "GROUP_FILE",
+    "Group",
+    "GroupSampleInfo",
+    "create_group",
+    "is_group",
+    "open_group",
+    "open_shard",
+    "shard_name",
+    "write_manifest",
+]
+
+GROUP_FILE = "mmreplay-group.json"
+GROUP_FORMAT = "mmreplay-group/1"
+MAX_SHARDS = 4096
+
+
+def shard_name(index: int) -> str:
+    """The folder of shard ``index`` inside its group."""
+    return f"shard-{index:03d}"
+
+
+@dataclass(frozen=True)
+class GroupSampleInfo:
+    """Where each item of a group's batch came from.
+
+    Attributes:
+        shard: shard index of each item, ``[B]``.
+        step: global step id of the item's first step in its shard, ``[B]``.
+        env: env index, ``[B]``.
+        slot: ring slot of the item's first step, ``[B]``.
+        probability: probability of drawing this item in one draw from the whole
+            group, ``[B]``.
+        weight: importance-sampling weight ``(N * P(i)) ** -beta / max_j`` over the
+            whole group, from samplers that give one (prioritized); None otherwise.
+    """
+
+    shard: np.ndarray
+    step: np.ndarray
+    env: np.ndarray
+    slot: np.ndarray
+    probability: np.ndarray
+    weight: np.ndarray | None = None
+
+
+# --- the manifest -----------------------------------------------------------------------
+
+
+def _manifest_path(path: str) -> str:
+    return os.path.join(path, GROUP_FILE)
+
+
+def _read_manifest(path: str) -> list[str]:
+    """The shard folders a group's manifest names, validated."""
+    where = _manifest_path(path)
+    try:
+        with open(where, encoding="utf-8") as f:
+            raw = f.read(1 << 20)
+    except FileNotFoundError:
+        raise NotABufferError(f"{path}: not a group of stores (no {GROUP_FILE})") from None
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise CorruptBufferError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict) or obj.get("format") != GROUP_FORMAT:
+        found = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
+        raise CorruptBufferError(f"{where}: expected format {GROUP_FORMAT!r}, found {found!r}")
+    shards = obj.get("shards")
+    if (
+        not isinstance(shards, list)
+        or not 1 <= len(shards) <= MAX_SHARDS
+        or shards != [shard_name(i) for i in range(len(shards))]
+    ):
+        raise CorruptBufferError(
+            f"{where}: 'shards' must list the folders shard-000, shard-001, ... in order, got {shards!r}"
+        )
+    return shards
+
+
+def write_manifest(path: str | os.PathLike, shards: int, fsync: bool = False) -> None:
+    """Make the folder ``path``, which holds the stores ``shard-000`` ... ``shard-<N-1>``,
+    a group (replacing its manifest atomically): for shards written apart, such as by
+    actors on different nodes, then brought into one folder."""
+    path = os.fspath(path)
+    names = [shard_name(i) for i in range(_check_count(shards))]
+    missing = [name for name in names if not os.path.isdir(os.path.join(path, name))]
+    if missing:
+        raise NotABufferError(f"{path}: no shard folder {missing[0]} for a group of {shards} shards")
+    body = json.dumps({"format": GROUP_FORMAT, "shards": names}, indent=1).encode() + b"\n"
+    atomic_write(_manifest_path(path), body, fsync=fsync)
+
+
+def _check_count(shards: Any) -> int:
+    if not isinstance(shards, (int, np.integer)) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(f"shards must be an int in [1, {MAX_SHARDS}], got {shards!r}")
+    return int(shards)
+
+
+def _check_index(path: str, shard: Any, count: int) -> int:
+    if not isinstance(shard, (int, np.integer)) or isinstance(shard, bool) or not 0 <= shard < count:
+        raise IndexError(f"{path}: shard must be an int in [0, {count}), got {shard!r}")
+    return int(shard)
+
+
+# --- create / open ----------------------------------------------------------------------
+
+
+def create_group(
+    path: str | os.PathLike,
+    spec: Any,
+    shards: int,
+    capacity: int,
+    num_envs: int = 1,
+    exist_ok: bool = False,
+    **options: Any,
+) -> Group:
+    """Create a group of ``shards`` stores and open it for the learner (``mode="r"``).
+
+    Every shard is created as :func:`mmreplay.create` would with the same arguments
+    (``capacity`` and ``num_envs`` are per shard; ``backend``, ``compression``,
+    ``commit_every``, ``durability``, ``sampler`` and its options...). The manifest is
+    written last, so a folder without one is not a group. Actors then open their shard
+    with :func:`open_shard`.
+
+    Args:
+        path: the group's folder (must not exist, or be empty).
+        spec: the spec of every shard.
+        shards: how many shards (one per actor process).
+        capacity: time steps each shard's ring holds.
+        num_envs: parallel environments each actor writes per step.
+        exist_ok: open the group instead if one with the same shard count is there.
+        options: the other arguments of :func:`mmreplay.create`.
+
+    Example:
+        >>> import mmreplay as mr, tempfile
+        >>> spec = {"obs": mr.ArraySpec((3,), "float32")}
+        >>> with mr.create_group(tempfile.mkdtemp() + "/g", spec, shards=2, capacity=100) as group:
+        ...     group.num_shards
+        2
+    """
+    path = os.fspath(path)
+    shards = _check_count(shards)
+    if os.path.exists(_manifest_path(path)):
+        if not exist_ok:
+            raise BufferExistsError(f"{path}: a group already exists there; pass exist_ok=True to open it")
+        group = open_group(path)
+        if group.num_shards != shards:
+            group.close()
+            raise SpecMismatchError(
+                f"{path}: a group exists there with {group.num_shards} shards, not {shards}"
+            )
+        return group
+    if os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path)):
+        raise BufferExistsError(f"{path}: already exists and is not an empty folder")
+    made = not os.path.lexists(path)
+    os.makedirs(path, exist_ok=True)
+    names = [shard_name(i) for i in range(shards)]
+    try:
+        for name in names:
+            create_store(os.path.join(path, name), spec, capacity, num_envs, **options).close()
+        write_manifest(path, shards, fsync=options.get("durability") == "power")
+    except BaseException:
+        for name in names:  # a failed create leaves no shard behind
+            shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+        if made:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+    return open_group(path)
+
+
+def open_group(path: str | os.PathLike, mode: str = "r") -> Group:
+    """Open a group: ``mode="r"`` for the learner (every shard as a reader), ``"a"`` to
+    hold every shard's writer lock in this one process (a single process feeding all
+    shards, or maintenance). An actor that owns one shard uses :func:`open_shard`."""
+    path = os.fspath(path)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    names = _read_manifest(path)
+    stores: list[Store] = []
+    try:
+        for name in names:
+            stores.append(open_store(os.path.join(path, name), mode))
+        _check_alike(path, stores)
+    except BaseException:
+        for store in stores:
+            store.close()
+        raise
+    return Group(path, stores, mode)
+
+
+def open_shard(path: str | os.PathLike, shard: int, mode: str = "a") -> Store:
+    """Open one shard of a group as an ordinary store: ``mode="a"`` for the actor that
+    owns it (resuming after its committed steps), ``"r"`` to read it alone."""
+    path = os.fspath(path)
+    names = _read_manifest(path)
+    index = _check_index(path, shard, len(names))
+    return open_store(os.path.join(path, names[index]), mode)
+
+
+def _check_alike(path: str, stores: list[Store]) -> None:
+    """Every shard has the first one's spec, env count and sampler."""
+    first = stores[0]
+    for store in stores[1:]:
+        diffs = [
+            f"{name}: {a!r} vs {b!r}"
+            for name, a, b in (
+                ("spec", spec_to_json(first.spec), spec_to_json(store.spec)),
+                ("num_envs", first.num_envs, store.num_envs),
+                ("sampler", first.sampler.state_json(), store.sampler.state_json()),
+            )
+            if a != b
+        ]
+        if diffs:
+            raise SpecMismatchError(
+                f"{path}: shard {os.path.basename(store.path)} differs from {os.path.basename(first.path)} "
+                f"({'; '.join(diffs)})"
+            )
+
+
+# --- one batch from many shards ------------------------------------------------------
+
+
+def split_batch(
+    batch_size: int, totals: np.ndarray, replacement: bool, gen: np.random.Generator
+) -> np.ndarray:
+    """How many items each shard draws: multinomial in proportion to ``totals`` (with
+    replacement), or a multivariate hypergeometric over the shards' valid starts
+    (distinct items, at most all of them)."""
+    if replacement:
+        return gen.multinomial(batch_size, totals / totals.sum())
+    counts = totals.astype(np.int64)
+    return gen.multivariate_hypergeometric(counts, min(batch_size, int(counts.sum())))
+
+
+def join_parts(
+    spec: Any,
+    parts: dict[int, tuple[Any, Any]],
+    shares: np.ndarray,
+    masses: list[Any],
+    beta: float,
+    gen: np.random.Generator,
+    return_info: bool,
+) -> Any:
+    """One batch, in random order, from each shard's ``(nest, info)`` part.
+
+    ``shares[s]`` is the probability that one item is drawn from shard ``s`` and
+    ``masses[s]`` the shard's :class:`~mmreplay.samplers.Mass` at its draw: an item's
+    probability in the group is ``shares[s] * p``, and importance weights are
+    ``(P(i) / P_min) ** -beta`` with ``P_min`` the smallest over the group, as one
+    store's prioritized sampler gives them.
+    """
+    shard_ids = [np.full(len(info.step), index, np.int64) for index, (_, info) in parts.items()]
+    order = gen.permutation(sum(len(ids) for ids in shard_ids))
+    leaves = [np.concatenate(arrays)[order] for arrays in zip(*(flatten(nest) for nest, _ in parts.values()))]
+    nest = unflatten(spec, leaves)
+    if not return_info:
+        return nest
+    infos = [info for _, info in parts.values()]
+
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([np.asarray(getattr(info, name)) for info in infos])[order]
+
+    probability = np.concatenate(
+        [shares[index] * np.asarray(info.probability) for index, (_, info) in parts.items()]
+    )
+    probability = probability[order]
+    weight = None
+    if all(info.weight is not None for info in infos):
+        smallest = min(
+            share * m.smallest / m.total for share, m in zip(shares, masses) if m.total > 0 and share > 0
+        )
+        weight = np.power(probability / smallest, -beta).astype(np.float32)
+    info = GroupSampleInfo(
+        np.concatenate(shard_ids)[order], joined("step"), joined("env"), joined("slot"), probability, weight
+    )
+    return nest, info
+
+
+# --- the group ------------------------------------------------------------------------
+
+
+class Group:
+    """The shards of a group, opened together. Make one with :func:`create_group` or
+    :func:`open_group`.
+
+    ``len(group)`` counts retained steps over all shards (each holds ``num_envs`` rows).
+    A learner calls :meth:`refresh` to pick up the actors' newer commits, as a reader
+    of one store does.
+    """
+
+    def __init__(self, path: str, shards: list[Store], mode: str):
+        self.path = path
+        self.mode = mode
+        self._shards = tuple(shards)
+        self._gen: np.random.Generator | None = None
+        self._closed = False
+
+    # --- description ---------------------------------------------------------------
+
+    @property
+    def shards(self) -> tuple[Store, ...]:
+        """The shard stores, by index."""
+        return self._shards
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._shards)
+
+    @property
+    def spec(self) -> Any:
+        return self._shards[0].spec
+
+    @property
+    def num_envs(self) -> int:
+        return self._shards[0].num_envs
+
+    @property
+    def total_steps(self) -> int:
+        """Steps ever added over all shards (as this process sees them)."""
+        return sum(store.total_steps for store in self._shards)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return sum(len(store) for store in self._shards)
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"<closed mmreplay.Group {self.path!r}>"
+        sizes = ", ".join(str(len(store)) for store in self._shards)
+        return f"<mmreplay.Group {self.path!r} mode={self.mode!r} shards={self.num_shards} steps=[{sizes}]>"
+
+    # --- life cycle --------------------------------------------------------------------
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every shard (writers commit). Safe twice."""
+        if self._closed:
+            return
+        self._closed = True
+        errors = []
+        for store in self._shards:
+            try:
+                store.close()
+            except Exception as exc:  # close the others all the same
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self.path}: group is closed")
+
+    def refresh(self) -> bool:
+        """Pick up every shard's newer commits (readers); True if any changed."""
+        self._check_open()
+        return any([store.refresh() for store in self._shards])
+
+    def commit(self) -> None:
+        """Commit every shard (a group opened with ``mode="a"``)."""
+        for store in self._shards:
+            store.commit()
+
+    # --- sampling ----------------------------------------------------------------------
+
+    def masses(self, num_steps: int | None = None, **options: Any) -> list[Any]:
+        """Each shard's :class:`mmreplay.samplers.Mass` for ``num_steps`` sequences:
+        the weights :meth:`sample` splits a batch by."""
+        self._check_open()
+        steps = self._steps(num_steps)
+        options = {k: v for k, v in options.items() if v is not None}
+        return [store.sampler.mass(store.window, steps, **options) for store in self._shards]
+
+    def _steps(self, num_steps: int | None) -> int:
+        num_steps = self._shards[0].sampler.num_steps if num_steps is None else num_steps
+        return 1 if num_steps is None else num_steps
+
+    def sample(
+        self,
+        batch_size: int,
+        num_steps: int | None = None,
+        replacement: bool = True,
+        rng: Any = None,
+        within_episodes: bool | None = None,
+        return_info: bool = False,
+        **options: Any,
+    ) -> Any:
+        """A random batch from every shard, as :meth:`mmreplay.Store.sample` draws from
+        one store: each shard gets a part of the batch in proportion to its sampler's
+        mass (retained rows, or priority mass), then draws it through its own sampler.
+        Items come in random order. With ``return_info``, also a
+        :class:`GroupSampleInfo` (shard, step, env, probability, weight of each item).
+        """
+        self._check_open()
+        sampling.check_sizes(batch_size, num_steps)
+        gen = self._own_gen() if rng is None else sampling.as_generator(rng)
+        if within_episodes is not None:
+            options["within_episodes"] = within_episodes
+        masses = self.masses(num_steps, **options)
+        totals = np.array([m.total for m in masses], np.float64)
+        if not totals.sum() > 0:
+            raise NotEnoughDataError(
+                f"{self.path}: cannot sample: no shard holds a committed step to draw "
+                f"({self._steps(num_steps)}-step items; call refresh() to see newer commits)"
+            )
+        counts = split_batch(batch_size, totals, replacement, gen)
+        parts = {
+            int(index): self._shards[index].sample(
+                int(counts[index]), num_steps, replacement, gen, return_info=True, **options
+            )
+            for index in np.flatnonzero(counts)
+        }
+        beta = float(options.get("beta", getattr(self._shards[0].sampler, "beta", 0.0)))
+        return join_parts(self.spec, parts, totals / totals.sum(), masses, beta, gen, return_info)
+
+    def _own_gen(self) -> np.random.Generator:
+        if self._gen is None:
+            self._gen = np.random.default_rng()
+        return self._gen
+
+    def update_priorities(self, shard: Any, step: Any, env: Any, priorities: Any) -> int:
+        """New priorities for sampled items (``info.shard``, ``info.step``, ``info.env``
+        of :meth:`sample`), each sent to its shard's priority file; returns how many were
+        applied (updates for steps a shard's ring has dropped since are skipped)."""
+        self._check_open()
+        shard = np.asarray(shard)
+        if shard.dtype.kind not in "iu":
+            raise BadInputError(f"{self.path}: shard must be an integer array, got {shard.dtype}")
+        shard, step, env = np.broadcast_arrays(shard, np.asarray(step), np.asarray(env))
+        shard, step, env = shard.reshape(-1), step.reshape(-1), env.reshape(-1)
+        p = np.asarray(priorities)
+        if p.shape[:1] != shard.shape:
+            raise BadInputError(
+                f"{self.path}: expected {shard.size} priorities (one per item, or [items, num_steps]), "
+                f"got shape {p.shape}"
+            )
+        if shard.size and (shard.min() < 0 or shard.max() >= self.num_shards):
+            raise BadInputError(f"{self.path}: shard index out of range for {self.num_shards} shards")
+        applied = 0
+        for index in np.unique(shard):
+            mine = shard == index
+            applied += self._shards[index].update_priorities(step[mine], env[mine], p[mine])
+        return applied
+
+    # --- passes -----------------------------------------------------------------------
+
+    def iterate(
+        self, batch_size: int | None = None, num_steps: int | None = None, **options: Any
+    ) -> Iterator[Any]:
+        """One pass over every shard in turn (:meth:`mmreplay.Store.iterate` on each):
+        items never span two shards, and each shard's last batch may be smaller."""
+        self._check_open()
+        for store in self._shards:
+            yield from store.iterate(batch_size, num_steps, **options)
+
+    def episodes(self, complete_only: bool = False) -> Iterator[tuple[int, Any]]:
+        """``(shard, episode)`` for every episode of every shard, shard by shard."""
+        self._check_open()
+        for index, store in enumerate(self._shards):
+            for episode in store.episodes(complete_only=complete_only):
+                yield index, episode
+
+    def to_arrays(self) -> dict[str, Any]:
+        """:meth:`mmreplay.Store.to_arrays` of every shard, joined shard by shard; the
+        key ``shard`` says which shard each row came from."""
+        self._check_open()
+        parts = [store.to_arrays() for store in self._shards]
+        out = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+        rows = [len(part["terminals"]) for part in parts]
+        out["shard"] = np.repeat(np.arange(self.num_shards), rows)
+        return out
+
+
+def is_group(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a group's manifest."""
+    return os.path.exists(_manifest_path(os.fspath(path)))

@@ -1,0 +1,285 @@
+"""Groups of stores: one writer per shard (actor processes), one learner sampling them all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+from mmreplay.group import GROUP_FILE
+
+SPEC = {"obs": mr.ArraySpec((3,), "int64"), "terminated": mr.ArraySpec((), "bool")}
+
+
+def steps_of(shard: int, first: int, count: int, num_envs: int) -> dict:
+    """Steps whose obs row is ``(shard, global step, env)``: every row says where it lives."""
+    g = np.arange(first, first + count)[:, None, None]
+    env = np.arange(num_envs)[None, :, None]
+    obs = np.concatenate(np.broadcast_arrays(np.full_like(g, shard), g, env), axis=-1)
+    return {"obs": obs.astype(np.int64), "terminated": (g[..., 0] % 7 == 6) & (env[..., 0] >= 0)}
+
+
+def fill(path, sizes: list[int], num_envs: int) -> None:
+    for shard, n in enumerate(sizes):
+        with mr.open_shard(path, shard) as store:
+            store.extend(steps_of(shard, store.total_steps, n, num_envs))
+
+
+def check_rows(batch: dict, info: mr.GroupSampleInfo) -> None:
+    obs = batch["obs"]
+    if obs.ndim == 3:  # sequences: the first step is what the info names
+        obs = obs[:, 0]
+    assert (
+        (obs[:, 0] == info.shard).all() and (obs[:, 1] == info.step).all() and (obs[:, 2] == info.env).all()
+    )
+
+
+def test_a_group_is_a_folder_of_ordinary_stores(tmp_path):
+    path = tmp_path / "g"
+    with mr.create_group(path, SPEC, shards=3, capacity=20, num_envs=2) as group:
+        assert group.num_shards == 3 and len(group) == 0 and group.mode == "r"
+    assert json.loads((path / GROUP_FILE).read_text())["shards"] == ["shard-000", "shard-001", "shard-002"]
+    fill(path, [4, 0, 5], num_envs=2)
+    with mr.open(path / "shard-002") as store:  # a shard alone is a store
+        assert len(store) == 5 and store.get(-1)["obs"][1].tolist() == [2, 4, 1]
+    with mr.open_group(path) as group:
+        assert [len(s) for s in group.shards] == [4, 0, 5] and len(group) == 9
+        assert "shards=3 steps=[4, 0, 5]" in repr(group)
+    assert "closed" in repr(group)
+    with pytest.raises(mr.ClosedError, match="group is closed"):
+        group.sample(1)
+    group.close()  # safe twice
+
+
+def test_create_and_open_refuse_what_is_not_a_group(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=10).close()
+    with pytest.raises(mr.BufferExistsError, match="exist_ok"):
+        mr.create_group(path, SPEC, shards=2, capacity=10)
+    mr.create_group(path, SPEC, shards=2, capacity=10, exist_ok=True).close()
+    with pytest.raises(mr.SpecMismatchError, match="2 shards, not 3"):
+        mr.create_group(path, SPEC, shards=3, capacity=10, exist_ok=True)
+    with pytest.raises(IndexError, match=r"shard must be an int in \[0, 2\), got 2"):
+        mr.open_shard(path, 2)
+    with pytest.raises(mr.NotABufferError, match=GROUP_FILE):
+        mr.open_group(tmp_path)
+    with pytest.raises(ValueError, match="shards must be"):
+        mr.create_group(tmp_path / "h", SPEC, shards=0, capacity=10)
+    with pytest.raises(mr.SpecError):  # a bad spec leaves nothing behind
+        mr.create_group(tmp_path / "h", SPEC, shards=2, capacity=0)
+    assert not (tmp_path / "h").exists()
+    (path / GROUP_FILE).write_text('{"format": "mmreplay-group/1", "shards": ["../x"]}')
+    with pytest.raises(mr.CorruptBufferError, match="shard-000"):
+        mr.open_group(path)
+
+
+def test_shards_that_differ_are_refused(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=10).close()
+    import shutil
+
+    shutil.rmtree(path / "shard-001")
+    mr.create(path / "shard-001", {"obs": mr.ArraySpec((4,), "int64")}, 10).close()
+    with pytest.raises(mr.SpecMismatchError, match="shard-001 differs from shard-000"):
+        mr.open_group(path)
+
+
+def test_batches_are_split_in_proportion_to_retained_rows(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=3, capacity=40, num_envs=2).close()
+    fill(path, [10, 0, 30], num_envs=2)
+    with mr.open_group(path) as group:
+        batch, info = group.sample(4000, rng=0, return_info=True)
+        check_rows(batch, info)
+        counts = np.bincount(info.shard, minlength=3)
+        assert counts[1] == 0 and abs(counts[0] / 4000 - 0.25) < 0.03, counts
+        np.testing.assert_allclose(info.probability, 1 / 80)  # every row of the group alike
+        assert info.weight is None
+        # sequences never cross a shard's edge, and the split counts valid starts
+        batch, info = group.sample(64, num_steps=5, rng=1, return_info=True)
+        check_rows(batch, info)
+        assert (np.diff(batch["obs"][..., 1], axis=1) == 1).all()
+        np.testing.assert_allclose(info.probability, 1 / ((10 - 4 + 30 - 4) * 2))
+        # without replacement: distinct items, at most all of them
+        batch, info = group.sample(100, replacement=False, rng=2, return_info=True)
+        assert len(info.step) == 80 and len(set(zip(info.shard, info.step, info.env))) == 80
+
+
+def test_the_learner_sees_each_shards_committed_prefix(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=50, commit_every=1000).close()
+    with mr.open_group(path) as group, mr.open_shard(path, 0) as actor:
+        actor.extend(steps_of(0, 0, 6, 1))
+        group.refresh()
+        with pytest.raises(mr.NotEnoughDataError, match="no shard holds a committed step"):
+            group.sample(4)
+        actor.commit()
+        actor.extend(steps_of(0, 6, 3, 1))  # not committed: never sampled
+        assert group.refresh() and len(group) == 6
+        batch, info = group.sample(500, rng=0, return_info=True)
+        assert set(info.shard) == {0} and info.step.max() == 5
+        check_rows(batch, info)
+
+
+def test_prioritized_groups_split_by_priority_mass_and_route_updates_back(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(
+        path, SPEC, shards=2, capacity=30, sampler="prioritized", alpha=1.0, beta=0.5, eps=0.0
+    ).close()
+    fill(path, [10, 10], num_envs=1)
+    with mr.open_group(path) as group:
+        batch, info = group.sample(8, rng=0, return_info=True)
+        np.testing.assert_allclose(info.weight, 1.0)
+        # shard 1's rows get priority 9: its mass is 90 against shard 0's 10
+        assert (
+            group.update_priorities(np.ones(10, int), np.arange(10), np.zeros(10, int), np.full(10, 9.0))
+            == 10
+        )
+        np.testing.assert_allclose(group.shards[1].sampler.priorities(np.arange(10), 0), 9.0)
+        np.testing.assert_allclose(group.shards[0].sampler.priorities(np.arange(10), 0), 1.0)
+        batch, info = group.sample(4000, rng=1, return_info=True)
+        check_rows(batch, info)
+        assert abs(np.mean(info.shard == 1) - 0.9) < 0.02
+        np.testing.assert_allclose(info.probability, np.where(info.shard == 1, 9 / 100, 1 / 100), rtol=1e-6)
+        # weights over the whole group: (N P)^-beta / max, the smallest priority at 1
+        np.testing.assert_allclose(info.weight, np.where(info.shard == 1, 9**-0.5, 1.0), rtol=1e-5)
+        # the sample's info routes each update to its shard
+        _, pick = np.unique(info.shard * 1000 + info.step, return_index=True)
+        pick = pick[:3]
+        group.update_priorities(info.shard[pick], info.step[pick], info.env[pick], [2.0, 3.0, 4.0])
+        for s, g, p in zip(info.shard[pick], info.step[pick], [2.0, 3.0, 4.0]):
+            assert group.shards[s].sampler.priorities([g], 0)[0] == p
+    with mr.open_shard(path, 1, mode="r") as store:  # on disk, where a fresh process reads it
+        assert (store.sampler.priorities(np.arange(10), 0) > 1.0).all()
+
+
+def test_bad_priority_updates_change_nothing(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=10, sampler="prioritized").close()
+    fill(path, [3, 3], num_envs=1)
+    with mr.open_group(path) as group:
+        with pytest.raises(mr.BadInputError, match="out of range for 2 shards"):
+            group.update_priorities([0, 2], [0, 0], [0, 0], [1.0, 1.0])
+        with pytest.raises(mr.BadInputError, match="expected 2 priorities"):
+            group.update_priorities([0, 1], [0, 0], [0, 0], [1.0])
+        with pytest.raises(mr.BadInputError, match="shard must be an integer array"):
+            group.update_priorities([0.5], [0], [0], [1.0])
+        for store in group.shards:
+            np.testing.assert_allclose(store.sampler.priorities(np.arange(3), 0), 1.0)
+
+
+def test_passes_over_a_group(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=20, num_envs=2).close()
+    fill(path, [7, 3], num_envs=2)
+    with mr.open_group(path) as group:
+        rows = np.concatenate([b["obs"] for b in group.iterate(batch_size=4)])
+        assert sorted(map(tuple, rows[:, :3].tolist())) == sorted(
+            (s, g, e) for s, n in ((0, 7), (1, 3)) for g in range(n) for e in range(2)
+        )
+        episodes = list(group.episodes())
+        assert {shard for shard, _ in episodes} == {0, 1}
+        assert all((ep.data["obs"][:, 0] == shard).all() for shard, ep in episodes)
+        arrays = group.to_arrays()
+        assert (arrays["observations"][:, 0] == arrays["shard"]).all()
+
+
+ACTOR = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    import mmreplay as mr
+    sys.path.insert(0, {tests!r})
+    from test_group import steps_of
+    path, shard = sys.argv[1], int(sys.argv[2])
+    with mr.open_shard(path, shard) as store:
+        print(store.total_steps, flush=True)
+        while True:
+            store.extend(steps_of(shard, store.total_steps, 1, 2))
+            time.sleep(0.002)
+    """
+).format(tests=os.path.dirname(__file__))
+
+
+def start_actor(path, shard: int) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ACTOR, str(path), str(shard)], stdout=subprocess.PIPE, text=True
+    )
+    return proc, int(proc.stdout.readline())
+
+
+def wait_for(group: mr.Group, shard: int, steps: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while group.shards[shard].committed_steps < steps:
+        assert time.monotonic() < deadline, f"shard {shard} stuck at {group.shards[shard].committed_steps}"
+        time.sleep(0.02)
+        group.refresh()
+
+
+def test_an_actor_killed_loses_only_its_uncommitted_tail_and_resumes_its_shard(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=1000, num_envs=2, commit_every=10).close()
+    actors = [start_actor(path, shard)[0] for shard in range(2)]
+    try:
+        with mr.open_group(path) as group:
+            wait_for(group, 0, 40)
+            wait_for(group, 1, 40)
+            actors[0].send_signal(signal.SIGKILL)
+            actors[0].wait()
+            group.refresh()
+            committed = group.shards[0].committed_steps
+            seen = group.shards[1].committed_steps
+            wait_for(group, 1, seen + 40)  # the other actor carries on
+            assert group.shards[0].committed_steps == committed
+            batch, info = group.sample(512, num_steps=4, rng=0, return_info=True)
+            check_rows(batch, info)
+            assert set(info.shard) == {0, 1}
+            actors[0], resumed_at = start_actor(path, 0)
+            assert resumed_at == committed  # the shard resumes after its committed steps
+            wait_for(group, 0, committed + 30)
+            actors[0].send_signal(signal.SIGKILL)  # and again: every committed row is whole
+            actors[0].wait()
+            group.refresh()
+            shard = group.shards[0]
+            rows = np.concatenate([b["obs"] for b in shard.iterate(batch_size=64)])
+            expected = [(g, e) for g in range(shard.first_step, shard.committed_steps) for e in range(2)]
+            assert sorted(map(tuple, rows[:, 1:].tolist())) == expected
+            check_rows(*group.sample(256, rng=1, return_info=True))
+    finally:
+        for proc in actors:
+            proc.kill()
+            proc.wait()
+
+
+def test_slice_groups_split_by_the_starts_inside_episodes(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=40, sampler="slices", num_steps=3).close()
+    fill(path, [20, 9], num_envs=1)  # episodes end at steps 6, 13: 5 + 5 + 4 starts, and 5 + 0 + 0
+    with mr.open_group(path) as group:
+        assert [m.total for m in group.masses()] == [14.0, 5.0]
+        batch, info = group.sample(400, rng=0, return_info=True)
+        check_rows(batch, info)
+        assert not batch["terminated"][:, :-1].any()  # no sequence crosses an episode's end
+        np.testing.assert_allclose(info.probability, 1 / 19)
+
+
+def test_shards_written_apart_become_a_group(tmp_path):
+    from mmreplay.group import write_manifest
+
+    for shard in range(2):  # as actors on two nodes would, then copied into one folder
+        with mr.create(tmp_path / "g" / f"shard-00{shard}", SPEC, capacity=10) as store:
+            store.extend(steps_of(shard, 0, 3 + shard, 1))
+    with pytest.raises(mr.NotABufferError, match="no shard folder shard-002"):
+        write_manifest(tmp_path / "g", 3)
+    write_manifest(tmp_path / "g", 2)
+    with mr.open_group(tmp_path / "g") as group:
+        assert [len(s) for s in group.shards] == [3, 4]
+        check_rows(*group.sample(16, rng=0, return_info=True))

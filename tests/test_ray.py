@@ -1,0 +1,134 @@
+"""Shard writers in Ray actors, the learner's fan-out sampler, and ray.data reads, on a
+local Ray cluster (one per test session: starting one costs seconds).
+
+Long tests (``--long``): starting the cluster, each actor's worker process and ray.data's
+executor take tens of seconds on a loaded 2-core machine. They need the ``ray`` extra:
+``pip install -e '.[test,ray]'``."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from test_group import SPEC, check_rows, fill, steps_of
+
+import mmreplay as mr
+
+pytestmark = pytest.mark.long
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """``(ray, mmreplay.ray)`` with a local cluster running (imported here: importing
+    ray alone takes seconds, which a run without --long should not pay)."""
+    ray = pytest.importorskip("ray")
+    mray = pytest.importorskip("mmreplay.ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray, mray
+    ray.shutdown()
+
+
+def info_of(ray, writer) -> dict:
+    return ray.get(writer.info.remote())
+
+
+def test_the_ray_sampler_draws_across_shard_actors_from_their_committed_steps(cluster, tmp_path):
+    ray, mray = cluster
+    writers = mray.start_writers(str(tmp_path), SPEC, shards=3, capacity=50, num_envs=2, commit_every=1000)
+    for shard, (writer, n) in enumerate(zip(writers, [10, 0, 30])):
+        ray.get(writer.extend.remote(steps_of(shard, 0, n, 2)))
+        ray.get(writer.commit.remote())
+    ray.get(writers[0].extend.remote(steps_of(0, 10, 5, 2)))  # not committed: never drawn
+    sampler = mray.RaySampler(writers, SPEC)
+    batch, info = sampler.sample(2000, rng=0, return_info=True)
+    check_rows(batch, info)
+    counts = np.bincount(info.shard, minlength=3)
+    assert counts[1] == 0 and abs(counts[0] / 2000 - 0.25) < 0.04, counts
+    assert info.step[info.shard == 0].max() == 9
+    np.testing.assert_allclose(info.probability, 1 / 80)
+    batch, info = sampler.sample(64, num_steps=4, rng=1, return_info=True)
+    check_rows(batch, info)
+    assert (np.diff(batch["obs"][..., 1], axis=1) == 1).all()
+    # the shard with no rows is asked again at each batch: once it has some, it is drawn
+    ray.get(writers[1].extend.remote(steps_of(1, 0, 30, 2)))
+    ray.get(writers[1].commit.remote())
+    sampler.sample(8)
+    _, info = sampler.sample(1000, rng=2, return_info=True)
+    assert (info.shard == 1).any()
+    # the stores are ordinary stores on disk, readable by the learner's node as a folder
+    for writer in writers:
+        ray.get(writer.close.remote())
+    with mr.open(tmp_path / "shard-002") as store:
+        assert len(store) == 30
+
+
+def test_priorities_go_back_to_the_actor_of_each_item(cluster, tmp_path):
+    ray, mray = cluster
+    writers = mray.start_writers(
+        str(tmp_path), SPEC, shards=2, capacity=30, sampler="prioritized", alpha=1.0, beta=0.5, eps=0.0
+    )
+    for shard, writer in enumerate(writers):
+        ray.get(writer.extend.remote(steps_of(shard, 0, 10, 1)))
+        ray.get(writer.commit.remote())
+    sampler = mray.RaySampler(writers, SPEC)
+    assert (
+        sampler.update_priorities(np.ones(10, int), np.arange(10), np.zeros(10, int), np.full(10, 9.0)) == 10
+    )
+    assert [m.total for m in sampler.masses()] == [10.0, 90.0]
+    _, info = sampler.sample(2000, rng=0, return_info=True)
+    assert abs(np.mean(info.shard == 1) - 0.9) < 0.03
+    np.testing.assert_allclose(info.weight, np.where(info.shard == 1, 9**-0.5, 1.0), rtol=1e-5)
+
+
+def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster, tmp_path):
+    ray, mray = cluster
+    writers = mray.start_writers(str(tmp_path), SPEC, shards=2, capacity=100, num_envs=2, commit_every=1000)
+    for shard, writer in enumerate(writers):
+        ray.get(writer.extend.remote(steps_of(shard, 0, 20, 2)))
+        ray.get(writer.commit.remote())
+        ray.get(writer.extend.remote(steps_of(shard, 20, 5, 2)))  # the uncommitted tail
+    before = info_of(ray, writers[0])
+    sampler = mray.RaySampler(writers, SPEC)
+    sampler.sample(8)
+    ray.kill(writers[0], no_restart=False)  # Ray restarts it (max_restarts=-1): it reopens its store
+    batch, info = sampler.sample(64, rng=3, return_info=True)  # the learner carries on
+    check_rows(batch, info)
+    assert len(info.shard) == 64
+    assert ray.get(writers[1].extend.remote(steps_of(1, 25, 1, 2))) == 26  # the other carries on
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            after = info_of(ray, writers[0])
+            break
+        except ray.exceptions.RayActorError:
+            assert time.monotonic() < deadline, "the actor was not restarted"
+            time.sleep(0.2)
+    assert after["pid"] != before["pid"] and after["total_steps"] == after["committed_steps"] == 20
+    ray.get(writers[0].extend.remote(steps_of(0, 20, 10, 2)))
+    ray.get(writers[0].commit.remote())
+    # killed for good, then started again by hand on the same folder
+    ray.kill(writers[0], no_restart=True)
+    writers[0] = ray.remote(mray.ShardWriter).options(num_cpus=0).remote(str(tmp_path / "shard-000"))
+    assert info_of(ray, writers[0])["total_steps"] == 30
+    batch, info = mray.RaySampler(writers, SPEC).sample(500, num_steps=3, rng=0, return_info=True)
+    check_rows(batch, info)
+    assert set(info.shard) == {0, 1}
+
+
+def test_read_store_gives_a_dataset_of_rows(cluster, tmp_path):
+    ray, mray = cluster
+    with mr.create(tmp_path / "b", SPEC, capacity=8, num_envs=2) as store:
+        store.extend(steps_of(0, 0, 11, 2))  # the ring wrapped: steps 3..10 are retained
+    ds = mray.read_store(tmp_path / "b", steps_per_task=3)
+    rows = ds.take_all()
+    assert len(rows) == 16 and set(ds.schema().names) == {"global_step", "env", "obs", "terminated"}
+    for row in rows:
+        assert row["obs"].tolist() == [0, row["global_step"], row["env"]]
+    assert sorted(row["global_step"] for row in rows) == sorted(list(range(3, 11)) * 2)
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=20).close()
+    fill(path, [3, 4], num_envs=1)
+    batch = mray.read_store(path).take_batch(100)
+    assert sorted(batch["shard"].tolist()) == [0, 0, 0, 1, 1, 1, 1]
+    assert (batch["obs"][:, 0] == batch["shard"]).all() and (batch["obs"][:, 1] == batch["global_step"]).all()
