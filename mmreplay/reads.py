@@ -116,7 +116,7 @@ class Reader:
         self.num_envs = store.num_envs
         self.is_reader = store.mode == "r"
         self.gen: np.random.Generator | None = None
-        self.mapped = [leaf for leaf in store._storage if leaf.mappable]  # the stored leaves
+        self.mapped = [leaf for leaf in store.stored_leaves if leaf.mappable]  # the stored leaves
         mapped_bytes = sum(leaf.flat.nbytes for leaf in self.mapped)
         self.prefetch = bool(self.mapped) and mapped_bytes > memory_available() // 2
         # Readers advise always; a writer only when its ring outgrows memory (its own
@@ -129,7 +129,7 @@ class Reader:
         self.pattern: str | None = None  # the advice in force (readers: the whole of it)
         self.pending: tuple[Any, sampling.Draw] | None = None
         self.thread: _Prefetcher | None = None
-        location = store._location
+        location = store.location
         if location is not None:  # object storage: every leaf's range requests in flight together
             self.take = partial(location.take_leaves, self.leaves)  # type: ignore[method-assign]
 

@@ -271,6 +271,18 @@ class Store:
         return list(self._read_leaves)
 
     @property
+    def stored_leaves(self) -> list[Any]:
+        """The leaf arrays as kept on disk: :attr:`leaves`' storage, with the frames and
+        side ring of a store that keeps each frame once; for page-cache advice and checks."""
+        return list(self._storage)
+
+    @property
+    def location(self) -> Any:
+        """Where an ``s3://`` store is read from (:mod:`mmreplay.objstore`); None for a
+        local folder."""
+        return self._location
+
+    @property
     def leaf_paths(self) -> list[str]:
         return [leaf.info.path for leaf in self._read_leaves]
 
