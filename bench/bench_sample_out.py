@@ -255,14 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-cached", action="store_true", help="only the first batches after open")
     parser.add_argument("--dir", default=None, help="folder for the stores (default: a temp folder)")
     parser.add_argument("--json", default=None, help="write every raw figure to this file")
-    parser.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="page-cached part: wall time, or the calling thread's CPU time (steadier on a busy machine)",
-    )
+    bench_sampling.add_clock_option(parser)
     args = parser.parse_args(argv)
-    bench_sampling.CLOCK = time.perf_counter if args.clock == "wall" else time.thread_time
+    bench_sampling.set_clock(args.clock)
     steps = 200 if args.quick else args.steps
     calls, repeats, open_repeats = (4, 2, 2) if args.quick else (args.calls, args.repeats, args.open_repeats)
     root = tempfile.mkdtemp(prefix="mmreplay-bench-out-", dir=args.dir)

@@ -293,6 +293,21 @@ def conditions() -> dict:
     }
 
 
+def add_clock_option(parser: argparse.ArgumentParser) -> None:
+    """``--clock wall|cpu`` for the page-cached part; :func:`set_clock` applies it."""
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="page-cached part: wall time, or the calling thread's CPU time (steadier on a busy machine)",
+    )
+
+
+def set_clock(name: str) -> None:
+    global CLOCK
+    CLOCK = time.perf_counter if name == "wall" else time.thread_time
+
+
 def finish(results: dict, json_path: str | None) -> None:
     """Record the conditions after the run, print them, write ``results`` as JSON if asked."""
     results["conditions_after"] = conditions()
@@ -308,15 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="folder for the buffers (default: a temp folder)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     parser.add_argument("--skip-cold", action="store_true", help="only the page-cached part")
-    parser.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="page-cached part: wall time, or the calling thread's CPU time (steadier on a busy machine)",
-    )
+    add_clock_option(parser)
     args = parser.parse_args(argv)
-    global CLOCK
-    CLOCK = time.perf_counter if args.clock == "wall" else time.thread_time
+    set_clock(args.clock)
     root = tempfile.mkdtemp(prefix="mmreplay-bench-sampling-", dir=args.dir)
     q = args.quick
     results: dict[str, Any] = {"conditions_before": conditions(), "clock": args.clock}
