@@ -22,7 +22,7 @@ from mmreplay.torture import SPEC
 ENVS = 2
 
 WRITER = """
-import sys, time, numpy as np, mmreplay as mr
+import os, sys, time, numpy as np, mmreplay as mr
 from mmreplay.spec import flatten, unflatten
 from mmreplay.torture import step_values
 store = mr.open({path!r}, "a")
@@ -31,7 +31,9 @@ print("ready", flush=True)
 sys.stdin.readline()  # go: every reader is reading
 deadline = time.monotonic() + {seconds}
 g = store.total_steps
-while time.monotonic() < deadline:
+# write for at least `seconds`, and on until every reader is done (a slow machine may
+# start a reader late): the readers' whole time overlaps the writer's
+while time.monotonic() < deadline or not os.path.exists({stop!r}):
     n = int(rng.integers(1, 12))
     if n == 1:
         store.add(unflatten(store.spec, [v[0] for v in step_values(leaves, {envs}, [g])]))
@@ -97,8 +99,9 @@ print(json.dumps(out))
 
 
 def _run(path, seconds: float, readers: int) -> tuple[int, list[dict]]:
+    stop = path + ".readers-done"
     writer = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(WRITER.format(path=path, seconds=seconds, envs=ENVS))],
+        [sys.executable, "-c", textwrap.dedent(WRITER.format(path=path, seconds=seconds, envs=ENVS, stop=stop))],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -122,10 +125,13 @@ def _run(path, seconds: float, readers: int) -> tuple[int, list[dict]]:
     writer.stdin.write("go\n")
     writer.stdin.flush()
     reports = []
-    for p in procs:
-        out, err = p.communicate(timeout=seconds + 120)
-        assert p.returncode == 0, err
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=seconds + 120)
+            assert p.returncode == 0, err
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        open(stop, "w").close()
     out, _ = writer.communicate(timeout=120)
     assert writer.returncode == 0
     return int(out.strip().splitlines()[-1]), reports
