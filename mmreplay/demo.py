@@ -309,11 +309,12 @@ def run(
     echo(f"mmreplay demo in {folder}")
     echo(f"  environment: PointChase, {c.num_envs} envs, deterministic (seed {c.seed}), no gymnasium needed")
     t = time.perf_counter()
-    create(
+    with create(
         path, spec(), capacity=c.capacity, num_envs=c.num_envs, backend=c.backend, commit_every=c.commit_every
-    ).close()
+    ) as made:
+        backend = made.backend  # hdf5 where zarr-python is not installed
     echo(
-        f"1. created {path}: {c.backend}, capacity {c.capacity:,} steps x {c.num_envs} envs, "
+        f"1. created {path}: {backend}, capacity {c.capacity:,} steps x {c.num_envs} envs, "
         f"commit every {c.commit_every} steps ({(time.perf_counter() - t) * 1e3:.0f} ms, {_mb(path):.1f} MB on disk)"
     )
 

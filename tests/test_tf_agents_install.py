@@ -115,3 +115,23 @@ def test_one_pip_command_installs_beside_tf_agents_and_tf_tests_pass(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-5000:]
     assert " skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+
+
+def test_the_fallback_warning_points_at_the_callers_create(tmp_path):
+    """The warning names the user's line, not a line inside mmreplay."""
+    env = zarr2_lookalike(tmp_path / "site")
+    script = tmp_path / "collect.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import warnings, mmreplay as mr
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                mr.create({str(tmp_path / "b")!r}, {{"x": mr.ArraySpec((), "int64")}}, 10).close()
+            print(caught[0].filename, caught[0].lineno)
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(script), "5"]

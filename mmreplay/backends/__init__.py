@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import warnings
 from types import ModuleType
 
@@ -54,7 +56,17 @@ def for_new_buffer(name: str) -> str:
             f"zarr-python 3 does not import here ({exc.__cause__}): the buffer is created with the "
             "hdf5 backend, memory-mapped the same way; pip install 'mmreplay[zarr]' for zarr",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=_outside_mmreplay(),
         )
         return "hdf5"
     return name
+
+
+def _outside_mmreplay() -> int:
+    """The ``stacklevel`` that names the first caller outside the mmreplay package, so a
+    warning points at the user's ``create`` call, whatever layer made it."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
