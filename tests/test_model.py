@@ -139,16 +139,19 @@ class Writer:
 # --- the model -------------------------------------------------------------------------
 
 
+#: how a buffer is made, besides its layout
+SHAPES = dict(
+    capacity=st.integers(2, 20),
+    num_envs=st.sampled_from([1, 3]),
+    commit_every=st.sampled_from([1, 3, 7, 1000]),
+    chunk_steps=st.integers(1, 6),
+)
+
+
 class BufferModel(RuleBasedStateMachine):
     """written / end / start / high: the whole truth about a buffer of deterministic rows."""
 
-    @initialize(
-        layout=st.sampled_from(LAYOUTS),
-        capacity=st.integers(2, 20),
-        num_envs=st.sampled_from([1, 3]),
-        commit_every=st.sampled_from([1, 3, 7, 1000]),
-        chunk_steps=st.integers(1, 6),
-    )
+    @initialize(layout=st.sampled_from(LAYOUTS), **SHAPES)
     def create(self, layout, capacity, num_envs, commit_every, chunk_steps):
         self.dir = tempfile.mkdtemp(prefix="mmreplay-model-")
         self.path = os.path.join(self.dir, "b")
@@ -300,10 +303,28 @@ class BufferModel(RuleBasedStateMachine):
                     raise AssertionError("sampled an empty buffer")
 
 
-BufferModel.TestCase.settings = settings(
-    max_examples=30, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-test_buffer_model = BufferModel.TestCase
+def model_of(layout: tuple) -> type[BufferModel]:
+    """The model on one layout: the normal run gives each layout its own few examples."""
+
+    class OneLayout(BufferModel):
+        @initialize(layout=st.just(layout), **SHAPES)
+        def create(self, **args):
+            BufferModel.create(self, **args)
+
+    OneLayout.__name__ = OneLayout.__qualname__ = f"BufferModel_{layout_name(layout)}"
+    OneLayout.TestCase.settings = settings(
+        max_examples=4, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+    return OneLayout
+
+
+def layout_name(layout: tuple) -> str:
+    backend, compression = layout
+    return f"{backend}_{(compression or 'mapped').replace(':', '_')}"
+
+
+for _layout in LAYOUTS:
+    globals()[f"test_buffer_model_{layout_name(_layout)}"] = model_of(_layout).TestCase
 
 
 class LongBufferModel(BufferModel):
