@@ -161,7 +161,7 @@ def test_disk_full_during_chunk_writes_keeps_every_commit(tmpfs, backend, codec)
         path, SPEC, capacity=5000, num_envs=ENVS, backend=backend, compression=codec, chunk_steps=4
     ).close()
     with open(os.path.join(fs, "filler"), "wb") as f:
-        f.write(b"\0" * (200 << 10))
+        f.write(b"\0" * (600 << 10))
     code = textwrap.dedent(FILL_UNTIL_FULL.format(path=path, envs=ENVS))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     report = json.loads(done.stdout.strip().splitlines()[-1])
