@@ -244,8 +244,9 @@ import time, numpy as np, mmreplay as mr
 ENVS = {ENVS}
 {inspect.getsource(rows)}
 store = mr.open({path!r})
-deadline, reads = time.monotonic() + 4, 0
-while time.monotonic() < deadline:
+# two seconds, and on until 11 reads (a loaded machine may give this process little time)
+deadline, limit, reads = time.monotonic() + 2, time.monotonic() + 120, 0
+while (time.monotonic() < deadline or reads <= 10) and time.monotonic() < limit:
     store.refresh()
     first, end = store.first_step, store.committed_steps
     ids = np.arange(max(first, end - 24), end)
