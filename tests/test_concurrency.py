@@ -116,7 +116,9 @@ def _run(path, seconds: float, readers: int) -> tuple[int, list[dict]]:
             [
                 sys.executable,
                 "-c",
-                textwrap.dedent(READER.format(path=path, seconds=seconds, envs=ENVS, seed=i, overlaps=OVERLAPS)),
+                textwrap.dedent(
+                    READER.format(path=path, seconds=seconds, envs=ENVS, seed=i, overlaps=OVERLAPS)
+                ),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

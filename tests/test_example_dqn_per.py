@@ -30,7 +30,8 @@ def test_dqn_per_example_trains_and_stores_priorities(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},  # a tiny network: two spinning threads only cost a busy machine
+        # a tiny network: a second OpenMP thread only spins, and costs a busy machine dearly
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     assert "done: 150 steps" in proc.stdout
