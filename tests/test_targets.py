@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 from conftest import folder_digest, one_line_error, run_cli
@@ -185,3 +187,13 @@ def test_store_export_method_keeps_the_rule(store, tmp_path):
         with pytest.raises(mr.TargetError, match="not an earlier npz export"):
             s.export(tmp_path / "t.txt", format="npz", force=True)
     assert (tmp_path / "t.txt").read_text() == "x"
+
+
+def test_a_refused_pt_export_needs_no_torch(tmp_path):
+    """The target is checked before PyTorch is imported: the refusal is the same without it."""
+    (tmp_path / "t.txt").write_text("x\n")
+    code = "import runpy, sys; sys.modules['torch'] = None; runpy.run_module('mmreplay.cli', run_name='__main__')"
+    args = ["export", VECTOR, tmp_path / "t.txt", "-f", "pt", "-q", "--force"]
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=300)
+    one_line_error(out, 2, "not an earlier", "pt export", "refusing")
+    assert (tmp_path / "t.txt").read_text() == "x\n"

@@ -68,8 +68,8 @@ def write(
     force: bool,
     progress: Any,
 ) -> ExportResult:
+    target = Target(out, "file", force, fmt="pt", source=store.path)  # a refusal needs no torch import
     torch = _torch()
-    target = Target(out, "file", force, fmt="pt", source=store.path)
     keep = []
     try:
         blocks = StepBlocks(store)
