@@ -43,6 +43,7 @@ import numpy as np
 from ..codecs import parse
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo
+from . import native_rows
 from .base import disk_full_as, fsync_files, preallocate
 
 __all__ = [
@@ -131,6 +132,9 @@ class _Frames:
         self._pool: ThreadPoolExecutor | None = None
         self.dictionary_path = dictionary_path
         self.dictionary: Any = None
+        # one native call per batch where the C extension and a codec library are there
+        self.native = native_rows.decoder(codec.codec)
+        self._native_dictionary: Any = None
         if codec.codec == "zstd":
             zstd = _require("zstandard")
             self._zstd = zstd
@@ -158,6 +162,8 @@ class _Frames:
         self._compressor = zstd.ZstdCompressor(level=self.codec.level, write_checksum=True, dict_data=dictionary)
         # frames written before the dictionary decode with it too: they never refer to it
         self._decompressor = zstd.ZstdDecompressor(dict_data=dictionary)
+        if self.native is not None:
+            self._native_dictionary = self.native.dictionary(dictionary.as_bytes())
 
     def train(self, rows: np.ndarray) -> bool:
         """Train the dictionary on ``rows`` and store it (write then rename); False when
@@ -183,7 +189,10 @@ class _Frames:
     def decode(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
         """Decode into ``out`` (rows of ``row_bytes``, uint8): for each source buffer,
         the output positions, offsets and lengths of its frames."""
-        if self.codec.codec == "zstd":
+        if self.native is not None:
+            self.load_dictionary()  # a reader: the writer may have trained it since
+            self.native.decode(sources, out, self.row_bytes, self.threads, self._native_dictionary)
+        elif self.codec.codec == "zstd":
             self._decode_zstd(sources, out)
         else:
             self._decode_lz4(sources, out)

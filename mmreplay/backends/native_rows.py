@@ -1,0 +1,160 @@
+"""Decoding a batch of row frames in one native call per leaf, off the GIL.
+
+Decoding row by row from Python hands the GIL over once per row, so a second core barely
+helps. The optional C extension ``mmreplay._rowdecode`` decodes a whole batch in one call on
+up to ``os.cpu_count()`` threads, each frame straight into its row of the output batch. It
+compiles no codec of its own: it opens the codec library at run time, the system's
+(``liblz4.so.1``, ``libzstd.so.1``) or else the copy inside an installed package that
+exports the functions (python-lz4, zstandard).
+
+Where the extension did not compile (``pip install`` without a compiler), no library is
+found, or ``MMREPLAY_NATIVE=0`` is set, :func:`decoder` returns None and row frames decode
+in Python (cramjam / zstandard) to the same bytes, more slowly.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib
+import logging
+import os
+import sys
+import threading
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ENV", "NativeDecoder", "decoder", "status"]
+
+log = logging.getLogger(__name__)
+
+#: ``MMREPLAY_NATIVE=0`` forces the pure-Python decoding
+ENV = "MMREPLAY_NATIVE"
+#: where each codec's library is looked for, in order: dlopen names, then the extension
+#: module of a package that exports the same functions
+SYSTEM_NAMES = {
+    "lz4": ["liblz4.so.1", "liblz4.1.dylib", "lz4"],
+    "zstd": ["libzstd.so.1", "libzstd.1.dylib", "zstd"],
+}
+PACKAGE_MODULES = {"lz4": ["lz4.block._block"], "zstd": ["zstandard.backend_c"]}
+
+_lock = threading.Lock()
+_loaded: dict[str, str | None] = {}  # codec -> the library used (None: none found)
+_why: dict[str, str] = {}  # codec -> why there is no native decoding
+
+
+def _extension() -> ModuleType | None:
+    try:
+        return importlib.import_module("mmreplay._rowdecode")
+    except ImportError:
+        return None
+
+
+def _candidates(codec: str) -> list[str]:
+    names = []
+    for name in SYSTEM_NAMES[codec]:
+        if "." in name:
+            names.append(name)
+        else:
+            found = ctypes.util.find_library(name)
+            if found:
+                names.append(found)
+    for module in PACKAGE_MODULES[codec]:
+        try:
+            path = importlib.import_module(module).__file__
+        except ImportError:
+            continue
+        if path:
+            names.append(path)
+    return names
+
+
+def _load(codec: str) -> str | None:
+    """Open ``codec``'s library once per process; the library's name, or None."""
+    with _lock:
+        if codec in _loaded:
+            return _loaded[codec]
+        ext = _extension()
+        used = None
+        if ext is None:
+            _why[codec] = "the C extension mmreplay._rowdecode is not built (no compiler at install time?)"
+        else:
+            errors = []
+            for name in _candidates(codec):
+                try:
+                    ext.load(codec, name)
+                except OSError as exc:
+                    errors.append(str(exc))
+                    continue
+                used = name
+                break
+            if used is None:
+                _why[codec] = f"no {codec} library found: " + ("; ".join(errors) or "nothing to try")
+                log.info("row frames decode %s in Python: %s", codec, _why[codec])
+        _loaded[codec] = used
+        return used
+
+
+def disabled() -> bool:
+    return os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off")
+
+
+class NativeDecoder:
+    """Decodes frames of one codec with the C extension (see the module's docstring)."""
+
+    def __init__(self, codec: str, library: str):
+        self.codec = codec
+        self.library = library
+        self._ext = sys.modules["mmreplay._rowdecode"]
+
+    def dictionary(self, data: bytes) -> Any:
+        """A digested zstd dictionary for :meth:`decode`."""
+        return self._ext.zstd_dictionary(data)
+
+    def decode(
+        self,
+        sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]],
+        out: np.ndarray,
+        row_bytes: int,
+        threads: int,
+        dictionary: Any = None,
+    ) -> None:
+        """Decode into ``out`` (rows of ``row_bytes`` raw bytes): for each source buffer, the output
+        positions, offsets and lengths of its frames. ValueError if a frame does not decode."""
+        if len(sources) == 1:
+            _, where, offsets, lengths = sources[0]
+            which = np.zeros(len(where), np.int32)
+        else:
+            where = np.concatenate([s[1] for s in sources])
+            offsets = np.concatenate([s[2] for s in sources])
+            lengths = np.concatenate([s[3] for s in sources])
+            which = np.repeat(np.arange(len(sources), dtype=np.int32), [len(s[1]) for s in sources])
+        self._ext.decode_rows(
+            self.codec,
+            [s[0] for s in sources],
+            which,
+            np.ascontiguousarray(where, np.int64),
+            np.ascontiguousarray(offsets, np.int64),
+            np.ascontiguousarray(lengths, np.int64),
+            out,
+            row_bytes,
+            threads,
+            dictionary,
+        )
+
+
+def decoder(codec: str) -> NativeDecoder | None:
+    """The native decoder of ``codec`` ("lz4" or "zstd"), or None to decode in Python."""
+    if disabled():
+        return None
+    library = _load(codec)
+    return None if library is None else NativeDecoder(codec, library)
+
+
+def status(codec: str) -> str:
+    """How ``codec``'s row frames decode here, in words (for logs, benchmarks and tests)."""
+    if disabled():
+        return f"python ({ENV}=0)"
+    library = _load(codec)
+    return f"native ({library})" if library else f"python ({_why[codec]})"
