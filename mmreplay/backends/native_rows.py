@@ -114,26 +114,23 @@ class NativeDecoder:
 
     def decode(
         self,
-        sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]],
+        buffers: list[Any],
+        which: np.ndarray,
+        where: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
         out: np.ndarray,
         row_bytes: int,
         threads: int,
         dictionary: Any = None,
     ) -> None:
-        """Decode into ``out`` (rows of ``row_bytes`` raw bytes): for each source buffer, the output
-        positions, offsets and lengths of its frames. ValueError if a frame does not decode."""
-        if len(sources) == 1:
-            _, where, offsets, lengths = sources[0]
-            which = np.zeros(len(where), np.int32)
-        else:
-            where = np.concatenate([s[1] for s in sources])
-            offsets = np.concatenate([s[2] for s in sources])
-            lengths = np.concatenate([s[3] for s in sources])
-            which = np.repeat(np.arange(len(sources), dtype=np.int32), [len(s[1]) for s in sources])
+        """Decode frame ``i`` (``lengths[i]`` bytes at ``offsets[i]`` of
+        ``buffers[which[i]]``) into row ``where[i]`` of ``out`` (rows of ``row_bytes``
+        bytes). ValueError naming the first frame that does not decode."""
         self._ext.decode_rows(
             self.codec,
-            [s[0] for s in sources],
-            which,
+            buffers,
+            np.ascontiguousarray(which, np.int32),
             np.ascontiguousarray(where, np.int64),
             np.ascontiguousarray(offsets, np.int64),
             np.ascontiguousarray(lengths, np.int64),

@@ -186,20 +186,32 @@ class _Frames:
         # numcodecs' LZ4 layout: a little-endian uint32 size, then the block
         return bytes(self._cramjam.lz4.compress_block(row, store_size=True))
 
-    def decode(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
-        """Decode into ``out`` (rows of ``row_bytes``, uint8): for each source buffer,
-        the output positions, offsets and lengths of its frames."""
+    def decode(
+        self,
+        buffers: list[Any],
+        which: np.ndarray,
+        where: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        out: np.ndarray,
+    ) -> None:
+        """Decode frame ``i`` (``lengths[i]`` bytes at ``offsets[i]`` of
+        ``buffers[which[i]]``) into row ``where[i]`` of ``out`` (rows of ``row_bytes``, uint8)."""
+        self.load_dictionary()  # a reader: the writer may have trained it since
         if self.native is not None:
-            self.load_dictionary()  # a reader: the writer may have trained it since
-            self.native.decode(sources, out, self.row_bytes, self.threads, self._native_dictionary)
-        elif self.codec.codec == "zstd":
+            self.native.decode(buffers, which, where, offsets, lengths, out, self.row_bytes, self.threads, self._native_dictionary)
+            return
+        # the Python decoders take the frames grouped by buffer
+        order = np.argsort(which, kind="stable")
+        cuts = np.flatnonzero(np.diff(which[order])) + 1
+        sources = [(buffers[which[g[0]]], where[g], offsets[g], lengths[g]) for g in np.split(order, cuts)]
+        if self.codec.codec == "zstd":
             self._decode_zstd(sources, out)
         else:
             self._decode_lz4(sources, out)
 
     def _decode_zstd(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
         zstd = self._zstd
-        self.load_dictionary()  # a reader: the writer may have trained it since
         buffers = []
         for buf, _, offsets, lengths in sources:
             segments = np.empty((len(offsets), 2), "<u8")
@@ -295,7 +307,8 @@ def check_frames(info: LeafInfo, folder: str, data: bytes, offsets: np.ndarray, 
     """Decode the frames at ``offsets`` of a shard's bytes (verify); raises if one does not."""
     frames = _Frames(parse_row_compression(info.compression or ""), info.spec.nbytes, 1, os.path.join(folder, DICTIONARY_FILE))
     out = np.empty((len(offsets), info.spec.nbytes), np.uint8)
-    frames.decode([(data, np.arange(len(offsets)), offsets, lengths)], out)
+    rows = np.arange(len(offsets))
+    frames.decode([data], np.zeros(len(offsets), np.int32), rows, offsets, lengths, out)
     if frames.codec.codec == "lz4":  # lz4 blocks carry no checksum: at least the sizes must agree
         sizes = np.frombuffer(b"".join(data[o : o + 4] for o in offsets.tolist()), "<u4")
         if (sizes != info.spec.nbytes).any():
@@ -452,23 +465,19 @@ class RowFrameLeaf:
             out[staged] = self.staged[inner[staged]]
         rest = np.flatnonzero(~staged)
         if rest.size:
-            order = rest[np.argsort(seg_of[rest], kind="stable")]
-            ks = seg_of[order]
-            cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
-            sources = []
-            for sel in np.split(order, cuts):
-                k = int(seg_of[sel[0]])
-                buf = self._shard(k)
-                offsets = self.offsets[flat[sel]]
-                if (offsets < 0).any():
-                    bad = int(flat[sel][offsets < 0][0])
-                    raise CorruptBufferError(
-                        f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
-                        f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
-                    )
-                sources.append((buf, sel, offsets, self.lengths[flat[sel]]))
+            segments, which = np.unique(seg_of[rest], return_inverse=True)
+            buffers = [self._shard(int(k)) for k in segments]  # loads their indexes too
+            ids = flat[rest]
+            offsets = self.offsets[ids]
+            if (offsets < 0).any():
+                i = int(np.flatnonzero(offsets < 0)[0])
+                bad, k = int(ids[i]), int(segments[which[i]])
+                raise CorruptBufferError(
+                    f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
+                    f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
+                )
             try:
-                self.frames.decode(sources, out)
+                self.frames.decode(buffers, which.astype(np.int32), rest, offsets, self.lengths[ids], out)
             except CorruptBufferError:
                 raise
             except Exception as exc:
