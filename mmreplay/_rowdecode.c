@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef int (*lz4_decompress_safe_fn)(const char *, char *, int, int);
@@ -117,6 +118,10 @@ static PyObject *zstd_dictionary(PyObject *self, PyObject *args) {
     return capsule;
 }
 
+/* One batch. The calling thread decodes too and returns once every row is done; a thread
+ * it started that is scheduled only after that finds no rows left and just exits, so the
+ * caller never waits for a thread the OS has not run yet (on a loaded machine, that wait
+ * would cost more than the decoding). The job lives on the heap until its last user leaves. */
 typedef struct {
     int codec;
     const char *const *bases;
@@ -126,11 +131,15 @@ typedef struct {
     size_t row;
     int64_t n;
     const void *ddict;
-    int64_t next;         /* next row to take (atomic) */
-    int failed;           /* set once (atomic) */
-    int64_t failed_row;
+    int64_t next;          /* next row to take (atomic) */
+    int64_t finished;      /* rows taken and done with, decoded or not (under lock) */
+    int users;             /* the caller and the threads not yet gone (atomic) */
+    int failed;            /* set once (atomic) */
+    int64_t failed_row;    /* -1: ZSTD_createDCtx failed */
     int64_t failed_result; /* what the codec returned */
-    int failed_zstd;      /* failed_result is a zstd error code */
+    int failed_zstd;       /* failed_result is a zstd error code */
+    pthread_mutex_t lock;
+    pthread_cond_t all_done;
 } job_t;
 
 static void fail(job_t *job, int64_t i, int64_t result, int zstd_error) {
@@ -142,17 +151,37 @@ static void fail(job_t *job, int64_t i, int64_t result, int zstd_error) {
     }
 }
 
-static void *work(void *arg) {
-    job_t *job = (job_t *)arg;
-    void *dctx = NULL;
-    if (job->codec == CODEC_ZSTD && (dctx = zstd.create_dctx()) == NULL) {
-        fail(job, -1, 0, 0);
-        return NULL;
+static void count_done(job_t *job, int64_t rows) {
+    pthread_mutex_lock(&job->lock);
+    job->finished += rows;
+    if (job->finished >= job->n) pthread_cond_signal(&job->all_done);
+    pthread_mutex_unlock(&job->lock);
+}
+
+static void leave(job_t *job) {
+    if (__atomic_sub_fetch(&job->users, 1, __ATOMIC_ACQ_REL) == 0) {
+        pthread_mutex_destroy(&job->lock);
+        pthread_cond_destroy(&job->all_done);
+        free(job);
     }
+}
+
+/* Decode rows taken a few at a time until none are left (or one failed). */
+static void decode_some(job_t *job) {
+    void *dctx = NULL;
     for (;;) {
         int64_t a = __atomic_fetch_add(&job->next, ROWS_PER_GRAB, __ATOMIC_RELAXED);
-        if (a >= job->n || __atomic_load_n(&job->failed, __ATOMIC_RELAXED)) break;
+        if (a >= job->n) break;
         int64_t b = a + ROWS_PER_GRAB < job->n ? a + ROWS_PER_GRAB : job->n;
+        if (__atomic_load_n(&job->failed, __ATOMIC_RELAXED)) {
+            count_done(job, b - a);
+            continue;
+        }
+        if (job->codec == CODEC_ZSTD && dctx == NULL && (dctx = zstd.create_dctx()) == NULL) {
+            fail(job, -1, 0, 0);
+            count_done(job, b - a);
+            continue;
+        }
         for (int64_t i = a; i < b; i++) {
             const char *src = job->bases[job->which[i]] + job->offsets[i];
             char *dst = job->out + (size_t)job->where[i] * job->row;
@@ -160,11 +189,13 @@ static void *work(void *arg) {
                 /* numcodecs' LZ4 layout: a little-endian uint32 size, then the block */
                 const unsigned char *s = (const unsigned char *)src;
                 uint32_t size = (uint32_t)s[0] | (uint32_t)s[1] << 8 | (uint32_t)s[2] << 16 | (uint32_t)s[3] << 24;
-                int r = size == job->row
-                            ? lz4_decompress_safe(src + 4, dst, (int)(job->lengths[i] - 4), (int)job->row)
-                            : -(int)size - 1;
+                if (size != job->row) {
+                    fail(job, i, (int64_t)size, 0);
+                    break;
+                }
+                int r = lz4_decompress_safe(src + 4, dst, (int)(job->lengths[i] - 4), (int)job->row);
                 if (r != (int)job->row) {
-                    fail(job, i, size == job->row ? r : (int64_t)size, 0);
+                    fail(job, i, r, 0);
                     break;
                 }
             } else {
@@ -177,8 +208,14 @@ static void *work(void *arg) {
                 }
             }
         }
+        count_done(job, b - a);
     }
     if (dctx != NULL) zstd.free_dctx(dctx);
+}
+
+static void *thread_main(void *arg) {
+    decode_some((job_t *)arg);
+    leave((job_t *)arg);
     return NULL;
 }
 
@@ -266,30 +303,49 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
                 goto done;
             }
         }
-        job_t job = {codec, bases, w, pos, off, len, out.buf, (size_t)row, n, ddict, 0, 0, 0, 0, 0};
+        job_t *job = calloc(1, sizeof(job_t));
+        if (job == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        *job = (job_t){.codec = codec, .bases = bases, .which = w, .where = pos, .offsets = off, .lengths = len,
+                       .out = out.buf, .row = (size_t)row, .n = n, .ddict = ddict, .users = 1};
+        pthread_mutex_init(&job->lock, NULL);
+        pthread_cond_init(&job->all_done, NULL);
         int nthreads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
         int64_t useful = (n + 15) / 16; /* a thread is worth starting for ~16 rows */
         if (nthreads > useful) nthreads = useful < 1 ? 1 : (int)useful;
-        pthread_t tids[MAX_THREADS];
-        int started = 0;
         Py_BEGIN_ALLOW_THREADS
-        for (int t = 1; t < nthreads; t++)
-            if (pthread_create(&tids[started], NULL, work, &job) == 0) started++;
-        work(&job);
-        for (int t = 0; t < started; t++) pthread_join(tids[t], NULL);
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        for (int t = 1; t < nthreads; t++) {
+            pthread_t tid;
+            __atomic_add_fetch(&job->users, 1, __ATOMIC_ACQ_REL);
+            if (pthread_create(&tid, &attr, thread_main, job) != 0) __atomic_sub_fetch(&job->users, 1, __ATOMIC_ACQ_REL);
+        }
+        pthread_attr_destroy(&attr);
+        decode_some(job);
+        pthread_mutex_lock(&job->lock);
+        while (job->finished < job->n) pthread_cond_wait(&job->all_done, &job->lock);
+        pthread_mutex_unlock(&job->lock);
         Py_END_ALLOW_THREADS
-        if (job.failed) {
-            if (job.failed_row < 0)
+        int failed = job->failed;
+        int64_t failed_row = job->failed_row, failed_result = job->failed_result;
+        int failed_zstd = job->failed_zstd;
+        leave(job);
+        if (failed) {
+            if (failed_row < 0)
                 PyErr_SetString(PyExc_MemoryError, "ZSTD_createDCtx failed");
-            else if (job.failed_zstd)
+            else if (failed_zstd)
                 PyErr_Format(PyExc_ValueError, "zstd frame %lld (offset %lld) does not decode: %s",
-                             (long long)job.failed_row, (long long)off[job.failed_row],
-                             zstd.error_name((size_t)job.failed_result));
+                             (long long)failed_row, (long long)off[failed_row], zstd.error_name((size_t)failed_result));
+            else if (failed_result < 0)
+                PyErr_Format(PyExc_ValueError, "lz4 frame %lld (offset %lld) does not decode: not a valid LZ4 block",
+                             (long long)failed_row, (long long)off[failed_row]);
             else
-                PyErr_Format(PyExc_ValueError,
-                             "%s frame %lld (offset %lld) decodes to %lld bytes, not the row's %zd (or fails: < 0)",
-                             name, (long long)job.failed_row, (long long)off[job.failed_row],
-                             (long long)job.failed_result, row);
+                PyErr_Format(PyExc_ValueError, "%s frame %lld (offset %lld) decodes to %lld bytes, not the row's %zd",
+                             name, (long long)failed_row, (long long)off[failed_row], (long long)failed_result, row);
             goto done;
         }
     }
