@@ -126,10 +126,10 @@ def test_the_extension_refuses_frames_outside_their_buffer_and_writes_nothing():
 
     frame = bytes(cramjam.lz4.compress_block(bytes(16), store_size=True))  # numcodecs' layout
 
-    def decode(offsets, where, lengths=(len(frame), len(frame))):
+    def decode(offsets, where):
         ext.decode_rows(
             "lz4", [frame], np.zeros(2, np.int32), np.array(where, np.int64), np.array(offsets, np.int64),
-            np.array(lengths, np.int64), out, 16, 2,
+            np.full(2, len(frame), np.int64), out, 16, 2,
         )
 
     for offsets, where in (((0, 1), (0, 1)), ((0, 0), (0, 2)), ((0, -1), (0, 1))):
@@ -207,3 +207,19 @@ def test_pip_install_works_where_the_compiler_fails_and_decodes_in_python(tmp_pa
     assert check.stdout.splitlines() == [
         "python (the C extension mmreplay._rowdecode is not built (no compiler at install time?))", "ok"
     ]
+
+
+@pytest.mark.long  # ~50 s under load: it imports TorchRL and renders the frames
+def test_bench_pixels_measures_both_decoding_paths_at_a_tiny_size():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_pixels", "--steps", "80", "--envs", "2", "--repeats", "1", "--batches", "1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("row frames decode with: lz4 ")
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines if line.startswith("| mmreplay ")}
+    for codec in ("rows:lz4", "rows:zstd:1", "rows:zstd:1:dict"):
+        for way in ("native", "python"):
+            cells = rows[f"mmreplay {codec} ({way})"].strip("| ").split(" | ")
+            assert float(cells[2].replace(",", "")) > 0  # sample(256) rows/s

@@ -21,11 +21,11 @@ import os
 import sys
 import threading
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["ENV", "NativeDecoder", "decoder", "status"]
+__all__ = ["ENV", "FrameBatch", "NativeDecoder", "decoder", "status"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,17 @@ def _load(codec: str) -> str | None:
         return used
 
 
+class FrameBatch(NamedTuple):
+    """Frames to decode: frame ``i`` is ``lengths[i]`` bytes at ``offsets[i]`` of
+    ``buffers[which[i]]`` and goes to row ``where[i]`` of the output."""
+
+    buffers: list[Any]
+    which: np.ndarray
+    where: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+
+
 def disabled() -> bool:
     return os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off")
 
@@ -112,28 +123,16 @@ class NativeDecoder:
         """A digested zstd dictionary for :meth:`decode`."""
         return self._ext.zstd_dictionary(data)
 
-    def decode(
-        self,
-        buffers: list[Any],
-        which: np.ndarray,
-        where: np.ndarray,
-        offsets: np.ndarray,
-        lengths: np.ndarray,
-        out: np.ndarray,
-        row_bytes: int,
-        threads: int,
-        dictionary: Any = None,
-    ) -> None:
-        """Decode frame ``i`` (``lengths[i]`` bytes at ``offsets[i]`` of
-        ``buffers[which[i]]``) into row ``where[i]`` of ``out`` (rows of ``row_bytes``
-        bytes). ValueError naming the first frame that does not decode."""
+    def decode(self, batch: FrameBatch, out: np.ndarray, row_bytes: int, threads: int, dictionary: Any = None) -> None:
+        """Decode ``batch`` into ``out`` (rows of ``row_bytes`` bytes) on up to ``threads``
+        threads. ValueError naming the first frame that does not decode."""
         self._ext.decode_rows(
             self.codec,
-            buffers,
-            np.ascontiguousarray(which, np.int32),
-            np.ascontiguousarray(where, np.int64),
-            np.ascontiguousarray(offsets, np.int64),
-            np.ascontiguousarray(lengths, np.int64),
+            batch.buffers,
+            np.ascontiguousarray(batch.which, np.int32),
+            np.ascontiguousarray(batch.where, np.int64),
+            np.ascontiguousarray(batch.offsets, np.int64),
+            np.ascontiguousarray(batch.lengths, np.int64),
             out,
             row_bytes,
             threads,

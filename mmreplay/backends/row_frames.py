@@ -22,6 +22,8 @@ seals the one it is in when it closes.
 Codecs: ``rows:lz4`` (frames as numcodecs' LZ4 writes them: a 4-byte little-endian size,
 then an LZ4 block) and ``rows:zstd[:LEVEL][:dict]`` (zstd frames with a content checksum).
 They need the ``pixels`` extra (``zstandard``, ``cramjam``); zarr reads them with numcodecs.
+A batch decodes in one call per leaf into the optional C extension where it was built and
+the codec library is found (:mod:`.native_rows`), else in Python, to the same bytes.
 With ``:dict`` a zstd dictionary is trained on the first segment's rows when it is sealed
 (small frames compress better and decode faster with one) and kept in ``rows.dictionary``
 beside the shards; the frames before it are plain zstd frames. zarr's zstd codec takes no
@@ -186,25 +188,19 @@ class _Frames:
         # numcodecs' LZ4 layout: a little-endian uint32 size, then the block
         return bytes(self._cramjam.lz4.compress_block(row, store_size=True))
 
-    def decode(
-        self,
-        buffers: list[Any],
-        which: np.ndarray,
-        where: np.ndarray,
-        offsets: np.ndarray,
-        lengths: np.ndarray,
-        out: np.ndarray,
-    ) -> None:
-        """Decode frame ``i`` (``lengths[i]`` bytes at ``offsets[i]`` of
-        ``buffers[which[i]]``) into row ``where[i]`` of ``out`` (rows of ``row_bytes``, uint8)."""
+    def decode(self, batch: native_rows.FrameBatch, out: np.ndarray) -> None:
+        """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8)."""
         self.load_dictionary()  # a reader: the writer may have trained it since
         if self.native is not None:
-            self.native.decode(buffers, which, where, offsets, lengths, out, self.row_bytes, self.threads, self._native_dictionary)
+            self.native.decode(batch, out, self.row_bytes, self.threads, self._native_dictionary)
             return
         # the Python decoders take the frames grouped by buffer
-        order = np.argsort(which, kind="stable")
-        cuts = np.flatnonzero(np.diff(which[order])) + 1
-        sources = [(buffers[which[g[0]]], where[g], offsets[g], lengths[g]) for g in np.split(order, cuts)]
+        order = np.argsort(batch.which, kind="stable")
+        cuts = np.flatnonzero(np.diff(batch.which[order])) + 1
+        sources = [
+            (batch.buffers[batch.which[g[0]]], batch.where[g], batch.offsets[g], batch.lengths[g])
+            for g in np.split(order, cuts)
+        ]
         if self.codec.codec == "zstd":
             self._decode_zstd(sources, out)
         else:
@@ -308,7 +304,7 @@ def check_frames(info: LeafInfo, folder: str, data: bytes, offsets: np.ndarray, 
     frames = _Frames(parse_row_compression(info.compression or ""), info.spec.nbytes, 1, os.path.join(folder, DICTIONARY_FILE))
     out = np.empty((len(offsets), info.spec.nbytes), np.uint8)
     rows = np.arange(len(offsets))
-    frames.decode([data], np.zeros(len(offsets), np.int32), rows, offsets, lengths, out)
+    frames.decode(native_rows.FrameBatch([data], np.zeros(len(offsets), np.int32), rows, offsets, lengths), out)
     if frames.codec.codec == "lz4":  # lz4 blocks carry no checksum: at least the sizes must agree
         sizes = np.frombuffer(b"".join(data[o : o + 4] for o in offsets.tolist()), "<u4")
         if (sizes != info.spec.nbytes).any():
@@ -477,7 +473,8 @@ class RowFrameLeaf:
                     f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
                 )
             try:
-                self.frames.decode(buffers, which.astype(np.int32), rest, offsets, self.lengths[ids], out)
+                batch = native_rows.FrameBatch(buffers, which.astype(np.int32), rest, offsets, self.lengths[ids])
+                self.frames.decode(batch, out)
             except CorruptBufferError:
                 raise
             except Exception as exc:
