@@ -40,7 +40,7 @@ static struct {
 enum { CODEC_LZ4 = 0, CODEC_ZSTD = 1 };
 #define DDICT_CAPSULE "mmreplay._rowdecode.ddict"
 /* rows a thread takes at a time: few enough to balance, enough to share one atomic add */
-#define ROWS_PER_GRAB 4
+#define ROWS_PER_GRAB 8
 #define MAX_THREADS 256
 
 static int codec_of(const char *name) {
@@ -132,7 +132,7 @@ typedef struct {
     int64_t n;
     const void *ddict;
     int64_t next;          /* next row to take (atomic) */
-    int64_t finished;      /* rows taken and done with, decoded or not (under lock) */
+    int64_t finished;      /* rows taken and done with, decoded or not (atomic) */
     int users;             /* the caller and the threads not yet gone (atomic) */
     int failed;            /* set once (atomic) */
     int64_t failed_row;    /* -1: ZSTD_createDCtx failed */
@@ -151,10 +151,12 @@ static void fail(job_t *job, int64_t i, int64_t result, int zstd_error) {
     }
 }
 
+/* The lock is taken only by the last rows done: a thread preempted while holding it
+ * would stall the others (on a loaded machine, for a whole time slice). */
 static void count_done(job_t *job, int64_t rows) {
+    if (__atomic_add_fetch(&job->finished, rows, __ATOMIC_ACQ_REL) < job->n) return;
     pthread_mutex_lock(&job->lock);
-    job->finished += rows;
-    if (job->finished >= job->n) pthread_cond_signal(&job->all_done);
+    pthread_cond_signal(&job->all_done);
     pthread_mutex_unlock(&job->lock);
 }
 
@@ -327,7 +329,7 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
         pthread_attr_destroy(&attr);
         decode_some(job);
         pthread_mutex_lock(&job->lock);
-        while (job->finished < job->n) pthread_cond_wait(&job->all_done, &job->lock);
+        while (__atomic_load_n(&job->finished, __ATOMIC_ACQUIRE) < job->n) pthread_cond_wait(&job->all_done, &job->lock);
         pthread_mutex_unlock(&job->lock);
         Py_END_ALLOW_THREADS
         int failed = job->failed;
