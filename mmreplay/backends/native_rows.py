@@ -124,7 +124,7 @@ def idle_cores() -> int:
         except OSError:
             load = 0.0
         cpus = os.cpu_count() or 1
-        _load_seen[:] = [now, max(1.0, min(cpus, cpus - load + 1))]
+        _load_seen[:] = [now, max(1.0, min(cpus, cpus - load + 1.5))]  # rounded down: + 1 + 0.5
     return int(_load_seen[1])
 
 
