@@ -3,8 +3,11 @@
 One leaf ``obs`` of Atari-like frame stacks (uint8[84, 84, 4], from
 :mod:`bench.atari_like`), ``--envs`` envs, ``--steps`` steps. Every system samples the
 same row ids; batches are dropped after each call, alike for all. Rows/s are medians over
-``--repeats`` timings of ``--batches`` batches each; each ratio is computed from the
-numbers shown in its row.
+``--repeats`` timings of ``--batches`` batches each, taken round-robin (each repeat times
+every system once, in turn) so that a change of load hits all systems alike; each ratio is
+computed from the numbers shown in its row. Row-frame leaves are measured twice, decoding
+in one native call per leaf (the C extension) and in Python (``MMREPLAY_NATIVE=0``); the
+first line printed says which library the native path uses.
 
 Caches, honestly: row frames keep no decoded rows, so every batch decodes every row it
 returns; the chunk-compressed leaf's decoded-chunk cache is set to ``--chunk-cache``
@@ -13,6 +16,7 @@ the mapped store are in the page cache (a buffer larger than the page cache cann
 made on this machine), so the mapped store's figure is the page-cached one, its best case.
 
     python -m bench.bench_pixels                  # 600 steps x 8 envs, 5 repeats
+    python -m bench.bench_pixels --steps 5000     # the 2.26 GB (obs + next_obs) setup: 1.1 GB a leaf
     python -m bench.bench_pixels --steps 200 --repeats 1
 """
 
@@ -20,15 +24,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
+from itertools import cycle
 
 import numpy as np
 
 import mmreplay as mr
+from mmreplay.backends import native_rows
 
 from .atari_like import frames, stacked
 
@@ -41,16 +48,19 @@ CODECS = {
 }
 
 
-def rate(fn: Callable[[], object], rows: int, batches: int, repeats: int) -> float:
-    """Median rows/s of ``batches`` calls of ``fn`` (each returning ``rows`` rows)."""
-    fn()
-    out = []
+def rates(systems: dict[str, tuple[Callable[[], object], int, int]], repeats: int) -> dict[str, float]:
+    """Median rows/s of each system: ``(fn, rows per call, calls per timing)``; the repeats
+    go round-robin over the systems."""
+    for fn, _, _ in systems.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(batches):
-            fn()
-        out.append(rows * batches / (time.perf_counter() - t))
-    return statistics.median(out)
+        for name, (fn, rows, batches) in systems.items():
+            t = time.perf_counter()
+            for _ in range(batches):
+                fn()
+            times[name].append(rows * batches / (time.perf_counter() - t))
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def folder_bytes(path: str) -> int:
@@ -82,8 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     t = time.perf_counter()
     numpy_add()
     numpy_add_rate = n * envs / (time.perf_counter() - t)
-    k = iter(range(1 << 30))
-    numpy_take = rate(lambda: rows_ram.take(ids[next(k) % args.batches], axis=0), 256, args.batches, args.repeats)
+    batch = cycle(ids)
+    timed = {"numpy take": (lambda: rows_ram.take(next(batch), axis=0), 256, args.batches)}
+    stores = []
     for name, codec in CODECS.items():
         path = os.path.join(root, name.replace(":", "-"))
         spec = {"obs": mr.ArraySpec(obs.shape[2:], "uint8")}
@@ -93,19 +104,36 @@ def main(argv: list[str] | None = None) -> None:
             store.add({"obs": obs[step]})
         store.close()
         add = n * envs / (time.perf_counter() - t)
-        store = mr.open(path)
-        store.set_chunk_cache(args.chunk_cache)  # smaller than the buffer, as for any buffer worth compressing
-        take_rows, sample, seqs = store.leaves[0].take, store.sample, partial(store.sample, 32, num_steps=64)
-        it = iter(range(1 << 30))
-        take = rate(lambda: take_rows(ids[next(it) % args.batches]), 256, args.batches, args.repeats)  # noqa: B023
-        sample = rate(partial(sample, 256), 256, args.batches, args.repeats)
-        seq = rate(seqs, 32 * 64, max(1, args.batches // 5), args.repeats)
+        paths = ["native", "python"] if codec and codec.startswith("rows:") else [""]
+        for way in paths:
+            label = f"{name} ({way})" if way else name
+            if way == "python":
+                os.environ[native_rows.ENV] = "0"
+            try:
+                store = mr.open(path)
+            finally:
+                os.environ.pop(native_rows.ENV, None)
+            stores.append(store)
+            store.set_chunk_cache(args.chunk_cache)  # smaller than the buffer, as for any buffer worth compressing
+            timed[f"{label} take"] = (partial(take_next, store.leaves[0].take, cycle(ids)), 256, args.batches)
+            timed[f"{label} sample"] = (partial(store.sample, 256), 256, args.batches)
+            timed[f"{label} seq"] = (partial(store.sample, 32, num_steps=64), 32 * 64, max(1, args.batches // 5))
+            results[label] = {"add": add, "bytes": folder_bytes(path)}
+    torchrl = torchrl_system(rows_ram, ids, args)
+    if isinstance(torchrl, tuple):
+        timed["torchrl"] = torchrl
+    got = rates(timed, args.repeats)
+    for store in stores:
         store.close()
-        results[name] = {"take": take, "sample": sample, "seq": seq, "add": add, "bytes": folder_bytes(path)}
-    torchrl = torchrl_rate(rows_ram, ids, args)
+    shutil.rmtree(root)
+    for label, r in results.items():
+        r.update(take=got[f"{label} take"], sample=got[f"{label} sample"], seq=got[f"{label} seq"])
+    numpy_take = got["numpy take"]
     mapped = results["mapped"]
+    print(f"row frames decode with: lz4 {native_rows.status('lz4')}, zstd {native_rows.status('zstd')}; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end")
     print(f"buffer: {n} steps x {envs} envs of uint8[84, 84, 4] = {obs.nbytes / 2**20:.0f} MiB raw; "
-          f"sample(256) rows/s, medians of {args.repeats} x {args.batches} batches")
+          f"sample(256) rows/s, medians of {args.repeats} x {args.batches} batches, round-robin")
     print("| system | leaf.take(256) rows/s | sample(256) rows/s | vs mapped | vs numpy take | "
           "sample(32, num_steps=64) rows/s | vs mapped | add rows/s | vs numpy | bytes |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -116,10 +144,21 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['take'] / numpy_take:.2f}× | {r['seq']:,.0f} | {r['seq'] / mapped['seq']:.2f}× | "
             f"{r['add']:,.0f} | {r['add'] / numpy_add_rate:.2f}× | {r['bytes']:,} |"
         )
-    print(f"| TorchRL CompressedListStorage (zstd, RAM) | {torchrl} | | | | | | | | |")
+    trl = f"{got['torchrl']:,.0f}" if "torchrl" in got else torchrl
+    print(f"| TorchRL CompressedListStorage (zstd, RAM) | {trl} | | | | | | | | |")
+    if "torchrl" in got:
+        for name, r in results.items():
+            if name.startswith("rows:"):
+                print(f"mmreplay {name} sample(256) / TorchRL get(256): {r['sample'] / got['torchrl']:.2f}×")
 
 
-def torchrl_rate(rows_ram: np.ndarray, ids: np.ndarray, args: argparse.Namespace) -> str:
+def take_next(take: Callable[[np.ndarray], object], batches: Iterator[np.ndarray]) -> object:
+    return take(next(batches))
+
+
+def torchrl_system(
+    rows_ram: np.ndarray, ids: np.ndarray, args: argparse.Namespace
+) -> tuple[Callable[[], object], int, int] | str:
     """TorchRL's CompressedListStorage gathering the same rows, or why it could not run."""
     try:
         import torch
@@ -127,9 +166,10 @@ def torchrl_rate(rows_ram: np.ndarray, ids: np.ndarray, args: argparse.Namespace
 
         storage = CompressedListStorage(max_size=len(rows_ram))
         storage.set(torch.arange(len(rows_ram)), torch.from_numpy(rows_ram))
-        it = iter(range(1 << 30))
-        got = rate(lambda: storage.get(torch.from_numpy(ids[next(it) % args.batches])), 256, args.batches, args.repeats)
-        return f"{got:,.0f}"
+        batches = cycle([torch.from_numpy(i) for i in ids])
+        fn = lambda: storage.get(next(batches))  # noqa: E731
+        fn()
+        return fn, 256, args.batches
     except Exception as exc:  # its C++ extension may not load with this torch
         return f"did not run: {type(exc).__name__}: {str(exc)[:80]}"
 

@@ -22,6 +22,8 @@ seals the one it is in when it closes.
 Codecs: ``rows:lz4`` (frames as numcodecs' LZ4 writes them: a 4-byte little-endian size,
 then an LZ4 block) and ``rows:zstd[:LEVEL][:dict]`` (zstd frames with a content checksum).
 They need the ``pixels`` extra (``zstandard``, ``cramjam``); zarr reads them with numcodecs.
+A batch decodes in one call per leaf into the optional C extension where it was built and
+the codec library is found (:mod:`.native_rows`), else in Python, to the same bytes.
 With ``:dict`` a zstd dictionary is trained on the first segment's rows when it is sealed
 (small frames compress better and decode faster with one) and kept in ``rows.dictionary``
 beside the shards; the frames before it are plain zstd frames. zarr's zstd codec takes no
@@ -43,6 +45,7 @@ import numpy as np
 from ..codecs import parse
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo
+from . import native_rows
 from .base import disk_full_as, fsync_files, preallocate
 
 __all__ = [
@@ -131,6 +134,9 @@ class _Frames:
         self._pool: ThreadPoolExecutor | None = None
         self.dictionary_path = dictionary_path
         self.dictionary: Any = None
+        # one native call per batch where the C extension and a codec library are there
+        self.native = native_rows.decoder(codec.codec)
+        self._native_dictionary: Any = None
         if codec.codec == "zstd":
             zstd = _require("zstandard")
             self._zstd = zstd
@@ -158,6 +164,8 @@ class _Frames:
         self._compressor = zstd.ZstdCompressor(level=self.codec.level, write_checksum=True, dict_data=dictionary)
         # frames written before the dictionary decode with it too: they never refer to it
         self._decompressor = zstd.ZstdDecompressor(dict_data=dictionary)
+        if self.native is not None:
+            self._native_dictionary = self.native.dictionary(dictionary.as_bytes())
 
     def train(self, rows: np.ndarray) -> bool:
         """Train the dictionary on ``rows`` and store it (write then rename); False when
@@ -180,9 +188,19 @@ class _Frames:
         # numcodecs' LZ4 layout: a little-endian uint32 size, then the block
         return bytes(self._cramjam.lz4.compress_block(row, store_size=True))
 
-    def decode(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
-        """Decode into ``out`` (rows of ``row_bytes``, uint8): for each source buffer,
-        the output positions, offsets and lengths of its frames."""
+    def decode(self, batch: native_rows.FrameBatch, out: np.ndarray) -> None:
+        """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8)."""
+        self.load_dictionary()  # a reader: the writer may have trained it since
+        if self.native is not None:
+            self.native.decode(batch, out, self.row_bytes, self.threads, self._native_dictionary)
+            return
+        # the Python decoders take the frames grouped by buffer
+        order = np.argsort(batch.which, kind="stable")
+        cuts = np.flatnonzero(np.diff(batch.which[order])) + 1
+        sources = [
+            (batch.buffers[batch.which[g[0]]], batch.where[g], batch.offsets[g], batch.lengths[g])
+            for g in np.split(order, cuts)
+        ]
         if self.codec.codec == "zstd":
             self._decode_zstd(sources, out)
         else:
@@ -190,7 +208,6 @@ class _Frames:
 
     def _decode_zstd(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
         zstd = self._zstd
-        self.load_dictionary()  # a reader: the writer may have trained it since
         buffers = []
         for buf, _, offsets, lengths in sources:
             segments = np.empty((len(offsets), 2), "<u8")
@@ -286,7 +303,8 @@ def check_frames(info: LeafInfo, folder: str, data: bytes, offsets: np.ndarray, 
     """Decode the frames at ``offsets`` of a shard's bytes (verify); raises if one does not."""
     frames = _Frames(parse_row_compression(info.compression or ""), info.spec.nbytes, 1, os.path.join(folder, DICTIONARY_FILE))
     out = np.empty((len(offsets), info.spec.nbytes), np.uint8)
-    frames.decode([(data, np.arange(len(offsets)), offsets, lengths)], out)
+    rows = np.arange(len(offsets))
+    frames.decode(native_rows.FrameBatch([data], np.zeros(len(offsets), np.int32), rows, offsets, lengths), out)
     if frames.codec.codec == "lz4":  # lz4 blocks carry no checksum: at least the sizes must agree
         sizes = np.frombuffer(b"".join(data[o : o + 4] for o in offsets.tolist()), "<u4")
         if (sizes != info.spec.nbytes).any():
@@ -443,23 +461,20 @@ class RowFrameLeaf:
             out[staged] = self.staged[inner[staged]]
         rest = np.flatnonzero(~staged)
         if rest.size:
-            order = rest[np.argsort(seg_of[rest], kind="stable")]
-            ks = seg_of[order]
-            cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
-            sources = []
-            for sel in np.split(order, cuts):
-                k = int(seg_of[sel[0]])
-                buf = self._shard(k)
-                offsets = self.offsets[flat[sel]]
-                if (offsets < 0).any():
-                    bad = int(flat[sel][offsets < 0][0])
-                    raise CorruptBufferError(
-                        f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
-                        f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
-                    )
-                sources.append((buf, sel, offsets, self.lengths[flat[sel]]))
+            segments, which = np.unique(seg_of[rest], return_inverse=True)
+            buffers = [self._shard(int(k)) for k in segments]  # loads their indexes too
+            ids = flat[rest]
+            offsets = self.offsets[ids]
+            if (offsets < 0).any():
+                i = int(np.flatnonzero(offsets < 0)[0])
+                bad, k = int(ids[i]), int(segments[which[i]])
+                raise CorruptBufferError(
+                    f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
+                    f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
+                )
             try:
-                self.frames.decode(sources, out)
+                batch = native_rows.FrameBatch(buffers, which.astype(np.int32), rest, offsets, self.lengths[ids])
+                self.frames.decode(batch, out)
             except CorruptBufferError:
                 raise
             except Exception as exc:

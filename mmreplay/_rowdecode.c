@@ -1,0 +1,381 @@
+/* Decode a batch of row frames (lz4 blocks or zstd frames) in one call, without the GIL,
+ * on a few threads, each frame straight into its row of the output batch.
+ *
+ * No codec source is compiled in: the codec library (the system's liblz4 / libzstd, or the
+ * copy inside an installed Python package) is opened at run time with dlopen, and the few
+ * functions used are declared here. mmreplay/backends/native_rows.py finds the library and
+ * falls back to pure-Python decoding when this module or the library is missing.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*lz4_decompress_safe_fn)(const char *, char *, int, int);
+typedef void *(*zstd_create_dctx_fn)(void);
+typedef size_t (*zstd_free_dctx_fn)(void *);
+typedef size_t (*zstd_decompress_dctx_fn)(void *, void *, size_t, const void *, size_t);
+typedef void *(*zstd_create_ddict_fn)(const void *, size_t);
+typedef size_t (*zstd_free_ddict_fn)(void *);
+typedef size_t (*zstd_decompress_ddict_fn)(void *, void *, size_t, const void *, size_t, const void *);
+typedef unsigned (*zstd_is_error_fn)(size_t);
+typedef const char *(*zstd_error_name_fn)(size_t);
+
+static lz4_decompress_safe_fn lz4_decompress_safe;
+static struct {
+    zstd_create_dctx_fn create_dctx;
+    zstd_free_dctx_fn free_dctx;
+    zstd_decompress_dctx_fn decompress_dctx;
+    zstd_create_ddict_fn create_ddict;
+    zstd_free_ddict_fn free_ddict;
+    zstd_decompress_ddict_fn decompress_ddict;
+    zstd_is_error_fn is_error;
+    zstd_error_name_fn error_name;
+} zstd;
+
+enum { CODEC_LZ4 = 0, CODEC_ZSTD = 1 };
+#define DDICT_CAPSULE "mmreplay._rowdecode.ddict"
+/* rows a thread takes at a time: few enough to balance, enough to share one atomic add */
+#define ROWS_PER_GRAB 8
+#define MAX_THREADS 256
+
+static int codec_of(const char *name) {
+    if (strcmp(name, "lz4") == 0) return CODEC_LZ4;
+    if (strcmp(name, "zstd") == 0) return CODEC_ZSTD;
+    PyErr_Format(PyExc_ValueError, "codec must be 'lz4' or 'zstd', not %R", name);
+    return -1;
+}
+
+static void *symbol(void *lib, const char *name, const char *path) {
+    void *f = dlsym(lib, name);
+    if (f == NULL) PyErr_Format(PyExc_OSError, "%s has no function %s", path, name);
+    return f;
+}
+
+PyDoc_STRVAR(load_doc, "load(codec, path): use the codec library at path (a dlopen name); OSError if it lacks a function");
+
+static PyObject *load(PyObject *self, PyObject *args) {
+    const char *name, *path;
+    if (!PyArg_ParseTuple(args, "ss", &name, &path)) return NULL;
+    int codec = codec_of(name);
+    if (codec < 0) return NULL;
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);  /* kept open for the process's life */
+    if (lib == NULL) {
+        const char *why = dlerror();
+        PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, why ? why : "unknown error");
+        return NULL;
+    }
+    if (codec == CODEC_LZ4) {
+        void *f = symbol(lib, "LZ4_decompress_safe", path);
+        if (f == NULL) return NULL;
+        lz4_decompress_safe = (lz4_decompress_safe_fn)f;
+        Py_RETURN_NONE;
+    }
+    void *f[8];
+    const char *names[8] = {"ZSTD_createDCtx",   "ZSTD_freeDCtx",  "ZSTD_decompressDCtx",
+                            "ZSTD_createDDict",  "ZSTD_freeDDict", "ZSTD_decompress_usingDDict",
+                            "ZSTD_isError",      "ZSTD_getErrorName"};
+    for (int i = 0; i < 8; i++)
+        if ((f[i] = symbol(lib, names[i], path)) == NULL) return NULL;
+    zstd.create_dctx = (zstd_create_dctx_fn)f[0];
+    zstd.free_dctx = (zstd_free_dctx_fn)f[1];
+    zstd.decompress_dctx = (zstd_decompress_dctx_fn)f[2];
+    zstd.create_ddict = (zstd_create_ddict_fn)f[3];
+    zstd.free_ddict = (zstd_free_ddict_fn)f[4];
+    zstd.decompress_ddict = (zstd_decompress_ddict_fn)f[5];
+    zstd.is_error = (zstd_is_error_fn)f[6];
+    zstd.error_name = (zstd_error_name_fn)f[7];
+    Py_RETURN_NONE;
+}
+
+static void free_ddict(PyObject *capsule) {
+    void *d = PyCapsule_GetPointer(capsule, DDICT_CAPSULE);
+    if (d != NULL && zstd.free_ddict != NULL) zstd.free_ddict(d);
+}
+
+PyDoc_STRVAR(zstd_dictionary_doc, "zstd_dictionary(data): a digested zstd dictionary for decode_rows");
+
+static PyObject *zstd_dictionary(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    if (zstd.create_ddict == NULL) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_RuntimeError, "no zstd library loaded");
+        return NULL;
+    }
+    void *d = zstd.create_ddict(data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    if (d == NULL) {
+        PyErr_SetString(PyExc_ValueError, "ZSTD_createDDict failed on this dictionary");
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(d, DDICT_CAPSULE, free_ddict);
+    if (capsule == NULL) zstd.free_ddict(d);
+    return capsule;
+}
+
+/* One batch. The calling thread decodes too and returns once every row is done; a thread
+ * it started that is scheduled only after that finds no rows left and just exits, so the
+ * caller never waits for a thread the OS has not run yet (on a loaded machine, that wait
+ * would cost more than the decoding). The job lives on the heap until its last user leaves. */
+typedef struct {
+    int codec;
+    const char *const *bases;
+    const int32_t *which;
+    const int64_t *where, *offsets, *lengths;
+    char *out;
+    size_t row;
+    int64_t n;
+    const void *ddict;
+    int64_t next;          /* next row to take (atomic) */
+    int64_t finished;      /* rows taken and done with, decoded or not (atomic) */
+    int users;             /* the caller and the threads not yet gone (atomic) */
+    int failed;            /* set once (atomic) */
+    int64_t failed_row;    /* -1: ZSTD_createDCtx failed */
+    int64_t failed_result; /* what the codec returned */
+    int failed_zstd;       /* failed_result is a zstd error code */
+    pthread_mutex_t lock;
+    pthread_cond_t all_done;
+} job_t;
+
+static void fail(job_t *job, int64_t i, int64_t result, int zstd_error) {
+    int expected = 0;
+    if (__atomic_compare_exchange_n(&job->failed, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        job->failed_row = i;
+        job->failed_result = result;
+        job->failed_zstd = zstd_error;
+    }
+}
+
+/* The lock is taken only by the last rows done: a thread preempted while holding it
+ * would stall the others (on a loaded machine, for a whole time slice). */
+static void count_done(job_t *job, int64_t rows) {
+    if (__atomic_add_fetch(&job->finished, rows, __ATOMIC_ACQ_REL) < job->n) return;
+    pthread_mutex_lock(&job->lock);
+    pthread_cond_signal(&job->all_done);
+    pthread_mutex_unlock(&job->lock);
+}
+
+static void leave(job_t *job) {
+    if (__atomic_sub_fetch(&job->users, 1, __ATOMIC_ACQ_REL) == 0) {
+        pthread_mutex_destroy(&job->lock);
+        pthread_cond_destroy(&job->all_done);
+        free(job);
+    }
+}
+
+/* Decode rows taken a few at a time until none are left (or one failed). */
+static void decode_some(job_t *job) {
+    void *dctx = NULL;
+    for (;;) {
+        int64_t a = __atomic_fetch_add(&job->next, ROWS_PER_GRAB, __ATOMIC_RELAXED);
+        if (a >= job->n) break;
+        int64_t b = a + ROWS_PER_GRAB < job->n ? a + ROWS_PER_GRAB : job->n;
+        if (__atomic_load_n(&job->failed, __ATOMIC_RELAXED)) {
+            count_done(job, b - a);
+            continue;
+        }
+        if (job->codec == CODEC_ZSTD && dctx == NULL && (dctx = zstd.create_dctx()) == NULL) {
+            fail(job, -1, 0, 0);
+            count_done(job, b - a);
+            continue;
+        }
+        for (int64_t i = a; i < b; i++) {
+            const char *src = job->bases[job->which[i]] + job->offsets[i];
+            char *dst = job->out + (size_t)job->where[i] * job->row;
+            if (job->codec == CODEC_LZ4) {
+                /* numcodecs' LZ4 layout: a little-endian uint32 size, then the block */
+                const unsigned char *s = (const unsigned char *)src;
+                uint32_t size = (uint32_t)s[0] | (uint32_t)s[1] << 8 | (uint32_t)s[2] << 16 | (uint32_t)s[3] << 24;
+                if (size != job->row) {
+                    fail(job, i, (int64_t)size, 0);
+                    break;
+                }
+                int r = lz4_decompress_safe(src + 4, dst, (int)(job->lengths[i] - 4), (int)job->row);
+                if (r != (int)job->row) {
+                    fail(job, i, r, 0);
+                    break;
+                }
+            } else {
+                size_t r = job->ddict != NULL
+                               ? zstd.decompress_ddict(dctx, dst, job->row, src, (size_t)job->lengths[i], job->ddict)
+                               : zstd.decompress_dctx(dctx, dst, job->row, src, (size_t)job->lengths[i]);
+                if (zstd.is_error(r) || r != job->row) {
+                    fail(job, i, (int64_t)r, (int)zstd.is_error(r));
+                    break;
+                }
+            }
+        }
+        count_done(job, b - a);
+    }
+    if (dctx != NULL) zstd.free_dctx(dctx);
+}
+
+static void *thread_main(void *arg) {
+    decode_some((job_t *)arg);
+    leave((job_t *)arg);
+    return NULL;
+}
+
+static int get_array(PyObject *obj, Py_buffer *view, int64_t n, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd bytes, expected %lld", what, view->len, (long long)(n * itemsize));
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(decode_rows_doc,
+             "decode_rows(codec, buffers, which, where, offsets, lengths, out, row_nbytes, threads, ddict=None)\n\n"
+             "Decode frame i (bytes offsets[i]:offsets[i]+lengths[i] of buffers[which[i]]) into row where[i]\n"
+             "of out (rows of row_nbytes), on up to `threads` threads without the GIL. which is int32,\n"
+             "where/offsets/lengths int64. Raises ValueError naming the first frame that does not decode.");
+
+static PyObject *decode_rows(PyObject *self, PyObject *args) {
+    const char *name;
+    PyObject *buffers, *which_o, *where_o, *offsets_o, *lengths_o, *out_o, *ddict_o = Py_None;
+    Py_ssize_t row;
+    int threads;
+    if (!PyArg_ParseTuple(args, "sOOOOOOni|O", &name, &buffers, &which_o, &where_o, &offsets_o, &lengths_o, &out_o,
+                          &row, &threads, &ddict_o))
+        return NULL;
+    int codec = codec_of(name);
+    if (codec < 0) return NULL;
+    if (codec == CODEC_LZ4 ? lz4_decompress_safe == NULL : zstd.decompress_dctx == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "no %s library loaded", name);
+        return NULL;
+    }
+    if (row <= 0 || row > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "row_nbytes must be in 1..%d, not %zd", INT32_MAX, row);
+        return NULL;
+    }
+    const void *ddict = NULL;
+    if (ddict_o != Py_None) {
+        if (codec != CODEC_ZSTD) {
+            PyErr_SetString(PyExc_ValueError, "a dictionary is for zstd only");
+            return NULL;
+        }
+        if ((ddict = PyCapsule_GetPointer(ddict_o, DDICT_CAPSULE)) == NULL) return NULL;
+    }
+    PyObject *seq = PySequence_Fast(buffers, "buffers must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t nbuf = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer *bufs = PyMem_Calloc(nbuf ? nbuf : 1, sizeof(Py_buffer));
+    const char **bases = PyMem_Calloc(nbuf ? nbuf : 1, sizeof(char *));
+    Py_buffer which = {0}, where = {0}, offsets = {0}, lengths = {0}, out = {0};
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (bufs == NULL || bases == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < nbuf; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &bufs[got], PyBUF_SIMPLE) < 0) goto done;
+        bases[got] = bufs[got].buf;
+    }
+    if (PyObject_GetBuffer(where_o, &where, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    int64_t n = where.len / 8;
+    if (where.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "where must be int64");
+        goto done;
+    }
+    if (get_array(which_o, &which, n, 4, "which") < 0) goto done;
+    if (get_array(offsets_o, &offsets, n, 8, "offsets") < 0) goto done;
+    if (get_array(lengths_o, &lengths, n, 8, "lengths") < 0) goto done;
+    if (PyObject_GetBuffer(out_o, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    {
+        const int32_t *w = which.buf;
+        const int64_t *pos = where.buf, *off = offsets.buf, *len = lengths.buf;
+        int64_t out_rows = out.len / row;
+        int64_t min_len = codec == CODEC_LZ4 ? 4 : 1;
+        /* every frame inside its buffer and every row inside out, before any thread runs */
+        for (int64_t i = 0; i < n; i++) {
+            if (w[i] < 0 || w[i] >= nbuf || pos[i] < 0 || pos[i] >= out_rows || off[i] < 0 || len[i] < min_len ||
+                len[i] > INT32_MAX || off[i] > bufs[w[i]].len - len[i]) {
+                PyErr_Format(PyExc_ValueError,
+                             "frame %lld (buffer %d, offset %lld, length %lld, row %lld) lies outside its buffer "
+                             "or the output",
+                             (long long)i, (int)w[i], (long long)off[i], (long long)len[i], (long long)pos[i]);
+                goto done;
+            }
+        }
+        job_t *job = calloc(1, sizeof(job_t));
+        if (job == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        *job = (job_t){.codec = codec, .bases = bases, .which = w, .where = pos, .offsets = off, .lengths = len,
+                       .out = out.buf, .row = (size_t)row, .n = n, .ddict = ddict, .users = 1};
+        pthread_mutex_init(&job->lock, NULL);
+        pthread_cond_init(&job->all_done, NULL);
+        int nthreads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+        int64_t useful = (n + 15) / 16; /* a thread is worth starting for ~16 rows */
+        if (nthreads > useful) nthreads = useful < 1 ? 1 : (int)useful;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        for (int t = 1; t < nthreads; t++) {
+            pthread_t tid;
+            __atomic_add_fetch(&job->users, 1, __ATOMIC_ACQ_REL);
+            if (pthread_create(&tid, &attr, thread_main, job) != 0) __atomic_sub_fetch(&job->users, 1, __ATOMIC_ACQ_REL);
+        }
+        pthread_attr_destroy(&attr);
+        decode_some(job);
+        pthread_mutex_lock(&job->lock);
+        while (__atomic_load_n(&job->finished, __ATOMIC_ACQUIRE) < job->n) pthread_cond_wait(&job->all_done, &job->lock);
+        pthread_mutex_unlock(&job->lock);
+        Py_END_ALLOW_THREADS
+        int failed = job->failed;
+        int64_t failed_row = job->failed_row, failed_result = job->failed_result;
+        int failed_zstd = job->failed_zstd;
+        leave(job);
+        if (failed) {
+            if (failed_row < 0)
+                PyErr_SetString(PyExc_MemoryError, "ZSTD_createDCtx failed");
+            else if (failed_zstd)
+                PyErr_Format(PyExc_ValueError, "zstd frame %lld (offset %lld) does not decode: %s",
+                             (long long)failed_row, (long long)off[failed_row], zstd.error_name((size_t)failed_result));
+            else if (failed_result < 0)
+                PyErr_Format(PyExc_ValueError, "lz4 frame %lld (offset %lld) does not decode: not a valid LZ4 block",
+                             (long long)failed_row, (long long)off[failed_row]);
+            else
+                PyErr_Format(PyExc_ValueError, "%s frame %lld (offset %lld) decodes to %lld bytes, not the row's %zd",
+                             name, (long long)failed_row, (long long)off[failed_row], (long long)failed_result, row);
+            goto done;
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    if (which.obj) PyBuffer_Release(&which);
+    if (where.obj) PyBuffer_Release(&where);
+    if (offsets.obj) PyBuffer_Release(&offsets);
+    if (lengths.obj) PyBuffer_Release(&lengths);
+    if (out.obj) PyBuffer_Release(&out);
+    PyMem_Free(bufs);
+    PyMem_Free(bases);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"load", load, METH_VARARGS, load_doc},
+    {"zstd_dictionary", zstd_dictionary, METH_VARARGS, zstd_dictionary_doc},
+    {"decode_rows", decode_rows, METH_VARARGS, decode_rows_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "mmreplay._rowdecode",
+    "Batch decoding of row frames in one call, without the GIL (see mmreplay.backends.native_rows).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__rowdecode(void) { return PyModule_Create(&module); }

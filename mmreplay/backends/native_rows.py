@@ -1,0 +1,178 @@
+"""Decoding a batch of row frames in one native call per leaf, off the GIL.
+
+Decoding row by row from Python hands the GIL over once per row, so a second core barely
+helps. The optional C extension ``mmreplay._rowdecode`` decodes a whole batch in one call on
+up to ``os.cpu_count()`` threads, each frame straight into its row of the output batch. It
+compiles no codec of its own: it opens the codec library at run time, the system's
+(``liblz4.so.1``, ``libzstd.so.1``) or else the copy inside an installed package that
+exports the functions (python-lz4, zstandard).
+
+Where the extension did not compile (``pip install`` without a compiler), no library is
+found, or ``MMREPLAY_NATIVE=0`` is set, :func:`decoder` returns None and row frames decode
+in Python (cramjam / zstandard) to the same bytes, more slowly.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib
+import logging
+import os
+import sys
+import threading
+import time
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["ENV", "FrameBatch", "NativeDecoder", "decoder", "status"]
+
+log = logging.getLogger(__name__)
+
+#: ``MMREPLAY_NATIVE=0`` forces the pure-Python decoding
+ENV = "MMREPLAY_NATIVE"
+#: where each codec's library is looked for, in order: dlopen names, then the extension
+#: module of a package that exports the same functions
+SYSTEM_NAMES = {
+    "lz4": ["liblz4.so.1", "liblz4.1.dylib", "lz4"],
+    "zstd": ["libzstd.so.1", "libzstd.1.dylib", "zstd"],
+}
+PACKAGE_MODULES = {"lz4": ["lz4.block._block"], "zstd": ["zstandard.backend_c"]}
+
+#: seconds between reads of the load average
+LOAD_EVERY = 1.0
+
+_lock = threading.Lock()
+_load_seen = [-LOAD_EVERY, 0.0]  # [when, cores that were idle]
+_loaded: dict[str, str | None] = {}  # codec -> the library used (None: none found)
+_why: dict[str, str] = {}  # codec -> why there is no native decoding
+
+
+def _extension() -> ModuleType | None:
+    try:
+        return importlib.import_module("mmreplay._rowdecode")
+    except ImportError:
+        return None
+
+
+def _candidates(codec: str) -> list[str]:
+    names = []
+    for name in SYSTEM_NAMES[codec]:
+        if "." in name:
+            names.append(name)
+        else:
+            found = ctypes.util.find_library(name)
+            if found:
+                names.append(found)
+    for module in PACKAGE_MODULES[codec]:
+        try:
+            path = importlib.import_module(module).__file__
+        except ImportError:
+            continue
+        if path:
+            names.append(path)
+    return names
+
+
+def _load(codec: str) -> str | None:
+    """Open ``codec``'s library once per process; the library's name, or None."""
+    with _lock:
+        if codec in _loaded:
+            return _loaded[codec]
+        ext = _extension()
+        used = None
+        if ext is None:
+            _why[codec] = "the C extension mmreplay._rowdecode is not built (no compiler at install time?)"
+        else:
+            errors = []
+            for name in _candidates(codec):
+                try:
+                    ext.load(codec, name)
+                except OSError as exc:
+                    errors.append(str(exc))
+                    continue
+                used = name
+                break
+            if used is None:
+                _why[codec] = f"no {codec} library found: " + ("; ".join(errors) or "nothing to try")
+                log.info("row frames decode %s in Python: %s", codec, _why[codec])
+        _loaded[codec] = used
+        return used
+
+
+class FrameBatch(NamedTuple):
+    """Frames to decode: frame ``i`` is ``lengths[i]`` bytes at ``offsets[i]`` of
+    ``buffers[which[i]]`` and goes to row ``where[i]`` of the output."""
+
+    buffers: list[Any]
+    which: np.ndarray
+    where: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+
+
+def idle_cores() -> int:
+    """Cores not busy with other work, by the 1-minute load average (this process counted
+    as idle), read at most once a second; at least 1. A thread more than there are idle
+    cores only queues behind other processes: measured on 2 cores at load 12, a second
+    thread made lz4 batches 2-3x slower."""
+    now = time.monotonic()
+    if now - _load_seen[0] >= LOAD_EVERY:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = 0.0
+        cpus = os.cpu_count() or 1
+        _load_seen[:] = [now, max(1.0, min(cpus, cpus - load + 1.5))]  # rounded down: + 1 + 0.5
+    return int(_load_seen[1])
+
+
+def disabled() -> bool:
+    return os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off")
+
+
+class NativeDecoder:
+    """Decodes frames of one codec with the C extension (see the module's docstring)."""
+
+    def __init__(self, codec: str, library: str):
+        self.codec = codec
+        self.library = library
+        self._ext = sys.modules["mmreplay._rowdecode"]
+
+    def dictionary(self, data: bytes) -> Any:
+        """A digested zstd dictionary for :meth:`decode`."""
+        return self._ext.zstd_dictionary(data)
+
+    def decode(self, batch: FrameBatch, out: np.ndarray, row_bytes: int, threads: int, dictionary: Any = None) -> None:
+        """Decode ``batch`` into ``out`` (rows of ``row_bytes`` bytes) on up to ``threads``
+        threads, no more than there are idle cores. ValueError naming the first frame that
+        does not decode."""
+        self._ext.decode_rows(
+            self.codec,
+            batch.buffers,
+            np.ascontiguousarray(batch.which, np.int32),
+            np.ascontiguousarray(batch.where, np.int64),
+            np.ascontiguousarray(batch.offsets, np.int64),
+            np.ascontiguousarray(batch.lengths, np.int64),
+            out,
+            row_bytes,
+            min(threads, idle_cores()),
+            dictionary,
+        )
+
+
+def decoder(codec: str) -> NativeDecoder | None:
+    """The native decoder of ``codec`` ("lz4" or "zstd"), or None to decode in Python."""
+    if disabled():
+        return None
+    library = _load(codec)
+    return None if library is None else NativeDecoder(codec, library)
+
+
+def status(codec: str) -> str:
+    """How ``codec``'s row frames decode here, in words (for logs, benchmarks and tests)."""
+    if disabled():
+        return f"python ({ENV}=0)"
+    library = _load(codec)
+    return f"native ({library})" if library else f"python ({_why[codec]})"

@@ -1,0 +1,225 @@
+"""Row frames decoded in one native call per leaf (the C extension) and in Python.
+
+Both paths must return the same bytes for every codec, dtype, a trained dictionary and the
+ring's wrap; a damaged frame is a CorruptBufferError on both; the extension refuses frames
+outside their buffer; and ``pip install`` still works where the compiler fails, with the
+Python path used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+from mmreplay.backends import native_rows
+
+pytest.importorskip("zstandard")
+pytest.importorskip("cramjam")
+
+ROOT = Path(__file__).resolve().parents[1]
+CODECS = ["rows:lz4", "rows:zstd:1", "rows:zstd:3:dict"]
+
+
+def open_with(path: Path, way: str, mode: str = "r") -> mr.Store:
+    """Open ``path`` decoding row frames natively or in Python (the choice is made when a
+    leaf is opened)."""
+    if way == "native":
+        return mr.open(path, mode)
+    os.environ[native_rows.ENV] = "0"
+    try:
+        return mr.open(path, mode)
+    finally:
+        del os.environ[native_rows.ENV]
+
+
+def need_native(codec: str) -> None:
+    name = codec.split(":")[1]
+    if native_rows.decoder(name) is None:
+        pytest.skip(f"no native decoding of {name} here: {native_rows.status(name)}")
+
+
+def screens(n: int, envs: int, rng: np.random.Generator) -> np.ndarray:
+    """Frames with walls and moving blocks: they compress, and a dictionary trains on them."""
+    base = (rng.integers(0, 4, (20, 20)) * 60).astype(np.uint8)
+    out = np.empty((n, envs, 20, 20, 2), np.uint8)
+    for t in range(n):
+        for e in range(envs):
+            frame = np.roll(base, t + 3 * e, axis=1)
+            frame[rng.integers(0, 16) :][:4, :4] = 255
+            out[t, e] = np.stack([frame, np.roll(frame, 1, axis=0)], -1)
+    return out
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_native_and_python_decoding_return_the_same_bytes(tmp_path, codec):
+    need_native(codec)
+    rng = np.random.default_rng(3)
+    n, envs, capacity = 70, 3, 48  # wraps: the first 22 steps are overwritten
+    pixels = screens(n, envs, rng)
+    vectors = rng.standard_normal((n, envs, 7)).astype(">f4")  # stored little-endian
+    spec = {"pixels": mr.ArraySpec(pixels.shape[2:], "uint8"), "vec": mr.ArraySpec((7,), ">f4")}
+    path = tmp_path / "b"
+    with mr.create(path, spec, capacity, num_envs=envs, compression=codec, chunk_steps=8) as store:
+        store.extend({"pixels": pixels[:65], "vec": vectors[:65]})
+        store.commit()
+        # a reader of each kind while steps are still staged raw in the open segment
+        live = {way: open_with(path, way) for way in ("native", "python")}
+        got = {way: s.get(slice(None)) for way, s in live.items()}
+        for leaf, want in (("pixels", pixels), ("vec", vectors)):
+            kept = len(got["native"][leaf])  # readers leave out the segment the writer overwrites next
+            assert kept >= capacity - 8
+            np.testing.assert_array_equal(got["native"][leaf], want[65 - kept : 65])
+            assert got["native"][leaf].tobytes() == got["python"][leaf].tobytes()
+        store.extend({"pixels": pixels[65:], "vec": vectors[65:]})
+        for s in live.values():
+            s.close()
+    if codec.endswith(":dict"):  # frames sealed after the first segment use the trained dictionary
+        assert (path / "data.zarr" / "pixels" / "rows.dictionary").is_file()
+    ways = {way: open_with(path, way) for way in ("native", "python")}
+    ids = rng.integers(0, 4 * capacity * envs, 600)  # repeats, and ids past the ring's end wrap
+    flat = {leaf: v[n - capacity :].reshape(capacity * envs, *v.shape[2:]) for leaf, v in (("pixels", pixels), ("vec", vectors))}
+    ring = {leaf: np.roll(v, (n % capacity) * envs, axis=0) for leaf, v in flat.items()}  # slot order
+    for way, store in ways.items():
+        for leaf, want in ring.items():
+            (stored,) = [x for x in store.leaves if x.info.path == leaf]
+            rows = stored.take(ids)
+            np.testing.assert_array_equal(rows, want[ids % (capacity * envs)], err_msg=f"{way} {leaf}")
+    one = ways["native"].sample(64, num_steps=5, rng=7)
+    other = ways["python"].sample(64, num_steps=5, rng=7)
+    for leaf in ("pixels", "vec"):
+        assert one[leaf].tobytes() == other[leaf].tobytes()
+    for store in ways.values():
+        store.close()
+
+
+@pytest.mark.parametrize("way", ["native", "python"])
+def test_a_damaged_zstd_frame_is_a_corrupt_buffer_error_on_both_paths(tmp_path, way):
+    if way == "native":
+        need_native("rows:zstd")
+    path = tmp_path / "b"
+    with mr.create(path, {"obs": mr.ArraySpec((8,), "uint8")}, 24, compression="rows:zstd", chunk_steps=4) as store:
+        store.extend({"obs": np.arange(20 * 8, dtype=np.uint8).reshape(20, 1, 8)})
+    shard = path / "data.zarr" / "obs" / "c" / "1" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[5] ^= 0xFF  # inside row 4's frame: its checksum no longer matches
+    shard.write_bytes(bytes(raw))
+    with open_with(path, way) as reader:
+        np.testing.assert_array_equal(reader.get([8])["obs"][0, 0], np.arange(64, 72, dtype=np.uint8))
+        with pytest.raises(mr.CorruptBufferError, match="leaf 'obs'.*does not decode"):
+            reader.get([4])
+
+
+def test_the_extension_refuses_frames_outside_their_buffer_and_writes_nothing():
+    need_native("rows:lz4")
+    ext = sys.modules["mmreplay._rowdecode"]
+    out = np.full((2, 16), 7, np.uint8)
+    import cramjam
+
+    frame = bytes(cramjam.lz4.compress_block(bytes(16), store_size=True))  # numcodecs' layout
+
+    def decode(offsets, where):
+        ext.decode_rows(
+            "lz4", [frame], np.zeros(2, np.int32), np.array(where, np.int64), np.array(offsets, np.int64),
+            np.full(2, len(frame), np.int64), out, 16, 2,
+        )
+
+    for offsets, where in (((0, 1), (0, 1)), ((0, 0), (0, 2)), ((0, -1), (0, 1))):
+        with pytest.raises(ValueError, match="outside its buffer or the output"):
+            decode(offsets, where)
+        assert (out == 7).all()
+    with pytest.raises(ValueError, match="decodes to"):  # a size that is not the row's
+        ext.decode_rows(
+            "lz4", [frame], np.zeros(1, np.int32), np.zeros(1, np.int64), np.zeros(1, np.int64),
+            np.array([len(frame)], np.int64), out, 8, 1,
+        )
+    decode((0, 0), (0, 1))
+    assert (out == 0).all()
+
+
+def _loadable(soname: str) -> bool:
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(native_rows.disabled(), reason=f"{native_rows.ENV}=0 forces the Python path")
+def test_the_extension_is_built_and_used_where_a_compiler_and_the_libraries_are():
+    """Where pip could compile, the install built the extension (so CI tests both paths)."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    if not (shutil.which(cc) and headers.is_file()):
+        pytest.skip(f"no compiler ({cc}) or no Python headers ({headers}): the Python path is the one there is")
+    assert native_rows._extension() is not None, "mmreplay._rowdecode is missing: reinstall with `pip install -e .`"
+    for codec, soname in (("lz4", "liblz4.so.1"), ("zstd", "libzstd.so.1")):
+        if _loadable(soname):
+            assert native_rows.status(codec).startswith("native"), native_rows.status(codec)
+
+
+#: checks, in an interpreter that imports mmreplay from the installed target only, that
+#: row frames decode in Python there. The test's own environment may hold an editable
+#: install of mmreplay, whose import hook would find the source tree's extension: drop it.
+CHECK_FALLBACK = """
+import sys
+sys.meta_path = [f for f in sys.meta_path if "editable" not in str(getattr(f, "__module__", "")).lower()]
+import numpy as np
+import mmreplay as mr
+from mmreplay.backends import native_rows
+assert mr.__file__.startswith(sys.argv[1]), mr.__file__
+print(native_rows.status("lz4"))
+with mr.create(sys.argv[2], {"x": mr.ArraySpec((32,), "uint8")}, 16, compression="rows:lz4", chunk_steps=4) as s:
+    s.extend({"x": np.arange(20 * 32).reshape(20, 1, 32).astype(np.uint8)})
+with mr.open(sys.argv[2]) as r:
+    assert (r.get(slice(None))["x"] == np.arange(4 * 32, 20 * 32).reshape(16, 1, 32).astype(np.uint8)).all()
+print("ok")
+"""
+
+
+@pytest.mark.long
+def test_pip_install_works_where_the_compiler_fails_and_decodes_in_python(tmp_path):
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", ".pytest_cache")
+    shutil.copytree(ROOT, src, ignore=ignore)  # no build left over from another install
+    target = tmp_path / "target"
+    env = {**os.environ, "CC": "false", "CXX": "false"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "--target",
+         str(target), str(src)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not list(target.glob("mmreplay/_rowdecode*.so")), "the extension was built although the compiler fails"
+    check = subprocess.run(
+        [sys.executable, "-c", CHECK_FALLBACK, str(target), str(tmp_path / "b")],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)}, cwd=tmp_path, timeout=300,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.splitlines() == [
+        "python (the C extension mmreplay._rowdecode is not built (no compiler at install time?))", "ok"
+    ]
+
+
+@pytest.mark.long  # ~50 s under load: it imports TorchRL and renders the frames
+def test_bench_pixels_measures_both_decoding_paths_at_a_tiny_size():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_pixels", "--steps", "80", "--envs", "2", "--repeats", "1", "--batches", "1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("row frames decode with: lz4 ")
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines if line.startswith("| mmreplay ")}
+    for codec in ("rows:lz4", "rows:zstd:1", "rows:zstd:1:dict"):
+        for way in ("native", "python"):
+            cells = rows[f"mmreplay {codec} ({way})"].strip("| ").split(" | ")
+            assert float(cells[2].replace(",", "")) > 0  # sample(256) rows/s
