@@ -339,21 +339,26 @@ class _Gather:
         parts = self.parts
         r = np.remainder(np.asarray(rows, np.int64).reshape(-1), parts.rows)
         src, zero = self._sources(r, with_next)
-        out = self.frames.take(src)
-        if zero is not None and zero.any():
-            out[zero] = 0
+        k = parts.layout.frame_stack
+        side = newest = None
         if with_next:
-            k = parts.layout.frame_stack
             seq = parts.next.take(r)
             side = seq > 0
-            if side.any():
-                slots = (seq[side] - 1) % parts.layout.final_slots
-                out[side, k] = parts.side_frames[self.i].take(slots)
             writer = parts.writer
             if writer is not None and writer.has_pending:
                 newest = (r // parts.num_envs == (writer.written - 1) % parts.capacity) & ~side
-                if newest.any():
-                    out[newest, k] = writer.pending[self.i][r[newest] % parts.num_envs]
+            # rows whose next frame is not the next row's read their own row there instead:
+            # the next row may never have been written (a row-frame leaf refuses it)
+            elsewhere = side if newest is None else side | newest
+            src[elsewhere, k] = src[elsewhere, k - 1]
+        out = self.frames.take(src)
+        if zero is not None and zero.any():
+            out[zero] = 0
+        if side is not None and side.any():
+            slots = (seq[side] - 1) % parts.layout.final_slots
+            out[side, k] = parts.side_frames[self.i].take(slots)
+        if newest is not None and newest.any():
+            out[newest, k] = writer.pending[self.i][r[newest] % parts.num_envs]
         return out
 
     def arrange(self, g: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:

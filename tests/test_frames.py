@@ -383,3 +383,41 @@ def test_convert_copies_a_frames_store_into_one_that_keeps_every_leaf(tmp_path):
     with mr.open(tmp_path / "a") as src, mr.open(tmp_path / "b") as copy:
         assert copy.frames is None and copy.window[:2] == src.window[:2]
         _compare_window(copy, src)
+
+
+@pytest.mark.parametrize("codec", ["rows:lz4", "rows:zstd:1"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_row_frame_leaves_store_frames_once_across_seals_wraps_and_reopening(tmp_path, codec, axis):
+    """Frames once over compressed row-frame leaves: segments of 3 steps sealed as the
+    head leaves them, a ring of 10 steps wrapped, the writer closed and reopened."""
+    pytest.importorskip("zstandard")
+    pytest.importorskip("cramjam")
+    sp = spec(FRAME, 4, axis)
+    full = mr.create(tmp_path / "full", sp, 10, num_envs=2, backend="zarr", commit_every=7)
+    once = mr.create(
+        tmp_path / "once", sp, 10, num_envs=2, backend="zarr", commit_every=7, chunk_steps=3,
+        compression={"obs": codec}, frames=mr.Frames(frame_stack=4, final_slots=64),
+    )
+    assert [leaf.compression for leaf in once.metadata.leaves if leaf.path == "obs"] == [codec]
+    episodes = Episodes(2, FRAME, 4, axis, "repeat", 0.15, 11)
+    for t in range(27):
+        step = episodes.step()
+        full.add(step)
+        once.add(step)
+        if t in (4, 13):
+            _compare_window(full, once, f"step {t}")
+    _compare_window(full, once, "wrapped")
+    once.close()
+    with mr.open(tmp_path / "once") as reader:
+        _compare_window(full, reader, "reader")
+    once = mr.open(tmp_path / "once", mode="a")
+    for _ in range(8):
+        step = episodes.step()
+        full.add(step)
+        once.add(step)
+    once.commit()
+    _compare_window(full, once, "reopened")
+    with mr.open(tmp_path / "once") as reader:
+        _compare_window(full, reader, "reader after reopening")
+    full.close()
+    once.close()
