@@ -123,6 +123,17 @@ def require_row_codecs() -> None:
     _require("cramjam")
 
 
+def _lz4_encoder() -> Any:
+    """numcodecs' LZ4 codec (zarr's own dependency), or None: it writes the same bytes as
+    cramjam's ``compress_block(store_size=True)`` with less overhead per call, and with
+    the GIL released, which lets the background encoder run beside the caller."""
+    try:
+        from numcodecs import LZ4
+    except ImportError:
+        return None
+    return LZ4(acceleration=1)
+
+
 class _Frames:
     """Encode one row, decode a batch of rows into an output array."""
 
@@ -141,6 +152,7 @@ class _Frames:
             self.load_dictionary()
         else:
             self._cramjam = _require("cramjam")
+            self._lz4 = _lz4_encoder()
 
     def load_dictionary(self) -> bool:
         """Use the leaf's trained dictionary if there is one yet; True if there is."""
@@ -180,6 +192,8 @@ class _Frames:
         if self.codec.codec == "zstd":
             return self._compressor.compress(row)
         # numcodecs' LZ4 layout: a little-endian uint32 size, then the block
+        if self._lz4 is not None:
+            return self._lz4.encode(row)
         return bytes(self._cramjam.lz4.compress_block(row, store_size=True))
 
     def decode(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
