@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -121,6 +123,40 @@ def require_row_codecs() -> None:
     """Import what row frames decode with, or raise an ImportError naming the extra."""
     _require("zstandard")
     _require("cramjam")
+
+
+class _Encoder:
+    """One daemon thread that runs jobs in order. Not a ThreadPoolExecutor: the
+    interpreter stops those before the exit hooks that close writers left open, and their
+    non-daemon thread would keep the early hook from running; a writer closed at exit must
+    still hand its last rows over and wait for them."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            fn, args, future = job
+            try:
+                fn(*args)
+            except BaseException as exc:  # raised in the caller by the future
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+    def submit(self, fn: Any, *args: Any) -> Future[None]:
+        future: Future[None] = Future()
+        self.jobs.put((fn, args, future))
+        return future
+
+    def shutdown(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
 
 
 def _lz4_encoder() -> Any:
@@ -386,7 +422,7 @@ class RowFrameLeaf:
         self.seen = (-1, -1)  # the staging (seq, segment) of the last read
         # Rows are encoded on one background thread as they are added (the codecs release
         # the GIL, so it runs on another core); a segment is sealed once its rows are.
-        self._encoder: ThreadPoolExecutor | None = None
+        self._encoder: _Encoder | None = None
         self._jobs: deque[Future[None]] = deque()
         self._failed: BaseException | None = None
         self._batch: tuple[list[bytes | None], int, int] | None = None  # rows not handed over yet
@@ -535,7 +571,7 @@ class RowFrameLeaf:
         if batch is None or batch[2] <= batch[1]:
             return
         if self._encoder is None:
-            self._encoder = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-encode")
+            self._encoder = _Encoder()
         self._jobs.append(self._encoder.submit(self._encode_rows, self.staged, *batch))
 
     def _encode_rows(self, staged: np.ndarray, frames: list[bytes | None], lo: int, hi: int) -> None:
@@ -708,7 +744,7 @@ class RowFrameLeaf:
             for k in list(self.shards):
                 self._drop(k)
             if self._encoder is not None:
-                self._encoder.shutdown(wait=True)
+                self._encoder.shutdown()
                 self._encoder = None
             self.frames.close()
             self.header = None  # type: ignore[assignment]
