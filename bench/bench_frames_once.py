@@ -9,12 +9,17 @@ stacks of four, with ``obs`` and ``next_obs`` leaves, written to:
 - ``frames once HWC``: ``mr.Frames(frame_stack=4)`` on the ``[84, 84, 4]`` spec (stacks
   returned as strided views of one gather);
 - ``frames once CHW``: the same on a ``[4, 84, 84]`` spec (stacks first, as SB3's
-  ``VecTransposeImage`` and the Atari CNNs take them).
+  ``VecTransposeImage`` and the Atari CNNs take them);
+- ``frames once lz4`` / ``frames once zstd-1``: ``mr.Frames(frame_stack=4)`` on the HWC
+  spec with the frames in compressed row-frame leaves (``rows:lz4``, ``rows:zstd:1``;
+  needs ``mmreplay[pixels]``, left out without it), rows encoded on a background thread.
 
-Figures: raw bytes of the data (leaves and side ring) vs the naive layout; ``sample(256)``
-rows/s (batches dropped after each call, alike for every system; ratios to ``numpy
-stacks`` computed from the figures shown); per-step add vs numpy's assignment of the
-stacked layout. Medians over interleaved blocks.
+Figures: raw bytes of the data (leaves and side ring) and bytes on disk (blocks allocated
+under the store's folder after it is closed) vs the naive layout; ``sample(256)`` rows/s
+(batches dropped after each call, alike for every system; ratios to ``numpy stacks``, a
+``take`` of the same number of rows from the stacks in RAM, computed from the figures
+shown); per-step add vs numpy's assignment of the stacked layout. Medians over
+interleaved blocks.
 
 Usage: ``python bench/bench_frames_once.py [--quick] [--steps 5000] [--envs 8]``.
 """
@@ -73,6 +78,26 @@ def stored_bytes(store: mr.Store) -> int:
     return total
 
 
+def disk_bytes(folder: str) -> int:
+    """Bytes of the blocks allocated under ``folder``."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            total += os.stat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def row_codecs() -> list[str]:
+    """The row-frame codecs this machine can use (the ``pixels`` extra)."""
+    try:
+        import cramjam  # noqa: F401
+        import zarr  # noqa: F401
+        import zstandard  # noqa: F401
+    except ImportError:
+        return []
+    return ["lz4", "zstd:1"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
@@ -93,6 +118,16 @@ def main() -> None:
                 f"{folder}/chw", spec(True), steps, envs, frames=mr.Frames(frame_stack=4)
             ),
         }
+        for codec in row_codecs():
+            stores[f"frames once {codec.replace(':', '-')}"] = mr.create(
+                f"{folder}/rows-{codec.replace(':', '-')}",
+                spec(False),
+                steps,
+                envs,
+                backend="zarr",
+                compression={"obs": f"rows:{codec}"},
+                frames=mr.Frames(frame_stack=4),
+            )
         ram = {k: np.empty((steps, envs, *v.shape[1:]), v.dtype) for k, v in data[0].items()}
         cursor = [0]
 
@@ -136,23 +171,27 @@ def main() -> None:
             calls,
             blocks,
         )
-        naive = steps * envs * 2 * 84 * 84 * 4
-        print(f"Atari-like frame stacks, {steps} steps x {envs} envs, obs + next_obs [84, 84, 4] uint8")
-        print(f"\n{'system':18s} {'raw bytes':>14s} {'of naive':>9s}")
-        print(f"{'numpy stacks':18s} {naive:14,d} {'1/1.0':>9s}")
-        for name, store in stores.items():
-            size = stored_bytes(store)
-            print(f"{name:18s} {size:14,d} {'1/' + format(naive / size, '.2f'):>9s}")
-        base = samples["numpy stacks"]
-        print(f"\n{'sample(256)':18s} {'rows/s':>10s} {'x numpy':>8s}")
-        for name, sec in samples.items():
-            print(f"{name:18s} {BATCH / sec:10,.0f} {base / sec:8.2f}")
-        base = adds["numpy stacks"]
-        print(f"\n{'add (one step)':18s} {'steps/s':>10s} {'x numpy':>8s}")
-        for name, sec in adds.items():
-            print(f"{name:18s} {1 / sec:10,.0f} {base / sec:8.2f}")
+        raw = {name: stored_bytes(store) for name, store in stores.items()}
         for store in stores.values():
             store.close()
+        disk = {name: disk_bytes(store.path) for name, store in stores.items()}
+        naive = steps * envs * 2 * 84 * 84 * 4
+        print(f"Atari-like frame stacks, {steps} steps x {envs} envs, obs + next_obs [84, 84, 4] uint8")
+        print(f"\n{'system':20s} {'raw bytes':>14s} {'of naive':>9s} {'on disk':>14s} {'of naive':>9s}")
+        print(f"{'numpy stacks':20s} {naive:14,d} {'1/1.0':>9s} {'':>14s} {'':>9s}")
+        for name in stores:
+            print(
+                f"{name:20s} {raw[name]:14,d} {'1/' + format(naive / raw[name], '.2f'):>9s} "
+                f"{disk[name]:14,d} {'1/' + format(naive / disk[name], '.1f'):>9s}"
+            )
+        base = samples["numpy stacks"]
+        print(f"\n{'sample(256)':20s} {'rows/s':>10s} {'x numpy':>8s}")
+        for name, sec in samples.items():
+            print(f"{name:20s} {BATCH / sec:10,.0f} {base / sec:8.2f}")
+        base = adds["numpy stacks"]
+        print(f"\n{'add (one step)':20s} {'steps/s':>10s} {'x numpy':>8s}")
+        for name, sec in adds.items():
+            print(f"{name:20s} {1 / sec:10,.0f} {base / sec:8.2f}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ earlier frames may be gone): the readable window starts ``k - 1`` steps later.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -338,21 +339,26 @@ class _Gather:
         parts = self.parts
         r = np.remainder(np.asarray(rows, np.int64).reshape(-1), parts.rows)
         src, zero = self._sources(r, with_next)
-        out = self.frames.take(src)
-        if zero is not None and zero.any():
-            out[zero] = 0
+        k = parts.layout.frame_stack
+        side = newest = None
         if with_next:
-            k = parts.layout.frame_stack
             seq = parts.next.take(r)
             side = seq > 0
-            if side.any():
-                slots = (seq[side] - 1) % parts.layout.final_slots
-                out[side, k] = parts.side_frames[self.i].take(slots)
             writer = parts.writer
             if writer is not None and writer.has_pending:
                 newest = (r // parts.num_envs == (writer.written - 1) % parts.capacity) & ~side
-                if newest.any():
-                    out[newest, k] = writer.pending[self.i][r[newest] % parts.num_envs]
+            # rows whose next frame is not the next row's read their own row there instead:
+            # the next row may never have been written (a row-frame leaf refuses it)
+            elsewhere = side if newest is None else side | newest
+            src[elsewhere, k] = src[elsewhere, k - 1]
+        out = self.frames.take(src)
+        if zero is not None and zero.any():
+            out[zero] = 0
+        if side is not None and side.any():
+            slots = (seq[side] - 1) % parts.layout.final_slots
+            out[side, k] = parts.side_frames[self.i].take(slots)
+        if newest is not None and newest.any():
+            out[newest, k] = writer.pending[self.i][r[newest] % parts.num_envs]
         return out
 
     def arrange(self, g: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
@@ -507,9 +513,13 @@ class FrameWriter:
         self.pending: list[np.ndarray] = []  # next frames of the newest step, per pair
         self.has_pending = False
         self.pending_in_side = np.zeros(ne, bool)  # the newest step's row already has a side entry
-        self.stacks: list[np.ndarray] | None = None  # the newest step's stacks, per pair
+        # the newest step's stacks, per pair: its next observation stacks when those are
+        # derived (the next step's stacks are these unless an episode ended), else its
+        # observation stacks
+        self.stacks: list[np.ndarray] | None = None
         self.depth = np.zeros(ne, np.uint8)
         self.seq: int | None = None  # side entries ever written (read on first need)
+        self.scratch: dict[int, np.ndarray] = {}  # per pair: words to compare stacks in
 
     # --- reopening ------------------------------------------------------------------
 
@@ -528,7 +538,9 @@ class FrameWriter:
         if self.layout.stacked:
             depth = self.parts.depth.read(np.array([(end - 1) % self.capacity]))[0].astype(np.uint8)
             if end - 1 - int(depth.max()) >= first:  # else the next stacks must start episodes
-                self.stacks = [np.array(v[0]) for v in values[:n]]
+                self.stacks = [np.array(v[0]) for v in values[n:] if self.layout.derived] or [
+                    np.array(v[0]) for v in values[:n]
+                ]
                 self.depth = depth
         if self.layout.derived:
             self.pending = [_newest(v[0], axis, k) for v, axis in zip(values[n:], self.axes)]
@@ -558,9 +570,18 @@ class FrameWriter:
     def prepare(self, values: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
         """The stored leaves' values of one validated step, and what :meth:`apply` needs;
         raises :class:`~mmreplay.BadInputError` (nothing changed) on stacks that do not
-        follow from the previous ones."""
+        follow from the previous ones.
+
+        Per step and pair this compares whole arrays over all envs at once: the
+        observation stacks with the previous step's next stacks (equal unless an episode
+        ended: then they follow, and their newest frame is the pending next frame), and
+        the next stacks with the observation stacks shifted by one frame. Envs whose
+        episode ended are looked at one by one.
+        """
         k = self.layout.frame_stack
+        derived = self.layout.derived
         frames, nexts, depth = [], [], self.depth
+        continued = None  # per env: every pair's stacks are the previous step's next stacks
         for j, (i, axis) in enumerate(zip(self.obs_index, self.axes)):
             obs = values[i]
             if axis is None:
@@ -568,34 +589,54 @@ class FrameWriter:
             else:
                 a = axis + 1  # the env axis leads
                 frames.append(_part(obs, a, k - 1))
-                depth = self._depths(obs, a, j, k)
-            if self.layout.derived:
+                depth, same = self._depths(obs, a, j, k)
+                if derived:
+                    continued = same if continued is None else continued & same
+            if derived:
                 nxt = values[self.next_index[j]]
                 if axis is not None:
                     a = axis + 1
-                    follows = _follows(nxt, obs, a, k)
+                    follows = _follows(nxt, obs, a, k, scratch=self._scratch(j, obs))
                     if not follows.all():
                         raise BadInputError(
                             f"leaf {self.layout.pairs[j].next!r}, env {int(np.flatnonzero(~follows)[0])}: a next "
                             "observation stack must be the observation stack shifted by one frame "
                             f"(leaf {self.layout.pairs[j].obs!r})"
                         )
-                    nxt = _part(nxt, a, k - 1)
                 nexts.append(nxt)
         out = [values[i] for i in self.keep_index]
         for j, i in enumerate(self.obs_index):
             out[self.keep_index.index(i)] = frames[j]
-        if self.layout.derived:
+        if derived:
             out.append(np.zeros(self.num_envs, np.int64))
         if self.layout.stacked:
             out.append(depth)
-        return out, (frames, nexts, depth, values)
+        return out, (frames, nexts, depth, values, continued)
 
-    def _depths(self, obs: np.ndarray, a: int, j: int, k: int) -> np.ndarray:
-        """Frames of the episode each env's stack shows before its newest one."""
+    def _scratch(self, j: int, like: np.ndarray) -> np.ndarray | None:
+        """Pair ``j``'s scratch words (uint64, one row per env) for stacks like ``like``."""
+        per_env = like.nbytes // max(1, len(like))
+        if per_env % 8:
+            return None
+        buf = self.scratch.get(j)
+        if buf is None or buf.shape != (len(like), per_env // 8):
+            buf = self.scratch[j] = np.empty((len(like), per_env // 8), np.uint64)
+        return buf
+
+    def _depths(self, obs: np.ndarray, a: int, j: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Frames of the episode each env's stack shows before its newest one, and per env
+        whether the stack is the previous step's next stack (derived next observations)."""
         ne = self.num_envs
+        same = np.zeros(ne, bool)
         if self.stacks is None:
-            follows = np.zeros(ne, bool)
+            follows = same
+        elif self.layout.derived:  # kept: the previous next stacks, already checked to follow
+            prev = self.stacks[j]
+            same = _rows_equal(obs, prev)
+            follows = same.copy()
+            if not same.all():
+                envs = np.flatnonzero(~same)
+                follows[envs] = _follows(obs[envs], prev[envs], a, k, shifted=False)
         else:
             follows = _follows(obs, self.stacks[j], a, k)
         if not follows.all():
@@ -612,28 +653,39 @@ class FrameWriter:
                     "the previous step's stack shifted by one frame, or an episode's first stack "
                     f"({self.layout.pad} padding); pass frames=Frames(frame_stack=1) to store stacks as they are"
                 )
-        return np.where(follows, np.minimum(self.depth.astype(np.int64) + 1, k - 1), 0).astype(np.uint8)
+        depth = np.where(follows, np.minimum(self.depth.astype(np.int64) + 1, k - 1), 0).astype(np.uint8)
+        return depth, same
 
     def apply(self, prepared: Any, step: int) -> None:
         """Before the step's rows are written: the previous step's rows whose next frame is
         not this step's frame get a side entry; then this step's frames become pending."""
-        frames, nexts, depth, values = prepared
+        frames, nexts, depth, values, continued = prepared
+        k = self.layout.frame_stack
         if self.layout.derived and self.has_pending and step > 0:
-            differs = np.zeros(self.num_envs, bool)
-            for p, f in zip(self.pending, frames):
-                differs |= (p != f).reshape(self.num_envs, -1).any(axis=1)
-            need = differs & ~self.pending_in_side
-            if need.any():
-                envs = np.flatnonzero(need)
-                self._to_side(step - 1, envs, [p[envs] for p in self.pending])
+            check = ~self.pending_in_side
+            if continued is not None:  # a stack equal to the next stack has its newest frame
+                check &= ~continued
+            if check.any():
+                envs = np.flatnonzero(check)
+                differs = np.zeros(len(envs), bool)
+                for p, f in zip(self.pending, frames):
+                    differs |= ~_rows_equal(f[envs], p[envs])
+                if differs.any():
+                    envs = envs[differs]
+                    self._to_side(step - 1, envs, [p[envs] for p in self.pending])
         if self.layout.stacked:
+            # kept as copies: the caller may reuse its arrays (VecFrameStack does)
+            kept = nexts if self.layout.derived else [values[i] for i in self.obs_index]
             if self.stacks is None:
-                self.stacks = [np.empty_like(values[i]) for i in self.obs_index]
-            for kept, i in zip(self.stacks, self.obs_index):
-                np.copyto(kept, values[i])  # the caller may reuse its arrays (VecFrameStack does)
+                self.stacks = [np.empty_like(v) for v in kept]
+            for mine, v in zip(self.stacks, kept):
+                np.copyto(mine, v)
             self.depth = depth
         if self.layout.derived:
-            self.pending = [np.array(n) for n in nexts]
+            if self.layout.stacked:
+                self.pending = [_part(s, axis + 1, k - 1) for s, axis in zip(self.stacks, self.axes)]
+            else:
+                self.pending = [np.array(n) for n in nexts]
             self.has_pending = True
             self.pending_in_side[:] = False
         self.written = step + 1
@@ -689,25 +741,62 @@ def _part(stack: np.ndarray, axis: int, pos: int) -> np.ndarray:
     return stack[tuple(index)]
 
 
-def _follows(stack: np.ndarray, prev: np.ndarray, axis: int, k: int) -> np.ndarray:
-    """Per env: are ``stack``'s first ``k - 1`` frames ``prev``'s last ``k - 1``?
+def _follows(
+    stack: np.ndarray, prev: np.ndarray, axis: int, k: int, shifted: bool = True, scratch: np.ndarray | None = None
+) -> np.ndarray:
+    """Per env: are ``stack``'s first ``k - 1`` frames ``prev``'s last ``k - 1`` (or, with
+    ``shifted=False``, ``prev``'s first ``k - 1``)?
 
-    With the stack on the last axis (HWC), frame ``i`` of a pixel is byte ``i`` of a run
-    of ``k``: comparing the contiguous bytes shifted by one is much faster than strided
-    views of three of every four bytes.
+    Compared as 64-bit words where the layout allows: stacks first (CHW) are runs of whole
+    frames; with the stack on the last axis (HWC) and ``k`` frames of a pixel in 2, 4 or 8
+    bytes, a word holds whole pixels, and shifting ``prev``'s words by one frame lines its
+    frames up with ``stack``'s (a mask leaves each pixel's newest frame out).
     """
     ne = len(stack)
-    if axis == stack.ndim - 1 and stack.flags.c_contiguous and prev.flags.c_contiguous:
-        a, b = stack.reshape(ne, -1), prev.reshape(ne, -1)
-        same = np.empty(a.shape, bool)
-        np.equal(a[:, :-1], b[:, 1:], out=same[:, :-1])
-        same.reshape(ne, -1, k)[:, :, k - 1] = True  # each pixel's newest frame: not compared
-        return same.all(axis=1)
-    index: list[Any] = [slice(None)] * stack.ndim
+    if not shifted:
+        index: list[Any] = [slice(None)] * stack.ndim
+        index[axis] = slice(0, k - 1)
+        return _rows_equal(stack[tuple(index)], prev[tuple(index)])
+    words = _words(stack), _words(prev)
+    item = stack.dtype.itemsize
+    if words[0] is not None and words[1] is not None:
+        mine, theirs = words
+        if axis == 1 and (stack.nbytes // ne // k) % 8 == 0:  # whole frames: [ne, k, words of a frame]
+            mine = mine.reshape(ne, k, -1)
+            theirs = theirs.reshape(ne, k, -1)
+            return (mine[:, : k - 1] == theirs[:, 1:]).reshape(ne, -1).all(axis=1)
+        pixel = k * item
+        if axis == stack.ndim - 1 and pixel in (2, 4, 8) and sys.byteorder == "little":
+            keep = (1 << (8 * (pixel - item))) - 1
+            mask = np.uint64(sum(keep << (8 * pixel * p) for p in range(8 // pixel)))
+            # in place, in the caller's scratch words: temporaries of this size make the
+            # allocator map and unmap pages at every call
+            if scratch is None or scratch.shape != theirs.shape:
+                scratch = np.empty_like(theirs)
+            differ = np.right_shift(theirs, np.uint64(8 * item), out=scratch)
+            differ ^= mine
+            differ &= mask
+            return ~differ.any(axis=1)
+    index = [slice(None)] * stack.ndim
     index[axis] = slice(0, k - 1)
-    mine = stack[tuple(index)]
+    first = stack[tuple(index)]
     index[axis] = slice(1, k)
-    theirs = prev[tuple(index)]
-    if np.array_equal(mine, theirs):
-        return np.ones(ne, bool)
-    return (mine == theirs).reshape(ne, -1).all(axis=1)
+    return _rows_equal(first, prev[tuple(index)])
+
+
+def _words(a: np.ndarray) -> np.ndarray | None:
+    """``[ne, ...]`` values as ``[ne, words]`` of uint64 (a view), or None if they are not
+    contiguous whole words."""
+    if not a.flags.c_contiguous or not len(a) or (a.nbytes // len(a)) % 8:
+        return None
+    return a.reshape(len(a), -1).view(np.uint8).view(np.uint64)
+
+
+def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per env (leading axis): are ``a`` and ``b`` equal? Compared as 64-bit words when
+    both are contiguous."""
+    ne = len(a)
+    wa, wb = _words(a), _words(b)
+    if wa is not None and wb is not None and a.dtype == b.dtype and a.shape == b.shape:
+        return (wa == wb).all(axis=1)
+    return (a == b).reshape(ne, -1).all(axis=1)

@@ -90,6 +90,7 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
     problems: list[str] = []
     _check_state_file(folder, meta, problems)
     backends.get(meta.backend).verify_leaves(folder, meta, deep, problems)
+    _check_side_ring(folder, meta, deep, problems)
     _check_episodes(folder, meta, deep, problems)
     problems.extend(check_priority_file(folder, meta))
     if not problems:
@@ -114,6 +115,46 @@ def _check_state_file(folder: str, meta: Metadata, problems: list[str]) -> None:
                 f"{path}: state slot {index} is damaged ({slot}); the other slot holds the committed "
                 "state, and the next commit or `mmreplay recover` rewrites this one"
             )
+
+
+def _check_side_ring(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> None:
+    """The side ring of next frames of a store that keeps each frame once
+    (:mod:`mmreplay.frames`), checked as the backend checks leaves: its sequence numbers
+    (``ref``) first, then every leaf over the slots written so far (``deep``: their frames
+    decode)."""
+    from . import frames
+    from .statefile import State
+
+    if meta.frames is None or not meta.frames.side:
+        return
+    side_folder = os.path.join(folder, frames.SIDE_DIR)
+    where = f"the side ring of next frames ({side_folder})"
+    if not os.path.isdir(side_folder):
+        problems.append(f"{where}: the folder is missing")
+        return
+    side = frames.side_metadata(meta)
+    module = backends.get(meta.backend)
+    found: list[str] = []
+    module.verify_leaves(side_folder, side.with_state(State()), False, found)
+    written = 0
+    if not found:  # the slots written so far: from the sequence numbers
+        try:
+            leaves = module.open_leaves(side_folder, side, False)
+        except Error as exc:
+            found.append(f"does not open: {exc}")
+        else:
+            try:
+                ref = next(leaf for leaf in leaves if getattr(leaf, "info", None) and leaf.info.path == "ref")
+                seqs = np.asarray(ref.read(slice(None))).reshape(-1, 2)[:, 0]
+                written = int(seqs.max(initial=0))
+            finally:
+                for leaf in leaves:
+                    leaf.close()
+    if not found and written:
+        slots = meta.frames.final_slots
+        state = State(start=max(0, written - slots), end=written, reserved=written)
+        module.verify_leaves(side_folder, side.with_state(state), deep, found)
+    problems.extend(f"{where}: {text}" for text in found)
 
 
 def _check_opens(folder: str) -> list[str]:

@@ -383,3 +383,76 @@ def test_convert_copies_a_frames_store_into_one_that_keeps_every_leaf(tmp_path):
     with mr.open(tmp_path / "a") as src, mr.open(tmp_path / "b") as copy:
         assert copy.frames is None and copy.window[:2] == src.window[:2]
         _compare_window(copy, src)
+
+
+@pytest.mark.parametrize("codec", ["rows:lz4", "rows:zstd:1"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_row_frame_leaves_store_frames_once_across_seals_wraps_and_reopening(tmp_path, codec, axis):
+    """Frames once over compressed row-frame leaves: segments of 3 steps sealed as the
+    head leaves them, a ring of 10 steps wrapped, the writer closed and reopened."""
+    pytest.importorskip("zstandard")
+    pytest.importorskip("cramjam")
+    sp = spec(FRAME, 4, axis)
+    full = mr.create(tmp_path / "full", sp, 10, num_envs=2, backend="zarr", commit_every=7)
+    once = mr.create(
+        tmp_path / "once", sp, 10, num_envs=2, backend="zarr", commit_every=7, chunk_steps=3,
+        compression={"obs": codec}, frames=mr.Frames(frame_stack=4, final_slots=64),
+    )
+    assert [leaf.compression for leaf in once.metadata.leaves if leaf.path == "obs"] == [codec]
+    episodes = Episodes(2, FRAME, 4, axis, "repeat", 0.15, 11)
+    for t in range(27):
+        step = episodes.step()
+        full.add(step)
+        once.add(step)
+        if t in (4, 13):
+            _compare_window(full, once, f"step {t}")
+    _compare_window(full, once, "wrapped")
+    once.close()
+    with mr.open(tmp_path / "once") as reader:
+        _compare_window(full, reader, "reader")
+    once = mr.open(tmp_path / "once", mode="a")
+    for _ in range(8):
+        step = episodes.step()
+        full.add(step)
+        once.add(step)
+    once.commit()
+    _compare_window(full, once, "reopened")
+    with mr.open(tmp_path / "once") as reader:
+        _compare_window(full, reader, "reader after reopening")
+    full.close()
+    once.close()
+
+
+@pytest.mark.parametrize("compression", [None, "rows:zstd:1"])
+def test_verify_from_the_cli_checks_the_side_ring_of_next_frames(tmp_path, compression):
+    """A damaged side ring is found by ``mmreplay verify`` in a fresh process (the store
+    itself still opens: only the next frames of ended episodes are wrong)."""
+    import subprocess
+    import sys
+
+    if compression is not None:
+        pytest.importorskip("zstandard")
+    path = tmp_path / "once"
+    sp = spec(FRAME, 2, -1)
+    kw = {} if compression is None else {"compression": {"obs": compression}}
+    with mr.create(path, sp, 12, num_envs=2, backend="zarr", frames=mr.Frames(frame_stack=2), **kw) as store:
+        episodes = Episodes(2, FRAME, 2, -1, "repeat", 0.3, 5)
+        for _ in range(10):
+            store.add(episodes.step())
+    cli = [sys.executable, "-m", "mmreplay.cli"]
+    healthy = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    side = path / "frames" / "data.zarr" / "frame0"
+    (shard,) = [p for p in side.rglob("*") if p.is_file() and p.name not in ("zarr.json", "rows.staging")][:1]
+    raw = bytearray(shard.read_bytes())
+    if compression is None:  # the shard index of the mapped block points elsewhere
+        raw[-16] ^= 0xFF
+    else:  # a flipped byte inside the first frame
+        raw[6] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with mr.open(path) as reader:  # the store opens: only verify can tell
+        assert reader.total_steps == 10
+    damaged = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
+    assert damaged.returncode != 0
+    out = damaged.stdout + damaged.stderr
+    assert "side ring of next frames" in out and "frame0" in out, out

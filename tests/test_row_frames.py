@@ -243,3 +243,55 @@ def test_a_trained_zstd_dictionary_serves_the_writer_and_a_reader_opened_before_
         np.testing.assert_array_equal(reader.get(slice(None))["obs"], data[16:80])
     done = subprocess.run([sys.executable, "-m", "mmreplay.cli", "verify", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commit_before_holds(tmp_path, codec):
+    spec = {"x": mr.ArraySpec((6, 7), "uint8")}
+    rows = np.arange(5 * 2 * 42, dtype=np.uint8).reshape(5, 2, 6, 7)
+    store = mr.create(tmp_path / "b", spec, capacity=8, num_envs=2, compression=codec, chunk_steps=4)
+    store.add({"x": rows[0]})
+    store.commit()
+    (leaf,) = store.stored_leaves
+
+    def fails(row):
+        raise OSError("the codec failed")
+
+    leaf.frames.encode = fails  # the encoder thread's codec, as a full disk or a codec bug makes it
+    store.add({"x": rows[1]})  # inside the segment: its rows are encoded in the background
+    with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed.*the codec failed"):
+        store.commit()
+    with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed"):
+        store.add({"x": rows[2]})
+    with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed"):
+        store.close()
+    with mr.open(tmp_path / "b", mode="a") as store:
+        assert store.total_steps == 1
+        np.testing.assert_array_equal(store.get(slice(None))["x"], rows[:1])
+        for t in range(1, 5):  # step 3 ends the segment: sealed with every frame
+            store.add({"x": rows[t]})
+    with mr.open(tmp_path / "b") as reader:
+        np.testing.assert_array_equal(reader.get(slice(None))["x"], rows)
+    assert zarr_array(tmp_path / "b", "x")[:4].tolist() == rows[:4].tolist()
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_writer_left_open_at_exit_hands_its_last_rows_to_the_encoder_and_keeps_them(tmp_path, codec):
+    """The encoder thread outlives the interpreter's thread pools: the exit hook's close
+    still encodes and seals the rows added since the last hand-over."""
+    path = str(tmp_path / "b")
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, mmreplay as mr
+        store = mr.create({path!r}, {{"x": mr.ArraySpec((6, 7), "uint8")}}, 100, num_envs=2,
+                          compression={codec!r}, chunk_steps=50)
+        for t in range(45):  # 90 rows: one hand-over to the encoder, 26 rows left with the caller
+            store.add({{"x": np.full((2, 6, 7), t, np.uint8)}})
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and "failed" not in done.stderr, done.stderr
+    with mr.open(path) as reader:
+        assert reader.total_steps == 45
+        assert reader.get(slice(None))["x"][:, :, 0, 0].tolist() == [[t, t] for t in range(45)]
+    assert zarr_array(path, "x")[:45, 0, 0, 0].tolist() == list(range(45))  # sealed at exit

@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections import OrderedDict
+import queue
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +76,8 @@ HEADER_BYTES = 4096
 MISSING = np.uint64(2**64 - 1)
 #: sealed shards kept mapped per leaf; the rest are mapped again when read
 MAPPED_SHARDS = 1024
+#: rows handed to the background encoder at a time (waking it per step costs more)
+ENCODE_BATCH_ROWS = 64
 
 
 def is_row_compression(text: str | None) -> bool:
@@ -124,6 +128,51 @@ def require_row_codecs() -> None:
     _require("cramjam")
 
 
+class _Encoder:
+    """One daemon thread that runs jobs in order. Not a ThreadPoolExecutor: the
+    interpreter stops those before the exit hooks that close writers left open, and their
+    non-daemon thread would keep the early hook from running; a writer closed at exit must
+    still hand its last rows over and wait for them."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            fn, args, future = job
+            try:
+                fn(*args)
+            except BaseException as exc:  # raised in the caller by the future
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+    def submit(self, fn: Any, *args: Any) -> Future[None]:
+        future: Future[None] = Future()
+        self.jobs.put((fn, args, future))
+        return future
+
+    def shutdown(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+
+
+def _lz4_encoder() -> Any:
+    """numcodecs' LZ4 codec (zarr's own dependency), or None: it writes the same bytes as
+    cramjam's ``compress_block(store_size=True)`` with less overhead per call, and with
+    the GIL released, which lets the background encoder run beside the caller."""
+    try:
+        from numcodecs import LZ4
+    except ImportError:
+        return None
+    return LZ4(acceleration=1)
+
+
 class _Frames:
     """Encode one row, decode a batch of rows into an output array."""
 
@@ -145,6 +194,7 @@ class _Frames:
             self.load_dictionary()
         else:
             self._cramjam = _require("cramjam")
+            self._lz4 = _lz4_encoder()
 
     def load_dictionary(self) -> bool:
         """Use the leaf's trained dictionary if there is one yet; True if there is."""
@@ -186,6 +236,8 @@ class _Frames:
         if self.codec.codec == "zstd":
             return self._compressor.compress(row)
         # numcodecs' LZ4 layout: a little-endian uint32 size, then the block
+        if self._lz4 is not None:
+            return self._lz4.encode(row)
         return bytes(self._cramjam.lz4.compress_block(row, store_size=True))
 
     def decode(self, batch: native_rows.FrameBatch, out: np.ndarray) -> None:
@@ -386,6 +438,12 @@ class RowFrameLeaf:
         # the writer's frames of the staging segment's rows (None: not written this lap)
         self.pending: list[bytes | None] | None = None
         self.seen = (-1, -1)  # the staging (seq, segment) of the last read
+        # Rows are encoded on one background thread as they are added (the codecs release
+        # the GIL, so it runs on another core); a segment is sealed once its rows are.
+        self._encoder: _Encoder | None = None
+        self._jobs: deque[Future[None]] = deque()
+        self._failed: BaseException | None = None
+        self._batch: tuple[list[bytes | None], int, int] | None = None  # rows not handed over yet
 
     # --- the staging header -------------------------------------------------------------
 
@@ -506,14 +564,62 @@ class RowFrameLeaf:
     def _encode_step(self, values: np.ndarray) -> list[bytes]:
         return [self.frames.encode(r) for r in self._raw(values)]
 
+    # --- the background encoder ---------------------------------------------------------
+
+    def _encode_later(self, frames: list[bytes | None], lo: int, hi: int) -> None:
+        """Encode staging rows ``[lo, hi)`` into ``frames[lo:hi]`` on the encoder thread
+        (the rows stay where they are until their segment is sealed, which waits); handed
+        over ``ENCODE_BATCH_ROWS`` at a time."""
+        self._check_encoder()
+        batch = self._batch
+        if batch is not None and batch[0] is frames and batch[2] == lo:
+            self._batch = batch = (frames, batch[1], hi)
+        else:
+            self._hand_over()
+            self._batch = batch = (frames, lo, hi)
+        if batch[2] - batch[1] >= ENCODE_BATCH_ROWS:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give the rows not handed over yet to the encoder thread."""
+        batch, self._batch = self._batch, None
+        if batch is None or batch[2] <= batch[1]:
+            return
+        if self._encoder is None:
+            self._encoder = _Encoder()
+        self._jobs.append(self._encoder.submit(self._encode_rows, self.staged, *batch))
+
+    def _encode_rows(self, staged: np.ndarray, frames: list[bytes | None], lo: int, hi: int) -> None:
+        encode = self.frames.encode
+        for i in range(lo, hi):
+            frames[i] = encode(staged[i])
+
+    def _check_encoder(self, wait: bool = False) -> None:
+        """Raise what the encoder raised (here, in the caller); with ``wait``, once every
+        row handed to it is encoded. After a failure every later call raises it again:
+        the frames of the rows it was encoding are missing."""
+        if wait:
+            self._hand_over()
+        jobs = self._jobs
+        while jobs and (wait or jobs[0].done()):
+            try:
+                jobs.popleft().result()
+            except Exception as exc:
+                self._failed = exc
+                jobs.clear()
+        if self._failed is not None:
+            raise CorruptBufferError(
+                f"{self.where}: encoding rows in the background failed: {self._failed!r}; the rows since the "
+                "last commit are lost (reopen the store to continue from it)"
+            ) from self._failed
+
     def _start(self, k: int, step: int) -> None:
         """Make segment ``k`` the staging segment, its rows from ``step`` on written next."""
         seq, segment, base, filled = self._header()
         if segment == k and self.pending is None and base <= step <= filled:
             # a writer reopening: the rows before ``step`` in staging are this lap's
             self.pending = [None] * self.seg_rows
-            for i in range(base * self.num_envs, step * self.num_envs):
-                self.pending[i] = self.frames.encode(self.staged[i])
+            self._encode_later(self.pending, base * self.num_envs, step * self.num_envs)
             self.header[3] = step
             return
         if segment == k and self.pending is not None and base <= step <= filled:
@@ -522,8 +628,7 @@ class RowFrameLeaf:
         if segment >= 0 and filled > base:
             if self.pending is None:  # rows a dead writer left in staging
                 self.pending = [None] * self.seg_rows
-                for i in range(base * self.num_envs, filled * self.num_envs):
-                    self.pending[i] = self.frames.encode(self.staged[i])
+                self._encode_later(self.pending, base * self.num_envs, filled * self.num_envs)
             self._seal(segment)
         # In this order, so a reader never pairs the new sequence number with the old
         # segment: it reads the sequence number first and checks it again at the end.
@@ -547,14 +652,14 @@ class RowFrameLeaf:
             lo = (pos - a) * self.num_envs
             part = values[pos - start : pos - start + n]
             self.staged[lo : lo + n * self.num_envs] = self._raw(part)
-            for t in range(n):
-                frames[lo + t * self.num_envs : lo + (t + 1) * self.num_envs] = self._encode_step(part[t])
+            self._encode_later(frames, lo, lo + n * self.num_envs)
             self.header[3] = pos - a + n
             pos += n
             if pos == b:  # the write head leaves segment k: store it
                 self._seal(k)
 
     def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
+        self._check_encoder(wait=True)  # one thread encodes at a time: the codec is not shared
         slots = np.asarray(slots, np.int64) % self.capacity
         seg_of = slots // self.seg
         _, segment, base, filled = self._header()
@@ -594,6 +699,7 @@ class RowFrameLeaf:
     def _seal(self, k: int) -> None:
         """Store the staging segment ``k`` as its shard: this lap's frames, and the old
         shard's for rows not written this lap."""
+        self._check_encoder(wait=True)
         frames = self.pending
         assert frames is not None
         if self.codec.dictionary and not self.frames.load_dictionary():
@@ -621,6 +727,10 @@ class RowFrameLeaf:
         self.sealed_since_flush.add(k)
 
     def flush(self, fsync: bool) -> None:
+        # committed rows of the staging segment are durable raw in staging, sealed ones in
+        # their shards; a commit still waits for the encoder (what is queued: a step or
+        # two when it keeps up), so that what it raised surfaces at this commit
+        self._check_encoder(wait=True)
         if fsync:
             self.mm.flush()
             fsync_files([self.shard_path(k) for k in self.sealed_since_flush])
@@ -643,10 +753,14 @@ class RowFrameLeaf:
         if self.mm is None:
             return
         try:
-            self.seal_open_segment()
+            if self._failed is None:  # else the rows since the last commit are lost, as said
+                self.seal_open_segment()
         finally:
             for k in list(self.shards):
                 self._drop(k)
+            if self._encoder is not None:
+                self._encoder.shutdown()
+                self._encoder = None
             self.frames.close()
             self.header = None  # type: ignore[assignment]
             self.staged = None  # type: ignore[assignment]
