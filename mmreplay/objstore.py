@@ -282,7 +282,7 @@ class Location:
         async def gather() -> list[np.ndarray]:
             jobs = [
                 leaf.take_async(rows)
-                if isinstance(leaf, (RemoteMappedLeaf, RemoteRowFrameLeaf))
+                if isinstance(leaf, RemoteLeaf)
                 else asyncio.to_thread(leaf.take, rows)
                 for leaf in leaves
             ]
@@ -342,13 +342,51 @@ def shard_key(array_key: str, ndim: int, k: int) -> str:
     return f"{array_key}/c/{k}" + "/0" * (ndim - 1)
 
 
-class RemoteMappedLeaf:
-    """An uncompressed leaf in object storage: each row a byte range of a shard object."""
+class RemoteLeaf:
+    """What every leaf in object storage shares: rows by range requests through
+    ``take_async`` (all leaves' requests of a batch in flight together), read-only, no
+    page cache."""
 
     mappable = False
     in_place = False
     atomic_replace = True  # objects are replaced whole
     ranged_read = True
+    location: Location
+    capacity: int
+    num_envs: int
+
+    async def take_async(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return self.location.run(self.take_async(rows))
+
+    def read(self, slots: Any) -> np.ndarray:
+        if isinstance(slots, slice):
+            slots = np.arange(self.capacity)[slots]
+        idx = np.asarray(slots, np.int64)
+        return self.take((idx % self.capacity)[..., None] * self.num_envs + np.arange(self.num_envs))
+
+    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
+        return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
+
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
+        """No page cache to advise: every read is a range request."""
+
+    def willneed(self, rows: np.ndarray) -> None:
+        """No page cache to fill ahead."""
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        raise ReadOnlyError(f"{self.location.url}: a store in object storage is read-only")
+
+    write_slots = write
+
+    def flush(self, fsync: bool) -> None:
+        pass
+
+
+class RemoteMappedLeaf(RemoteLeaf):
+    """An uncompressed leaf in object storage: each row a byte range of a shard object."""
 
     def __init__(self, location: Location, info: LeafInfo, capacity: int, num_envs: int):
         self.location = location
@@ -393,33 +431,6 @@ class RemoteMappedLeaf:
         got = np.frombuffer(raw, self.dtype).reshape(unique.size, *self.info.spec.shape)
         return got[inverse.reshape(-1)].astype(self.info.spec.dtype, copy=False).reshape(shape)
 
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        return self.location.run(self.take_async(rows))
-
-    def read(self, slots: Any) -> np.ndarray:
-        if isinstance(slots, slice):
-            slots = np.arange(self.capacity)[slots]
-        idx = np.asarray(slots, np.int64)
-        rows = idx[..., None] * self.num_envs + np.arange(self.num_envs)
-        return self.take(rows)
-
-    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
-        return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
-
-    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
-        """No page cache to advise: every read is a range request."""
-
-    def willneed(self, rows: np.ndarray) -> None:
-        """No page cache to fill ahead."""
-
-    def write(self, start: int, values: np.ndarray) -> None:
-        raise ReadOnlyError(f"{self.location.url}: a store in object storage is read-only")
-
-    write_slots = write
-
-    def flush(self, fsync: bool) -> None:
-        pass
-
     def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
         pass  # nothing is cached
 
@@ -427,7 +438,7 @@ class RemoteMappedLeaf:
         pass
 
 
-class RemoteRowFrameLeaf:
+class RemoteRowFrameLeaf(RemoteLeaf):
     """A leaf of compressed row frames (``rows:lz4`` / ``rows:zstd``) in object storage.
 
     Each sealed segment is a shard object whose index (at its end) gives every row's
@@ -438,11 +449,6 @@ class RemoteRowFrameLeaf:
     in come raw from the ``rows.staging`` object, checked against its header the same
     way.
     """
-
-    mappable = False
-    in_place = False
-    atomic_replace = True
-    ranged_read = True
 
     def __init__(self, location: Location, info: LeafInfo, capacity: int, num_envs: int):
         from .backends import row_frames as rf
@@ -593,32 +599,6 @@ class RemoteRowFrameLeaf:
             else:
                 raise CorruptBufferError(f"{self.where}: its objects kept changing while read")
         return out[inverse.reshape(-1)].view(self.dtype).reshape(rows.shape + self.tail)
-
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        return self.location.run(self.take_async(rows))
-
-    def read(self, slots: Any) -> np.ndarray:
-        if isinstance(slots, slice):
-            slots = np.arange(self.capacity)[slots]
-        idx = np.asarray(slots, np.int64)
-        return self.take((idx % self.capacity)[..., None] * self.num_envs + np.arange(self.num_envs))
-
-    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
-        return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
-
-    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
-        """No page cache to advise: every read is a range request."""
-
-    def willneed(self, rows: np.ndarray) -> None:
-        """Frames are fetched on demand: nothing to prefetch."""
-
-    def write(self, start: int, values: np.ndarray) -> None:
-        raise ReadOnlyError(f"{self.location.url}: a store in object storage is read-only")
-
-    write_slots = write
-
-    def flush(self, fsync: bool) -> None:
-        pass
 
     def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
         """A reader's refresh: the segments with new rows may have been sealed again."""
