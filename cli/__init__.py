@@ -59,6 +59,20 @@ def buffer_folder(path: str) -> str:
     return path
 
 
+def is_group_folder(path: str) -> bool:
+    """Whether ``path`` is a local group of stores (``mmreplay.create_group``)."""
+    from mmreplay.group import is_group
+
+    return not path.startswith("s3://") and is_group(path)
+
+
+def open_source(path: str) -> Any:
+    """The store at ``path`` opened read-only, or the group of stores there."""
+    if is_group_folder(path):
+        return mmreplay.open_group(path)
+    return mmreplay.open(path, mode="r")
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -108,7 +122,8 @@ def main(endpoint_url: str | None) -> None:
 
     Wherever a command reads a store (inspect, verify, export, stats, sample) or writes
     an export, PATH may be an s3://bucket/prefix URL; credentials come from the AWS_*
-    environment variables."""
+    environment variables. inspect, verify, stats and export also take a group's folder
+    (mmreplay.create_group): shard by shard, or all shards as one dataset."""
     if endpoint_url:
         os.environ["AWS_ENDPOINT_URL"] = endpoint_url
 

@@ -6,10 +6,10 @@ import time
 
 import click
 
-import mmreplay as mr
 from mmreplay.export import FORMATS, compressions, export
 from mmreplay.export import get as get_format
 
+from . import open_source
 from .inspect import human_bytes
 
 
@@ -85,6 +85,9 @@ def command(
     step as [steps, num_envs, ...] arrays keyed by leaf path. For minari, OUT is the
     datasets root (MINARI_DATASETS_PATH). The store is read in bounded blocks, so a
     buffer larger than RAM exports in bounded memory. Read-only on PATH.
+
+    PATH may be a group's folder: every shard's steps are written as one dataset, shard
+    after shard, episodes kept within their shard.
     """
     options = {}
     if dataset_id is not None:
@@ -93,7 +96,7 @@ def command(
         options["dataset_id"] = dataset_id
     get_format(fmt)  # an unknown format fails before the store is opened
     t = time.perf_counter()
-    with mr.open(path, mode="r") as store:
+    with open_source(path) as store:
         rows = len(store) * store.num_envs
         with LazyBar(rows, f"exporting to {fmt}", quiet) as bar:
             result = export(

@@ -22,6 +22,8 @@ from mmreplay.metadata import FORMAT_NAME
 from mmreplay.terminal_images import image_protocol, terminal_image
 from mmreplay.view import frame_leaves, png_bytes, thumbnails
 
+from . import is_group_folder
+
 
 def human_bytes(n: float | None) -> str:
     if n is None:
@@ -246,7 +248,20 @@ def command(path: str, as_json: bool, images: bool) -> None:
 
     Read-only; safe while a writer is running (shows its last commit). In a terminal
     that shows images (kitty, iTerm2, WezTerm), also the newest frames of env 0.
+
+    PATH may be a group's folder: each shard is shown in turn.
     """
+    if is_group_folder(path):
+        with mr.open_group(path) as group:
+            shards = [describe(store) for store in group.shards]
+            if as_json:
+                doc = {"group": path, "num_shards": group.num_shards, "steps": len(group), "shards": shards}
+                click.echo(json.dumps(doc, indent=1, default=_json_default))
+                return
+            click.echo(f"group {path}: {group.num_shards} shards, {len(group):,} steps x {group.num_envs} envs")
+            for store, info in zip(group.shards, shards):
+                click.echo(render({**info, "path": store.path}))
+        return
     with mr.open(path, mode="r") as store:
         info = describe(store)
         if as_json:

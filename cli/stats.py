@@ -11,6 +11,8 @@ import numpy as np
 import mmreplay as mr
 from mmreplay.roles import subtree
 
+from . import open_source
+
 #: steps read per block when scanning the leaves
 BLOCK_BYTES = 32 << 20
 
@@ -105,16 +107,23 @@ def _fmt(x: Any) -> str:
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def command(path: str, as_json: bool) -> None:
-    """Episode return and length statistics and per-leaf min / max / mean / NaN counts."""
-    with mr.open(path, mode="r") as store:
+    """Episode return and length statistics and per-leaf min / max / mean / NaN counts.
+
+    PATH may be a group's folder: the statistics are over all its shards."""
+    with open_source(path) as source:
+        shards = getattr(source, "num_shards", None)
+        store = source if shards is None else source.joined()
         info = {"path": store.path, "steps": len(store), "num_envs": store.num_envs}
+        if shards is not None:
+            info["shards"] = shards
         info["episodes"] = episode_stats(store)
         info["leaves"] = leaf_stats(store)
     if as_json:
         click.echo(json.dumps(info, indent=1))
         return
     ep = info["episodes"]
-    click.echo(f"{info['path']}: {info['steps']:,} steps x {info['num_envs']} envs")
+    shards = f" in {info['shards']} shards" if "shards" in info else ""
+    click.echo(f"{info['path']}: {info['steps']:,} steps x {info['num_envs']} envs{shards}")
     click.echo(
         f"episodes: {ep['episodes']:,} ({ep['terminated']:,} terminated, {ep['truncated']:,} truncated, "
         f"{ep['open']:,} open); statistics over the {ep['complete']:,} complete ones"

@@ -15,7 +15,7 @@ from mmreplay.lock import holder_pid
 from mmreplay.metadata import METADATA_FILE
 from mmreplay.verify import leftovers, verify
 
-from . import buffer_folder
+from . import buffer_folder, is_group_folder
 
 
 @click.command("verify")
@@ -26,13 +26,17 @@ from . import buffer_folder
 def command(path: str, quick: bool) -> None:
     """Check that a buffer's data files match its metadata and decode.
 
-    PATH may be an s3:// URL: its objects are checked in place."""
+    PATH may be an s3:// URL: its objects are checked in place. PATH may be a group's
+    folder: each shard is checked, with a verdict per shard."""
     if path.startswith("s3://"):
         from mmreplay.objstore import verify_url
 
         report(path, verify_url(path, deep=not quick), f"`mmreplay push` the store again to {path}")
         return
     buffer_folder(path)
+    if is_group_folder(path):
+        verify_group(path, quick)
+        return
     if not os.path.exists(os.path.join(path, METADATA_FILE)) and not leftovers(path):
         raise NotABufferError(f"{path}: not an mmreplay buffer (no {METADATA_FILE})")
     pid = holder_pid(path)
@@ -46,6 +50,26 @@ def command(path: str, quick: bool) -> None:
             f"note: {len(extra)} temporary file(s) left by a killed writer (harmless; `mmreplay recover` removes them)"
         )
     report(path, problems, f"`mmreplay recover {path}` repairs what it can")
+
+
+def verify_group(path: str, quick: bool) -> None:
+    """Every shard of a group checked as a store: a verdict per shard, then the group's;
+    exit status 1 when any shard has problems."""
+    from mmreplay.group import shard_folders
+
+    shards = shard_folders(path)
+    bad = 0
+    for shard in shards:
+        name = os.path.basename(shard)
+        problems = verify(shard, deep=not quick)
+        for p in problems:
+            click.echo(f"problem: {name}: {p}")
+        click.echo(f"{shard}: " + (f"{len(problems)} problem(s); `mmreplay recover {shard}`" if problems else "ok"))
+        bad += bool(problems)
+    if bad:
+        click.echo(f"{path}: {bad} of {len(shards)} shards have problems")
+        raise SystemExit(1)
+    click.echo(f"{path}: ok ({len(shards)} shards)")
 
 
 def report(path: str, problems: list[str], remedy: str) -> None:

@@ -53,6 +53,7 @@ __all__ = [
     "is_group",
     "open_group",
     "open_shard",
+    "shard_folders",
     "shard_name",
     "write_manifest",
 ]
@@ -122,6 +123,12 @@ def _read_manifest(path: str) -> list[str]:
             f"{where}: 'shards' must list the folders shard-000, shard-001, ... in order, got {shards!r}"
         )
     return shards
+
+
+def shard_folders(path: str | os.PathLike) -> list[str]:
+    """The folders of a group's shards, in shard order, as its manifest names them."""
+    path = os.fspath(path)
+    return [os.path.join(path, name) for name in _read_manifest(path)]
 
 
 def write_manifest(path: str | os.PathLike, shards: int, fsync: bool = False) -> None:
@@ -513,6 +520,22 @@ class Group:
         for index, store in enumerate(self._shards):
             for episode in store.episodes(complete_only=complete_only):
                 yield index, episode
+
+    def joined(self) -> Any:
+        """The shards read one after another as one store
+        (:class:`mmreplay.joined.JoinedShards`): shard 0's retained steps, then shard
+        1's..., episodes kept within their shard; what :meth:`export` writes."""
+        from .joined import JoinedShards
+
+        self._check_open()
+        return JoinedShards(self)
+
+    def export(self, out: str | os.PathLike, format: str = "minari", **options: Any) -> Any:  # noqa: A002
+        """Export every shard's retained committed steps as one dataset
+        (:func:`mmreplay.export.export` of :meth:`joined`; the same options)."""
+        from .export import export
+
+        return export(self.joined(), out, format=format, **options)
 
     def to_arrays(self) -> dict[str, Any]:
         """:meth:`mmreplay.Store.to_arrays` of every shard, joined shard by shard; the

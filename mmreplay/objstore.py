@@ -5,8 +5,10 @@ path in it (``mmreplay.json``, ``mmreplay.state``, ``data.zarr/...``). A mapped 
 zarr v3 sharded array whose shards are C-order blocks of whole steps followed by their
 index, so a row is one byte range of one shard object: a batch's rows are fetched with
 concurrent ranged GETs, neighbours coalesced into one request (``obstore.get_ranges``),
-and a sequential pass coalesces into large ranges. A compressed leaf is read chunk by
-chunk through zarr's own ``ObjectStore``. The committed state is the ``mmreplay.state``
+and a sequential pass coalesces into large ranges. A leaf of compressed row frames
+(``rows:lz4``, ``rows:zstd``) fetches each segment's shard index once, then only the
+frames a batch needs (:class:`RemoteRowFrameLeaf`). Another compressed leaf is read
+chunk by chunk through zarr's own ``ObjectStore``. The committed state is the ``mmreplay.state``
 object, read again per batch as a local reader reads its state file, so the seqlock
 check of the read path works unchanged.
 
@@ -25,6 +27,7 @@ import os
 import threading
 import warnings
 from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +37,7 @@ from .errors import CorruptBufferError, NotABufferError, ReadOnlyError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, LeafInfo, Metadata, pair_attrs, parse_metadata
 from .statefile import STATE_FILE, State, decode_slot, newest
 
-__all__ = ["Location", "is_url", "open_url"]
+__all__ = ["Location", "Traffic", "is_url", "open_url"]
 
 SCHEME = "s3://"
 #: ranges closer than this are fetched by one request: a request's latency costs more
@@ -43,6 +46,9 @@ SCHEME = "s3://"
 COALESCE_BYTES = 1 << 20
 STATE_TRIES = 8
 UPLOADS_IN_FLIGHT = 8
+#: compressed row frames closer than this are fetched by one request; a frame is a few
+#: KiB, so a batch fetches about its own rows' bytes, not whole segments
+FRAME_GAP_BYTES = 64 << 10
 
 
 def is_url(path: Any) -> bool:
@@ -89,6 +95,32 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, cls.loop).result()
 
 
+@dataclass
+class Traffic:
+    """Range GETs a location's compressed-row reads made, and the bytes they returned
+    (what a batch of compressed rows costs in requests and transfer)."""
+
+    requests: int = 0
+    bytes: int = 0
+
+    def add(self, nbytes: int) -> None:
+        self.requests += 1
+        self.bytes += nbytes
+
+
+def merge_spans(starts: np.ndarray, ends: np.ndarray, gap: int) -> list[tuple[int, int]]:
+    """Sorted ``[start, end)`` ranges merged where less than ``gap`` bytes lie between:
+    one request then fetches them and the bytes between."""
+    order = np.argsort(starts, kind="stable")
+    out: list[tuple[int, int]] = []
+    for a, b in zip(starts[order].tolist(), ends[order].tolist()):
+        if out and a - out[-1][1] < gap:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 class Location:
     """The objects of one store: ``s3://bucket/prefix`` and how to reach it."""
 
@@ -111,6 +143,7 @@ class Location:
             bucket, prefix=prefix or None, config=config or None, client_options=client or None
         )
         self.obstore = obstore
+        self.traffic = Traffic()
 
     def where(self, key: str) -> str:
         return f"{self.url}/{key}"
@@ -158,6 +191,30 @@ class Location:
         return await self.obstore.get_ranges_async(
             self.store, key, starts=starts, ends=ends, coalesce=COALESCE_BYTES
         )
+
+    async def fetch(self, key: str, spans: list[tuple[int, int]], etag: str | None = None) -> list[Any]:
+        """The bytes of each ``[start, end)`` span of one object, one GET each, all in
+        flight together, counted in :attr:`traffic`. With ``etag`` every GET is
+        conditional on it: a replaced object raises ``PreconditionError`` rather than
+        mixing two versions."""
+
+        async def one(a: int, b: int) -> Any:
+            options: dict[str, Any] = {"range": (a, b)}
+            if etag is not None:
+                options["if_match"] = etag
+            got = await self.obstore.get_async(self.store, key, options=options)
+            data = await got.bytes_async()
+            self.traffic.add(len(data))
+            return data
+
+        return list(await asyncio.gather(*(one(a, b) for a, b in spans)))
+
+    async def fetch_tail(self, key: str, nbytes: int) -> tuple[Any, int, str | None]:
+        """The last ``nbytes`` of an object, its size and its ETag (one GET)."""
+        got = await self.obstore.get_async(self.store, key, options={"range": {"suffix": nbytes}})
+        data = await got.bytes_async()
+        self.traffic.add(len(data))
+        return data, int(got.meta["size"]), got.meta.get("e_tag")
 
     def zarr_store(self) -> Any:
         from zarr.storage import ObjectStore
@@ -208,9 +265,13 @@ class Location:
                 "pull it to a folder first"
             )
         out: list[Any] = []
+        from .backends.row_frames import is_row_compression
+
         for leaf in meta.leaves:
             if leaf.mapped:
                 out.append(RemoteMappedLeaf(self, leaf, meta.capacity, meta.num_envs))
+            elif is_row_compression(leaf.compression):
+                out.append(RemoteRowFrameLeaf(self, leaf, meta.capacity, meta.num_envs))
             else:
                 out.append(ChunkedLeaf(leaf, meta.capacity, RemoteChunks(self, leaf, meta)))
         return out
@@ -221,7 +282,7 @@ class Location:
         async def gather() -> list[np.ndarray]:
             jobs = [
                 leaf.take_async(rows)
-                if isinstance(leaf, RemoteMappedLeaf)
+                if isinstance(leaf, RemoteLeaf)
                 else asyncio.to_thread(leaf.take, rows)
                 for leaf in leaves
             ]
@@ -281,13 +342,51 @@ def shard_key(array_key: str, ndim: int, k: int) -> str:
     return f"{array_key}/c/{k}" + "/0" * (ndim - 1)
 
 
-class RemoteMappedLeaf:
-    """An uncompressed leaf in object storage: each row a byte range of a shard object."""
+class RemoteLeaf:
+    """What every leaf in object storage shares: rows by range requests through
+    ``take_async`` (all leaves' requests of a batch in flight together), read-only, no
+    page cache."""
 
     mappable = False
     in_place = False
     atomic_replace = True  # objects are replaced whole
     ranged_read = True
+    location: Location
+    capacity: int
+    num_envs: int
+
+    async def take_async(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return self.location.run(self.take_async(rows))
+
+    def read(self, slots: Any) -> np.ndarray:
+        if isinstance(slots, slice):
+            slots = np.arange(self.capacity)[slots]
+        idx = np.asarray(slots, np.int64)
+        return self.take((idx % self.capacity)[..., None] * self.num_envs + np.arange(self.num_envs))
+
+    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
+        return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
+
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
+        """No page cache to advise: every read is a range request."""
+
+    def willneed(self, rows: np.ndarray) -> None:
+        """No page cache to fill ahead."""
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        raise ReadOnlyError(f"{self.location.url}: a store in object storage is read-only")
+
+    write_slots = write
+
+    def flush(self, fsync: bool) -> None:
+        pass
+
+
+class RemoteMappedLeaf(RemoteLeaf):
+    """An uncompressed leaf in object storage: each row a byte range of a shard object."""
 
     def __init__(self, location: Location, info: LeafInfo, capacity: int, num_envs: int):
         self.location = location
@@ -332,38 +431,183 @@ class RemoteMappedLeaf:
         got = np.frombuffer(raw, self.dtype).reshape(unique.size, *self.info.spec.shape)
         return got[inverse.reshape(-1)].astype(self.info.spec.dtype, copy=False).reshape(shape)
 
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        return self.location.run(self.take_async(rows))
-
-    def read(self, slots: Any) -> np.ndarray:
-        if isinstance(slots, slice):
-            slots = np.arange(self.capacity)[slots]
-        idx = np.asarray(slots, np.int64)
-        rows = idx[..., None] * self.num_envs + np.arange(self.num_envs)
-        return self.take(rows)
-
-    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
-        return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
-
-    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
-        """No page cache to advise: every read is a range request."""
-
-    def willneed(self, rows: np.ndarray) -> None:
-        """No page cache to fill ahead."""
-
-    def write(self, start: int, values: np.ndarray) -> None:
-        raise ReadOnlyError(f"{self.location.url}: a store in object storage is read-only")
-
-    write_slots = write
-
-    def flush(self, fsync: bool) -> None:
-        pass
-
     def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
         pass  # nothing is cached
 
     def close(self) -> None:
         pass
+
+
+class RemoteRowFrameLeaf(RemoteLeaf):
+    """A leaf of compressed row frames (``rows:lz4`` / ``rows:zstd``) in object storage.
+
+    Each sealed segment is a shard object whose index (at its end) gives every row's
+    frame: the index is fetched once per segment and kept with the object's ETag, then a
+    batch fetches only its rows' frames, neighbours merged (:data:`FRAME_GAP_BYTES`),
+    every request of every segment in flight together and conditional on the ETag (a
+    segment a later push replaced is indexed again). Rows of the segment the writer was
+    in come raw from the ``rows.staging`` object, checked against its header the same
+    way.
+    """
+
+    def __init__(self, location: Location, info: LeafInfo, capacity: int, num_envs: int):
+        from .backends import row_frames as rf
+
+        self.rf = rf
+        self.location = location
+        self.info = info
+        self.capacity = capacity
+        self.num_envs = num_envs
+        self.dtype = info.spec.dtype.newbyteorder("<")
+        self.tail = tuple(info.spec.shape)
+        self.row_bytes = info.spec.nbytes
+        self.seg = info.chunk_steps
+        self.seg_rows = self.seg * num_envs
+        self.ndim = 2 + len(info.spec.shape)
+        self.array_key = f"data.zarr/{info.path}"
+        self.staging_key = f"{self.array_key}/{rf.STAGING_FILE}"
+        self.where = f"leaf {info.path!r}"
+        self.frames = rf._Frames(rf.parse_row_compression(info.compression or ""), self.row_bytes, os.cpu_count() or 1)
+        #: segment -> (ETag, offsets, lengths) of its shard object
+        self.indexes: dict[int, tuple[str | None, np.ndarray, np.ndarray]] = {}
+
+    async def _index(self, k: int) -> tuple[str | None, np.ndarray, np.ndarray] | None:
+        """Segment ``k``'s shard index (None: no shard object), fetched once."""
+        if k not in self.indexes:
+            key = shard_key(self.array_key, self.ndim, k)
+            need = self.rf.index_bytes(self.seg_rows)
+            try:
+                tail, size, etag = await self.location.fetch_tail(key, need)
+            except FileNotFoundError:
+                return None
+            where = f"{self.where}: {self.location.where(key)}"
+            offsets, lengths = self.rf.parse_shard_index(bytes(tail), self.seg_rows, size - need, where)
+            self.indexes[k] = (etag, offsets, lengths)
+        return self.indexes[k]
+
+    async def _staging(self) -> tuple[str | None, tuple[int, int, int, int]]:
+        """The staging object's ETag and header (seq, segment, base, filled)."""
+        rf = self.rf
+        try:
+            got = await self.location.obstore.get_async(
+                self.location.store, self.staging_key, options={"range": (0, rf.HEADER_BYTES)}
+            )
+            head = bytes(await got.bytes_async())
+            self.location.traffic.add(len(head))
+            etag = got.meta.get("e_tag")
+        except FileNotFoundError:
+            raise CorruptBufferError(
+                f"{self.where}: its staging object {self.location.where(self.staging_key)} is missing"
+            ) from None
+        if head[: len(rf.STAGING_MAGIC)] != rf.STAGING_MAGIC:
+            raise CorruptBufferError(f"{self.location.where(self.staging_key)}: not a staging object (bad magic)")
+        seq, segment, base, filled = (int(x) for x in np.frombuffer(head, "<i8", 4, len(rf.STAGING_MAGIC)))
+        return etag, (seq, segment, base, filled)
+
+    async def _dictionary(self) -> None:
+        """Load the trained zstd dictionary once it is there (frames before it decode
+        without it)."""
+        if not self.frames.codec.dictionary or self.frames.dictionary is not None:
+            return
+        key = f"{self.array_key}/{self.rf.DICTIONARY_FILE}"
+        try:
+            got = await self.location.obstore.get_async(self.location.store, key)
+        except FileNotFoundError:
+            return
+        raw = bytes(await got.bytes_async())
+        self.location.traffic.add(len(raw))
+        self.frames._use(self.frames._zstd.ZstdCompressionDict(raw))
+
+    async def _gather(self, flat: np.ndarray, out: np.ndarray) -> None:
+        seg_of = flat // self.seg_rows
+        inner = flat - seg_of * self.seg_rows
+        wanted = np.unique(seg_of).tolist()
+        found = await asyncio.gather(self._staging(), self._dictionary(), *(self._index(k) for k in wanted))
+        etag, (_, segment, base, filled) = found[0]
+        indexes = dict(zip(wanted, found[2:]))
+        step = inner // self.num_envs
+        staged = (seg_of == segment) & (step >= base) & (step < filled)
+        jobs = []
+        if staged.any():
+            pos = self.rf.HEADER_BYTES + inner[staged] * self.row_bytes
+            a, b = int(pos.min()), int(pos.max()) + self.row_bytes
+            jobs.append(self.location.fetch(self.staging_key, [(a, b)], etag))
+        plans = []
+        for k in wanted:
+            sel = np.flatnonzero((seg_of == k) & ~staged)
+            if not sel.size:
+                continue
+            index = indexes[k]
+            key = shard_key(self.array_key, self.ndim, k)
+            offsets = None if index is None else index[1][inner[sel]]
+            if index is None or offsets is None or (offsets < 0).any():
+                bad = int(flat[sel][0] if offsets is None else flat[sel][offsets < 0][0])
+                raise CorruptBufferError(
+                    f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) is not in "
+                    f"shard object {self.location.where(key)}: it holds committed steps; see `mmreplay verify`"
+                )
+            lengths = index[2][inner[sel]]
+            spans = merge_spans(offsets, offsets + lengths, FRAME_GAP_BYTES)
+            plans.append((sel, offsets, lengths, spans))
+            jobs.append(self._frames_of(k, key, spans, index[0]))
+        parts = list(await asyncio.gather(*jobs, return_exceptions=True))  # none left running
+        failed = [p for p in parts if isinstance(p, BaseException)]
+        if failed:
+            raise failed[0]
+        if staged.any():
+            (raw,) = parts.pop(0)
+            rows = np.frombuffer(raw, np.uint8).reshape(-1, self.row_bytes)
+            out[staged] = rows[(pos - a) // self.row_bytes]
+        sources = []
+        for (sel, offsets, lengths, spans), bufs in zip(plans, parts):
+            starts = np.array([s[0] for s in spans], np.int64)
+            which = np.searchsorted(starts, offsets, side="right") - 1
+            for i, buf in enumerate(bufs):
+                mine = which == i
+                sources.append((buf, sel[mine], offsets[mine] - starts[i], lengths[mine]))
+        if sources:
+            try:
+                self.frames.decode(sources, out)
+            except CorruptBufferError:
+                raise
+            except Exception as exc:
+                raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
+
+    async def _frames_of(self, k: int, key: str, spans: list[tuple[int, int]], etag: str | None) -> list[Any]:
+        from obstore.exceptions import PreconditionError
+
+        try:
+            return await self.location.fetch(key, spans, etag)
+        except PreconditionError:
+            self.indexes.pop(k, None)  # a push replaced the segment since its index was read
+            raise
+
+    async def take_async(self, rows: np.ndarray) -> np.ndarray:
+        from obstore.exceptions import PreconditionError
+
+        rows = np.asarray(rows, np.int64)
+        flat = rows.reshape(-1) % (self.capacity * self.num_envs)
+        unique, inverse = np.unique(flat, return_inverse=True)
+        out = np.empty((unique.size, self.row_bytes), np.uint8)
+        if unique.size:
+            for _ in range(STATE_TRIES):
+                try:
+                    await self._gather(unique, out)
+                    break
+                except PreconditionError:  # a push replaced an object while it was read: again
+                    pass
+            else:
+                raise CorruptBufferError(f"{self.where}: its objects kept changing while read")
+        return out[inverse.reshape(-1)].view(self.dtype).reshape(rows.shape + self.tail)
+
+    def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
+        """A reader's refresh: the segments with new rows may have been sealed again."""
+        for a, b in slots:
+            for k in range(a // self.seg, (b - 1) // self.seg + 1):
+                self.indexes.pop(k, None)
+
+    def close(self) -> None:
+        self.frames.close()
 
 
 class RemoteChunks:

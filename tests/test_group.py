@@ -283,3 +283,69 @@ def test_shards_written_apart_become_a_group(tmp_path):
     with mr.open_group(tmp_path / "g") as group:
         assert [len(s) for s in group.shards] == [3, 4]
         check_rows(*group.sample(16, rng=0, return_info=True))
+
+
+def test_a_group_exports_as_one_dataset_shard_after_shard(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=3, capacity=30, num_envs=2).close()
+    fill(path, [12, 0, 40], num_envs=2)  # shard 2's ring wrapped: its steps 10..39 are retained
+    with mr.open_group(path) as group:
+        result = group.export(tmp_path / "all.npz", format="npz")
+        episodes = sum(1 for _ in group.episodes())
+        parquet = mr.export.export(group, tmp_path / "pq", format="parquet")
+    assert result.steps == (12 + 30) * 2
+    with np.load(tmp_path / "all.npz") as f:
+        obs = f["obs"]
+        meta = json.loads(bytes(f["__mmreplay__"]))
+    assert obs.shape == (42, 2, 3)
+    np.testing.assert_array_equal(obs[:, :, 0], [[0, 0]] * 12 + [[2, 2]] * 30)  # shard after shard
+    np.testing.assert_array_equal(obs[:, 0, 1], list(range(12)) + list(range(10, 40)))
+    assert [(s["shard"], s["first_step"], s["steps"], s["source_first_step"]) for s in meta["shards"]] == [
+        (0, 0, 12, 0),
+        (1, 12, 0, 0),
+        (2, 12, 30, 10),
+    ]
+    # episode formats: every shard's episodes, none joined across a shard's end
+    assert parquet.episodes == episodes
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "pq").to_pydict()
+    obs = np.array(table["observation"])
+    ids = np.array(table["episode_index"])
+    assert len(np.unique(ids)) == episodes
+    for episode in np.unique(ids):
+        assert len(set(obs[ids == episode, 0])) == 1  # one shard per episode
+
+
+def test_the_cli_inspects_verifies_summarises_and_exports_a_group(tmp_path):
+    pytest.importorskip("zarr")
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=20, backend="zarr").close()
+    fill(path, [5, 8], num_envs=1)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "mmreplay.cli", *args], capture_output=True, text=True, timeout=300
+        )
+
+    out = cli("inspect", "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["num_shards"] == 2 and doc["steps"] == 13 and len(doc["shards"]) == 2
+    out = cli("stats", "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout)
+    assert stats["shards"] == 2 and stats["steps"] == 13 and stats["leaves"]["obs"]["max"] == 7
+    out = cli("export", "-q", "-f", "npz", str(path), str(tmp_path / "g.npz"))
+    assert out.returncode == 0, out.stderr
+    with np.load(tmp_path / "g.npz") as f:
+        np.testing.assert_array_equal(f["obs"][:, 0, 0], [0] * 5 + [1] * 8)
+    out = cli("verify", str(path))
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok (2 shards)"), out.stdout + out.stderr
+    # a damaged shard: its verdict names it, the group's says how many, exit status 1
+    victim = path / "shard-001" / "data.zarr" / "obs" / "c" / "0" / "0" / "0"  # the mapped leaf's shard
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    out = cli("verify", str(path))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "problem: shard-001:" in out.stdout and f"{path / 'shard-000'}: ok" in out.stdout
+    assert "1 of 2 shards have problems" in out.stdout

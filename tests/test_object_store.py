@@ -331,3 +331,63 @@ def test_a_prioritized_store_samples_uniformly_from_object_storage_and_by_priori
     with mr.open(mr.pull(url, tmp_path / "back"), mode="a") as back:
         assert back.sampler.name == "prioritized"
         check_rows(back.sample(16, rng=0))
+
+
+def test_compressed_rows_fetch_only_the_frames_a_batch_needs(tmp_path, url):
+    """A rows:zstd leaf: the shard indexes are fetched once, then a batch of k rows
+    fetches about k frames' bytes (not whole segments), staged rows included."""
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (300, 1, 64, 64), dtype=np.uint8)  # incompressible: 4 KiB a frame
+    spec = {"frame": mr.ArraySpec((64, 64), "uint8"), "step": mr.ArraySpec((), "int64")}
+    writer = mr.create(
+        tmp_path / "s", spec, capacity=256, num_envs=1, chunk_steps=64, compression={"frame": "rows:zstd"}
+    )
+    writer.extend({"frame": frames, "step": np.arange(300)[:, None]})
+    writer.commit()
+    mr.push(writer, url)  # the writer is in segment 0 of its second lap: those rows are staged
+    with mr.open(url) as reader:
+        traffic = reader.location.traffic
+        # slots 0..43 hold the staged steps 256..299; 30 slots apart is more than the gap merged
+        steps = np.array([256, 286, 90, 140, 200, 250])
+        frame = reader.leaf_paths.index("frame")
+        got = reader.read_steps(steps, leaves=[frame])[0]
+        np.testing.assert_array_equal(got, frames[steps])
+        first = (traffic.requests, traffic.bytes)
+        # the staging header and the 4 segments' indexes together (segment 0's shard is from
+        # the first lap), then the staged rows' span and the 4 sealed frames
+        assert first[0] == 1 + 4 + 1 + 4
+        got = reader.read_steps(steps[2:], leaves=[frame])[0]
+        np.testing.assert_array_equal(got, frames[steps[2:]])
+        requests, nbytes = traffic.requests - first[0], traffic.bytes - first[1]
+        assert requests == 1 + 4  # the header again, then only the frames: indexes are cached
+        frame_bytes = 64 * 64
+        assert 4 * frame_bytes < nbytes < 4096 + 4 * frame_bytes * 1.01  # the header and 4 frames, not 256 KiB segments
+        batch, info = reader.sample(32, return_info=True, rng=1)
+        np.testing.assert_array_equal(batch["frame"], frames[info.step, info.env])
+        np.testing.assert_array_equal(batch["step"][:, 0] if batch["step"].ndim > 1 else batch["step"], info.step)
+    writer.close()
+
+
+def test_compressed_rows_of_a_segment_pushed_again_are_indexed_again(tmp_path, url):
+    """A cached shard index is tied to its object's ETag: after a push replaces a sealed
+    segment (here by ``set``, which moves no cursor, so ``refresh`` drops nothing), the
+    reader fetches the new index rather than reading frames at stale offsets."""
+    frames = np.random.default_rng(1).integers(0, 256, (130, 1, 8, 8), dtype=np.uint8)
+    spec = {"frame": mr.ArraySpec((8, 8), "uint8")}
+    path = tmp_path / "s"
+    with mr.create(path, spec, capacity=256, num_envs=1, chunk_steps=64, compression={"frame": "rows:lz4"}) as w:
+        w.extend({"frame": frames})
+    mr.push(path, url)
+    with mr.open(url) as reader:
+        steps = np.array([5, 10, 70])
+        np.testing.assert_array_equal(reader.read_steps(steps)[0], frames[steps])
+        with mr.open(path, mode="a") as w:
+            w.set(5, {"frame": np.zeros((1, 8, 8), np.uint8)})  # a shorter frame: later offsets move
+        mr.push(path, url)
+        before = reader.location.traffic.requests
+        expected = frames[steps].copy()
+        expected[0] = 0
+        np.testing.assert_array_equal(reader.read_steps(steps)[0], expected)
+        # the header and segment 1's frame; segment 0's frames are refused by the ETag (not
+        # counted); then the header, segment 0's new index and both segments' frames again
+        assert reader.location.traffic.requests - before == 2 + 1 + 1 + 2

@@ -1,9 +1,10 @@
 """Shard writers in Ray actors, the learner's fan-out sampler, and ray.data reads, on a
 local Ray cluster (one per test session: starting one costs seconds).
 
-Long tests (``--long``): starting the cluster, each actor's worker process and ray.data's
-executor take tens of seconds on a loaded 2-core machine. They need the ``ray`` extra:
-``pip install -e '.[test,ray]'``."""
+One test runs in the normal run (the whole path once: actors, a kill and restart, the
+sampler, ray.data); the others are long tests (``--long``): starting the cluster, each
+actor's worker process and ray.data's executor take seconds each on a loaded 2-core
+machine. ``ray`` is in the ``test`` extra (and the ``ray`` extra)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,9 @@ import pytest
 from test_group import SPEC, check_rows, fill, steps_of
 
 import mmreplay as mr
+from mmreplay.group import write_manifest
 
-pytestmark = pytest.mark.long
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster():
     """``(ray, mmreplay.ray)`` with a local cluster running (imported here: importing
     ray alone takes seconds, which a run without --long should not pay)."""
@@ -33,6 +32,42 @@ def info_of(ray, writer) -> dict:
     return ray.get(writer.info.remote())
 
 
+def restarted(ray, writer) -> dict:
+    """The info of an actor Ray is restarting, once it answers again."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return info_of(ray, writer)
+        except ray.exceptions.RayActorError:
+            assert time.monotonic() < deadline, "the actor was not restarted"
+            time.sleep(0.2)
+
+
+def test_actors_write_shards_one_killed_resumes_and_the_learner_samples_and_reads(cluster, tmp_path):
+    ray, mray = cluster
+    writers = mray.start_writers(str(tmp_path), SPEC, shards=2, capacity=40, commit_every=1000)
+    for shard, writer in enumerate(writers):
+        ray.get(writer.extend.remote(steps_of(shard, 0, 10, 1)))
+        ray.get(writer.commit.remote())
+    ray.get(writers[0].extend.remote(steps_of(0, 10, 3, 1)))  # the uncommitted tail
+    before = info_of(ray, writers[0])
+    ray.kill(writers[0], no_restart=False)  # Ray restarts it: it reopens its store
+    after = restarted(ray, writers[0])
+    assert after["pid"] != before["pid"] and after["total_steps"] == after["committed_steps"] == 10
+    assert ray.get(writers[0].extend.remote(steps_of(0, 10, 5, 1))) == 15  # it resumes its shard
+    ray.get(writers[0].commit.remote())
+    batch, info = mray.RaySampler(writers, SPEC).sample(64, rng=0, return_info=True)
+    check_rows(batch, info)
+    assert set(info.shard) == {0, 1} and info.step[info.shard == 0].max() <= 14
+    for writer in writers:
+        ray.get(writer.close.remote())
+    write_manifest(tmp_path, 2)  # the shards' folder becomes a group, read by ray.data
+    rows = mray.read_store(tmp_path).take_batch(100)
+    assert sorted(rows["shard"].tolist()) == [0] * 15 + [1] * 10
+    assert (rows["obs"][:, 0] == rows["shard"]).all() and (rows["obs"][:, 1] == rows["global_step"]).all()
+
+
+@pytest.mark.long
 def test_the_ray_sampler_draws_across_shard_actors_from_their_committed_steps(cluster, tmp_path):
     ray, mray = cluster
     writers = mray.start_writers(str(tmp_path), SPEC, shards=3, capacity=50, num_envs=2, commit_every=1000)
@@ -63,6 +98,7 @@ def test_the_ray_sampler_draws_across_shard_actors_from_their_committed_steps(cl
         assert len(store) == 30
 
 
+@pytest.mark.long
 def test_priorities_go_back_to_the_actor_of_each_item(cluster, tmp_path):
     ray, mray = cluster
     writers = mray.start_writers(
@@ -81,6 +117,7 @@ def test_priorities_go_back_to_the_actor_of_each_item(cluster, tmp_path):
     np.testing.assert_allclose(info.weight, np.where(info.shard == 1, 9**-0.5, 1.0), rtol=1e-5)
 
 
+@pytest.mark.long
 def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster, tmp_path):
     ray, mray = cluster
     writers = mray.start_writers(str(tmp_path), SPEC, shards=2, capacity=100, num_envs=2, commit_every=1000)
@@ -96,14 +133,7 @@ def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster
     check_rows(batch, info)
     assert len(info.shard) == 64
     assert ray.get(writers[1].extend.remote(steps_of(1, 25, 1, 2))) == 26  # the other carries on
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            after = info_of(ray, writers[0])
-            break
-        except ray.exceptions.RayActorError:
-            assert time.monotonic() < deadline, "the actor was not restarted"
-            time.sleep(0.2)
+    after = restarted(ray, writers[0])
     assert after["pid"] != before["pid"] and after["total_steps"] == after["committed_steps"] == 20
     ray.get(writers[0].extend.remote(steps_of(0, 20, 10, 2)))
     ray.get(writers[0].commit.remote())
@@ -116,6 +146,7 @@ def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster
     assert set(info.shard) == {0, 1}
 
 
+@pytest.mark.long
 def test_read_store_gives_a_dataset_of_rows(cluster, tmp_path):
     ray, mray = cluster
     with mr.create(tmp_path / "b", SPEC, capacity=8, num_envs=2) as store:

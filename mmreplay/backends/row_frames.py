@@ -332,20 +332,34 @@ def shard_bytes(frames: list[bytes | None]) -> bytes:
 
 def read_shard_index(data: Any, rows: int, where: str) -> tuple[np.ndarray, np.ndarray]:
     """Offsets and lengths (int64; -1 for a missing row) from a shard's index, checked."""
-    import google_crc32c
-
-    need = rows * 16 + 4
+    need = index_bytes(rows)
     if len(data) < need:
         raise CorruptBufferError(f"{where}: shard has {len(data)} bytes, less than its index ({need})")
-    raw = bytes(data[len(data) - need : len(data) - 4])
-    crc = np.frombuffer(bytes(data[len(data) - 4 :]), "<u4")[0]
+    return parse_shard_index(data[len(data) - need :], rows, len(data) - need, where)
+
+
+def index_bytes(rows: int) -> int:
+    """Bytes of a shard's index and its CRC: the last bytes of the shard."""
+    return rows * 16 + 4
+
+
+def parse_shard_index(tail: Any, rows: int, body: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`read_shard_index` from the index bytes alone (``tail``, the shard's last
+    :func:`index_bytes`) and the size of the frames before it (``body``): what a reader
+    that fetches only the index needs."""
+    import google_crc32c
+
+    need = index_bytes(rows)
+    if len(tail) != need:
+        raise CorruptBufferError(f"{where}: a shard index of {need} bytes expected, got {len(tail)}")
+    raw = bytes(tail[: need - 4])
+    crc = np.frombuffer(bytes(tail[need - 4 :]), "<u4")[0]
     if np.uint32(google_crc32c.value(raw)) != crc:
         raise CorruptBufferError(f"{where}: the shard index fails its CRC-32C check")
     index = np.frombuffer(raw, "<u8").reshape(rows, 2)
     missing = index[:, 0] == MISSING
     offsets = np.where(missing, -1, index[:, 0].astype(np.int64))
     lengths = np.where(missing, 0, index[:, 1].astype(np.int64))
-    body = len(data) - need
     if np.any((offsets + lengths > body) & ~missing):
         raise CorruptBufferError(f"{where}: the shard index points past the frames")
     return offsets, lengths

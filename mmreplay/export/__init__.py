@@ -80,7 +80,10 @@ def export(
     """Export a store's retained committed data to an offline format.
 
     Args:
-        store: an open store (readers are fine, also while a writer runs).
+        store: an open store (readers are fine, also while a writer runs), or an open
+            :class:`mmreplay.Group`: every shard's steps, one shard after another, as one
+            dataset (episodes stay within their shard; step-major formats record where
+            each shard begins, see :class:`mmreplay.joined.JoinedShards`).
         out: the file or folder to write (see :data:`FORMATS`; for ``minari`` the
             datasets root, the dataset goes to ``out/<dataset_id>/data``).
         format: one of :data:`FORMATS`.
@@ -110,6 +113,10 @@ def export(
         ...     export(s, d + "/buf.npz", format="npz").steps
         3
     """
+    from ..group import Group
+
+    if isinstance(store, Group):  # its shards' steps one after another, as one dataset
+        store = store.joined()
     module = get(format)
     name = str(format).lower()
     accepted = [p for p in inspect.signature(module.write).parameters if p not in ("store", "out")]

@@ -421,6 +421,8 @@ def spec_json(store: Any) -> dict[str, Any]:
         "fresh_envs": fresh_envs(store, int(store.first_step)),
         "steps": int(len(store)),
         "leaves": list(leaf_paths(store.spec)),
+        # a group's joined shards: where each shard's steps begin
+        **getattr(store, "export_info", {}),
     }
 
 
