@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .backends.base import ChunkedLeaf
+from .backends.native_rows import FrameBatch
 from .errors import CorruptBufferError, NotABufferError, ReadOnlyError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, LeafInfo, Metadata, pair_attrs, parse_metadata
 from .statefile import STATE_FILE, State, decode_slot, newest
@@ -558,16 +559,26 @@ class RemoteRowFrameLeaf(RemoteLeaf):
             (raw,) = parts.pop(0)
             rows = np.frombuffer(raw, np.uint8).reshape(-1, self.row_bytes)
             out[staged] = rows[(pos - a) // self.row_bytes]
-        sources = []
+        buffers: list[Any] = []
+        which, where, at, sizes = [], [], [], []
         for (sel, offsets, lengths, spans), bufs in zip(plans, parts):
             starts = np.array([s[0] for s in spans], np.int64)
-            which = np.searchsorted(starts, offsets, side="right") - 1
-            for i, buf in enumerate(bufs):
-                mine = which == i
-                sources.append((buf, sel[mine], offsets[mine] - starts[i], lengths[mine]))
-        if sources:
+            span = np.searchsorted(starts, offsets, side="right") - 1
+            which.append(span + len(buffers))
+            where.append(sel)
+            at.append(offsets - starts[span])
+            sizes.append(lengths)
+            buffers.extend(bufs)
+        if buffers:
+            batch = FrameBatch(
+                buffers,
+                np.concatenate(which).astype(np.int32),
+                np.concatenate(where),
+                np.concatenate(at),
+                np.concatenate(sizes),
+            )
             try:
-                self.frames.decode(sources, out)
+                self.frames.decode(batch, out)
             except CorruptBufferError:
                 raise
             except Exception as exc:
