@@ -498,7 +498,10 @@ def _run_in_own_tmp(args: list[str], tmp: str):
     """Run ``args`` with ``tmp`` as its temporary folder, and return it listed before and after."""
     os.makedirs(tmp, exist_ok=True)
     before = sorted(os.listdir(tmp))
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": tmp})
+    # torch keeps one compile cache per user in <temporary folder>/torchinductor_<user>,
+    # reused by every run: kept out of the listing (this checks per-run folders)
+    env = {**os.environ, "TMPDIR": tmp, "TORCHINDUCTOR_CACHE_DIR": tmp + "-torch-cache"}
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     return before, sorted(os.listdir(tmp))
 
