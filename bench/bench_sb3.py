@@ -6,8 +6,10 @@ alternating (noise from other processes hits both alike), for a CartPole-sized s
 uint8[84, 84, 4]), one env:
 
 - ``add`` per step: ``mmreplay.compat.sb3.ReplayBuffer`` (committing every 1000 adds,
-  its default) vs ``stable_baselines3.common.buffers.ReplayBuffer``;
-- ``sample(256)`` from a full buffer (torch tensors on the CPU);
+  its default) vs ``stable_baselines3.common.buffers.ReplayBuffer``, in blocks of 1000
+  adds, so that each block pays one commit (shorter blocks would leave the commits out
+  of the median);
+- ``sample(256)`` from a full buffer (torch tensors on the CPU), blocks of 10 calls;
 - ``model.save_replay_buffer`` (what ``save_to_pkl`` does: pickle the buffer) at
   ``--steps`` CartPole steps: seconds and bytes written.
 
@@ -38,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - the bench extra
     raise SystemExit(f"bench_sb3 needs stable-baselines3: pip install 'mmreplay[bench]' ({exc})") from None
 
 from mmreplay.compat.sb3 import ReplayBuffer  # noqa: E402
+from mmreplay.store import DEFAULT_COMMIT_EVERY  # noqa: E402
 
 SHAPES = {
     "CartPole (float32[4])": gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
@@ -95,7 +98,7 @@ def one_shape(
     while not ours.full:
         ours.add(*step)
     samples = interleaved(
-        {SB3: lambda: theirs.sample(256), OURS: lambda: ours.sample(256)}, max(1, calls // 20), blocks
+        {SB3: lambda: theirs.sample(256), OURS: lambda: ours.sample(256)}, max(1, calls // 100), blocks
     )
     report(f"sample(256), {name}", samples, SB3, "us/call", 1e6)
     tabulate(f"`sample(256)`, {name}", samples)
@@ -147,7 +150,8 @@ def main() -> None:
         "--steps", type=int, nargs="+", default=None, help="buffer sizes for save_replay_buffer"
     )
     args = parser.parse_args()
-    calls, blocks, size = (100, 5, 2_000) if args.quick else (200, 41, 20_000)
+    calls = DEFAULT_COMMIT_EVERY  # adds per block: one commit in each
+    blocks, size = (3, 2_000) if args.quick else (41, 20_000)
     steps = args.steps or ([10_000] if args.quick else [100_000, 1_000_000])
     print(f"start: {load()}")
     with tempfile.TemporaryDirectory() as folder:
