@@ -228,22 +228,13 @@ def test_optimize_memory_usage_stores_each_observation_once_and_keeps_timeouts_r
     overwrites with the next episode's reset observation."""
     size = 14
     kw = dict(device="cpu", n_envs=n_envs)
-    full = sb3_buffers.ReplayBuffer(
-        size, BOX, spaces.Discrete(3), handle_timeout_termination=handle_timeout, **kw
-    )
+    full = sb3_buffers.ReplayBuffer(size, BOX, spaces.Discrete(3), handle_timeout_termination=handle_timeout, **kw)
     saving = sb3_buffers.ReplayBuffer(
         size, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=False, **kw
     )
     ours = ReplayBuffer(
-        size,
-        BOX,
-        spaces.Discrete(3),
-        optimize_memory_usage=True,
-        handle_timeout_termination=handle_timeout,
-        path=tmp_path / "buf",
-        commit_every=4,
-        final_slots=200,
-        **kw,
+        size, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=handle_timeout,
+        path=tmp_path / "buf", commit_every=4, final_slots=200, **kw,
     )
     assert "next_observation" not in [leaf.path for leaf in ours.store.metadata.leaves]
     steps = _Trajectories(n_envs, seed=n_envs)
@@ -270,14 +261,8 @@ def test_optimize_memory_usage_stores_each_observation_once_and_keeps_timeouts_r
                 assert torch.equal(theirs.next_observations[~ended], got.next_observations[~ended])
     ours.close()
     again = ReplayBuffer(  # resumed: the newest step's next observation too
-        size,
-        BOX,
-        spaces.Discrete(3),
-        optimize_memory_usage=True,
-        handle_timeout_termination=handle_timeout,
-        path=tmp_path / "buf",
-        final_slots=200,
-        **kw,
+        size, BOX, spaces.Discrete(3), optimize_memory_usage=True, handle_timeout_termination=handle_timeout,
+        path=tmp_path / "buf", final_slots=200, **kw,
     )
     _assert_same_rows(full, again, np.arange(full.size()), seed=1)
     again.close()
@@ -288,15 +273,8 @@ def test_optimize_memory_usage_with_frame_stacks_stores_one_frame_per_step(tmp_p
     pixels = spaces.Box(0, 255, (4, 6, 5), np.uint8)
     full = sb3_buffers.ReplayBuffer(20, pixels, spaces.Discrete(3), "cpu", n_envs=2)
     ours = ReplayBuffer(
-        20,
-        pixels,
-        spaces.Discrete(3),
-        "cpu",
-        n_envs=2,
-        optimize_memory_usage=True,
-        frame_stack=4,
-        path=tmp_path / "buf",
-        final_slots=100,
+        20, pixels, spaces.Discrete(3), "cpu", n_envs=2, optimize_memory_usage=True, frame_stack=4,
+        path=tmp_path / "buf", final_slots=100,
     )
     frames = _Trajectories(2, seed=5, shape=(6, 5), dtype=np.uint8)
     stacks = np.zeros((2, 4, 6, 5), np.uint8)
