@@ -44,10 +44,12 @@ def per_call(fn: Callable[[], None], calls: int) -> float:
 
 
 def interleaved(variants: dict[str, Callable[[], None]], calls: int, blocks: int) -> dict[str, float]:
-    """Median seconds per call of each variant, blocks interleaved."""
+    """Median seconds per call of each variant, blocks interleaved (in reverse order every
+    other round, so no variant always runs first or after the same neighbour)."""
     times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(blocks):
-        for name, fn in variants.items():
+    order = list(variants.items())
+    for block in range(blocks):
+        for name, fn in order if block % 2 == 0 else order[::-1]:
             times[name].append(per_call(fn, calls))
     return {k: statistics.median(v) for k, v in times.items()}
 

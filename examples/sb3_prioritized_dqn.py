@@ -20,6 +20,7 @@ import numpy as np
 import torch as th
 import torch.nn.functional as F
 from stable_baselines3 import DQN
+from stable_baselines3.common.logger import Logger, configure
 
 from mmreplay.compat.sb3 import ReplayBuffer
 
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--buffer", default=None, help="buffer folder (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log", default=None, help="folder for SB3's progress log (default: none)")
     args = parser.parse_args(argv)
     model = PrioritizedDQN(
         "MlpPolicy",
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
         exploration_fraction=0.3,
         seed=args.seed,
     )
+    # without a logger of its own, every learn() makes an empty SB3-<date> folder in /tmp
+    model.set_logger(configure(args.log, ["stdout", "csv"]) if args.log else Logger(None, []))
     model.learn(args.steps)
     model.replay_buffer.close()
 

@@ -444,7 +444,14 @@ class Store:
         """
         if not self._writable:
             self._check_writable()
-        values = self._validator.step(step)
+        self._write_step(self._validator.step(step))
+
+    def _write_step(self, values: list[np.ndarray]) -> None:
+        """Write one step given as its leaves in :attr:`leaf_paths` order, each already
+        ``[num_envs, *shape]`` of the leaf's dtype (or of one it casts to without loss):
+        :meth:`add` after validation, and the per-step path of layers that build them so."""
+        if not self._writable:
+            self._check_writable()
         g = self._written
         if self._frames is not None:
             values, prepared = self._frames.prepare(values)

@@ -19,6 +19,7 @@ gym = pytest.importorskip("gymnasium")
 torch = pytest.importorskip("torch")
 
 from stable_baselines3.common import buffers as sb3_buffers  # noqa: E402
+from stable_baselines3.common.logger import Logger  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 from mmreplay.compat.sb3 import DictReplayBuffer, ReplayBuffer  # noqa: E402
@@ -77,6 +78,12 @@ def _add_both(theirs, ours, count: int, seed: int) -> None:
         step = _random_step(rng, BOX, spaces.Discrete(3), theirs.n_envs)
         theirs.add(*step)
         ours.add(*step)
+
+
+def _without_log_folder(model):
+    """``model`` logging nowhere: SB3's default logger makes an SB3-<date> folder in /tmp."""
+    model.set_logger(Logger(None, []))
+    return model
 
 
 def _assert_same(a, b) -> None:
@@ -309,7 +316,7 @@ def test_dqn_trains_saves_a_small_manifest_and_loads_it(tmp_path):
         replay_buffer_class=ReplayBuffer,
         replay_buffer_kwargs=kwargs,
     )
-    model.learn(1500)
+    _without_log_folder(model).learn(1500)
     assert model.replay_buffer.pos == 1500 and model.replay_buffer.store.committed_steps >= 1450
     model.save_replay_buffer(tmp_path / "rb.pkl")
     assert os.path.getsize(tmp_path / "rb.pkl") < 1_000_000
@@ -354,7 +361,7 @@ def test_sac_trains_with_a_dict_observation(tmp_path):
         replay_buffer_class=DictReplayBuffer,
         replay_buffer_kwargs={"path": tmp_path / "buf"},
     )
-    model.learn(1000)
+    _without_log_folder(model).learn(1000)
     assert model.replay_buffer.pos == 1000
     model.replay_buffer.close()
     store = mr.open(tmp_path / "buf")
@@ -457,7 +464,7 @@ def test_the_prioritized_dqn_example_trains_and_keeps_its_priorities(tmp_path):
         train_freq=4,
         seed=0,
     )
-    model.learn(1000)
+    _without_log_folder(model).learn(1000)
     rb = model.replay_buffer
     assert rb.pos == 1000 and rb.last_info.weight is not None
     values = rb.store.sampler.priorities(np.arange(1000), np.zeros(1000, np.int64))
@@ -465,8 +472,32 @@ def test_the_prioritized_dqn_example_trains_and_keeps_its_priorities(tmp_path):
     rb.close()
 
 
+def _run_in_own_tmp(args: list[str], tmp: str):
+    """Run ``args`` with ``tmp`` as its temporary folder, and return it listed before and after."""
+    os.makedirs(tmp, exist_ok=True)
+    before = sorted(os.listdir(tmp))
+    # torch keeps one compile cache per user in <temporary folder>/torchinductor_<user>,
+    # reused by every run: kept out of the listing (this checks per-run folders)
+    env = {**os.environ, "TMPDIR": tmp, "TORCHINDUCTOR_CACHE_DIR": tmp + "-torch-cache"}
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return before, sorted(os.listdir(tmp))
+
+
+def test_the_prioritized_dqn_example_leaves_nothing_in_the_temporary_folder(tmp_path):
+    example = os.path.join(ROOT, "examples", "sb3_prioritized_dqn.py")
+    for buffer in (["--buffer", str(tmp_path / "buf")], []):  # [] keeps the buffer in a temporary folder
+        before, after = _run_in_own_tmp(
+            [sys.executable, example, "--steps", "300", *buffer], str(tmp_path / "tmp")
+        )
+        assert after == before == []
+    store = mr.open(tmp_path / "buf")
+    assert store.committed_steps == 300
+    store.close()
+
+
 def test_the_cleanrl_example_runs_with_only_the_import_changed(tmp_path):
-    out = subprocess.run(
+    before, after = _run_in_own_tmp(
         [
             sys.executable,
             os.path.join(ROOT, "examples", "cleanrl_dqn.py"),
@@ -477,11 +508,9 @@ def test_the_cleanrl_example_runs_with_only_the_import_changed(tmp_path):
             "--buffer-path",
             str(tmp_path / "buf"),
         ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        str(tmp_path / "tmp"),
     )
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert after == before == []
     store = mr.open(tmp_path / "buf")
     assert store.committed_steps == 400
     store.close()

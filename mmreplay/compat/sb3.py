@@ -82,6 +82,16 @@ def _leaf(space: Any, shape: tuple[int, ...]) -> ArraySpec:
     return ArraySpec(tuple(int(n) for n in shape), np.dtype(space.dtype).name)
 
 
+#: what ReplayBuffer._step_layout() sets: not pickled, rebuilt when a manifest is loaded
+_STEP_LAYOUT = (
+    "_obs_step_shape",
+    "_obs_keys",
+    "_action_shape",
+    "_reward_shape",
+    "_no_ends",
+    "_no_ends_bytes",
+)
+
 _BOOL, _FLOAT32, _FLOAT64 = np.dtype(bool), np.dtype(np.float32), np.dtype(np.float64)
 
 
@@ -173,9 +183,12 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
     def _step_layout(self) -> None:
         """What :meth:`add` converts to, worked out once: the leaf shapes of one step."""
         self._obs_step_shape = (self.n_envs, *self.obs_shape) if isinstance(self.obs_shape, tuple) else None
+        # a Dict space's keys in the order of the store's leaves
+        self._obs_keys = sorted(self.obs_shape) if isinstance(self.obs_shape, dict) else None
         self._action_shape = (self.n_envs, self.action_dim)
         self._reward_shape = (self.n_envs,)
         self._no_ends = np.zeros(self.n_envs, bool)  # only ever copied into the store
+        self._no_ends_bytes = self._no_ends.tobytes()
 
     def _observation_spec(self) -> Any:
         return _leaf(self.observation_space, self.obs_shape)
@@ -311,9 +324,10 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             return np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], bool)
         return np.zeros(self.n_envs, bool)  # CleanRL passes gymnasium's dict of infos
 
-    def _observation(self, obs: Any) -> Any:
-        """``obs`` as SB3 stores it: ``[n_envs, *obs_shape]`` in the space's dtype."""
-        return _as_leaf(obs, self.observation_space.dtype, self._obs_step_shape)
+    def _observation_leaves(self, obs: Any) -> list[np.ndarray]:
+        """``obs`` as SB3 stores it, ``[n_envs, *obs_shape]`` in the space's dtype, as the
+        store's leaves of an observation."""
+        return [_as_leaf(obs, self.observation_space.dtype, self._obs_step_shape)]
 
     def add(
         self,
@@ -326,20 +340,23 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
     ) -> None:
         store = self.store if self.store is not None else self._live()
         done = _as_leaf(done, _BOOL, self._reward_shape)
-        if np.count_nonzero(done):
+        if done.tobytes() == self._no_ends_bytes:  # most steps end nothing: no infos to read
+            terminated = truncated = self._no_ends
+        else:
             truncated = self._timeouts(infos) & done
             terminated = done & ~truncated
-        else:  # most steps end nothing: no infos to read
-            terminated = truncated = self._no_ends
-        store.add(
-            {
-                "observation": self._observation(obs),
-                "next_observation": self._observation(next_obs),
-                "action": _as_leaf(action, self._action_dtype, self._action_shape),
-                "reward": _as_leaf(reward, _FLOAT32, self._reward_shape, also=_FLOAT64),
-                "terminated": terminated,
-                "truncated": truncated,
-            }
+        # Every leaf is now of its dtype (or float64 rewards, cast as they are written) and
+        # step shape, so the step goes to the store's writer without a second check; the
+        # leaves in the store's order (keys sorted, see _spec).
+        store._write_step(
+            [
+                _as_leaf(action, self._action_dtype, self._action_shape),
+                *self._observation_leaves(next_obs),
+                *self._observation_leaves(obs),
+                _as_leaf(reward, _FLOAT32, self._reward_shape, also=_FLOAT64),
+                terminated,
+                truncated,
+            ]
         )
 
     # --- reads -------------------------------------------------------------------------
@@ -434,8 +451,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
                 "manifest names a folder that will be gone; pass replay_buffer_kwargs={'path': ...} to keep it",
                 stacklevel=2,
             )
-        skip = ("store", "_temp", "_cleanup", "_leaves", "last_info")
-        skip += ("_obs_step_shape", "_action_shape", "_reward_shape", "_no_ends")  # _step_layout()
+        skip = ("store", "_temp", "_cleanup", "_leaves", "last_info", *_STEP_LAYOUT)
         state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["kind"] = MANIFEST_KIND
         state["path"] = store.path
@@ -479,11 +495,10 @@ class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
             )
         return {k: _leaf(self.observation_space[k], shape) for k, shape in self.obs_shape.items()}
 
-    def _observation(self, obs: Any) -> Any:
+    def _observation_leaves(self, obs: Any) -> list[np.ndarray]:
         space = self.observation_space
-        return {
-            k: _as_leaf(obs[k], space[k].dtype, (self.n_envs, *shape)) for k, shape in self.obs_shape.items()
-        }
+        shapes = self.obs_shape
+        return [_as_leaf(obs[k], space[k].dtype, (self.n_envs, *shapes[k])) for k in self._obs_keys]
 
     def sample(self, batch_size: int, env: Any = None, **options: Any) -> Any:
         return ReplayBuffer.sample(self, batch_size, env, **options)
