@@ -1,13 +1,15 @@
 """A sum tree with a min tree beside it, vectorised in numpy, for prioritized draws.
 
 Leaf ``i`` holds the weight of row ``i`` (``priority ** alpha``; zero for a row that
-cannot be drawn). The tree is ``FANOUT``-ary, so a million leaves sit under five levels
-of parents, and a batch of ``k`` updates or draws costs ``O(k * FANOUT * log n / log
-FANOUT)`` work in a handful of vectorised numpy calls per level (a binary tree needs
-twenty levels of small calls, and numpy's cost is per call). Level ``0`` is the leaves,
-the last level the root; node ``p`` of level ``l + 1`` has the children
-``p * FANOUT ... p * FANOUT + FANOUT - 1`` of level ``l``, and every level is padded to
-whole groups of children (padding weighs zero).
+cannot be drawn). Every node has ``FANOUT`` children except the root, which has up to
+``ROOT_FANOUT``: a million leaves sit under two levels of parents and the root, and a
+batch of ``k`` updates or draws costs ``O(k * FANOUT)`` work per level in a handful of
+vectorised numpy calls (a binary tree needs twenty levels of small calls, and numpy's
+cost is per call). Level ``0`` is the leaves; node ``p`` of level ``l + 1`` has the
+children ``p * FANOUT ... p * FANOUT + FANOUT - 1`` of level ``l``; the top level (at
+most ``ROOT_FANOUT`` nodes) is summed whole into the root, and a draw finds its place
+there with one ``searchsorted``. Every level is padded to whole groups of children
+(padding weighs zero).
 
 Every parent is recomputed from all its children (never adjusted by a difference), so
 the sums carry no drift however many updates they see, and a parent is positive exactly
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SumTree", "FANOUT"]
+__all__ = ["SumTree", "FANOUT", "ROOT_FANOUT"]
 
 FANOUT = 16  # children per node: a power of two and a multiple of 8 (see _count_rows)
+ROOT_FANOUT = 4096  # children of the root at most
 _SHIFT = FANOUT.bit_length() - 1
 _ONES = np.ones(FANOUT)
 # block @ _BEFORE gives, per child, the sum of the children before it
@@ -65,20 +68,19 @@ class SumTree:
         self.n = int(n)
         sizes, count = [], self.n
         while True:
-            parents = -(-count // FANOUT)
-            sizes.append(parents * FANOUT)
-            if parents == 1:
+            groups = -(-count // FANOUT)
+            sizes.append(groups * FANOUT)
+            if count <= ROOT_FANOUT:
                 break
-            count = parents
-        sizes.append(1)
-        self.depth = len(sizes) - 1  # levels of parents above the leaves
-        self.sums = [np.zeros(size, np.float64) for size in sizes]
+            count = groups
+        # levels 0 (the leaves) .. top, then the root; sums[l] and mins[l] are level l
+        self.sums = [np.zeros(size, np.float64) for size in sizes] + [np.zeros(1)]
         # the minima start one level up: a leaf's is its weight where positive, so the
         # leaves' parents take theirs from the sums (one array less to write and gather)
-        self.mins = [np.empty(0)] + [np.full(size, np.inf, np.float64) for size in sizes[1:]]
-        # each level below the root seen as [parents, FANOUT] groups of siblings
-        self._sum_groups = [level.reshape(-1, FANOUT) for level in self.sums[:-1]]
-        self._min_groups = [level.reshape(-1, FANOUT) for level in self.mins[:-1]]
+        self.mins = [np.empty(0)] + [np.full(size, np.inf, np.float64) for size in sizes[1:]] + [np.full(1, np.inf)]
+        # each level below the top seen as [parents, FANOUT] groups of siblings
+        self._sum_groups = [level.reshape(-1, FANOUT) for level in self.sums[:-2]]
+        self._min_groups = [level.reshape(-1, FANOUT) for level in self.mins[:-2]]
 
     # --- reading ----------------------------------------------------------------------
 
@@ -120,7 +122,16 @@ class SumTree:
         reached and what is left of ``u`` in them. ``guarded``: where rounding would step
         onto a child of weight zero (``u`` at or past its parent's sum), take the last
         child with weight instead, and the last one at every level below."""
-        node = np.zeros(u.size, np.int64)
+        top = self.sums[-2]
+        edges = np.zeros(top.size + 1)
+        np.cumsum(top, out=edges[1:])
+        node = np.searchsorted(edges, u, side="right") - 1
+        np.clip(node, 0, top.size - 1, out=node)
+        if guarded:
+            lost = ~(top[node] > 0)
+            node[lost] = np.flatnonzero(top)[-1] if top.any() else 0
+            u[lost] = np.inf
+        u -= edges[node]
         row = np.arange(u.size) * FANOUT
         for groups in reversed(self._sum_groups):
             # the unguarded walk may step onto padding past a level's last group when
@@ -163,7 +174,7 @@ class SumTree:
             index, weights = index[last], weights[order[last]]
         self.sums[0][index] = weights
         node = index
-        for level in range(self.depth):
+        for level in range(len(self._sum_groups)):
             if self.sums[level + 1].size <= 2 * node.size:
                 # about as many parents as updates: recompute the levels above whole
                 self._fix_up(level, 0, self.sums[level].size)
@@ -171,6 +182,7 @@ class SumTree:
             # parents named twice get the same value twice: no need to deduplicate
             node = node >> _SHIFT
             self._recompute(level, node)
+        self._recompute_root()
 
     def set_range(self, lo: int, hi: int, weights: np.ndarray | float) -> None:
         """Set the contiguous leaves ``[lo, hi)``: slices all the way up, no gathers."""
@@ -192,10 +204,11 @@ class SumTree:
 
     def _fix_up(self, level: int, a: int, b: int) -> None:
         """Recompute the ancestors of the nodes ``[a, b)`` of ``level``."""
-        while level < self.depth:
+        while level < len(self._sum_groups):
             a, b = a >> _SHIFT, ((b - 1) >> _SHIFT) + 1
             self._recompute(level, slice(a, b))
             level += 1
+        self._recompute_root()
 
     def _recompute(self, level: int, parents: np.ndarray | slice) -> None:
         """The sums and minima of ``parents`` (nodes of ``level + 1``) from their children."""
@@ -210,3 +223,11 @@ class SumTree:
             else:
                 children = np.take(self._min_groups[level], parents, axis=0)
         self.mins[level + 1][parents] = _min_rows(children, positive=not level)
+
+    def _recompute_root(self) -> None:
+        top = self.sums[-2]
+        self.sums[-1][0] = top.sum()
+        if len(self.sums) > 2:
+            self.mins[-1][0] = self.mins[-2].min()
+        else:  # the top level is the leaves
+            self.mins[-1][0] = np.min(top, initial=np.inf, where=top > 0)
