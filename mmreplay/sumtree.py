@@ -52,7 +52,7 @@ def _min_rows(blocks: np.ndarray, positive: bool) -> np.ndarray:
     ``inf`` where it has none). Many rows are reduced down the columns of the transposed
     copy, ``FANOUT`` vectorised minima instead of numpy's call per row."""
     if blocks.shape[0] > 32:
-        blocks = np.ascontiguousarray(blocks.T)
+        blocks = blocks.T.copy()
         axis = 0
     else:
         axis = 1
@@ -110,7 +110,7 @@ class SumTree:
         leaf, rest = self._walk(start.copy(), guarded=False)
         # a walk ends inside its leaf (0 <= rest < weight) unless rounding carried u past
         # the last child with weight of some node, which is rare: those walk again
-        weight = np.take(self.sums[0], leaf, mode="clip")
+        weight = self.sums[0].take(leaf, mode="clip")
         lost = ~((rest >= 0) & (rest < weight)) | (leaf >= self.n) | (leaf < 0)
         if lost.any():
             leaf[lost] = self._walk(start[lost], guarded=True)[0]
@@ -136,7 +136,7 @@ class SumTree:
         for groups in reversed(self._sum_groups):
             # the unguarded walk may step onto padding past a level's last group when
             # rounding carries it; "clip" keeps the gather in bounds and find() redoes it
-            children = np.take(groups, node, axis=0, mode="clip")
+            children = groups.take(node, axis=0, mode="clip")
             before = children @ _BEFORE
             pick = _count_rows(before <= u[:, None]) - 1
             if guarded:
@@ -215,13 +215,13 @@ class SumTree:
         if isinstance(parents, slice):
             children = self._sum_groups[level][parents]
         else:
-            children = np.take(self._sum_groups[level], parents, axis=0)
+            children = self._sum_groups[level].take(parents, axis=0)
         self.sums[level + 1][parents] = children @ _ONES
         if level:  # the leaves' minima are their positive weights
             if isinstance(parents, slice):
                 children = self._min_groups[level][parents]
             else:
-                children = np.take(self._min_groups[level], parents, axis=0)
+                children = self._min_groups[level].take(parents, axis=0)
         self.mins[level + 1][parents] = _min_rows(children, positive=not level)
 
     def _recompute_root(self) -> None:

@@ -332,7 +332,7 @@ class PrioritizedSampler(Sampler):
             rows = (step % store.capacity) * store.num_envs + env
             if rows.size:
                 # the last update of a row wins: keep the last occurrence of each row
-                order = np.argsort(rows, kind="stable")
+                order = rows.argsort(kind="stable")
                 rows = rows[order]
                 repeated = rows[1:] == rows[:-1]
                 if repeated.any():
