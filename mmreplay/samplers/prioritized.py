@@ -338,12 +338,13 @@ class PrioritizedSampler(Sampler):
                 if repeated.any():
                     last = np.append(~repeated, True)
                     order, rows = order[last], rows[last]
-                step, p = step[order], p[order]
+                p = p[order]
                 file.values.reshape(-1)[rows] = p
                 file.raise_max(float(p.max()))
         if self.tree is not None and rows.size:
             # every step left is in [first, end); the tree usually holds all of them
             if not (self.tree_first <= first and end <= self.tree_end):
+                step = step[order]
                 inside = (step >= self.tree_first) & (step < self.tree_end)
                 rows, p = rows[inside], p[inside]
             self.tree.set(rows, self._weights(p), ascending=True)
