@@ -50,13 +50,14 @@ def _count_rows(flags: np.ndarray) -> np.ndarray:
 def _min_rows(blocks: np.ndarray, positive: bool) -> np.ndarray:
     """The minimum of each row of ``[k, FANOUT]`` (``positive``: of its positive values,
     ``inf`` where it has none). Many rows are reduced down the columns of the transposed
-    copy, ``FANOUT`` vectorised minima instead of numpy's call per row."""
-    if blocks.shape[0] > 32:
+    copy, ``FANOUT`` vectorised minima instead of numpy's call per row (and a masked
+    reduction is slower than replacing the zeros first)."""
+    many = blocks.shape[0] > 32
+    if many:
         blocks = blocks.T.copy()
-        axis = 0
-    else:
-        axis = 1
-    return np.minimum.reduce(blocks, axis=axis, initial=np.inf, where=blocks > 0 if positive else True)
+    if positive:
+        blocks = np.where(blocks > 0, blocks, np.inf)
+    return np.minimum.reduce(blocks, axis=0 if many else 1)
 
 
 class SumTree:
