@@ -5,24 +5,30 @@ float32[6], reward, terminated; mmreplay stores them as ``rows / 8`` steps of 8 
 page-cached), in one run and interleaved:
 
 - ``sample(256)`` with importance weights (beta 0.4), data gathered;
-- ``update_priorities(256)`` of the rows just sampled;
+- ``update_priorities(256)`` of the rows just sampled, each update timed alone right after
+  its sample (a difference of two medians would carry the noise of both);
 - the first prioritized sample after reopening the buffer (mmreplay builds its sum tree
   from the mapped priority file then), and after that the reopen itself;
 - ``add`` of one step of 8 envs with the prioritized sampler and with the uniform one.
 
 TorchRL: ``TensorDictReplayBuffer(LazyMemmapStorage, PrioritizedSampler)``; cpprb:
 ``PrioritizedReplayBuffer``. A peer that is not installed is reported as skipped.
-Figures are medians in microseconds. Usage:
-``python -m bench.bench_prioritized [--rows N] [--repeats R] [--json OUT]``.
+``--tree-from COMMIT`` adds mmreplay with the sum tree of another commit
+(``mmreplay/sumtree.py`` taken with ``git show``; the rest of the code is this one), to
+compare two trees in one run. Figures are medians in microseconds. Usage:
+``python -m bench.bench_prioritized [--rows N] [--repeats R] [--tree-from COMMIT] [--json OUT]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import json
 import os
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -62,6 +68,17 @@ def median_us(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(out) * 1e6
 
 
+def update_us(system: Any, repeats: int) -> float:
+    """Median microseconds of ``update`` of the rows of a fresh ``sample``."""
+    out = []
+    for _ in range(repeats):
+        system.sample()
+        t = time.perf_counter()
+        system.update()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out) * 1e6
+
+
 class MmreplayPER:
     name = "mmreplay"
 
@@ -91,6 +108,46 @@ class MmreplayPER:
         t = time.perf_counter()
         self.sample()
         return opened * 1e6, (time.perf_counter() - t) * 1e6
+
+
+def tree_from(commit: str, folder: str) -> type:
+    """The ``SumTree`` class of ``mmreplay/sumtree.py`` at ``commit``, taking the
+    ``ascending`` hint of today's callers (an older tree's ``distinct``, or nothing)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    source = subprocess.run(
+        ["git", "show", f"{commit}:mmreplay/sumtree.py"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
+    path = os.path.join(folder, "sumtree_other.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("sumtree_other", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    hint = next((h for h in ("ascending", "distinct") if h in inspect.signature(module.SumTree.set).parameters), None)
+
+    class Tree(module.SumTree):  # type: ignore[name-defined, misc]
+        def set(self, index: Any, weights: Any, ascending: bool = False) -> None:
+            super().set(index, weights, **({hint: ascending} if hint else {}))
+
+    return Tree
+
+
+class MmreplayOtherTree(MmreplayPER):
+    """mmreplay whose prioritized sampler uses the sum tree of another commit."""
+
+    def __init__(self, folder: str, arrays: dict[str, np.ndarray], commit: str):
+        from mmreplay.samplers import prioritized
+
+        self.name = f"mmreplay@{commit}"
+        here = os.path.join(folder, "other-tree")
+        os.makedirs(here)
+        ours = prioritized.SumTree
+        prioritized.SumTree = tree_from(commit, here)
+        try:
+            super().__init__(here, arrays)
+            self.sample()  # the tree is made at the first draw
+        finally:
+            prioritized.SumTree = ours
 
 
 class TorchRLPER:
@@ -170,6 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--tree-from", default=None, metavar="COMMIT")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="bench-per-")
@@ -182,6 +240,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 systems.append(cls(folder, arrays))
             except (ImportError, RuntimeError) as exc:  # not installed, or its C++ tree not built
                 report["skipped"][cls.name] = f"{type(exc).__name__}: {exc}"[:200]
+        if args.tree_from:
+            systems.append(MmreplayOtherTree(folder, arrays, args.tree_from))
         for s in systems:
             s.sample()
         figures: dict[str, dict[str, list[float]]] = {s.name: {"sample": [], "update": []} for s in systems}
@@ -189,14 +249,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for _ in range(10):  # interleaved, so that noise hits every system alike
             for s in systems:
                 figures[s.name]["sample"].append(median_us(s.sample, block))
-                figures[s.name]["update"].append(median_us(lambda s=s: (s.sample(), s.update()), block))
+                figures[s.name]["update"].append(update_us(s, block))
         for s in systems:
-            sample = statistics.median(figures[s.name]["sample"])
-            both = statistics.median(figures[s.name]["update"])
-            report["systems"][s.name] = {"sample_us": sample, "update_us": max(both - sample, 0.0)}
+            report["systems"][s.name] = {
+                "sample_us": statistics.median(figures[s.name]["sample"]),
+                "update_us": statistics.median(figures[s.name]["update"]),
+            }
         opened, first = systems[0].first_sample_after_reopen()
         report["systems"]["mmreplay"].update({"reopen_us": opened, "first_sample_after_reopen_us": first})
-        systems[0].store.close()
+        for s in systems:
+            if isinstance(s, MmreplayPER):
+                s.store.close()
         report.update(add_figures(folder, max(64, args.rows // NUM_ENVS), max(3, args.repeats // 20)))
     finally:
         shutil.rmtree(folder, ignore_errors=True)

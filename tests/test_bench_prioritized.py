@@ -1,5 +1,6 @@
 """The prioritized-replay benchmark keeps working: at a small size it measures every
-installed peer or names it as skipped with the reason. No timing is asserted."""
+installed peer or names it as skipped with the reason, and mmreplay with the sum tree of
+a given commit beside today's. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def test_bench_prioritized_runs_at_a_small_size(tmp_path):
             "4096",
             "--repeats",
             "20",
+            "--tree-from",
+            "HEAD",
             "--json",
             str(out),
         ],
@@ -33,7 +36,7 @@ def test_bench_prioritized_runs_at_a_small_size(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
-    assert set(report["systems"]) | set(report["skipped"]) == {"mmreplay", "torchrl", "cpprb"}
+    assert set(report["systems"]) | set(report["skipped"]) == {"mmreplay", "torchrl", "cpprb", "mmreplay@HEAD"}
     for name, fig in report["systems"].items():
         assert fig["sample_us"] > 0 and fig["update_us"] >= 0, name
     assert report["systems"]["mmreplay"]["first_sample_after_reopen_us"] > 0

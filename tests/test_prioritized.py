@@ -112,6 +112,11 @@ def test_negative_or_nan_priorities_are_refused_and_change_nothing(tmp_path):
         store.update_priorities([100], [0], [1.0])
     with pytest.raises(BadInputError, match="expected 16 priorities"):
         store.update_priorities(step, env, np.ones(3))
+    for bad_env in (-1, 2, np.iinfo(np.int64).min):
+        with pytest.raises(BadInputError, match="env index out of range for 2 envs"):
+            store.update_priorities(step[:2], [0, bad_env], [5.0, 5.0])
+    with pytest.raises(BadInputError, match="env index out of range"):
+        store.update_priorities(step[:1], np.array([2**64 - 1], np.uint64), [5.0])
     np.testing.assert_array_equal(store.sampler.priorities(step, env), before)
 
 

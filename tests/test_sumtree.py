@@ -90,3 +90,59 @@ def test_out_of_range_index_is_refused():
         tree.set(np.array([5]), np.array([1.0]))
     with pytest.raises(IndexError):
         tree.set_range(2, 6, 1.0)
+
+
+# Trees whose root holds the leaves, one level of parents or two, and sizes just past
+# a full level, so the padding of every level is walked. Integer weights keep every sum exact, so the
+# tree must agree with the model bit for bit; duplicates in one update: the last wins.
+sizes = st.sampled_from([1, 2, 15, 16, 17, 31, 255, 256, 257, 4095, 4096, 4097, 5000, 70_001])
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=sizes, data=st.data())
+def test_tree_against_cumsum_and_searchsorted(n, data):
+    tree, model = SumTree(n), np.zeros(n)
+    integer = st.integers(0, 20).map(float)
+    for _ in range(data.draw(st.integers(1, 6))):
+        if data.draw(st.booleans()):
+            k = data.draw(st.integers(1, 40))
+            index = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=k, max_size=k)))
+            if data.draw(st.booleans()) and k > 1:
+                index[-1] = index[0]  # a repeat for sure
+            values = np.array(data.draw(st.lists(integer, min_size=k, max_size=k)))
+            tree.set(index, values)
+            for i, v in zip(index, values):
+                model[i] = v
+        else:
+            lo = data.draw(st.integers(0, n))
+            hi = data.draw(st.integers(lo, min(n, lo + 50)))
+            values = np.array(data.draw(st.lists(integer, min_size=hi - lo, max_size=hi - lo)))
+            tree.set_range(lo, hi, values)
+            model[lo:hi] = values
+        assert tree.total == model.sum()
+        positive = model[model > 0]
+        assert tree.min == (positive.min() if positive.size else np.inf)
+        np.testing.assert_array_equal(tree.leaves(), model)
+        if model.sum() == 0:
+            continue
+        total = model.sum()
+        u = np.array(data.draw(st.lists(st.integers(0, int(total) - 1), min_size=1, max_size=20)), np.float64)
+        u += data.draw(st.sampled_from([0.0, 0.25, 0.999]))
+        np.testing.assert_array_equal(tree.find(u), model_find(model, u))
+        # at and past the total (rounding could carry u there): the last leaf with weight
+        last = np.flatnonzero(model)[-1]
+        np.testing.assert_array_equal(tree.find(np.array([total, total * 2, np.nextafter(total, 0)]))[:2], last)
+
+
+@pytest.mark.parametrize("n", [17, 300, 4097, 70_001])
+def test_find_with_float_weights_stays_on_weight(n):
+    rng = np.random.default_rng(n)
+    model = rng.random(n) * (rng.random(n) < 0.3)  # mostly zeros
+    model[-1] = 0.0  # the padding follows zeros
+    tree = SumTree(n)
+    tree.build(model)
+    u = np.concatenate([rng.random(2000) * tree.total, [0.0, np.nextafter(tree.total, 0), tree.total]])
+    found = tree.find(u)
+    assert (found >= 0).all() and (found < n).all() and (model[found] > 0).all()
+    # the draws follow the weights: agree with the model except at rounding edges
+    assert (found == model_find(model, np.minimum(u, np.nextafter(model.sum(), 0)))).mean() > 0.99

@@ -181,7 +181,7 @@ class PrioritizedSampler(Sampler):
         capacity, num_envs = self.store.capacity, self.store.num_envs
         slots = np.unique(steps % capacity)
         rows = (slots[:, None] * num_envs + np.arange(num_envs)).reshape(-1)
-        self.tree.set(rows, self._weights(self.file.values[slots].reshape(-1)))
+        self.tree.set(rows, self._weights(self.file.values[slots].reshape(-1)), ascending=True)
 
     def _set_steps(self, a: int, b: int, load: bool) -> None:
         num_envs = self.store.num_envs
@@ -225,7 +225,7 @@ class PrioritizedSampler(Sampler):
         self.sync(window)
         tree, num_envs = self.tree, window.num_envs
         tail = _step_ranges(window.end - num_steps + 1, window.end, window.capacity)
-        saved = [tree.sums[tree.size + x * num_envs : tree.size + y * num_envs].copy() for x, y in tail]
+        saved = [tree.leaves()[x * num_envs : y * num_envs].copy() for x, y in tail]
         for x, y in tail:
             tree.set_range(x * num_envs, y * num_envs, 0.0)
         try:
@@ -304,7 +304,8 @@ class PrioritizedSampler(Sampler):
             )
         if p.ndim == 2:
             p = self._reduce(p)
-        if step.size and (env.min() < 0 or env.max() >= store.num_envs):
+        # one reduction for both bounds: a negative env reads as a huge unsigned number
+        if step.size and env.view(np.uint64).max() >= store.num_envs:
             raise BadInputError(f"{store.path}: env index out of range for {store.num_envs} envs")
         p = (p + self.eps).astype(np.float32)
         file = self._file()
@@ -331,20 +332,22 @@ class PrioritizedSampler(Sampler):
             rows = (step % store.capacity) * store.num_envs + env
             if rows.size:
                 # the last update of a row wins: keep the last occurrence of each row
-                order = np.argsort(rows, kind="stable")
-                sorted_rows = rows[order]
-                last = np.empty(rows.size, bool)
-                last[-1] = True
-                np.not_equal(sorted_rows[1:], sorted_rows[:-1], out=last[:-1])
-                pick = order[last]
-                step, rows, p = step[pick], sorted_rows[last], p[pick]
+                order = rows.argsort(kind="stable")
+                rows = rows[order]
+                repeated = rows[1:] == rows[:-1]
+                if repeated.any():
+                    last = np.append(~repeated, True)
+                    order, rows = order[last], rows[last]
+                p = p[order]
                 file.values.reshape(-1)[rows] = p
                 file.raise_max(float(p.max()))
         if self.tree is not None and rows.size:
-            inside = (step >= self.tree_first) & (step < self.tree_end)
-            if not inside.all():
+            # every step left is in [first, end); the tree usually holds all of them
+            if not (self.tree_first <= first and end <= self.tree_end):
+                step = step[order]
+                inside = (step >= self.tree_first) & (step < self.tree_end)
                 rows, p = rows[inside], p[inside]
-            self.tree.set(rows, self._weights(p), distinct=True)
+            self.tree.set(rows, self._weights(p), ascending=True)
         return applied
 
     def priorities(self, step: Any, env: Any) -> np.ndarray:
