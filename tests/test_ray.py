@@ -17,6 +17,7 @@ from test_group import SPEC, check_rows, fill, steps_of
 import mmreplay as mr
 from mmreplay.group import write_manifest
 
+
 @pytest.fixture(scope="module")
 def cluster():
     """``(ray, mmreplay.ray)`` with a local cluster running (imported here: importing
