@@ -42,6 +42,12 @@ class JoinedShards:
         sizes = self._ends - self._firsts
         self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
+    def shard_end(self, step: int) -> int:
+        """The joined step after the last one of the shard holding ``step``: the step that
+        follows it is another shard's, never the same env's next step."""
+        k = int(np.searchsorted(self._offsets, step, side="right")) - 1
+        return int(self._offsets[min(k + 1, len(self._offsets) - 1)])
+
     # --- what a store describes itself with ------------------------------------------
 
     @property

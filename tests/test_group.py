@@ -349,3 +349,40 @@ def test_the_cli_inspects_verifies_summarises_and_exports_a_group(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "problem: shard-001:" in out.stdout and f"{path / 'shard-000'}: ok" in out.stdout
     assert "1 of 2 shards have problems" in out.stdout
+
+
+def test_minari_export_of_a_group_never_ends_an_episode_with_the_next_shards_row(tmp_path, monkeypatch):
+    minari = pytest.importorskip("minari")
+    spec = {
+        "step_type": mr.ArraySpec((), "int32"),
+        "observation": mr.ArraySpec((3,), "float32"),
+        "action": mr.ArraySpec((), "int64"),
+        "next_step_type": mr.ArraySpec((), "int32"),
+        "reward": mr.ArraySpec((), "float32"),
+        "discount": mr.ArraySpec((), "float32"),
+    }
+    path = tmp_path / "g"
+    mr.create_group(path, spec, shards=2, capacity=20, num_envs=1).close()
+    # shard 0: an episode still open at its end; shard 1 starts with a boundary row (LAST)
+    for shard, st, nst in ((0, [0, 1, 1], [1, 1, 1]), (1, [2, 0, 1, 1, 2], [0, 1, 1, 2, 0])):
+        t = len(st)
+        with mr.open_shard(path, shard) as store:
+            store.extend(
+                {
+                    "step_type": np.array(st, np.int32)[:, None],
+                    "observation": np.full((t, 1, 3), 100 * shard, np.float32) + np.arange(t)[:, None, None],
+                    "action": np.arange(t)[:, None] + 100 * shard,
+                    "next_step_type": np.array(nst, np.int32)[:, None],
+                    "reward": np.ones((t, 1), np.float32),
+                    "discount": np.where(np.array(nst)[:, None] == 2, 0, 1).astype(np.float32),
+                }
+            )
+    from mmreplay.export import export
+
+    with mr.open_group(path) as group:
+        export(group, tmp_path / "m", "minari", dataset_id="group-v0")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "m"))
+    first = next(iter(minari.load_dataset("group-v0").iterate_episodes()))
+    # shard 0's open episode has no final observation: its last step is left out, it ends truncated
+    assert first.observations[:, 0].tolist() == [0, 1, 2] and first.actions.tolist() == [0, 1]
+    assert first.truncations.tolist() == [False, True] and not first.terminations.any()

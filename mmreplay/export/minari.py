@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
+from ..joined import JoinedShards
 from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
 from ._base import (
     ExportResult,
@@ -189,7 +190,13 @@ class _FinalObservation:
 
     def after(self, ep: Any) -> Any:
         g = ep.last_step + 1
-        if g >= self.store.committed_steps:
+        # in a group's joined shards the step after a shard's last is another shard's
+        end = (
+            self.store.shard_end(ep.last_step)
+            if isinstance(self.store, JoinedShards)
+            else self.store.committed_steps
+        )
+        if g >= end:
             return None
         row = self.store.read_steps(np.array([g]))
         if int(np.asarray(row[self.step_type])[0, ep.env]) != self.LAST:
