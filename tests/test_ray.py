@@ -33,15 +33,20 @@ def info_of(ray, writer) -> dict:
     return ray.get(writer.info.remote())
 
 
-def restarted(ray, writer) -> dict:
-    """The info of an actor Ray is restarting, once it answers again."""
+def restarted(ray, writer, pid: int) -> dict:
+    """The info of an actor Ray is restarting, once a process other than ``pid`` answers
+    (``ray.kill`` returns before the old process is gone: a call right after it may still
+    reach that one)."""
     deadline = time.monotonic() + 60
     while True:
         try:
-            return info_of(ray, writer)
+            info = info_of(ray, writer)
+            if info["pid"] != pid:
+                return info
         except ray.exceptions.RayActorError:
-            assert time.monotonic() < deadline, "the actor was not restarted"
-            time.sleep(0.2)
+            pass
+        assert time.monotonic() < deadline, "the actor was not restarted"
+        time.sleep(0.2)
 
 
 def test_actors_write_shards_one_killed_resumes_and_the_learner_samples_and_reads(cluster, tmp_path):
@@ -53,7 +58,7 @@ def test_actors_write_shards_one_killed_resumes_and_the_learner_samples_and_read
     ray.get(writers[0].extend.remote(steps_of(0, 10, 3, 1)))  # the uncommitted tail
     before = info_of(ray, writers[0])
     ray.kill(writers[0], no_restart=False)  # Ray restarts it: it reopens its store
-    after = restarted(ray, writers[0])
+    after = restarted(ray, writers[0], before["pid"])
     assert after["pid"] != before["pid"] and after["total_steps"] == after["committed_steps"] == 10
     assert ray.get(writers[0].extend.remote(steps_of(0, 10, 5, 1))) == 15  # it resumes its shard
     ray.get(writers[0].commit.remote())
@@ -134,7 +139,7 @@ def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster
     check_rows(batch, info)
     assert len(info.shard) == 64
     assert ray.get(writers[1].extend.remote(steps_of(1, 25, 1, 2))) == 26  # the other carries on
-    after = restarted(ray, writers[0])
+    after = restarted(ray, writers[0], before["pid"])
     assert after["pid"] != before["pid"] and after["total_steps"] == after["committed_steps"] == 20
     ray.get(writers[0].extend.remote(steps_of(0, 20, 10, 2)))
     ray.get(writers[0].commit.remote())
