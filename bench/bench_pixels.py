@@ -38,6 +38,7 @@ import mmreplay as mr
 from mmreplay.backends import native_rows
 
 from .atari_like import frames, stacked
+from .bench_row_decode import open_way
 
 CODECS = {
     "mapped": None,
@@ -107,12 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         paths = ["native", "python"] if codec and codec.startswith("rows:") else [""]
         for way in paths:
             label = f"{name} ({way})" if way else name
-            if way == "python":
-                os.environ[native_rows.ENV] = "0"
-            try:
-                store = mr.open(path)
-            finally:
-                os.environ.pop(native_rows.ENV, None)
+            store = open_way(path, way or "native")
             stores.append(store)
             store.set_chunk_cache(args.chunk_cache)  # smaller than the buffer, as for any buffer worth compressing
             timed[f"{label} take"] = (partial(take_next, store.leaves[0].take, cycle(ids)), 256, args.batches)

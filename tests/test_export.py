@@ -17,6 +17,15 @@ from mmreplay.export import FORMATS, export
 from mmreplay.export.parquet import decode_image
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
+# a TF-Agents trajectory store's leaves: no next observation, boundary rows instead
+TF_AGENTS_SPEC = {
+    "step_type": mr.ArraySpec((), "int32"),
+    "observation": mr.ArraySpec((3,), "float32"),
+    "action": mr.ArraySpec((), "int64"),
+    "next_step_type": mr.ArraySpec((), "int32"),
+    "reward": mr.ArraySpec((), "float32"),
+    "discount": mr.ArraySpec((), "float32"),
+}
 REFERENCE = ["pointchase-zarr", "pointchase-pixels-hdf5", "pointchase-pixels-zstd", "pointchase-wrapped"]
 
 
@@ -450,14 +459,7 @@ def test_minari_from_a_tf_agents_trajectory_store_takes_final_observations_from_
     tmp_path, monkeypatch
 ):
     minari = pytest.importorskip("minari")
-    s = {
-        "step_type": mr.ArraySpec((), "int32"),
-        "observation": mr.ArraySpec((3,), "float32"),
-        "action": mr.ArraySpec((), "int64"),
-        "next_step_type": mr.ArraySpec((), "int32"),
-        "reward": mr.ArraySpec((), "float32"),
-        "discount": mr.ArraySpec((), "float32"),
-    }
+    s = TF_AGENTS_SPEC
     # two episodes of 4 steps, each followed by its boundary row (step_type LAST), then 3 steps still open
     st = np.array([0, 1, 1, 1, 2, 0, 1, 1, 1, 2, 0, 1, 1], np.int32)[:, None]
     nst = np.array([1, 1, 1, 2, 0, 1, 1, 1, 2, 0, 1, 1, 1], np.int32)[:, None]

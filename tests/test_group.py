@@ -353,14 +353,8 @@ def test_the_cli_inspects_verifies_summarises_and_exports_a_group(tmp_path):
 
 def test_minari_export_of_a_group_never_ends_an_episode_with_the_next_shards_row(tmp_path, monkeypatch):
     minari = pytest.importorskip("minari")
-    spec = {
-        "step_type": mr.ArraySpec((), "int32"),
-        "observation": mr.ArraySpec((3,), "float32"),
-        "action": mr.ArraySpec((), "int64"),
-        "next_step_type": mr.ArraySpec((), "int32"),
-        "reward": mr.ArraySpec((), "float32"),
-        "discount": mr.ArraySpec((), "float32"),
-    }
+    from test_export import TF_AGENTS_SPEC as spec
+
     path = tmp_path / "g"
     mr.create_group(path, spec, shards=2, capacity=20, num_envs=1).close()
     # shard 0: an episode still open at its end; shard 1 starts with a boundary row (LAST)
