@@ -26,6 +26,7 @@ import json
 import os
 import threading
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -343,7 +344,7 @@ def shard_key(array_key: str, ndim: int, k: int) -> str:
     return f"{array_key}/c/{k}" + "/0" * (ndim - 1)
 
 
-class RemoteLeaf:
+class RemoteLeaf(ABC):
     """What every leaf in object storage shares: rows by range requests through
     ``take_async`` (all leaves' requests of a batch in flight together), read-only, no
     page cache."""
@@ -356,8 +357,9 @@ class RemoteLeaf:
     capacity: int
     num_envs: int
 
+    @abstractmethod
     async def take_async(self, rows: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Rows (flat ids into ``[capacity * num_envs]``) fetched and decoded."""
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         return self.location.run(self.take_async(rows))
@@ -371,10 +373,10 @@ class RemoteLeaf:
     def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
         return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
 
-    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:  # noqa: B027 (nothing to do for every remote leaf)
         """No page cache to advise: every read is a range request."""
 
-    def willneed(self, rows: np.ndarray) -> None:
+    def willneed(self, rows: np.ndarray) -> None:  # noqa: B027 (nothing to do for every remote leaf)
         """No page cache to fill ahead."""
 
     def write(self, start: int, values: np.ndarray) -> None:
@@ -382,7 +384,7 @@ class RemoteLeaf:
 
     write_slots = write
 
-    def flush(self, fsync: bool) -> None:
+    def flush(self, fsync: bool) -> None:  # noqa: B027 (nothing to do for every remote leaf)
         pass
 
 

@@ -1240,7 +1240,7 @@ def create(
     lock.path = os.path.join(path, os.path.basename(lock.path))
     if durability == "power":
         for folder in {parent, *(os.path.dirname(m) for m in made)}:  # the new entries
-            _fsync_dir(folder)
+            backends.base.fsync_path(folder)
     return Store(path, meta, "a", lock, chosen)
 
 
@@ -1277,12 +1277,6 @@ def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:
     return need
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_same_layout(store: Store, meta: Metadata) -> None:

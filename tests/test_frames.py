@@ -171,24 +171,15 @@ def test_every_read_path_and_export_matches_over_many_envs_timeouts_and_commits(
 
 def _same_export(a: str, b: str, fmt: str) -> None:
     """The exported files hold the same arrays (files that name their own path aside)."""
-    files_a = (
-        sorted(
-            os.path.relpath(p, a)
-            for p in glob.glob(os.path.join(a, "**"), recursive=True)
-            if os.path.isfile(p)
-        )
-        if os.path.isdir(a)
-        else [""]
-    )
-    files_b = (
-        sorted(
-            os.path.relpath(p, b)
-            for p in glob.glob(os.path.join(b, "**"), recursive=True)
-            if os.path.isfile(p)
-        )
-        if os.path.isdir(b)
-        else [""]
-    )
+
+    def files(root: str) -> list[str]:
+        """The files under a folder export, relative to it; [""] for a one-file export."""
+        if not os.path.isdir(root):
+            return [""]
+        found = glob.glob(os.path.join(root, "**"), recursive=True)
+        return sorted(os.path.relpath(p, root) for p in found if os.path.isfile(p))
+
+    files_a, files_b = files(a), files(b)
     assert files_a == files_b, fmt
     for rel in files_a:
         pa, pb = os.path.join(a, rel) if rel else a, os.path.join(b, rel) if rel else b

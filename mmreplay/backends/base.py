@@ -207,14 +207,15 @@ def fsync_files(paths: Iterable[str]) -> None:
     folders = set()
     for path in paths:
         if os.path.exists(path):
-            _fsync(path)
+            fsync_path(path)
         folders.add(os.path.dirname(path))
     for folder in folders:
         if os.path.isdir(folder):
-            _fsync(folder)
+            fsync_path(folder)
 
 
-def _fsync(path: str) -> None:
+def fsync_path(path: str) -> None:
+    """fsync one file or folder by its path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
