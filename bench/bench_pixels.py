@@ -12,12 +12,17 @@ first line printed says which library the native path uses.
 Caches, honestly: row frames keep no decoded rows, so every batch decodes every row it
 returns; the chunk-compressed leaf's decoded-chunk cache is set to ``--chunk-cache``
 (32 MiB), less than the buffer, as it is for any buffer worth compressing; the files and
-the mapped store are in the page cache (a buffer larger than the page cache cannot be
-made on this machine), so the mapped store's figure is the page-cached one, its best case.
+the mapped store are in the page cache, so the mapped store's figure is the page-cached
+one, its best case. ``--cold`` adds what a buffer larger than the page cache sees (one
+that does not fit in RAM cannot be made on this machine): before each batch the store is
+closed, the page cache of its files is dropped with ``posix_fadvise(DONTNEED)`` and the
+store is reopened (none of that timed), so every batch reads its rows from the disk; the
+stores take turns batch by batch, with the same row ids (``sample(256, rng=i)``).
 
     python -m bench.bench_pixels                  # 600 steps x 8 envs, 5 repeats
     python -m bench.bench_pixels --steps 5000     # the 2.26 GB (obs + next_obs) setup: 1.1 GB a leaf
     python -m bench.bench_pixels --steps 200 --repeats 1
+    python -m bench.bench_pixels --steps 5000 --cold 40   # also 40 batches from disk per store
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from mmreplay.backends import native_rows
 
 from .atari_like import frames, stacked
 from .bench_row_decode import open_way
+from .bench_sampling import drop_cache
 
 CODECS = {
     "mapped": None,
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batches", type=int, default=10)
     p.add_argument(
         "--chunk-cache", type=int, default=32 << 20, help="decoded-chunk cache of the chunk-compressed leaf, bytes"
+    )
+    p.add_argument(
+        "--cold", type=int, default=0, metavar="N", help="also N batches per store read from disk (page cache dropped)"
     )
     args = p.parse_args(argv)
     n, envs = args.steps, args.envs
@@ -121,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     got = rates(timed, args.repeats)
     for store in stores:
         store.close()
+    cold = cold_rates({name: os.path.join(root, name.replace(":", "-")) for name in COLD}, args.cold)
     shutil.rmtree(root)
     for label, r in results.items():
         r.update(take=got[f"{label} take"], sample=got[f"{label} sample"], seq=got[f"{label} seq"])
@@ -146,6 +156,31 @@ def main(argv: list[str] | None = None) -> None:
         for name, r in results.items():
             if name.startswith("rows:"):
                 print(f"mmreplay {name} sample(256) / TorchRL get(256): {r['sample'] / got['torchrl']:.2f}×")
+    if cold:
+        print(f"\nfrom disk (page cache dropped before each batch), sample(256) rows/s, medians of {args.cold} batches")
+        print("| system | sample(256) rows/s | vs mapped |")
+        print("|---|---|---|")
+        for name, rate in cold.items():
+            print(f"| mmreplay {name} | {rate:,.0f} | {rate / cold['mapped']:.2f}× |")
+
+
+#: the stores timed with ``--cold``
+COLD = ["mapped", "rows:lz4", "rows:zstd:1", "rows:zstd:1:dict"]
+
+
+def cold_rates(paths: dict[str, str], batches: int) -> dict[str, float]:
+    """Median rows/s of ``sample(256)`` per store, each batch read from disk: the store is
+    closed, its files dropped from the page cache and the store reopened before each one
+    (untimed); the stores take turns, batch ``i`` drawing the same rows in each."""
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    for i in range(batches):
+        for name, path in paths.items():
+            drop_cache([os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs])
+            with open_way(path, "native") as store:
+                t = time.perf_counter()
+                store.sample(256, rng=i)
+                times[name].append(256 / (time.perf_counter() - t))
+    return {name: statistics.median(v) for name, v in times.items() if v}
 
 
 def take_next(take: Callable[[np.ndarray], object], batches: Iterator[np.ndarray]) -> object:
