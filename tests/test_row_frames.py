@@ -188,6 +188,24 @@ def test_verify_checks_every_zstd_frame_and_its_checksum(tmp_path, flip):
     assert ("checksum" in check.stdout) == (flip == 9), check.stdout
 
 
+def test_a_batch_over_more_segments_than_are_kept_mapped(tmp_path, monkeypatch):
+    """The decoder gets the shards of every segment a batch needs, however many; the
+    oldest mappings are let go after the batch."""
+    from mmreplay.backends import row_frames
+
+    monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 3)
+    path = tmp_path / "b"
+    values = np.arange(40 * 2 * 8, dtype=np.uint8).reshape(40, 2, 8)
+    with mr.create(path, {"obs": mr.ArraySpec((8,), "uint8")}, 40, num_envs=2, compression="rows:lz4", chunk_steps=2) as store:
+        store.extend({"obs": values})
+    with mr.open(path) as reader:
+        (leaf,) = reader.leaves
+        ids = np.random.default_rng(0).permutation(80)  # all 20 segments, in no order
+        np.testing.assert_array_equal(leaf.take(ids), values.reshape(80, 8)[ids])
+        assert len(leaf.shards) <= 3 and sum(b is not None for b in leaf.buffers) == len(leaf.shards)
+        np.testing.assert_array_equal(leaf.take(ids[:5]), values.reshape(80, 8)[ids[:5]])
+
+
 def test_a_missing_staging_file_is_found_and_recovered(tmp_path):
     path = str(tmp_path / "b")
     killed_writer(path, "rows:lz4")  # committed steps 54 and 55 are in staging only

@@ -74,7 +74,8 @@ STAGING_MAGIC = b"MMRROWS1"
 HEADER_BYTES = 4096
 #: shard index entry of a row that was never written (zarr reads it as the fill value)
 MISSING = np.uint64(2**64 - 1)
-#: sealed shards kept mapped per leaf; the rest are mapped again when read
+#: sealed shards kept mapped per leaf (the first mapped are unmapped first); the rest are
+#: mapped again when read
 MAPPED_SHARDS = 1024
 #: rows handed to the background encoder at a time (waking it per step costs more)
 ENCODE_BATCH_ROWS = 64
@@ -435,6 +436,9 @@ class RowFrameLeaf:
         self.lengths = np.zeros(capacity * num_envs, np.int64)
         self.loaded = np.zeros(self.nseg, bool)
         self.shards: OrderedDict[int, mmap.mmap | bytes] = OrderedDict()
+        #: the mapped shards by segment (None: not mapped), handed whole to the decoder,
+        #: which reads only those a batch's frames are in
+        self.buffers: list[mmap.mmap | bytes | None] = [None] * self.nseg
         self.sealed_since_flush: set[int] = set()
         staging = os.path.join(folder, STAGING_FILE)
         need = staging_bytes(self.seg, num_envs, self.row_bytes)
@@ -471,12 +475,8 @@ class RowFrameLeaf:
 
     # --- reads ------------------------------------------------------------------------------
 
-    def _shard(self, k: int) -> Any:
-        """Sealed segment ``k``'s bytes (mapped), its index loaded into memory."""
-        buf = self.shards.get(k)
-        if buf is not None:
-            self.shards.move_to_end(k)
-            return buf
+    def _map(self, k: int) -> None:
+        """Map sealed segment ``k``'s shard and load its index into memory."""
         path = self.shard_path(k)
         try:
             with open(path, "rb") as f:
@@ -493,14 +493,12 @@ class RowFrameLeaf:
         self.offsets[lo : lo + n] = offsets[:n]
         self.lengths[lo : lo + n] = lengths[:n]
         self.loaded[k] = True
-        self.shards[k] = buf
-        if len(self.shards) > MAPPED_SHARDS:
-            self._drop(next(iter(self.shards)))
-        return buf
+        self.shards[k] = self.buffers[k] = buf
 
     def _drop(self, k: int) -> None:
         buf = self.shards.pop(k, None)
         self.loaded[k] = False
+        self.buffers[k] = None
         if isinstance(buf, mmap.mmap):
             try:
                 buf.close()
@@ -529,32 +527,43 @@ class RowFrameLeaf:
             if self.seen[1] >= 0:
                 self._drop(self.seen[1])
             self.seen = (seq, segment)
-        seg_of = flat // self.seg_rows
-        inner = flat - seg_of * self.seg_rows
-        step = inner // self.num_envs
-        staged = (seg_of == segment) & (step >= base) & (step < filled)
-        if staged.any():
-            out[staged] = self.staged[inner[staged]]
-        rest = np.flatnonzero(~staged)
-        if rest.size:
-            segments, which = np.unique(seg_of[rest], return_inverse=True)
-            buffers = [self._shard(int(k)) for k in segments]  # loads their indexes too
-            ids = flat[rest]
-            offsets = self.offsets[ids]
-            if (offsets < 0).any():
-                i = int(np.flatnonzero(offsets < 0)[0])
-                bad, k = int(ids[i]), int(segments[which[i]])
-                raise CorruptBufferError(
-                    f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
-                    f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
-                )
-            try:
-                batch = native_rows.FrameBatch(buffers, which.astype(np.int32), rest, offsets, self.lengths[ids])
-                self.frames.decode(batch, out)
-            except CorruptBufferError:
-                raise
-            except Exception as exc:
-                raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
+        where = None  # rows of ``out`` the frames go to: all of them, unless some are staged
+        if segment >= 0 and filled > base:
+            first = segment * self.seg_rows
+            staged = (flat >= first + base * self.num_envs) & (flat < first + filled * self.num_envs)
+            if staged.any():
+                out[staged] = self.staged[flat[staged] - first]
+                where = np.flatnonzero(~staged)
+                flat = flat[where]
+        if flat.size == 0:
+            return seq
+        segments = flat // self.seg_rows
+        unmapped = ~self.loaded[segments]
+        if unmapped.any():
+            for k in np.unique(segments[unmapped]).tolist():
+                self._map(k)
+        offsets = self.offsets[flat]
+        if (offsets < 0).any():
+            i = int(np.flatnonzero(offsets < 0)[0])
+            bad, k = int(flat[i]), int(segments[i])
+            raise CorruptBufferError(
+                f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
+                f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
+            )
+        if where is None:
+            where = np.arange(flat.size)
+        try:
+            batch = native_rows.FrameBatch(
+                self.buffers, segments.astype(np.int32), where, offsets, self.lengths[flat]
+            )
+            self.frames.decode(batch, out)
+        except CorruptBufferError:
+            raise
+        except Exception as exc:
+            raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
+        finally:
+            while len(self.shards) > MAPPED_SHARDS:  # after the batch: it may need them all
+                self._drop(next(iter(self.shards)))
         return seq
 
     def read(self, slots: Any) -> np.ndarray:
