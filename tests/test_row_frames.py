@@ -206,6 +206,28 @@ def test_a_batch_over_more_segments_than_are_kept_mapped(tmp_path, monkeypatch):
         np.testing.assert_array_equal(leaf.take(ids[:5]), values.reshape(80, 8)[ids[:5]])
 
 
+def test_a_shard_replaced_while_unmapped_is_indexed_again(tmp_path, monkeypatch):
+    """A reader keeps the index of a shard it unmapped, but only for that very file: one
+    the writer replaced since (``set``) is indexed again when mapped again."""
+    from mmreplay.backends import row_frames
+
+    monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 1)
+    path = tmp_path / "b"
+    spec = {"obs": mr.ArraySpec((64,), "uint8")}
+    store = mr.create(path, spec, 6, compression="rows:lz4", chunk_steps=2)
+    store.extend({"obs": np.zeros((6, 1, 64), np.uint8)})
+    store.commit()
+    with mr.open(path) as reader:
+        (leaf,) = reader.leaves
+        assert (leaf.take([0]) == 0).all()
+        assert (leaf.take([2]) == 0).all()  # segment 0 is unmapped now, its index kept
+        noisy = np.random.default_rng(0).integers(0, 255, (1, 1, 64), np.uint8)  # a longer frame
+        store.set([0], {"obs": noisy})
+        store.commit()
+        np.testing.assert_array_equal(leaf.take([0, 1]), np.stack([noisy[0, 0], np.zeros(64, np.uint8)]))
+    store.close()
+
+
 def test_a_missing_staging_file_is_found_and_recovered(tmp_path):
     path = str(tmp_path / "b")
     killed_writer(path, "rows:lz4")  # committed steps 54 and 55 are in staging only

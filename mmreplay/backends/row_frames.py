@@ -434,7 +434,11 @@ class RowFrameLeaf:
         # the in-memory shard index: offset and length of every row's frame (-1: unknown)
         self.offsets = np.full(capacity * num_envs, -1, np.int64)
         self.lengths = np.zeros(capacity * num_envs, np.int64)
-        self.loaded = np.zeros(self.nseg, bool)
+        self.mapped = np.zeros(self.nseg, bool)
+        #: segment -> (inode, size, mtime) of the shard file its index in memory was read from:
+        #: kept when the shard is unmapped to keep the mapped ones few, so mapping it again
+        #: reads no index unless the file was replaced since
+        self.indexed: dict[int, tuple[int, int, int]] = {}
         self.shards: OrderedDict[int, mmap.mmap | bytes] = OrderedDict()
         #: the mapped shards by segment (None: not mapped), handed whole to the decoder,
         #: which reads only those a batch's frames are in
@@ -476,28 +480,37 @@ class RowFrameLeaf:
     # --- reads ------------------------------------------------------------------------------
 
     def _map(self, k: int) -> None:
-        """Map sealed segment ``k``'s shard and load its index into memory."""
+        """Map sealed segment ``k``'s shard, and load its index into memory unless it is
+        there from this very file."""
         path = self.shard_path(k)
         try:
             with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+                st = os.fstat(f.fileno())
+                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
         except FileNotFoundError:
             raise CorruptBufferError(
                 f"{self.where}: shard file {path} (segment {k}) holds committed steps but is missing; "
                 "see `mmreplay verify`"
             ) from None
-        offsets, lengths = read_shard_index(buf, self.seg_rows, f"{self.where}: {path}")
-        lo = k * self.seg_rows
-        n = min(self.seg_rows, len(self.offsets) - lo)
-        self.offsets[lo : lo + n] = offsets[:n]
-        self.lengths[lo : lo + n] = lengths[:n]
-        self.loaded[k] = True
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self.indexed.get(k) != identity:
+            offsets, lengths = read_shard_index(buf, self.seg_rows, f"{self.where}: {path}")
+            lo = k * self.seg_rows
+            n = min(self.seg_rows, len(self.offsets) - lo)
+            self.offsets[lo : lo + n] = offsets[:n]
+            self.lengths[lo : lo + n] = lengths[:n]
+            self.indexed[k] = identity
+        self.mapped[k] = True
         self.shards[k] = self.buffers[k] = buf
 
     def _drop(self, k: int) -> None:
+        """Forget segment ``k``'s shard: its file was replaced, or may have been."""
+        self.indexed.pop(k, None)
+        self._unmap(k)
+
+    def _unmap(self, k: int) -> None:
         buf = self.shards.pop(k, None)
-        self.loaded[k] = False
+        self.mapped[k] = False
         self.buffers[k] = None
         if isinstance(buf, mmap.mmap):
             try:
@@ -538,7 +551,7 @@ class RowFrameLeaf:
         if flat.size == 0:
             return seq
         segments = flat // self.seg_rows
-        unmapped = ~self.loaded[segments]
+        unmapped = ~self.mapped[segments]
         if unmapped.any():
             for k in np.unique(segments[unmapped]).tolist():
                 self._map(k)
@@ -563,7 +576,7 @@ class RowFrameLeaf:
             raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
         finally:
             while len(self.shards) > MAPPED_SHARDS:  # after the batch: it may need them all
-                self._drop(next(iter(self.shards)))
+                self._unmap(next(iter(self.shards)))
         return seq
 
     def read(self, slots: Any) -> np.ndarray:
