@@ -74,11 +74,26 @@ STAGING_MAGIC = b"MMRROWS1"
 HEADER_BYTES = 4096
 #: shard index entry of a row that was never written (zarr reads it as the fill value)
 MISSING = np.uint64(2**64 - 1)
-#: sealed shards kept mapped per leaf (the first mapped are unmapped first); the rest are
-#: mapped again when read
-MAPPED_SHARDS = 1024
 #: rows handed to the background encoder at a time (waking it per step costs more)
 ENCODE_BATCH_ROWS = 64
+
+
+def _mapping_budget() -> int:
+    """Shard mappings the process keeps: a quarter of the mappings Linux allows a process
+    (``vm.max_map_count``, 65,530 by default), which malloc and every mapped file share."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        limit = 65_530
+    return max(1024, min(limit // 4, 1 << 16))
+
+
+#: sealed shards kept mapped by all row-frame leaves of the process together; past it,
+#: a leaf unmaps its own, the first mapped first, and maps them again when read (a
+#: buffer of more segments than this maps some segments at every batch)
+MAPPED_SHARDS = _mapping_budget()
+_mapped = [0]  # shards mapped now, all leaves together
 
 
 def is_row_compression(text: str | None) -> bool:
@@ -502,6 +517,7 @@ class RowFrameLeaf:
             self.indexed[k] = identity
         self.mapped[k] = True
         self.shards[k] = self.buffers[k] = buf
+        _mapped[0] += 1
 
     def _drop(self, k: int) -> None:
         """Forget segment ``k``'s shard: its file was replaced, or may have been."""
@@ -509,7 +525,10 @@ class RowFrameLeaf:
         self._unmap(k)
 
     def _unmap(self, k: int) -> None:
-        buf = self.shards.pop(k, None)
+        if k not in self.shards:
+            return
+        buf = self.shards.pop(k)
+        _mapped[0] -= 1
         self.mapped[k] = False
         self.buffers[k] = None
         if isinstance(buf, mmap.mmap):
@@ -575,7 +594,7 @@ class RowFrameLeaf:
         except Exception as exc:
             raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
         finally:
-            while len(self.shards) > MAPPED_SHARDS:  # after the batch: it may need them all
+            while self.shards and _mapped[0] > MAPPED_SHARDS:  # after the batch: it may need them all
                 self._unmap(next(iter(self.shards)))
         return seq
 
