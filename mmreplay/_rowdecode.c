@@ -24,6 +24,11 @@ typedef size_t (*zstd_free_ddict_fn)(void *);
 typedef size_t (*zstd_decompress_ddict_fn)(void *, void *, size_t, const void *, size_t, const void *);
 typedef unsigned (*zstd_is_error_fn)(size_t);
 typedef const char *(*zstd_error_name_fn)(size_t);
+typedef size_t (*zstd_set_dparameter_fn)(void *, int, int);
+
+/* ZSTD_d_forceIgnoreChecksum (ZSTD_d_experimentalParam3 in zstd.h, since zstd 1.4.7): 1 skips
+ * the content checksum of the frames decoded, 0 (the default) checks it */
+#define ZSTD_D_FORCE_IGNORE_CHECKSUM 1002
 
 static lz4_decompress_safe_fn lz4_decompress_safe;
 static struct {
@@ -35,7 +40,11 @@ static struct {
     zstd_decompress_ddict_fn decompress_ddict;
     zstd_is_error_fn is_error;
     zstd_error_name_fn error_name;
+    zstd_set_dparameter_fn set_dparameter; /* NULL in a library without it */
 } zstd;
+/* the library takes ZSTD_d_forceIgnoreChecksum (tried when it is loaded); else every frame's
+ * checksum is checked */
+static int can_ignore_checksums;
 
 enum { CODEC_LZ4 = 0, CODEC_ZSTD = 1 };
 #define DDICT_CAPSULE "mmreplay._rowdecode.ddict"
@@ -89,6 +98,16 @@ static PyObject *load(PyObject *self, PyObject *args) {
     zstd.decompress_ddict = (zstd_decompress_ddict_fn)f[5];
     zstd.is_error = (zstd_is_error_fn)f[6];
     zstd.error_name = (zstd_error_name_fn)f[7];
+    /* Whether this library can skip checksums: asked once, of a context made for it. */
+    zstd.set_dparameter = (zstd_set_dparameter_fn)dlsym(lib, "ZSTD_DCtx_setParameter");
+    can_ignore_checksums = 0;
+    if (zstd.set_dparameter != NULL) {
+        void *dctx = zstd.create_dctx();
+        if (dctx != NULL) {
+            can_ignore_checksums = !zstd.is_error(zstd.set_dparameter(dctx, ZSTD_D_FORCE_IGNORE_CHECKSUM, 1));
+            zstd.free_dctx(dctx);
+        }
+    }
     Py_RETURN_NONE;
 }
 
@@ -118,12 +137,13 @@ static PyObject *zstd_dictionary(PyObject *self, PyObject *args) {
     return capsule;
 }
 
-/* One batch. The calling thread decodes too and returns once every row is done; a thread
- * it started that is scheduled only after that finds no rows left and just exits, so the
+/* One batch. The calling thread decodes too and returns once every row is done; a pool
+ * thread that wakes only after that finds no rows left and goes back to sleep, so the
  * caller never waits for a thread the OS has not run yet (on a loaded machine, that wait
  * would cost more than the decoding). The job lives on the heap until its last user leaves. */
 typedef struct {
     int codec;
+    int verify;            /* zstd: check each frame's content checksum */
     const char *const *bases;
     const int32_t *which;
     const int64_t *where, *offsets, *lengths;
@@ -133,7 +153,7 @@ typedef struct {
     const void *ddict;
     int64_t next;          /* next row to take (atomic) */
     int64_t finished;      /* rows taken and done with, decoded or not (atomic) */
-    int users;             /* the caller and the threads not yet gone (atomic) */
+    int users;             /* the caller and the pool threads not yet gone (atomic) */
     int failed;            /* set once (atomic) */
     int64_t failed_row;    /* -1: ZSTD_createDCtx failed */
     int64_t failed_result; /* what the codec returned */
@@ -168,6 +188,49 @@ static void leave(job_t *job) {
     }
 }
 
+/* One zstd decoding context per thread (pool threads and callers alike), made on its first
+ * zstd batch and kept: making one costs about as much as decoding a few rows. It is freed
+ * when its thread ends. `ignoring` is the checksum setting it was last given. */
+typedef struct {
+    void *dctx;
+    int ignoring;
+} thread_dctx_t;
+
+static pthread_key_t dctx_key;
+static pthread_once_t dctx_key_once = PTHREAD_ONCE_INIT;
+
+static void free_thread_dctx(void *p) {
+    thread_dctx_t *t = p;
+    if (t->dctx != NULL && zstd.free_dctx != NULL) zstd.free_dctx(t->dctx);
+    free(t);
+}
+
+static void make_dctx_key(void) { pthread_key_create(&dctx_key, free_thread_dctx); }
+
+/* This thread's context, set to check checksums or not; NULL if it cannot be made. */
+static void *thread_dctx(int verify) {
+    pthread_once(&dctx_key_once, make_dctx_key);
+    thread_dctx_t *t = pthread_getspecific(dctx_key);
+    if (t == NULL) {
+        if ((t = calloc(1, sizeof(thread_dctx_t))) == NULL) return NULL;
+        if ((t->dctx = zstd.create_dctx()) == NULL || pthread_setspecific(dctx_key, t) != 0) {
+            free_thread_dctx(t);
+            return NULL;
+        }
+    }
+    int ignore = !verify && can_ignore_checksums;
+    if (ignore != t->ignoring) {
+        if (zstd.is_error(zstd.set_dparameter(t->dctx, ZSTD_D_FORCE_IGNORE_CHECKSUM, ignore))) {
+            /* a fresh context checks checksums: the default */
+            zstd.free_dctx(t->dctx);
+            if ((t->dctx = zstd.create_dctx()) == NULL) return NULL;
+            ignore = 0;
+        }
+        t->ignoring = ignore;
+    }
+    return t->dctx;
+}
+
 /* Decode rows taken a few at a time until none are left (or one failed). */
 static void decode_some(job_t *job) {
     void *dctx = NULL;
@@ -179,7 +242,7 @@ static void decode_some(job_t *job) {
             count_done(job, b - a);
             continue;
         }
-        if (job->codec == CODEC_ZSTD && dctx == NULL && (dctx = zstd.create_dctx()) == NULL) {
+        if (job->codec == CODEC_ZSTD && dctx == NULL && (dctx = thread_dctx(job->verify)) == NULL) {
             fail(job, -1, 0, 0);
             count_done(job, b - a);
             continue;
@@ -212,13 +275,84 @@ static void decode_some(job_t *job) {
         }
         count_done(job, b - a);
     }
-    if (dctx != NULL) zstd.free_dctx(dctx);
 }
 
-static void *thread_main(void *arg) {
-    decode_some((job_t *)arg);
-    leave((job_t *)arg);
+/* The pool: threads started on first use, as many as a batch has asked for so far, that
+ * sleep until a batch is open to them. One batch at a time is open; a caller that finds
+ * the pool busy with another thread's batch decodes its own alone. A forked child starts
+ * with no pool (its parent's threads do not exist there) and makes its own. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int started;  /* threads running */
+    job_t *job;   /* the batch open to pool threads, or NULL */
+    int wanted;   /* pool threads that batch still takes */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, NULL, 0};
+
+static void *pool_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&pool.lock);
+    for (;;) {
+        while (pool.job == NULL || pool.wanted <= 0) pthread_cond_wait(&pool.wake, &pool.lock);
+        job_t *job = pool.job;
+        pool.wanted--;
+        __atomic_add_fetch(&job->users, 1, __ATOMIC_ACQ_REL); /* before the caller can close it */
+        pthread_mutex_unlock(&pool.lock);
+        decode_some(job);
+        leave(job);
+        pthread_mutex_lock(&pool.lock);
+    }
     return NULL;
+}
+
+static void pool_after_fork(void) {
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pool.started = 0;
+    pool.job = NULL;
+    pool.wanted = 0;
+}
+
+/* Open `job` to `helpers` pool threads, starting threads up to that many; 0 if the pool
+ * is busy with another batch (or no thread could be started). */
+static int pool_open(job_t *job, int helpers) {
+    pthread_mutex_lock(&pool.lock);
+    if (pool.job != NULL) {
+        pthread_mutex_unlock(&pool.lock);
+        return 0;
+    }
+    if (pool.started < helpers) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        while (pool.started < helpers) {
+            pthread_t tid;
+            if (pthread_create(&tid, &attr, pool_main, NULL) != 0) break;
+            pool.started++;
+        }
+        pthread_attr_destroy(&attr);
+    }
+    if (helpers > pool.started) helpers = pool.started;
+    if (helpers > 0) {
+        pool.job = job;
+        pool.wanted = helpers;
+        if (helpers == pool.started)
+            pthread_cond_broadcast(&pool.wake);
+        else
+            for (int i = 0; i < helpers; i++) pthread_cond_signal(&pool.wake);
+    }
+    pthread_mutex_unlock(&pool.lock);
+    return helpers > 0;
+}
+
+/* No more pool threads join `job` (its rows are all taken by now). */
+static void pool_close(job_t *job) {
+    pthread_mutex_lock(&pool.lock);
+    if (pool.job == job) {
+        pool.job = NULL;
+        pool.wanted = 0;
+    }
+    pthread_mutex_unlock(&pool.lock);
 }
 
 static int get_array(PyObject *obj, Py_buffer *view, int64_t n, Py_ssize_t itemsize, const char *what) {
@@ -232,18 +366,85 @@ static int get_array(PyObject *obj, Py_buffer *view, int64_t n, Py_ssize_t items
 }
 
 PyDoc_STRVAR(decode_rows_doc,
-             "decode_rows(codec, buffers, which, where, offsets, lengths, out, row_nbytes, threads, ddict=None)\n\n"
+             "decode_rows(codec, buffers, which, where, offsets, lengths, out, row_nbytes, threads, ddict=None,\n"
+             "            verify=True)\n\n"
              "Decode frame i (bytes offsets[i]:offsets[i]+lengths[i] of buffers[which[i]]) into row where[i]\n"
              "of out (rows of row_nbytes), on up to `threads` threads without the GIL. which is int32,\n"
-             "where/offsets/lengths int64. Raises ValueError naming the first frame that does not decode.");
+             "where/offsets/lengths int64. Only the buffers some frame is in are read (the others may be\n"
+             "None). verify=False skips zstd's content checksums where the library allows it (see\n"
+             "zstd_skips_checksums). Raises ValueError naming the first frame that does not decode.");
+
+/* The distinct buffers the frames are in: slot[i] is frame i's among them. A small hash
+ * table, so a caller can pass a long list (one buffer per segment) of which a batch uses
+ * a few. */
+typedef struct {
+    Py_buffer *views;
+    const char **bases;
+    int32_t *slot;
+    Py_ssize_t count;
+} used_buffers_t;
+
+static int use_buffers(used_buffers_t *u, PyObject *seq, const int32_t *which, int64_t n) {
+    Py_ssize_t nbuf = PySequence_Fast_GET_SIZE(seq);
+    size_t cap = 16;
+    while (cap < 2 * (size_t)n) cap *= 2;
+    int32_t *keys = PyMem_Malloc(cap * 2 * sizeof(int32_t)), *vals = keys + cap;
+    int64_t most = n < nbuf ? n : nbuf;
+    u->views = PyMem_Calloc(most ? most : 1, sizeof(Py_buffer));
+    u->bases = PyMem_Calloc(most ? most : 1, sizeof(char *));
+    u->slot = PyMem_Malloc((n ? n : 1) * sizeof(int32_t));
+    if (keys == NULL || u->views == NULL || u->bases == NULL || u->slot == NULL) {
+        PyMem_Free(keys);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(keys, 0xff, cap * sizeof(int32_t));
+    int rc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t w = which[i];
+        if (w < 0 || w >= nbuf) {
+            PyErr_Format(PyExc_ValueError, "frame %lld is in buffer %d, not one of the %zd given", (long long)i,
+                         (int)w, nbuf);
+            rc = -1;
+            break;
+        }
+        size_t h = ((uint32_t)w * 2654435761u) & (cap - 1);
+        while (keys[h] != -1 && keys[h] != w) h = (h + 1) & (cap - 1);
+        if (keys[h] == -1) {
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, w);
+            if (item == Py_None) {
+                PyErr_Format(PyExc_ValueError, "frame %lld is in buffer %d, which is None", (long long)i, (int)w);
+                rc = -1;
+                break;
+            }
+            if (PyObject_GetBuffer(item, &u->views[u->count], PyBUF_SIMPLE) < 0) {
+                rc = -1;
+                break;
+            }
+            u->bases[u->count] = u->views[u->count].buf;
+            keys[h] = w;
+            vals[h] = (int32_t)u->count++;
+        }
+        u->slot[i] = vals[h];
+    }
+    PyMem_Free(keys);
+    return rc;
+}
+
+static void release_buffers(used_buffers_t *u) {
+    for (Py_ssize_t i = 0; i < u->count; i++) PyBuffer_Release(&u->views[i]);
+    PyMem_Free(u->views);
+    PyMem_Free(u->bases);
+    PyMem_Free(u->slot);
+}
 
 static PyObject *decode_rows(PyObject *self, PyObject *args) {
     const char *name;
     PyObject *buffers, *which_o, *where_o, *offsets_o, *lengths_o, *out_o, *ddict_o = Py_None;
     Py_ssize_t row;
-    int threads;
-    if (!PyArg_ParseTuple(args, "sOOOOOOni|O", &name, &buffers, &which_o, &where_o, &offsets_o, &lengths_o, &out_o,
-                          &row, &threads, &ddict_o))
+    int threads, verify = 1;
+    if (!PyArg_ParseTuple(args, "sOOOOOOni|Op", &name, &buffers, &which_o, &where_o, &offsets_o, &lengths_o, &out_o,
+                          &row, &threads, &ddict_o, &verify))
         return NULL;
     int codec = codec_of(name);
     if (codec < 0) return NULL;
@@ -265,20 +466,9 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     }
     PyObject *seq = PySequence_Fast(buffers, "buffers must be a sequence");
     if (seq == NULL) return NULL;
-    Py_ssize_t nbuf = PySequence_Fast_GET_SIZE(seq);
-    Py_buffer *bufs = PyMem_Calloc(nbuf ? nbuf : 1, sizeof(Py_buffer));
-    const char **bases = PyMem_Calloc(nbuf ? nbuf : 1, sizeof(char *));
+    used_buffers_t used = {0};
     Py_buffer which = {0}, where = {0}, offsets = {0}, lengths = {0}, out = {0};
-    Py_ssize_t got = 0;
     PyObject *result = NULL;
-    if (bufs == NULL || bases == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (; got < nbuf; got++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &bufs[got], PyBUF_SIMPLE) < 0) goto done;
-        bases[got] = bufs[got].buf;
-    }
     if (PyObject_GetBuffer(where_o, &where, PyBUF_C_CONTIGUOUS) < 0) goto done;
     int64_t n = where.len / 8;
     if (where.len % 8) {
@@ -289,15 +479,16 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     if (get_array(offsets_o, &offsets, n, 8, "offsets") < 0) goto done;
     if (get_array(lengths_o, &lengths, n, 8, "lengths") < 0) goto done;
     if (PyObject_GetBuffer(out_o, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    if (use_buffers(&used, seq, which.buf, n) < 0) goto done;
     {
-        const int32_t *w = which.buf;
+        const int32_t *w = which.buf, *slot = used.slot;
         const int64_t *pos = where.buf, *off = offsets.buf, *len = lengths.buf;
         int64_t out_rows = out.len / row;
         int64_t min_len = codec == CODEC_LZ4 ? 4 : 1;
         /* every frame inside its buffer and every row inside out, before any thread runs */
         for (int64_t i = 0; i < n; i++) {
-            if (w[i] < 0 || w[i] >= nbuf || pos[i] < 0 || pos[i] >= out_rows || off[i] < 0 || len[i] < min_len ||
-                len[i] > INT32_MAX || off[i] > bufs[w[i]].len - len[i]) {
+            if (pos[i] < 0 || pos[i] >= out_rows || off[i] < 0 || len[i] < min_len || len[i] > INT32_MAX ||
+                off[i] > used.views[slot[i]].len - len[i]) {
                 PyErr_Format(PyExc_ValueError,
                              "frame %lld (buffer %d, offset %lld, length %lld, row %lld) lies outside its buffer "
                              "or the output",
@@ -310,24 +501,18 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
-        *job = (job_t){.codec = codec, .bases = bases, .which = w, .where = pos, .offsets = off, .lengths = len,
-                       .out = out.buf, .row = (size_t)row, .n = n, .ddict = ddict, .users = 1};
+        *job = (job_t){.codec = codec, .verify = verify, .bases = used.bases, .which = slot, .where = pos,
+                       .offsets = off, .lengths = len, .out = out.buf, .row = (size_t)row, .n = n, .ddict = ddict,
+                       .users = 1};
         pthread_mutex_init(&job->lock, NULL);
         pthread_cond_init(&job->all_done, NULL);
         int nthreads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
-        int64_t useful = (n + 15) / 16; /* a thread is worth starting for ~16 rows */
+        int64_t useful = (n + 15) / 16; /* a thread is worth waking for ~16 rows */
         if (nthreads > useful) nthreads = useful < 1 ? 1 : (int)useful;
         Py_BEGIN_ALLOW_THREADS
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        for (int t = 1; t < nthreads; t++) {
-            pthread_t tid;
-            __atomic_add_fetch(&job->users, 1, __ATOMIC_ACQ_REL);
-            if (pthread_create(&tid, &attr, thread_main, job) != 0) __atomic_sub_fetch(&job->users, 1, __ATOMIC_ACQ_REL);
-        }
-        pthread_attr_destroy(&attr);
+        int opened = nthreads > 1 && pool_open(job, nthreads - 1);
         decode_some(job);
+        if (opened) pool_close(job);
         pthread_mutex_lock(&job->lock);
         while (__atomic_load_n(&job->finished, __ATOMIC_ACQUIRE) < job->n) pthread_cond_wait(&job->all_done, &job->lock);
         pthread_mutex_unlock(&job->lock);
@@ -354,22 +539,27 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     result = Py_None;
     Py_INCREF(result);
 done:
-    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    release_buffers(&used);
     if (which.obj) PyBuffer_Release(&which);
     if (where.obj) PyBuffer_Release(&where);
     if (offsets.obj) PyBuffer_Release(&offsets);
     if (lengths.obj) PyBuffer_Release(&lengths);
     if (out.obj) PyBuffer_Release(&out);
-    PyMem_Free(bufs);
-    PyMem_Free(bases);
     Py_DECREF(seq);
     return result;
 }
+
+PyDoc_STRVAR(zstd_skips_checksums_doc,
+             "zstd_skips_checksums(): True if the loaded zstd library can skip content checksums\n"
+             "(decode_rows(..., verify=False) then does); False if it checks them always");
+
+static PyObject *zstd_skips_checksums(PyObject *self, PyObject *args) { return PyBool_FromLong(can_ignore_checksums); }
 
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, load_doc},
     {"zstd_dictionary", zstd_dictionary, METH_VARARGS, zstd_dictionary_doc},
     {"decode_rows", decode_rows, METH_VARARGS, decode_rows_doc},
+    {"zstd_skips_checksums", zstd_skips_checksums, METH_NOARGS, zstd_skips_checksums_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -378,4 +568,12 @@ static struct PyModuleDef module = {
     "Batch decoding of row frames in one call, without the GIL (see mmreplay.backends.native_rows).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__rowdecode(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__rowdecode(void) {
+    static int registered;
+    if (!registered && pthread_atfork(NULL, NULL, pool_after_fork) != 0) {
+        PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
+        return NULL;
+    }
+    registered = 1;
+    return PyModule_Create(&module);
+}

@@ -145,6 +145,121 @@ def test_the_extension_refuses_frames_outside_their_buffer_and_writes_nothing():
     assert (out == 0).all()
 
 
+def frames_of(codec: str, rows: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The rows as frames of ``codec`` one after the other: the bytes, offsets, lengths."""
+    if codec == "zstd":
+        import zstandard
+
+        encode = zstandard.ZstdCompressor(level=1, write_checksum=True).compress
+    else:
+        import cramjam
+
+        def encode(row: np.ndarray) -> bytes:
+            return bytes(cramjam.lz4.compress_block(row.tobytes(), store_size=True))
+
+    frames = [encode(r) for r in rows]
+    lengths = np.array([len(f) for f in frames], np.int64)
+    return b"".join(frames), np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64), lengths
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_many_batches_through_the_decoding_threads_from_two_callers(codec):
+    """The pool's threads serve batch after batch, and a second caller decoding while the
+    pool serves the first decodes its own batch alone; every row lands where it should."""
+    need_native(f"rows:{codec}")
+    ext = sys.modules["mmreplay._rowdecode"]
+    rows = screens(64, 1, np.random.default_rng(5)).reshape(64, -1)
+    data, offsets, lengths = frames_of(codec, rows)
+    buffers = [b"", data]  # frames in the second buffer, the first one unused
+
+    def run(seed: int, errors: list[str]) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(150):
+            ids = rng.integers(0, 64, int(rng.integers(1, 300)))
+            out = np.zeros((len(ids), rows.shape[1]), np.uint8)
+            ext.decode_rows(codec, buffers, np.ones(len(ids), np.int32), np.arange(len(ids), dtype=np.int64),
+                            offsets[ids], lengths[ids], out, rows.shape[1], 4, None, False)
+            if not (out == rows[ids]).all():
+                errors.append(f"caller {seed}: wrong rows")
+
+    errors: list[str] = []
+    import threading
+
+    callers = [threading.Thread(target=run, args=(seed, errors)) for seed in (1, 2)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    assert errors == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_a_forked_child_decodes_on_threads_of_its_own(codec):
+    """After the parent decoded on its pool, a forked child (multiprocessing, DataLoader
+    workers) has none of the parent's threads: it must start its own, not wait on theirs."""
+    need_native(f"rows:{codec}")
+    ext = sys.modules["mmreplay._rowdecode"]
+    rows = screens(64, 1, np.random.default_rng(6)).reshape(64, -1)
+    data, offsets, lengths = frames_of(codec, rows)
+    ids = np.random.default_rng(7).integers(0, 64, 256)
+
+    def decode() -> bool:
+        out = np.zeros((len(ids), rows.shape[1]), np.uint8)
+        ext.decode_rows(codec, [data], np.zeros(len(ids), np.int32), np.arange(len(ids), dtype=np.int64),
+                        offsets[ids], lengths[ids], out, rows.shape[1], 4)
+        return bool((out == rows[ids]).all())
+
+    assert decode()  # the parent's pool is running now
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 when its rows are right, without pytest's cleanup
+        code = 1
+        try:
+            right = all(decode() for _ in range(20))
+            # on threads of its own (the parent's are not there): the caller alone would be right too
+            own = not os.path.isdir("/proc/self/task") or len(os.listdir("/proc/self/task")) > 1
+            code = 0 if right and own else 2 if right else 1
+        finally:
+            os._exit(code)
+    import time
+
+    deadline = time.monotonic() + 120
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung decoding (waiting for the parent's threads?)")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) != 1, "the child decoded wrong rows"
+    assert os.waitstatus_to_exitcode(status) == 0, "the child decoded on no thread of its own"
+    assert decode()  # and the parent's pool still serves the parent
+
+
+def test_sampling_skips_zstd_checksums_and_verifying_checks_them():
+    need_native("rows:zstd")
+    ext = sys.modules["mmreplay._rowdecode"]
+    if not ext.zstd_skips_checksums():
+        pytest.skip(f"this zstd library cannot skip checksums: {native_rows.status('zstd')}")
+    rows = screens(4, 1, np.random.default_rng(8)).reshape(4, -1)
+    data, offsets, lengths = frames_of("zstd", rows)
+    damaged = bytearray(data)
+    damaged[offsets[2] + lengths[2] - 1] ^= 0x01  # the last byte of frame 2's checksum
+
+    def decode(verify: bool) -> np.ndarray:
+        out = np.zeros_like(rows)
+        ext.decode_rows("zstd", [bytes(damaged)], np.zeros(4, np.int32), np.arange(4, dtype=np.int64), offsets,
+                        lengths, out, rows.shape[1], 2, None, verify)
+        return out
+
+    np.testing.assert_array_equal(decode(False), rows)  # the frames themselves are whole
+    with pytest.raises(ValueError, match="zstd frame 2 .*checksum"):
+        decode(True)
+    np.testing.assert_array_equal(decode(False), rows)  # each thread's context switched back
+
+
 def _loadable(soname: str) -> bool:
     try:
         ctypes.CDLL(soname)

@@ -168,6 +168,66 @@ def test_verify_finds_a_damaged_shard_and_recover_drops_its_rows(tmp_path):
         assert kept.tolist() == [t * 8 % 256 for t in range(8, 20)]
 
 
+@pytest.mark.parametrize("flip", [5, 9], ids=["frame header", "row content"])
+def test_verify_checks_every_zstd_frame_and_its_checksum(tmp_path, flip):
+    """Sampling skips zstd's content checksums (natively); ``mmreplay verify`` checks them:
+    a flipped byte the decoder alone does not notice (in a raw block's content) is found
+    too, naming the leaf and the segment."""
+    path = tmp_path / "b"
+    with mr.create(path, {"obs": mr.ArraySpec((8,), "uint8")}, 24, compression="rows:zstd", chunk_steps=4) as store:
+        store.extend({"obs": np.arange(20 * 8, dtype=np.uint8).reshape(20, 1, 8)})
+    shard = path / "data.zarr" / "obs" / "c" / "1" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    assert raw[4:9] == bytes([0x24, 8, 0x41, 0, 0])  # row 4: checksum flag, 8 bytes, one raw block
+    raw[flip] ^= 0xFF  # its frame content size, or its first byte
+    shard.write_bytes(bytes(raw))
+    cli = [sys.executable, "-m", "mmreplay.cli"]
+    check = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "leaf 'obs'" in check.stdout and "(segment 1, slots 4..7) does not decode" in check.stdout, check.stdout
+    assert ("checksum" in check.stdout) == (flip == 9), check.stdout
+
+
+def test_a_batch_over_more_segments_than_are_kept_mapped(tmp_path, monkeypatch):
+    """The decoder gets the shards of every segment a batch needs, however many; the
+    oldest mappings are let go after the batch."""
+    from mmreplay.backends import row_frames
+
+    monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 3)
+    path = tmp_path / "b"
+    values = np.arange(40 * 2 * 8, dtype=np.uint8).reshape(40, 2, 8)
+    with mr.create(path, {"obs": mr.ArraySpec((8,), "uint8")}, 40, num_envs=2, compression="rows:lz4", chunk_steps=2) as store:
+        store.extend({"obs": values})
+    with mr.open(path) as reader:
+        (leaf,) = reader.leaves
+        ids = np.random.default_rng(0).permutation(80)  # all 20 segments, in no order
+        np.testing.assert_array_equal(leaf.take(ids), values.reshape(80, 8)[ids])
+        assert len(leaf.shards) <= 3 and sum(b is not None for b in leaf.buffers) == len(leaf.shards)
+        np.testing.assert_array_equal(leaf.take(ids[:5]), values.reshape(80, 8)[ids[:5]])
+
+
+def test_a_shard_replaced_while_unmapped_is_indexed_again(tmp_path, monkeypatch):
+    """A reader keeps the index of a shard it unmapped, but only for that very file: one
+    the writer replaced since (``set``) is indexed again when mapped again."""
+    from mmreplay.backends import row_frames
+
+    monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 1)
+    path = tmp_path / "b"
+    spec = {"obs": mr.ArraySpec((64,), "uint8")}
+    store = mr.create(path, spec, 6, compression="rows:lz4", chunk_steps=2)
+    store.extend({"obs": np.zeros((6, 1, 64), np.uint8)})
+    store.commit()
+    with mr.open(path) as reader:
+        (leaf,) = reader.leaves
+        assert (leaf.take([0]) == 0).all()
+        assert (leaf.take([2]) == 0).all()  # segment 0 is unmapped now, its index kept
+        noisy = np.random.default_rng(0).integers(0, 255, (1, 1, 64), np.uint8)  # a longer frame
+        store.set([0], {"obs": noisy})
+        store.commit()
+        np.testing.assert_array_equal(leaf.take([0, 1]), np.stack([noisy[0, 0], np.zeros(64, np.uint8)]))
+    store.close()
+
+
 def test_a_missing_staging_file_is_found_and_recovered(tmp_path):
     path = str(tmp_path / "b")
     killed_writer(path, "rows:lz4")  # committed steps 54 and 55 are in staging only

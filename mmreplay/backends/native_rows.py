@@ -144,10 +144,19 @@ class NativeDecoder:
         """A digested zstd dictionary for :meth:`decode`."""
         return self._ext.zstd_dictionary(data)
 
-    def decode(self, batch: FrameBatch, out: np.ndarray, row_bytes: int, threads: int, dictionary: Any = None) -> None:
+    def decode(
+        self,
+        batch: FrameBatch,
+        out: np.ndarray,
+        row_bytes: int,
+        threads: int,
+        dictionary: Any = None,
+        verify: bool = True,
+    ) -> None:
         """Decode ``batch`` into ``out`` (rows of ``row_bytes`` bytes) on up to ``threads``
-        threads, no more than there are idle cores. ValueError naming the first frame that
-        does not decode."""
+        threads, no more than there are idle cores. ``verify=False`` skips zstd's content
+        checksums (see :meth:`skips_checksums`). ValueError naming the first frame that does
+        not decode."""
         self._ext.decode_rows(
             self.codec,
             batch.buffers,
@@ -159,7 +168,13 @@ class NativeDecoder:
             row_bytes,
             min(threads, idle_cores()),
             dictionary,
+            verify,
         )
+
+    def skips_checksums(self) -> bool:
+        """Whether ``verify=False`` skips zstd's content checksums here: the library takes
+        ``ZSTD_d_forceIgnoreChecksum`` (zstd 1.4.7 and later). lz4 blocks have none."""
+        return self.codec == "zstd" and bool(self._ext.zstd_skips_checksums())
 
 
 def decoder(codec: str) -> NativeDecoder | None:

@@ -74,10 +74,26 @@ STAGING_MAGIC = b"MMRROWS1"
 HEADER_BYTES = 4096
 #: shard index entry of a row that was never written (zarr reads it as the fill value)
 MISSING = np.uint64(2**64 - 1)
-#: sealed shards kept mapped per leaf; the rest are mapped again when read
-MAPPED_SHARDS = 1024
 #: rows handed to the background encoder at a time (waking it per step costs more)
 ENCODE_BATCH_ROWS = 64
+
+
+def _mapping_budget() -> int:
+    """Shard mappings the process keeps: a quarter of the mappings Linux allows a process
+    (``vm.max_map_count``, 65,530 by default), which malloc and every mapped file share."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        limit = 65_530
+    return max(1024, min(limit // 4, 1 << 16))
+
+
+#: sealed shards kept mapped by all row-frame leaves of the process together; past it,
+#: a leaf unmaps its own, the first mapped first, and maps them again when read (a
+#: buffer of more segments than this maps some segments at every batch)
+MAPPED_SHARDS = _mapping_budget()
+_mapped = [0]  # shards mapped now, all leaves together
 
 
 def is_row_compression(text: str | None) -> bool:
@@ -183,6 +199,9 @@ class _Frames:
         self._pool: ThreadPoolExecutor | None = None
         self.dictionary_path = dictionary_path
         self.dictionary: Any = None
+        #: check each zstd frame's content checksum when decoding natively; sampling does
+        #: not (it costs a fifth of zstd's decoding), ``mmreplay verify`` does
+        self.verify = False
         # one native call per batch where the C extension and a codec library are there
         self.native = native_rows.decoder(codec.codec)
         self._native_dictionary: Any = None
@@ -244,7 +263,7 @@ class _Frames:
         """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8)."""
         self.load_dictionary()  # a reader: the writer may have trained it since
         if self.native is not None:
-            self.native.decode(batch, out, self.row_bytes, self.threads, self._native_dictionary)
+            self.native.decode(batch, out, self.row_bytes, self.threads, self._native_dictionary, self.verify)
             return
         # the Python decoders take the frames grouped by buffer
         order = np.argsort(batch.which, kind="stable")
@@ -368,6 +387,7 @@ def parse_shard_index(tail: Any, rows: int, body: int, where: str) -> tuple[np.n
 def check_frames(info: LeafInfo, folder: str, data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> None:
     """Decode the frames at ``offsets`` of a shard's bytes (verify); raises if one does not."""
     frames = _Frames(parse_row_compression(info.compression or ""), info.spec.nbytes, 1, os.path.join(folder, DICTIONARY_FILE))
+    frames.verify = True  # every zstd frame's content checksum too
     out = np.empty((len(offsets), info.spec.nbytes), np.uint8)
     rows = np.arange(len(offsets))
     frames.decode(native_rows.FrameBatch([data], np.zeros(len(offsets), np.int32), rows, offsets, lengths), out)
@@ -429,8 +449,15 @@ class RowFrameLeaf:
         # the in-memory shard index: offset and length of every row's frame (-1: unknown)
         self.offsets = np.full(capacity * num_envs, -1, np.int64)
         self.lengths = np.zeros(capacity * num_envs, np.int64)
-        self.loaded = np.zeros(self.nseg, bool)
+        self.mapped = np.zeros(self.nseg, bool)
+        #: segment -> (inode, size, mtime) of the shard file its index in memory was read from:
+        #: kept when the shard is unmapped to keep the mapped ones few, so mapping it again
+        #: reads no index unless the file was replaced since
+        self.indexed: dict[int, tuple[int, int, int]] = {}
         self.shards: OrderedDict[int, mmap.mmap | bytes] = OrderedDict()
+        #: the mapped shards by segment (None: not mapped), handed whole to the decoder,
+        #: which reads only those a batch's frames are in
+        self.buffers: list[mmap.mmap | bytes | None] = [None] * self.nseg
         self.sealed_since_flush: set[int] = set()
         staging = os.path.join(folder, STAGING_FILE)
         need = staging_bytes(self.seg, num_envs, self.row_bytes)
@@ -467,36 +494,43 @@ class RowFrameLeaf:
 
     # --- reads ------------------------------------------------------------------------------
 
-    def _shard(self, k: int) -> Any:
-        """Sealed segment ``k``'s bytes (mapped), its index loaded into memory."""
-        buf = self.shards.get(k)
-        if buf is not None:
-            self.shards.move_to_end(k)
-            return buf
+    def _map(self, k: int) -> None:
+        """Map sealed segment ``k``'s shard, and load its index into memory unless it is
+        there from this very file."""
         path = self.shard_path(k)
         try:
             with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+                st = os.fstat(f.fileno())
+                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
         except FileNotFoundError:
             raise CorruptBufferError(
                 f"{self.where}: shard file {path} (segment {k}) holds committed steps but is missing; "
                 "see `mmreplay verify`"
             ) from None
-        offsets, lengths = read_shard_index(buf, self.seg_rows, f"{self.where}: {path}")
-        lo = k * self.seg_rows
-        n = min(self.seg_rows, len(self.offsets) - lo)
-        self.offsets[lo : lo + n] = offsets[:n]
-        self.lengths[lo : lo + n] = lengths[:n]
-        self.loaded[k] = True
-        self.shards[k] = buf
-        if len(self.shards) > MAPPED_SHARDS:
-            self._drop(next(iter(self.shards)))
-        return buf
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self.indexed.get(k) != identity:
+            offsets, lengths = read_shard_index(buf, self.seg_rows, f"{self.where}: {path}")
+            lo = k * self.seg_rows
+            n = min(self.seg_rows, len(self.offsets) - lo)
+            self.offsets[lo : lo + n] = offsets[:n]
+            self.lengths[lo : lo + n] = lengths[:n]
+            self.indexed[k] = identity
+        self.mapped[k] = True
+        self.shards[k] = self.buffers[k] = buf
+        _mapped[0] += 1
 
     def _drop(self, k: int) -> None:
-        buf = self.shards.pop(k, None)
-        self.loaded[k] = False
+        """Forget segment ``k``'s shard: its file was replaced, or may have been."""
+        self.indexed.pop(k, None)
+        self._unmap(k)
+
+    def _unmap(self, k: int) -> None:
+        if k not in self.shards:
+            return
+        buf = self.shards.pop(k)
+        _mapped[0] -= 1
+        self.mapped[k] = False
+        self.buffers[k] = None
         if isinstance(buf, mmap.mmap):
             try:
                 buf.close()
@@ -525,32 +559,43 @@ class RowFrameLeaf:
             if self.seen[1] >= 0:
                 self._drop(self.seen[1])
             self.seen = (seq, segment)
-        seg_of = flat // self.seg_rows
-        inner = flat - seg_of * self.seg_rows
-        step = inner // self.num_envs
-        staged = (seg_of == segment) & (step >= base) & (step < filled)
-        if staged.any():
-            out[staged] = self.staged[inner[staged]]
-        rest = np.flatnonzero(~staged)
-        if rest.size:
-            segments, which = np.unique(seg_of[rest], return_inverse=True)
-            buffers = [self._shard(int(k)) for k in segments]  # loads their indexes too
-            ids = flat[rest]
-            offsets = self.offsets[ids]
-            if (offsets < 0).any():
-                i = int(np.flatnonzero(offsets < 0)[0])
-                bad, k = int(ids[i]), int(segments[which[i]])
-                raise CorruptBufferError(
-                    f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
-                    f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
-                )
-            try:
-                batch = native_rows.FrameBatch(buffers, which.astype(np.int32), rest, offsets, self.lengths[ids])
-                self.frames.decode(batch, out)
-            except CorruptBufferError:
-                raise
-            except Exception as exc:
-                raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
+        where = None  # rows of ``out`` the frames go to: all of them, unless some are staged
+        if segment >= 0 and filled > base:
+            first = segment * self.seg_rows
+            staged = (flat >= first + base * self.num_envs) & (flat < first + filled * self.num_envs)
+            if staged.any():
+                out[staged] = self.staged[flat[staged] - first]
+                where = np.flatnonzero(~staged)
+                flat = flat[where]
+        if flat.size == 0:
+            return seq
+        segments = flat // self.seg_rows
+        unmapped = ~self.mapped[segments]
+        if unmapped.any():
+            for k in np.unique(segments[unmapped]).tolist():
+                self._map(k)
+        offsets = self.offsets[flat]
+        if (offsets < 0).any():
+            i = int(np.flatnonzero(offsets < 0)[0])
+            bad, k = int(flat[i]), int(segments[i])
+            raise CorruptBufferError(
+                f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
+                f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
+            )
+        if where is None:
+            where = np.arange(flat.size)
+        try:
+            batch = native_rows.FrameBatch(
+                self.buffers, segments.astype(np.int32), where, offsets, self.lengths[flat]
+            )
+            self.frames.decode(batch, out)
+        except CorruptBufferError:
+            raise
+        except Exception as exc:
+            raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
+        finally:
+            while self.shards and _mapped[0] > MAPPED_SHARDS:  # after the batch: it may need them all
+                self._unmap(next(iter(self.shards)))
         return seq
 
     def read(self, slots: Any) -> np.ndarray:

@@ -508,24 +508,25 @@ def _row_leaf_checks(
         if not steps:
             continue
         shard = os.path.join(arr_dir, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
+        named = f"shard file {shard} (segment {k}, slots {k * seg}..{min((k + 1) * seg, meta.capacity) - 1})"
         try:
             with open(shard, "rb") as f:
                 data = f.read()
             offsets, lengths = read_shard_index(data, seg * envs, shard)
         except FileNotFoundError:
-            found.bad_chunks[k] = f"shard file {shard} is missing"
+            found.bad_chunks[k] = f"{named} is missing"
             continue
         except CorruptBufferError as exc:
-            found.bad_chunks[k] = str(exc)
+            found.bad_chunks[k] = f"segment {k}: {exc}"
             continue
         rows = (np.asarray(steps)[:, None] * envs + np.arange(envs)).reshape(-1)
         if (offsets[rows] < 0).any():
-            found.bad_chunks[k] = f"shard file {shard} lacks committed rows"
-        elif deep:
+            found.bad_chunks[k] = f"{named} lacks committed rows"
+        elif deep:  # every frame decoded, zstd's content checksums checked
             try:
                 check_frames(leaf, arr_dir, data, offsets[rows], lengths[rows])
             except Exception as exc:
-                found.bad_chunks[k] = f"shard file {shard} does not decode ({type(exc).__name__}: {exc})"
+                found.bad_chunks[k] = f"{named} does not decode ({type(exc).__name__}: {exc})"
     for why in found.bad_chunks.values():
         problem(f"{why} (it holds committed steps)")
 
