@@ -145,7 +145,7 @@ typedef struct {
     int codec;
     int verify;            /* zstd: check each frame's content checksum */
     const char *const *bases;
-    const int32_t *which;
+    const int32_t *slot;   /* frame i is in bases[slot[i]] */
     const int64_t *where, *offsets, *lengths;
     char *out;
     size_t row;
@@ -248,7 +248,7 @@ static void decode_some(job_t *job) {
             continue;
         }
         for (int64_t i = a; i < b; i++) {
-            const char *src = job->bases[job->which[i]] + job->offsets[i];
+            const char *src = job->bases[job->slot[i]] + job->offsets[i];
             char *dst = job->out + (size_t)job->where[i] * job->row;
             if (job->codec == CODEC_LZ4) {
                 /* numcodecs' LZ4 layout: a little-endian uint32 size, then the block */
@@ -501,7 +501,7 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
-        *job = (job_t){.codec = codec, .verify = verify, .bases = used.bases, .which = slot, .where = pos,
+        *job = (job_t){.codec = codec, .verify = verify, .bases = used.bases, .slot = slot, .where = pos,
                        .offsets = off, .lengths = len, .out = out.buf, .row = (size_t)row, .n = n, .ddict = ddict,
                        .users = 1};
         pthread_mutex_init(&job->lock, NULL);
