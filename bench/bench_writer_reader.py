@@ -34,7 +34,16 @@ import numpy as np
 import mmreplay as mr
 from mmreplay import reads
 
-from .bench_sample_out import BATCH, NUM_ENVS, POOL, empty_batch, flat_rows, make_data, numpy_gathers, write_store
+from .bench_sample_out import (
+    BATCH,
+    NUM_ENVS,
+    POOL,
+    empty_batch,
+    flat_rows,
+    make_data,
+    numpy_gathers,
+    write_store,
+)
 
 CALLS = 40
 ADVISED = "hdf5 writer, MADV_RANDOM"
@@ -56,13 +65,16 @@ def mappings(root: str) -> list[str]:
         kb = dict(re.findall(r"^(\w+):\s+(\d+) kB", block, re.M))
         rss, pmd = int(kb.get("Rss", 0)) >> 10, int(kb.get("FilePmdMapped", 0)) >> 10
         if rss:
-            out.append(f"{head[1]} {os.path.relpath(head[-1], root):38s} resident {rss:5d} MB, PMD-mapped {pmd:5d} MB")
+            where = os.path.relpath(head[-1], root)
+            out.append(f"{head[1]} {where:38s} resident {rss:5d} MB, PMD-mapped {pmd:5d} MB")
     return sorted(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5_000, help="steps of 8 envs (default 5000: 2.26 GB of frames)")
+    parser.add_argument(
+        "--steps", type=int, default=5_000, help="steps of 8 envs (default 5000: 2.26 GB of frames)"
+    )
     parser.add_argument("--repeats", type=int, default=15, help="blocks of 40 batches per system")
     parser.add_argument("--dir", default=None, help="folder for the stores (default: a temp folder)")
     args = parser.parse_args(argv)

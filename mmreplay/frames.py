@@ -534,11 +534,15 @@ class FrameWriter:
         last = np.array([end - 1])
         try:
             values = store.read_steps(last, leaves=self.obs_index + self.next_index)
-            depth = self.parts.depth.read(last % self.capacity)[0].astype(np.uint8) if self.layout.stacked else None
+            depth = None
+            if self.layout.stacked:
+                depth = self.parts.depth.read(last % self.capacity)[0].astype(np.uint8)
         except CorruptBufferError:
             if store.state.first(self.capacity) < end:
                 raise  # a retained step's rows are damaged
-            return  # every step was dropped (by recover) and their rows are gone: the next stacks start episodes
+            # every step was dropped (by recover) and its rows are gone: the next stacks
+            # must start episodes
+            return
         k = self.layout.frame_stack
         n = len(self.obs_index)
         if depth is not None:

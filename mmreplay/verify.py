@@ -477,7 +477,8 @@ def _repair_side_ring(
     else:
         # the slots to check: every one written so far, by the sequence numbers when they
         # read, and at least up to the newest entry a retained row holds
-        in_rows = max((int(seqs.max(initial=0)) for _, seqs in _side_entries(folder, meta, first, end)), default=0)
+        entries = _side_entries(folder, meta, first, end)
+        in_rows = max((int(seqs.max(initial=0)) for _, seqs in entries), default=0)
         written = max(in_rows, _side_written(module, side_folder, side, []))
         side, damaged = module.repair(side_folder, side.with_state(_side_state(meta, written)), repairs)
     actions.extend(f"the side ring of next frames: {text}" for text in repairs.actions)
@@ -493,9 +494,8 @@ def _repair_side_ring(
             hit = np.flatnonzero(((seqs > 0) & (slots >= a) & (slots < b)).any(axis=1))
             if len(hit):
                 newest[i] = max(newest[i], int(steps[hit[-1]]))
-    return meta, [
-        (step, f"the side ring of next frames: {why}") for step, (_, _, why) in zip(newest, damaged) if step >= 0
-    ]
+    why_lost = [f"the side ring of next frames: {why}" for _, _, why in damaged]
+    return meta, [(step, why) for step, why in zip(newest, why_lost) if step >= 0]
 
 
 def _side_entries(folder: str, meta: Metadata, first: int, end: int) -> Any:

@@ -449,8 +449,6 @@ def test_verify_from_the_cli_checks_the_side_ring_of_next_frames(tmp_path, compr
     assert "side ring of next frames" in out and "frame0" in out, out
 
 
-
-
 def _flip(file, at):
     raw = bytearray(file.read_bytes())
     raw[at] ^= 0xFF
@@ -533,7 +531,8 @@ def test_recover_from_the_cli_repairs_the_side_ring_of_next_frames(tmp_path, bac
     _damage_side(path, how)
     cli = [sys.executable, "-m", "mmreplay.cli"]
     damaged = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
-    assert damaged.returncode == 1 and "side ring of next frames" in damaged.stdout, damaged.stdout + damaged.stderr
+    assert damaged.returncode == 1, damaged.stdout + damaged.stderr
+    assert "side ring of next frames" in damaged.stdout, damaged.stdout
     fixed = subprocess.run([*cli, "recover", str(path)], capture_output=True, text=True)
     said = fixed.stdout + fixed.stderr
     assert fixed.returncode == 0, said
@@ -544,7 +543,8 @@ def test_recover_from_the_cli_repairs_the_side_ring_of_next_frames(tmp_path, bac
     if how == "index flipped":  # the frames are intact: nothing is lost
         assert lost is None and int(kept[1]) == 18, said
     else:
-        assert lost and int(lost[2]) == int(kept[1]) and "side ring of next frames" in said.split("\n")[0], said
+        assert lost and int(lost[2]) == int(kept[1]), said
+        assert "side ring of next frames" in said.split("\n")[0], said
     if how == "truncated" and backend == "zarr":  # only older entries were in the lost part
         assert 18 < int(kept[1]) < 30, said
     healthy = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
