@@ -559,3 +559,33 @@ def test_recover_from_the_cli_repairs_the_side_ring_of_next_frames(tmp_path, bac
             writer.add(episodes.step())
     healthy = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+
+
+def test_a_writer_reopens_after_recover_dropped_every_step_and_its_rows(tmp_path):
+    """After ``mmreplay recover`` recreated a lost ``data.h5`` (every step dropped, the
+    rows gone), a writer opens: its first stacks must start episodes, and others are
+    refused with nothing written."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "once"
+    sp = spec(FRAME, 2, -1)
+    frames = mr.Frames(frame_stack=2)
+    with mr.create(path, sp, 12, num_envs=2, backend="hdf5", compression={"obs": "gzip"}, frames=frames) as store:
+        episodes = Episodes(2, FRAME, 2, -1, "repeat", 0.3, 5)
+        for _ in range(10):
+            store.add(episodes.step())
+    (path / "data.h5").unlink()
+    fixed = subprocess.run([sys.executable, "-m", "mmreplay.cli", "recover", str(path)], capture_output=True, text=True)
+    assert fixed.returncode == 0 and "kept committed steps [10, 10)" in fixed.stdout, fixed.stdout + fixed.stderr
+    with mr.open(path, mode="a") as writer:
+        with pytest.raises(mr.BadInputError, match="episode's first stack"):
+            writer.add(episodes.step())  # the stacks before it are gone
+        assert writer.total_steps == 10
+        fresh = Episodes(2, FRAME, 2, -1, "repeat", 0.3, 6)
+        added = [fresh.step() for _ in range(3)]
+        for step in added:
+            writer.add(step)
+    with mr.open(path) as reader:
+        assert reader.window[:2] == (11, 13)  # the oldest stack's earlier frame is before it
+        _same(reader.get(slice(None)), {k: np.stack([s[k] for s in added[1:]]) for k in added[0]}, "after")
