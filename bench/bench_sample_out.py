@@ -26,13 +26,15 @@ an uncompressed zarr store, an uncompressed hdf5 store, and numpy arrays in RAM.
    either dropped (``posix_fadvise(DONTNEED)``: cold) or kept (warm); then the clock
    starts, the store is opened as a reader (with and without ``populate``, whose thread
    races the first batches) or the ``.npy`` files are mapped with ``np.load(mmap_mode="r")``
-   (or loaded into RAM), and 50 batches of 256 are gathered into a pool of batches.
-   Cells: median ms until the first, the tenth and the fiftieth batch are done, over the
-   same number of repeats for every system.
+   (or loaded into RAM), and 50 batches of 256 are gathered into a pool of batches (10
+   when the page cache was dropped: each cold batch reads its rows from the disk, and
+   ``--cold-batches 50`` runs the whole count). Cells: median ms until the first, the
+   tenth and the fiftieth batch are done, over the same number of repeats and batches
+   for every system.
 
 Ratios in the printed tables are computed from the numbers shown in their cells.
 Usage: ``python -m bench.bench_sample_out [--steps 5000] [--clock wall|cpu] [--quick] [--dir D]
-[--json OUT]``.
+[--json OUT] [--skip-cached] [--skip-cold] [--cold-batches 50]``.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ NUM_ENVS = 8
 BATCH = 256
 POOL = 4
 FIRST_BATCHES = (1, 10, 50)  # the batch counts after open whose time is reported
+COLD_BATCHES = 10  # batches gathered after open when the page cache was dropped (default)
 
 SPEC = {
     "action": mr.ArraySpec((), "int64"),
@@ -183,10 +186,19 @@ class StoreReader:
         self.store.close()
 
 
-def first_batches(openers: dict[str, tuple[Callable[[], Any], list[str]]], repeats: int, cold: bool) -> dict:
-    """ms from the start of open until each count of :data:`FIRST_BATCHES` is gathered."""
+def batch_counts(batches: int) -> tuple[int, ...]:
+    """The counts of :data:`FIRST_BATCHES` up to ``batches``, and ``batches`` itself."""
+    return tuple(sorted({n for n in FIRST_BATCHES if n <= batches} | {batches}))
+
+
+def first_batches(
+    openers: dict[str, tuple[Callable[[], Any], list[str]]], repeats: int, cold: bool, batches: int
+) -> dict:
+    """ms from the start of open until each count of :func:`batch_counts` is gathered
+    (``batches`` in all, the same for every system)."""
+    counts = batch_counts(batches)
     pool = [empty_batch() for _ in range(POOL)]
-    out: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in FIRST_BATCHES} for name in openers}
+    out: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in counts} for name in openers}
     for r in range(repeats):
         for name, (open_fn, files) in openers.items():
             if cold:
@@ -196,9 +208,9 @@ def first_batches(openers: dict[str, tuple[Callable[[], Any], list[str]]], repea
             g = np.random.default_rng(r)
             t0 = time.perf_counter()
             system = open_fn()
-            for i in range(1, max(FIRST_BATCHES) + 1):
+            for i in range(1, batches + 1):
                 system.sample(g, pool[i % POOL])
-                if i in FIRST_BATCHES:
+                if i in counts:
                     out[name][str(i)].append((time.perf_counter() - t0) * 1e3)
             system.close()
     return {name: {"ms": v, "median_ms": {n: statistics.median(x) for n, x in v.items()}} for name, v in out.items()}
@@ -238,10 +250,11 @@ def cached_table(res: dict, stores: list[str]) -> list[str]:
 
 
 def first_table(res: dict, title: str) -> list[str]:
-    head = [title] + [f"{n} batch{'es' if n > 1 else ''} (ms)" for n in FIRST_BATCHES]
+    counts = [int(n) for n in next(iter(res.values()))["median_ms"]]
+    head = [title] + [f"{n} batch{'es' if n > 1 else ''} (ms)" for n in counts]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, v in res.items():
-        lines.append("| " + " | ".join([name] + [_cell(_shown(v["median_ms"][str(n)])) for n in FIRST_BATCHES]) + " |")
+        lines.append("| " + " | ".join([name] + [_cell(_shown(v["median_ms"][str(n)])) for n in counts]) + " |")
     return lines
 
 
@@ -253,10 +266,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7, help="timed blocks per system (page-cached)")
     parser.add_argument("--open-repeats", type=int, default=3, help="repeats per system (first batches)")
     parser.add_argument("--skip-cached", action="store_true", help="only the first batches after open")
+    parser.add_argument("--skip-cold", action="store_true", help="no first batches with the page cache dropped")
+    parser.add_argument(
+        "--cold-batches",
+        type=int,
+        default=COLD_BATCHES,
+        help=f"batches after open with the page cache dropped (default {COLD_BATCHES}; 50 is the warm count)",
+    )
     parser.add_argument("--dir", default=None, help="folder for the stores (default: a temp folder)")
     parser.add_argument("--json", default=None, help="write every raw figure to this file")
     bench_sampling.add_clock_option(parser)
     args = parser.parse_args(argv)
+    if args.cold_batches < 1:
+        parser.error(f"--cold-batches must be at least 1, got {args.cold_batches}")
     bench_sampling.set_clock(args.clock)
     steps = 200 if args.quick else args.steps
     calls, repeats, open_repeats = (4, 2, 2) if args.quick else (args.calls, args.repeats, args.open_repeats)
@@ -301,9 +323,10 @@ def main(argv: list[str] | None = None) -> int:
             openers[f"{name} reader, no populate"] = (lambda p=path: StoreReader(p, False), files)
         openers['numpy np.load(mmap_mode="r")'] = (lambda: NpyMapped(npy, in_ram=False), npy_files)
         openers["numpy np.load into RAM"] = (lambda: NpyMapped(npy, in_ram=True), npy_files)
-        for cold in (False, True):
+        for cold in (False,) if args.skip_cold else (False, True):
             key = "cold" if cold else "warm"
-            res = first_batches(openers, open_repeats, cold)
+            batches = args.cold_batches if cold else max(FIRST_BATCHES)
+            res = first_batches(openers, open_repeats, cold, batches)
             results[f"first_batches_{key}"] = res
             what = "page cache dropped" if cold else "page cache warm"
             print(f"\n## first batches after open ({what}; from the start of open)\n")

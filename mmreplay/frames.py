@@ -532,11 +532,20 @@ class FrameWriter:
         if end <= first:
             return
         last = np.array([end - 1])
-        values = store.read_steps(last, leaves=self.obs_index + self.next_index)
+        try:
+            values = store.read_steps(last, leaves=self.obs_index + self.next_index)
+            depth = None
+            if self.layout.stacked:
+                depth = self.parts.depth.read(last % self.capacity)[0].astype(np.uint8)
+        except CorruptBufferError:
+            if store.state.first(self.capacity) < end:
+                raise  # a retained step's rows are damaged
+            # every step was dropped (by recover) and its rows are gone: the next stacks
+            # must start episodes
+            return
         k = self.layout.frame_stack
         n = len(self.obs_index)
-        if self.layout.stacked:
-            depth = self.parts.depth.read(np.array([(end - 1) % self.capacity]))[0].astype(np.uint8)
+        if depth is not None:
             if end - 1 - int(depth.max()) >= first:  # else the next stacks must start episodes
                 self.stacks = [np.array(v[0]) for v in values[n:] if self.layout.derived] or [
                     np.array(v[0]) for v in values[:n]

@@ -11,7 +11,9 @@ episode index that disagrees with the data.
 :func:`recover` brings a damaged buffer back to its last consistent commit where that
 is possible. Rows cannot be rebuilt, so the recovered buffer keeps the newest committed
 steps whose rows are all intact and drops the older ones (a buffer's committed steps are
-one contiguous window); it says which steps it dropped and why. Damaged files are moved
+one contiguous window); it says which steps it dropped and why. The side ring of next
+frames of a store that keeps each frame once is checked and repaired as leaves are: the
+steps whose next frames were in its damaged part are dropped. Damaged files are moved
 aside (``*.damaged-<time>``), never deleted.
 
 Both read the buffer as untrusted input: the metadata is validated before any file is
@@ -29,7 +31,8 @@ import glob
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -48,13 +51,14 @@ from .metadata import (
     read_metadata,
     read_static,
     write_buffer,
+    write_metadata,
 )
 from .priorities import check_priority_file, reset_priority_file
 from .statefile import FILE_BYTES, StateFile, decode_slot, salvage
 
 __all__ = ["verify", "recover", "Recovery", "leftovers", "hdf5_status"]
 
-EPISODE_BLOCK = 1 << 16  # steps of role leaves read at a time by the episode index check
+BLOCK_STEPS = 1 << 16  # steps read at a time where a check reads a leaf over the committed window
 
 
 # --- verify -------------------------------------------------------------------------
@@ -123,7 +127,6 @@ def _check_side_ring(folder: str, meta: Metadata, deep: bool, problems: list[str
     (``ref``) first, then every leaf over the slots written so far (``deep``: their frames
     decode)."""
     from . import frames
-    from .statefile import State
 
     if meta.frames is None or not meta.frames.side:
         return
@@ -135,26 +138,36 @@ def _check_side_ring(folder: str, meta: Metadata, deep: bool, problems: list[str
     side = frames.side_metadata(meta)
     module = backends.get(meta.backend)
     found: list[str] = []
-    module.verify_leaves(side_folder, side.with_state(State()), False, found)
-    written = 0
-    if not found:  # the slots written so far: from the sequence numbers
-        try:
-            leaves = module.open_leaves(side_folder, side, False)
-        except Error as exc:
-            found.append(f"does not open: {exc}")
-        else:
-            try:
-                ref = next(leaf for leaf in leaves if getattr(leaf, "info", None) and leaf.info.path == "ref")
-                seqs = np.asarray(ref.read(slice(None))).reshape(-1, 2)[:, 0]
-                written = int(seqs.max(initial=0))
-            finally:
-                for leaf in leaves:
-                    leaf.close()
+    written = _side_written(module, side_folder, side, found)
     if not found and written:
-        slots = meta.frames.final_slots
-        state = State(start=max(0, written - slots), end=written, reserved=written)
-        module.verify_leaves(side_folder, side.with_state(state), deep, found)
+        module.verify_leaves(side_folder, side.with_state(_side_state(meta, written)), deep, found)
     problems.extend(f"{where}: {text}" for text in found)
+
+
+def _side_written(module: Any, side_folder: str, side: Metadata, found: list[str]) -> int:
+    """Side entries ever written, from the sequence numbers (``ref``) once the side ring's
+    files pass the structural checks; 0 when they do not (what is wrong goes to ``found``)."""
+    module.verify_leaves(side_folder, side.with_state(State()), False, found)
+    if found:
+        return 0
+    try:
+        leaves = module.open_leaves(side_folder, side, False)
+    except Error as exc:
+        found.append(f"does not open: {exc}")
+        return 0
+    try:
+        ref = next(leaf for leaf in leaves if getattr(leaf, "info", None) and leaf.info.path == "ref")
+        seqs = np.asarray(ref.read(slice(None))).reshape(-1, 2)[:, 0]
+        return int(seqs.max(initial=0))
+    finally:
+        for leaf in leaves:
+            leaf.close()
+
+
+def _side_state(meta: Metadata, written: int) -> State:
+    """The side ring's slots written so far, as a committed window of the side ring."""
+    slots = meta.frames.final_slots
+    return State(start=max(0, written - slots), end=written, reserved=written)
 
 
 def _check_opens(folder: str) -> list[str]:
@@ -237,8 +250,8 @@ def _check_episodes(folder: str, meta: Metadata, deep: bool, problems: list[str]
         mine = rec[(rec["step"] >= lo) & (rec["step"] < hi)]
         mine = mine[np.lexsort((mine["env"], mine["step"]))]
         done = 0  # records of mine compared so far
-        for a in range(lo, hi, EPISODE_BLOCK):  # bounded memory however long the window
-            ids = np.arange(a, min(hi, a + EPISODE_BLOCK), dtype=np.int64)
+        for a in range(lo, hi, BLOCK_STEPS):  # bounded memory however long the window
+            ids = np.arange(a, min(hi, a + BLOCK_STEPS), dtype=np.int64)
             codes = rule.codes(ids % store.capacity, store.num_envs)
             t, e = np.nonzero(codes)
             part = mine[done : done + len(t)]
@@ -322,7 +335,9 @@ def recover(path: str | os.PathLike) -> Recovery:
     It clears the HDF5 "open for writing" flags a dead writer left, rewrites a damaged
     zarr shard index, restores missing or truncated data files and undecodable chunks
     (as zeros), drops from the committed window every step whose rows were damaged (and
-    the older ones, so the window stays contiguous), removes a killed writer's temporary
+    the older ones, so the window stays contiguous), repairs the side ring of next frames
+    of a store that keeps each frame once the same way (dropping the steps whose next
+    frames were in its damaged part), removes a killed writer's temporary
     files, and rebuilds damaged metadata from a killed commit's complete temporary copy,
     else from the damaged file itself when it still parses and agrees with the data
     files; the committed window of either cannot be trusted, so all its steps are
@@ -365,11 +380,14 @@ def _tmp_copies(folder: str) -> list[str]:
 
 
 def _recover(folder: str) -> Recovery:
+    from .frames import SIDE_DIR
+
     out = Recovery(folder)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for name in backends.importable():  # (the metadata may be the damage: ask every backend)
         # chunks that do not decode for want of a codec are no damage: stop before any change
-        backends.get(name).require_codecs(folder)
+        for where in (folder, os.path.join(folder, SIDE_DIR)):
+            backends.get(name).require_codecs(where)
     repairs = Repairs(folder, stamp, out.actions)
     meta: Metadata | None = None
     try:
@@ -396,12 +414,19 @@ def _recover(folder: str) -> Recovery:
     first, end = meta.state.first(meta.capacity), meta.state.end
     drop_before = first  # every step before this is dropped
     # slot ranges [a, b) whose rows are gone
+    placed = meta.leaves
     meta, damaged_slots = backends.get(meta.backend).repair(folder, meta, repairs)
+    if meta.leaves != placed:
+        write_metadata(folder, meta, fsync=True)
     for a, b, why in damaged_slots:
         hit = newest_in_slots(first, end, meta.capacity, a, b)
         if hit is not None:
             drop_before = max(drop_before, hit + 1)
             out.reasons.append(why)
+    meta, side_hits = _repair_side_ring(folder, meta, drop_before, end, stamp, out.actions)
+    for hit, why in side_hits:
+        drop_before = max(drop_before, hit + 1)
+        out.reasons.append(why)
     if drop_before > first:
         out.lost = (first, drop_before)
         state = meta.state
@@ -426,6 +451,69 @@ def _recover(folder: str) -> Recovery:
         out.actions.append(f"removed {os.path.relpath(extra, folder)} (left by a killed writer)")
     out.problems = verify(folder)
     return out
+
+
+def _repair_side_ring(
+    folder: str, meta: Metadata, first: int, end: int, stamp: str, actions: list[str]
+) -> tuple[Metadata, list[tuple[int, str]]]:
+    """Restore the side ring of next frames as the backend restores leaves (missing,
+    truncated or undecodable files become zeros); returns the metadata (the side ring's
+    leaves as placed now) and, for each damaged part that retained rows of steps
+    ``[first, end)`` point into, the newest such step and why."""
+    from . import frames
+
+    if meta.frames is None or not meta.frames.side:
+        return meta, []
+    module = backends.get(meta.backend)
+    side_folder = os.path.join(folder, frames.SIDE_DIR)
+    side = frames.side_metadata(meta)
+    repairs = Repairs(folder, stamp)
+    if not os.path.isdir(side_folder):
+        repairs.move_aside(side_folder)  # (a file in its place)
+        bare = [replace(leaf, file=None, offset=None) for leaf in side.leaves]
+        side = replace(side, leaves=tuple(frames.create_side(module, folder, meta, bare)))
+        repairs.actions.append("recreated its missing folder, empty")
+        damaged = [(0, side.capacity, "its folder was missing")]
+    else:
+        # the slots to check: every one written so far, by the sequence numbers when they
+        # read, and at least up to the newest entry a retained row holds
+        entries = _side_entries(folder, meta, first, end)
+        in_rows = max((int(seqs.max(initial=0)) for _, seqs in entries), default=0)
+        written = max(in_rows, _side_written(module, side_folder, side, []))
+        side, damaged = module.repair(side_folder, side.with_state(_side_state(meta, written)), repairs)
+    actions.extend(f"the side ring of next frames: {text}" for text in repairs.actions)
+    if side.leaves != meta.frames.side:
+        meta = replace(meta, frames=replace(meta.frames, side=side.leaves))
+        write_metadata(folder, meta, fsync=True)
+    if not damaged:
+        return meta, []
+    newest = [-1] * len(damaged)
+    for steps, seqs in _side_entries(folder, meta, first, end):
+        slots = (seqs - 1) % side.capacity
+        for i, (a, b, _) in enumerate(damaged):
+            hit = np.flatnonzero(((seqs > 0) & (slots >= a) & (slots < b)).any(axis=1))
+            if len(hit):
+                newest[i] = max(newest[i], int(steps[hit[-1]]))
+    why_lost = [f"the side ring of next frames: {why}" for _, _, why in damaged]
+    return meta, [(step, why) for step, why in zip(newest, why_lost) if step >= 0]
+
+
+def _side_entries(folder: str, meta: Metadata, first: int, end: int) -> Any:
+    """``(steps, side entries [n, num_envs])`` of steps ``[first, end)``, in blocks, from
+    the rows' ``_frames/next`` leaf (sequence number + 1 of each row's entry, 0: none)."""
+    from .frames import NEXT_LEAF
+
+    if end <= first:
+        return
+    leaves = backends.get(meta.backend).open_leaves(folder, meta, False)
+    try:
+        leaf = next(leaf for leaf in leaves if getattr(leaf, "info", None) and leaf.info.path == NEXT_LEAF)
+        for a in range(first, end, BLOCK_STEPS):
+            steps = np.arange(a, min(end, a + BLOCK_STEPS), dtype=np.int64)
+            yield steps, np.asarray(leaf.read(steps % meta.capacity)).reshape(len(steps), -1)
+    finally:
+        for leaf in leaves:
+            leaf.close()
 
 
 def _write_state(folder: str, state: State) -> None:

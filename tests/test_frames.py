@@ -447,3 +447,145 @@ def test_verify_from_the_cli_checks_the_side_ring_of_next_frames(tmp_path, compr
     assert damaged.returncode != 0
     out = damaged.stdout + damaged.stderr
     assert "side ring of next frames" in out and "frame0" in out, out
+
+
+def _flip(file, at):
+    raw = bytearray(file.read_bytes())
+    raw[at] ^= 0xFF
+    file.write_bytes(bytes(raw))
+
+
+def _damage_side(path, how):
+    """Damage the side ring of next frames of the store at ``path`` one way."""
+    import shutil
+
+    import zarr
+
+    side = path / "frames"
+    if how == "folder deleted":
+        shutil.rmtree(side)
+        return
+    if side.joinpath("data.h5").exists():
+        h5 = side / "data.h5"
+        if how == "file deleted":
+            h5.unlink()
+        elif how == "truncated":
+            os.truncate(h5, h5.stat().st_size // 3)
+        elif how == "chunk flipped":  # fletcher32 finds it; the journal's copy goes too
+            with h5py.File(h5, "r") as f:
+                offset = f["frame0"].id.get_chunk_info(0).byte_offset
+            _flip(h5, offset + 5)
+            side.joinpath("data.h5.journal").unlink(missing_ok=True)
+        return
+    leaf = side / "data.zarr" / ("ref" if how == "ref deleted" else "frame0")
+    (shard,) = [p for p in leaf.rglob("*") if p.is_file() and p.name not in ("zarr.json", "rows.staging")]
+    if how in ("file deleted", "ref deleted"):
+        shard.unlink()
+    elif how == "truncated":  # keep the slots up to the newest entry: older entries are lost
+        ref = np.asarray(zarr.open_array(str(side / "data.zarr" / "ref"), mode="r")[:]).reshape(-1, 2)
+        newest = (int(ref[:, 0].max()) - 1) % len(ref)
+        os.truncate(shard, (newest + 1) * int(np.prod(FRAME)))
+    elif how == "index flipped":  # the shard index of the mapped block points elsewhere
+        _flip(shard, -16)
+    elif how == "frame flipped":  # a byte inside the first compressed frame
+        _flip(shard, 6)
+    elif how == "staging truncated":
+        os.truncate(leaf / "rows.staging", 10)
+
+
+@pytest.mark.parametrize(
+    "backend, compression, how",
+    [
+        ("zarr", None, "truncated"),
+        ("zarr", None, "index flipped"),
+        ("zarr", None, "folder deleted"),
+        ("zarr", "rows:zstd:1", "frame flipped"),
+        ("hdf5", "gzip", "chunk flipped"),
+        pytest.param("zarr", None, "file deleted", marks=pytest.mark.long),
+        pytest.param("zarr", None, "ref deleted", marks=pytest.mark.long),
+        pytest.param("zarr", "rows:zstd:1", "staging truncated", marks=pytest.mark.long),
+        pytest.param("hdf5", None, "file deleted", marks=pytest.mark.long),
+        pytest.param("hdf5", None, "truncated", marks=pytest.mark.long),
+    ],
+)
+def test_recover_from_the_cli_repairs_the_side_ring_of_next_frames(tmp_path, backend, compression, how):
+    """``mmreplay recover`` (a fresh process) restores a damaged side ring and drops the
+    steps whose next frames were in the damaged part (and the older ones): afterwards
+    ``verify`` passes and every step left reads as it was added."""
+    import re
+    import subprocess
+    import sys
+
+    if compression and compression.startswith("rows:zstd"):
+        pytest.importorskip("zstandard")
+    kw = {} if compression is None else {"compression": {"obs": compression}}
+    full, once = _stores(tmp_path, 2, 2, -1, "repeat", 12, final_slots=40, backend=backend, **kw)
+    episodes = Episodes(2, FRAME, 2, -1, "repeat", 0.3, 5)
+    for _ in range(30):
+        step = episodes.step()
+        full.add(step)
+        once.add(step)
+    full.close()
+    once.close()
+    path = tmp_path / "once"
+    _damage_side(path, how)
+    cli = [sys.executable, "-m", "mmreplay.cli"]
+    damaged = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
+    assert damaged.returncode == 1, damaged.stdout + damaged.stderr
+    assert "side ring of next frames" in damaged.stdout, damaged.stdout
+    fixed = subprocess.run([*cli, "recover", str(path)], capture_output=True, text=True)
+    said = fixed.stdout + fixed.stderr
+    assert fixed.returncode == 0, said
+    assert "the side ring of next frames: " in said, said
+    lost = re.search(r"lost committed steps \[(\d+), (\d+)\)", said)
+    kept = re.search(r"kept committed steps \[(\d+), (\d+)\)", said)
+    assert kept and int(kept[2]) == 30, said
+    if how == "index flipped":  # the frames are intact: nothing is lost
+        assert lost is None and int(kept[1]) == 18, said
+    else:
+        assert lost and int(lost[2]) == int(kept[1]), said
+        assert "side ring of next frames" in said.split("\n")[0], said
+    if how == "truncated" and backend == "zarr":  # only older entries were in the lost part
+        assert 18 < int(kept[1]) < 30, said
+    healthy = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    with mr.open(tmp_path / "full") as full, mr.open(path) as once:
+        assert once.window.end == 30
+        _compare_window(full, once, how)
+    if int(kept[1]) == 30:  # every step was dropped: the writer cannot know the stacks before
+        episodes = Episodes(2, FRAME, 2, -1, "repeat", 0.3, 6)  # so they start episodes
+    with mr.open(path, mode="a") as writer:  # a writer goes on from the repaired ring
+        for _ in range(3):
+            writer.add(episodes.step())
+    healthy = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+
+
+def test_a_writer_reopens_after_recover_dropped_every_step_and_its_rows(tmp_path):
+    """After ``mmreplay recover`` recreated a lost ``data.h5`` (every step dropped, the
+    rows gone), a writer opens: its first stacks must start episodes, and others are
+    refused with nothing written."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "once"
+    sp = spec(FRAME, 2, -1)
+    frames = mr.Frames(frame_stack=2)
+    with mr.create(path, sp, 12, num_envs=2, backend="hdf5", compression={"obs": "gzip"}, frames=frames) as store:
+        episodes = Episodes(2, FRAME, 2, -1, "repeat", 0.3, 5)
+        for _ in range(10):
+            store.add(episodes.step())
+    (path / "data.h5").unlink()
+    fixed = subprocess.run([sys.executable, "-m", "mmreplay.cli", "recover", str(path)], capture_output=True, text=True)
+    assert fixed.returncode == 0 and "kept committed steps [10, 10)" in fixed.stdout, fixed.stdout + fixed.stderr
+    with mr.open(path, mode="a") as writer:
+        with pytest.raises(mr.BadInputError, match="episode's first stack"):
+            writer.add(episodes.step())  # the stacks before it are gone
+        assert writer.total_steps == 10
+        fresh = Episodes(2, FRAME, 2, -1, "repeat", 0.3, 6)
+        added = [fresh.step() for _ in range(3)]
+        for step in added:
+            writer.add(step)
+    with mr.open(path) as reader:
+        assert reader.window[:2] == (11, 13)  # the oldest stack's earlier frame is before it
+        _same(reader.get(slice(None)), {k: np.stack([s[k] for s in added[1:]]) for k in added[0]}, "after")

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import CorruptBufferError, Error, SpecError
 from ..lock import holder_pid
-from ..metadata import LeafInfo, Metadata, write_metadata
+from ..metadata import LeafInfo, Metadata
 from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, map_file, parse_compression, preallocate
 from .checks import Repairs, chunks_of, leaf_shape
 from .h5chunks import (
@@ -553,8 +553,9 @@ def _journal_decodes(dset: h5py.Dataset, record: Any, where: str) -> bool:
 
 
 def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, list[tuple[int, int, str]]]:
-    """Restore what :func:`verify_leaves` finds damaged; returns the metadata and the slot
-    ranges ``[a, b)`` whose rows are gone, with why."""
+    """Restore what :func:`verify_leaves` finds damaged; returns the metadata (a recreated
+    file places its leaves anew: the caller records them) and the slot ranges ``[a, b)``
+    whose rows are gone, with why."""
     path = os.path.join(folder, DATA_FILE)
     problems: list[str] = []
     found = verify_leaves(folder, meta, True, problems)
@@ -625,7 +626,6 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
                 replace(old, file=new.file, offset=new.offset) for old, new in zip(meta.leaves, infos)
             ),
         )
-        write_metadata(folder, meta, fsync=True)
         repairs.actions.append(f"recreated {DATA_FILE} with the same layout, empty")
         damaged.append((0, meta.capacity, f"{DATA_FILE}: {why}"))
     return meta, damaged
