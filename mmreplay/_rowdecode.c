@@ -485,6 +485,9 @@ STACK_INLINE void stack_words(stack_acc *acc, const unsigned char *obs, const un
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+/* bytes ahead of the two input streams to prefetch (measured on HWC stacks: the cold pass
+ * took 0.7x the time with 2 KiB; it did not help the CHW pass) */
+#define STACK_AHEAD 2048
 
 STACK_INLINE uint64_t stack_fold(__m128i v) {
     uint64_t lo, hi;
@@ -502,6 +505,8 @@ STACK_INLINE size_t stack_hwc4_sse2(stack_acc *acc, const unsigned char *obs, co
     size_t p = 0;
     for (; p + 16 <= pixels; p += 16) {
         __m128i top[4];
+        __builtin_prefetch(obs + 4 * p + STACK_AHEAD);
+        __builtin_prefetch(nxt + 4 * p + STACK_AHEAD);
         for (int j = 0; j < 4; j++) {
             size_t at = 4 * p + 16 * j;
             __m128i o = _mm_loadu_si128((const __m128i *)(obs + at));

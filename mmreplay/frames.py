@@ -712,6 +712,9 @@ class FrameWriter:
         if self.layout.derived:
             if self.layout.stacked:
                 self.pending = [_part(s, axis + 1, k - 1) for s, axis in zip(self.stacks, self.axes)]
+            elif len(self.pending) == len(nexts) and all(p.shape == n.shape for p, n in zip(self.pending, nexts)):
+                for mine, n in zip(self.pending, nexts):  # copies of their own, reused step after step
+                    np.copyto(mine, n)
             else:
                 self.pending = [np.array(n) for n in nexts]
             self.has_pending = True
