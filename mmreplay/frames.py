@@ -825,8 +825,9 @@ def check_pair(
         flags[prefix] |= FOLLOWS
         flags[last] |= NEWEST_SAME
     flags[_follows(nxt, obs, a, k, scratch=words)] |= NEXT_FOLLOWS
-    np.copyto(newest, _part(obs, a, k - 1))
-    np.copyto(kept_out, nxt)
+    # the step validator let through only values that cast to the leaf's dtype without loss
+    np.copyto(newest, _part(obs, a, k - 1), casting="unsafe")
+    np.copyto(kept_out, nxt, casting="unsafe")
 
 
 def _newest(stack: np.ndarray, axis: int | None, k: int) -> np.ndarray:

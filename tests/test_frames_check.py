@@ -213,3 +213,23 @@ def test_numpy_path_reads_the_same_as_a_store_that_keeps_everything(tmp_path_fac
         tmp_path_factory, num_envs=3, k=k, axis=axis, pad="repeat", end=0.1, capacity=9, steps=30,
         commits={5, 20}, small_side=False, seed=seed,
     )
+
+
+@pytest.mark.parametrize("given", ["int16", "fortran"])
+def test_stacks_of_another_dtype_or_memory_order_read_the_same(tmp_path, given):
+    """Stacks the one pass does not take (int16 values for a uint8 leaf, which cast
+    without loss; Fortran-ordered arrays) are checked and stored in numpy alike."""
+    sp = spec((5, 6), 4, -1)
+    full = mr.create(tmp_path / "full", sp, 12, num_envs=3)
+    once = mr.create(tmp_path / "once", sp, 12, num_envs=3, frames=mr.Frames(frame_stack=4))
+    episodes = Episodes(3, (5, 6), 4, -1, "repeat", 0.2, 3)
+    for _ in range(30):
+        step = episodes.step()
+        full.add(step)
+        convert = (lambda a: a.astype(np.int16)) if given == "int16" else np.asfortranarray
+        once.add(dict(step, obs=convert(step["obs"]), next_obs=convert(step["next_obs"])))
+    steps = np.arange(*once.window[:2])
+    for want, got in zip(full.read_steps(steps), once.read_steps(steps)):
+        np.testing.assert_array_equal(want, got)
+    full.close()
+    once.close()
