@@ -860,7 +860,7 @@ def _follows(
         return _rows_equal(stack[tuple(index)], prev[tuple(index)])
     words = _words(stack), _words(prev)
     item = stack.dtype.itemsize
-    if words[0] is not None and words[1] is not None:
+    if words[0] is not None and words[1] is not None and stack.dtype == prev.dtype:
         mine, theirs = words
         if axis == 1 and (stack.nbytes // ne // k) % 8 == 0:  # whole frames: [ne, k, words of a frame]
             mine = mine.reshape(ne, k, -1)

@@ -215,19 +215,23 @@ def test_numpy_path_reads_the_same_as_a_store_that_keeps_everything(tmp_path_fac
     )
 
 
-@pytest.mark.parametrize("given", ["int16", "fortran"])
-def test_stacks_of_another_dtype_or_memory_order_read_the_same(tmp_path, given):
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("given", ["int16", "int16 obs only", "fortran"])
+def test_stacks_of_another_dtype_or_memory_order_read_the_same(tmp_path, given, axis):
     """Stacks the one pass does not take (int16 values for a uint8 leaf, which cast
-    without loss; Fortran-ordered arrays) are checked and stored in numpy alike."""
-    sp = spec((5, 6), 4, -1)
+    without loss, for both leaves or for the observations only; Fortran-ordered arrays)
+    are checked and stored in numpy alike."""
+    frame = (5, 6) if axis == -1 else (6, 8)
+    sp = spec(frame, 4, axis)
     full = mr.create(tmp_path / "full", sp, 12, num_envs=3)
     once = mr.create(tmp_path / "once", sp, 12, num_envs=3, frames=mr.Frames(frame_stack=4))
-    episodes = Episodes(3, (5, 6), 4, -1, "repeat", 0.2, 3)
+    episodes = Episodes(3, frame, 4, axis, "repeat", 0.2, 3)
+    convert = np.asfortranarray if given == "fortran" else (lambda a: a.astype(np.int16))
     for _ in range(30):
         step = episodes.step()
         full.add(step)
-        convert = (lambda a: a.astype(np.int16)) if given == "int16" else np.asfortranarray
-        once.add(dict(step, obs=convert(step["obs"]), next_obs=convert(step["next_obs"])))
+        nxt = step["next_obs"] if given == "int16 obs only" else convert(step["next_obs"])
+        once.add(dict(step, obs=convert(step["obs"]), next_obs=nxt))
     steps = np.arange(*once.window[:2])
     for want, got in zip(full.read_steps(steps), once.read_steps(steps)):
         np.testing.assert_array_equal(want, got)
