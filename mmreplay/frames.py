@@ -34,6 +34,7 @@ earlier frames may be gone): the readable window starts ``k - 1`` steps later.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -493,7 +494,10 @@ class FrameWriter:
     checks the stacks, and feeds the side ring.
 
     It keeps, per env, the newest step's stacks (to check the next ones) and its next
-    frames (until the next step shows whether they are that step's frames)."""
+    frames (until the next step shows whether they are that step's frames). With derived
+    next observations the stacks are checked in one pass per pair (:func:`check_pair`),
+    which copies the next stacks into a spare buffer as it reads them: the buffers swap
+    when the step is written, so a refused step changes nothing."""
 
     def __init__(self, store: Any, meta: Any, parts: _Parts):
         self.store = store
@@ -508,6 +512,9 @@ class FrameWriter:
         self.keep_index = [i for i, p in enumerate(paths) if p not in nexts]
         by_obs = {paths.index(p.obs): p for p in self.layout.pairs}
         self.axes = [by_obs[i].axis for i in self.obs_index]
+        specs = flatten(meta.spec)
+        self.dtypes = [specs[i].dtype for i in self.obs_index]
+        self.native = native_check()
         self.written = store.total_steps
         ne = self.num_envs
         self.pending: list[np.ndarray] = []  # next frames of the newest step, per pair
@@ -517,9 +524,19 @@ class FrameWriter:
         # derived (the next step's stacks are these unless an episode ended), else its
         # observation stacks
         self.stacks: list[np.ndarray] | None = None
+        # per pair, derived stacks: the next stacks of the step being added (they become
+        # ``stacks`` when it is written), its frames to store, and its check's flags
+        self.spare: list[np.ndarray | None] = [None] * len(self.obs_index)
+        self.scratch: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.depth = np.zeros(ne, np.uint8)
+        self.deeper = np.minimum(np.arange(256) + 1, max(0, self.layout.frame_stack - 1)).astype(np.uint8)
+        # the common step, per pair: every env's stacks follow and equal the previous next stacks
+        self.passed = bytes([FOLLOWS | NEWEST_SAME | NEXT_FOLLOWS]) * ne
+        self.every_env = np.ones(ne, bool)
+        self.no_side = np.zeros(ne, np.int64)  # a step's rows have no side entries when written
+        for constant in (self.every_env, self.no_side):
+            constant.setflags(write=False)
         self.seq: int | None = None  # side entries ever written (read on first need)
-        self.scratch: dict[int, np.ndarray] = {}  # per pair: words to compare stacks in
 
     # --- reopening ------------------------------------------------------------------
 
@@ -547,8 +564,8 @@ class FrameWriter:
         n = len(self.obs_index)
         if depth is not None:
             if end - 1 - int(depth.max()) >= first:  # else the next stacks must start episodes
-                self.stacks = [np.array(v[0]) for v in values[n:] if self.layout.derived] or [
-                    np.array(v[0]) for v in values[:n]
+                self.stacks = [np.ascontiguousarray(v[0]) for v in values[n:] if self.layout.derived] or [
+                    np.ascontiguousarray(v[0]) for v in values[:n]
                 ]
                 self.depth = depth
         if self.layout.derived:
@@ -581,118 +598,132 @@ class FrameWriter:
         raises :class:`~mmreplay.BadInputError` (nothing changed) on stacks that do not
         follow from the previous ones.
 
-        Per step and pair this compares whole arrays over all envs at once: the
-        observation stacks with the previous step's next stacks (equal unless an episode
-        ended: then they follow, and their newest frame is the pending next frame), and
-        the next stacks with the observation stacks shifted by one frame. Envs whose
-        episode ended are looked at one by one.
+        Per step and pair one pass (:func:`check_pair`) compares the observation stacks
+        with the previous step's next stacks (equal unless an episode ended: then they
+        follow, and their newest frame is the pending next frame) and the next stacks
+        with the observation stacks shifted by one frame. Envs whose stacks do not follow
+        are looked at one by one.
         """
         k = self.layout.frame_stack
         derived = self.layout.derived
         frames, nexts, depth = [], [], self.depth
         continued = None  # per env: every pair's stacks are the previous step's next stacks
+        newest_same: list[np.ndarray | None] = []  # per pair: the newest frame is the pending one
         for j, (i, axis) in enumerate(zip(self.obs_index, self.axes)):
             obs = values[i]
+            same = None
             if axis is None:
                 frames.append(obs)
-            else:
+            elif derived:
                 a = axis + 1  # the env axis leads
-                frames.append(_part(obs, a, k - 1))
-                depth, same = self._depths(obs, a, j, k)
-                if derived:
-                    continued = same if continued is None else continued & same
-            if derived:
-                nxt = values[self.next_index[j]]
-                if axis is not None:
-                    a = axis + 1
-                    follows = _follows(nxt, obs, a, k, scratch=self._scratch(j, obs))
-                    if not follows.all():
+                flags = self._check(j, obs, values[self.next_index[j]], a, k)
+                if self.stacks is not None and flags.tobytes() == self.passed:
+                    # the common step: every env's stacks are the previous next stacks
+                    depth = self.deeper[self.depth]
+                    same = both = self.every_env
+                else:
+                    depth = self._depths(obs, a, j, k, (flags & FOLLOWS) > 0)
+                    if not (flags & NEXT_FOLLOWS).all():
                         raise BadInputError(
-                            f"leaf {self.layout.pairs[j].next!r}, env {int(np.flatnonzero(~follows)[0])}: a next "
-                            "observation stack must be the observation stack shifted by one frame "
+                            f"leaf {self.layout.pairs[j].next!r}, env {int(np.flatnonzero(~flags & NEXT_FOLLOWS)[0])}"
+                            ": a next observation stack must be the observation stack shifted by one frame "
                             f"(leaf {self.layout.pairs[j].obs!r})"
                         )
-                nexts.append(nxt)
+                    both = None
+                    if self.stacks is not None:
+                        same = (flags & NEWEST_SAME) > 0
+                        both = same & ((flags & FOLLOWS) > 0)
+                if both is not None:
+                    continued = both if continued is None else continued & both
+                frames.append(self.scratch[j][0])
+            else:  # observation stacks only: each follows the one before
+                a = axis + 1
+                frames.append(_part(obs, a, k - 1))
+                follows = np.zeros(self.num_envs, bool) if self.stacks is None else _follows(obs, self.stacks[j], a, k)
+                depth = self._depths(obs, a, j, k, follows)
+            newest_same.append(same)
+            if derived:
+                nexts.append(values[self.next_index[j]])
         out = [values[i] for i in self.keep_index]
         for j, i in enumerate(self.obs_index):
             out[self.keep_index.index(i)] = frames[j]
         if derived:
-            out.append(np.zeros(self.num_envs, np.int64))
+            out.append(self.no_side)
         if self.layout.stacked:
             out.append(depth)
-        return out, (frames, nexts, depth, values, continued)
+        return out, (frames, nexts, depth, values, continued, newest_same)
 
-    def _scratch(self, j: int, like: np.ndarray) -> np.ndarray | None:
-        """Pair ``j``'s scratch words (uint64, one row per env) for stacks like ``like``."""
-        per_env = like.nbytes // max(1, len(like))
-        if per_env % 8:
-            return None
-        buf = self.scratch.get(j)
-        if buf is None or buf.shape != (len(like), per_env // 8):
-            buf = self.scratch[j] = np.empty((len(like), per_env // 8), np.uint64)
-        return buf
+    def _check(self, j: int, obs: np.ndarray, nxt: np.ndarray, a: int, k: int) -> np.ndarray:
+        """Pair ``j``'s :func:`check_pair` flags of this step, in native code where it can."""
+        spare = self.spare[j]
+        if spare is None or spare.shape != nxt.shape:
+            spare = self.spare[j] = np.empty(nxt.shape, self.dtypes[j])
+        frame_shape = obs.shape[:a] + obs.shape[a + 1 :]
+        got = self.scratch.get(j)
+        if got is None or got[0].shape != frame_shape:
+            words = np.empty((len(obs), obs.nbytes // len(obs) // 8), np.uint64)
+            got = self.scratch[j] = (np.empty(frame_shape, self.dtypes[j]), np.empty(len(obs), np.uint8), words)
+        newest, flags, words = got
+        kept = None if self.stacks is None else self.stacks[j]
+        check_pair(obs, nxt, kept, spare, newest, flags, a, k, self.native, words)
+        return flags
 
-    def _depths(self, obs: np.ndarray, a: int, j: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Frames of the episode each env's stack shows before its newest one, and per env
-        whether the stack is the previous step's next stack (derived next observations)."""
-        ne = self.num_envs
-        same = np.zeros(ne, bool)
-        if self.stacks is None:
-            follows = same
-        elif self.layout.derived:  # kept: the previous next stacks, already checked to follow
-            prev = self.stacks[j]
-            same = _rows_equal(obs, prev)
-            follows = same.copy()
-            if not same.all():
-                envs = np.flatnonzero(~same)
-                follows[envs] = _follows(obs[envs], prev[envs], a, k, shifted=False)
-        else:
-            follows = _follows(obs, self.stacks[j], a, k)
+    def _depths(self, obs: np.ndarray, a: int, j: int, k: int, follows: np.ndarray) -> np.ndarray:
+        """Frames of the episode each env's stack shows before its newest one; refuses
+        stacks that neither follow the previous ones nor start an episode."""
         if not follows.all():
-            newest = _part(obs, a, k - 1)
-            is_start = np.ones(ne, bool)
+            envs = np.flatnonzero(~follows)
+            stacks = obs[envs]
+            newest = _part(stacks, a, k - 1)
+            is_start = np.ones(len(envs), bool)
             for pos in range(k - 1):
-                before = _part(obs, a, pos)
+                before = _part(stacks, a, pos)
                 pad_ok = (before == 0) if self.layout.pad == "zeros" else (before == newest)
-                is_start &= pad_ok.reshape(ne, -1).all(axis=1)
-            bad = ~(follows | is_start)
-            if bad.any():
+                is_start &= pad_ok.reshape(len(envs), -1).all(axis=1)
+            if not is_start.all():
                 raise BadInputError(
-                    f"leaf {self.layout.pairs[j].obs!r}, env {int(np.flatnonzero(bad)[0])}: a frame stack must be "
+                    f"leaf {self.layout.pairs[j].obs!r}, env {int(envs[~is_start][0])}: a frame stack must be "
                     "the previous step's stack shifted by one frame, or an episode's first stack "
                     f"({self.layout.pad} padding); pass frames=Frames(frame_stack=1) to store stacks as they are"
                 )
-        depth = np.where(follows, np.minimum(self.depth.astype(np.int64) + 1, k - 1), 0).astype(np.uint8)
-        return depth, same
+        return np.where(follows, self.deeper[self.depth], 0).astype(np.uint8)
 
     def apply(self, prepared: Any, step: int) -> None:
         """Before the step's rows are written: the previous step's rows whose next frame is
         not this step's frame get a side entry; then this step's frames become pending."""
-        frames, nexts, depth, values, continued = prepared
+        frames, nexts, depth, values, continued, newest_same = prepared
         k = self.layout.frame_stack
-        if self.layout.derived and self.has_pending and step > 0:
+        if self.layout.derived and self.has_pending and step > 0 and continued is not self.every_env:
             check = ~self.pending_in_side
             if continued is not None:  # a stack equal to the next stack has its newest frame
                 check &= ~continued
             if check.any():
                 envs = np.flatnonzero(check)
                 differs = np.zeros(len(envs), bool)
-                for p, f in zip(self.pending, frames):
-                    differs |= ~_rows_equal(f[envs], p[envs])
+                for p, f, same in zip(self.pending, frames, newest_same):
+                    # the pending frames are the newest frames of the stacks checked against
+                    differs |= ~same[envs] if same is not None else ~_rows_equal(f[envs], p[envs])
                 if differs.any():
                     envs = envs[differs]
                     self._to_side(step - 1, envs, [p[envs] for p in self.pending])
         if self.layout.stacked:
             # kept as copies: the caller may reuse its arrays (VecFrameStack does)
-            kept = nexts if self.layout.derived else [values[i] for i in self.obs_index]
-            if self.stacks is None:
-                self.stacks = [np.empty_like(v) for v in kept]
-            for mine, v in zip(self.stacks, kept):
-                np.copyto(mine, v)
+            if self.layout.derived:  # the check copied them: swap the buffers
+                old = self.stacks or [None] * len(self.spare)
+                self.stacks, self.spare = list(self.spare), old
+            else:
+                kept = [values[i] for i in self.obs_index]
+                if self.stacks is None:
+                    self.stacks = [np.empty_like(v) for v in kept]
+                for mine, v in zip(self.stacks, kept):
+                    np.copyto(mine, v)
             self.depth = depth
         if self.layout.derived:
             if self.layout.stacked:
                 self.pending = [_part(s, axis + 1, k - 1) for s, axis in zip(self.stacks, self.axes)]
+            elif len(self.pending) == len(nexts) and all(p.shape == n.shape for p, n in zip(self.pending, nexts)):
+                for mine, n in zip(self.pending, nexts):  # copies of their own, reused step after step
+                    np.copyto(mine, n)
             else:
                 self.pending = [np.array(n) for n in nexts]
             self.has_pending = True
@@ -738,6 +769,76 @@ class FrameWriter:
         leaf.write_slots(slot, row)
 
 
+#: :func:`check_pair` flags, per env: the observation stack's first ``k - 1`` frames are the
+#: kept stack's, its newest frame is the kept stack's newest, and the next stack's first
+#: ``k - 1`` frames are the observation stack's last ``k - 1``
+FOLLOWS, NEWEST_SAME, NEXT_FOLLOWS = 1, 2, 4
+
+
+def native_check() -> Any:
+    """The C extension's ``check_stacks``, or None where it is not built or
+    ``MMREPLAY_NATIVE=0`` is set (then :func:`check_pair` runs in numpy)."""
+    from .backends.native_rows import disabled
+
+    if disabled():
+        return None
+    try:
+        from . import _rowdecode  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return getattr(_rowdecode, "check_stacks", None)
+
+
+def check_pair(
+    obs: np.ndarray,
+    nxt: np.ndarray,
+    kept: np.ndarray | None,
+    kept_out: np.ndarray,
+    newest: np.ndarray,
+    flags: np.ndarray,
+    a: int,
+    k: int,
+    native: Any = None,
+    words: np.ndarray | None = None,
+) -> None:
+    """One step's observation and next-observation stacks ``[num_envs, *stack]`` (the
+    stack axis ``a``, ``k`` frames) against ``kept`` (the previous step's next stacks, or
+    None): sets ``flags`` (uint8 per env, :data:`FOLLOWS` | :data:`NEWEST_SAME` |
+    :data:`NEXT_FOLLOWS`), copies each observation stack's newest frame (the frame to
+    store) into ``newest`` and ``nxt`` into ``kept_out``.
+
+    With ``native`` (:func:`native_check`) and integer stacks of the buffers' dtype in
+    C-contiguous memory, this is one pass over memory in C (bytes compared); else numpy
+    does the same (``words``: scratch for :func:`_follows`).
+    """
+    if (
+        native is not None
+        and obs.dtype.kind in "uib"
+        and obs.dtype == nxt.dtype == kept_out.dtype == newest.dtype
+        and obs.flags.c_contiguous
+        and nxt.flags.c_contiguous
+        and (kept is None or (kept.dtype == obs.dtype and kept.flags.c_contiguous))
+    ):
+        outer = math.prod(obs.shape[1:a])
+        inner = math.prod(obs.shape[a + 1 :]) * obs.dtype.itemsize
+        native(obs, nxt, kept, kept_out, newest, flags, outer, k, inner)
+        return
+    flags[:] = 0
+    if kept is not None:
+        same = _rows_equal(obs, kept)
+        prefix, last = same.copy(), same.copy()
+        if not same.all():
+            envs = np.flatnonzero(~same)
+            prefix[envs] = _follows(obs[envs], kept[envs], a, k, shifted=False)
+            last[envs] = _rows_equal(_part(obs[envs], a, k - 1), _part(kept[envs], a, k - 1))
+        flags[prefix] |= FOLLOWS
+        flags[last] |= NEWEST_SAME
+    flags[_follows(nxt, obs, a, k, scratch=words)] |= NEXT_FOLLOWS
+    # the step validator let through only values that cast to the leaf's dtype without loss
+    np.copyto(newest, _part(obs, a, k - 1), casting="unsafe")
+    np.copyto(kept_out, nxt, casting="unsafe")
+
+
 def _newest(stack: np.ndarray, axis: int | None, k: int) -> np.ndarray:
     """The newest frame of ``[num_envs, *stack]`` values."""
     return np.array(stack) if axis is None else np.take(stack, k - 1, axis=axis + 1)
@@ -768,7 +869,7 @@ def _follows(
         return _rows_equal(stack[tuple(index)], prev[tuple(index)])
     words = _words(stack), _words(prev)
     item = stack.dtype.itemsize
-    if words[0] is not None and words[1] is not None:
+    if words[0] is not None and words[1] is not None and stack.dtype == prev.dtype:
         mine, theirs = words
         if axis == 1 and (stack.nbytes // ne // k) % 8 == 0:  # whole frames: [ne, k, words of a frame]
             mine = mine.reshape(ne, k, -1)
