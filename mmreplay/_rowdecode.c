@@ -366,10 +366,266 @@ done:
     return result;
 }
 
+/* --- Encoding a batch of rows in one call, without the GIL -------------------------------
+ *
+ * The frames are the ones the Python encoders write: numcodecs' LZ4 layout (a little-endian
+ * uint32 size, then an LZ4 block of acceleration 1) and zstd frames with a content checksum
+ * (ZSTD_compress2 at the encoder's level, as zstandard's ZstdCompressor(level=L,
+ * write_checksum=True) writes them, with a dictionary loaded into the context for :dict).
+ * The library is opened by load_encoder (dlopen gives the handle load already holds when
+ * it is the same library). An encoder keeps its zstd context and its scratch space between
+ * calls; its lock makes it safe, not fast, to share between threads.
+ */
+typedef int (*lz4_compress_fast_fn)(const char *, char *, int, int, int);
+typedef int (*lz4_compress_bound_fn)(int);
+typedef void *(*zstd_create_cctx_fn)(void);
+typedef size_t (*zstd_free_cctx_fn)(void *);
+typedef size_t (*zstd_cctx_set_parameter_fn)(void *, int, int);
+typedef size_t (*zstd_cctx_load_dictionary_fn)(void *, const void *, size_t);
+typedef size_t (*zstd_compress2_fn)(void *, void *, size_t, const void *, size_t);
+typedef size_t (*zstd_compress_bound_fn)(size_t);
+
+static struct {
+    lz4_compress_fast_fn compress_fast;
+    lz4_compress_bound_fn compress_bound;
+} lz4_enc;
+static struct {
+    zstd_create_cctx_fn create_cctx;
+    zstd_free_cctx_fn free_cctx;
+    zstd_cctx_set_parameter_fn set_parameter;
+    zstd_cctx_load_dictionary_fn load_dictionary;
+    zstd_compress2_fn compress2;
+    zstd_compress_bound_fn compress_bound;
+    zstd_is_error_fn is_error;
+    zstd_error_name_fn error_name;
+} zstd_enc;
+
+/* zstd.h's ZSTD_cParameter values (stable API) */
+enum { ZSTD_C_COMPRESSION_LEVEL = 100, ZSTD_C_CHECKSUM_FLAG = 201 };
+#define ENCODER_CAPSULE "mmreplay._rowdecode.encoder"
+
+PyDoc_STRVAR(load_encoder_doc,
+             "load_encoder(codec, path): encode with the codec library at path (a dlopen name); OSError if it "
+             "lacks a function");
+
+static PyObject *load_encoder(PyObject *self, PyObject *args) {
+    const char *name, *path;
+    if (!PyArg_ParseTuple(args, "ss", &name, &path)) return NULL;
+    int codec = codec_of(name);
+    if (codec < 0) return NULL;
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL); /* kept open for the process's life */
+    if (lib == NULL) {
+        const char *why = dlerror();
+        PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, why ? why : "unknown error");
+        return NULL;
+    }
+    if (codec == CODEC_LZ4) {
+        void *f[2];
+        const char *names[2] = {"LZ4_compress_fast", "LZ4_compressBound"};
+        for (int i = 0; i < 2; i++)
+            if ((f[i] = symbol(lib, names[i], path)) == NULL) return NULL;
+        lz4_enc.compress_bound = (lz4_compress_bound_fn)f[1];
+        lz4_enc.compress_fast = (lz4_compress_fast_fn)f[0];
+        Py_RETURN_NONE;
+    }
+    void *f[8];
+    const char *names[8] = {"ZSTD_createCCtx",      "ZSTD_freeCCtx",  "ZSTD_CCtx_setParameter",
+                            "ZSTD_CCtx_loadDictionary", "ZSTD_compress2", "ZSTD_compressBound",
+                            "ZSTD_isError",         "ZSTD_getErrorName"};
+    for (int i = 0; i < 8; i++)
+        if ((f[i] = symbol(lib, names[i], path)) == NULL) return NULL;
+    zstd_enc.free_cctx = (zstd_free_cctx_fn)f[1];
+    zstd_enc.set_parameter = (zstd_cctx_set_parameter_fn)f[2];
+    zstd_enc.load_dictionary = (zstd_cctx_load_dictionary_fn)f[3];
+    zstd_enc.compress2 = (zstd_compress2_fn)f[4];
+    zstd_enc.compress_bound = (zstd_compress_bound_fn)f[5];
+    zstd_enc.is_error = (zstd_is_error_fn)f[6];
+    zstd_enc.error_name = (zstd_error_name_fn)f[7];
+    zstd_enc.create_cctx = (zstd_create_cctx_fn)f[0]; /* last: it marks the set as loaded */
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    int codec;
+    int level;     /* zstd level, or lz4 acceleration */
+    void *cctx;    /* zstd only */
+    char *scratch; /* room for a batch of frames, kept between calls */
+    size_t scratch_size;
+    pthread_mutex_t lock;
+} encoder_t;
+
+static void free_encoder(PyObject *capsule) {
+    encoder_t *enc = PyCapsule_GetPointer(capsule, ENCODER_CAPSULE);
+    if (enc == NULL) return;
+    if (enc->cctx != NULL) zstd_enc.free_cctx(enc->cctx);
+    free(enc->scratch);
+    pthread_mutex_destroy(&enc->lock);
+    free(enc);
+}
+
+static int zstd_check(size_t r, const char *what) {
+    if (!zstd_enc.is_error(r)) return 0;
+    PyErr_Format(PyExc_ValueError, "%s failed: %s", what, zstd_enc.error_name(r));
+    return -1;
+}
+
+PyDoc_STRVAR(new_encoder_doc,
+             "new_encoder(codec, level, dictionary=None): an encoder for encode_rows; level is zstd's level\n"
+             "(1..22) or lz4's acceleration; dictionary (zstd only) the bytes of a zstd dictionary");
+
+static PyObject *new_encoder(PyObject *self, PyObject *args) {
+    const char *name;
+    int level;
+    Py_buffer dict = {0};
+    if (!PyArg_ParseTuple(args, "si|z*", &name, &level, &dict)) return NULL;
+    PyObject *result = NULL;
+    encoder_t *enc = NULL;
+    int codec = codec_of(name);
+    if (codec < 0) goto done;
+    if (codec == CODEC_LZ4 ? lz4_enc.compress_fast == NULL : zstd_enc.create_cctx == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "no %s library loaded for encoding", name);
+        goto done;
+    }
+    if (dict.obj != NULL && codec != CODEC_ZSTD) {
+        PyErr_SetString(PyExc_ValueError, "a dictionary is for zstd only");
+        goto done;
+    }
+    if ((enc = calloc(1, sizeof(encoder_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    enc->codec = codec;
+    enc->level = level;
+    pthread_mutex_init(&enc->lock, NULL);
+    if (codec == CODEC_ZSTD) {
+        if ((enc->cctx = zstd_enc.create_cctx()) == NULL) {
+            PyErr_SetString(PyExc_MemoryError, "ZSTD_createCCtx failed");
+            goto done;
+        }
+        if (zstd_check(zstd_enc.set_parameter(enc->cctx, ZSTD_C_COMPRESSION_LEVEL, level), "setting the zstd level") ||
+            zstd_check(zstd_enc.set_parameter(enc->cctx, ZSTD_C_CHECKSUM_FLAG, 1), "setting the zstd checksum flag"))
+            goto done;
+        if (dict.obj != NULL &&
+            zstd_check(zstd_enc.load_dictionary(enc->cctx, dict.buf, (size_t)dict.len), "loading the zstd dictionary"))
+            goto done;
+    }
+    result = PyCapsule_New(enc, ENCODER_CAPSULE, free_encoder);
+done:
+    if (result == NULL && enc != NULL) {
+        if (enc->cctx != NULL) zstd_enc.free_cctx(enc->cctx);
+        pthread_mutex_destroy(&enc->lock);
+        free(enc);
+    }
+    if (dict.obj != NULL) PyBuffer_Release(&dict);
+    return result;
+}
+
+PyDoc_STRVAR(encode_rows_doc,
+             "encode_rows(encoder, rows, row_nbytes) -> list of bytes\n\n"
+             "Encode each row of `rows` (a C-contiguous buffer of whole rows of row_nbytes) as one frame,\n"
+             "without the GIL; the frames are bytes objects in row order.");
+
+static PyObject *encode_rows(PyObject *self, PyObject *args) {
+    PyObject *capsule, *rows_o;
+    Py_ssize_t row;
+    if (!PyArg_ParseTuple(args, "OOn", &capsule, &rows_o, &row)) return NULL;
+    encoder_t *enc = PyCapsule_GetPointer(capsule, ENCODER_CAPSULE);
+    if (enc == NULL) return NULL;
+    if (row <= 0 || row > INT32_MAX - 4) {
+        PyErr_Format(PyExc_ValueError, "row_nbytes must be in 1..%d, not %zd", INT32_MAX - 4, row);
+        return NULL;
+    }
+    Py_buffer rows;
+    if (PyObject_GetBuffer(rows_o, &rows, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *result = NULL;
+    size_t *sizes = NULL;
+    if (rows.len % row) {
+        PyErr_Format(PyExc_ValueError, "rows has %zd bytes, not a whole number of rows of %zd", rows.len, row);
+        goto done;
+    }
+    int64_t n = rows.len / row;
+    size_t bound = enc->codec == CODEC_LZ4 ? 4 + (size_t)lz4_enc.compress_bound((int)row)
+                                           : zstd_enc.compress_bound((size_t)row);
+    if (n > 0 && bound > SIZE_MAX / (size_t)n) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if ((sizes = malloc((n ? n : 1) * sizeof(size_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t failed = -1;
+    size_t failed_result = 0;
+    int no_room = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&enc->lock);
+    if (enc->scratch_size < n * bound) {
+        char *grown = malloc(n * bound);
+        if (grown == NULL) {
+            no_room = 1;
+        } else {
+            free(enc->scratch);
+            enc->scratch = grown;
+            enc->scratch_size = n * bound;
+        }
+    }
+    for (int64_t i = 0; i < n && !no_room; i++) {
+        const char *src = (const char *)rows.buf + i * row;
+        char *dst = enc->scratch + i * bound;
+        if (enc->codec == CODEC_LZ4) {
+            uint32_t size = (uint32_t)row;
+            unsigned char head[4] = {size & 0xFF, (size >> 8) & 0xFF, (size >> 16) & 0xFF, (size >> 24) & 0xFF};
+            memcpy(dst, head, 4);
+            int r = lz4_enc.compress_fast(src, dst + 4, (int)row, (int)(bound - 4), enc->level);
+            if (r <= 0) {
+                failed = i;
+                break;
+            }
+            sizes[i] = 4 + (size_t)r;
+        } else {
+            size_t r = zstd_enc.compress2(enc->cctx, dst, bound, src, (size_t)row);
+            if (zstd_enc.is_error(r)) {
+                failed = i;
+                failed_result = r;
+                break;
+            }
+            sizes[i] = r;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (no_room || failed >= 0) {
+        pthread_mutex_unlock(&enc->lock);
+        if (no_room)
+            PyErr_NoMemory();
+        else if (enc->codec == CODEC_LZ4)
+            PyErr_Format(PyExc_ValueError, "LZ4_compress_fast failed on row %lld", (long long)failed);
+        else
+            PyErr_Format(PyExc_ValueError, "ZSTD_compress2 failed on row %lld: %s", (long long)failed,
+                         zstd_enc.error_name(failed_result));
+        goto done;
+    }
+    /* the frames become bytes with the GIL held and the encoder still locked: the scratch
+       space is not another call's yet */
+    result = PyList_New(n);
+    for (int64_t i = 0; result != NULL && i < n; i++) {
+        PyObject *frame = PyBytes_FromStringAndSize(enc->scratch + i * bound, (Py_ssize_t)sizes[i]);
+        if (frame == NULL) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, i, frame);
+    }
+    pthread_mutex_unlock(&enc->lock);
+done:
+    free(sizes);
+    PyBuffer_Release(&rows);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, load_doc},
     {"zstd_dictionary", zstd_dictionary, METH_VARARGS, zstd_dictionary_doc},
     {"decode_rows", decode_rows, METH_VARARGS, decode_rows_doc},
+    {"load_encoder", load_encoder, METH_VARARGS, load_encoder_doc},
+    {"new_encoder", new_encoder, METH_VARARGS, new_encoder_doc},
+    {"encode_rows", encode_rows, METH_VARARGS, encode_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

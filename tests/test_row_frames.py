@@ -254,10 +254,10 @@ def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commi
     store.commit()
     (leaf,) = store.stored_leaves
 
-    def fails(row):
+    def fails(rows):
         raise OSError("the codec failed")
 
-    leaf.frames.encode = fails  # the encoder thread's codec, as a full disk or a codec bug makes it
+    leaf.frames.encode_rows = fails  # the encoder thread's codec, as a full disk or a codec bug makes it
     store.add({"x": rows[1]})  # inside the segment: its rows are encoded in the background
     with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed.*the codec failed"):
         store.commit()
@@ -295,3 +295,40 @@ def test_a_writer_left_open_at_exit_hands_its_last_rows_to_the_encoder_and_keeps
         assert reader.total_steps == 45
         assert reader.get(slice(None))["x"][:, :, 0, 0].tolist() == [[t, t] for t in range(45)]
     assert zarr_array(path, "x")[:45, 0, 0, 0].tolist() == list(range(45))  # sealed at exit
+
+
+def _encoder_threads() -> int:
+    import threading
+
+    return sum(t.name == "mmreplay-encode" for t in threading.enumerate())
+
+
+def test_a_writer_encodes_every_row_leaf_on_one_thread_the_frames_side_ring_included(tmp_path):
+    spec = {"obs": mr.ArraySpec((6, 7), "uint8"), "next_obs": mr.ArraySpec((6, 7), "uint8"),
+            "depth": mr.ArraySpec((6, 7), "uint16"), "terminated": mr.ArraySpec((), "bool")}
+    compression = {"obs": "rows:lz4", "depth": "rows:zstd:1"}
+    rng = np.random.default_rng(2)
+    frames = rng.integers(0, 255, (41, 2, 6, 7), np.uint8)
+    depth = rng.integers(0, 999, (40, 2, 6, 7)).astype(np.uint16)
+    ended = np.zeros((40, 2), bool)
+    ended[[9, 25], [0, 1]] = True  # their next observation goes to the side ring
+    before = _encoder_threads()
+    with mr.create(tmp_path / "b", spec, 32, num_envs=2, compression=compression, chunk_steps=8,
+                   frames=mr.Frames()) as store:
+        leaves = [leaf for leaf in store.stored_leaves if leaf.info.compression]
+        assert len(leaves) == 3  # obs, depth, and the side ring's next frames
+        obs = frames[0]
+        for t in range(40):
+            nxt = np.where(ended[t][:, None, None], rng.integers(0, 255, (2, 6, 7), np.uint8), frames[t + 1])
+            store.add({"obs": obs, "next_obs": nxt, "depth": depth[t], "terminated": ended[t]})
+            obs = frames[t + 1]
+            if t == 20:
+                assert len({id(leaf.encoder) for leaf in leaves}) == 1
+                assert _encoder_threads() == before + 1
+        got = store.get(slice(None))
+    assert _encoder_threads() == before  # stopped when the last leaf closed
+    np.testing.assert_array_equal(got["depth"], depth[8:])
+    with mr.open(tmp_path / "b") as reader:
+        again = reader.get(slice(None))
+    for name in spec:
+        np.testing.assert_array_equal(again[name], got[name])

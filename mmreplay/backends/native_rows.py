@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["ENV", "FrameBatch", "NativeDecoder", "decoder", "status"]
+__all__ = ["ENV", "FrameBatch", "NativeDecoder", "NativeEncoder", "decoder", "encoder", "encoding_status", "status"]
 
 log = logging.getLogger(__name__)
 
@@ -176,3 +176,67 @@ def status(codec: str) -> str:
         return f"python ({ENV}=0)"
     library = _load(codec)
     return f"native ({library})" if library else f"python ({_why[codec]})"
+
+
+# --- encoding -------------------------------------------------------------------------------
+
+_encoding: dict[str, str | None] = {}  # codec -> the library rows are encoded with (None: none)
+_encoding_why: dict[str, str] = {}
+
+
+def _load_encoding(codec: str) -> str | None:
+    """Open ``codec``'s library for encoding once per process: the decoder's library if it
+    has the functions, else the next candidate; the library's name, or None."""
+    with _lock:
+        if codec in _encoding:
+            return _encoding[codec]
+        ext = _extension()
+        used, errors = None, []
+        if ext is None:
+            errors.append("the C extension mmreplay._rowdecode is not built (no compiler at install time?)")
+        else:
+            for name in [n for n in [_loaded.get(codec)] if n] + _candidates(codec):
+                try:
+                    ext.load_encoder(codec, name)
+                except (OSError, AttributeError) as exc:  # AttributeError: an extension built before encoding
+                    errors.append(str(exc))
+                    continue
+                used = name
+                break
+        if used is None:
+            _encoding_why[codec] = f"no {codec} library to encode with: " + ("; ".join(errors) or "nothing to try")
+            log.info("row frames encode %s in Python: %s", codec, _encoding_why[codec])
+        _encoding[codec] = used
+        return used
+
+
+class NativeEncoder:
+    """Encodes rows as frames of one codec in one call per batch, off the GIL: the bytes the
+    Python encoders write (numcodecs' LZ4 layout; zstd frames with a content checksum)."""
+
+    def __init__(self, codec: str, level: int, library: str, dictionary: bytes | None = None):
+        self.codec = codec
+        self.library = library
+        self._ext = sys.modules["mmreplay._rowdecode"]
+        # lz4: acceleration 1, as numcodecs' LZ4 codec in the zarr metadata says
+        self._encoder = self._ext.new_encoder(codec, level if codec == "zstd" else 1, dictionary)
+
+    def encode(self, rows: np.ndarray) -> list[bytes]:
+        """One frame per row of ``rows`` (uint8, ``[n, row_bytes]``, C-contiguous)."""
+        return self._ext.encode_rows(self._encoder, rows, rows.shape[1])
+
+
+def encoder(codec: str, level: int, dictionary: bytes | None = None) -> NativeEncoder | None:
+    """The native encoder of ``codec`` at ``level`` (zstd), or None to encode in Python."""
+    if disabled():
+        return None
+    library = _load_encoding(codec)
+    return None if library is None else NativeEncoder(codec, level, library, dictionary)
+
+
+def encoding_status(codec: str) -> str:
+    """How ``codec``'s row frames are encoded here, in words."""
+    if disabled():
+        return f"python ({ENV}=0)"
+    library = _load_encoding(codec)
+    return f"native ({library})" if library else f"python ({_encoding_why[codec]})"

@@ -60,6 +60,7 @@ __all__ = [
     "create_staging",
     "read_shard_index",
     "shard_bytes",
+    "share_encoder",
 ]
 
 PREFIX = "rows:"
@@ -128,38 +129,112 @@ def require_row_codecs() -> None:
     _require("cramjam")
 
 
+class _EncodeFailed(Exception):
+    """What the encoder thread raised, and for which leaf."""
+
+    def __init__(self, where: str, cause: BaseException):
+        super().__init__(where, cause)
+        self.where = where
+        self.cause = cause
+
+
 class _Encoder:
-    """One daemon thread that runs jobs in order. Not a ThreadPoolExecutor: the
-    interpreter stops those before the exit hooks that close writers left open, and their
-    non-daemon thread would keep the early hook from running; a writer closed at exit must
-    still hand its last rows over and wait for them."""
+    """One daemon thread that encodes the rows of a writer's row-frame leaves (every leaf
+    of a store, the side ring's included: :func:`share_encoder`), in the order they were
+    added. Rows are handed over ``ENCODE_BATCH_ROWS`` at a time over all leaves, so a
+    step's rows of every leaf go in one job and the thread wakes once per batch.
+
+    Not a ThreadPoolExecutor: the interpreter stops those before the exit hooks that close
+    writers left open, and their non-daemon thread would keep the early hook from running;
+    a writer closed at exit must still hand its last rows over and wait for them. Used from
+    the writer's thread only (the thread it starts only encodes)."""
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        self.parts: list[list[Any]] = []  # [leaf, frames, lo, hi]: rows not handed over yet
+        self.rows = 0  # rows in ``parts``
+        self.futures: deque[Future[None]] = deque()
+        self.failed: _EncodeFailed | None = None
+        self.users = 0  # leaves that encode here; the thread stops when the last one leaves
 
     def _run(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            fn, args, future = job
+            parts, future = job
             try:
-                fn(*args)
-            except BaseException as exc:  # raised in the caller by the future
+                for leaf, frames, lo, hi in parts:
+                    try:
+                        leaf._encode_rows(frames, lo, hi)
+                    except BaseException as exc:  # raised in the caller by the future
+                        raise _EncodeFailed(leaf.where, exc) from exc
+            except _EncodeFailed as exc:
                 future.set_exception(exc)
             else:
                 future.set_result(None)
 
-    def submit(self, fn: Any, *args: Any) -> Future[None]:
-        future: Future[None] = Future()
-        self.jobs.put((fn, args, future))
-        return future
+    def add(self, leaf: RowFrameLeaf, frames: list[bytes | None], lo: int, hi: int) -> None:
+        """Encode ``leaf``'s staging rows ``[lo, hi)`` into ``frames[lo:hi]`` later."""
+        for part in self.parts:
+            if part[0] is leaf and part[1] is frames and part[3] == lo:
+                part[3] = hi
+                break
+        else:
+            self.parts.append([leaf, frames, lo, hi])
+        self.rows += hi - lo
+        if self.rows >= ENCODE_BATCH_ROWS:
+            self.hand_over()
 
-    def shutdown(self) -> None:
-        self.jobs.put(None)
-        self.thread.join()
+    def hand_over(self) -> None:
+        """Give the rows not handed over yet to the thread."""
+        parts, self.parts, self.rows = self.parts, [], 0
+        if not parts:
+            return
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
+            self.thread.start()
+        future: Future[None] = Future()
+        self.jobs.put((parts, future))
+        self.futures.append(future)
+
+    def check(self, wait: bool = False) -> None:
+        """Raise what the thread raised (here, in the caller); with ``wait``, once every
+        row handed to it is encoded. After a failure every later call raises it again:
+        the frames of the rows it was encoding are missing."""
+        if wait:
+            self.hand_over()
+        futures = self.futures
+        while futures and (wait or futures[0].done()):
+            try:
+                futures.popleft().result()
+            except _EncodeFailed as exc:
+                self.failed = exc
+                futures.clear()
+        if self.failed is not None:
+            raise CorruptBufferError(
+                f"{self.failed.where}: encoding rows in the background failed: {self.failed.cause!r}; the rows "
+                "since the last commit are lost (reopen the store to continue from it)"
+            ) from self.failed.cause
+
+    def leave(self) -> None:
+        """A leaf closed; the last one stops the thread."""
+        self.users -= 1
+        if self.users <= 0 and self.thread is not None:
+            self.jobs.put(None)
+            self.thread.join()
+            self.thread = None
+
+
+def share_encoder(leaves: Iterable[Any]) -> None:
+    """Make the writable row-frame leaves among ``leaves`` (a writer's) encode on one
+    background thread."""
+    encoder = _Encoder()
+    for leaf in leaves:
+        if isinstance(leaf, RowFrameLeaf) and leaf.writable and leaf.encoder is None:
+            leaf.encoder = encoder
+            encoder.users += 1
 
 
 def _lz4_encoder() -> Any:
@@ -186,6 +261,8 @@ class _Frames:
         # one native call per batch where the C extension and a codec library are there
         self.native = native_rows.decoder(codec.codec)
         self._native_dictionary: Any = None
+        self._native_encoder: Any = None  # made at the first encode (readers never encode)
+        self._native_encodes = not native_rows.disabled()
         if codec.codec == "zstd":
             zstd = _require("zstandard")
             self._zstd = zstd
@@ -216,6 +293,7 @@ class _Frames:
         self._decompressor = zstd.ZstdDecompressor(dict_data=dictionary)
         if self.native is not None:
             self._native_dictionary = self.native.dictionary(dictionary.as_bytes())
+        self._native_encoder = None  # made again with the dictionary
 
     def train(self, rows: np.ndarray) -> bool:
         """Train the dictionary on ``rows`` and store it (write then rename); False when
@@ -232,7 +310,21 @@ class _Frames:
         self._use(dictionary)
         return True
 
+    def encode_rows(self, rows: np.ndarray) -> list[bytes]:
+        """One frame per row of ``rows`` (uint8 ``[n, row_bytes]``): in one native call
+        without the GIL where the C extension and the codec library are there, else one
+        Python codec call per row; the same bytes either way (zstd: from the same zstd
+        version; level 1 agrees across 1.5.4..1.5.7)."""
+        if self._native_encodes and self._native_encoder is None:
+            dictionary = None if self.dictionary is None else self.dictionary.as_bytes()
+            self._native_encoder = native_rows.encoder(self.codec.codec, self.codec.level, dictionary)
+            self._native_encodes = self._native_encoder is not None
+        if self._native_encoder is not None:
+            return self._native_encoder.encode(np.ascontiguousarray(rows, np.uint8))
+        return [self.encode(r) for r in rows]
+
     def encode(self, row: np.ndarray) -> bytes:
+        """One row's frame, in Python."""
         if self.codec.codec == "zstd":
             return self._compressor.compress(row)
         # numcodecs' LZ4 layout: a little-endian uint32 size, then the block
@@ -452,12 +544,11 @@ class RowFrameLeaf:
         # the writer's frames of the staging segment's rows (None: not written this lap)
         self.pending: list[bytes | None] | None = None
         self.seen = (-1, -1)  # the staging (seq, segment) of the last read
-        # Rows are encoded on one background thread as they are added (the codecs release
-        # the GIL, so it runs on another core); a segment is sealed once its rows are.
-        self._encoder: _Encoder | None = None
-        self._jobs: deque[Future[None]] = deque()
-        self._failed: BaseException | None = None
-        self._batch: tuple[list[bytes | None], int, int] | None = None  # rows not handed over yet
+        # Rows are encoded on a background thread as they are added, one per writer shared
+        # by its row-frame leaves (share_encoder; else this leaf's own, made when first
+        # needed); the native encoder releases the GIL, so it runs on another core. A
+        # segment is sealed once its rows are.
+        self.encoder: _Encoder | None = None
 
     # --- the staging header -------------------------------------------------------------
 
@@ -576,56 +667,28 @@ class RowFrameLeaf:
         return np.ascontiguousarray(values, self.dtype).view(np.uint8).reshape(-1, self.row_bytes)
 
     def _encode_step(self, values: np.ndarray) -> list[bytes]:
-        return [self.frames.encode(r) for r in self._raw(values)]
+        return self.frames.encode_rows(self._raw(values))
 
     # --- the background encoder ---------------------------------------------------------
 
     def _encode_later(self, frames: list[bytes | None], lo: int, hi: int) -> None:
         """Encode staging rows ``[lo, hi)`` into ``frames[lo:hi]`` on the encoder thread
-        (the rows stay where they are until their segment is sealed, which waits); handed
-        over ``ENCODE_BATCH_ROWS`` at a time."""
+        (the rows stay where they are until their segment is sealed, which waits)."""
         self._check_encoder()
-        batch = self._batch
-        if batch is not None and batch[0] is frames and batch[2] == lo:
-            self._batch = batch = (frames, batch[1], hi)
-        else:
-            self._hand_over()
-            self._batch = batch = (frames, lo, hi)
-        if batch[2] - batch[1] >= ENCODE_BATCH_ROWS:
-            self._hand_over()
+        if self.encoder is None:
+            self.encoder = _Encoder()
+            self.encoder.users += 1
+        self.encoder.add(self, frames, lo, hi)
 
-    def _hand_over(self) -> None:
-        """Give the rows not handed over yet to the encoder thread."""
-        batch, self._batch = self._batch, None
-        if batch is None or batch[2] <= batch[1]:
-            return
-        if self._encoder is None:
-            self._encoder = _Encoder()
-        self._jobs.append(self._encoder.submit(self._encode_rows, self.staged, *batch))
-
-    def _encode_rows(self, staged: np.ndarray, frames: list[bytes | None], lo: int, hi: int) -> None:
-        encode = self.frames.encode
-        for i in range(lo, hi):
-            frames[i] = encode(staged[i])
+    def _encode_rows(self, frames: list[bytes | None], lo: int, hi: int) -> None:
+        """On the encoder thread."""
+        frames[lo:hi] = self.frames.encode_rows(self.staged[lo:hi])
 
     def _check_encoder(self, wait: bool = False) -> None:
-        """Raise what the encoder raised (here, in the caller); with ``wait``, once every
-        row handed to it is encoded. After a failure every later call raises it again:
-        the frames of the rows it was encoding are missing."""
-        if wait:
-            self._hand_over()
-        jobs = self._jobs
-        while jobs and (wait or jobs[0].done()):
-            try:
-                jobs.popleft().result()
-            except Exception as exc:
-                self._failed = exc
-                jobs.clear()
-        if self._failed is not None:
-            raise CorruptBufferError(
-                f"{self.where}: encoding rows in the background failed: {self._failed!r}; the rows since the "
-                "last commit are lost (reopen the store to continue from it)"
-            ) from self._failed
+        """Raise what the encoder raised; with ``wait``, once every row handed to it (of
+        every leaf sharing it) is encoded."""
+        if self.encoder is not None:
+            self.encoder.check(wait)
 
     def _start(self, k: int, step: int) -> None:
         """Make segment ``k`` the staging segment, its rows from ``step`` on written next."""
@@ -720,7 +783,7 @@ class RowFrameLeaf:
             _, _, base, filled = self._header()
             lo, hi = base * self.num_envs, filled * self.num_envs
             if self.frames.train(self.staged[lo:hi]):  # this segment's frames, once more with it
-                frames[lo:hi] = [self.frames.encode(r) for r in self.staged[lo:hi]]
+                frames[lo:hi] = self.frames.encode_rows(self.staged[lo:hi])
         if any(f is None for f in frames):
             old = self._stored_frames(k)
             frames = [f if f is not None else o for f, o in zip(frames, old)]
@@ -767,14 +830,14 @@ class RowFrameLeaf:
         if self.mm is None:
             return
         try:
-            if self._failed is None:  # else the rows since the last commit are lost, as said
-                self.seal_open_segment()
+            if self.encoder is None or self.encoder.failed is None:  # else the rows since the last
+                self.seal_open_segment()  # commit are lost, as said
         finally:
             for k in list(self.shards):
                 self._drop(k)
-            if self._encoder is not None:
-                self._encoder.shutdown()
-                self._encoder = None
+            if self.encoder is not None:
+                self.encoder.leave()
+                self.encoder = None
             self.frames.close()
             self.header = None  # type: ignore[assignment]
             self.staged = None  # type: ignore[assignment]
