@@ -520,6 +520,54 @@ done:
     return result;
 }
 
+/* Encode n rows of row bytes at src into out (frame i at i * bound), their sizes into sizes;
+ * with enc->lock held and without the GIL. The row that failed, or -1. */
+static int64_t encode_into(encoder_t *enc, const char *src, int64_t n, size_t row, size_t bound, char *out,
+                           size_t *sizes, size_t *failed_result) {
+    for (int64_t i = 0; i < n; i++) {
+        const char *from = src + i * row;
+        char *dst = out + i * bound;
+        if (enc->codec == CODEC_LZ4) {
+            uint32_t size = (uint32_t)row;
+            unsigned char head[4] = {size & 0xFF, (size >> 8) & 0xFF, (size >> 16) & 0xFF, (size >> 24) & 0xFF};
+            memcpy(dst, head, 4);
+            int r = lz4_enc.compress_fast(from, dst + 4, (int)row, (int)(bound - 4), enc->level);
+            if (r <= 0) return i;
+            sizes[i] = 4 + (size_t)r;
+        } else {
+            size_t r = zstd_enc.compress2(enc->cctx, dst, bound, from, row);
+            if (zstd_enc.is_error(r)) {
+                *failed_result = r;
+                return i;
+            }
+            sizes[i] = r;
+        }
+    }
+    return -1;
+}
+
+static size_t frame_bound(encoder_t *enc, size_t row) {
+    return enc->codec == CODEC_LZ4 ? 4 + (size_t)lz4_enc.compress_bound((int)row) : zstd_enc.compress_bound(row);
+}
+
+static PyObject *encode_error(encoder_t *enc, int64_t failed, size_t failed_result) {
+    if (enc->codec == CODEC_LZ4)
+        return PyErr_Format(PyExc_ValueError, "LZ4_compress_fast failed on row %lld", (long long)failed);
+    return PyErr_Format(PyExc_ValueError, "ZSTD_compress2 failed on row %lld: %s", (long long)failed,
+                        zstd_enc.error_name(failed_result));
+}
+
+/* The frames as a list of bytes. */
+static PyObject *frames_list(const char *out, const size_t *sizes, int64_t n, size_t bound) {
+    PyObject *result = PyList_New(n);
+    for (int64_t i = 0; result != NULL && i < n; i++) {
+        PyObject *frame = PyBytes_FromStringAndSize(out + i * bound, (Py_ssize_t)sizes[i]);
+        if (frame == NULL) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, i, frame);
+    }
+    return result;
+}
+
 PyDoc_STRVAR(encode_rows_doc,
              "encode_rows(encoder, rows, row_nbytes) -> list of bytes\n\n"
              "Encode each row of `rows` (a C-contiguous buffer of whole rows of row_nbytes) as one frame,\n"
@@ -544,8 +592,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         goto done;
     }
     int64_t n = rows.len / row;
-    size_t bound = enc->codec == CODEC_LZ4 ? 4 + (size_t)lz4_enc.compress_bound((int)row)
-                                           : zstd_enc.compress_bound((size_t)row);
+    size_t bound = frame_bound(enc, (size_t)row);
     if (n > 0 && bound > SIZE_MAX / (size_t)n) {
         PyErr_NoMemory();
         goto done;
@@ -569,54 +616,237 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
             enc->scratch_size = n * bound;
         }
     }
-    for (int64_t i = 0; i < n && !no_room; i++) {
-        const char *src = (const char *)rows.buf + i * row;
-        char *dst = enc->scratch + i * bound;
-        if (enc->codec == CODEC_LZ4) {
-            uint32_t size = (uint32_t)row;
-            unsigned char head[4] = {size & 0xFF, (size >> 8) & 0xFF, (size >> 16) & 0xFF, (size >> 24) & 0xFF};
-            memcpy(dst, head, 4);
-            int r = lz4_enc.compress_fast(src, dst + 4, (int)row, (int)(bound - 4), enc->level);
-            if (r <= 0) {
-                failed = i;
-                break;
-            }
-            sizes[i] = 4 + (size_t)r;
-        } else {
-            size_t r = zstd_enc.compress2(enc->cctx, dst, bound, src, (size_t)row);
-            if (zstd_enc.is_error(r)) {
-                failed = i;
-                failed_result = r;
-                break;
-            }
-            sizes[i] = r;
-        }
-    }
+    if (!no_room) failed = encode_into(enc, rows.buf, n, (size_t)row, bound, enc->scratch, sizes, &failed_result);
     Py_END_ALLOW_THREADS
     if (no_room || failed >= 0) {
         pthread_mutex_unlock(&enc->lock);
-        if (no_room)
-            PyErr_NoMemory();
-        else if (enc->codec == CODEC_LZ4)
-            PyErr_Format(PyExc_ValueError, "LZ4_compress_fast failed on row %lld", (long long)failed);
-        else
-            PyErr_Format(PyExc_ValueError, "ZSTD_compress2 failed on row %lld: %s", (long long)failed,
-                         zstd_enc.error_name(failed_result));
+        if (no_room) PyErr_NoMemory();
+        else encode_error(enc, failed, failed_result);
         goto done;
     }
     /* the frames become bytes with the GIL held and the encoder still locked: the scratch
        space is not another call's yet */
-    result = PyList_New(n);
-    for (int64_t i = 0; result != NULL && i < n; i++) {
-        PyObject *frame = PyBytes_FromStringAndSize(enc->scratch + i * bound, (Py_ssize_t)sizes[i]);
-        if (frame == NULL) Py_CLEAR(result);
-        else PyList_SET_ITEM(result, i, frame);
-    }
+    result = frames_list(enc->scratch, sizes, n, bound);
     pthread_mutex_unlock(&enc->lock);
 done:
     free(sizes);
     PyBuffer_Release(&rows);
     return result;
+}
+
+/* A worker thread that encodes batches handed to it, without ever taking the GIL: a Python
+ * thread would wait up to the interpreter's switch interval (5 ms) for the GIL before and
+ * after each batch while the writer runs Python code, so it would fall behind the writer.
+ * The writer submits a batch (the rows stay where they are, held as a buffer) and later
+ * takes its frames (job_frames), in order. */
+#define WORKER_CAPSULE "mmreplay._rowdecode.worker"
+#define JOB_CAPSULE "mmreplay._rowdecode.job"
+
+typedef struct job {
+    struct job *next;
+    encoder_t *enc;
+    PyObject *encoder_capsule; /* kept alive until the frames are taken */
+    Py_buffer rows;
+    size_t row, bound;
+    int64_t n;
+    char *out; /* n frames of up to bound bytes */
+    size_t *sizes;
+    int done;       /* under the worker's lock */
+    int64_t failed; /* -1, or the row that failed */
+    size_t failed_result;
+    struct worker *worker;
+} encode_job_t;
+
+typedef struct worker {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake, finished;
+    encode_job_t *head, *tail; /* jobs not started, in order */
+    int stop;
+} worker_t;
+
+static void encode_job(encode_job_t *job) {
+    pthread_mutex_lock(&job->enc->lock);
+    job->failed = encode_into(job->enc, job->rows.buf, job->n, job->row, job->bound, job->out, job->sizes,
+                              &job->failed_result);
+    pthread_mutex_unlock(&job->enc->lock);
+}
+
+static void *worker_main(void *arg) {
+    worker_t *w = arg;
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "mmreplay-encode");
+#endif
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (w->head == NULL && !w->stop) pthread_cond_wait(&w->wake, &w->lock);
+        if (w->head == NULL) break; /* stopped, and nothing left */
+        encode_job_t *job = w->head;
+        w->head = job->next;
+        if (w->head == NULL) w->tail = NULL;
+        pthread_mutex_unlock(&w->lock);
+        encode_job(job);
+        pthread_mutex_lock(&w->lock);
+        job->done = 1;
+        pthread_cond_broadcast(&w->finished);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+static void free_worker(PyObject *capsule) {
+    worker_t *w = PyCapsule_GetPointer(capsule, WORKER_CAPSULE);
+    if (w == NULL) return;
+    /* every job holds a reference to its worker's capsule: none is left here */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&w->lock);
+    w->stop = 1;
+    pthread_cond_signal(&w->wake);
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+    Py_END_ALLOW_THREADS
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->wake);
+    pthread_cond_destroy(&w->finished);
+    free(w);
+}
+
+PyDoc_STRVAR(new_worker_doc, "new_worker(): a thread that encodes the jobs of submit_rows, in order, without the GIL");
+
+static PyObject *new_worker(PyObject *self, PyObject *args) {
+    worker_t *w = calloc(1, sizeof(worker_t));
+    if (w == NULL) return PyErr_NoMemory();
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->wake, NULL);
+    pthread_cond_init(&w->finished, NULL);
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+        pthread_mutex_destroy(&w->lock);
+        pthread_cond_destroy(&w->wake);
+        pthread_cond_destroy(&w->finished);
+        free(w);
+        PyErr_SetString(PyExc_OSError, "cannot start the encoding thread");
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(w, WORKER_CAPSULE, free_worker);
+    if (capsule == NULL) {
+        pthread_mutex_lock(&w->lock);
+        w->stop = 1;
+        pthread_cond_signal(&w->wake);
+        pthread_mutex_unlock(&w->lock);
+        pthread_join(w->thread, NULL);
+        free(w);
+    }
+    return capsule;
+}
+
+/* Wait (without the GIL) until the worker is done with the job. */
+static void wait_job(encode_job_t *job) {
+    worker_t *w = job->worker;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&w->lock);
+    while (!job->done) pthread_cond_wait(&w->finished, &w->lock);
+    pthread_mutex_unlock(&w->lock);
+    Py_END_ALLOW_THREADS
+}
+
+static int job_done(encode_job_t *job) {
+    pthread_mutex_lock(&job->worker->lock);
+    int done = job->done;
+    pthread_mutex_unlock(&job->worker->lock);
+    return done;
+}
+
+static void free_job(PyObject *capsule) {
+    encode_job_t *job = PyCapsule_GetPointer(capsule, JOB_CAPSULE);
+    if (job == NULL) return;
+    wait_job(job); /* the worker may still be reading the rows */
+    PyBuffer_Release(&job->rows);
+    Py_DECREF(job->encoder_capsule);
+    PyObject *worker_capsule = PyCapsule_GetContext(capsule);
+    free(job->out);
+    free(job->sizes);
+    free(job);
+    Py_XDECREF(worker_capsule);
+}
+
+PyDoc_STRVAR(submit_rows_doc,
+             "submit_rows(worker, encoder, rows, row_nbytes) -> job\n\n"
+             "Hand the rows (a C-contiguous buffer of whole rows, kept until the job is freed) to the\n"
+             "worker; job_frames(job) gives their frames.");
+
+static PyObject *submit_rows(PyObject *self, PyObject *args) {
+    PyObject *worker_o, *encoder_o, *rows_o;
+    Py_ssize_t row;
+    if (!PyArg_ParseTuple(args, "OOOn", &worker_o, &encoder_o, &rows_o, &row)) return NULL;
+    worker_t *w = PyCapsule_GetPointer(worker_o, WORKER_CAPSULE);
+    if (w == NULL) return NULL;
+    encoder_t *enc = PyCapsule_GetPointer(encoder_o, ENCODER_CAPSULE);
+    if (enc == NULL) return NULL;
+    if (row <= 0 || row > INT32_MAX - 4) {
+        PyErr_Format(PyExc_ValueError, "row_nbytes must be in 1..%d, not %zd", INT32_MAX - 4, row);
+        return NULL;
+    }
+    encode_job_t *job = calloc(1, sizeof(encode_job_t));
+    if (job == NULL) return PyErr_NoMemory();
+    if (PyObject_GetBuffer(rows_o, &job->rows, PyBUF_C_CONTIGUOUS) < 0) {
+        free(job);
+        return NULL;
+    }
+    if (job->rows.len % row) {
+        PyErr_Format(PyExc_ValueError, "rows has %zd bytes, not a whole number of rows of %zd", job->rows.len, row);
+        goto fail;
+    }
+    job->row = (size_t)row;
+    job->n = job->rows.len / row;
+    job->bound = frame_bound(enc, (size_t)row);
+    job->failed = -1;
+    if ((job->n > 0 && job->bound > SIZE_MAX / (size_t)job->n) ||
+        (job->out = malloc(job->n ? job->n * job->bound : 1)) == NULL ||
+        (job->sizes = malloc((job->n ? job->n : 1) * sizeof(size_t))) == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    job->enc = enc;
+    job->encoder_capsule = encoder_o;
+    job->worker = w;
+    PyObject *capsule = PyCapsule_New(job, JOB_CAPSULE, NULL);
+    if (capsule == NULL) goto fail;
+    Py_INCREF(encoder_o);
+    Py_INCREF(worker_o); /* the worker outlives its jobs */
+    PyCapsule_SetContext(capsule, worker_o);
+    PyCapsule_SetDestructor(capsule, free_job);
+    pthread_mutex_lock(&w->lock);
+    if (w->tail) w->tail->next = job;
+    else w->head = job;
+    w->tail = job;
+    pthread_cond_signal(&w->wake);
+    pthread_mutex_unlock(&w->lock);
+    return capsule;
+fail:
+    PyBuffer_Release(&job->rows);
+    free(job->out);
+    free(job->sizes);
+    free(job);
+    return NULL;
+}
+
+PyDoc_STRVAR(job_frames_doc,
+             "job_frames(job, wait) -> list of bytes, or None when not done and not wait\n\n"
+             "The frames of a submit_rows job, in row order (waiting for them without the GIL when wait);\n"
+             "ValueError if the codec failed.");
+
+static PyObject *job_frames(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    int wait;
+    if (!PyArg_ParseTuple(args, "Op", &capsule, &wait)) return NULL;
+    encode_job_t *job = PyCapsule_GetPointer(capsule, JOB_CAPSULE);
+    if (job == NULL) return NULL;
+    if (!job_done(job)) {
+        if (!wait) Py_RETURN_NONE;
+        wait_job(job);
+    }
+    if (job->failed >= 0) return encode_error(job->enc, job->failed, job->failed_result);
+    return frames_list(job->out, job->sizes, job->n, job->bound);
 }
 
 static PyMethodDef methods[] = {
@@ -626,6 +856,9 @@ static PyMethodDef methods[] = {
     {"load_encoder", load_encoder, METH_VARARGS, load_encoder_doc},
     {"new_encoder", new_encoder, METH_VARARGS, new_encoder_doc},
     {"encode_rows", encode_rows, METH_VARARGS, encode_rows_doc},
+    {"new_worker", new_worker, METH_NOARGS, new_worker_doc},
+    {"submit_rows", submit_rows, METH_VARARGS, submit_rows_doc},
+    {"job_frames", job_frames, METH_VARARGS, job_frames_doc},
     {NULL, NULL, 0, NULL},
 };
 

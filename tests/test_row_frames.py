@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -245,8 +246,19 @@ def test_a_trained_zstd_dictionary_serves_the_writer_and_a_reader_opened_before_
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+class FailingEncoder:
+    """A native encoder whose thread fails, as a full disk or a codec bug makes it."""
+
+    def submit(self, worker, rows):
+        return None
+
+    def frames(self, job, wait):
+        raise OSError("the codec failed")
+
+
+@pytest.mark.parametrize("way", ["native", "python"])
 @pytest.mark.parametrize("codec", CODECS)
-def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commit_before_holds(tmp_path, codec):
+def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commit_before_holds(tmp_path, codec, way):
     spec = {"x": mr.ArraySpec((6, 7), "uint8")}
     rows = np.arange(5 * 2 * 42, dtype=np.uint8).reshape(5, 2, 6, 7)
     store = mr.create(tmp_path / "b", spec, capacity=8, num_envs=2, compression=codec, chunk_steps=4)
@@ -257,7 +269,11 @@ def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commi
     def fails(rows):
         raise OSError("the codec failed")
 
-    leaf.frames.encode_rows = fails  # the encoder thread's codec, as a full disk or a codec bug makes it
+    if way == "native":
+        leaf.frames._native_encoder = FailingEncoder()
+    else:
+        leaf.frames._native_encodes, leaf.frames._native_encoder = False, None
+        leaf.frames.encode_rows = fails  # the Python encoding thread's codec
     store.add({"x": rows[1]})  # inside the segment: its rows are encoded in the background
     with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed.*the codec failed"):
         store.commit()
@@ -298,9 +314,16 @@ def test_a_writer_left_open_at_exit_hands_its_last_rows_to_the_encoder_and_keeps
 
 
 def _encoder_threads() -> int:
+    """Encoding threads of this process: Python ones, and native ones by their OS name."""
     import threading
 
-    return sum(t.name == "mmreplay-encode" for t in threading.enumerate())
+    native = 0
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/comm"):
+        try:
+            native += task.read_text().strip() == "mmreplay-encode"
+        except OSError:  # the thread ended
+            pass
+    return native + sum(t.name == "mmreplay-encode" for t in threading.enumerate())
 
 
 def test_a_writer_encodes_every_row_leaf_on_one_thread_the_frames_side_ring_included(tmp_path):

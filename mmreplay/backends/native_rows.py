@@ -225,6 +225,22 @@ class NativeEncoder:
         """One frame per row of ``rows`` (uint8, ``[n, row_bytes]``, C-contiguous)."""
         return self._ext.encode_rows(self._encoder, rows, rows.shape[1])
 
+    @staticmethod
+    def worker() -> Any:
+        """A native thread that encodes submitted rows in order, never taking the GIL (a
+        Python thread waits up to the switch interval for it, before and after each batch,
+        while the writer runs Python code)."""
+        return sys.modules["mmreplay._rowdecode"].new_worker()
+
+    def submit(self, worker: Any, rows: np.ndarray) -> Any:
+        """Hand ``rows`` (uint8 ``[n, row_bytes]``, C-contiguous, left unchanged until
+        their frames are taken) to ``worker``; a job for :meth:`frames`."""
+        return self._ext.submit_rows(worker, self._encoder, rows, rows.shape[1])
+
+    def frames(self, job: Any, wait: bool) -> list[bytes] | None:
+        """The frames of a submitted job, or None if it is not done and not ``wait``."""
+        return self._ext.job_frames(job, wait)
+
 
 def encoder(codec: str, level: int, dictionary: bytes | None = None) -> NativeEncoder | None:
     """The native encoder of ``codec`` at ``level`` (zstd), or None to encode in Python."""

@@ -138,25 +138,69 @@ class _EncodeFailed(Exception):
         self.cause = cause
 
 
-class _Encoder:
-    """One daemon thread that encodes the rows of a writer's row-frame leaves (every leaf
-    of a store, the side ring's included: :func:`share_encoder`), in the order they were
-    added. Rows are handed over ``ENCODE_BATCH_ROWS`` at a time over all leaves, so a
-    step's rows of every leaf go in one job and the thread wakes once per batch.
+class _NativeJob:
+    """Rows of one leaf handed to the native encoding thread."""
 
-    Not a ThreadPoolExecutor: the interpreter stops those before the exit hooks that close
-    writers left open, and their non-daemon thread would keep the early hook from running;
-    a writer closed at exit must still hand its last rows over and wait for them. Used from
-    the writer's thread only (the thread it starts only encodes)."""
+    __slots__ = ("leaf", "frames", "lo", "hi", "encoder", "job")
+
+    def __init__(self, leaf: RowFrameLeaf, frames: list[bytes | None], lo: int, hi: int, encoder: Any, worker: Any):
+        self.leaf, self.frames, self.lo, self.hi, self.encoder = leaf, frames, lo, hi, encoder
+        self.job = encoder.submit(worker, leaf.staged[lo:hi])
+
+    def finish(self, wait: bool) -> bool:
+        """Put the frames in place if they are done (with ``wait``, once they are)."""
+        try:
+            got = self.encoder.frames(self.job, wait)
+        except Exception as exc:
+            raise _EncodeFailed(self.leaf.where, exc) from exc
+        if got is None:
+            return False
+        self.frames[self.lo : self.hi] = got
+        return True
+
+
+class _PythonJob:
+    """Rows of some leaves handed to the Python encoding thread, which puts their frames
+    in place."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Future[None]):
+        self.future = future
+
+    def finish(self, wait: bool) -> bool:
+        if not wait and not self.future.done():
+            return False
+        self.future.result()  # raises _EncodeFailed
+        return True
+
+
+class _Encoder:
+    """The background encoding of a writer's row-frame leaves (every leaf of a store, the
+    side ring's included: :func:`share_encoder`), in the order rows were added. Rows are
+    handed over ``ENCODE_BATCH_ROWS`` at a time over all leaves, so a step's rows of every
+    leaf go together.
+
+    Leaves with a native encoder hand their rows to one native thread (the C extension's),
+    which never takes the GIL; the frames are put in place by the writer's thread when it
+    checks (each add) or waits (seal, commit). A Python thread waiting for the GIL gets it
+    only when the writer lets go, up to the interpreter's switch interval (5 ms) later,
+    before and after each batch: it falls behind a writer that runs Python code. Leaves
+    that encode in Python (no extension or library, ``MMREPLAY_NATIVE=0``) use one daemon
+    Python thread. Not a ThreadPoolExecutor: the interpreter stops those before the exit
+    hooks that close writers left open, and their non-daemon thread would keep the early
+    hook from running; a writer closed at exit must still hand its last rows over and wait
+    for them. Used from the writer's thread only."""
 
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.worker: Any = None  # the native thread, made at the first native batch
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the Python thread's
         self.thread: threading.Thread | None = None
         self.parts: list[list[Any]] = []  # [leaf, frames, lo, hi]: rows not handed over yet
         self.rows = 0  # rows in ``parts``
-        self.futures: deque[Future[None]] = deque()
+        self.handed: deque[_NativeJob | _PythonJob] = deque()  # in the order handed over
         self.failed: _EncodeFailed | None = None
-        self.users = 0  # leaves that encode here; the thread stops when the last one leaves
+        self.users = 0  # leaves that encode here; the threads stop when the last one leaves
 
     def _run(self) -> None:
         while True:
@@ -188,30 +232,39 @@ class _Encoder:
             self.hand_over()
 
     def hand_over(self) -> None:
-        """Give the rows not handed over yet to the thread."""
+        """Give the rows not handed over yet to the threads."""
         parts, self.parts, self.rows = self.parts, [], 0
-        if not parts:
-            return
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
-            self.thread.start()
-        future: Future[None] = Future()
-        self.jobs.put((parts, future))
-        self.futures.append(future)
+        in_python = []
+        for leaf, frames, lo, hi in parts:
+            native = leaf.frames.native_encoder()
+            if native is None:
+                in_python.append((leaf, frames, lo, hi))
+                continue
+            if self.worker is None:
+                self.worker = native.worker()
+            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.worker))
+        if in_python:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
+                self.thread.start()
+            future: Future[None] = Future()
+            self.jobs.put((in_python, future))
+            self.handed.append(_PythonJob(future))
 
     def check(self, wait: bool = False) -> None:
-        """Raise what the thread raised (here, in the caller); with ``wait``, once every
-        row handed to it is encoded. After a failure every later call raises it again:
-        the frames of the rows it was encoding are missing."""
+        """Put the frames of the batches done in place; raise what the encoding raised
+        (here, in the caller); with ``wait``, once every row handed over is encoded.
+        After a failure every later call raises it again: the frames of the rows it was
+        encoding are missing."""
         if wait:
             self.hand_over()
-        futures = self.futures
-        while futures and (wait or futures[0].done()):
-            try:
-                futures.popleft().result()
-            except _EncodeFailed as exc:
-                self.failed = exc
-                futures.clear()
+        handed = self.handed
+        try:
+            while handed and handed[0].finish(wait):
+                handed.popleft()
+        except _EncodeFailed as exc:
+            self.failed = exc
+            handed.clear()
         if self.failed is not None:
             raise CorruptBufferError(
                 f"{self.failed.where}: encoding rows in the background failed: {self.failed.cause!r}; the rows "
@@ -219,9 +272,13 @@ class _Encoder:
             ) from self.failed.cause
 
     def leave(self) -> None:
-        """A leaf closed; the last one stops the thread."""
+        """A leaf closed; the last one stops the threads."""
         self.users -= 1
-        if self.users <= 0 and self.thread is not None:
+        if self.users > 0:
+            return
+        self.handed.clear()
+        self.worker = None  # its thread ends once its last job is dropped
+        if self.thread is not None:
             self.jobs.put(None)
             self.thread.join()
             self.thread = None
@@ -315,13 +372,19 @@ class _Frames:
         without the GIL where the C extension and the codec library are there, else one
         Python codec call per row; the same bytes either way (zstd: from the same zstd
         version; level 1 agrees across 1.5.4..1.5.7)."""
+        native = self.native_encoder()
+        if native is not None:
+            return native.encode(np.ascontiguousarray(rows, np.uint8))
+        return [self.encode(r) for r in rows]
+
+    def native_encoder(self) -> native_rows.NativeEncoder | None:
+        """The native encoder of these frames (with the dictionary once there is one), or
+        None where rows encode in Python."""
         if self._native_encodes and self._native_encoder is None:
             dictionary = None if self.dictionary is None else self.dictionary.as_bytes()
             self._native_encoder = native_rows.encoder(self.codec.codec, self.codec.level, dictionary)
             self._native_encodes = self._native_encoder is not None
-        if self._native_encoder is not None:
-            return self._native_encoder.encode(np.ascontiguousarray(rows, np.uint8))
-        return [self.encode(r) for r in rows]
+        return self._native_encoder
 
     def encode(self, row: np.ndarray) -> bytes:
         """One row's frame, in Python."""
