@@ -56,6 +56,8 @@ static void *symbol(void *lib, const char *name, const char *path) {
     return f;
 }
 
+static void load_encoding(int codec, void *lib);
+
 PyDoc_STRVAR(load_doc, "load(codec, path): use the codec library at path (a dlopen name); OSError if it lacks a function");
 
 static PyObject *load(PyObject *self, PyObject *args) {
@@ -73,6 +75,7 @@ static PyObject *load(PyObject *self, PyObject *args) {
         void *f = symbol(lib, "LZ4_decompress_safe", path);
         if (f == NULL) return NULL;
         lz4_decompress_safe = (lz4_decompress_safe_fn)f;
+        load_encoding(codec, lib);
         Py_RETURN_NONE;
     }
     void *f[8];
@@ -89,6 +92,7 @@ static PyObject *load(PyObject *self, PyObject *args) {
     zstd.decompress_ddict = (zstd_decompress_ddict_fn)f[5];
     zstd.is_error = (zstd_is_error_fn)f[6];
     zstd.error_name = (zstd_error_name_fn)f[7];
+    load_encoding(codec, lib);
     Py_RETURN_NONE;
 }
 
@@ -372,9 +376,9 @@ done:
  * uint32 size, then an LZ4 block of acceleration 1) and zstd frames with a content checksum
  * (ZSTD_compress2 at the encoder's level, as zstandard's ZstdCompressor(level=L,
  * write_checksum=True) writes them, with a dictionary loaded into the context for :dict).
- * The library is opened by load_encoder (dlopen gives the handle load already holds when
- * it is the same library). An encoder keeps its zstd context and its scratch space between
- * calls; its lock makes it safe, not fast, to share between threads.
+ * The functions come from the library load opened (load_encoding). An encoder keeps its
+ * zstd context and its scratch space between calls; its lock makes it safe, not fast, to
+ * share between threads.
  */
 typedef int (*lz4_compress_fast_fn)(const char *, char *, int, int, int);
 typedef int (*lz4_compress_bound_fn)(int);
@@ -404,36 +408,22 @@ static struct {
 enum { ZSTD_C_COMPRESSION_LEVEL = 100, ZSTD_C_CHECKSUM_FLAG = 201 };
 #define ENCODER_CAPSULE "mmreplay._rowdecode.encoder"
 
-PyDoc_STRVAR(load_encoder_doc,
-             "load_encoder(codec, path): encode with the codec library at path (a dlopen name); OSError if it "
-             "lacks a function");
-
-static PyObject *load_encoder(PyObject *self, PyObject *args) {
-    const char *name, *path;
-    if (!PyArg_ParseTuple(args, "ss", &name, &path)) return NULL;
-    int codec = codec_of(name);
-    if (codec < 0) return NULL;
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL); /* kept open for the process's life */
-    if (lib == NULL) {
-        const char *why = dlerror();
-        PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, why ? why : "unknown error");
-        return NULL;
-    }
+/* The encoding functions of the library load opened, if it has them all (else encoding
+ * stays off: can_encode says so, and rows encode in Python). */
+static void load_encoding(int codec, void *lib) {
     if (codec == CODEC_LZ4) {
-        void *f[2];
-        const char *names[2] = {"LZ4_compress_fast", "LZ4_compressBound"};
-        for (int i = 0; i < 2; i++)
-            if ((f[i] = symbol(lib, names[i], path)) == NULL) return NULL;
-        lz4_enc.compress_bound = (lz4_compress_bound_fn)f[1];
-        lz4_enc.compress_fast = (lz4_compress_fast_fn)f[0];
-        Py_RETURN_NONE;
+        void *fast = dlsym(lib, "LZ4_compress_fast"), *bound = dlsym(lib, "LZ4_compressBound");
+        lz4_enc.compress_bound = bound ? (lz4_compress_bound_fn)bound : NULL;
+        lz4_enc.compress_fast = fast && bound ? (lz4_compress_fast_fn)fast : NULL;
+        return;
     }
     void *f[8];
-    const char *names[8] = {"ZSTD_createCCtx",      "ZSTD_freeCCtx",  "ZSTD_CCtx_setParameter",
+    const char *names[8] = {"ZSTD_createCCtx",          "ZSTD_freeCCtx",  "ZSTD_CCtx_setParameter",
                             "ZSTD_CCtx_loadDictionary", "ZSTD_compress2", "ZSTD_compressBound",
-                            "ZSTD_isError",         "ZSTD_getErrorName"};
+                            "ZSTD_isError",             "ZSTD_getErrorName"};
+    zstd_enc.create_cctx = NULL;
     for (int i = 0; i < 8; i++)
-        if ((f[i] = symbol(lib, names[i], path)) == NULL) return NULL;
+        if ((f[i] = dlsym(lib, names[i])) == NULL) return;
     zstd_enc.free_cctx = (zstd_free_cctx_fn)f[1];
     zstd_enc.set_parameter = (zstd_cctx_set_parameter_fn)f[2];
     zstd_enc.load_dictionary = (zstd_cctx_load_dictionary_fn)f[3];
@@ -442,7 +432,16 @@ static PyObject *load_encoder(PyObject *self, PyObject *args) {
     zstd_enc.is_error = (zstd_is_error_fn)f[6];
     zstd_enc.error_name = (zstd_error_name_fn)f[7];
     zstd_enc.create_cctx = (zstd_create_cctx_fn)f[0]; /* last: it marks the set as loaded */
-    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(can_encode_doc, "can_encode(codec): whether the library load opened for codec has the encoding functions");
+
+static PyObject *can_encode(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    int codec = codec_of(name);
+    if (codec < 0) return NULL;
+    return PyBool_FromLong(codec == CODEC_LZ4 ? lz4_enc.compress_fast != NULL : zstd_enc.create_cctx != NULL);
 }
 
 typedef struct {
@@ -853,7 +852,7 @@ static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, load_doc},
     {"zstd_dictionary", zstd_dictionary, METH_VARARGS, zstd_dictionary_doc},
     {"decode_rows", decode_rows, METH_VARARGS, decode_rows_doc},
-    {"load_encoder", load_encoder, METH_VARARGS, load_encoder_doc},
+    {"can_encode", can_encode, METH_VARARGS, can_encode_doc},
     {"new_encoder", new_encoder, METH_VARARGS, new_encoder_doc},
     {"encode_rows", encode_rows, METH_VARARGS, encode_rows_doc},
     {"new_worker", new_worker, METH_NOARGS, new_worker_doc},

@@ -249,6 +249,10 @@ def test_a_trained_zstd_dictionary_serves_the_writer_and_a_reader_opened_before_
 class FailingEncoder:
     """A native encoder whose thread fails, as a full disk or a codec bug makes it."""
 
+    @staticmethod
+    def worker():
+        return None
+
     def submit(self, worker, rows):
         return None
 

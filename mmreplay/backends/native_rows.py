@@ -180,34 +180,17 @@ def status(codec: str) -> str:
 
 # --- encoding -------------------------------------------------------------------------------
 
-_encoding: dict[str, str | None] = {}  # codec -> the library rows are encoded with (None: none)
-_encoding_why: dict[str, str] = {}
-
-
-def _load_encoding(codec: str) -> str | None:
-    """Open ``codec``'s library for encoding once per process: the decoder's library if it
-    has the functions, else the next candidate; the library's name, or None."""
-    with _lock:
-        if codec in _encoding:
-            return _encoding[codec]
-        ext = _extension()
-        used, errors = None, []
-        if ext is None:
-            errors.append("the C extension mmreplay._rowdecode is not built (no compiler at install time?)")
-        else:
-            for name in [n for n in [_loaded.get(codec)] if n] + _candidates(codec):
-                try:
-                    ext.load_encoder(codec, name)
-                except (OSError, AttributeError) as exc:  # AttributeError: an extension built before encoding
-                    errors.append(str(exc))
-                    continue
-                used = name
-                break
-        if used is None:
-            _encoding_why[codec] = f"no {codec} library to encode with: " + ("; ".join(errors) or "nothing to try")
-            log.info("row frames encode %s in Python: %s", codec, _encoding_why[codec])
-        _encoding[codec] = used
-        return used
+def _encoding_library(codec: str) -> tuple[str | None, str]:
+    """The library ``codec``'s rows are encoded with (the decoder's), or None and why not."""
+    library = _load(codec)
+    if library is None:
+        return None, _why[codec]
+    try:
+        if _extension().can_encode(codec):  # type: ignore[union-attr]
+            return library, ""
+    except AttributeError:  # an extension built before it could encode
+        pass
+    return None, f"{library} has no encoding functions (or the extension predates them)"
 
 
 class NativeEncoder:
@@ -246,7 +229,7 @@ def encoder(codec: str, level: int, dictionary: bytes | None = None) -> NativeEn
     """The native encoder of ``codec`` at ``level`` (zstd), or None to encode in Python."""
     if disabled():
         return None
-    library = _load_encoding(codec)
+    library, _ = _encoding_library(codec)
     return None if library is None else NativeEncoder(codec, level, library, dictionary)
 
 
@@ -254,5 +237,5 @@ def encoding_status(codec: str) -> str:
     """How ``codec``'s row frames are encoded here, in words."""
     if disabled():
         return f"python ({ENV}=0)"
-    library = _load_encoding(codec)
-    return f"native ({library})" if library else f"python ({_encoding_why[codec]})"
+    library, why = _encoding_library(codec)
+    return f"native ({library})" if library else f"python ({why})"
