@@ -312,3 +312,17 @@ def test_bench_pixels_measures_both_decoding_paths_at_a_tiny_size():
         for way in ("native", "python"):
             cells = rows[f"mmreplay {codec} ({way})"].strip("| ").split(" | ")
             assert float(cells[2].replace(",", "")) > 0  # sample(256) rows/s
+
+
+@pytest.mark.long
+def test_bench_encode_measures_both_encoding_paths_at_a_tiny_size():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_encode", "--steps", "40", "--envs", "2", "--calls", "5", "--blocks", "2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line[:28].strip(): line[28:].split() for line in done.stdout.splitlines()[4:]}
+    for codec in ("frames once lz4", "frames once zstd-1", "stacks lz4"):
+        native, python = rows[f"{codec} (native)"], rows[f"{codec} (python)"]
+        assert float(native[0].replace(",", "")) > 0 and float(python[0].replace(",", "")) > 0
+        assert float(native[3]) > 0  # native / python, from the figures shown
