@@ -6,8 +6,8 @@ step at a time to:
 - ``numpy stacks``: obs + next_obs stacks assigned into a ring in RAM (the naive layout);
 - ``frames once lz4`` / ``frames once zstd-1``: ``mr.Frames(frame_stack=4)`` with the
   frames in ``rows:lz4`` / ``rows:zstd:1`` leaves (``bench_frames_once``'s stores);
-- ``stacks lz4``: obs and next_obs kept as ``rows:lz4`` stacks (two compressed leaves
-  sharing the writer's encoding thread);
+- ``stacks lz4`` / ``stacks zstd-1``: obs and next_obs kept as ``rows:lz4`` /
+  ``rows:zstd:1`` stacks (two compressed leaves sharing the writer's encoding thread);
 
 each row-frame store twice: encoded by the C extension's thread (``native``) and by a
 Python thread, one codec call per row (``python``, made with ``MMREPLAY_NATIVE=0``), in
@@ -85,10 +85,11 @@ def main() -> None:
                     f"{folder}/{name.replace(' ', '-')}", steps, envs, way,
                     compression={"obs": f"rows:{codec}"}, frames=mr.Frames(frame_stack=4), commit_every=10**9,
                 )
-            stores[f"stacks lz4 ({way})"] = create(
-                f"{folder}/stacks-{way}", steps, envs, way,
-                compression={"obs": "rows:lz4", "next_obs": "rows:lz4"}, commit_every=10**9,
-            )
+            for codec in ("lz4", "zstd:1"):
+                stores[f"stacks {codec.replace(':', '-')} ({way})"] = create(
+                    f"{folder}/stacks-{codec.replace(':', '-')}-{way}", steps, envs, way,
+                    compression={"obs": f"rows:{codec}", "next_obs": f"rows:{codec}"}, commit_every=10**9,
+                )
         ram = {k: np.empty((steps, envs, *v.shape[1:]), v.dtype) for k, v in data[0].items()}
         cursor = [0]
 

@@ -322,7 +322,7 @@ def test_bench_encode_measures_both_encoding_paths_at_a_tiny_size():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {line[:28].strip(): line[28:].split() for line in done.stdout.splitlines()[4:]}
-    for codec in ("frames once lz4", "frames once zstd-1", "stacks lz4"):
+    for codec in ("frames once lz4", "frames once zstd-1", "stacks lz4", "stacks zstd-1"):
         native, python = rows[f"{codec} (native)"], rows[f"{codec} (python)"]
         assert float(native[0].replace(",", "")) > 0 and float(python[0].replace(",", "")) > 0
         assert float(native[3]) > 0  # native / python, from the figures shown
