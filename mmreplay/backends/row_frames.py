@@ -19,6 +19,12 @@ number that changes whenever it starts another segment; a reader checks the sequ
 number after reading, seqlock style. zarr readers see sealed segments only: a writer
 seals the one it is in when it closes.
 
+A segment the head leaves is sealed on a background thread. Until its shard is renamed
+into place, staging keeps its rows and its header names it, and the writer keeps the
+next segment's rows in memory; only then do those rows move into staging and the header
+to the next segment. Commits wait for that first, so a committed row is always raw in
+staging or in a shard that is in place, whenever the writer is killed.
+
 Codecs: ``rows:lz4`` (frames as numcodecs' LZ4 writes them: a 4-byte little-endian size,
 then an LZ4 block) and ``rows:zstd[:LEVEL][:dict]`` (zstd frames with a content checksum).
 They need the ``pixels`` extra (``zstandard``, ``cramjam``); zarr reads them with numcodecs.
@@ -141,18 +147,18 @@ class _EncodeFailed(Exception):
 class _NativeJob:
     """Rows of one leaf handed to the native encoding thread."""
 
-    __slots__ = ("leaf", "frames", "lo", "hi", "encoder", "job")
+    __slots__ = ("frames", "lo", "hi", "encoder", "where", "job")
 
-    def __init__(self, leaf: RowFrameLeaf, frames: list[bytes | None], lo: int, hi: int, encoder: Any, worker: Any):
-        self.leaf, self.frames, self.lo, self.hi, self.encoder = leaf, frames, lo, hi, encoder
-        self.job = encoder.submit(worker, leaf.staged[lo:hi])
+    def __init__(self, frames: list[bytes | None], lo: int, hi: int, encoder: Any, worker: Any, where: str, rows: Any):
+        self.frames, self.lo, self.hi, self.encoder, self.where = frames, lo, hi, encoder, where
+        self.job = encoder.submit(worker, rows)
 
     def finish(self, wait: bool) -> bool:
         """Put the frames in place if they are done (with ``wait``, once they are)."""
         try:
             got = self.encoder.frames(self.job, wait)
         except Exception as exc:
-            raise _EncodeFailed(self.leaf.where, exc) from exc
+            raise _EncodeFailed(self.where, exc) from exc
         if got is None:
             return False
         self.frames[self.lo : self.hi] = got
@@ -196,7 +202,7 @@ class _Encoder:
         self.worker: Any = None  # the native thread, made at the first native batch
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the Python thread's
         self.thread: threading.Thread | None = None
-        self.parts: list[list[Any]] = []  # [leaf, frames, lo, hi]: rows not handed over yet
+        self.parts: list[list[Any]] = []  # [leaf, frames, lo, hi, source]: rows not handed over yet
         self.rows = 0  # rows in ``parts``
         self.handed: deque[_NativeJob | _PythonJob] = deque()  # in the order handed over
         self.failed: _EncodeFailed | None = None
@@ -207,26 +213,40 @@ class _Encoder:
             job = self.jobs.get()
             if job is None:
                 return
-            parts, future = job
+            fn, args, future = job
             try:
-                for leaf, frames, lo, hi in parts:
-                    try:
-                        leaf._encode_rows(frames, lo, hi)
-                    except BaseException as exc:  # raised in the caller by the future
-                        raise _EncodeFailed(leaf.where, exc) from exc
-            except _EncodeFailed as exc:
+                fn(*args)
+            except BaseException as exc:  # raised in the caller by the future
                 future.set_exception(exc)
             else:
                 future.set_result(None)
 
-    def add(self, leaf: RowFrameLeaf, frames: list[bytes | None], lo: int, hi: int) -> None:
-        """Encode ``leaf``'s staging rows ``[lo, hi)`` into ``frames[lo:hi]`` later."""
+    @staticmethod
+    def _encode_parts(parts: list[tuple[Any, ...]]) -> None:
+        for leaf, frames, lo, hi, source in parts:
+            try:
+                leaf._encode_rows(frames, lo, hi, source)
+            except BaseException as exc:
+                raise _EncodeFailed(leaf.where, exc) from exc
+
+    def run_later(self, fn: Any, *args: Any) -> Future[None]:
+        """Run ``fn(*args)`` on the Python thread, after what was given to it before."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
+            self.thread.start()
+        future: Future[None] = Future()
+        self.jobs.put((fn, args, future))
+        return future
+
+    def add(self, leaf: RowFrameLeaf, frames: list[bytes | None], lo: int, hi: int, source: np.ndarray) -> None:
+        """Encode rows ``[lo, hi)`` of ``source`` (``leaf``'s staging rows, or the rows it
+        writes ahead) into ``frames[lo:hi]`` later."""
         for part in self.parts:
-            if part[0] is leaf and part[1] is frames and part[3] == lo:
+            if part[0] is leaf and part[1] is frames and part[3] == lo and part[4] is source:
                 part[3] = hi
                 break
         else:
-            self.parts.append([leaf, frames, lo, hi])
+            self.parts.append([leaf, frames, lo, hi, source])
         self.rows += hi - lo
         if self.rows >= ENCODE_BATCH_ROWS:
             self.hand_over()
@@ -235,21 +255,16 @@ class _Encoder:
         """Give the rows not handed over yet to the threads."""
         parts, self.parts, self.rows = self.parts, [], 0
         in_python = []
-        for leaf, frames, lo, hi in parts:
+        for leaf, frames, lo, hi, source in parts:
             native = leaf.frames.native_encoder()
             if native is None:
-                in_python.append((leaf, frames, lo, hi))
+                in_python.append((leaf, frames, lo, hi, source))
                 continue
             if self.worker is None:
                 self.worker = native.worker()
-            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.worker))
+            self.handed.append(_NativeJob(frames, lo, hi, native, self.worker, leaf.where, source[lo:hi]))
         if in_python:
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
-                self.thread.start()
-            future: Future[None] = Future()
-            self.jobs.put((in_python, future))
-            self.handed.append(_PythonJob(future))
+            self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python)))
 
     def check(self, wait: bool = False) -> None:
         """Put the frames of the batches done in place; raise what the encoding raised
@@ -612,6 +627,14 @@ class RowFrameLeaf:
         # needed); the native encoder releases the GIL, so it runs on another core. A
         # segment is sealed once its rows are.
         self.encoder: _Encoder | None = None
+        # A segment the head leaves is sealed in the background (its shard written and
+        # renamed) while the head goes on in the next one, whose rows are kept in memory
+        # meanwhile ("ahead") and moved into staging once the seal is done.
+        self.sealing: tuple[int, Future[None]] | None = None
+        self.ahead: np.ndarray | None = None
+        self.ahead_segment = -1
+        self.ahead_filled = 0  # steps of ahead_segment written ahead
+        self.ahead_frames: list[bytes | None] | None = None
 
     # --- the staging header -------------------------------------------------------------
 
@@ -685,6 +708,11 @@ class RowFrameLeaf:
         staged = (seg_of == segment) & (step >= base) & (step < filled)
         if staged.any():
             out[staged] = self.staged[inner[staged]]
+        if self.ahead_segment >= 0:  # a writer's rows written ahead
+            ahead = (seg_of == self.ahead_segment) & (step < self.ahead_filled)
+            if ahead.any():
+                out[ahead] = self.ahead[inner[ahead]]  # type: ignore[index]
+                staged |= ahead
         rest = np.flatnonzero(~staged)
         if rest.size:
             segments, which = np.unique(seg_of[rest], return_inverse=True)
@@ -734,18 +762,22 @@ class RowFrameLeaf:
 
     # --- the background encoder ---------------------------------------------------------
 
-    def _encode_later(self, frames: list[bytes | None], lo: int, hi: int) -> None:
-        """Encode staging rows ``[lo, hi)`` into ``frames[lo:hi]`` on the encoder thread
-        (the rows stay where they are until their segment is sealed, which waits)."""
+    def _encode_later(self, frames: list[bytes | None], lo: int, hi: int, source: np.ndarray | None = None) -> None:
+        """Encode rows ``[lo, hi)`` of ``source`` (staging by default) into
+        ``frames[lo:hi]`` in the background (the rows stay where they are until their
+        segment is sealed, which waits)."""
         self._check_encoder()
+        self._background().add(self, frames, lo, hi, self.staged if source is None else source)
+
+    def _background(self) -> _Encoder:
         if self.encoder is None:
             self.encoder = _Encoder()
             self.encoder.users += 1
-        self.encoder.add(self, frames, lo, hi)
+        return self.encoder
 
-    def _encode_rows(self, frames: list[bytes | None], lo: int, hi: int) -> None:
-        """On the encoder thread."""
-        frames[lo:hi] = self.frames.encode_rows(self.staged[lo:hi])
+    def _encode_rows(self, frames: list[bytes | None], lo: int, hi: int, source: np.ndarray) -> None:
+        """On the Python encoding thread."""
+        frames[lo:hi] = self.frames.encode_rows(source[lo:hi])
 
     def _check_encoder(self, wait: bool = False) -> None:
         """Raise what the encoder raised; with ``wait``, once every row handed to it (of
@@ -786,19 +818,83 @@ class RowFrameLeaf:
             a = k * self.seg
             b = min(a + self.seg, self.capacity)
             n = min(end, b) - pos
-            self._start(k, pos - a)
-            frames = self.pending
-            assert frames is not None
             lo = (pos - a) * self.num_envs
+            hi = lo + n * self.num_envs
             part = values[pos - start : pos - start + n]
-            self.staged[lo : lo + n * self.num_envs] = self._raw(part)
-            self._encode_later(frames, lo, lo + n * self.num_envs)
-            self.header[3] = pos - a + n
+            if self.sealing is not None:
+                self._promote(wait=False)
+            if self.sealing is not None and k == self.ahead_segment and pos - a == self.ahead_filled:
+                # the segment before is still being sealed from staging: write ahead
+                assert self.ahead is not None and self.ahead_frames is not None
+                self.ahead[lo:hi] = self._raw(part)
+                self._encode_later(self.ahead_frames, lo, hi, self.ahead)
+                self.ahead_filled = pos - a + n
+            else:
+                self._promote(wait=True)
+                self._start(k, pos - a)
+                frames = self.pending
+                assert frames is not None
+                self.staged[lo:hi] = self._raw(part)
+                self._encode_later(frames, lo, hi)
+                self.header[3] = pos - a + n
             pos += n
             if pos == b:  # the write head leaves segment k: store it
-                self._seal(k)
+                self._promote(wait=True)  # segment k is the staging segment now
+                self._seal_later(k)
+
+    def _seal_later(self, k: int) -> None:
+        """Seal the staging segment ``k`` in the background; the rows after it are written
+        ahead, in memory, until it is sealed (:meth:`_promote`). Staging keeps ``k``'s rows
+        meanwhile, and its header says ``k``: readers, and a writer reopening after a
+        crash, find them there until the shard is in place. Sealed here instead (waiting)
+        when there is no other segment to write ahead into, or a dictionary is still to
+        be trained."""
+        if self.nseg == 1 or (self.codec.dictionary and not self.frames.load_dictionary()):
+            self._seal(k)
+            return
+        self._check_encoder(wait=True)  # k's frames are all there
+        frames = self.pending
+        assert frames is not None
+        self.sealing = (k, self._background().run_later(self._store_shard, k, frames))
+        if self.ahead is None:
+            self.ahead = np.empty_like(self.staged)
+        self.ahead_segment = (k + 1) % self.nseg
+        self.ahead_filled = 0
+        self.ahead_frames = [None] * self.seg_rows
+
+    def _promote(self, wait: bool) -> None:
+        """Once the segment sealed in the background is in place (with ``wait``, waiting
+        for it), make the segment written ahead the staging segment: its rows move into
+        staging. A failed seal is raised here, and by every later write and commit (the
+        rows since the last commit are lost; staging still holds the segment)."""
+        if self.sealing is None:
+            return
+        k, future = self.sealing
+        if not wait and not future.done():
+            return
+        self.sealing = None
+        try:
+            future.result()
+        except BaseException as exc:
+            self.ahead_segment, self.ahead_frames = -1, None
+            self._background().failed = _EncodeFailed(f"{self.where}: sealing segment {k}", exc)
+            raise
+        self._drop(k)
+        self.sealed_since_flush.add(k)
+        seq = int(self.header[0])
+        filled = self.ahead_filled
+        # as in _start: a reader that read the old segment sees the sequence number change
+        self.header[1] = -1
+        self.header[0] = seq + 1
+        self.staged[: filled * self.num_envs] = self.ahead[: filled * self.num_envs]  # type: ignore[index]
+        self.header[2] = 0
+        self.header[3] = filled
+        self.header[1] = self.ahead_segment
+        self.pending = self.ahead_frames
+        self.ahead_segment, self.ahead_frames, self.ahead_filled = -1, None, 0
 
     def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
+        self._promote(wait=True)
         self._check_encoder(wait=True)  # one thread encodes at a time: the codec is not shared
         slots = np.asarray(slots, np.int64) % self.capacity
         seg_of = slots // self.seg
@@ -847,12 +943,25 @@ class RowFrameLeaf:
             lo, hi = base * self.num_envs, filled * self.num_envs
             if self.frames.train(self.staged[lo:hi]):  # this segment's frames, once more with it
                 frames[lo:hi] = self.frames.encode_rows(self.staged[lo:hi])
+        self._store_shard(k, frames)
+        self._drop(k)
+        self.sealed_since_flush.add(k)
+
+    def _store_shard(self, k: int, frames: list[bytes | None]) -> None:
+        """Write segment ``k``'s shard: ``frames``, and the old shard's for rows not
+        written this lap (on the writer's thread or the Python background thread)."""
         if any(f is None for f in frames):
             old = self._stored_frames(k)
             frames = [f if f is not None else o for f, o in zip(frames, old)]
-        self._write_shard(k, frames)
+        self._write_shard_file(k, frames)
 
     def _write_shard(self, k: int, frames: list[bytes | None]) -> None:
+        self._write_shard_file(k, frames)
+        self._drop(k)
+        self.sealed_since_flush.add(k)
+
+    def _write_shard_file(self, k: int, frames: list[bytes | None]) -> None:
+        """Write then rename: a shard file is never torn."""
         path = self.shard_path(k)
         tmp = path + ".partial"
         with disk_full_as(
@@ -863,13 +972,13 @@ class RowFrameLeaf:
             with open(tmp, "wb") as f:
                 f.write(shard_bytes(frames))
             os.replace(tmp, path)
-        self._drop(k)
-        self.sealed_since_flush.add(k)
 
     def flush(self, fsync: bool) -> None:
         # committed rows of the staging segment are durable raw in staging, sealed ones in
         # their shards; a commit still waits for the encoder (what is queued: a step or
-        # two when it keeps up), so that what it raised surfaces at this commit
+        # two when it keeps up), so that what it raised surfaces at this commit; the rows
+        # written ahead move into staging
+        self._promote(wait=True)
         self._check_encoder(wait=True)
         if fsync:
             self.mm.flush()
@@ -879,6 +988,7 @@ class RowFrameLeaf:
     def seal_open_segment(self) -> None:
         """Store the rows of the staging segment as its shard too, so zarr readers see them
         (a writer's close); staging keeps them for the next writer."""
+        self._promote(wait=True)
         _, segment, base, filled = self._header()
         if self.writable and self.pending is not None and segment >= 0 and filled > base:
             self._seal(segment)
