@@ -65,6 +65,8 @@ static void *symbol(void *lib, const char *name, const char *path) {
     return f;
 }
 
+static void load_encoding(int codec, void *lib);
+
 PyDoc_STRVAR(load_doc, "load(codec, path): use the codec library at path (a dlopen name); OSError if it lacks a function");
 
 static PyObject *load(PyObject *self, PyObject *args) {
@@ -82,6 +84,7 @@ static PyObject *load(PyObject *self, PyObject *args) {
         void *f = symbol(lib, "LZ4_decompress_safe", path);
         if (f == NULL) return NULL;
         lz4_decompress_safe = (lz4_decompress_safe_fn)f;
+        load_encoding(codec, lib);
         Py_RETURN_NONE;
     }
     void *f[8];
@@ -108,6 +111,7 @@ static PyObject *load(PyObject *self, PyObject *args) {
             zstd.free_dctx(dctx);
         }
     }
+    load_encoding(codec, lib);
     Py_RETURN_NONE;
 }
 
@@ -556,6 +560,483 @@ PyDoc_STRVAR(zstd_skips_checksums_doc,
 static PyObject *zstd_skips_checksums(PyObject *self, PyObject *args) { return PyBool_FromLong(can_ignore_checksums); }
 /* frame stacks added to a store that keeps each frame once: defined at the end of the file */
 static PyObject *check_stacks(PyObject *self, PyObject *args);
+/* --- Encoding a batch of rows in one call, without the GIL -------------------------------
+ *
+ * The frames are the ones the Python encoders write: numcodecs' LZ4 layout (a little-endian
+ * uint32 size, then an LZ4 block of acceleration 1) and zstd frames with a content checksum
+ * (ZSTD_compress2 at the encoder's level, as zstandard's ZstdCompressor(level=L,
+ * write_checksum=True) writes them, with a dictionary loaded into the context for :dict).
+ * The functions come from the library load opened (load_encoding). An encoder keeps its
+ * zstd context and its scratch space between calls; its lock makes it safe, not fast, to
+ * share between threads.
+ */
+typedef int (*lz4_compress_fast_fn)(const char *, char *, int, int, int);
+typedef int (*lz4_compress_bound_fn)(int);
+typedef void *(*zstd_create_cctx_fn)(void);
+typedef size_t (*zstd_free_cctx_fn)(void *);
+typedef size_t (*zstd_cctx_set_parameter_fn)(void *, int, int);
+typedef size_t (*zstd_cctx_load_dictionary_fn)(void *, const void *, size_t);
+typedef size_t (*zstd_compress2_fn)(void *, void *, size_t, const void *, size_t);
+typedef size_t (*zstd_compress_bound_fn)(size_t);
+
+static struct {
+    lz4_compress_fast_fn compress_fast;
+    lz4_compress_bound_fn compress_bound;
+} lz4_enc;
+static struct {
+    zstd_create_cctx_fn create_cctx;
+    zstd_free_cctx_fn free_cctx;
+    zstd_cctx_set_parameter_fn set_parameter;
+    zstd_cctx_load_dictionary_fn load_dictionary;
+    zstd_compress2_fn compress2;
+    zstd_compress_bound_fn compress_bound;
+    zstd_is_error_fn is_error;
+    zstd_error_name_fn error_name;
+} zstd_enc;
+
+/* zstd.h's ZSTD_cParameter values (stable API) */
+enum { ZSTD_C_COMPRESSION_LEVEL = 100, ZSTD_C_CHECKSUM_FLAG = 201 };
+#define ENCODER_CAPSULE "mmreplay._rowdecode.encoder"
+
+/* The encoding functions of the library load opened, if it has them all (else encoding
+ * stays off: can_encode says so, and rows encode in Python). */
+static void load_encoding(int codec, void *lib) {
+    if (codec == CODEC_LZ4) {
+        void *fast = dlsym(lib, "LZ4_compress_fast"), *bound = dlsym(lib, "LZ4_compressBound");
+        lz4_enc.compress_bound = bound ? (lz4_compress_bound_fn)bound : NULL;
+        lz4_enc.compress_fast = fast && bound ? (lz4_compress_fast_fn)fast : NULL;
+        return;
+    }
+    void *f[8];
+    const char *names[8] = {"ZSTD_createCCtx",          "ZSTD_freeCCtx",  "ZSTD_CCtx_setParameter",
+                            "ZSTD_CCtx_loadDictionary", "ZSTD_compress2", "ZSTD_compressBound",
+                            "ZSTD_isError",             "ZSTD_getErrorName"};
+    zstd_enc.create_cctx = NULL;
+    for (int i = 0; i < 8; i++)
+        if ((f[i] = dlsym(lib, names[i])) == NULL) return;
+    zstd_enc.free_cctx = (zstd_free_cctx_fn)f[1];
+    zstd_enc.set_parameter = (zstd_cctx_set_parameter_fn)f[2];
+    zstd_enc.load_dictionary = (zstd_cctx_load_dictionary_fn)f[3];
+    zstd_enc.compress2 = (zstd_compress2_fn)f[4];
+    zstd_enc.compress_bound = (zstd_compress_bound_fn)f[5];
+    zstd_enc.is_error = (zstd_is_error_fn)f[6];
+    zstd_enc.error_name = (zstd_error_name_fn)f[7];
+    zstd_enc.create_cctx = (zstd_create_cctx_fn)f[0]; /* last: it marks the set as loaded */
+}
+
+PyDoc_STRVAR(can_encode_doc, "can_encode(codec): whether the library load opened for codec has the encoding functions");
+
+static PyObject *can_encode(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    int codec = codec_of(name);
+    if (codec < 0) return NULL;
+    return PyBool_FromLong(codec == CODEC_LZ4 ? lz4_enc.compress_fast != NULL : zstd_enc.create_cctx != NULL);
+}
+
+typedef struct {
+    int codec;
+    int level;     /* zstd level, or lz4 acceleration */
+    void *cctx;    /* zstd only */
+    char *scratch; /* room for a batch of frames, kept between calls */
+    size_t scratch_size;
+    pthread_mutex_t lock;
+} encoder_t;
+
+static void free_encoder(PyObject *capsule) {
+    encoder_t *enc = PyCapsule_GetPointer(capsule, ENCODER_CAPSULE);
+    if (enc == NULL) return;
+    if (enc->cctx != NULL) zstd_enc.free_cctx(enc->cctx);
+    free(enc->scratch);
+    pthread_mutex_destroy(&enc->lock);
+    free(enc);
+}
+
+static int zstd_check(size_t r, const char *what) {
+    if (!zstd_enc.is_error(r)) return 0;
+    PyErr_Format(PyExc_ValueError, "%s failed: %s", what, zstd_enc.error_name(r));
+    return -1;
+}
+
+PyDoc_STRVAR(new_encoder_doc,
+             "new_encoder(codec, level, dictionary=None): an encoder for encode_rows; level is zstd's level\n"
+             "(1..22) or lz4's acceleration; dictionary (zstd only) the bytes of a zstd dictionary");
+
+static PyObject *new_encoder(PyObject *self, PyObject *args) {
+    const char *name;
+    int level;
+    Py_buffer dict = {0};
+    if (!PyArg_ParseTuple(args, "si|z*", &name, &level, &dict)) return NULL;
+    PyObject *result = NULL;
+    encoder_t *enc = NULL;
+    int codec = codec_of(name);
+    if (codec < 0) goto done;
+    if (codec == CODEC_LZ4 ? lz4_enc.compress_fast == NULL : zstd_enc.create_cctx == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "no %s library loaded for encoding", name);
+        goto done;
+    }
+    if (dict.obj != NULL && codec != CODEC_ZSTD) {
+        PyErr_SetString(PyExc_ValueError, "a dictionary is for zstd only");
+        goto done;
+    }
+    if ((enc = calloc(1, sizeof(encoder_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    enc->codec = codec;
+    enc->level = level;
+    pthread_mutex_init(&enc->lock, NULL);
+    if (codec == CODEC_ZSTD) {
+        if ((enc->cctx = zstd_enc.create_cctx()) == NULL) {
+            PyErr_SetString(PyExc_MemoryError, "ZSTD_createCCtx failed");
+            goto done;
+        }
+        if (zstd_check(zstd_enc.set_parameter(enc->cctx, ZSTD_C_COMPRESSION_LEVEL, level), "setting the zstd level") ||
+            zstd_check(zstd_enc.set_parameter(enc->cctx, ZSTD_C_CHECKSUM_FLAG, 1), "setting the zstd checksum flag"))
+            goto done;
+        if (dict.obj != NULL &&
+            zstd_check(zstd_enc.load_dictionary(enc->cctx, dict.buf, (size_t)dict.len), "loading the zstd dictionary"))
+            goto done;
+    }
+    result = PyCapsule_New(enc, ENCODER_CAPSULE, free_encoder);
+done:
+    if (result == NULL && enc != NULL) {
+        if (enc->cctx != NULL) zstd_enc.free_cctx(enc->cctx);
+        pthread_mutex_destroy(&enc->lock);
+        free(enc);
+    }
+    if (dict.obj != NULL) PyBuffer_Release(&dict);
+    return result;
+}
+
+/* Encode n rows of row bytes at src into out (frame i at i * bound), their sizes into sizes;
+ * with enc->lock held and without the GIL. The row that failed, or -1. */
+static int64_t encode_into(encoder_t *enc, const char *src, int64_t n, size_t row, size_t bound, char *out,
+                           size_t *sizes, size_t *failed_result) {
+    for (int64_t i = 0; i < n; i++) {
+        const char *from = src + i * row;
+        char *dst = out + i * bound;
+        if (enc->codec == CODEC_LZ4) {
+            uint32_t size = (uint32_t)row;
+            unsigned char head[4] = {size & 0xFF, (size >> 8) & 0xFF, (size >> 16) & 0xFF, (size >> 24) & 0xFF};
+            memcpy(dst, head, 4);
+            int r = lz4_enc.compress_fast(from, dst + 4, (int)row, (int)(bound - 4), enc->level);
+            if (r <= 0) return i;
+            sizes[i] = 4 + (size_t)r;
+        } else {
+            size_t r = zstd_enc.compress2(enc->cctx, dst, bound, from, row);
+            if (zstd_enc.is_error(r)) {
+                *failed_result = r;
+                return i;
+            }
+            sizes[i] = r;
+        }
+    }
+    return -1;
+}
+
+static size_t frame_bound(encoder_t *enc, size_t row) {
+    return enc->codec == CODEC_LZ4 ? 4 + (size_t)lz4_enc.compress_bound((int)row) : zstd_enc.compress_bound(row);
+}
+
+static PyObject *encode_error(encoder_t *enc, int64_t failed, size_t failed_result) {
+    if (enc->codec == CODEC_LZ4)
+        return PyErr_Format(PyExc_ValueError, "LZ4_compress_fast failed on row %lld", (long long)failed);
+    return PyErr_Format(PyExc_ValueError, "ZSTD_compress2 failed on row %lld: %s", (long long)failed,
+                        zstd_enc.error_name(failed_result));
+}
+
+/* The frames as a list of bytes. */
+static PyObject *frames_list(const char *out, const size_t *sizes, int64_t n, size_t bound) {
+    PyObject *result = PyList_New(n);
+    for (int64_t i = 0; result != NULL && i < n; i++) {
+        PyObject *frame = PyBytes_FromStringAndSize(out + i * bound, (Py_ssize_t)sizes[i]);
+        if (frame == NULL) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, i, frame);
+    }
+    return result;
+}
+
+PyDoc_STRVAR(encode_rows_doc,
+             "encode_rows(encoder, rows, row_nbytes) -> list of bytes\n\n"
+             "Encode each row of `rows` (a C-contiguous buffer of whole rows of row_nbytes) as one frame,\n"
+             "without the GIL; the frames are bytes objects in row order.");
+
+static PyObject *encode_rows(PyObject *self, PyObject *args) {
+    PyObject *capsule, *rows_o;
+    Py_ssize_t row;
+    if (!PyArg_ParseTuple(args, "OOn", &capsule, &rows_o, &row)) return NULL;
+    encoder_t *enc = PyCapsule_GetPointer(capsule, ENCODER_CAPSULE);
+    if (enc == NULL) return NULL;
+    if (row <= 0 || row > INT32_MAX - 4) {
+        PyErr_Format(PyExc_ValueError, "row_nbytes must be in 1..%d, not %zd", INT32_MAX - 4, row);
+        return NULL;
+    }
+    Py_buffer rows;
+    if (PyObject_GetBuffer(rows_o, &rows, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *result = NULL;
+    size_t *sizes = NULL;
+    if (rows.len % row) {
+        PyErr_Format(PyExc_ValueError, "rows has %zd bytes, not a whole number of rows of %zd", rows.len, row);
+        goto done;
+    }
+    int64_t n = rows.len / row;
+    size_t bound = frame_bound(enc, (size_t)row);
+    if (n > 0 && bound > SIZE_MAX / (size_t)n) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if ((sizes = malloc((n ? n : 1) * sizeof(size_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t failed = -1;
+    size_t failed_result = 0;
+    int no_room = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&enc->lock);
+    if (enc->scratch_size < n * bound) {
+        char *grown = malloc(n * bound);
+        if (grown == NULL) {
+            no_room = 1;
+        } else {
+            free(enc->scratch);
+            enc->scratch = grown;
+            enc->scratch_size = n * bound;
+        }
+    }
+    if (!no_room) failed = encode_into(enc, rows.buf, n, (size_t)row, bound, enc->scratch, sizes, &failed_result);
+    Py_END_ALLOW_THREADS
+    if (no_room || failed >= 0) {
+        pthread_mutex_unlock(&enc->lock);
+        if (no_room) PyErr_NoMemory();
+        else encode_error(enc, failed, failed_result);
+        goto done;
+    }
+    /* the frames become bytes with the GIL held and the encoder still locked: the scratch
+       space is not another call's yet */
+    result = frames_list(enc->scratch, sizes, n, bound);
+    pthread_mutex_unlock(&enc->lock);
+done:
+    free(sizes);
+    PyBuffer_Release(&rows);
+    return result;
+}
+
+/* A worker thread that encodes batches handed to it, without ever taking the GIL: a Python
+ * thread would wait up to the interpreter's switch interval (5 ms) for the GIL before and
+ * after each batch while the writer runs Python code, so it would fall behind the writer.
+ * The writer submits a batch (the rows stay where they are, held as a buffer) and later
+ * takes its frames (job_frames), in order. */
+#define WORKER_CAPSULE "mmreplay._rowdecode.worker"
+#define JOB_CAPSULE "mmreplay._rowdecode.job"
+
+typedef struct job {
+    struct job *next;
+    encoder_t *enc;
+    PyObject *encoder_capsule; /* kept alive until the frames are taken */
+    Py_buffer rows;
+    size_t row, bound;
+    int64_t n;
+    char *out; /* n frames of up to bound bytes */
+    size_t *sizes;
+    int done;       /* under the worker's lock */
+    int64_t failed; /* -1, or the row that failed */
+    size_t failed_result;
+    struct worker *worker;
+} encode_job_t;
+
+typedef struct worker {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake, finished;
+    encode_job_t *head, *tail; /* jobs not started, in order */
+    int stop;
+} worker_t;
+
+static void encode_job(encode_job_t *job) {
+    pthread_mutex_lock(&job->enc->lock);
+    job->failed = encode_into(job->enc, job->rows.buf, job->n, job->row, job->bound, job->out, job->sizes,
+                              &job->failed_result);
+    pthread_mutex_unlock(&job->enc->lock);
+}
+
+static void *worker_main(void *arg) {
+    worker_t *w = arg;
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "mmreplay-encode");
+#endif
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (w->head == NULL && !w->stop) pthread_cond_wait(&w->wake, &w->lock);
+        if (w->head == NULL) break; /* stopped, and nothing left */
+        encode_job_t *job = w->head;
+        w->head = job->next;
+        if (w->head == NULL) w->tail = NULL;
+        pthread_mutex_unlock(&w->lock);
+        encode_job(job);
+        pthread_mutex_lock(&w->lock);
+        job->done = 1;
+        pthread_cond_broadcast(&w->finished);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+static void free_worker(PyObject *capsule) {
+    worker_t *w = PyCapsule_GetPointer(capsule, WORKER_CAPSULE);
+    if (w == NULL) return;
+    /* every job holds a reference to its worker's capsule: none is left here */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&w->lock);
+    w->stop = 1;
+    pthread_cond_signal(&w->wake);
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+    Py_END_ALLOW_THREADS
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->wake);
+    pthread_cond_destroy(&w->finished);
+    free(w);
+}
+
+PyDoc_STRVAR(new_worker_doc, "new_worker(): a thread that encodes the jobs of submit_rows, in order, without the GIL");
+
+static PyObject *new_worker(PyObject *self, PyObject *args) {
+    worker_t *w = calloc(1, sizeof(worker_t));
+    if (w == NULL) return PyErr_NoMemory();
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->wake, NULL);
+    pthread_cond_init(&w->finished, NULL);
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+        pthread_mutex_destroy(&w->lock);
+        pthread_cond_destroy(&w->wake);
+        pthread_cond_destroy(&w->finished);
+        free(w);
+        PyErr_SetString(PyExc_OSError, "cannot start the encoding thread");
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(w, WORKER_CAPSULE, free_worker);
+    if (capsule == NULL) {
+        pthread_mutex_lock(&w->lock);
+        w->stop = 1;
+        pthread_cond_signal(&w->wake);
+        pthread_mutex_unlock(&w->lock);
+        pthread_join(w->thread, NULL);
+        free(w);
+    }
+    return capsule;
+}
+
+/* Wait (without the GIL) until the worker is done with the job. */
+static void wait_job(encode_job_t *job) {
+    worker_t *w = job->worker;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&w->lock);
+    while (!job->done) pthread_cond_wait(&w->finished, &w->lock);
+    pthread_mutex_unlock(&w->lock);
+    Py_END_ALLOW_THREADS
+}
+
+static int job_done(encode_job_t *job) {
+    pthread_mutex_lock(&job->worker->lock);
+    int done = job->done;
+    pthread_mutex_unlock(&job->worker->lock);
+    return done;
+}
+
+static void free_job(PyObject *capsule) {
+    encode_job_t *job = PyCapsule_GetPointer(capsule, JOB_CAPSULE);
+    if (job == NULL) return;
+    wait_job(job); /* the worker may still be reading the rows */
+    PyBuffer_Release(&job->rows);
+    Py_DECREF(job->encoder_capsule);
+    PyObject *worker_capsule = PyCapsule_GetContext(capsule);
+    free(job->out);
+    free(job->sizes);
+    free(job);
+    Py_XDECREF(worker_capsule);
+}
+
+PyDoc_STRVAR(submit_rows_doc,
+             "submit_rows(worker, encoder, rows, row_nbytes) -> job\n\n"
+             "Hand the rows (a C-contiguous buffer of whole rows, kept until the job is freed) to the\n"
+             "worker; job_frames(job) gives their frames.");
+
+static PyObject *submit_rows(PyObject *self, PyObject *args) {
+    PyObject *worker_o, *encoder_o, *rows_o;
+    Py_ssize_t row;
+    if (!PyArg_ParseTuple(args, "OOOn", &worker_o, &encoder_o, &rows_o, &row)) return NULL;
+    worker_t *w = PyCapsule_GetPointer(worker_o, WORKER_CAPSULE);
+    if (w == NULL) return NULL;
+    encoder_t *enc = PyCapsule_GetPointer(encoder_o, ENCODER_CAPSULE);
+    if (enc == NULL) return NULL;
+    if (row <= 0 || row > INT32_MAX - 4) {
+        PyErr_Format(PyExc_ValueError, "row_nbytes must be in 1..%d, not %zd", INT32_MAX - 4, row);
+        return NULL;
+    }
+    encode_job_t *job = calloc(1, sizeof(encode_job_t));
+    if (job == NULL) return PyErr_NoMemory();
+    if (PyObject_GetBuffer(rows_o, &job->rows, PyBUF_C_CONTIGUOUS) < 0) {
+        free(job);
+        return NULL;
+    }
+    if (job->rows.len % row) {
+        PyErr_Format(PyExc_ValueError, "rows has %zd bytes, not a whole number of rows of %zd", job->rows.len, row);
+        goto fail;
+    }
+    job->row = (size_t)row;
+    job->n = job->rows.len / row;
+    job->bound = frame_bound(enc, (size_t)row);
+    job->failed = -1;
+    if ((job->n > 0 && job->bound > SIZE_MAX / (size_t)job->n) ||
+        (job->out = malloc(job->n ? job->n * job->bound : 1)) == NULL ||
+        (job->sizes = malloc((job->n ? job->n : 1) * sizeof(size_t))) == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    job->enc = enc;
+    job->encoder_capsule = encoder_o;
+    job->worker = w;
+    PyObject *capsule = PyCapsule_New(job, JOB_CAPSULE, NULL);
+    if (capsule == NULL) goto fail;
+    Py_INCREF(encoder_o);
+    Py_INCREF(worker_o); /* the worker outlives its jobs */
+    PyCapsule_SetContext(capsule, worker_o);
+    PyCapsule_SetDestructor(capsule, free_job);
+    pthread_mutex_lock(&w->lock);
+    if (w->tail) w->tail->next = job;
+    else w->head = job;
+    w->tail = job;
+    pthread_cond_signal(&w->wake);
+    pthread_mutex_unlock(&w->lock);
+    return capsule;
+fail:
+    PyBuffer_Release(&job->rows);
+    free(job->out);
+    free(job->sizes);
+    free(job);
+    return NULL;
+}
+
+PyDoc_STRVAR(job_frames_doc,
+             "job_frames(job, wait) -> list of bytes, or None when not done and not wait\n\n"
+             "The frames of a submit_rows job, in row order (waiting for them without the GIL when wait);\n"
+             "ValueError if the codec failed.");
+
+static PyObject *job_frames(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    int wait;
+    if (!PyArg_ParseTuple(args, "Op", &capsule, &wait)) return NULL;
+    encode_job_t *job = PyCapsule_GetPointer(capsule, JOB_CAPSULE);
+    if (job == NULL) return NULL;
+    if (!job_done(job)) {
+        if (!wait) Py_RETURN_NONE;
+        wait_job(job);
+    }
+    if (job->failed >= 0) return encode_error(job->enc, job->failed, job->failed_result);
+    return frames_list(job->out, job->sizes, job->n, job->bound);
+}
 
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, load_doc},
@@ -564,6 +1045,12 @@ static PyMethodDef methods[] = {
     {"zstd_skips_checksums", zstd_skips_checksums, METH_NOARGS, zstd_skips_checksums_doc},
     {"check_stacks", check_stacks, METH_VARARGS,
      "check_stacks(obs, nxt, kept, kept_out, newest_out, flags, outer, k, inner): see mmreplay.frames"},
+    {"can_encode", can_encode, METH_VARARGS, can_encode_doc},
+    {"new_encoder", new_encoder, METH_VARARGS, new_encoder_doc},
+    {"encode_rows", encode_rows, METH_VARARGS, encode_rows_doc},
+    {"new_worker", new_worker, METH_NOARGS, new_worker_doc},
+    {"submit_rows", submit_rows, METH_VARARGS, submit_rows_doc},
+    {"job_frames", job_frames, METH_VARARGS, job_frames_doc},
     {NULL, NULL, 0, NULL},
 };
 

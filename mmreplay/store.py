@@ -150,6 +150,10 @@ class Store:
             side = [e for e in side_entries if getattr(e, "info", None) is not None]
         # what is written and flushed: the stored leaves and the side ring of next frames
         self._storage = self._leaves + side
+        if mode == "a":  # compressed row leaves encode on one background thread per writer
+            from .backends.row_frames import share_encoder
+
+            share_encoder(self._storage)
         # file-level work after every leaf's flush (the hdf5 backend's chunk journal)
         self._file_flushes = [e.flush for e in entries if getattr(e, "info", None) is None and hasattr(e, "flush")]
         self._all_mapped = all(leaf.mappable for leaf in self._storage)

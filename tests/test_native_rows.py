@@ -258,6 +258,92 @@ def test_sampling_skips_zstd_checksums_and_verifying_checks_them():
     with pytest.raises(ValueError, match="zstd frame 2 .*checksum"):
         decode(True)
     np.testing.assert_array_equal(decode(False), rows)  # each thread's context switched back
+def need_native_encoding(codec: str) -> None:
+    if native_rows.encoder(codec, 1) is None:
+        pytest.skip(f"no native encoding of {codec} here: {native_rows.encoding_status(codec)}")
+
+
+def encoding_rows() -> np.ndarray:
+    """Rows that compress (screens), that do not (noise), and blank ones, of an odd size."""
+    rng = np.random.default_rng(5)
+    rows = screens(30, 2, rng).reshape(60, -1)[:, :799]
+    rows[10:14] = rng.integers(0, 256, (4, 799), np.uint8)
+    rows[20:22] = 0
+    return np.ascontiguousarray(rows)
+
+
+def _zstd_version(library: str) -> tuple[int, int, int]:
+    n = ctypes.CDLL(library).ZSTD_versionNumber()
+    return (n // 10000, n // 100 % 100, n % 100)
+
+
+def test_native_encoding_writes_the_python_encoders_bytes_and_zarr_decodes_them():
+    import zstandard
+    from numcodecs import LZ4, Zstd
+
+    rows = encoding_rows()
+    need_native_encoding("lz4")
+    frames = native_rows.encoder("lz4", 1).encode(rows)
+    assert frames == [bytes(LZ4(acceleration=1).encode(r)) for r in rows]
+    assert [bytes(LZ4().decode(f)) for f in frames] == [r.tobytes() for r in rows]
+
+    need_native_encoding("zstd")
+    library = native_rows.encoder("zstd", 1).library
+    # The same zstd version writes the same frame; level 1 is the same from 1.5.4 to 1.5.7
+    # (other levels changed between them, so a system library older than zstandard's writes
+    # other, equally valid, frames there).
+    same_version = _zstd_version(library) == zstandard.ZSTD_VERSION
+    dictionary = zstandard.train_dictionary(4096, [r.tobytes() for r in rows[:40]] * 4, level=3)
+    for level in (1, 3, 19):
+        for d in (None, dictionary):
+            frames = native_rows.encoder("zstd", level, None if d is None else d.as_bytes()).encode(rows)
+            python = zstandard.ZstdCompressor(level=level, write_checksum=True, dict_data=d)
+            if level == 1 or same_version:
+                assert frames == [python.compress(r) for r in rows], (level, d is not None)
+            if d is None:
+                assert [bytes(Zstd().decode(f)) for f in frames] == [r.tobytes() for r in rows]
+            decompressor = zstandard.ZstdDecompressor(dict_data=d)
+            for f, r in zip(frames, rows):
+                params = zstandard.get_frame_parameters(f)
+                assert params.has_checksum and params.content_size == r.nbytes
+                assert decompressor.decompress(f) == r.tobytes()
+
+
+def test_the_native_encoder_refuses_what_is_not_whole_rows():
+    need_native_encoding("lz4")
+    ext = sys.modules["mmreplay._rowdecode"]
+    with pytest.raises(ValueError, match="not a whole number of rows"):
+        ext.encode_rows(ext.new_encoder("lz4", 1), np.zeros(10, np.uint8), 3)
+    with pytest.raises(ValueError, match="row_nbytes must be"):
+        ext.encode_rows(ext.new_encoder("lz4", 1), np.zeros(10, np.uint8), 0)
+    assert ext.encode_rows(ext.new_encoder("lz4", 1), np.zeros(0, np.uint8), 8) == []
+    with pytest.raises(ValueError, match="dictionary is for zstd only"):
+        ext.new_encoder("lz4", 1, b"dict")
+
+
+@pytest.mark.parametrize("codec", CODECS[:2] + ["rows:zstd:1:dict"])
+def test_native_and_python_encoding_write_the_same_files(tmp_path, codec):
+    """The whole write path (staging, the background encoder, sealing, a trained
+    dictionary) writes the same shard files either way."""
+    need_native_encoding(codec.split(":")[1])
+    data = screens(40, 3, np.random.default_rng(8))
+    spec = {"pixels": mr.ArraySpec(data.shape[2:], "uint8")}
+    for way in ("native", "python"):
+        if way == "python":
+            os.environ[native_rows.ENV] = "0"
+        try:
+            store = mr.create(tmp_path / way, spec, 32, num_envs=3, compression=codec, chunk_steps=8)
+        finally:
+            os.environ.pop(native_rows.ENV, None)
+        with store:
+            (leaf,) = store.stored_leaves
+            assert (leaf.frames._native_encodes, way) in ((True, "native"), (False, "python"))
+            for t in range(40):  # wraps: segments sealed twice
+                store.add({"pixels": data[t]})
+    native = sorted(p.relative_to(tmp_path / "native") for p in (tmp_path / "native").rglob("c/*/*/*/*/*"))
+    assert len(native) == 4
+    for rel in native:
+        assert (tmp_path / "native" / rel).read_bytes() == (tmp_path / "python" / rel).read_bytes(), rel
 
 
 def _loadable(soname: str) -> bool:
@@ -279,6 +365,7 @@ def test_the_extension_is_built_and_used_where_a_compiler_and_the_libraries_are(
     for codec, soname in (("lz4", "liblz4.so.1"), ("zstd", "libzstd.so.1")):
         if _loadable(soname):
             assert native_rows.status(codec).startswith("native"), native_rows.status(codec)
+            assert native_rows.encoding_status(codec).startswith("native"), native_rows.encoding_status(codec)
 
 
 #: checks, in an interpreter that imports mmreplay from the installed target only, that
@@ -338,3 +425,17 @@ def test_bench_pixels_measures_both_decoding_paths_at_a_tiny_size():
         for way in ("native", "python"):
             cells = rows[f"mmreplay {codec} ({way})"].strip("| ").split(" | ")
             assert float(cells[2].replace(",", "")) > 0  # sample(256) rows/s
+
+
+@pytest.mark.long
+def test_bench_encode_measures_both_encoding_paths_at_a_tiny_size():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_encode", "--steps", "40", "--envs", "2", "--calls", "5", "--blocks", "2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line[:28].strip(): line[28:].split() for line in done.stdout.splitlines()[4:]}
+    for codec in ("frames once lz4", "frames once zstd-1", "stacks lz4", "stacks zstd-1"):
+        native, python = rows[f"{codec} (native)"], rows[f"{codec} (python)"]
+        assert float(native[0].replace(",", "")) > 0 and float(python[0].replace(",", "")) > 0
+        assert float(native[3]) > 0  # native / python, from the figures shown

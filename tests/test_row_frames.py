@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -305,8 +307,23 @@ def test_a_trained_zstd_dictionary_serves_the_writer_and_a_reader_opened_before_
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+class FailingEncoder:
+    """A native encoder whose thread fails, as a full disk or a codec bug makes it."""
+
+    @staticmethod
+    def worker():
+        return None
+
+    def submit(self, worker, rows):
+        return None
+
+    def frames(self, job, wait):
+        raise OSError("the codec failed")
+
+
+@pytest.mark.parametrize("way", ["native", "python"])
 @pytest.mark.parametrize("codec", CODECS)
-def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commit_before_holds(tmp_path, codec):
+def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commit_before_holds(tmp_path, codec, way):
     spec = {"x": mr.ArraySpec((6, 7), "uint8")}
     rows = np.arange(5 * 2 * 42, dtype=np.uint8).reshape(5, 2, 6, 7)
     store = mr.create(tmp_path / "b", spec, capacity=8, num_envs=2, compression=codec, chunk_steps=4)
@@ -314,10 +331,14 @@ def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commi
     store.commit()
     (leaf,) = store.stored_leaves
 
-    def fails(row):
+    def fails(rows):
         raise OSError("the codec failed")
 
-    leaf.frames.encode = fails  # the encoder thread's codec, as a full disk or a codec bug makes it
+    if way == "native":
+        leaf.frames._native_encoder = FailingEncoder()
+    else:
+        leaf.frames._native_encodes, leaf.frames._native_encoder = False, None
+        leaf.frames.encode_rows = fails  # the Python encoding thread's codec
     store.add({"x": rows[1]})  # inside the segment: its rows are encoded in the background
     with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed.*the codec failed"):
         store.commit()
@@ -355,3 +376,169 @@ def test_a_writer_left_open_at_exit_hands_its_last_rows_to_the_encoder_and_keeps
         assert reader.total_steps == 45
         assert reader.get(slice(None))["x"][:, :, 0, 0].tolist() == [[t, t] for t in range(45)]
     assert zarr_array(path, "x")[:45, 0, 0, 0].tolist() == list(range(45))  # sealed at exit
+
+
+def _background_threads() -> tuple[int, int]:
+    """Threads of this process that encode or seal row frames: (native, Python); native
+    ones are found by their OS name."""
+    import threading
+
+    native = 0
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/comm"):
+        try:
+            native += task.read_text().strip() == "mmreplay-encode"
+        except OSError:  # the thread ended
+            pass
+    return native, sum(t.name == "mmreplay-encode" for t in threading.enumerate())
+
+
+def test_a_writer_encodes_every_row_leaf_on_one_thread_the_frames_side_ring_included(tmp_path):
+    spec = {"obs": mr.ArraySpec((6, 7), "uint8"), "next_obs": mr.ArraySpec((6, 7), "uint8"),
+            "depth": mr.ArraySpec((6, 7), "uint16"), "terminated": mr.ArraySpec((), "bool")}
+    compression = {"obs": "rows:lz4", "depth": "rows:zstd:1"}
+    rng = np.random.default_rng(2)
+    frames = rng.integers(0, 255, (41, 2, 6, 7), np.uint8)
+    depth = rng.integers(0, 999, (40, 2, 6, 7)).astype(np.uint16)
+    ended = np.zeros((40, 2), bool)
+    ended[[9, 25], [0, 1]] = True  # their next observation goes to the side ring
+    before = _background_threads()
+    with mr.create(tmp_path / "b", spec, 32, num_envs=2, compression=compression, chunk_steps=8,
+                   frames=mr.Frames()) as store:
+        leaves = [leaf for leaf in store.stored_leaves if leaf.info.compression]
+        assert len(leaves) == 3  # obs, depth, and the side ring's next frames
+        obs = frames[0]
+        for t in range(40):
+            nxt = np.where(ended[t][:, None, None], rng.integers(0, 255, (2, 6, 7), np.uint8), frames[t + 1])
+            store.add({"obs": obs, "next_obs": nxt, "depth": depth[t], "terminated": ended[t]})
+            obs = frames[t + 1]
+            if t == 20:
+                assert len({id(leaf.encoder) for leaf in leaves}) == 1
+                # one native thread encodes (where the extension is), one Python thread
+                # seals segments (and encodes where rows encode in Python)
+                native = leaves[0].frames.native_encoder() is not None
+                assert _background_threads() == (before[0] + native, before[1] + 1)
+        got = store.get(slice(None))
+    assert _background_threads() == before  # stopped when the last leaf closed
+    np.testing.assert_array_equal(got["depth"], depth[8:])
+    with mr.open(tmp_path / "b") as reader:
+        again = reader.get(slice(None))
+    for name in spec:
+        np.testing.assert_array_equal(again[name], got[name])
+
+
+SEALING_WRITER = textwrap.dedent(
+    """
+    import sys, threading, numpy as np, mmreplay as mr
+    from mmreplay.backends import row_frames
+    path, codec, when = sys.argv[1:4]
+    store_shard = row_frames.RowFrameLeaf._write_shard_file
+    seals, sealing = [], threading.Event()
+
+    def held(self, k, frames):  # the background seal of segment 3 on the second lap never ends
+        seals.append(k)
+        if seals.count(3) == 2:
+            if when == "after the rename":
+                store_shard(self, k, frames)
+            sealing.set()
+            threading.Event().wait()
+        store_shard(self, k, frames)
+
+    row_frames.RowFrameLeaf._write_shard_file = held
+    spec = {"obs": mr.ArraySpec((8, 8), "uint8"), "step": mr.ArraySpec((), "int64")}
+    store = mr.create(path, spec, capacity=40, num_envs=2, compression={"obs": codec}, chunk_steps=6)
+    for t in range(67):
+        store.add({"obs": np.full((2, 8, 8), t % 251, np.uint8), "step": np.full(2, t)})
+        if t < 63:
+            store.commit()  # up to step 62: segment 3 (steps 58..63) has committed rows in staging
+        # step 63 leaves segment 3; steps 64..66 are written ahead, uncommitted
+    assert sealing.wait(60) and store.stored_leaves[0].sealing is not None
+    print("ready", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["before the rename", "after the rename"])
+@pytest.mark.parametrize("codec", CODECS)
+def test_kill_9_while_a_segment_is_sealed_in_the_background_keeps_every_committed_row(tmp_path, codec, when):
+    path = str(tmp_path / "b")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SEALING_WRITER, path, codec, when],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()
+        assert line == "ready", line + (proc.stderr.read() if proc.poll() is not None else "")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    check = subprocess.run([sys.executable, "-m", "mmreplay.cli", "verify", path], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    def expect(store, end):
+        got = store.get(slice(None))
+        steps = got["step"][:, 0]
+        assert steps.tolist() == list(range(store.first_step, end))
+        want = (steps % 251).astype(np.uint8)[:, None, None, None] + np.zeros((1, 2, 8, 8), np.uint8)
+        np.testing.assert_array_equal(got["obs"], want)
+
+    with mr.open(path) as reader:
+        assert reader.total_steps == 63
+        assert reader.first_step <= 63 - 40 + 6  # the newest steps are all there, segment 3's included
+        expect(reader, 63)
+    with mr.open(path, "a") as store:  # a new writer seals segment 3 from staging and goes on
+        for t in range(63, 70):
+            store.add({"obs": np.full((2, 8, 8), t % 251, np.uint8), "step": np.full(2, t)})
+        expect(store, 70)
+    with mr.open(path) as reader:
+        expect(reader, 70)
+    assert zarr_array(path, "obs")[18:24, 0, 0, 0].tolist() == list(range(58, 64))  # segment 3's shard, resealed
+
+
+def test_a_reader_reads_a_segment_being_sealed_from_staging_and_the_writer_its_rows_written_ahead(tmp_path, monkeypatch):
+    from mmreplay.backends.row_frames import RowFrameLeaf
+
+    started, release = threading.Event(), threading.Event()
+    store_shard = RowFrameLeaf._write_shard_file
+
+    def held(self, k, frames):
+        if k == 1:
+            started.set()
+            release.wait(60)
+        store_shard(self, k, frames)
+
+    monkeypatch.setattr(RowFrameLeaf, "_write_shard_file", held)
+    data = values(np.random.default_rng(4), 13, 2, (4,), "int32")
+    path = tmp_path / "b"
+    # 64 steps: the store's own commits that reserve slots ahead come every 8 steps
+    store = mr.create(path, {"x": mr.ArraySpec((4,), "int32")}, 64, num_envs=2, compression="rows:lz4", chunk_steps=4)
+    try:
+        store.extend({"x": data[:7]})
+        store.commit()  # steps 4..6 of segment 1 are in staging
+        store.extend({"x": data[7:8]})  # step 7 ends segment 1: sealed in the background, held
+        assert started.wait(30)
+        store.extend({"x": data[8:11]})  # written ahead into segment 2
+        assert not (path / "data.zarr" / "x" / "c" / "1" / "0" / "0").exists()
+        np.testing.assert_array_equal(store.get(slice(None))["x"], data[:11])
+        with mr.open(path) as reader:
+            np.testing.assert_array_equal(reader.get(slice(None))["x"], data[:7])
+            release.set()
+            (leaf,) = store.stored_leaves
+            leaf.sealing[1].result(timeout=30)
+            # the next add moves the rows written ahead into staging and goes on there
+            # (their frames, not encoded yet, come from where each row was written)
+            store.extend({"x": data[11:12]})
+            store.commit()
+            reader.refresh()
+            np.testing.assert_array_equal(reader.get(slice(None))["x"], data[:12])
+            store.extend({"x": data[12:13]})  # ends segment 2: sealed
+            store.commit()
+            reader.refresh()
+            np.testing.assert_array_equal(reader.get(slice(None))["x"], data[:13])
+        np.testing.assert_array_equal(store.get(slice(None))["x"], data[:13])
+    finally:
+        release.set()
+        store.close()
+    with mr.open(path) as reader:
+        np.testing.assert_array_equal(reader.get(slice(None))["x"], data[:13])
+    assert zarr_array(path, "x")[:13].tolist() == data[:13].tolist()

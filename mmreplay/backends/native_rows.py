@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["ENV", "FrameBatch", "NativeDecoder", "decoder", "status"]
+__all__ = ["ENV", "FrameBatch", "NativeDecoder", "NativeEncoder", "decoder", "encoder", "encoding_status", "status"]
 
 log = logging.getLogger(__name__)
 
@@ -191,3 +191,66 @@ def status(codec: str) -> str:
         return f"python ({ENV}=0)"
     library = _load(codec)
     return f"native ({library})" if library else f"python ({_why[codec]})"
+
+
+# --- encoding -------------------------------------------------------------------------------
+
+def _encoding_library(codec: str) -> tuple[str | None, str]:
+    """The library ``codec``'s rows are encoded with (the decoder's), or None and why not."""
+    library = _load(codec)
+    if library is None:
+        return None, _why[codec]
+    try:
+        if _extension().can_encode(codec):  # type: ignore[union-attr]
+            return library, ""
+    except AttributeError:  # an extension built before it could encode
+        pass
+    return None, f"{library} has no encoding functions (or the extension predates them)"
+
+
+class NativeEncoder:
+    """Encodes rows as frames of one codec in one call per batch, off the GIL: the bytes the
+    Python encoders write (numcodecs' LZ4 layout; zstd frames with a content checksum)."""
+
+    def __init__(self, codec: str, level: int, library: str, dictionary: bytes | None = None):
+        self.codec = codec
+        self.library = library
+        self._ext = sys.modules["mmreplay._rowdecode"]
+        # lz4: acceleration 1, as numcodecs' LZ4 codec in the zarr metadata says
+        self._encoder = self._ext.new_encoder(codec, level if codec == "zstd" else 1, dictionary)
+
+    def encode(self, rows: np.ndarray) -> list[bytes]:
+        """One frame per row of ``rows`` (uint8, ``[n, row_bytes]``, C-contiguous)."""
+        return self._ext.encode_rows(self._encoder, rows, rows.shape[1])
+
+    @staticmethod
+    def worker() -> Any:
+        """A native thread that encodes submitted rows in order, never taking the GIL (a
+        Python thread waits up to the switch interval for it, before and after each batch,
+        while the writer runs Python code)."""
+        return sys.modules["mmreplay._rowdecode"].new_worker()
+
+    def submit(self, worker: Any, rows: np.ndarray) -> Any:
+        """Hand ``rows`` (uint8 ``[n, row_bytes]``, C-contiguous, left unchanged until
+        their frames are taken) to ``worker``; a job for :meth:`frames`."""
+        return self._ext.submit_rows(worker, self._encoder, rows, rows.shape[1])
+
+    def frames(self, job: Any, wait: bool) -> list[bytes] | None:
+        """The frames of a submitted job, or None if it is not done and not ``wait``."""
+        return self._ext.job_frames(job, wait)
+
+
+def encoder(codec: str, level: int, dictionary: bytes | None = None) -> NativeEncoder | None:
+    """The native encoder of ``codec`` at ``level`` (zstd), or None to encode in Python."""
+    if disabled():
+        return None
+    library, _ = _encoding_library(codec)
+    return None if library is None else NativeEncoder(codec, level, library, dictionary)
+
+
+def encoding_status(codec: str) -> str:
+    """How ``codec``'s row frames are encoded here, in words."""
+    if disabled():
+        return f"python ({ENV}=0)"
+    library, why = _encoding_library(codec)
+    return f"native ({library})" if library else f"python ({why})"

@@ -19,6 +19,12 @@ number that changes whenever it starts another segment; a reader checks the sequ
 number after reading, seqlock style. zarr readers see sealed segments only: a writer
 seals the one it is in when it closes.
 
+A segment the head leaves is sealed on a background thread. Until its shard is renamed
+into place, staging keeps its rows and its header names it, and the writer keeps the
+next segment's rows in memory; only then do those rows move into staging and the header
+to the next segment. Commits wait for that first, so a committed row is always raw in
+staging or in a shard that is in place, whenever the writer is killed.
+
 Codecs: ``rows:lz4`` (frames as numcodecs' LZ4 writes them: a 4-byte little-endian size,
 then an LZ4 block) and ``rows:zstd[:LEVEL][:dict]`` (zstd frames with a content checksum).
 They need the ``pixels`` extra (``zstandard``, ``cramjam``); zarr reads them with numcodecs.
@@ -60,6 +66,7 @@ __all__ = [
     "create_staging",
     "read_shard_index",
     "shard_bytes",
+    "share_encoder",
 ]
 
 PREFIX = "rows:"
@@ -144,16 +151,78 @@ def require_row_codecs() -> None:
     _require("cramjam")
 
 
+class _EncodeFailed(Exception):
+    """What the encoder thread raised, and for which leaf."""
+
+    def __init__(self, where: str, cause: BaseException):
+        super().__init__(where, cause)
+        self.where = where
+        self.cause = cause
+
+
+class _NativeJob:
+    """Rows of one leaf handed to the native encoding thread."""
+
+    __slots__ = ("frames", "lo", "hi", "encoder", "where", "job")
+
+    def __init__(self, frames: list[bytes | None], lo: int, hi: int, encoder: Any, worker: Any, where: str, rows: Any):
+        self.frames, self.lo, self.hi, self.encoder, self.where = frames, lo, hi, encoder, where
+        self.job = encoder.submit(worker, rows)
+
+    def finish(self, wait: bool) -> bool:
+        """Put the frames in place if they are done (with ``wait``, once they are)."""
+        try:
+            got = self.encoder.frames(self.job, wait)
+        except Exception as exc:
+            raise _EncodeFailed(self.where, exc) from exc
+        if got is None:
+            return False
+        self.frames[self.lo : self.hi] = got
+        return True
+
+
+class _PythonJob:
+    """Rows of some leaves handed to the Python encoding thread, which puts their frames
+    in place."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Future[None]):
+        self.future = future
+
+    def finish(self, wait: bool) -> bool:
+        if not wait and not self.future.done():
+            return False
+        self.future.result()  # raises _EncodeFailed
+        return True
+
+
 class _Encoder:
-    """One daemon thread that runs jobs in order. Not a ThreadPoolExecutor: the
-    interpreter stops those before the exit hooks that close writers left open, and their
-    non-daemon thread would keep the early hook from running; a writer closed at exit must
-    still hand its last rows over and wait for them."""
+    """The background encoding of a writer's row-frame leaves (every leaf of a store, the
+    side ring's included: :func:`share_encoder`), in the order rows were added. Rows are
+    handed over ``ENCODE_BATCH_ROWS`` at a time over all leaves, so a step's rows of every
+    leaf go together.
+
+    Leaves with a native encoder hand their rows to one native thread (the C extension's),
+    which never takes the GIL; the frames are put in place by the writer's thread when it
+    checks (each add) or waits (seal, commit). A Python thread waiting for the GIL gets it
+    only when the writer lets go, up to the interpreter's switch interval (5 ms) later,
+    before and after each batch: it falls behind a writer that runs Python code. Leaves
+    that encode in Python (no extension or library, ``MMREPLAY_NATIVE=0``) use one daemon
+    Python thread. Not a ThreadPoolExecutor: the interpreter stops those before the exit
+    hooks that close writers left open, and their non-daemon thread would keep the early
+    hook from running; a writer closed at exit must still hand its last rows over and wait
+    for them. Used from the writer's thread only."""
 
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
-        self.thread.start()
+        self.worker: Any = None  # the native thread, made at the first native batch
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the Python thread's
+        self.thread: threading.Thread | None = None
+        self.parts: list[list[Any]] = []  # [leaf, frames, lo, hi, source]: rows not handed over yet
+        self.rows = 0  # rows in ``parts``
+        self.handed: deque[_NativeJob | _PythonJob] = deque()  # in the order handed over
+        self.failed: _EncodeFailed | None = None
+        self.users = 0  # leaves that encode here; the threads stop when the last one leaves
 
     def _run(self) -> None:
         while True:
@@ -168,14 +237,92 @@ class _Encoder:
             else:
                 future.set_result(None)
 
-    def submit(self, fn: Any, *args: Any) -> Future[None]:
+    @staticmethod
+    def _encode_parts(parts: list[tuple[Any, ...]]) -> None:
+        for leaf, frames, lo, hi, source in parts:
+            try:
+                leaf._encode_rows(frames, lo, hi, source)
+            except BaseException as exc:
+                raise _EncodeFailed(leaf.where, exc) from exc
+
+    def run_later(self, fn: Any, *args: Any) -> Future[None]:
+        """Run ``fn(*args)`` on the Python thread, after what was given to it before."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="mmreplay-encode", daemon=True)
+            self.thread.start()
         future: Future[None] = Future()
         self.jobs.put((fn, args, future))
         return future
 
-    def shutdown(self) -> None:
-        self.jobs.put(None)
-        self.thread.join()
+    def add(self, leaf: RowFrameLeaf, frames: list[bytes | None], lo: int, hi: int, source: np.ndarray) -> None:
+        """Encode rows ``[lo, hi)`` of ``source`` (``leaf``'s staging rows, or the rows it
+        writes ahead) into ``frames[lo:hi]`` later."""
+        for part in self.parts:
+            if part[0] is leaf and part[1] is frames and part[3] == lo and part[4] is source:
+                part[3] = hi
+                break
+        else:
+            self.parts.append([leaf, frames, lo, hi, source])
+        self.rows += hi - lo
+        if self.rows >= ENCODE_BATCH_ROWS:
+            self.hand_over()
+
+    def hand_over(self) -> None:
+        """Give the rows not handed over yet to the threads."""
+        parts, self.parts, self.rows = self.parts, [], 0
+        in_python = []
+        for leaf, frames, lo, hi, source in parts:
+            native = leaf.frames.native_encoder()
+            if native is None:
+                in_python.append((leaf, frames, lo, hi, source))
+                continue
+            if self.worker is None:
+                self.worker = native.worker()
+            self.handed.append(_NativeJob(frames, lo, hi, native, self.worker, leaf.where, source[lo:hi]))
+        if in_python:
+            self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python)))
+
+    def check(self, wait: bool = False) -> None:
+        """Put the frames of the batches done in place; raise what the encoding raised
+        (here, in the caller); with ``wait``, once every row handed over is encoded.
+        After a failure every later call raises it again: the frames of the rows it was
+        encoding are missing."""
+        if wait:
+            self.hand_over()
+        handed = self.handed
+        try:
+            while handed and handed[0].finish(wait):
+                handed.popleft()
+        except _EncodeFailed as exc:
+            self.failed = exc
+            handed.clear()
+        if self.failed is not None:
+            raise CorruptBufferError(
+                f"{self.failed.where}: encoding rows in the background failed: {self.failed.cause!r}; the rows "
+                "since the last commit are lost (reopen the store to continue from it)"
+            ) from self.failed.cause
+
+    def leave(self) -> None:
+        """A leaf closed; the last one stops the threads."""
+        self.users -= 1
+        if self.users > 0:
+            return
+        self.handed.clear()
+        self.worker = None  # its thread ends once its last job is dropped
+        if self.thread is not None:
+            self.jobs.put(None)
+            self.thread.join()
+            self.thread = None
+
+
+def share_encoder(leaves: Iterable[Any]) -> None:
+    """Make the writable row-frame leaves among ``leaves`` (a writer's) encode on one
+    background thread."""
+    encoder = _Encoder()
+    for leaf in leaves:
+        if isinstance(leaf, RowFrameLeaf) and leaf.writable and leaf.encoder is None:
+            leaf.encoder = encoder
+            encoder.users += 1
 
 
 def _lz4_encoder() -> Any:
@@ -205,6 +352,8 @@ class _Frames:
         # one native call per batch where the C extension and a codec library are there
         self.native = native_rows.decoder(codec.codec)
         self._native_dictionary: Any = None
+        self._native_encoder: Any = None  # made at the first encode (readers never encode)
+        self._native_encodes = not native_rows.disabled()
         if codec.codec == "zstd":
             zstd = _require("zstandard")
             self._zstd = zstd
@@ -235,6 +384,7 @@ class _Frames:
         self._decompressor = zstd.ZstdDecompressor(dict_data=dictionary)
         if self.native is not None:
             self._native_dictionary = self.native.dictionary(dictionary.as_bytes())
+        self._native_encoder = None  # made again with the dictionary
 
     def train(self, rows: np.ndarray) -> bool:
         """Train the dictionary on ``rows`` and store it (write then rename); False when
@@ -251,7 +401,27 @@ class _Frames:
         self._use(dictionary)
         return True
 
+    def encode_rows(self, rows: np.ndarray) -> list[bytes]:
+        """One frame per row of ``rows`` (uint8 ``[n, row_bytes]``): in one native call
+        without the GIL where the C extension and the codec library are there, else one
+        Python codec call per row; the same bytes either way (zstd: from the same zstd
+        version; level 1 agrees across 1.5.4..1.5.7)."""
+        native = self.native_encoder()
+        if native is not None:
+            return native.encode(np.ascontiguousarray(rows, np.uint8))
+        return [self.encode(r) for r in rows]
+
+    def native_encoder(self) -> native_rows.NativeEncoder | None:
+        """The native encoder of these frames (with the dictionary once there is one), or
+        None where rows encode in Python."""
+        if self._native_encodes and self._native_encoder is None:
+            dictionary = None if self.dictionary is None else self.dictionary.as_bytes()
+            self._native_encoder = native_rows.encoder(self.codec.codec, self.codec.level, dictionary)
+            self._native_encodes = self._native_encoder is not None
+        return self._native_encoder
+
     def encode(self, row: np.ndarray) -> bytes:
+        """One row's frame, in Python."""
         if self.codec.codec == "zstd":
             return self._compressor.compress(row)
         # numcodecs' LZ4 layout: a little-endian uint32 size, then the block
@@ -479,12 +649,19 @@ class RowFrameLeaf:
         # the writer's frames of the staging segment's rows (None: not written this lap)
         self.pending: list[bytes | None] | None = None
         self.seen = (-1, -1)  # the staging (seq, segment) of the last read
-        # Rows are encoded on one background thread as they are added (the codecs release
-        # the GIL, so it runs on another core); a segment is sealed once its rows are.
-        self._encoder: _Encoder | None = None
-        self._jobs: deque[Future[None]] = deque()
-        self._failed: BaseException | None = None
-        self._batch: tuple[list[bytes | None], int, int] | None = None  # rows not handed over yet
+        # Rows are encoded on a background thread as they are added, one per writer shared
+        # by its row-frame leaves (share_encoder; else this leaf's own, made when first
+        # needed); the native encoder releases the GIL, so it runs on another core. A
+        # segment is sealed once its rows are.
+        self.encoder: _Encoder | None = None
+        # A segment the head leaves is sealed in the background (its shard written and
+        # renamed) while the head goes on in the next one, whose rows are kept in memory
+        # meanwhile ("ahead") and moved into staging once the seal is done.
+        self.sealing: tuple[int, Future[None]] | None = None
+        self.ahead: np.ndarray | None = None
+        self.ahead_segment = -1
+        self.ahead_filled = 0  # steps of ahead_segment written ahead
+        self.ahead_frames: list[bytes | None] | None = None
 
     # --- the staging header -------------------------------------------------------------
 
@@ -559,14 +736,23 @@ class RowFrameLeaf:
             if self.seen[1] >= 0:
                 self._drop(self.seen[1])
             self.seen = (seq, segment)
-        where = None  # rows of ``out`` the frames go to: all of them, unless some are staged
+        where = None  # rows of ``out`` the frames go to: all of them, unless some are raw
+        raw = None  # rows copied raw: staged, or a writer's rows written ahead
         if segment >= 0 and filled > base:
             first = segment * self.seg_rows
             staged = (flat >= first + base * self.num_envs) & (flat < first + filled * self.num_envs)
             if staged.any():
                 out[staged] = self.staged[flat[staged] - first]
-                where = np.flatnonzero(~staged)
-                flat = flat[where]
+                raw = staged
+        if self.ahead_segment >= 0:
+            first = self.ahead_segment * self.seg_rows
+            ahead = (flat >= first) & (flat < first + self.ahead_filled * self.num_envs)
+            if ahead.any():
+                out[ahead] = self.ahead[flat[ahead] - first]  # type: ignore[index]
+                raw = ahead if raw is None else raw | ahead
+        if raw is not None:
+            where = np.flatnonzero(~raw)
+            flat = flat[where]
         if flat.size == 0:
             return seq
         segments = flat // self.seg_rows
@@ -621,56 +807,32 @@ class RowFrameLeaf:
         return np.ascontiguousarray(values, self.dtype).view(np.uint8).reshape(-1, self.row_bytes)
 
     def _encode_step(self, values: np.ndarray) -> list[bytes]:
-        return [self.frames.encode(r) for r in self._raw(values)]
+        return self.frames.encode_rows(self._raw(values))
 
     # --- the background encoder ---------------------------------------------------------
 
-    def _encode_later(self, frames: list[bytes | None], lo: int, hi: int) -> None:
-        """Encode staging rows ``[lo, hi)`` into ``frames[lo:hi]`` on the encoder thread
-        (the rows stay where they are until their segment is sealed, which waits); handed
-        over ``ENCODE_BATCH_ROWS`` at a time."""
+    def _encode_later(self, frames: list[bytes | None], lo: int, hi: int, source: np.ndarray | None = None) -> None:
+        """Encode rows ``[lo, hi)`` of ``source`` (staging by default) into
+        ``frames[lo:hi]`` in the background (the rows stay where they are until their
+        segment is sealed, which waits)."""
         self._check_encoder()
-        batch = self._batch
-        if batch is not None and batch[0] is frames and batch[2] == lo:
-            self._batch = batch = (frames, batch[1], hi)
-        else:
-            self._hand_over()
-            self._batch = batch = (frames, lo, hi)
-        if batch[2] - batch[1] >= ENCODE_BATCH_ROWS:
-            self._hand_over()
+        self._background().add(self, frames, lo, hi, self.staged if source is None else source)
 
-    def _hand_over(self) -> None:
-        """Give the rows not handed over yet to the encoder thread."""
-        batch, self._batch = self._batch, None
-        if batch is None or batch[2] <= batch[1]:
-            return
-        if self._encoder is None:
-            self._encoder = _Encoder()
-        self._jobs.append(self._encoder.submit(self._encode_rows, self.staged, *batch))
+    def _background(self) -> _Encoder:
+        if self.encoder is None:
+            self.encoder = _Encoder()
+            self.encoder.users += 1
+        return self.encoder
 
-    def _encode_rows(self, staged: np.ndarray, frames: list[bytes | None], lo: int, hi: int) -> None:
-        encode = self.frames.encode
-        for i in range(lo, hi):
-            frames[i] = encode(staged[i])
+    def _encode_rows(self, frames: list[bytes | None], lo: int, hi: int, source: np.ndarray) -> None:
+        """On the Python encoding thread."""
+        frames[lo:hi] = self.frames.encode_rows(source[lo:hi])
 
     def _check_encoder(self, wait: bool = False) -> None:
-        """Raise what the encoder raised (here, in the caller); with ``wait``, once every
-        row handed to it is encoded. After a failure every later call raises it again:
-        the frames of the rows it was encoding are missing."""
-        if wait:
-            self._hand_over()
-        jobs = self._jobs
-        while jobs and (wait or jobs[0].done()):
-            try:
-                jobs.popleft().result()
-            except Exception as exc:
-                self._failed = exc
-                jobs.clear()
-        if self._failed is not None:
-            raise CorruptBufferError(
-                f"{self.where}: encoding rows in the background failed: {self._failed!r}; the rows since the "
-                "last commit are lost (reopen the store to continue from it)"
-            ) from self._failed
+        """Raise what the encoder raised; with ``wait``, once every row handed to it (of
+        every leaf sharing it) is encoded."""
+        if self.encoder is not None:
+            self.encoder.check(wait)
 
     def _start(self, k: int, step: int) -> None:
         """Make segment ``k`` the staging segment, its rows from ``step`` on written next."""
@@ -705,19 +867,83 @@ class RowFrameLeaf:
             a = k * self.seg
             b = min(a + self.seg, self.capacity)
             n = min(end, b) - pos
-            self._start(k, pos - a)
-            frames = self.pending
-            assert frames is not None
             lo = (pos - a) * self.num_envs
+            hi = lo + n * self.num_envs
             part = values[pos - start : pos - start + n]
-            self.staged[lo : lo + n * self.num_envs] = self._raw(part)
-            self._encode_later(frames, lo, lo + n * self.num_envs)
-            self.header[3] = pos - a + n
+            if self.sealing is not None:
+                self._promote(wait=False)
+            if self.sealing is not None and k == self.ahead_segment and pos - a == self.ahead_filled:
+                # the segment before is still being sealed from staging: write ahead
+                assert self.ahead is not None and self.ahead_frames is not None
+                self.ahead[lo:hi] = self._raw(part)
+                self._encode_later(self.ahead_frames, lo, hi, self.ahead)
+                self.ahead_filled = pos - a + n
+            else:
+                self._promote(wait=True)
+                self._start(k, pos - a)
+                frames = self.pending
+                assert frames is not None
+                self.staged[lo:hi] = self._raw(part)
+                self._encode_later(frames, lo, hi)
+                self.header[3] = pos - a + n
             pos += n
             if pos == b:  # the write head leaves segment k: store it
-                self._seal(k)
+                self._promote(wait=True)  # segment k is the staging segment now
+                self._seal_later(k)
+
+    def _seal_later(self, k: int) -> None:
+        """Seal the staging segment ``k`` in the background; the rows after it are written
+        ahead, in memory, until it is sealed (:meth:`_promote`). Staging keeps ``k``'s rows
+        meanwhile, and its header says ``k``: readers, and a writer reopening after a
+        crash, find them there until the shard is in place. Sealed here instead (waiting)
+        when there is no other segment to write ahead into, or a dictionary is still to
+        be trained."""
+        if self.nseg == 1 or (self.codec.dictionary and not self.frames.load_dictionary()):
+            self._seal(k)
+            return
+        self._check_encoder(wait=True)  # k's frames are all there
+        frames = self.pending
+        assert frames is not None
+        self.sealing = (k, self._background().run_later(self._store_shard, k, frames))
+        if self.ahead is None:
+            self.ahead = np.empty_like(self.staged)
+        self.ahead_segment = (k + 1) % self.nseg
+        self.ahead_filled = 0
+        self.ahead_frames = [None] * self.seg_rows
+
+    def _promote(self, wait: bool) -> None:
+        """Once the segment sealed in the background is in place (with ``wait``, waiting
+        for it), make the segment written ahead the staging segment: its rows move into
+        staging. A failed seal is raised here, and by every later write and commit (the
+        rows since the last commit are lost; staging still holds the segment)."""
+        if self.sealing is None:
+            return
+        k, future = self.sealing
+        if not wait and not future.done():
+            return
+        self.sealing = None
+        try:
+            future.result()
+        except BaseException as exc:
+            self.ahead_segment, self.ahead_frames = -1, None
+            self._background().failed = _EncodeFailed(f"{self.where}: sealing segment {k}", exc)
+            raise
+        self._drop(k)
+        self.sealed_since_flush.add(k)
+        seq = int(self.header[0])
+        filled = self.ahead_filled
+        # as in _start: a reader that read the old segment sees the sequence number change
+        self.header[1] = -1
+        self.header[0] = seq + 1
+        self.staged[: filled * self.num_envs] = self.ahead[: filled * self.num_envs]  # type: ignore[index]
+        self.header[2] = 0
+        self.header[3] = filled
+        self.header[1] = self.ahead_segment
+        self.pending = self.ahead_frames
+        self.ahead_segment, self.ahead_frames, self.ahead_filled = -1, None, 0
 
     def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
+        self._promote(wait=True)
         self._check_encoder(wait=True)  # one thread encodes at a time: the codec is not shared
         slots = np.asarray(slots, np.int64) % self.capacity
         seg_of = slots // self.seg
@@ -765,13 +991,26 @@ class RowFrameLeaf:
             _, _, base, filled = self._header()
             lo, hi = base * self.num_envs, filled * self.num_envs
             if self.frames.train(self.staged[lo:hi]):  # this segment's frames, once more with it
-                frames[lo:hi] = [self.frames.encode(r) for r in self.staged[lo:hi]]
+                frames[lo:hi] = self.frames.encode_rows(self.staged[lo:hi])
+        self._store_shard(k, frames)
+        self._drop(k)
+        self.sealed_since_flush.add(k)
+
+    def _store_shard(self, k: int, frames: list[bytes | None]) -> None:
+        """Write segment ``k``'s shard: ``frames``, and the old shard's for rows not
+        written this lap (on the writer's thread or the Python background thread)."""
         if any(f is None for f in frames):
             old = self._stored_frames(k)
             frames = [f if f is not None else o for f, o in zip(frames, old)]
-        self._write_shard(k, frames)
+        self._write_shard_file(k, frames)
 
     def _write_shard(self, k: int, frames: list[bytes | None]) -> None:
+        self._write_shard_file(k, frames)
+        self._drop(k)
+        self.sealed_since_flush.add(k)
+
+    def _write_shard_file(self, k: int, frames: list[bytes | None]) -> None:
+        """Write then rename: a shard file is never torn."""
         path = self.shard_path(k)
         tmp = path + ".partial"
         with disk_full_as(
@@ -782,13 +1021,13 @@ class RowFrameLeaf:
             with open(tmp, "wb") as f:
                 f.write(shard_bytes(frames))
             os.replace(tmp, path)
-        self._drop(k)
-        self.sealed_since_flush.add(k)
 
     def flush(self, fsync: bool) -> None:
         # committed rows of the staging segment are durable raw in staging, sealed ones in
         # their shards; a commit still waits for the encoder (what is queued: a step or
-        # two when it keeps up), so that what it raised surfaces at this commit
+        # two when it keeps up), so that what it raised surfaces at this commit; the rows
+        # written ahead move into staging
+        self._promote(wait=True)
         self._check_encoder(wait=True)
         if fsync:
             self.mm.flush()
@@ -798,6 +1037,7 @@ class RowFrameLeaf:
     def seal_open_segment(self) -> None:
         """Store the rows of the staging segment as its shard too, so zarr readers see them
         (a writer's close); staging keeps them for the next writer."""
+        self._promote(wait=True)
         _, segment, base, filled = self._header()
         if self.writable and self.pending is not None and segment >= 0 and filled > base:
             self._seal(segment)
@@ -812,14 +1052,14 @@ class RowFrameLeaf:
         if self.mm is None:
             return
         try:
-            if self._failed is None:  # else the rows since the last commit are lost, as said
-                self.seal_open_segment()
+            if self.encoder is None or self.encoder.failed is None:  # else the rows since the last
+                self.seal_open_segment()  # commit are lost, as said
         finally:
             for k in list(self.shards):
                 self._drop(k)
-            if self._encoder is not None:
-                self._encoder.shutdown()
-                self._encoder = None
+            if self.encoder is not None:
+                self.encoder.leave()
+                self.encoder = None
             self.frames.close()
             self.header = None  # type: ignore[assignment]
             self.staged = None  # type: ignore[assignment]
