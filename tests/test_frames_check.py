@@ -22,7 +22,7 @@ from test_frames import _random_case
 
 import mmreplay as mr
 from mmreplay.backends.native_rows import ENV
-from mmreplay.frames import FOLLOWS, NEWEST_SAME, NEXT_FOLLOWS, check_pair, native_check
+from mmreplay.frames import FOLLOWS, NEWEST_SAME, NEXT_FOLLOWS, check_pair
 
 
 def _extension():
