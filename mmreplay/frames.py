@@ -778,15 +778,10 @@ FOLLOWS, NEWEST_SAME, NEXT_FOLLOWS = 1, 2, 4
 def native_check() -> Any:
     """The C extension's ``check_stacks``, or None where it is not built or
     ``MMREPLAY_NATIVE=0`` is set (then :func:`check_pair` runs in numpy)."""
-    from .backends.native_rows import disabled
+    from .backends.native_rows import disabled, extension
 
-    if disabled():
-        return None
-    try:
-        from . import _rowdecode  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return getattr(_rowdecode, "check_stacks", None)
+    ext = None if disabled() else extension()
+    return getattr(ext, "check_stacks", None)
 
 
 def check_pair(

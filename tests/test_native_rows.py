@@ -361,7 +361,7 @@ def test_the_extension_is_built_and_used_where_a_compiler_and_the_libraries_are(
     headers = Path(sysconfig.get_paths()["include"], "Python.h")
     if not (shutil.which(cc) and headers.is_file()):
         pytest.skip(f"no compiler ({cc}) or no Python headers ({headers}): the Python path is the one there is")
-    assert native_rows._extension() is not None, "mmreplay._rowdecode is missing: reinstall with `pip install -e .`"
+    assert native_rows.extension() is not None, "mmreplay._rowdecode is missing: reinstall with `pip install -e .`"
     for codec, soname in (("lz4", "liblz4.so.1"), ("zstd", "libzstd.so.1")):
         if _loadable(soname):
             assert native_rows.status(codec).startswith("native"), native_rows.status(codec)

@@ -26,7 +26,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["ENV", "FrameBatch", "NativeDecoder", "NativeEncoder", "decoder", "encoder", "encoding_status", "status"]
+__all__ = [
+    "ENV",
+    "FrameBatch",
+    "NativeDecoder",
+    "NativeEncoder",
+    "decoder",
+    "encoder",
+    "encoding_status",
+    "extension",
+    "status",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +59,8 @@ _loaded: dict[str, str | None] = {}  # codec -> the library used (None: none fou
 _why: dict[str, str] = {}  # codec -> why there is no native decoding
 
 
-def _extension() -> ModuleType | None:
+def extension() -> ModuleType | None:
+    """The C extension ``mmreplay._rowdecode``, or None where it was not built."""
     try:
         return importlib.import_module("mmreplay._rowdecode")
     except ImportError:
@@ -80,7 +91,7 @@ def _load(codec: str) -> str | None:
     with _lock:
         if codec in _loaded:
             return _loaded[codec]
-        ext = _extension()
+        ext = extension()
         used = None
         if ext is None:
             _why[codec] = "the C extension mmreplay._rowdecode is not built (no compiler at install time?)"
@@ -201,7 +212,7 @@ def _encoding_library(codec: str) -> tuple[str | None, str]:
     if library is None:
         return None, _why[codec]
     try:
-        if _extension().can_encode(codec):  # type: ignore[union-attr]
+        if extension().can_encode(codec):  # type: ignore[union-attr]
             return library, ""
     except AttributeError:  # an extension built before it could encode
         pass
