@@ -581,8 +581,8 @@ class Store:
     def _drop_through(self, step: int) -> None:
         """Drop the retained steps up to ``step`` (its side-ring frame is about to be
         overwritten); committed at once when readers may still read them."""
-        if step < self._floor:
-            return
+        if step < oldest_retained(self._floor, self._written, self._capacity - self._next_written):
+            return  # gone already: the ring has overwritten it
         self._floor = min(self._written, step + 1)
         if not self._dropped_early:
             self._dropped_early = True

@@ -281,6 +281,22 @@ def test_a_full_side_ring_drops_the_oldest_steps_never_a_wrong_frame(tmp_path):
         _compare_window(full, reader, "reader")
 
 
+def test_side_entries_of_steps_the_ring_already_overwrote_are_reused_without_a_warning(tmp_path, caplog):
+    """Many more episode ends over a run than ``final_slots``, but few within one ring's
+    worth of steps: reusing a side slot whose step the ring has overwritten loses nothing."""
+    full, once = _stores(tmp_path, 2, 1, -1, "repeat", 20)
+    episodes = Episodes(2, FRAME, 1, -1, "repeat", 0.1, 5)
+    with caplog.at_level("WARNING", logger="mmreplay"):
+        for _ in range(300):
+            step = episodes.step()
+            full.add(step)
+            once.add(step)
+    assert once.metadata.frames.final_slots < once._frames.seq  # the side ring went round
+    assert not [r for r in caplog.records if "side ring" in r.getMessage()]
+    assert once.window.first == full.window.first
+    _compare_window(full, once)
+
+
 def test_wrong_layouts_are_refused_at_creation(tmp_path):
     sp = spec(FRAME, 4, -1)
     with pytest.raises(mr.SpecError, match="no axis of frame_stack=3"):
