@@ -6,7 +6,7 @@ import time
 
 import click
 
-from mmreplay.export import FORMATS, compressions, export
+from mmreplay.export import FORMATS, compressions, export, format_of
 from mmreplay.export import get as get_format
 
 from . import open_source
@@ -55,10 +55,11 @@ def compression_help() -> str:
     "--format",
     "-f",
     "fmt",
-    default="minari",
-    show_default=True,
+    default=None,
     metavar="FORMAT",
-    help="One of: " + ", ".join(FORMATS) + ".",
+    help="One of: " + ", ".join(FORMATS) + ". Default: the one OUT's name ends with (.npz, .parquet, "
+    ".csv, .csv.gz, .pt, .zarr), else minari; a .h5 or .hdf5 OUT needs it (d4rl, d3rlpy and hdf5 all "
+    "write one).",
 )
 @click.option("--compression", default=None, metavar="CODEC[:LEVEL]", help=compression_help())
 @click.option(
@@ -70,7 +71,7 @@ def compression_help() -> str:
 def command(
     path: str,
     out: str,
-    fmt: str,
+    fmt: str | None,
     compression: str | None,
     complete_only: bool,
     force: bool,
@@ -90,6 +91,7 @@ def command(
     after shard, episodes kept within their shard.
     """
     options = {}
+    fmt = fmt or format_of(out)
     if dataset_id is not None:
         if fmt.lower() != "minari":
             raise click.UsageError("--dataset-id applies to --format minari only")

@@ -530,7 +530,7 @@ class Group:
         self._check_open()
         return JoinedShards(self)
 
-    def export(self, out: str | os.PathLike, format: str = "minari", **options: Any) -> Any:  # noqa: A002
+    def export(self, out: str | os.PathLike, format: str | None = None, **options: Any) -> Any:  # noqa: A002
         """Export every shard's retained committed steps as one dataset
         (:func:`mmreplay.export.export` of :meth:`joined`; the same options)."""
         from .export import export

@@ -131,6 +131,33 @@ def test_export_every_format_from_the_command_line(tmp_path, fmt):
     assert result.stderr == ""  # -q: no progress bar
 
 
+def test_export_takes_the_format_from_the_name_of_out(tmp_path):
+    """Without --format, an OUT named like a format's file gets that format; any other
+    name is a Minari datasets root; a .h5 name, which three formats write, is refused."""
+    pytest.importorskip("pyarrow")
+    with mr.open(WRAPPED) as store:
+        rows = len(store) * store.num_envs
+    run("export", WRAPPED, tmp_path / "a.npz", "-q")
+    run("export", WRAPPED, tmp_path / "named", "-f", "npz", "-q")
+    with np.load(tmp_path / "a.npz") as got, np.load(tmp_path / "named") as want:
+        assert sorted(got.files) == sorted(want.files) and "reward" in got.files
+        assert all(np.array_equal(got[k], want[k]) for k in want.files)
+    run("export", WRAPPED, tmp_path / "a.csv.gz", "-q")
+    import gzip
+
+    with gzip.open(tmp_path / "a.csv.gz", "rt") as f:  # fails on a plain file
+        assert f.readline().startswith("step,env,") and len(f.readlines()) == rows
+    run("export", WRAPPED, tmp_path / "a.parquet", "-q")
+    assert list((tmp_path / "a.parquet").rglob("*.parquet"))
+    run("export", WRAPPED, tmp_path / "a.zarr", "-q")
+    assert (tmp_path / "a.zarr" / "zarr.json").exists()
+    run("export", WRAPPED, tmp_path / "root", "-q")
+    assert list((tmp_path / "root").rglob("main_data.hdf5"))
+    before = sorted(os.listdir(tmp_path))
+    one_line_error(shell("export", WRAPPED, tmp_path / "a.h5"), 4, "d4rl, d3rlpy, hdf5")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
 def test_export_complete_only_and_force(tmp_path):
     run("export", WRAPPED, tmp_path / "a.h5", "-f", "d4rl", "--complete-only", "-q")
     again = run("export", WRAPPED, tmp_path / "a.h5", "-f", "d4rl", "-q", ok=False)

@@ -18,7 +18,7 @@ from conftest import make_step
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
-from mmreplay.export import FORMATS, export
+from mmreplay.export import FORMATS, export, format_of
 from mmreplay.importers import import_dataset
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
@@ -370,3 +370,26 @@ def test_csv_gzip_is_a_csv_gz_that_pandas_reads_with_step_and_env_columns(tmp_pa
         again = export(store, tmp_path / "named.csv.gz", "csv", compression="gzip")
     assert again.path == str(tmp_path / "named.csv.gz")
     assert json.dumps(list(pd.read_csv(again.path).columns)) == json.dumps(list(table.columns))
+
+
+@pytest.mark.parametrize(
+    "name, fmt",
+    [("a.npz", "npz"), ("a.NPZ", "npz"), ("a.parquet", "parquet"), ("a.csv", "csv"), ("a.csv.gz", "csv"),
+     ("a.pt", "pt"), ("a.pth", "pt"), ("a.zarr", "zarr"), ("a.zarr/", "zarr"), ("datasets", "minari"),
+     ("a.txt", "minari")],
+)
+def test_the_format_of_an_export_follows_the_name_of_out(name, fmt):
+    assert format_of(name) == fmt
+
+
+@pytest.mark.parametrize("name", ["a.h5", "a.hdf5", "d/A.HDF5"])
+def test_an_hdf5_name_needs_the_format_named(tmp_path, name):
+    with pytest.raises(mr.UnsupportedFormatError, match="d4rl, d3rlpy, hdf5"):
+        format_of(name)
+    store = mr.create(tmp_path / "s", {"x": mr.ArraySpec((), "float32")}, 4)
+    with pytest.raises(mr.UnsupportedFormatError):
+        store.export(tmp_path / name)
+    assert not list(tmp_path.glob("*.h*5")) and not (tmp_path / "d").exists()
+    store.add({"x": np.ones(1, "float32")})
+    assert store.export(tmp_path / "x.npz").format == "npz"  # a writer's export, format from the name
+    store.close()

@@ -23,7 +23,7 @@ from ..codecs import describe
 from ..errors import UnsupportedFormatError
 from ._base import ExportResult, Progress, accepted_codecs, check_compression, reject_complete_only
 
-__all__ = ["FORMATS", "FormatInfo", "ExportResult", "compressions", "export", "get"]
+__all__ = ["FORMATS", "FormatInfo", "ExportResult", "compressions", "export", "format_of", "get"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,31 @@ FORMATS: dict[str, FormatInfo] = {
 }
 
 
+#: file name endings that name one format (checked longest first)
+SUFFIXES = {".csv.gz": "csv", ".npz": "npz", ".parquet": "parquet", ".csv": "csv", ".pt": "pt", ".pth": "pt",
+            ".zarr": "zarr"}
+#: endings several formats write: the format must be given
+AMBIGUOUS = {".h5": ("d4rl", "d3rlpy", "hdf5"), ".hdf5": ("d4rl", "d3rlpy", "hdf5")}
+
+
+def format_of(out: str | os.PathLike) -> str:
+    """The format an export to ``out`` writes when none is given: the one its name ends
+    with (``.npz``, ``.parquet``, ``.csv``, ``.csv.gz``, ``.pt``, ``.zarr``), else
+    ``minari`` (``out`` is then the datasets root). A ``.h5`` / ``.hdf5`` name is refused:
+    d4rl, d3rlpy and hdf5 all write one."""
+    name = os.fspath(out).rstrip("/").lower()
+    for suffix, fmt in sorted(SUFFIXES.items(), key=lambda item: -len(item[0])):
+        if name.endswith(suffix):
+            return fmt
+    for suffix, choices in AMBIGUOUS.items():
+        if name.endswith(suffix):
+            raise UnsupportedFormatError(
+                f"{os.fspath(out)}: a {suffix} file is written by {', '.join(choices)}; name the format "
+                f"(format=... in Python, --format on the command line)"
+            )
+    return "minari"
+
+
 def get(fmt: str) -> ModuleType:
     """The exporter module for a format name."""
     info = FORMATS.get(str(fmt).lower())
@@ -69,7 +94,7 @@ def compressions() -> dict[str, str]:
 def export(
     store: Any,
     out: str | os.PathLike,
-    format: str = "minari",  # noqa: A002 - the CLI option's name
+    format: str | None = None,  # noqa: A002 - the CLI option's name
     compression: str | None = None,
     complete_only: bool = False,
     force: bool = False,
@@ -86,7 +111,8 @@ def export(
             each shard begins, see :class:`mmreplay.joined.JoinedShards`).
         out: the file or folder to write (see :data:`FORMATS`; for ``minari`` the
             datasets root, the dataset goes to ``out/<dataset_id>/data``).
-        format: one of :data:`FORMATS`.
+        format: one of :data:`FORMATS`; None: from ``out``'s name (see :func:`format_of`:
+            ``buf.npz`` writes npz), else minari.
         compression: ``CODEC[:LEVEL]``, a codec the format supports (see
             :func:`compressions`: ``gzip``/``lzf`` for the HDF5 formats, ``snappy``/``zstd``/
             ``gzip``/``brotli``/``lz4`` for parquet, ``zstd``/``blosc``/``gzip`` for zarr,
@@ -115,6 +141,8 @@ def export(
     """
     from ..group import Group
 
+    if format is None:
+        format = format_of(out)  # noqa: A001
     if isinstance(store, Group):  # its shards' steps one after another, as one dataset
         store = store.joined()
     module = get(format)

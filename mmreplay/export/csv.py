@@ -7,7 +7,7 @@ over its per-step shape into columns ``<leaf path>.<i>`` (skrl's ``Memory.save(f
 are written with enough digits to read back bit-exact, booleans as 0 / 1.
 ``compression="gzip"`` writes a gzip file named ``<out>.gz`` when ``out`` does not end
 in ``.gz`` already (so ``pandas.read_csv`` and ``zcat`` recognise it), its gzip header
-naming the ``.csv`` inside.
+naming the ``.csv`` inside; an ``out`` ending in ``.gz`` is gzipped without it too.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def write(
     force: bool,
     progress: Any,
 ) -> ExportResult:
-    comp = compression
+    comp = compression or ("gzip" if out.endswith(".gz") else None)
     specs = flatten(store.spec)
     paths = store.leaf_paths
     fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]
