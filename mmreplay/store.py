@@ -1123,7 +1123,10 @@ def plan(
             raise SpecError(f"leaf {p!r}: shape {s.shape} holds no elements")
         comp = _compression_for(compression, p)
         if comp is not None:
-            module.check_compression(comp)
+            try:
+                module.check_compression(comp)
+            except SpecError as exc:
+                raise SpecError(f"leaf {p!r}, {backend} backend: {exc}") from None
         infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps, p), comp))
     roles_found = validate_roles(spec, roles)
     layout = None

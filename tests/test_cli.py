@@ -182,6 +182,17 @@ def test_convert_to_hdf5_with_compression(tmp_path):
         )
 
 
+def test_convert_of_row_frames_to_hdf5_names_the_leaf_and_what_hdf5_takes(tmp_path):
+    pytest.importorskip("cramjam")
+    spec = {"obs": mr.ArraySpec((8, 8), "uint8"), "reward": mr.ArraySpec((), "float32")}
+    with mr.create(tmp_path / "src", spec, 16, compression={"obs": "rows:lz4"}) as store:
+        store.add({"obs": np.ones((1, 8, 8), "uint8"), "reward": np.zeros(1, "float32")})
+    out = shell("convert", tmp_path / "src", tmp_path / "h5", "--backend", "hdf5")
+    one_line_error(out, 2, "leaf 'obs', hdf5 backend: compression 'rows:lz4'")
+    assert "zarr backend only" in out.stderr and not (tmp_path / "h5").exists()
+    run("convert", tmp_path / "src", tmp_path / "h5", "--backend", "hdf5", "--compression", "gzip", "-q")
+
+
 # --- sample / stats / plot / create ----------------------------------------------------------------
 
 

@@ -49,6 +49,11 @@ DATA_FILE = "data.h5"
 
 
 def _compression(text: str) -> dict[str, Any]:
+    if str(text).lower().startswith("rows:"):
+        raise SpecError(
+            f"compression {text!r} (one compressed frame per row) exists in the zarr backend only; "
+            "the hdf5 backend takes gzip (or zstd / blosc with hdf5plugin), or none"
+        )
     c = parse_compression(text)
     if c.codec == "gzip":
         return {"compression": "gzip", "compression_opts": 4 if c.level is None else c.level}
