@@ -132,6 +132,7 @@ class Location:
 
         bucket, prefix = split_url(url)
         self.url = f"{SCHEME}{bucket}/{prefix}".rstrip("/")
+        self.storage_options = storage_options
         config = dict(storage_options or {})
         client = dict(config.pop("client_options", None) or {})
         if "endpoint_url" in config:
@@ -149,6 +150,10 @@ class Location:
 
     def where(self, key: str) -> str:
         return f"{self.url}/{key}"
+
+    def child(self, folder: str) -> Location:
+        """The objects under ``folder`` (a store's subfolder, such as its side ring)."""
+        return Location(self.where(folder), self.storage_options)
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return _Loop.run(coro)
@@ -635,7 +640,9 @@ class RemoteChunks:
         self.location = location
         self.key = f"data.zarr/{leaf.path}"
         try:
-            self.arr = zarr.open_array(store=location.zarr_store(), path=self.key, mode="r")
+            with warnings.catch_warnings():  # row frames declare numcodecs' codecs, on purpose
+                warnings.filterwarnings("ignore", "Numcodecs codecs are not in the Zarr version 3")
+                self.arr = zarr.open_array(store=location.zarr_store(), path=self.key, mode="r")
         except Exception as exc:
             raise CorruptBufferError(
                 f"{location.where(self.key)}: cannot open the zarr array of leaf {leaf.path!r}: {exc}"
@@ -764,9 +771,10 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
     """What is wrong with the store at ``url`` (empty: healthy): its metadata and state,
     each mapped leaf's shard objects (present, whole, with the index zarr readers need)
     and each compressed leaf's chunk objects that hold committed steps (``deep``: they
-    decode too)."""
-    from .backends.checks import chunks_of
-    from .backends.zarr_v3 import shard_index
+    decode too); the same of the side ring of a store that keeps each frame once, over
+    the slots written so far."""
+    from . import frames
+    from .verify import _side_state
 
     location = Location(url, storage_options)
     try:
@@ -775,6 +783,30 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
         return [str(exc)]
     if meta.backend != "zarr":
         return [f"{location.url}: a {meta.backend} store; only zarr stores are read from object storage"]
+    problems = _verify_leaves(location, meta, deep)
+    if meta.frames is not None and meta.frames.side:
+        side_location = location.child(frames.SIDE_DIR)
+        side = frames.side_metadata(meta)
+        where = f"the side ring of next frames ({side_location.url})"
+        found = _verify_leaves(side_location, side.with_state(State()), False)
+        if not found:
+            try:
+                leaves = side_location.open_leaves(side)
+                ref = next(leaf for leaf in leaves if leaf.info.path == "ref")
+                written = int(np.asarray(ref.read(slice(None))).reshape(-1, 2)[:, 0].max(initial=0))
+            except CorruptBufferError as exc:
+                found, written = [f"does not open: {exc}"], 0
+            if written:
+                found = _verify_leaves(side_location, side.with_state(_side_state(meta, written)), deep)
+        problems.extend(f"{where}: {text}" for text in found)
+    return problems
+
+
+def _verify_leaves(location: Location, meta: Metadata, deep: bool) -> list[str]:
+    """:func:`verify_url`'s checks of the leaves of ``meta`` under ``location``."""
+    from .backends.checks import chunks_of
+    from .backends.zarr_v3 import shard_index
+
     problems: list[str] = []
     listing = location.list()
     for leaf in meta.leaves:

@@ -134,11 +134,13 @@ class Store:
         self._leaves = [e for e in entries if getattr(e, "info", None) is not None]
         side: list[Any] = []
         if meta.frames is not None and meta.frames.side:
-            side_folder = os.path.join(path, _frames.SIDE_DIR)
             try:
-                side_entries = backends.get(meta.backend).open_leaves(
-                    side_folder, _frames.side_metadata(meta), mode == "a"
-                )
+                if location is None:
+                    side_entries = backends.get(meta.backend).open_leaves(
+                        os.path.join(path, _frames.SIDE_DIR), _frames.side_metadata(meta), mode == "a"
+                    )
+                else:
+                    side_entries = location.child(_frames.SIDE_DIR).open_leaves(_frames.side_metadata(meta))
             except BaseException:
                 for entry in entries:
                     entry.close()

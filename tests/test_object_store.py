@@ -406,3 +406,38 @@ def test_compressed_rows_of_a_segment_pushed_again_are_indexed_again(tmp_path, u
         # the header and segment 1's frame; segment 0's frames are refused by the ETag (not
         # counted); then the header, segment 0's new index and both segments' frames again
         assert reader.location.traffic.requests - before == 2 + 1 + 1 + 2
+
+
+@pytest.mark.parametrize("codec", [None, "rows:lz4"])
+def test_a_store_keeping_each_frame_once_reads_and_verifies_in_object_storage(tmp_path, s3_server, url, codec):
+    """The side ring of final frames lives in a subfolder: read and checked under the
+    store's URL like its leaves."""
+    from frames_episodes import Episodes, spec
+
+    if codec:
+        pytest.importorskip("cramjam")
+    episodes = Episodes(2, (6, 6), 4, -1, "repeat", 0.15, 7)
+    frames = mr.Frames(frame_stack=4, final_slots=16)
+    compression = {"obs": codec} if codec else None
+    with mr.create(tmp_path / "buf", spec((6, 6), 4, -1), 30, num_envs=2, frames=frames, compression=compression) as s:
+        for _ in range(50):
+            s.add(episodes.step())
+    mr.push(tmp_path / "buf", url)
+    with mr.open(tmp_path / "buf") as local, mr.open(url) as remote:
+        assert remote.window == local.window
+        for got, want in [
+            (remote.sample(64, rng=1), local.sample(64, rng=1)),
+            (remote.sample(3, num_steps=8, rng=2), local.sample(3, num_steps=8, rng=2)),
+            (remote.get(slice(None)), local.get(slice(None))),
+        ]:
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+        assert (remote.get(slice(None))["terminated"] | remote.get(slice(None))["truncated"]).any()
+    code, out = finished(cli("verify", url))
+    assert code == 0 and "ok" in out and "Warning" not in out, out
+    from mmreplay.objstore import Location
+
+    side = Location(url).child("frames")
+    side.delete([key for key in side.list() if "ref" in key][:1])
+    code, out = finished(cli("verify", url))
+    assert code == 1 and "side ring" in out and "ref" in out, out
