@@ -42,6 +42,7 @@ import mmap
 import os
 import queue
 import threading
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -85,9 +86,20 @@ MISSING = np.uint64(2**64 - 1)
 ENCODE_BATCH_ROWS = 64
 
 
+#: ``MMREPLAY_MAPPED_SHARDS=N`` sets :data:`MAPPED_SHARDS` (tests and benchmarks lower it)
+MAPPED_SHARDS_ENV = "MMREPLAY_MAPPED_SHARDS"
+
+
 def _mapping_budget() -> int:
-    """Shard mappings the process keeps: a quarter of the mappings Linux allows a process
-    (``vm.max_map_count``, 65,530 by default), which malloc and every mapped file share."""
+    """Shard mappings the process keeps: ``MMREPLAY_MAPPED_SHARDS`` if set, else a quarter
+    of the mappings Linux allows a process (``vm.max_map_count``, 65,530 by default), which
+    malloc and every mapped file share."""
+    given = os.environ.get(MAPPED_SHARDS_ENV, "").strip()
+    if given:
+        try:
+            return max(0, int(given))
+        except ValueError:
+            warnings.warn(f"{MAPPED_SHARDS_ENV} must be a number of shards, not {given!r}: ignored", stacklevel=2)
     try:
         with open("/proc/sys/vm/max_map_count") as f:
             limit = int(f.read())
