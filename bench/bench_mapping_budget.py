@@ -1,16 +1,19 @@
 """``sample(256)`` of a compressed leaf with more segments than the process keeps mapped.
 
 A row-frame leaf maps each sealed segment's shard file when first read and keeps at most
-``MAPPED_SHARDS`` mapped (a quarter of ``vm.max_map_count``, 16,382 by default): a leaf
-of more segments reads the rest another way (see docs/pixels.md#how-it-works). At the
-default segment size that takes more than ~64 GiB raw, which this machine cannot hold,
-so the benchmark lowers the budget instead: one leaf ``obs`` of Atari-like stacks
-(uint8[84, 84, 4], ``--envs`` envs, ``--steps`` steps, the default segment of 4 MiB raw,
-every segment a shard file), sampled with the budget above its number of segments and
-with it at a quarter of them, as 55,000 segments are against 16,382. The two settings
-take turns in one process (``--repeats`` blocks of ``--batches`` batches each, one
-untimed batch after each switch); rows/s are medians over the blocks. The shard files are
-in the page cache throughout.
+``MAPPED_SHARDS`` mapped (a quarter of ``vm.max_map_count``, 16,382 by default); it reads
+the frames of the other shards with ``pread``, from files it keeps open up to
+``OPEN_SHARDS`` (a quarter of ``ulimit -n``), else opened for the batch (see
+docs/pixels.md#how-it-works). At the default segment size a leaf needs more than ~64 GiB
+raw to pass the first budget, which this machine cannot hold, so the benchmark lowers the
+budgets instead: one leaf ``obs`` of Atari-like stacks (uint8[84, 84, 4], ``--envs``
+envs, ``--steps`` steps, the default segment of 4 MiB raw, every segment a shard file),
+sampled with every segment mapped, with a quarter of them mapped (as 16,382 are of
+55,000) and the rest kept open, and with a quarter mapped and none kept open (as with
+``ulimit -n`` 1,024 at 55,000 segments). The settings take turns in one process
+(``--repeats`` blocks of ``--batches`` batches each, one untimed batch after each
+switch); rows/s are medians over the blocks. The shard files are in the page cache
+throughout.
 
     python -m bench.bench_mapping_budget                    # rows:lz4, 7,200 steps x 8 envs
     python -m bench.bench_mapping_budget --codec rows:zstd:1
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     n, envs = args.steps, args.envs
     obs = np.stack([stacked(frames(min(n, DISTINCT_STEPS), seed=e)) for e in range(envs)], 1)
     root = tempfile.mkdtemp(prefix="bench_mapping_budget-")
-    default_budget = row_frames.MAPPED_SHARDS
+    default_budgets = row_frames.MAPPED_SHARDS, row_frames.OPEN_SHARDS
     try:
         path = os.path.join(root, "b")
         spec = {"obs": mr.ArraySpec(obs.shape[2:], "uint8")}
@@ -66,12 +69,16 @@ def main(argv: list[str] | None = None) -> None:
         with mr.open(path) as store:
             leaf = store.leaves[0]
             segments = leaf.nseg
-            settings = {f"budget {max(default_budget, segments):,} (all mapped)": max(default_budget, segments),
-                        f"budget {segments // 4:,} (a quarter)": segments // 4}
+            quarter = segments // 4
+            settings = {
+                "all mapped": (segments, segments),
+                f"{quarter:,} mapped, the rest kept open": (quarter, segments),
+                f"{quarter:,} mapped, none kept open": (quarter, 0),
+            }
             times: dict[str, list[float]] = {name: [] for name in settings}
             for _ in range(args.repeats):
-                for name, budget in settings.items():
-                    row_frames.MAPPED_SHARDS = budget
+                for name, (mapped, kept_open) in settings.items():
+                    row_frames.MAPPED_SHARDS, row_frames.OPEN_SHARDS = mapped, kept_open
                     times[name].append(rate(store, args.batches))
         print(f"{args.codec} sample(256), {n:,} steps x {envs} envs of uint8[84, 84, 4], {segments:,} segments "
               f"of {leaf.seg} steps; decode {native_rows.status(args.codec.split(':')[1])}; medians of "
@@ -79,9 +86,9 @@ def main(argv: list[str] | None = None) -> None:
         first = statistics.median(next(iter(times.values())))
         for name, got in times.items():
             median = statistics.median(got)
-            print(f"{name:<32} {median:>10,.0f} rows/s  {median / first:.2f}×")
+            print(f"{name:<36} {median:>10,.0f} rows/s  {median / first:.2f}×")
     finally:
-        row_frames.MAPPED_SHARDS = default_budget
+        row_frames.MAPPED_SHARDS, row_frames.OPEN_SHARDS = default_budgets
         shutil.rmtree(root)
 
 
