@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     n, envs = args.steps, args.envs
     obs = np.stack([stacked(frames(min(n, DISTINCT_STEPS), seed=e)) for e in range(envs)], 1)
     root = tempfile.mkdtemp(prefix="bench_mapping_budget-")
-    default_budgets = row_frames.MAPPED_SHARDS, row_frames.OPEN_SHARDS
+    # getattr: the same script runs against a checkout from before OPEN_SHARDS, to compare
+    default_budgets = row_frames.MAPPED_SHARDS, getattr(row_frames, "OPEN_SHARDS", 0)
     try:
         path = os.path.join(root, "b")
         spec = {"obs": mr.ArraySpec(obs.shape[2:], "uint8")}

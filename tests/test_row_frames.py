@@ -312,6 +312,29 @@ def test_frames_read_with_pread_are_the_mapped_ones_byte_for_byte(tmp_path, monk
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+@pytest.mark.parametrize("kept_open", [0, 100], ids=["opened per batch", "kept open"])
+def test_a_missing_shard_read_with_pread_is_named_and_no_file_is_left_open(tmp_path, monkeypatch, kept_open):
+    from mmreplay.backends import row_frames
+    from mmreplay.errors import CorruptBufferError
+
+    monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 0)
+    monkeypatch.setattr(row_frames, "OPEN_SHARDS", kept_open)
+    path = tmp_path / "b"
+    with mr.create(path, {"x": mr.ArraySpec((8,), "uint8")}, 12, compression="rows:lz4", chunk_steps=2) as store:
+        store.extend({"x": np.ones((12, 1, 8), np.uint8)})
+    with mr.open(path) as reader:
+        (leaf,) = reader.leaves
+        gone = leaf.shard_path(3)
+        os.remove(gone)
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(CorruptBufferError, match="segment 3") as err:
+            leaf.take(np.arange(12))  # segments 0-2 opened first
+        assert gone in str(err.value)
+        assert len(os.listdir("/proc/self/fd")) == before + len(leaf.files)
+        assert len(leaf.files) == (3 if kept_open else 0)
+    assert row_frames._kept_open[0] == 0
+
+
 def test_the_budgets_are_set_from_the_environment_of_a_fresh_process(tmp_path):
     """``MMREPLAY_MAPPED_SHARDS`` / ``MMREPLAY_OPEN_SHARDS``: a process that may map and
     keep open no shard reads every row with pread, the same values."""

@@ -828,7 +828,7 @@ class RowFrameLeaf:
         opened: dict[int, int] = {}  # segment -> file descriptor: shards read with pread
         try:
             if unmapped.any():
-                opened = self._unmapped_files(np.unique(segments[unmapped]).tolist())
+                self._unmapped_files(np.unique(segments[unmapped]).tolist(), opened)
             offsets = self.offsets[flat]
             if (offsets < 0).any():
                 i = int(np.flatnonzero(offsets < 0)[0])
@@ -863,11 +863,11 @@ class RowFrameLeaf:
                 self._close_file(next(iter(self.files)))
         return seq
 
-    def _unmapped_files(self, wanted: list[int]) -> dict[int, int]:
-        """Map the segments ``wanted`` while the mappings are fewer than the budget; the
-        file descriptors of the others, to read with pread: kept open (:attr:`files`),
-        opened and kept while those are fewer than theirs, else opened for this batch."""
-        opened = {}
+    def _unmapped_files(self, wanted: list[int], opened: dict[int, int]) -> None:
+        """Map the segments ``wanted`` while the mappings are fewer than the budget; put
+        the file descriptors of the others in ``opened``, to read with pread: kept open
+        (:attr:`files`), opened and kept while those are fewer than theirs, else opened
+        for this batch (the caller closes them)."""
         for k in wanted:
             fd = self.files.get(k)
             if fd is not None:
@@ -879,7 +879,6 @@ class RowFrameLeaf:
                 if _kept_open[0] < OPEN_SHARDS:
                     self.files[k] = fd
                     _kept_open[0] += 1
-        return opened
 
     def _close_file(self, k: int) -> None:
         fd = self.files.pop(k, None)
