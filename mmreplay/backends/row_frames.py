@@ -662,8 +662,8 @@ class RowFrameLeaf:
         self.lengths = np.zeros(capacity * num_envs, np.int64)
         self.mapped = np.zeros(self.nseg, bool)
         #: segment -> (inode, size, mtime) of the shard file its index in memory was read from:
-        #: kept when the shard is unmapped to keep the mapped ones few, so mapping it again
-        #: reads no index unless the file was replaced since
+        #: kept for shards neither mapped nor kept open (read with pread, each batch opening
+        #: them again), so reading one again reads no index unless the file was replaced since
         self.indexed: dict[int, tuple[int, int, int]] = {}
         self.shards: OrderedDict[int, mmap.mmap | bytes] = OrderedDict()
         #: the mapped shards by segment (None: not mapped), then a batch's frames read with
@@ -723,9 +723,9 @@ class RowFrameLeaf:
             path = self.paths[k] = self.shard_path(k)
         return path
 
-    def _open(self, k: int) -> int:
-        """A file descriptor of segment ``k``'s shard, its index in memory from this very
-        file (read again unless it is)."""
+    def _open(self, k: int) -> tuple[int, int]:
+        """A file descriptor of segment ``k``'s shard and the file's size, its index in
+        memory from this very file (read again unless it is)."""
         path = self._path(k)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -749,14 +749,14 @@ class RowFrameLeaf:
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, st.st_size
 
     def _map(self, k: int) -> None:
         """Map sealed segment ``k``'s shard, and load its index into memory unless it is
         there from this very file."""
-        fd = self._open(k)
+        fd, size = self._open(k)
         try:
-            buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else b""
+            buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
         finally:
             os.close(fd)
         self.mapped[k] = True
@@ -875,7 +875,7 @@ class RowFrameLeaf:
             elif _mapped[0] < MAPPED_SHARDS:
                 self._map(k)
             else:
-                opened[k] = fd = self._open(k)
+                opened[k] = fd = self._open(k)[0]
                 if _kept_open[0] < OPEN_SHARDS:
                     self.files[k] = fd
                     _kept_open[0] += 1
