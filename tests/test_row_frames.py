@@ -208,12 +208,15 @@ def test_a_batch_over_more_segments_than_are_kept_mapped(tmp_path, monkeypatch):
         np.testing.assert_array_equal(leaf.take(ids[:5]), values.reshape(80, 8)[ids[:5]])
 
 
-def test_a_shard_replaced_while_unmapped_is_indexed_again(tmp_path, monkeypatch):
-    """A reader keeps the index of a shard it unmapped, but only for that very file: one
-    the writer replaced since (``set``) is indexed again when mapped again."""
+@pytest.mark.parametrize("way", ["read with pread", "mapped again"])
+def test_a_shard_replaced_while_unmapped_is_indexed_again(tmp_path, monkeypatch, way):
+    """A reader keeps the index of a shard it does not hold mapped or open, but only for
+    that very file: one the writer replaced since (``set``: a longer frame, which moves
+    the frames after it) is indexed again when read, never read at the old offsets."""
     from mmreplay.backends import row_frames
 
-    monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 1)
+    monkeypatch.setattr(row_frames, "MAPPED_SHARDS", row_frames._mapped[0] + 1)
+    monkeypatch.setattr(row_frames, "OPEN_SHARDS", 0)
     path = tmp_path / "b"
     spec = {"obs": mr.ArraySpec((64,), "uint8")}
     store = mr.create(path, spec, 6, compression="rows:lz4", chunk_steps=2)
@@ -221,13 +224,141 @@ def test_a_shard_replaced_while_unmapped_is_indexed_again(tmp_path, monkeypatch)
     store.commit()
     with mr.open(path) as reader:
         (leaf,) = reader.leaves
-        assert (leaf.take([0]) == 0).all()
-        assert (leaf.take([2]) == 0).all()  # segment 0 is unmapped now, its index kept
-        noisy = np.random.default_rng(0).integers(0, 255, (1, 1, 64), np.uint8)  # a longer frame
-        store.set([0], {"obs": noisy})
+        if way == "mapped again":
+            assert (leaf.take([2, 3]) == 0).all()  # segment 1 mapped
+            monkeypatch.setattr(row_frames, "MAPPED_SHARDS", row_frames._mapped[0] - 1)
+            assert (leaf.take([0]) == 0).all()  # read with pread; segment 1 unmapped after
+            monkeypatch.setattr(row_frames, "MAPPED_SHARDS", row_frames._mapped[0] + 1)
+        else:
+            assert (leaf.take([0]) == 0).all()  # segment 0 takes the one mapping
+            assert (leaf.take([2, 3]) == 0).all()  # segment 1 read with pread
+        assert not leaf.mapped[1] and 1 not in leaf.files and 1 in leaf.indexed
+        noisy = np.random.default_rng(0).integers(0, 255, (1, 1, 64), np.uint8)
+        store.set([2], {"obs": noisy})
         store.commit()
-        np.testing.assert_array_equal(leaf.take([0, 1]), np.stack([noisy[0, 0], np.zeros(64, np.uint8)]))
+        np.testing.assert_array_equal(leaf.take([2, 3]), np.stack([noisy[0, 0], np.zeros(64, np.uint8)]))
+        assert leaf.mapped[1] == (way == "mapped again")
     store.close()
+
+
+@pytest.mark.parametrize("kept_open", [0, 100], ids=["opened per batch", "kept open"])
+def test_past_the_mapping_budget_a_reader_reads_a_lapped_ring_with_pread(tmp_path, monkeypatch, kept_open):
+    """With no mapping to spare, a reader reads every frame with pread, from shard files
+    kept open or opened per batch; once the writer laps the ring (each segment sealed
+    again, other frames at other offsets) and the reader refreshes, it reads the new
+    shards, not the files it held."""
+    from mmreplay.backends import row_frames
+
+    monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 0)
+    monkeypatch.setattr(row_frames, "OPEN_SHARDS", kept_open)
+    rng = np.random.default_rng(5)
+    path = tmp_path / "b"
+    spec = {"obs": mr.ArraySpec((6, 4), "int16")}
+    first = np.zeros((24, 3, 6, 4), np.int16)
+    second = rng.integers(-300, 300, (24, 3, 6, 4)).astype(np.int16)
+    ids = rng.integers(0, 24 * 3, 200)
+    with mr.create(path, spec, 24, num_envs=3, compression="rows:zstd:1", chunk_steps=2) as store:
+        store.extend({"obs": first})
+        store.commit()
+        with mr.open(path) as reader:
+            (leaf,) = reader.leaves
+            np.testing.assert_array_equal(leaf.take(ids), first.reshape(72, 6, 4)[ids])
+            assert not leaf.shards and len(leaf.files) == min(kept_open, 12)  # every segment is sealed
+            store.extend({"obs": second})
+            store.commit()
+            reader.refresh()
+            np.testing.assert_array_equal(leaf.take(ids), second.reshape(72, 6, 4)[ids])
+            assert not leaf.shards and len(leaf.files) == min(kept_open, 12)
+        assert row_frames._kept_open[0] == 0  # closed with the reader
+
+
+@pytest.mark.parametrize("way", ["native", "python"])
+@pytest.mark.parametrize("codec", CODECS)
+def test_frames_read_with_pread_are_the_mapped_ones_byte_for_byte(tmp_path, monkeypatch, codec, way):
+    """The same rows read from mapped shards, with pread from shards opened per batch or
+    kept open, and all mixed in one batch with rows still raw in staging, in either
+    decoder; duplicates and rows of one shard close together and far apart included."""
+    from mmreplay.backends import native_rows, row_frames
+
+    rng = np.random.default_rng(11)
+    path = tmp_path / "b"
+    data = values(rng, 37, 3, (4, 5, 2), "float32")
+    truth = data.reshape(-1, 4, 5, 2)
+    ids = np.concatenate([rng.integers(0, truth.shape[0], 300), [7, 7, 8, 60, 61, 62, 110, 110]])
+    with mr.create(path, {"x": mr.ArraySpec((4, 5, 2), "float32")}, 40, num_envs=3, compression=codec, chunk_steps=2) as store:
+        store.extend({"x": data})  # 18 segments sealed, the 19th staged
+        store.commit()
+        if way == "python":
+            monkeypatch.setenv(native_rows.ENV, "0")
+        reader = mr.open(path)
+        monkeypatch.delenv(native_rows.ENV, raising=False)
+        with reader:
+            (leaf,) = reader.leaves
+            got = {}
+            for name, mapped, kept_open in [
+                ("mapped", 1 << 20, 0),
+                ("pread, opened per batch", 0, 0),
+                ("pread, kept open", 0, 1 << 20),
+                ("mixed", 6, 5),
+            ]:
+                monkeypatch.setattr(row_frames, "MAPPED_SHARDS", row_frames._mapped[0] - len(leaf.shards) + mapped)
+                monkeypatch.setattr(row_frames, "OPEN_SHARDS", row_frames._kept_open[0] - len(leaf.files) + kept_open)
+                leaf.take([0])  # the mappings and files of the setting before are let go after it
+                got[name] = leaf.take(ids)
+                assert len(leaf.shards) == min(mapped, 18) and len(leaf.files) == min(kept_open, 18 - len(leaf.shards))
+            for name, rows in got.items():
+                assert rows.tobytes() == truth[ids].tobytes(), name
+    check = subprocess.run([sys.executable, "-m", "mmreplay.cli", "verify", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize("kept_open", [0, 100], ids=["opened per batch", "kept open"])
+def test_a_missing_shard_read_with_pread_is_named_and_no_file_is_left_open(tmp_path, monkeypatch, kept_open):
+    from mmreplay.backends import row_frames
+    from mmreplay.errors import CorruptBufferError
+
+    monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 0)
+    monkeypatch.setattr(row_frames, "OPEN_SHARDS", kept_open)
+    path = tmp_path / "b"
+    with mr.create(path, {"x": mr.ArraySpec((8,), "uint8")}, 12, compression="rows:lz4", chunk_steps=2) as store:
+        store.extend({"x": np.ones((12, 1, 8), np.uint8)})
+    with mr.open(path) as reader:
+        (leaf,) = reader.leaves
+        gone = leaf.shard_path(3)
+        os.remove(gone)
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(CorruptBufferError, match="segment 3") as err:
+            leaf.take(np.arange(12))  # segments 0-2 opened first
+        assert gone in str(err.value)
+        assert len(os.listdir("/proc/self/fd")) == before + len(leaf.files)
+        assert len(leaf.files) == (3 if kept_open else 0)
+    assert row_frames._kept_open[0] == 0
+
+
+def test_the_budgets_are_set_from_the_environment_of_a_fresh_process(tmp_path):
+    """``MMREPLAY_MAPPED_SHARDS`` / ``MMREPLAY_OPEN_SHARDS``: a process that may map and
+    keep open no shard reads every row with pread, the same values."""
+    path = tmp_path / "b"
+    data = values(np.random.default_rng(2), 30, 2, (16,), "uint8")
+    with mr.create(path, {"x": mr.ArraySpec((16,), "uint8")}, 30, num_envs=2, compression="rows:lz4", chunk_steps=3) as store:
+        store.extend({"x": data})
+    script = textwrap.dedent(
+        """
+        import sys, numpy as np, mmreplay as mr
+        from mmreplay.backends import row_frames
+        with mr.open(sys.argv[1]) as reader:
+            x = reader.get(slice(None))["x"]
+            print(row_frames.MAPPED_SHARDS, row_frames.OPEN_SHARDS, len(reader.leaves[0].shards))
+        np.save(sys.argv[2], x)
+        """
+    )
+    env = {**os.environ, "MMREPLAY_MAPPED_SHARDS": "0", "MMREPLAY_OPEN_SHARDS": "0"}
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(path), str(tmp_path / "x.npy")], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["0", "0", "0"]
+    np.testing.assert_array_equal(np.load(tmp_path / "x.npy"), data)
 
 
 def test_a_missing_staging_file_is_found_and_recovered(tmp_path):

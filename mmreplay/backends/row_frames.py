@@ -42,6 +42,7 @@ import mmap
 import os
 import queue
 import threading
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -85,22 +86,60 @@ MISSING = np.uint64(2**64 - 1)
 ENCODE_BATCH_ROWS = 64
 
 
-def _mapping_budget() -> int:
-    """Shard mappings the process keeps: a quarter of the mappings Linux allows a process
-    (``vm.max_map_count``, 65,530 by default), which malloc and every mapped file share."""
+#: ``MMREPLAY_MAPPED_SHARDS=N`` sets :data:`MAPPED_SHARDS`, ``MMREPLAY_OPEN_SHARDS=N``
+#: :data:`OPEN_SHARDS` (tests and benchmarks lower them)
+MAPPED_SHARDS_ENV = "MMREPLAY_MAPPED_SHARDS"
+OPEN_SHARDS_ENV = "MMREPLAY_OPEN_SHARDS"
+
+
+def _budget(env: str, limit: int) -> int:
+    """``env``'s number if set, else a quarter of ``limit`` (a per-process limit of
+    Linux that the rest of the process shares), between 256 and 65,536."""
+    given = os.environ.get(env, "").strip()
+    if given:
+        try:
+            return max(0, int(given))
+        except ValueError:
+            warnings.warn(f"{env} must be a number of shards, not {given!r}: ignored", stacklevel=2)
+    return max(256, min(limit // 4, 1 << 16))
+
+
+def _max_map_count() -> int:
+    """The mappings Linux allows a process (``vm.max_map_count``, 65,530 by default)."""
     try:
         with open("/proc/sys/vm/max_map_count") as f:
-            limit = int(f.read())
+            return int(f.read())
     except (OSError, ValueError):
-        limit = 65_530
-    return max(1024, min(limit // 4, 1 << 16))
+        return 65_530
 
 
-#: sealed shards kept mapped by all row-frame leaves of the process together; past it,
-#: a leaf unmaps its own, the first mapped first, and maps them again when read (a
-#: buffer of more segments than this maps some segments at every batch)
-MAPPED_SHARDS = _mapping_budget()
+def _max_open_files() -> int:
+    """The file descriptors the process may hold (the soft ``RLIMIT_NOFILE``)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 1024
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
+
+
+#: Sealed shards kept mapped by all row-frame leaves of the process together (read at
+#: use): a quarter of ``vm.max_map_count`` (16,382 by default), which malloc and every
+#: mapped file share. A shard is mapped when first read while the mappings are fewer, and
+#: stays mapped until its file is replaced. Past it, a batch reads its frames of the other
+#: shards with ``pread`` (:meth:`RowFrameLeaf._read_unmapped`), from files kept open up to
+#: :data:`OPEN_SHARDS`, else opened for the batch: mapping and unmapping shards at every
+#: batch cost several times the batch itself.
+MAPPED_SHARDS = _budget(MAPPED_SHARDS_ENV, _max_map_count())
+#: shard files past :data:`MAPPED_SHARDS` kept open by all leaves together (read at use):
+#: a quarter of the process's file descriptors (``ulimit -n``)
+OPEN_SHARDS = _budget(OPEN_SHARDS_ENV, _max_open_files())
 _mapped = [0]  # shards mapped now, all leaves together
+_kept_open = [0]  # shard files kept open now, all leaves together
+#: frames of one unmapped shard fewer bytes apart than this are read in one ``pread``,
+#: with the bytes between (copying a few pages from the page cache costs less than a call)
+PREAD_GAP_BYTES = 16 << 10
 
 
 def is_row_compression(text: str | None) -> bool:
@@ -519,12 +558,14 @@ def shard_bytes(frames: list[bytes | None]) -> bytes:
     return b"".join(f for f in frames if f is not None) + raw + crc
 
 
-def read_shard_index(data: Any, rows: int, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """Offsets and lengths (int64; -1 for a missing row) from a shard's index, checked."""
+def read_shard_index(data: Any, rows: int, where: str, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets and lengths (int64; -1 for a missing row) from a shard's index, checked.
+    ``data``: the shard's bytes, or its last ones when ``size`` says the shard's size."""
     need = index_bytes(rows)
-    if len(data) < need:
-        raise CorruptBufferError(f"{where}: shard has {len(data)} bytes, less than its index ({need})")
-    return parse_shard_index(data[len(data) - need :], rows, len(data) - need, where)
+    size = len(data) if size is None else size
+    if size < need:
+        raise CorruptBufferError(f"{where}: shard has {size} bytes, less than its index ({need})")
+    return parse_shard_index(data[len(data) - need :], rows, size - need, where)
 
 
 def index_bytes(rows: int) -> int:
@@ -621,13 +662,17 @@ class RowFrameLeaf:
         self.lengths = np.zeros(capacity * num_envs, np.int64)
         self.mapped = np.zeros(self.nseg, bool)
         #: segment -> (inode, size, mtime) of the shard file its index in memory was read from:
-        #: kept when the shard is unmapped to keep the mapped ones few, so mapping it again
-        #: reads no index unless the file was replaced since
+        #: kept for shards neither mapped nor kept open (read with pread, each batch opening
+        #: them again), so reading one again reads no index unless the file was replaced since
         self.indexed: dict[int, tuple[int, int, int]] = {}
         self.shards: OrderedDict[int, mmap.mmap | bytes] = OrderedDict()
-        #: the mapped shards by segment (None: not mapped), handed whole to the decoder,
-        #: which reads only those a batch's frames are in
-        self.buffers: list[mmap.mmap | bytes | None] = [None] * self.nseg
+        #: the mapped shards by segment (None: not mapped), then a batch's frames read with
+        #: pread (:meth:`_read_unmapped`); handed whole to the decoder, which reads only
+        #: those a batch's frames are in
+        self.buffers: list[Any] = [None] * (self.nseg + 1)
+        self.paths: dict[int, str] = {}  # segment -> shard file, worked out when first read
+        #: segment -> file descriptor of shards read with pread, kept open (OPEN_SHARDS)
+        self.files: dict[int, int] = {}
         self.sealed_since_flush: set[int] = set()
         staging = os.path.join(folder, STAGING_FILE)
         need = staging_bytes(self.seg, num_envs, self.row_bytes)
@@ -671,27 +716,49 @@ class RowFrameLeaf:
 
     # --- reads ------------------------------------------------------------------------------
 
-    def _map(self, k: int) -> None:
-        """Map sealed segment ``k``'s shard, and load its index into memory unless it is
-        there from this very file."""
-        path = self.shard_path(k)
+    def _path(self, k: int) -> str:
+        """Segment ``k``'s shard file (zarr's chunk key, worked out once)."""
+        path = self.paths.get(k)
+        if path is None:
+            path = self.paths[k] = self.shard_path(k)
+        return path
+
+    def _open(self, k: int) -> tuple[int, int]:
+        """A file descriptor of segment ``k``'s shard and the file's size, its index in
+        memory from this very file (read again unless it is)."""
+        path = self._path(k)
         try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise CorruptBufferError(
                 f"{self.where}: shard file {path} (segment {k}) holds committed steps but is missing; "
                 "see `mmreplay verify`"
             ) from None
-        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if self.indexed.get(k) != identity:
-            offsets, lengths = read_shard_index(buf, self.seg_rows, f"{self.where}: {path}")
-            lo = k * self.seg_rows
-            n = min(self.seg_rows, len(self.offsets) - lo)
-            self.offsets[lo : lo + n] = offsets[:n]
-            self.lengths[lo : lo + n] = lengths[:n]
-            self.indexed[k] = identity
+        try:
+            st = os.fstat(fd)
+            identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if self.indexed.get(k) != identity:
+                need = index_bytes(self.seg_rows)
+                tail = os.pread(fd, need, max(0, st.st_size - need))
+                offsets, lengths = read_shard_index(tail, self.seg_rows, f"{self.where}: {path}", st.st_size)
+                lo = k * self.seg_rows
+                n = min(self.seg_rows, len(self.offsets) - lo)
+                self.offsets[lo : lo + n] = offsets[:n]
+                self.lengths[lo : lo + n] = lengths[:n]
+                self.indexed[k] = identity
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st.st_size
+
+    def _map(self, k: int) -> None:
+        """Map sealed segment ``k``'s shard, and load its index into memory unless it is
+        there from this very file."""
+        fd, size = self._open(k)
+        try:
+            buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+        finally:
+            os.close(fd)
         self.mapped[k] = True
         self.shards[k] = self.buffers[k] = buf
         _mapped[0] += 1
@@ -700,6 +767,7 @@ class RowFrameLeaf:
         """Forget segment ``k``'s shard: its file was replaced, or may have been."""
         self.indexed.pop(k, None)
         self._unmap(k)
+        self._close_file(k)
 
     def _unmap(self, k: int) -> None:
         if k not in self.shards:
@@ -757,32 +825,99 @@ class RowFrameLeaf:
             return seq
         segments = flat // self.seg_rows
         unmapped = ~self.mapped[segments]
-        if unmapped.any():
-            for k in np.unique(segments[unmapped]).tolist():
-                self._map(k)
-        offsets = self.offsets[flat]
-        if (offsets < 0).any():
-            i = int(np.flatnonzero(offsets < 0)[0])
-            bad, k = int(flat[i]), int(segments[i])
-            raise CorruptBufferError(
-                f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
-                f"is not in shard {self.shard_path(k)}: it holds committed steps; see `mmreplay verify`"
-            )
+        opened: dict[int, int] = {}  # segment -> file descriptor: shards read with pread
+        try:
+            if unmapped.any():
+                self._unmapped_files(np.unique(segments[unmapped]).tolist(), opened)
+            offsets = self.offsets[flat]
+            if (offsets < 0).any():
+                i = int(np.flatnonzero(offsets < 0)[0])
+                bad, k = int(flat[i]), int(segments[i])
+                raise CorruptBufferError(
+                    f"{self.where}: row {bad} (slot {bad // self.num_envs}, env {bad % self.num_envs}) "
+                    f"is not in shard {self._path(k)}: it holds committed steps; see `mmreplay verify`"
+                )
+            lengths = self.lengths[flat]
+            which = segments.astype(np.int32)
+            if opened:
+                read = ~self.mapped[segments]
+                which[read] = self.nseg  # the batch's buffer of frames read with pread
+                offsets[read] = self._read_unmapped(opened, segments[read], offsets[read], lengths[read])
+        finally:
+            for k, fd in opened.items():
+                if k not in self.files:
+                    os.close(fd)
         if where is None:
             where = np.arange(flat.size)
         try:
-            batch = native_rows.FrameBatch(
-                self.buffers, segments.astype(np.int32), where, offsets, self.lengths[flat]
-            )
-            self.frames.decode(batch, out)
+            self.frames.decode(native_rows.FrameBatch(self.buffers, which, where, offsets, lengths), out)
         except CorruptBufferError:
             raise
         except Exception as exc:
             raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
         finally:
-            while self.shards and _mapped[0] > MAPPED_SHARDS:  # after the batch: it may need them all
+            self.buffers[self.nseg] = None
+            while self.shards and _mapped[0] > MAPPED_SHARDS:  # the budget was lowered
                 self._unmap(next(iter(self.shards)))
+            while self.files and _kept_open[0] > OPEN_SHARDS:
+                self._close_file(next(iter(self.files)))
         return seq
+
+    def _unmapped_files(self, wanted: list[int], opened: dict[int, int]) -> None:
+        """Map the segments ``wanted`` while the mappings are fewer than the budget; put
+        the file descriptors of the others in ``opened``, to read with pread: kept open
+        (:attr:`files`), opened and kept while those are fewer than theirs, else opened
+        for this batch (the caller closes them)."""
+        for k in wanted:
+            fd = self.files.get(k)
+            if fd is not None:
+                opened[k] = fd
+            elif _mapped[0] < MAPPED_SHARDS:
+                self._map(k)
+            else:
+                opened[k] = fd = self._open(k)[0]
+                if _kept_open[0] < OPEN_SHARDS:
+                    self.files[k] = fd
+                    _kept_open[0] += 1
+
+    def _close_file(self, k: int) -> None:
+        fd = self.files.pop(k, None)
+        if fd is not None:
+            _kept_open[0] -= 1
+            os.close(fd)
+
+    def _read_unmapped(
+        self, opened: dict[int, int], segments: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
+    ) -> np.ndarray:
+        """Read the frames at ``offsets`` of the unmapped shards ``segments`` (open as
+        ``opened``) into one buffer, the slot after the shards' in :attr:`buffers`: one
+        ``pread`` per run of frames fewer than :data:`PREAD_GAP_BYTES` apart in a shard.
+        The frames' offsets in that buffer."""
+        order = np.lexsort((offsets, segments))
+        seg, start = segments[order], offsets[order]
+        end = start + lengths[order]
+        # frames of a shard do not overlap (a row twice in a batch: the same frame twice),
+        # so in this order each frame's end is the largest of its shard so far
+        new_run = np.ones(len(order), bool)
+        new_run[1:] = (seg[1:] != seg[:-1]) | (start[1:] - end[:-1] >= PREAD_GAP_BYTES)
+        run = np.cumsum(new_run) - 1
+        firsts = np.flatnonzero(new_run)
+        run_start = start[firsts]
+        run_end = np.maximum.reduceat(end, firsts)
+        run_at = np.concatenate(([0], np.cumsum(run_end - run_start)))
+        buf = np.empty(int(run_at[-1]), np.uint8)
+        view = memoryview(buf)
+        for k, a, b, at in zip(seg[firsts].tolist(), run_start.tolist(), run_end.tolist(), run_at.tolist()):
+            got = os.preadv(opened[k], [view[at : at + b - a]], a)
+            if got != b - a:
+                raise CorruptBufferError(
+                    f"{self.where}: shard file {self._path(k)} (segment {k}) ended at byte {a + got}, "
+                    f"before the frames its index gives (up to byte {b}); see `mmreplay verify`"
+                )
+        self.buffers[self.nseg] = buf
+        placed = np.empty_like(offsets)
+        placed[order] = start - run_start[run] + run_at[run]
+        return placed
 
     def read(self, slots: Any) -> np.ndarray:
         if isinstance(slots, slice):
@@ -1055,7 +1190,7 @@ class RowFrameLeaf:
             if self.encoder is None or self.encoder.failed is None:  # else the rows since the last
                 self.seal_open_segment()  # commit are lost, as said
         finally:
-            for k in list(self.shards):
+            for k in [*self.shards, *self.files]:
                 self._drop(k)
             if self.encoder is not None:
                 self.encoder.leave()
