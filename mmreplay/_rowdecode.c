@@ -14,6 +14,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#endif
 
 typedef int (*lz4_decompress_safe_fn)(const char *, char *, int, int);
 typedef void *(*zstd_create_dctx_fn)(void);
@@ -283,21 +288,29 @@ static void decode_some(job_t *job) {
 
 /* The pool: threads started on first use, as many as a batch has asked for so far, that
  * sleep until a batch is open to them. One batch at a time is open; a caller that finds
- * the pool busy with another thread's batch decodes its own alone. A forked child starts
- * with no pool (its parent's threads do not exist there) and makes its own. */
+ * the pool busy with another thread's batch decodes its own alone. The threads end before
+ * a fork (see pool_before_fork) and start again on the next batch, in parent and child. */
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     int started;  /* threads running */
     job_t *job;   /* the batch open to pool threads, or NULL */
     int wanted;   /* pool threads that batch still takes */
+    int stopping; /* a fork is under way: threads end, none start */
+    pthread_t threads[MAX_THREADS];
+    long tids[MAX_THREADS]; /* their kernel thread ids (Linux) */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, NULL, 0};
 
 static void *pool_main(void *arg) {
+#ifdef __linux__
+    pool.tids[(intptr_t)arg] = (long)syscall(SYS_gettid); /* read by pool_before_fork after the join */
+#else
     (void)arg;
+#endif
     pthread_mutex_lock(&pool.lock);
     for (;;) {
-        while (pool.job == NULL || pool.wanted <= 0) pthread_cond_wait(&pool.wake, &pool.lock);
+        while (!pool.stopping && (pool.job == NULL || pool.wanted <= 0)) pthread_cond_wait(&pool.wake, &pool.lock);
+        if (pool.stopping) break;
         job_t *job = pool.job;
         pool.wanted--;
         __atomic_add_fetch(&job->users, 1, __ATOMIC_ACQ_REL); /* before the caller can close it */
@@ -306,7 +319,41 @@ static void *pool_main(void *arg) {
         leave(job);
         pthread_mutex_lock(&pool.lock);
     }
+    pthread_mutex_unlock(&pool.lock);
     return NULL;
+}
+
+/* --- Forks -------------------------------------------------------------------------------
+ * Python 3.12+ warns that a process which forks while other threads run "may deadlock in
+ * the child": it counts the process's threads right after fork() returns in the parent.
+ * So before a fork the pool's threads end (a thread busy with a batch finishes its rows
+ * first; callers then decode alone), and the pool starts again on the next batch, in the
+ * parent and in the child (which has none of the parent's threads in any case). */
+static void pool_before_fork(void) {
+    pthread_mutex_lock(&pool.lock);
+    pool.stopping = 1;
+    int n = pool.started;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    for (int i = 0; i < n; i++) {
+        pthread_join(pool.threads[i], NULL);
+#ifdef __linux__
+        /* pthread_join returns when the kernel clears the thread's id, a little before
+         * the thread stops counting as one of the process's threads: wait for that too
+         * (at most a second), or the count right after the fork may still include it */
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%ld", pool.tids[i]);
+        struct timespec pause = {0, 50000};
+        for (int tries = 0; tries < 20000 && access(path, F_OK) == 0; tries++) nanosleep(&pause, NULL);
+#endif
+    }
+    pool.started = 0;
+}
+
+static void pool_after_fork_parent(void) {
+    pthread_mutex_lock(&pool.lock);
+    pool.stopping = 0;
+    pthread_mutex_unlock(&pool.lock);
 }
 
 static void pool_after_fork(void) {
@@ -315,26 +362,20 @@ static void pool_after_fork(void) {
     pool.started = 0;
     pool.job = NULL;
     pool.wanted = 0;
+    pool.stopping = 0;
 }
 
 /* Open `job` to `helpers` pool threads, starting threads up to that many; 0 if the pool
  * is busy with another batch (or no thread could be started). */
 static int pool_open(job_t *job, int helpers) {
     pthread_mutex_lock(&pool.lock);
-    if (pool.job != NULL) {
+    if (pool.job != NULL || pool.stopping) {
         pthread_mutex_unlock(&pool.lock);
         return 0;
     }
-    if (pool.started < helpers) {
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        while (pool.started < helpers) {
-            pthread_t tid;
-            if (pthread_create(&tid, &attr, pool_main, NULL) != 0) break;
-            pool.started++;
-        }
-        pthread_attr_destroy(&attr);
+    while (pool.started < helpers) { /* joinable: pool_before_fork joins them */
+        if (pthread_create(&pool.threads[pool.started], NULL, pool_main, (void *)(intptr_t)pool.started) != 0) break;
+        pool.started++;
     }
     if (helpers > pool.started) helpers = pool.started;
     if (helpers > 0) {
@@ -1061,7 +1102,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__rowdecode(void) {
     static int registered;
-    if (!registered && pthread_atfork(NULL, NULL, pool_after_fork) != 0) {
+    if (!registered && pthread_atfork(pool_before_fork, pool_after_fork_parent, pool_after_fork) != 0) {
         PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
         return NULL;
     }

@@ -13,8 +13,10 @@ is possible. Rows cannot be rebuilt, so the recovered buffer keeps the newest co
 steps whose rows are all intact and drops the older ones (a buffer's committed steps are
 one contiguous window); it says which steps it dropped and why. The side ring of next
 frames of a store that keeps each frame once is checked and repaired as leaves are: the
-steps whose next frames were in its damaged part are dropped. Damaged files are moved
-aside (``*.damaged-<time>``), never deleted.
+steps whose next frames were in its damaged part are dropped. Its ``ref`` leaf (each
+slot's sequence number and step) is rebuilt from the rows that point into the ring, so
+damage to it alone loses no step. Damaged files are moved aside (``*.damaged-<time>``),
+never deleted.
 
 Both read the buffer as untrusted input: the metadata is validated before any file is
 opened, and no code in the folder is ever executed.
@@ -125,7 +127,7 @@ def _check_side_ring(folder: str, meta: Metadata, deep: bool, problems: list[str
     """The side ring of next frames of a store that keeps each frame once
     (:mod:`mmreplay.frames`), checked as the backend checks leaves: its sequence numbers
     (``ref``) first, then every leaf over the slots written so far (``deep``: their frames
-    decode)."""
+    decode, and ``ref`` holds what the rows of the committed steps say it must)."""
     from . import frames
 
     if meta.frames is None or not meta.frames.side:
@@ -138,36 +140,137 @@ def _check_side_ring(folder: str, meta: Metadata, deep: bool, problems: list[str
     side = frames.side_metadata(meta)
     module = backends.get(meta.backend)
     found: list[str] = []
-    written = _side_written(module, side_folder, side, found)
+    ref = _side_ref(module, side_folder, side, found)
+    written = 0 if ref is None else int(ref[:, 0].max(initial=0))
     if not found and written:
         module.verify_leaves(side_folder, side.with_state(_side_state(meta, written)), deep, found)
+    # (the rows must read, and no live writer may change them or ``ref`` while they are compared)
+    if ref is not None and deep and not found and not problems and holder_pid(folder) in (None, os.getpid()):
+        state = meta.state
+        want = _ref_from_rows(folder, meta, state.first(meta.capacity), state.end)
+        found.extend(_ref_problems(ref, want, meta.capacity))
     problems.extend(f"{where}: {text}" for text in found)
 
 
-def _side_written(module: Any, side_folder: str, side: Metadata, found: list[str]) -> int:
-    """Side entries ever written, from the sequence numbers (``ref``) once the side ring's
-    files pass the structural checks; 0 when they do not (what is wrong goes to ``found``)."""
+def _side_ref(module: Any, side_folder: str, side: Metadata, found: list[str]) -> np.ndarray | None:
+    """The side ring's ``ref`` leaf ``[slots, 2]`` once the side ring's files pass the
+    structural checks; None when they do not (what is wrong goes to ``found``)."""
     module.verify_leaves(side_folder, side.with_state(State()), False, found)
     if found:
-        return 0
+        return None
     try:
-        leaves = module.open_leaves(side_folder, side, False)
+        (leaf,) = module.open_leaves(side_folder, _only_ref(side), False)
     except Error as exc:
         found.append(f"does not open: {exc}")
-        return 0
+        return None
     try:
-        ref = next(leaf for leaf in leaves if getattr(leaf, "info", None) and leaf.info.path == "ref")
-        seqs = np.asarray(ref.read(slice(None))).reshape(-1, 2)[:, 0]
-        return int(seqs.max(initial=0))
+        return np.array(leaf.read(slice(None))).reshape(-1, 2)
     finally:
-        for leaf in leaves:
-            leaf.close()
+        leaf.close()
+
+
+def _only_ref(side: Metadata) -> Metadata:
+    """The side ring's metadata with its ``ref`` leaf alone (always uncompressed, mapped)."""
+    return replace(side, leaves=tuple(leaf for leaf in side.leaves if leaf.path == "ref"))
+
+
+def _write_ref(module: Any, side_folder: str, side: Metadata, ref: np.ndarray) -> None:
+    (leaf,) = module.open_leaves(side_folder, _only_ref(side), True)
+    try:
+        leaf.write_slots(np.arange(len(ref)), ref[:, None])
+        leaf.flush(True)
+    finally:
+        leaf.close()
 
 
 def _side_state(meta: Metadata, written: int) -> State:
     """The side ring's slots written so far, as a committed window of the side ring."""
     slots = meta.frames.final_slots
     return State(start=max(0, written - slots), end=written, reserved=written)
+
+
+@dataclass
+class _RefFromRows:
+    """The side ring's ``ref`` as the rows of steps ``[first, end)`` give it.
+
+    A row's ``_frames/next`` holds ``n``, its entry's sequence number + 1 (0: none); the
+    entry is in slot ``(n - 1) % final_slots``, where ``ref`` holds ``(n, step)``. Two rows that name the same slot cannot both have their frame in it: only
+    the newest entry written there can, so the older ones are ``lost`` (the newest step
+    among them, -1: none), as are both of two rows that name the same entry.
+    """
+
+    first: int
+    end: int
+    ref: np.ndarray  # [slots, 2]: the entries the rows need, zeros in the slots none needs
+    needed: np.ndarray  # [slots] bool: a row needs the slot
+    lost: int
+
+    @property
+    def why_lost(self) -> str:
+        return f"rows of committed steps up to {self.lost} name side entries that other rows' entries replaced"
+
+
+def _ref_from_rows(folder: str, meta: Metadata, first: int, end: int) -> _RefFromRows:
+    slots = meta.frames.final_slots
+    seqs, steps = [], []
+    for block_steps, block in _side_entries(folder, meta, first, end):
+        t, e = np.nonzero(block > 0)
+        seqs.append(block[t, e])
+        steps.append(block_steps[t])
+    seq = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
+    step = np.concatenate(steps) if steps else np.zeros(0, np.int64)
+    slot = (seq - 1) % slots
+    order = np.lexsort((seq, slot))  # by slot, the newest entry last
+    seq, step, slot = seq[order], step[order], slot[order]
+    newest = np.ones(len(seq), bool)
+    newest[:-1] = slot[1:] != slot[:-1]
+    lost = ~newest
+    lost[1:] |= newest[1:] & ~newest[:-1] & (seq[1:] == seq[:-1])  # one entry named by two rows
+    ref = np.zeros((slots, 2), np.int64)
+    keep = newest & ~lost
+    ref[slot[keep], 0] = seq[keep]
+    ref[slot[keep], 1] = step[keep]
+    needed = np.zeros(slots, bool)
+    needed[slot[keep]] = True
+    return _RefFromRows(first, end, ref, needed, int(step[lost].max(initial=-1)))
+
+
+def _ref_problems(ref: np.ndarray, want: _RefFromRows, capacity: int) -> list[str]:
+    """Where the side ring's ``ref`` disagrees with the rows of the committed steps: an
+    entry a row needs that it does not hold, or an entry no row needs that no writer
+    can have written (its slot is not its sequence number's, it is older than a lap of
+    the ring, or its step is one no writer reached: a writer writes a step only once a
+    commit reserved it, at most a ring's ``capacity`` past that commit's end, and ends
+    only grow)."""
+    slots = len(ref)
+    seq, step = ref[:, 0], ref[:, 1]
+    newest = int(seq.max(initial=0))
+    sound = np.where(
+        seq > 0,
+        ((seq - 1) % slots == np.arange(slots)) & (seq > newest - slots) & (step >= 0)
+        & (step <= want.end + capacity),
+        (seq == 0) & (step == 0),
+    )
+    bad = ~sound & ~want.needed
+    differ = want.needed & (ref != want.ref).any(axis=1)
+    out = []
+    if differ.any():
+        i = int(np.flatnonzero(differ)[0])
+        out.append(
+            f"ref: {int(differ.sum())} entries disagree with the rows of committed steps [{want.first}, {want.end}) "
+            f"(slot {i} holds (sequence {int(seq[i])}, step {int(step[i])}), the row of step "
+            f"{int(want.ref[i, 1])} needs (sequence {int(want.ref[i, 0])}, step {int(want.ref[i, 1])})); "
+            "`mmreplay recover` rebuilds it from the rows"
+        )
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        out.append(
+            f"ref: {int(bad.sum())} entries no writer can have written (slot {i} holds "
+            f"(sequence {int(seq[i])}, step {int(step[i])})); `mmreplay recover` rebuilds it from the rows"
+        )
+    if want.lost >= 0:
+        out.append(want.why_lost)
+    return out
 
 
 def _check_opens(folder: str) -> list[str]:
@@ -337,7 +440,8 @@ def recover(path: str | os.PathLike) -> Recovery:
     (as zeros), drops from the committed window every step whose rows were damaged (and
     the older ones, so the window stays contiguous), repairs the side ring of next frames
     of a store that keeps each frame once the same way (dropping the steps whose next
-    frames were in its damaged part), removes a killed writer's temporary
+    frames were in its damaged part; its sequence numbers are rebuilt from the rows),
+    removes a killed writer's temporary
     files, and rebuilds damaged metadata from a killed commit's complete temporary copy,
     else from the damaged file itself when it still parses and agrees with the data
     files; the committed window of either cannot be trusted, so all its steps are
@@ -479,14 +583,17 @@ def _repair_side_ring(
         # read, and at least up to the newest entry a retained row holds
         entries = _side_entries(folder, meta, first, end)
         in_rows = max((int(seqs.max(initial=0)) for _, seqs in entries), default=0)
-        written = max(in_rows, _side_written(module, side_folder, side, []))
+        ref = _side_ref(module, side_folder, side, [])
+        written = max(in_rows, 0 if ref is None else int(ref[:, 0].max(initial=0)))
         side, damaged = module.repair(side_folder, side.with_state(_side_state(meta, written)), repairs)
     actions.extend(f"the side ring of next frames: {text}" for text in repairs.actions)
     if side.leaves != meta.frames.side:
         meta = replace(meta, frames=replace(meta.frames, side=side.leaves))
         write_metadata(folder, meta, fsync=True)
-    if not damaged:
-        return meta, []
+    # A damaged ``ref`` loses no frame: it is rebuilt below from the rows that point into
+    # the ring (the backends name the leaf a damaged range is in: "leaf 'ref': ...").
+    ref_damaged = any(why.startswith("leaf 'ref':") for _, _, why in damaged)
+    damaged = [(a, b, why) for a, b, why in damaged if not why.startswith("leaf 'ref':")]
     newest = [-1] * len(damaged)
     for steps, seqs in _side_entries(folder, meta, first, end):
         slots = (seqs - 1) % side.capacity
@@ -495,7 +602,21 @@ def _repair_side_ring(
             if len(hit):
                 newest[i] = max(newest[i], int(steps[hit[-1]]))
     why_lost = [f"the side ring of next frames: {why}" for _, _, why in damaged]
-    return meta, [(step, why) for step, why in zip(newest, why_lost) if step >= 0]
+    hits = [(step, why) for step, why in zip(newest, why_lost) if step >= 0]
+    want = _ref_from_rows(folder, meta, first, end)
+    if want.lost >= 0:
+        hits.append((want.lost, f"the side ring of next frames: {want.why_lost}"))
+    kept = max([first] + [step + 1 for step, _ in hits])
+    if kept > first:  # the entries of the steps dropped are needed no more
+        want = _ref_from_rows(folder, meta, kept, end)
+    ref = _side_ref(module, side_folder, side, [])
+    if ref_damaged or ref is None or _ref_problems(ref, want, meta.capacity):
+        _write_ref(module, side_folder, side, want.ref)
+        actions.append(
+            f"the side ring of next frames: rebuilt its ref leaf (sequence numbers and steps) from the rows of "
+            f"committed steps [{kept}, {end}): {int(want.needed.sum())} entries"
+        )
+    return meta, hits
 
 
 def _side_entries(folder: str, meta: Metadata, first: int, end: int) -> Any:

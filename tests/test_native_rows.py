@@ -238,6 +238,74 @@ def test_a_forked_child_decodes_on_threads_of_its_own(codec):
     assert decode()  # and the parent's pool still serves the parent
 
 
+#: run in a fresh process: decode on the pool's threads, fork, decode in the child; prints
+#: the pool's threads still running in the parent right after the fork and the warnings seen
+_FORK_AFTER_DECODING = r"""
+import json, os, sys, warnings
+import cramjam
+import numpy as np
+import mmreplay._rowdecode as ext
+from mmreplay.backends import native_rows
+
+assert native_rows.decoder("lz4") is not None, native_rows.status("lz4")
+rows = np.random.default_rng(0).integers(0, 4, (64, 900), dtype=np.uint8)
+frames = [bytes(cramjam.lz4.compress_block(r.tobytes(), store_size=True)) for r in rows]
+lengths = np.array([len(f) for f in frames], np.int64)
+offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+data = b"".join(frames)
+ids = np.random.default_rng(1).integers(0, 64, 256)
+
+def decode():
+    out = np.zeros((len(ids), 900), np.uint8)
+    ext.decode_rows("lz4", [data], np.zeros(len(ids), np.int32), np.arange(len(ids), dtype=np.int64),
+                    offsets[ids], lengths[ids], out, 900, 4)
+    return bool((out == rows[ids]).all())
+
+def tids():
+    return set(os.listdir("/proc/self/task"))
+
+before = tids()
+right = [decode() for _ in range(5)]
+pool = tids() - before  # the decoding threads (nothing else starts threads here)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always", DeprecationWarning)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if all(decode() for _ in range(5)) else 1)
+    left = sorted(pool & tids())
+_, status = os.waitpid(pid, 0)
+right.append(decode())  # the pool starts again in the parent
+print(json.dumps({"pool": len(pool), "left": left, "warnings": [str(w.message) for w in seen],
+                  "child": os.waitstatus_to_exitcode(status), "right": all(right)}))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc/self/task")
+def test_the_decoding_threads_end_before_a_fork_so_python_does_not_warn():
+    """A process that decoded on the pool's threads and then forks (DataLoader workers,
+    multiprocessing) has none of them left when ``fork()`` returns: Python 3.12+ counts
+    the process's threads there and warns "This process ... is multi-threaded, use of
+    fork() may lead to deadlocks in the child". The pool starts again on the next batch,
+    in the child and in the parent. A fresh process, so that no other test's threads count.
+
+    The warnings are recorded rather than turned into errors: on Python 3.12, CPython
+    clears an error raised by that warning (the fork just goes on), so ``-W error`` would
+    hide it. On 3.11, which never warns, the thread ids still show whether the pool's
+    threads were left running across the fork."""
+    need_native("rows:lz4")
+    run = subprocess.run([sys.executable, "-c", _FORK_AFTER_DECODING], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    import json
+
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    if got["pool"] == 0:
+        pytest.skip("no decoding thread could be started here")
+    assert got["child"] == 0, "the forked child decoded wrong rows"
+    assert got["right"], "the parent decoded wrong rows"
+    assert got["left"] == [], f"decoding threads {got['left']} still ran when fork() returned"
+    assert not [w for w in got["warnings"] if "multi-threaded" in w], got["warnings"]
+
+
 def test_sampling_skips_zstd_checksums_and_verifying_checks_them():
     need_native("rows:zstd")
     ext = sys.modules["mmreplay._rowdecode"]
