@@ -23,11 +23,12 @@ same draw), allocating its batch. The stores run in several page-cache modes, se
    batches.
 2. Warm: every page cached and mapped; blocks of ``--warm-batches`` batches per system
    and mode, interleaved, median rows/s over ``--repeats`` blocks. Also on small rows
-   (a float32[17] observation), where the per-batch decision's ``getrusage`` weighs most.
+   (a float32[17] observation, 20,000 steps, blocks 20 times longer), where the per-batch
+   decision's ``getrusage`` weighs most.
 
 Ratios are computed from the numbers shown. Usage:
 ``python -m bench.bench_cold_rows [--steps 2000] [--cold-batches 20] [--warm-batches 100]
-[--repeats 7] [--skip-vector] [--dir D] [--json OUT]``.
+[--repeats 7] [--skip-cold] [--skip-vector] [--dir D] [--json OUT]``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ VECTOR = {
     "obs": mr.ArraySpec((17,), "float32"),
     "reward": mr.ArraySpec((), "float32"),
 }
+VECTOR_BLOCK = 20  # small rows: blocks of this many times --warm-batches batches
 MODES: dict[str, tuple[Any, Any]] = {  # set_prefetch(enabled, advise); None: left as opened
     "default": (None, None),
     "no prefetch": (False, None),
@@ -249,15 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-batches", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-vector", action="store_true", help="no warm run on small rows")
+    parser.add_argument("--skip-cold", action="store_true", help="only the page-cached runs")
     parser.add_argument("--dir", default=None, help="folder for the stores (default: a temp folder)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {"conditions": conditions(), "steps": args.steps}
     print(f"conditions: {results['conditions']}", flush=True)
     parts = {"cold": (args.cold_batches,), "warm": (args.warm_batches, args.repeats)}
+    if args.skip_cold:
+        del parts["cold"]
     run(PIXELS, args.steps, tempfile.mkdtemp(prefix="mmreplay-cold-", dir=args.dir), parts, results, "pixels")
     if not args.skip_vector:
-        warm_only = {"warm": (args.warm_batches, args.repeats)}
+        warm_only = {"warm": (VECTOR_BLOCK * args.warm_batches, args.repeats)}
         run(
             VECTOR,
             20_000,

@@ -59,8 +59,8 @@ __all__ = ["SampleInfo", "sample", "empty_batch", "iterate", "read_rows", "set_p
 MAX_RESAMPLES = 16
 POPULATE_PIECE_BYTES = 16 << 20  # a closing store waits for at most one piece
 WRITE_WINDOW_BYTES = 16 << 20  # a writer's slots ahead of its cursor kept on readahead
-# A batch prefetches when the process read at least this share of a batch's bytes from
-# the disk since the previous one (below it: other files, a stray evicted page).
+# A batch prefetches when the process read from the disk, since the last check, at least
+# this share of what the batch reads when cold (below it: other files, a stray page).
 COLD_SHARE = 8
 WARM_CHECK = 4  # after a batch found warm, the next check is this many batches later
 
@@ -273,7 +273,10 @@ class DiskReads:
     ``prefetched`` counts the batches it sent to the prefetch."""
 
     def __init__(self, leaves: list[Any]):
-        self.row_bytes = max(1, sum(leaf.row_bytes for leaf in leaves))
+        # What a cold batch reads per row: a page of each leaf at least (random rows of
+        # small leaves share no page), so that a few pages of code or of other files read
+        # meanwhile do not pass for one.
+        self.row_bytes = max(1, sum(max(leaf.row_bytes, mmap.PAGESIZE) for leaf in leaves))
         self.mark: int | None = None  # bytes read from the disk so far, at the last check
         self.skip = 0  # batches left until the next check
         self.prefetched = 0
