@@ -24,7 +24,7 @@ same draw), allocating its batch. The stores run in several page-cache modes, se
 2. Warm: every page cached and mapped; blocks of ``--warm-batches`` batches per system
    and mode, interleaved, median rows/s over ``--repeats`` blocks. Also on small rows
    (a float32[17] observation, 20,000 steps, blocks 20 times longer), where the per-batch
-   decision's ``getrusage`` weighs most.
+   decision's ``getrusage`` weighs most, and that decision alone (``timeit``, no gather).
 
 Ratios are computed from the numbers shown. Usage:
 ``python -m bench.bench_cold_rows [--steps 2000] [--cold-batches 20] [--warm-batches 100]
@@ -40,8 +40,9 @@ import shutil
 import statistics
 import tempfile
 import time
+import timeit
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -184,41 +185,75 @@ def label(system: System, mode: str | None) -> str:
     return system.name if mode is None else f"{system.name}, {mode}"
 
 
-def cold(pairs: list[tuple[System, str | None]], batches: int) -> dict[str, float]:
+def prefetched(system: System) -> int:
+    """Batches the store's per-batch decision has sent to the prefetch so far (0 when
+    it has none: a mode other than the default)."""
+    decide = reads.reader_for(system.store).disk_reads if system.store is not None else None
+    return 0 if decide is None else decide.prefetched
+
+
+def cold(pairs: list[tuple[System, str | None]], batches: int) -> Result:
     times: dict[str, list[float]] = {label(s, m): [] for s, m in pairs}
+    sent = dict.fromkeys(times, 0)
     systems = list({id(s): s for s, _ in pairs}.values())
     for i in range(batches):
         for system, mode in pairs:
             set_mode(system, mode)
             for other in systems:  # a reader and a writer of one store map the same pages
                 other.evict()
+            before = prefetched(system)
             t = time.perf_counter()
             system.batch(i)
             times[label(system, mode)].append(time.perf_counter() - t)
-    return {k: BATCH / statistics.median(v) for k, v in times.items()}
+            sent[label(system, mode)] += prefetched(system) - before
+    return Result({k: BATCH / statistics.median(v) for k, v in times.items()}, sent, batches)
 
 
-def warm(pairs: list[tuple[System, str | None]], batches: int, repeats: int) -> dict[str, float]:
+def warm(pairs: list[tuple[System, str | None]], batches: int, repeats: int) -> Result:
     for system, _ in pairs:  # every page cached and mapped
         for mm in system.maps:
             np.frombuffer(mm, np.uint8)[:: mmap.PAGESIZE].sum()
     times: dict[str, list[float]] = {label(s, m): [] for s, m in pairs}
+    sent = dict.fromkeys(times, 0)
     for r in range(repeats + 1):
         for system, mode in pairs:
             set_mode(system, mode)
             system.batch(0)  # the first batch after the switch decides alone: not timed
+            before = prefetched(system)
             t = time.perf_counter()
             for i in range(batches):
                 system.batch(i)
             if r:  # the first round warms up
                 times[label(system, mode)].append((time.perf_counter() - t) / batches)
-    return {k: BATCH / statistics.median(v) for k, v in times.items()}
+                sent[label(system, mode)] += prefetched(system) - before
+    return Result({k: BATCH / statistics.median(v) for k, v in times.items()}, sent, batches * repeats)
 
 
-def table(title: str, rates: dict[str, float], base: str) -> None:
-    print(f"\n{title}\n\n| system | sample(256) rows/s | × numpy |\n|---|---|---|")
-    for k, v in rates.items():
-        print(f"| {k} | {v:,.0f} | {v / rates[base]:.2f}× |")
+class Result(NamedTuple):
+    rates: dict[str, float]  # rows/s
+    sent: dict[str, int]  # timed batches the per-batch decision sent to the prefetch
+    batches: int  # timed batches per system and mode
+
+
+def decision_cost(pairs: list[tuple[System, str | None]]) -> float:
+    """Microseconds per batch the per-batch decision costs on cached pages (the calls a
+    batch makes besides its gather, timed alone: min of 5 runs of 100,000)."""
+    system = pairs[0][0]
+    set_mode(system, "default")
+    reader = reads.reader_for(system.store)
+    rows = np.arange(BATCH)
+    runs = timeit.repeat(lambda: reader.willneed_if_cold(rows), number=100_000, repeat=5)
+    if reader.disk_reads.prefetched > 1:
+        print("(the decision prefetched while timed: the figure includes prefetches)")
+    return min(runs) / 100_000 * 1e6
+
+
+def table(title: str, result: Result, base: str) -> None:
+    print(f"\n{title}\n\n| system | sample(256) rows/s | × numpy | batches prefetched by the default |")
+    print("|---|---|---|---|")
+    for k, v in result.rates.items():
+        sent = f"{result.sent[k]} of {result.batches}" if k.endswith(", default") else ""
+        print(f"| {k} | {v:,.0f} | {v / result.rates[base]:.2f}× | {sent} |")
 
 
 def run(spec: dict, steps: int, root: str, parts: dict[str, Any], results: dict, key: str) -> None:
@@ -235,9 +270,12 @@ def run(spec: dict, steps: int, root: str, parts: dict[str, Any], results: dict,
     try:
         for part, args in parts.items():
             t0 = time.time()
-            rates = cold(pairs, *args) if part == "cold" else warm(pairs, *args)
-            results[f"{key} {part}"] = rates
-            table(f"{key}, {part} ({os.getloadavg()[0]:.2f} load, {time.time() - t0:.0f} s)", rates, base)
+            result = cold(pairs, *args) if part == "cold" else warm(pairs, *args)
+            results[f"{key} {part}"] = result._asdict()
+            table(f"{key}, {part} ({os.getloadavg()[0]:.2f} load, {time.time() - t0:.0f} s)", result, base)
+        if key == "vector":
+            cost = results["decision us per batch"] = decision_cost(pairs)
+            print(f"\nper-batch decision on cached pages, alone: {cost:.3f} us per batch")
     finally:
         for system in {id(s): s for s, _ in pairs}.values():
             system.close()
