@@ -22,10 +22,11 @@ them in parallel instead of one page fault at a time, and when the next batch is
 the current one. Below that line, a reader populates its mapping at open instead, in a
 background thread (:func:`populate_at_open`), and each random batch decides for itself
 (:class:`DiskReads`): it prefetches its pages when the process read from the disk since
-the previous batch (major page faults and block reads, one ``getrusage`` per batch) and
-the first batch always does, so pages the kernel dropped (another process's memory, a
-reboot, a drop of the page cache) are read in parallel again while page-cached batches
-pay no per-row syscall. ``set_prefetch`` overrides these choices.
+the previous check (major page faults and block reads: one ``getrusage``, every batch
+while they read from the disk, every fourth while they do not) and the first batch always
+does, so pages the kernel dropped (another process's memory, a reboot, a drop of the page
+cache) are read in parallel again while page-cached batches pay no per-row syscall.
+``set_prefetch`` overrides these choices.
 
 ``sample(..., out=batch)`` gathers each leaf into the caller's array with one
 ``take(out=)``, checked first against the spec (:meth:`Reader.out_leaves`).
@@ -134,9 +135,7 @@ class Reader:
         mapped_bytes = sum(leaf.flat.nbytes for leaf in self.mapped)
         self.prefetch = bool(self.mapped) and mapped_bytes > memory_available() // 2
         # Below that line each random batch decides from the disk reads since the last one.
-        self.disk_reads: DiskReads | None = None
-        if self.mapped and not self.prefetch and resource is not None:
-            self.disk_reads = DiskReads(self.mapped)
+        self.disk_reads = DiskReads.for_leaves(self.mapped, self.prefetch)
         # Readers advise always; a writer only when its ring outgrows memory (its own
         # recent rows are in the page cache otherwise, and readahead helps its writes).
         self.advising = bool(self.mapped) and (self.is_reader or self.prefetch)
@@ -184,7 +183,7 @@ class Reader:
 
     def willneed_if_cold(self, rows: np.ndarray) -> None:
         """Prefetch the pages of random ``rows`` when the process has been reading from
-        the disk (see :class:`DiskReads`); a page-cached batch pays one ``getrusage``."""
+        the disk (see :class:`DiskReads`); a page-cached batch pays at most one ``getrusage``."""
         disk_reads = self.disk_reads
         if disk_reads is not None and disk_reads.cold(rows.size):
             self.willneed(rows)
@@ -280,6 +279,14 @@ class DiskReads:
         self.mark: int | None = None  # bytes read from the disk so far, at the last check
         self.skip = 0  # batches left until the next check
         self.prefetched = 0
+
+    @classmethod
+    def for_leaves(cls, mapped: list[Any], prefetch: bool) -> DiskReads | None:
+        """The decision for a store's mapped leaves, or None where every batch prefetches
+        anyway, nothing is mapped, or the OS keeps no rusage (Windows)."""
+        if not mapped or prefetch or resource is None:
+            return None
+        return cls(mapped)
 
     def cold(self, rows: int) -> bool:
         """True when this batch of ``rows`` rows should prefetch its pages."""
@@ -420,13 +427,12 @@ def set_prefetch(store: Any, enabled: bool | None, advise: bool | None = None) -
             in readers, on in a writer only with the prefetch).
     """
     reader = reader_for(store)
-    adaptive = enabled is None
+    per_batch = enabled is None
     if enabled is None:
         mapped_bytes = sum(leaf.flat.nbytes for leaf in reader.mapped)
         enabled = mapped_bytes > memory_available() // 2
     reader.prefetch = bool(enabled) and bool(reader.mapped)
-    adaptive = adaptive and bool(reader.mapped) and not reader.prefetch
-    reader.disk_reads = DiskReads(reader.mapped) if adaptive and resource is not None else None
+    reader.disk_reads = DiskReads.for_leaves(reader.mapped, reader.prefetch) if per_batch else None
     if advise is None:
         advise = reader.is_reader or reader.prefetch
     if not advise and reader.advising:
