@@ -260,7 +260,14 @@ def run(spec: dict, steps: int, root: str, parts: dict[str, Any], results: dict,
     data = make_data(spec, steps)
     paths = write_systems(root, spec, data)
     del data
-    os.sync()  # dirty pages would stay in the page cache through POSIX_FADV_DONTNEED
+    for folder in paths.values():  # dirty pages would stay in the page cache through POSIX_FADV_DONTNEED
+        for d, _, names in os.walk(folder):
+            for name in names:
+                fd = os.open(os.path.join(d, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
     pairs = open_systems(paths, steps, readers_only=key == "vector")
     base = pairs[-1][0].name
     first = pairs[0][0].batch(3)["obs"]
