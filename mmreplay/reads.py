@@ -19,9 +19,14 @@ leaves exceed half the memory available to the process, each batch also issues
 ``MADV_WILLNEED`` for exactly its pages before reading them, which lets the disk serve
 them in parallel instead of one page fault at a time, and when the next batch is known
 (``rng=None``, a shuffled pass) a background thread issues it while the caller works on
-the current one. ``set_prefetch`` overrides both choices; on page-cached data the
-prefetch would only cost syscalls. Below that line, a reader populates its mapping at open
-instead, in a background thread (:func:`populate_at_open`).
+the current one. Below that line, a reader populates its mapping at open instead, in a
+background thread (:func:`populate_at_open`), and each random batch decides for itself
+(:class:`DiskReads`): it prefetches its pages when the process read from the disk since
+the previous check (major page faults and block reads: one ``getrusage``, every batch
+while they read from the disk, every fourth while they do not) and the first batch always
+does, so pages the kernel dropped (another process's memory, a reboot, a drop of the page
+cache) are read in parallel again while page-cached batches pay no per-row syscall.
+``set_prefetch`` overrides these choices.
 
 ``sample(..., out=batch)`` gathers each leaf into the caller's array with one
 ``take(out=)``, checked first against the spec (:meth:`Reader.out_leaves`).
@@ -29,6 +34,7 @@ instead, in a background thread (:func:`populate_at_open`).
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -44,11 +50,20 @@ from .spec import ArraySpec, leaf_paths, unflatten
 from .statefile import slot_ranges
 from .values import flatten_value
 
+try:
+    import resource
+except ImportError:  # Windows: no rusage, no per-batch decision
+    resource = None  # type: ignore[assignment]
+
 __all__ = ["SampleInfo", "sample", "empty_batch", "iterate", "read_rows", "set_prefetch", "set_rng"]
 
 MAX_RESAMPLES = 16
 POPULATE_PIECE_BYTES = 16 << 20  # a closing store waits for at most one piece
 WRITE_WINDOW_BYTES = 16 << 20  # a writer's slots ahead of its cursor kept on readahead
+# A batch prefetches when the process read from the disk, since the last check, at least
+# this share of what the batch reads when cold (below it: other files, a stray page).
+COLD_SHARE = 8
+WARM_CHECK = 4  # after a batch found warm, the next check is this many batches later
 
 
 @dataclass(frozen=True)
@@ -119,6 +134,8 @@ class Reader:
         self.mapped = [leaf for leaf in store.stored_leaves if leaf.mappable]  # the stored leaves
         mapped_bytes = sum(leaf.flat.nbytes for leaf in self.mapped)
         self.prefetch = bool(self.mapped) and mapped_bytes > memory_available() // 2
+        # Below that line each random batch decides from the disk reads since the last one.
+        self.disk_reads = DiskReads.for_leaves(self.mapped, self.prefetch)
         # Readers advise always; a writer only when its ring outgrows memory (its own
         # recent rows are in the page cache otherwise, and readahead helps its writes).
         self.advising = bool(self.mapped) and (self.is_reader or self.prefetch)
@@ -163,6 +180,13 @@ class Reader:
     def willneed(self, rows: np.ndarray) -> None:
         for leaf in self.mapped:
             leaf.willneed(rows)
+
+    def willneed_if_cold(self, rows: np.ndarray) -> None:
+        """Prefetch the pages of random ``rows`` when the process has been reading from
+        the disk (see :class:`DiskReads`); a page-cached batch pays at most one ``getrusage``."""
+        disk_reads = self.disk_reads
+        if disk_reads is not None and disk_reads.cold(rows.size):
+            self.willneed(rows)
 
     def prefetch_later(self, rows: np.ndarray) -> None:
         if self.thread is None:
@@ -230,6 +254,59 @@ def empty_batch(store: Any, batch_size: int, num_steps: int | None = None) -> An
     items = (int(batch_size),) if num_steps is None else (int(batch_size), int(num_steps))
     reader = reader_for(store)
     return reader.pack([np.empty(items + shape, dtype) for shape, dtype in zip(reader.shapes, reader.dtypes)])
+
+
+class DiskReads:
+    """Whether the pages of the next random batch are likely out of memory, judged from
+    what the process read from the disk since the previous batch: its major page faults
+    (a page faulted in from the file) and block reads (``ru_inblock``, which counts the
+    reads a ``MADV_WILLNEED`` started too, where a prefetched page then faults as a minor
+    one). A batch prefetches its pages (``MADV_WILLNEED`` per run of pages, about a
+    microsecond per call) only then, and the first batch always: a cold batch of rows of
+    several pages is read in parallel instead of one synchronous page fault at a time
+    under ``MADV_RANDOM``. A cold batch checks again at the next batch; a page-cached one
+    only every ``WARM_CHECK`` batches (one ``getrusage`` each, about a microsecond, which
+    weighs on batches of small rows), so pages evicted meanwhile fault one by one for at
+    most that many batches.
+
+    ``prefetched`` counts the batches it sent to the prefetch."""
+
+    def __init__(self, leaves: list[Any]):
+        # What a cold batch reads per row: a page of each leaf at least (random rows of
+        # small leaves share no page), so that a few pages of code or of other files read
+        # meanwhile do not pass for one.
+        self.row_bytes = max(1, sum(max(leaf.row_bytes, mmap.PAGESIZE) for leaf in leaves))
+        self.mark: int | None = None  # bytes read from the disk so far, at the last check
+        self.skip = 0  # batches left until the next check
+        self.prefetched = 0
+
+    @classmethod
+    def for_leaves(cls, mapped: list[Any], prefetch: bool) -> DiskReads | None:
+        """The decision for a store's mapped leaves, or None where every batch prefetches
+        anyway, nothing is mapped, or the OS keeps no rusage (Windows)."""
+        if not mapped or prefetch or resource is None:
+            return None
+        return cls(mapped)
+
+    def cold(self, rows: int) -> bool:
+        """True when this batch of ``rows`` rows should prefetch its pages."""
+        if self.skip:
+            self.skip -= 1
+            return False
+        now = disk_bytes_read()
+        last, self.mark = self.mark, now
+        if last is not None and (now - last) * COLD_SHARE < rows * self.row_bytes:
+            self.skip = WARM_CHECK - 1
+            return False
+        self.prefetched += 1
+        return True
+
+
+def disk_bytes_read() -> int:
+    """Bytes the process has read from the disk so far, by page faults and block reads
+    (counted twice where both saw them: it only needs to grow with the reads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_majflt * mmap.PAGESIZE + usage.ru_inblock * 512
 
 
 class _Prefetcher:
@@ -341,17 +418,21 @@ def set_prefetch(store: Any, enabled: bool | None, advise: bool | None = None) -
         store: an open store.
         enabled: ``MADV_WILLNEED`` prefetch of each batch's pages (and, when the next
             batch is known, of its pages from a background thread): True, False, or None
-            to decide from the memory available to the process (the default: on when the
-            mapped leaves exceed half of it).
+            for the default: on when the mapped leaves exceed half the memory available
+            to the process, else decided batch by batch for random rows (on when the
+            process read from the disk since the previous batch, see
+            :class:`DiskReads`).
         advise: ``MADV_RANDOM`` for random rows and ``MADV_NORMAL`` for sequences: True,
             False (leave the kernel's readahead as it is), or None for the default (on
             in readers, on in a writer only with the prefetch).
     """
     reader = reader_for(store)
+    per_batch = enabled is None
     if enabled is None:
         mapped_bytes = sum(leaf.flat.nbytes for leaf in reader.mapped)
         enabled = mapped_bytes > memory_available() // 2
     reader.prefetch = bool(enabled) and bool(reader.mapped)
+    reader.disk_reads = DiskReads.for_leaves(reader.mapped, reader.prefetch) if per_batch else None
     if advise is None:
         advise = reader.is_reader or reader.prefetch
     if not advise and reader.advising:
@@ -496,8 +577,11 @@ def sample(
         pattern = "random" if num_steps is None else "normal"
         if pattern is not reader.pattern or not reader.is_reader:
             reader.advise(pattern, store)
-    if reader.prefetch and not prefetched:
-        reader.willneed(rows)
+    if reader.prefetch:
+        if not prefetched:
+            reader.willneed(rows)
+    elif num_steps is None and reader.disk_reads is not None:
+        reader.willneed_if_cold(rows)
     if out is None:
         got = [take(rows) for take in reader.takes]
     else:
@@ -683,6 +767,8 @@ def _pass(
             reader.advise(pattern, store)
         if reader.prefetch and shuffle and nxt is not None:
             reader.prefetch_later(rows_for(nxt))
+        elif pattern == "random" and reader.disk_reads is not None:
+            reader.willneed_if_cold(rows)
         out = reader.take(rows)
         if store.mode == "r":
             lowest = int(start[group].min())
