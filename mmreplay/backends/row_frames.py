@@ -659,6 +659,7 @@ class RowFrameLeaf:
         # meanwhile ("ahead") and moved into staging once the seal is done.
         self.sealing: tuple[int, Future[None]] | None = None
         self.ahead: np.ndarray | None = None
+        self.ahead_buffers: list[np.ndarray | None] = [None, None]
         self.ahead_segment = -1
         self.ahead_filled = 0  # steps of ahead_segment written ahead
         self.ahead_frames: list[bytes | None] | None = None
@@ -901,12 +902,20 @@ class RowFrameLeaf:
         if self.nseg == 1 or (self.codec.dictionary and not self.frames.load_dictionary()):
             self._seal(k)
             return
-        self._check_encoder(wait=True)  # k's frames are all there
+        encoder = self._background()
+        encoder.check()  # what failed is raised here
+        encoder.hand_over()
         frames = self.pending
         assert frames is not None
-        self.sealing = (k, self._background().run_later(self._store_shard, k, frames))
-        if self.ahead is None:
-            self.ahead = np.empty_like(self.staged)
+        # k's frames still being encoded: the sealing thread waits for them, not the writer
+        jobs = [job for job in encoder.handed if isinstance(job, _NativeJob) and job.frames is frames]
+        self.sealing = (k, encoder.run_later(self._store_when_encoded, k, frames, jobs))
+        # two buffers in turn: the rows written ahead of the segment before may still be
+        # being encoded (its sealing waits for them) while these are written
+        self.ahead_buffers.reverse()
+        if self.ahead_buffers[0] is None:
+            self.ahead_buffers[0] = np.empty_like(self.staged)
+        self.ahead = self.ahead_buffers[0]
         self.ahead_segment = (k + 1) % self.nseg
         self.ahead_filled = 0
         self.ahead_frames = [None] * self.seg_rows
@@ -924,6 +933,10 @@ class RowFrameLeaf:
         self.sealing = None
         try:
             future.result()
+        except _EncodeFailed as exc:  # a row of segment k did not encode
+            self.ahead_segment, self.ahead_frames = -1, None
+            self._background().failed = exc
+            self._background().check()  # raises it
         except BaseException as exc:
             self.ahead_segment, self.ahead_frames = -1, None
             self._background().failed = _EncodeFailed(f"{self.where}: sealing segment {k}", exc)
@@ -995,6 +1008,15 @@ class RowFrameLeaf:
         self._store_shard(k, frames)
         self._drop(k)
         self.sealed_since_flush.add(k)
+
+    def _store_when_encoded(self, k: int, frames: list[bytes | None], jobs: list[_NativeJob]) -> None:
+        """On the Python encoding thread: once the native ``jobs`` of segment ``k`` are
+        done, put their frames in place and store its shard. (The writer's thread puts the
+        same frames in place again when it takes the jobs; rows encoded in Python were
+        encoded before this runs, by the same thread.)"""
+        for job in jobs:
+            job.finish(wait=True)
+        self._store_shard(k, frames)
 
     def _store_shard(self, k: int, frames: list[bytes | None]) -> None:
         """Write segment ``k``'s shard: ``frames``, and the old shard's for rows not
