@@ -660,6 +660,9 @@ class RowFrameLeaf:
         self.sealing: tuple[int, Future[None]] | None = None
         self.ahead: np.ndarray | None = None
         self.ahead_buffers: list[np.ndarray | None] = [None, None]
+        # the step that :meth:`write` writes the short way if it comes next (-1: none), whether
+        # it goes ahead, and its segment's first slot
+        self.next_start, self.next_ahead, self.next_base = -1, False, 0
         self.ahead_segment = -1
         self.ahead_filled = 0  # steps of ahead_segment written ahead
         self.ahead_frames: list[bytes | None] | None = None
@@ -837,6 +840,7 @@ class RowFrameLeaf:
 
     def _start(self, k: int, step: int) -> None:
         """Make segment ``k`` the staging segment, its rows from ``step`` on written next."""
+        self.next_start = -1
         seq, segment, base, filled = self._header()
         if segment == k and self.pending is None and base <= step <= filled:
             # a writer reopening: the rows before ``step`` in staging are this lap's
@@ -862,6 +866,10 @@ class RowFrameLeaf:
         self.pending = [None] * self.seg_rows
 
     def write(self, start: int, values: np.ndarray) -> None:
+        if start == self.next_start and len(values) == 1:
+            self._write_next(values)
+            return
+        self.next_start = -1
         pos, end = start, start + len(values)
         while pos < end:
             k = pos // self.seg
@@ -873,7 +881,8 @@ class RowFrameLeaf:
             part = values[pos - start : pos - start + n]
             if self.sealing is not None:
                 self._promote(wait=False)
-            if self.sealing is not None and k == self.ahead_segment and pos - a == self.ahead_filled:
+            ahead = self.sealing is not None and k == self.ahead_segment and pos - a == self.ahead_filled
+            if ahead:
                 # the segment before is still being sealed from staging: write ahead
                 assert self.ahead is not None and self.ahead_frames is not None
                 self.ahead[lo:hi] = self._raw(part)
@@ -891,6 +900,30 @@ class RowFrameLeaf:
             if pos == b:  # the write head leaves segment k: store it
                 self._promote(wait=True)  # segment k is the staging segment now
                 self._seal_later(k)
+            elif pos + 1 < b:  # the next step, if it comes next, takes the short way
+                self.next_start, self.next_ahead, self.next_base = pos, ahead, a
+
+    def _write_next(self, values: np.ndarray) -> None:
+        """One step (``values[0]``) right after the one written last, in the same segment
+        and not its last step: :meth:`write` without its bookkeeping (staging already
+        says this segment, filled up to this step; or the rows go on ahead)."""
+        step = self.next_start
+        lo = (step - self.next_base) * self.num_envs
+        hi = lo + self.num_envs
+        if self.next_ahead and self.sealing is not None:
+            self._promote(wait=False)  # the segment written ahead may become the staging segment
+        self.next_start = -1  # until this step is written
+        if self.next_ahead and self.sealing is not None:
+            self.ahead[lo:hi] = self._raw(values)  # type: ignore[index]
+            self._encode_later(self.ahead_frames, lo, hi, self.ahead)  # type: ignore[arg-type]
+            self.ahead_filled += 1
+        else:
+            self.staged[lo:hi] = self._raw(values)
+            self._encode_later(self.pending, lo, hi)  # type: ignore[arg-type]
+            self.header[3] = step - self.next_base + 1
+            self.next_ahead = False
+        if step + 2 < min(self.next_base + self.seg, self.capacity):
+            self.next_start = step + 1
 
     def _seal_later(self, k: int) -> None:
         """Seal the staging segment ``k`` in the background; the rows after it are written
@@ -934,11 +967,11 @@ class RowFrameLeaf:
         try:
             future.result()
         except _EncodeFailed as exc:  # a row of segment k did not encode
-            self.ahead_segment, self.ahead_frames = -1, None
+            self.ahead_segment, self.ahead_frames, self.next_start = -1, None, -1
             self._background().failed = exc
             self._background().check()  # raises it
         except BaseException as exc:
-            self.ahead_segment, self.ahead_frames = -1, None
+            self.ahead_segment, self.ahead_frames, self.next_start = -1, None, -1
             self._background().failed = _EncodeFailed(f"{self.where}: sealing segment {k}", exc)
             raise
         self._drop(k)
@@ -956,6 +989,7 @@ class RowFrameLeaf:
         self.ahead_segment, self.ahead_frames, self.ahead_filled = -1, None, 0
 
     def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
+        self.next_start = -1
         self._promote(wait=True)
         self._check_encoder(wait=True)  # one thread encodes at a time: the codec is not shared
         slots = np.asarray(slots, np.int64) % self.capacity
@@ -1060,6 +1094,7 @@ class RowFrameLeaf:
         """Store the rows of the staging segment as its shard too, so zarr readers see them
         (a writer's close); staging keeps them for the next writer."""
         self._promote(wait=True)
+        self.next_start = -1
         _, segment, base, filled = self._header()
         if self.writable and self.pending is not None and segment >= 0 and filled > base:
             self._seal(segment)
