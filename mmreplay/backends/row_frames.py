@@ -163,10 +163,10 @@ class _EncodeFailed(Exception):
 class _NativeJob:
     """Rows of one leaf handed to the native encoding thread."""
 
-    __slots__ = ("frames", "lo", "hi", "encoder", "where", "job")
+    __slots__ = ("leaves", "frames", "lo", "hi", "encoder", "where", "job")
 
-    def __init__(self, frames: list[bytes | None], lo: int, hi: int, encoder: Any, worker: Any, where: str, rows: Any):
-        self.frames, self.lo, self.hi, self.encoder, self.where = frames, lo, hi, encoder, where
+    def __init__(self, leaf: Any, frames: list[bytes | None], lo: int, hi: int, encoder: Any, worker: Any, rows: Any):
+        self.leaves, self.frames, self.lo, self.hi, self.encoder, self.where = (leaf,), frames, lo, hi, encoder, leaf.where
         self.job = encoder.submit(worker, rows)
 
     def finish(self, wait: bool) -> bool:
@@ -185,10 +185,11 @@ class _PythonJob:
     """Rows of some leaves handed to the Python encoding thread, which puts their frames
     in place."""
 
-    __slots__ = ("future",)
+    __slots__ = ("future", "leaves")
 
-    def __init__(self, future: Future[None]):
+    def __init__(self, future: Future[None], leaves: list[Any]):
         self.future = future
+        self.leaves = leaves  # whose rows these are
 
     def finish(self, wait: bool) -> bool:
         if not wait and not self.future.done():
@@ -267,6 +268,10 @@ class _Encoder:
         if self.rows >= ENCODE_BATCH_ROWS:
             self.hand_over()
 
+    def holds(self, leaf: RowFrameLeaf) -> bool:
+        """Does the encoder hold rows of ``leaf`` not put in place yet?"""
+        return any(part[0] is leaf for part in self.parts) or any(leaf in job.leaves for job in self.handed)
+
     def hand_over(self) -> None:
         """Give the rows not handed over yet to the threads."""
         parts, self.parts, self.rows = self.parts, [], 0
@@ -278,9 +283,9 @@ class _Encoder:
                 continue
             if self.worker is None:
                 self.worker = native.worker()
-            self.handed.append(_NativeJob(frames, lo, hi, native, self.worker, leaf.where, source[lo:hi]))
+            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.worker, source[lo:hi]))
         if in_python:
-            self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python)))
+            self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python), [p[0] for p in in_python]))
 
     def check(self, wait: bool = False) -> None:
         """Put the frames of the batches done in place; raise what the encoding raised
@@ -991,7 +996,10 @@ class RowFrameLeaf:
     def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
         self.next_start = -1
         self._promote(wait=True)
-        self._check_encoder(wait=True)  # one thread encodes at a time: the codec is not shared
+        # one thread encodes at a time with this leaf's codec: wait for the rows of this leaf
+        # the encoder holds (none for the side ring of next frames, which is written here
+        # only), not for every leaf's
+        self._check_encoder(wait=self.encoder is not None and self.encoder.holds(self))
         slots = np.asarray(slots, np.int64) % self.capacity
         seg_of = slots // self.seg
         _, segment, base, filled = self._header()
