@@ -4,8 +4,8 @@ extension's one pass and the numpy path give the same flags, stored bytes and re
 :func:`mmreplay.frames.check_pair` runs in C where the extension is built (one pass over
 memory per pair of leaves) and in numpy where it is not or ``MMREPLAY_NATIVE=0``; both
 are compared here with a plain definition of what each flag means, on layouts that take
-every branch of the C code (HWC stacks of 2, 4 and 8 frames of 1, 2 and 4 bytes, pixels
-beyond the last whole round of 16, CHW frames of whole 16-byte runs, a stack axis in the
+every branch of the C code (HWC stacks of 2, 4 and 8 frames of 1, 2 and 4 bytes, with
+the AVX2 and SSE2 loops, pixels beyond the last whole round of 32 or 16, CHW frames of whole 16-byte runs, a stack axis in the
 middle, odd sizes), and through stores written with either path.
 """
 
@@ -53,7 +53,9 @@ def _expected(obs, nxt, kept, a, k):
 
 #: (frame shape, stack axis, k, dtype): the branches of the C code
 LAYOUTS = [
-    ((84, 84), -1, 4, "uint8"),  # HWC Atari stacks: whole rounds of 16 pixels
+    ((84, 84), -1, 4, "uint8"),  # HWC Atari stacks: whole rounds of 32 (AVX2) and 16 pixels
+    ((6, 8), -1, 4, "uint8"),  # 32 pixels with AVX2, then 16
+    ((7, 10), -1, 4, "uint8"),  # 64 pixels with AVX2 (or 4 rounds of 16), then 6 as 64-bit words
     ((5, 6), -1, 4, "uint8"),  # 16 pixels, then 14 as 64-bit words
     ((3, 3), -1, 4, "uint8"),  # 36 bytes: not whole words, frames as runs
     ((4, 4), -1, 2, "uint8"),
@@ -110,14 +112,44 @@ def test_native_and_numpy_checks_set_the_flags_by_their_definition(layout, ne, w
     if not with_kept:
         kept = None
     want = _expected(obs, nxt, kept, a, k)
-    for impl in (native, None):
-        kept_out = np.zeros_like(nxt)
-        newest = np.zeros(obs.shape[:a] + obs.shape[a + 1 :], obs.dtype)
-        flags = np.full(ne, 255, np.uint8)
-        check_pair(obs, nxt, kept, kept_out, newest, flags, a, k, impl)
-        np.testing.assert_array_equal(flags, want, err_msg=f"native={impl is not None}")
-        np.testing.assert_array_equal(newest, np.take(obs, k - 1, axis=a))
-        np.testing.assert_array_equal(kept_out, nxt)
+    with _simd_paths() as paths:
+        for impl, simd in [*((native, p) for p in paths), (None, None)]:
+            if simd is not None:
+                paths.use(simd)
+            kept_out = np.zeros_like(nxt)
+            newest = np.zeros(obs.shape[:a] + obs.shape[a + 1 :], obs.dtype)
+            flags = np.full(ne, 255, np.uint8)
+            check_pair(obs, nxt, kept, kept_out, newest, flags, a, k, impl)
+            np.testing.assert_array_equal(flags, want, err_msg=f"native={impl is not None}, {simd}")
+            np.testing.assert_array_equal(newest, np.take(obs, k - 1, axis=a))
+            np.testing.assert_array_equal(kept_out, nxt)
+
+
+class _simd_paths:
+    """The vector loops of the one pass this CPU has (``avx2``, ``sse2``), one after the
+    other; the default one again afterwards."""
+
+    def __enter__(self):
+        self.ext = importlib.import_module("mmreplay._rowdecode")
+        self.default = self.ext.stack_simd()
+        self.names = []
+        for name in ("avx2", "sse2"):
+            try:
+                self.ext.stack_simd(name)
+            except ValueError:
+                continue
+            self.names.append(name)
+        self.ext.stack_simd(self.default)
+        return self
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def use(self, name):
+        self.ext.stack_simd(name)
+
+    def __exit__(self, *exc):
+        self.ext.stack_simd(self.default)
 
 
 def test_the_native_check_refuses_buffers_of_the_wrong_size():
