@@ -684,16 +684,18 @@ class FrameWriter:
         )
         assert stacks is not None
         for j, i, ni, dtype, outer, inner in self.common:
-            obs, nxt, kept_out, got = values[i], values[ni], spare[j], scratch.get(j)
+            obs, nxt, kept, kept_out, got = values[i], values[ni], stacks[j], spare[j], scratch.get(j)
             if (
                 kept_out is None
                 or got is None
                 or obs.dtype != dtype
                 or nxt.dtype != dtype
+                or kept.dtype != dtype  # bytes are compared and copied: the same byte order too
+                or kept_out.dtype != dtype
                 or not (obs.flags.c_contiguous and nxt.flags.c_contiguous)
             ):
                 return None
-            native(obs, nxt, stacks[j], kept_out, got[0], got[1], outer, k, inner)
+            native(obs, nxt, kept, kept_out, got[0], got[1], outer, k, inner)
             if got[1].tobytes() != passed:
                 return None
         out = [values[i] for i in self.keep_index]

@@ -269,3 +269,41 @@ def test_stacks_of_another_dtype_or_memory_order_read_the_same(tmp_path, given, 
         np.testing.assert_array_equal(want, got)
     full.close()
     once.close()
+
+
+def test_big_endian_stacks_are_checked_by_value_not_by_their_bytes(tmp_path):
+    """Stacks given in the other byte order than the leaf's are checked by value, not by
+    the one pass (which compares bytes): a step whose bytes are those of the stacks before
+    it while its values are not is refused (here after the writer is reopened), and
+    the steps read back as added."""
+    _extension()
+    pytest.importorskip("zstandard")
+    pytest.importorskip("cramjam")
+    sp = {"obs": mr.ArraySpec((3, 4, 4), ">u2"), "next_obs": mr.ArraySpec((3, 4, 4), ">u2")}
+    rng = np.random.default_rng(5)
+    frames = rng.integers(1, 2**16, (9, 2, 3, 4)).astype(">u2")
+
+    def step(t):  # stacks of frames t-3..t (t-3 < 0: the first frame repeated), and the next
+        stack = np.stack([frames[max(0, s)] for s in range(t - 3, t + 1)], -1)
+        nxt = np.stack([frames[max(0, s)] for s in range(t - 2, t + 2)], -1)
+        return {"obs": stack.astype(">u2"), "next_obs": nxt.astype(">u2")}
+
+    path = tmp_path / "b"
+    with mr.create(path, sp, 16, num_envs=2, backend="zarr", compression={"obs": "rows:lz4"},
+                   frames=mr.Frames(frame_stack=4)) as store:
+        for t in range(4):
+            store.add(step(t))
+    with mr.open(path, "a") as store:
+        for t in range(4, 7):  # each checked against the one before
+            store.add(step(t))
+        kept = step(6)["next_obs"]
+        swapped = kept.astype("<u2").view(">u2")  # the bytes of little-endian stacks, other values
+        assert not np.array_equal(swapped, kept)
+        # a next stack of native values whose bytes are the shifted bytes of ``swapped``
+        nxt = np.concatenate([kept[..., 1:], kept[..., -1:]], -1).astype("<u2")
+        with pytest.raises(mr.BadInputError, match="a frame stack must be the previous step's stack"):
+            store.add({"obs": swapped, "next_obs": nxt})
+        store.add(step(7))
+        for t in range(4, 8):
+            np.testing.assert_array_equal(store.get(t - 8)["obs"], step(t)["obs"])
+            np.testing.assert_array_equal(store.get(t - 8)["next_obs"], step(t)["next_obs"])
