@@ -12,14 +12,15 @@ stacks of four, with ``obs`` and ``next_obs`` leaves, written to:
   ``VecTransposeImage`` and the Atari CNNs take them);
 - ``frames once lz4`` / ``frames once zstd-1``: ``mr.Frames(frame_stack=4)`` on the HWC
   spec with the frames in compressed row-frame leaves (``rows:lz4``, ``rows:zstd:1``;
-  needs ``mmreplay[pixels]``, left out without it), rows encoded on a background thread.
+  needs ``mmreplay[pixels]``, left out without it), rows encoded on a background thread
+  (the CPU time of the other threads is printed beside the adding thread's).
 
 Figures: raw bytes of the data (leaves and side ring) and bytes on disk (blocks allocated
 under the store's folder after it is closed) vs the naive layout; ``sample(256)`` rows/s
 (batches dropped after each call, alike for every system; ratios to ``numpy stacks``, a
 ``take`` of the same number of rows from the stacks in RAM, computed from the figures
-shown); per-step add vs numpy's assignment of the stacked layout. Medians over
-interleaved blocks.
+shown); per-step add vs numpy's assignment of the stacked layout, each block of adds
+ending once its rows are encoded (:func:`settle`). Medians over interleaved blocks.
 
 Usage: ``python bench/bench_frames_once.py [--quick] [--steps 5000] [--envs 8]``.
 """
@@ -30,6 +31,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -98,6 +100,16 @@ def row_codecs() -> list[str]:
     return ["lz4", "zstd:1"]
 
 
+def settle(store: mr.Store) -> None:
+    """Wait until every row added is encoded and its segment sealed (the background work
+    of row-frame leaves), so that a block of adds pays for its own encoding rather than
+    leave it to run while the next system is timed."""
+    for leaf in store._storage:
+        if hasattr(leaf, "_check_encoder"):
+            leaf._promote(wait=True)
+            leaf._check_encoder(wait=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
@@ -139,13 +151,23 @@ def main() -> None:
             cursor[0] += 1
 
         counters = {name: [0] for name in stores}
+        cpu = {name: [0.0, 0.0] for name in stores}  # CPU seconds of timed adds: this thread, the others
 
         def store_add(name: str):
             store, source, count = stores[name], data_chw if "CHW" in name else data, counters[name]
+            timed, started = [0], [0.0, 0.0]
 
             def add() -> None:
+                if timed[0] % calls == 0:
+                    started[:] = time.thread_time(), time.process_time()
                 store.add(source[count[0] % steps])
                 count[0] += 1
+                timed[0] += 1
+                if timed[0] % calls == 0:  # the last call of a block waits for its encoding
+                    settle(store)
+                    mine = time.thread_time() - started[0]
+                    cpu[name][0] += mine
+                    cpu[name][1] += time.process_time() - started[1] - mine
 
             return add
 
@@ -189,9 +211,14 @@ def main() -> None:
         for name, sec in samples.items():
             print(f"{name:20s} {BATCH / sec:10,.0f} {base / sec:8.2f}")
         base = adds["numpy stacks"]
-        print(f"\n{'add (one step)':20s} {'steps/s':>10s} {'x numpy':>8s}")
+        timed = calls * blocks
+        print(f"\n{'add (one step)':20s} {'steps/s':>10s} {'x numpy':>8s} {'us/step':>8s} {'CPU us/step: adding':>20s} {'others':>7s}")
         for name, sec in adds.items():
-            print(f"{name:20s} {1 / sec:10,.0f} {base / sec:8.2f}")
+            line = f"{name:20s} {1 / sec:10,.0f} {base / sec:8.2f} {sec * 1e6:8.1f}"
+            if name in cpu:
+                mine, others = cpu[name]
+                line += f" {mine / timed * 1e6:20.1f} {others / timed * 1e6:7.1f}"
+            print(line)
 
 
 if __name__ == "__main__":

@@ -537,6 +537,23 @@ class FrameWriter:
         for constant in (self.every_env, self.no_side):
             constant.setflags(write=False)
         self.seq: int | None = None  # side entries ever written (read on first need)
+        # the common step's plan (:meth:`_prepare_common`), where it applies: per pair, its
+        # index, its leaves' indices, dtype and stack layout (positions before and bytes
+        # after the stack axis); and where each stored frame goes among the stored leaves
+        self.common: list[tuple[int, int, int, np.dtype, int, int]] | None = None
+        self.frame_at = [(self.keep_index.index(i), j) for j, i in enumerate(self.obs_index)]
+        if (
+            self.native is not None
+            and self.layout.derived
+            and self.layout.stacked
+            and all(axis is not None for axis in self.axes)
+            and all(dtype.kind in "uib" for dtype in self.dtypes)
+        ):
+            self.common = []
+            for j, (i, ni, axis, dtype) in enumerate(zip(self.obs_index, self.next_index, self.axes, self.dtypes)):
+                shape = specs[i].shape
+                inner = math.prod(shape[axis + 1 :]) * dtype.itemsize
+                self.common.append((j, i, ni, dtype, math.prod(shape[:axis]), inner))
 
     # --- reopening ------------------------------------------------------------------
 
@@ -604,6 +621,10 @@ class FrameWriter:
         with the observation stacks shifted by one frame. Envs whose stacks do not follow
         are looked at one by one.
         """
+        if self.common is not None and self.stacks is not None:
+            got = self._prepare_common(values)
+            if got is not None:
+                return got
         k = self.layout.frame_stack
         derived = self.layout.derived
         frames, nexts, depth = [], [], self.depth
@@ -652,6 +673,40 @@ class FrameWriter:
         if self.layout.stacked:
             out.append(depth)
         return out, (frames, nexts, depth, values, continued, newest_same)
+
+    def _prepare_common(self, values: list[np.ndarray]) -> tuple[list[np.ndarray], Any] | None:
+        """:meth:`prepare` of the common step, in a few calls: derived next observations,
+        every observation leaf stacked, the native check, stacks of the leaves' dtypes in
+        C-contiguous memory, and every env's stacks the previous next stacks (else None:
+        :meth:`prepare` looks again, from the start)."""
+        native, k, passed, stacks, spare, scratch = (
+            self.native, self.layout.frame_stack, self.passed, self.stacks, self.spare, self.scratch
+        )
+        assert stacks is not None
+        for j, i, ni, dtype, outer, inner in self.common:
+            obs, nxt, kept, kept_out, got = values[i], values[ni], stacks[j], spare[j], scratch.get(j)
+            if (
+                kept_out is None
+                or got is None
+                or obs.dtype != dtype
+                or nxt.dtype != dtype
+                or kept.dtype != dtype  # bytes are compared and copied: the same byte order too
+                or kept_out.dtype != dtype
+                or not (obs.flags.c_contiguous and nxt.flags.c_contiguous)
+            ):
+                return None
+            native(obs, nxt, kept, kept_out, got[0], got[1], outer, k, inner)
+            if got[1].tobytes() != passed:
+                return None
+        out = [values[i] for i in self.keep_index]
+        frames = []
+        for at, j in self.frame_at:
+            out[at] = scratch[j][0]
+            frames.append(scratch[j][0])
+        depth = self.deeper[self.depth]
+        out.append(self.no_side)
+        out.append(depth)
+        return out, (frames, None, depth, values, self.every_env, None)
 
     def _check(self, j: int, obs: np.ndarray, nxt: np.ndarray, a: int, k: int) -> np.ndarray:
         """Pair ``j``'s :func:`check_pair` flags of this step, in native code where it can."""

@@ -4,8 +4,8 @@ extension's one pass and the numpy path give the same flags, stored bytes and re
 :func:`mmreplay.frames.check_pair` runs in C where the extension is built (one pass over
 memory per pair of leaves) and in numpy where it is not or ``MMREPLAY_NATIVE=0``; both
 are compared here with a plain definition of what each flag means, on layouts that take
-every branch of the C code (HWC stacks of 2, 4 and 8 frames of 1, 2 and 4 bytes, pixels
-beyond the last whole round of 16, CHW frames of whole 16-byte runs, a stack axis in the
+every branch of the C code (HWC stacks of 2, 4 and 8 frames of 1, 2 and 4 bytes, with
+the AVX2 and SSE2 loops, pixels beyond the last whole round of 32 or 16, CHW frames of whole 16-byte runs, a stack axis in the
 middle, odd sizes), and through stores written with either path.
 """
 
@@ -53,7 +53,9 @@ def _expected(obs, nxt, kept, a, k):
 
 #: (frame shape, stack axis, k, dtype): the branches of the C code
 LAYOUTS = [
-    ((84, 84), -1, 4, "uint8"),  # HWC Atari stacks: whole rounds of 16 pixels
+    ((84, 84), -1, 4, "uint8"),  # HWC Atari stacks: whole rounds of 32 (AVX2) and 16 pixels
+    ((6, 8), -1, 4, "uint8"),  # 32 pixels with AVX2, then 16
+    ((7, 10), -1, 4, "uint8"),  # 64 pixels with AVX2 (or 4 rounds of 16), then 6 as 64-bit words
     ((5, 6), -1, 4, "uint8"),  # 16 pixels, then 14 as 64-bit words
     ((3, 3), -1, 4, "uint8"),  # 36 bytes: not whole words, frames as runs
     ((4, 4), -1, 2, "uint8"),
@@ -110,14 +112,44 @@ def test_native_and_numpy_checks_set_the_flags_by_their_definition(layout, ne, w
     if not with_kept:
         kept = None
     want = _expected(obs, nxt, kept, a, k)
-    for impl in (native, None):
-        kept_out = np.zeros_like(nxt)
-        newest = np.zeros(obs.shape[:a] + obs.shape[a + 1 :], obs.dtype)
-        flags = np.full(ne, 255, np.uint8)
-        check_pair(obs, nxt, kept, kept_out, newest, flags, a, k, impl)
-        np.testing.assert_array_equal(flags, want, err_msg=f"native={impl is not None}")
-        np.testing.assert_array_equal(newest, np.take(obs, k - 1, axis=a))
-        np.testing.assert_array_equal(kept_out, nxt)
+    with _simd_paths() as paths:
+        for impl, simd in [*((native, p) for p in paths), (None, None)]:
+            if simd is not None:
+                paths.use(simd)
+            kept_out = np.zeros_like(nxt)
+            newest = np.zeros(obs.shape[:a] + obs.shape[a + 1 :], obs.dtype)
+            flags = np.full(ne, 255, np.uint8)
+            check_pair(obs, nxt, kept, kept_out, newest, flags, a, k, impl)
+            np.testing.assert_array_equal(flags, want, err_msg=f"native={impl is not None}, {simd}")
+            np.testing.assert_array_equal(newest, np.take(obs, k - 1, axis=a))
+            np.testing.assert_array_equal(kept_out, nxt)
+
+
+class _simd_paths:
+    """The vector loops of the one pass this CPU has (``avx2``, ``sse2``), one after the
+    other; the default one again afterwards."""
+
+    def __enter__(self):
+        self.ext = importlib.import_module("mmreplay._rowdecode")
+        self.default = self.ext.stack_simd()
+        self.names = []
+        for name in ("avx2", "sse2"):
+            try:
+                self.ext.stack_simd(name)
+            except ValueError:
+                continue
+            self.names.append(name)
+        self.ext.stack_simd(self.default)
+        return self
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def use(self, name):
+        self.ext.stack_simd(name)
+
+    def __exit__(self, *exc):
+        self.ext.stack_simd(self.default)
 
 
 def test_the_native_check_refuses_buffers_of_the_wrong_size():
@@ -237,3 +269,41 @@ def test_stacks_of_another_dtype_or_memory_order_read_the_same(tmp_path, given, 
         np.testing.assert_array_equal(want, got)
     full.close()
     once.close()
+
+
+def test_big_endian_stacks_are_checked_by_value_not_by_their_bytes(tmp_path):
+    """Stacks given in the other byte order than the leaf's are checked by value, not by
+    the one pass (which compares bytes): a step whose bytes are those of the stacks before
+    it while its values are not is refused (here after the writer is reopened), and
+    the steps read back as added."""
+    _extension()
+    pytest.importorskip("zstandard")
+    pytest.importorskip("cramjam")
+    sp = {"obs": mr.ArraySpec((3, 4, 4), ">u2"), "next_obs": mr.ArraySpec((3, 4, 4), ">u2")}
+    rng = np.random.default_rng(5)
+    frames = rng.integers(1, 2**16, (9, 2, 3, 4)).astype(">u2")
+
+    def step(t):  # stacks of frames t-3..t (t-3 < 0: the first frame repeated), and the next
+        stack = np.stack([frames[max(0, s)] for s in range(t - 3, t + 1)], -1)
+        nxt = np.stack([frames[max(0, s)] for s in range(t - 2, t + 2)], -1)
+        return {"obs": stack.astype(">u2"), "next_obs": nxt.astype(">u2")}
+
+    path = tmp_path / "b"
+    with mr.create(path, sp, 16, num_envs=2, backend="zarr", compression={"obs": "rows:lz4"},
+                   frames=mr.Frames(frame_stack=4)) as store:
+        for t in range(4):
+            store.add(step(t))
+    with mr.open(path, "a") as store:
+        for t in range(4, 7):  # each checked against the one before
+            store.add(step(t))
+        kept = step(6)["next_obs"]
+        swapped = kept.astype("<u2").view(">u2")  # the bytes of little-endian stacks, other values
+        assert not np.array_equal(swapped, kept)
+        # a next stack of native values whose bytes are the shifted bytes of ``swapped``
+        nxt = np.concatenate([kept[..., 1:], kept[..., -1:]], -1).astype("<u2")
+        with pytest.raises(mr.BadInputError, match="a frame stack must be the previous step's stack"):
+            store.add({"obs": swapped, "next_obs": nxt})
+        store.add(step(7))
+        for t in range(4, 8):
+            np.testing.assert_array_equal(store.get(t - 8)["obs"], step(t)["obs"])
+            np.testing.assert_array_equal(store.get(t - 8)["next_obs"], step(t)["next_obs"])

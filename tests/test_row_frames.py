@@ -673,3 +673,54 @@ def test_a_reader_reads_a_segment_being_sealed_from_staging_and_the_writer_its_r
     with mr.open(path) as reader:
         np.testing.assert_array_equal(reader.get(slice(None))["x"], data[:13])
     assert zarr_array(path, "x")[:13].tolist() == data[:13].tolist()
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("codec", CODECS)
+def test_steps_added_one_by_one_while_segments_seal_slowly_read_back_after_commits_and_reopening(
+    tmp_path, monkeypatch, codec, native
+):
+    """Per-step adds take a short way inside a segment, into staging or, while the segment
+    before is still being sealed, ahead of it; sealing is slowed here so that the steps go
+    ahead, through the ring's wrap, commits and a reopened writer, with the native encoder
+    and the Python one."""
+    from mmreplay.backends import native_rows, row_frames
+
+    monkeypatch.setenv(native_rows.ENV, "1" if native else "0")
+    store_when_encoded = row_frames.RowFrameLeaf._store_when_encoded
+
+    def slowly(self, *args):
+        threading.Event().wait(0.02)
+        store_when_encoded(self, *args)
+
+    monkeypatch.setattr(row_frames.RowFrameLeaf, "_store_when_encoded", slowly)
+    rng = np.random.default_rng(4)
+    data = values(rng, 61, 2, (3, 5), "uint8")
+    spec = {"x": mr.ArraySpec((3, 5), "uint8"), "y": mr.ArraySpec((), "float32")}
+    ys = rng.random((61, 2)).astype(np.float32)
+    path = tmp_path / "b"
+    went_ahead = 0
+    for a, b in ((0, 23), (23, 61)):
+        opener = mr.create(path, spec, 13, num_envs=2, compression={"x": codec}, chunk_steps=4) if a == 0 else (
+            mr.open(path, "a")
+        )
+        with opener as store:
+            (leaf,) = [leaf for leaf in store.stored_leaves if leaf.info.path == "x"]
+            for t in range(a, b):
+                store.add({"x": data[t], "y": ys[t]})
+                went_ahead += leaf.sealing is not None
+                if t % 7 == 3:
+                    store.commit()
+                got = store.get(slice(None))
+                np.testing.assert_array_equal(got["x"], data[max(0, t - 12) : t + 1])
+                np.testing.assert_array_equal(got["y"], ys[max(0, t - 12) : t + 1])
+            with mr.open(path) as reader:  # the committed steps, from another reader
+                first, end = reader.window[:2]
+                assert end == store.state.end
+                np.testing.assert_array_equal(reader.get(slice(None))["x"], data[first:end])
+    assert went_ahead > 5
+    with mr.open(path) as reader:
+        np.testing.assert_array_equal(reader.get(slice(None))["x"], data[48:])
+    want = np.empty((13, 2, 3, 5), np.uint8)
+    want[np.arange(48, 61) % 13] = data[48:]
+    np.testing.assert_array_equal(np.asarray(zarr_array(path, "x")[:]), want)

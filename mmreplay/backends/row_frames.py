@@ -202,10 +202,10 @@ class _EncodeFailed(Exception):
 class _NativeJob:
     """Rows of one leaf handed to the native encoding thread."""
 
-    __slots__ = ("frames", "lo", "hi", "encoder", "where", "job")
+    __slots__ = ("leaves", "frames", "lo", "hi", "encoder", "where", "job")
 
-    def __init__(self, frames: list[bytes | None], lo: int, hi: int, encoder: Any, worker: Any, where: str, rows: Any):
-        self.frames, self.lo, self.hi, self.encoder, self.where = frames, lo, hi, encoder, where
+    def __init__(self, leaf: Any, frames: list[bytes | None], lo: int, hi: int, encoder: Any, worker: Any, rows: Any):
+        self.leaves, self.frames, self.lo, self.hi, self.encoder, self.where = (leaf,), frames, lo, hi, encoder, leaf.where
         self.job = encoder.submit(worker, rows)
 
     def finish(self, wait: bool) -> bool:
@@ -224,10 +224,11 @@ class _PythonJob:
     """Rows of some leaves handed to the Python encoding thread, which puts their frames
     in place."""
 
-    __slots__ = ("future",)
+    __slots__ = ("future", "leaves")
 
-    def __init__(self, future: Future[None]):
+    def __init__(self, future: Future[None], leaves: list[Any]):
         self.future = future
+        self.leaves = leaves  # whose rows these are
 
     def finish(self, wait: bool) -> bool:
         if not wait and not self.future.done():
@@ -306,6 +307,10 @@ class _Encoder:
         if self.rows >= ENCODE_BATCH_ROWS:
             self.hand_over()
 
+    def holds(self, leaf: RowFrameLeaf) -> bool:
+        """Does the encoder hold rows of ``leaf`` not put in place yet?"""
+        return any(part[0] is leaf for part in self.parts) or any(leaf in job.leaves for job in self.handed)
+
     def hand_over(self) -> None:
         """Give the rows not handed over yet to the threads."""
         parts, self.parts, self.rows = self.parts, [], 0
@@ -317,9 +322,9 @@ class _Encoder:
                 continue
             if self.worker is None:
                 self.worker = native.worker()
-            self.handed.append(_NativeJob(frames, lo, hi, native, self.worker, leaf.where, source[lo:hi]))
+            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.worker, source[lo:hi]))
         if in_python:
-            self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python)))
+            self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python), [p[0] for p in in_python]))
 
     def check(self, wait: bool = False) -> None:
         """Put the frames of the batches done in place; raise what the encoding raised
@@ -704,6 +709,10 @@ class RowFrameLeaf:
         # meanwhile ("ahead") and moved into staging once the seal is done.
         self.sealing: tuple[int, Future[None]] | None = None
         self.ahead: np.ndarray | None = None
+        self.ahead_buffers: list[np.ndarray | None] = [None, None]
+        # the step that :meth:`write` writes the short way if it comes next (-1: none), whether
+        # it goes ahead, and its segment's first slot
+        self.next_start, self.next_ahead, self.next_base = -1, False, 0
         self.ahead_segment = -1
         self.ahead_filled = 0  # steps of ahead_segment written ahead
         self.ahead_frames: list[bytes | None] | None = None
@@ -971,6 +980,7 @@ class RowFrameLeaf:
 
     def _start(self, k: int, step: int) -> None:
         """Make segment ``k`` the staging segment, its rows from ``step`` on written next."""
+        self.next_start = -1
         seq, segment, base, filled = self._header()
         if segment == k and self.pending is None and base <= step <= filled:
             # a writer reopening: the rows before ``step`` in staging are this lap's
@@ -996,6 +1006,10 @@ class RowFrameLeaf:
         self.pending = [None] * self.seg_rows
 
     def write(self, start: int, values: np.ndarray) -> None:
+        if start == self.next_start and len(values) == 1:
+            self._write_next(values)
+            return
+        self.next_start = -1
         pos, end = start, start + len(values)
         while pos < end:
             k = pos // self.seg
@@ -1007,7 +1021,8 @@ class RowFrameLeaf:
             part = values[pos - start : pos - start + n]
             if self.sealing is not None:
                 self._promote(wait=False)
-            if self.sealing is not None and k == self.ahead_segment and pos - a == self.ahead_filled:
+            ahead = self.sealing is not None and k == self.ahead_segment and pos - a == self.ahead_filled
+            if ahead:
                 # the segment before is still being sealed from staging: write ahead
                 assert self.ahead is not None and self.ahead_frames is not None
                 self.ahead[lo:hi] = self._raw(part)
@@ -1025,6 +1040,30 @@ class RowFrameLeaf:
             if pos == b:  # the write head leaves segment k: store it
                 self._promote(wait=True)  # segment k is the staging segment now
                 self._seal_later(k)
+            elif pos + 1 < b:  # the next step, if it comes next, takes the short way
+                self.next_start, self.next_ahead, self.next_base = pos, ahead, a
+
+    def _write_next(self, values: np.ndarray) -> None:
+        """One step (``values[0]``) right after the one written last, in the same segment
+        and not its last step: :meth:`write` without its bookkeeping (staging already
+        says this segment, filled up to this step; or the rows go on ahead)."""
+        step = self.next_start
+        lo = (step - self.next_base) * self.num_envs
+        hi = lo + self.num_envs
+        if self.next_ahead and self.sealing is not None:
+            self._promote(wait=False)  # the segment written ahead may become the staging segment
+        self.next_start = -1  # until this step is written
+        if self.next_ahead and self.sealing is not None:
+            self.ahead[lo:hi] = self._raw(values)  # type: ignore[index]
+            self._encode_later(self.ahead_frames, lo, hi, self.ahead)  # type: ignore[arg-type]
+            self.ahead_filled += 1
+        else:
+            self.staged[lo:hi] = self._raw(values)
+            self._encode_later(self.pending, lo, hi)  # type: ignore[arg-type]
+            self.header[3] = step - self.next_base + 1
+            self.next_ahead = False
+        if step + 2 < min(self.next_base + self.seg, self.capacity):
+            self.next_start = step + 1
 
     def _seal_later(self, k: int) -> None:
         """Seal the staging segment ``k`` in the background; the rows after it are written
@@ -1036,12 +1075,20 @@ class RowFrameLeaf:
         if self.nseg == 1 or (self.codec.dictionary and not self.frames.load_dictionary()):
             self._seal(k)
             return
-        self._check_encoder(wait=True)  # k's frames are all there
+        encoder = self._background()
+        encoder.check()  # what failed is raised here
+        encoder.hand_over()
         frames = self.pending
         assert frames is not None
-        self.sealing = (k, self._background().run_later(self._store_shard, k, frames))
-        if self.ahead is None:
-            self.ahead = np.empty_like(self.staged)
+        # k's frames still being encoded: the sealing thread waits for them, not the writer
+        jobs = [job for job in encoder.handed if isinstance(job, _NativeJob) and job.frames is frames]
+        self.sealing = (k, encoder.run_later(self._store_when_encoded, k, frames, jobs))
+        # two buffers in turn: the rows written ahead of the segment before may still be
+        # being encoded (its sealing waits for them) while these are written
+        self.ahead_buffers.reverse()
+        if self.ahead_buffers[0] is None:
+            self.ahead_buffers[0] = np.empty_like(self.staged)
+        self.ahead = self.ahead_buffers[0]
         self.ahead_segment = (k + 1) % self.nseg
         self.ahead_filled = 0
         self.ahead_frames = [None] * self.seg_rows
@@ -1059,8 +1106,12 @@ class RowFrameLeaf:
         self.sealing = None
         try:
             future.result()
+        except _EncodeFailed as exc:  # a row of segment k did not encode
+            self.ahead_segment, self.ahead_frames, self.next_start = -1, None, -1
+            self._background().failed = exc
+            self._background().check()  # raises it
         except BaseException as exc:
-            self.ahead_segment, self.ahead_frames = -1, None
+            self.ahead_segment, self.ahead_frames, self.next_start = -1, None, -1
             self._background().failed = _EncodeFailed(f"{self.where}: sealing segment {k}", exc)
             raise
         self._drop(k)
@@ -1078,8 +1129,12 @@ class RowFrameLeaf:
         self.ahead_segment, self.ahead_frames, self.ahead_filled = -1, None, 0
 
     def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
+        self.next_start = -1
         self._promote(wait=True)
-        self._check_encoder(wait=True)  # one thread encodes at a time: the codec is not shared
+        # one thread encodes at a time with this leaf's codec: wait for the rows of this leaf
+        # the encoder holds (none for the side ring of next frames, which is written here
+        # only), not for every leaf's
+        self._check_encoder(wait=self.encoder is not None and self.encoder.holds(self))
         slots = np.asarray(slots, np.int64) % self.capacity
         seg_of = slots // self.seg
         _, segment, base, filled = self._header()
@@ -1131,6 +1186,15 @@ class RowFrameLeaf:
         self._drop(k)
         self.sealed_since_flush.add(k)
 
+    def _store_when_encoded(self, k: int, frames: list[bytes | None], jobs: list[_NativeJob]) -> None:
+        """On the Python encoding thread: once the native ``jobs`` of segment ``k`` are
+        done, put their frames in place and store its shard. (The writer's thread puts the
+        same frames in place again when it takes the jobs; rows encoded in Python were
+        encoded before this runs, by the same thread.)"""
+        for job in jobs:
+            job.finish(wait=True)
+        self._store_shard(k, frames)
+
     def _store_shard(self, k: int, frames: list[bytes | None]) -> None:
         """Write segment ``k``'s shard: ``frames``, and the old shard's for rows not
         written this lap (on the writer's thread or the Python background thread)."""
@@ -1173,6 +1237,7 @@ class RowFrameLeaf:
         """Store the rows of the staging segment as its shard too, so zarr readers see them
         (a writer's close); staging keeps them for the next writer."""
         self._promote(wait=True)
+        self.next_start = -1
         _, segment, base, filled = self._header()
         if self.writable and self.pending is not None and segment >= 0 and filled > base:
             self._seal(segment)
