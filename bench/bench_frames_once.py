@@ -22,7 +22,8 @@ under the store's folder after it is closed) vs the naive layout; ``sample(256)`
 shown); per-step add vs numpy's assignment of the stacked layout, each block of adds
 ending once its rows are encoded (:func:`settle`). Medians over interleaved blocks.
 
-Usage: ``python bench/bench_frames_once.py [--quick] [--steps 5000] [--envs 8]``.
+Usage: ``python bench/bench_frames_once.py [--quick] [--steps 5000] [--envs 8] [--calls 200]
+[--blocks 7]`` (more, shorter blocks share more of the machine's swings between systems).
 """
 
 from __future__ import annotations
@@ -115,9 +116,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--envs", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed block")
+    parser.add_argument("--blocks", type=int, default=7, help="timed blocks per system, interleaved")
     args = parser.parse_args()
     steps, envs = (400, 2) if args.quick else (args.steps, args.envs)
-    calls, blocks = (20, 3) if args.quick else (200, 7)
+    calls, blocks = (20, 3) if args.quick else (args.calls, args.blocks)
     data = episodes(steps, envs)
     data_chw = [chw(s) for s in data]
     with tempfile.TemporaryDirectory() as folder:

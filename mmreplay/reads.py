@@ -271,11 +271,10 @@ class DiskReads:
 
     ``prefetched`` counts the batches it sent to the prefetch."""
 
-    def __init__(self, leaves: list[Any]):
-        # What a cold batch reads per row: a page of each leaf at least (random rows of
-        # small leaves share no page), so that a few pages of code or of other files read
-        # meanwhile do not pass for one.
-        self.row_bytes = max(1, sum(max(leaf.row_bytes, mmap.PAGESIZE) for leaf in leaves))
+    def __init__(self, row_bytes: int):
+        # What a cold batch reads per row, so that a few pages of code or of other files
+        # read meanwhile do not pass for one.
+        self.row_bytes = max(1, row_bytes)
         self.mark: int | None = None  # bytes read from the disk so far, at the last check
         self.skip = 0  # batches left until the next check
         self.prefetched = 0
@@ -286,7 +285,8 @@ class DiskReads:
         anyway, nothing is mapped, or the OS keeps no rusage (Windows)."""
         if not mapped or prefetch or resource is None:
             return None
-        return cls(mapped)
+        # a page of each leaf at least per row: random rows of small leaves share no page
+        return cls(sum(max(leaf.row_bytes, mmap.PAGESIZE) for leaf in mapped))
 
     def cold(self, rows: int) -> bool:
         """True when this batch of ``rows`` rows should prefetch its pages."""

@@ -133,7 +133,7 @@ def test_a_batch_prefetches_after_disk_reads_and_not_on_cached_pages(store_path)
 
 
 def test_the_decision_reads_the_process_disk_reads(tmp_path):
-    decide = reads.DiskReads([])
+    decide = reads.DiskReads(1)
     assert decide.cold(1)  # the first batch
     assert not decide.cold(1)  # nothing read since
     for _ in range(reads.WARM_CHECK - 1):

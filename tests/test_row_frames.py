@@ -724,3 +724,41 @@ def test_steps_added_one_by_one_while_segments_seal_slowly_read_back_after_commi
     want = np.empty((13, 2, 3, 5), np.uint8)
     want[np.arange(48, 61) % 13] = data[48:]
     np.testing.assert_array_equal(np.asarray(zarr_array(path, "x")[:]), want)
+
+
+def _drop_page_cache(folder: Path) -> None:
+    for root, _, names in os.walk(folder):
+        for name in names:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_cold_batch_asks_for_its_frames_and_indexes_together(tmp_path, monkeypatch, mapped):
+    """A batch read from the disk asks for every frame's and shard index's pages before
+    decoding (mapped shards, and shards read with pread past the budget): same values,
+    counted as prefetched, no file descriptor left open."""
+    from mmreplay.backends import row_frames
+
+    if not mapped:
+        monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 0)
+        monkeypatch.setattr(row_frames, "OPEN_SHARDS", 0)
+    path = tmp_path / "b"
+    values = np.random.default_rng(1).integers(0, 3, (60, 2, 32, 32), dtype=np.uint8)
+    spec = {"obs": mr.ArraySpec((32, 32), "uint8")}
+    with mr.create(path, spec, 60, num_envs=2, compression="rows:lz4", chunk_steps=3) as store:
+        store.extend({"obs": values})
+    _drop_page_cache(path)
+    fds = len(os.listdir("/proc/self/fd"))
+    with mr.open(path) as reader:
+        (leaf,) = reader.leaves
+        ids = np.random.default_rng(0).permutation(120)  # every one of the 20 segments
+        np.testing.assert_array_equal(leaf.take(ids), values.reshape(120, 32, 32)[ids])
+        assert leaf.disk_reads.prefetched == 1  # the first batch counts as cold
+        assert len(leaf.indexed) == 20 and leaf.mapped.all() == mapped
+        np.testing.assert_array_equal(leaf.take(ids[::-1]), values.reshape(120, 32, 32)[ids[::-1]])
+    assert len(os.listdir("/proc/self/fd")) == fds

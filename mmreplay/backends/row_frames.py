@@ -678,6 +678,11 @@ class RowFrameLeaf:
         self.paths: dict[int, str] = {}  # segment -> shard file, worked out when first read
         #: segment -> file descriptor of shards read with pread, kept open (OPEN_SHARDS)
         self.files: dict[int, int] = {}
+        from ..reads import DiskReads
+
+        #: whether a batch's frames are likely out of memory (a cold batch reads a page
+        #: per frame at least): then their pages are asked for together before decoding
+        self.disk_reads = DiskReads(mmap.PAGESIZE)
         self.sealed_since_flush: set[int] = set()
         staging = os.path.join(folder, STAGING_FILE)
         need = staging_bytes(self.seg, num_envs, self.row_bytes)
@@ -732,12 +737,13 @@ class RowFrameLeaf:
             path = self.paths[k] = self.shard_path(k)
         return path
 
-    def _open(self, k: int) -> tuple[int, int]:
-        """A file descriptor of segment ``k``'s shard and the file's size, its index in
-        memory from this very file (read again unless it is)."""
+    def _open(self, k: int, fd: int | None = None) -> tuple[int, int]:
+        """A file descriptor of segment ``k``'s shard (``fd`` if given) and the file's
+        size, its index in memory from this very file (read again unless it is)."""
         path = self._path(k)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            if fd is None:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise CorruptBufferError(
                 f"{self.where}: shard file {path} (segment {k}) holds committed steps but is missing; "
@@ -760,10 +766,10 @@ class RowFrameLeaf:
             raise
         return fd, st.st_size
 
-    def _map(self, k: int) -> None:
+    def _map(self, k: int, fd: int | None = None) -> None:
         """Map sealed segment ``k``'s shard, and load its index into memory unless it is
         there from this very file."""
-        fd, size = self._open(k)
+        fd, size = self._open(k, fd)
         try:
             buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
         finally:
@@ -835,9 +841,10 @@ class RowFrameLeaf:
         segments = flat // self.seg_rows
         unmapped = ~self.mapped[segments]
         opened: dict[int, int] = {}  # segment -> file descriptor: shards read with pread
+        cold = self.disk_reads.cold(flat.size)
         try:
             if unmapped.any():
-                self._unmapped_files(np.unique(segments[unmapped]).tolist(), opened)
+                self._unmapped_files(np.unique(segments[unmapped]).tolist(), opened, cold)
             offsets = self.offsets[flat]
             if (offsets < 0).any():
                 i = int(np.flatnonzero(offsets < 0)[0])
@@ -848,6 +855,8 @@ class RowFrameLeaf:
                 )
             lengths = self.lengths[flat]
             which = segments.astype(np.int32)
+            if cold:
+                self._willneed(segments, offsets, lengths, opened)
             if opened:
                 read = ~self.mapped[segments]
                 which[read] = self.nseg  # the batch's buffer of frames read with pread
@@ -872,22 +881,75 @@ class RowFrameLeaf:
                 self._close_file(next(iter(self.files)))
         return seq
 
-    def _unmapped_files(self, wanted: list[int], opened: dict[int, int]) -> None:
+    def _willneed(
+        self, segments: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, opened: dict[int, int]
+    ) -> None:
+        """Ask the kernel for the pages of a batch's frames, all at once (``MADV_WILLNEED``
+        on the mapped shards, ``POSIX_FADV_WILLNEED`` on the others), one call per run of
+        touching pages: from the disk, the decoder would otherwise fault them in one
+        synchronous read at a time."""
+        page = mmap.PAGESIZE
+        order = np.lexsort((offsets, segments))
+        seg = segments[order]
+        first = offsets[order] // page
+        last = (offsets[order] + lengths[order] - 1) // page
+        brk = np.flatnonzero((seg[1:] != seg[:-1]) | (first[1:] > last[:-1] + 1)) + 1
+        starts = np.r_[0, brk]
+        runs = zip(seg[starts].tolist(), first[starts].tolist(), np.maximum.reduceat(last, starts).tolist())
+        for k, a, b in runs:
+            try:
+                fd = opened.get(k)
+                if fd is not None:
+                    os.posix_fadvise(fd, a * page, (b + 1 - a) * page, os.POSIX_FADV_WILLNEED)
+                else:
+                    shard = self.shards.get(k)
+                    if isinstance(shard, mmap.mmap):
+                        shard.madvise(mmap.MADV_WILLNEED, a * page, min((b + 1 - a) * page, len(shard) - a * page))
+            except (OSError, ValueError, AttributeError):
+                return  # no such advice here, or the mapping went: the decoder faults them in
+
+    def _unmapped_files(self, wanted: list[int], opened: dict[int, int], cold: bool) -> None:
         """Map the segments ``wanted`` while the mappings are fewer than the budget; put
         the file descriptors of the others in ``opened``, to read with pread: kept open
         (:attr:`files`), opened and kept while those are fewer than theirs, else opened
-        for this batch (the caller closes them)."""
+        for this batch (the caller closes them). ``cold``: the pages of the shard indexes
+        to read are asked for together first."""
+        early = self._open_for_indexes(wanted) if cold and len(wanted) > 1 else {}
+        try:
+            for k in wanted:
+                fd = self.files.get(k)
+                if fd is not None:
+                    opened[k] = fd
+                elif _mapped[0] < MAPPED_SHARDS:
+                    self._map(k, early.pop(k, None))
+                else:
+                    opened[k] = fd = self._open(k, early.pop(k, None))[0]
+                    if _kept_open[0] < OPEN_SHARDS:
+                        self.files[k] = fd
+                        _kept_open[0] += 1
+        finally:
+            for fd in early.values():
+                os.close(fd)
+
+    def _open_for_indexes(self, wanted: list[int]) -> dict[int, int]:
+        """File descriptors of the shards in ``wanted`` whose index is not in memory, each
+        index's pages asked for (``POSIX_FADV_WILLNEED``) before any is read: from the
+        disk, reading them one after another waits for each in turn."""
+        need = index_bytes(self.seg_rows)
+        early: dict[int, int] = {}
         for k in wanted:
-            fd = self.files.get(k)
-            if fd is not None:
-                opened[k] = fd
-            elif _mapped[0] < MAPPED_SHARDS:
-                self._map(k)
-            else:
-                opened[k] = fd = self._open(k)[0]
-                if _kept_open[0] < OPEN_SHARDS:
-                    self.files[k] = fd
-                    _kept_open[0] += 1
+            if k in self.indexed or k in self.files:
+                continue
+            try:
+                fd = os.open(self._path(k), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # reported when it is read
+            early[k] = fd
+            try:
+                os.posix_fadvise(fd, max(0, os.fstat(fd).st_size - need), need, os.POSIX_FADV_WILLNEED)
+            except (OSError, AttributeError):
+                pass
+        return early
 
     def _close_file(self, k: int) -> None:
         fd = self.files.pop(k, None)
