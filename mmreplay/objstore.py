@@ -774,7 +774,7 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
     decode too); the same of the side ring of a store that keeps each frame once, over
     the slots written so far."""
     from . import frames
-    from .verify import _side_state
+    from .verify import _only_ref, _side_state
 
     location = Location(url, storage_options)
     try:
@@ -791,8 +791,7 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
         found = _verify_leaves(side_location, side.with_state(State()), False)
         if not found:
             try:
-                leaves = side_location.open_leaves(side)
-                ref = next(leaf for leaf in leaves if leaf.info.path == "ref")
+                (ref,) = side_location.open_leaves(_only_ref(side))
                 written = int(np.asarray(ref.read(slice(None))).reshape(-1, 2)[:, 0].max(initial=0))
             except CorruptBufferError as exc:
                 found, written = [f"does not open: {exc}"], 0

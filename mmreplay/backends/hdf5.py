@@ -44,12 +44,13 @@ from .h5chunks import (
     require_file_filters,
     require_filters,
 )
+from .row_frames import is_row_compression
 
 DATA_FILE = "data.h5"
 
 
 def _compression(text: str) -> dict[str, Any]:
-    if str(text).lower().startswith("rows:"):
+    if is_row_compression(text):
         raise SpecError(
             f"compression {text!r} (one compressed frame per row) exists in the zarr backend only; "
             "the hdf5 backend takes gzip (or zstd / blosc with hdf5plugin), or none"

@@ -53,7 +53,7 @@ FORMATS: dict[str, FormatInfo] = {
 }
 
 
-#: file name endings that name one format (checked longest first)
+#: file name endings that name one format, longest first (``.csv.gz`` before ``.csv``)
 SUFFIXES = {".csv.gz": "csv", ".npz": "npz", ".parquet": "parquet", ".csv": "csv", ".pt": "pt", ".pth": "pt",
             ".zarr": "zarr"}
 #: endings several formats write: the format must be given
@@ -66,7 +66,7 @@ def format_of(out: str | os.PathLike) -> str:
     ``minari`` (``out`` is then the datasets root). A ``.h5`` / ``.hdf5`` name is refused:
     d4rl, d3rlpy and hdf5 all write one."""
     name = os.fspath(out).rstrip("/").lower()
-    for suffix, fmt in sorted(SUFFIXES.items(), key=lambda item: -len(item[0])):
+    for suffix, fmt in SUFFIXES.items():
         if name.endswith(suffix):
             return fmt
     for suffix, choices in AMBIGUOUS.items():
