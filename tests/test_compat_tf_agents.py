@@ -78,6 +78,17 @@ def make_rb(tmp_path, batch_size=2, max_length=5, name="rb", **kw):
     )
 
 
+def as_numpy(x):
+    """Outputs as numpy: tensors once TensorFlow is imported (as TF-Agents returns), else arrays."""
+    if isinstance(x, dict):
+        return {k: as_numpy(v) for k, v in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(as_numpy(v) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(as_numpy(v) for v in x)
+    return x.numpy() if hasattr(x, "numpy") else x
+
+
 def add_counter(rb, n, start=0):
     """Add ``n`` batches; segment b of add t holds ``100 * b + t``."""
     for t in range(start, start + n):
@@ -183,13 +194,13 @@ def test_numpy_storage_without_path_is_temporary():
 def test_counters_and_gather_all_after_wrap(tmp_path):  # 8, 9
     with make_rb(tmp_path) as rb:
         assert rb.last_id == -1 and rb.num_frames() == 0
-        assert rb.gather_all().shape == (2, 0)
+        assert as_numpy(rb.gather_all()).shape == (2, 0)
         add_counter(rb, 3)
         assert rb.num_frames() == 6
-        assert rb.gather_all().tolist() == [[0, 1, 2], [100, 101, 102]]
+        assert as_numpy(rb.gather_all()).tolist() == [[0, 1, 2], [100, 101, 102]]
         add_counter(rb, 4, start=3)
         assert rb.last_id == 6 and rb.num_frames() == 10 and rb.capacity == 10
-        assert rb.gather_all().tolist() == [[2, 3, 4, 5, 6], [102, 103, 104, 105, 106]]
+        assert as_numpy(rb.gather_all()).tolist() == [[2, 3, 4, 5, 6], [102, 103, 104, 105, 106]]
 
 
 def test_add_batch_wrong_batch_or_structure_consumes_nothing(tmp_path):  # 15, adapted
@@ -202,7 +213,7 @@ def test_add_batch_wrong_batch_or_structure_consumes_nothing(tmp_path):  # 15, a
             rb.add_batch({"obs": np.zeros((3, 2))})
         assert rb.last_id == 0 and rb.num_frames() == 3
         rb.add_batch({"obs": np.ones((3, 2)), "reward": 2.0})  # a scalar broadcasts to the batch
-        items = rb.gather_all()
+        items = as_numpy(rb.gather_all())
         assert items["reward"].tolist() == [[0, 2]] * 3 and rb.last_id == 1
 
 
@@ -216,10 +227,10 @@ def test_ring_wrap_matches_a_plain_model(tmp_path):
             rb.add_batch({"obs": obs, "t": np.full(B, t)})
             model.append(obs)
             kept = model[-L:]
-            got = rb.gather_all()
+            got = as_numpy(rb.gather_all())
             assert got["obs"].tolist() == np.stack(kept, axis=1).tolist()
             assert rb.num_frames() == B * len(kept)
-            items, info = rb.get_next(sample_batch_size=16, num_steps=min(3, len(kept)))
+            items, info = as_numpy(rb.get_next(sample_batch_size=16, num_steps=min(3, len(kept))))
             T = items["t"].shape[1]
             assert (np.diff(items["t"], axis=1) == 1).all()  # consecutive, never across the cursor
             assert (items["t"] >= t - len(kept) + 1).all() and (items["t"] <= t).all()
@@ -234,22 +245,22 @@ def test_ring_wrap_matches_a_plain_model(tmp_path):
 def test_get_next_shapes_ids_and_probabilities(tmp_path):  # 10, 14
     with make_rb(tmp_path) as rb:
         add_counter(rb, 7)
-        items, info = rb.get_next(sample_batch_size=4, num_steps=3)
+        items, info = as_numpy(rb.get_next(sample_batch_size=4, num_steps=3))
         assert items.shape == (4, 3) and info.ids.shape == (4, 3)
         assert np.allclose(info.probabilities, 1 / 6) and info.probabilities.shape == (4,)
         assert info.probabilities.dtype == np.float32
         assert (items % 100 == info.ids).all()
-        item, info = rb.get_next()
+        item, info = as_numpy(rb.get_next())
         assert np.shape(item) == () and np.shape(info.ids) == () and np.isclose(info.probabilities, 0.1)
-        items, info = rb.get_next(sample_batch_size=5)
+        items, info = as_numpy(rb.get_next(sample_batch_size=5))
         assert items.shape == (5,) and info.ids.shape == (5,)
-        items, info = rb.get_next(num_steps=2)
+        items, info = as_numpy(rb.get_next(num_steps=2))
         assert items.shape == (2,) and info.ids.shape == (2,) and np.shape(info.probabilities) == ()
-        items, info = rb.get_next(sample_batch_size=2, num_steps=3, time_stacked=False)
+        items, info = as_numpy(rb.get_next(sample_batch_size=2, num_steps=3, time_stacked=False))
         assert isinstance(items, tuple) and len(items) == 3 and all(x.shape == (2,) for x in items)
         assert isinstance(info.ids, tuple) and len(info.ids) == 3 and info.probabilities.shape == (2,)
         assert ((items[1] - items[0]) == 1).all()
-        items, _ = rb.get_next(num_steps=3, time_stacked=False)
+        items, _ = as_numpy(rb.get_next(num_steps=3, time_stacked=False))
         assert len(items) == 3 and all(np.shape(x) == () for x in items)
 
 
@@ -258,7 +269,7 @@ def test_get_next_never_crosses_the_cursor_or_the_oldest_frame(tmp_path):  # 11
         add_counter(rb, 7)
         seen = set()
         for _ in range(300):
-            items, info = rb.get_next(num_steps=3)
+            items, info = as_numpy(rb.get_next(num_steps=3))
             seen.add(tuple(int(x) for x in items))
             assert (items % 100 == info.ids).all()
         allowed = {(2, 3, 4), (3, 4, 5), (4, 5, 6)}
@@ -269,24 +280,24 @@ def test_get_next_never_crosses_the_cursor_or_the_oldest_frame(tmp_path):  # 11
 def test_get_next_says_empty_or_too_short(tmp_path):  # 12, 13
     with make_rb(tmp_path) as rb:
         with pytest.raises(mr.NotEnoughDataError, match="is empty"):
-            rb.get_next()
+            as_numpy(rb.get_next())
         add_counter(rb, 2)
         with pytest.raises(mr.NotEnoughDataError, match="too short for num_steps=3"):
-            rb.get_next(num_steps=3)
-        items, info = rb.get_next(num_steps=2)
+            as_numpy(rb.get_next(num_steps=3))
+        items, info = as_numpy(rb.get_next(num_steps=2))
         assert items.tolist() in ([0, 1], [100, 101]) and info.ids.tolist() == [0, 1]
         add_counter(rb, 3, start=2)
         for _ in range(20):
-            items, _ = rb.get_next(num_steps=5)
+            items, _ = as_numpy(rb.get_next(num_steps=5))
             assert items.tolist() in ([0, 1, 2, 3, 4], [100, 101, 102, 103, 104])
         with pytest.raises(mr.NotEnoughDataError):
-            rb.get_next(num_steps=6)
+            as_numpy(rb.get_next(num_steps=6))
 
 
 def test_sampling_is_uniform_over_starts_and_segments(tmp_path):
     with make_rb(tmp_path, batch_size=2, max_length=5) as rb:
         add_counter(rb, 7)
-        items, _ = rb.get_next(sample_batch_size=6000, num_steps=2)
+        items, _ = as_numpy(rb.get_next(sample_batch_size=6000, num_steps=2))
         _, counts = np.unique(items[:, 0], return_counts=True)
         assert len(counts) == 8  # 4 starts (2..5) x 2 segments
         expected = 6000 / 8
@@ -295,17 +306,6 @@ def test_sampling_is_uniform_over_starts_and_segments(tmp_path):
 
 
 # --- deterministic pass ---------------------------------------------------------------
-
-
-def as_numpy(x):
-    """``as_dataset`` outputs as numpy: tensors where TensorFlow is installed, else arrays."""
-    if isinstance(x, dict):
-        return {k: as_numpy(v) for k, v in x.items()}
-    if isinstance(x, BufferInfo):
-        return BufferInfo(*(as_numpy(v) for v in x))
-    if isinstance(x, (list, tuple)):
-        return type(x)(as_numpy(v) for v in x)
-    return x.numpy() if hasattr(x, "numpy") else x
 
 
 def numpy_items(dataset):
@@ -391,12 +391,15 @@ def test_deterministic_pass_buffer_info_and_errors(tmp_path):  # 20, 21
             assert (info.ids == items % 100).all() and info.ids.shape == (2, 2)
 
 
-def test_deterministic_pass_reads_the_frames_present_when_created(tmp_path):
+def test_deterministic_pass_reads_the_frames_present_when_its_iteration_starts(tmp_path):
+    """As TF-Agents: a pass made before the adds sees them; adds made during it do not."""
     with make_rb(tmp_path, 1, 10) as rb:
         add_counter(rb, 3)
-        it = rb.as_dataset(single_deterministic_pass=True)
+        it = iter(rb.as_dataset(single_deterministic_pass=True))
         add_counter(rb, 2, start=3)
-        assert [int(x) for x, _ in it] == [0, 1, 2]
+        first = next(it)
+        add_counter(rb, 2, start=5)
+        assert [int(x) for x, _ in [first, *it]] == [0, 1, 2, 3, 4]
 
 
 def test_random_dataset_repeats_get_next(tmp_path):
@@ -418,11 +421,11 @@ def test_clear_restarts_ids(tmp_path):  # 22
         rb.clear()
         assert rb.num_frames() == 0 and rb.last_id == -1
         with pytest.raises(mr.NotEnoughDataError):
-            rb.get_next()
+            as_numpy(rb.get_next())
         rb.add_batch(np.array([50, 150]))
-        item, info = rb.get_next()
+        item, info = as_numpy(rb.get_next())
         assert int(info.ids) == 0 and int(item) in (50, 150)
-        assert rb.gather_all().tolist() == [[50], [150]]
+        assert as_numpy(rb.gather_all()).tolist() == [[50], [150]]
 
 
 def test_reopen_resumes_ids_frames_and_refuses_another_spec(tmp_path):  # 23, adapted
@@ -432,12 +435,12 @@ def test_reopen_resumes_ids_frames_and_refuses_another_spec(tmp_path):  # 23, ad
         add_counter(rb, 3, start=10)
     with make_rb(tmp_path) as rb:
         assert rb.last_id == 2 and rb.num_frames() == 6
-        assert rb.gather_all().tolist() == [[10, 11, 12], [110, 111, 112]]
+        assert as_numpy(rb.gather_all()).tolist() == [[10, 11, 12], [110, 111, 112]]
         add_counter(rb, 4, start=13)
         assert rb.last_id == 6 and rb.num_frames() == 10
-        assert rb.gather_all().tolist() == [[12, 13, 14, 15, 16], [112, 113, 114, 115, 116]]
+        assert as_numpy(rb.gather_all()).tolist() == [[12, 13, 14, 15, 16], [112, 113, 114, 115, 116]]
     with make_rb(tmp_path, commit_every=50) as rb:  # the store's own commit policy wins on reopen
-        assert rb.gather_all().tolist() == [[12, 13, 14, 15, 16], [112, 113, 114, 115, 116]]
+        assert as_numpy(rb.gather_all()).tolist() == [[12, 13, 14, 15, 16], [112, 113, 114, 115, 116]]
     with pytest.raises(mr.SpecMismatchError, match="num_envs: existing 2 vs new 3"):
         make_rb(tmp_path, batch_size=3)
     with pytest.raises(mr.SpecMismatchError, match="max_length: existing 5 vs new 6"):
@@ -455,7 +458,7 @@ def test_full_window_survives_reopen_for_any_commit_every(tmp_path):
             assert rb.num_frames() == 40  # the writer sees uncommitted adds too
         with make_rb(tmp_path, 2, 20, f"rb{ce}") as rb:
             assert rb.num_frames() == 40
-            assert rb.gather_all()[0].tolist() == list(range(27, 47))
+            assert as_numpy(rb.gather_all())[0].tolist() == list(range(27, 47))
 
 
 def test_spec_with_lists_samples_and_iterates(tmp_path):  # 24, adapted: as_dataset works too
@@ -463,7 +466,7 @@ def test_spec_with_lists_samples_and_iterates(tmp_path):  # 24, adapted: as_data
     with UniformReplayBuffer(spec, 1, 4, path=tmp_path / "rb") as rb:
         for t in range(3):
             rb.add_batch([np.array([t]), np.full((1, 2), t)])
-        items, _ = rb.get_next(sample_batch_size=2)
+        items, _ = as_numpy(rb.get_next(sample_batch_size=2))
         assert isinstance(items, list) and items[1].shape == (2, 2)
         got = [items[0].tolist() for items, _ in numpy_items(rb.as_dataset(single_deterministic_pass=True))]
         assert got == [0, 1, 2]
@@ -500,13 +503,13 @@ def test_trajectory_spec_roles_and_driver_observer(tmp_path):  # 25, 26
         batched = Trajectory(*(() if isinstance(x, tuple) else np.asarray(x)[None] for x in traj))
         for observer in observers:
             observer(batched)
-    got = rb.gather_all()
+    got = as_numpy(rb.gather_all())
     assert isinstance(got, Trajectory)
     assert got.step_type[0].tolist() == [0, 1, 1, 1, 2, 0, 1, 2]
     assert got.next_step_type[0].tolist() == [1, 1, 1, 2, 0, 1, 2, 0]
     assert got.action[0].tolist() == [10, 11, 12, 13, 0, 20, 21, 0]
     assert got.policy_info == ()
-    items, _ = rb.get_next(sample_batch_size=4, num_steps=2)
+    items, _ = as_numpy(rb.get_next(sample_batch_size=4, num_steps=2))
     assert isinstance(items, Trajectory) and items.observation.shape == (4, 2, 3)
     # episodes end where next_step_type is LAST; the boundary rows belong to none
     rb.store.commit()
@@ -526,7 +529,7 @@ def test_tensor_specs_and_a_vector_reward(tmp_path):
             np.ones(2, np.int32), np.ones((2, 2), np.float32), np.ones(2, np.float32),
         )  # fmt: skip
         rb.add_batch(step)
-        assert rb.gather_all().reward.shape == (2, 1, 2)
+        assert as_numpy(rb.gather_all()).reward.shape == (2, 1, 2)
 
 
 # --- crash: SIGKILL of a real writer -------------------------------------------------
@@ -581,7 +584,7 @@ def test_uniform_replay_buffer_survives_sigkill(tmp_path):
     spec = {"t": mr.ArraySpec((), "int64"), "obs": mr.ArraySpec((3,), "float32")}
     with UniformReplayBuffer(spec, batch_size=2, max_length=50, path=path) as rb:
         assert rb.last_id >= done  # every reported add was committed before it was reported
-        got = rb.gather_all()
+        got = as_numpy(rb.gather_all())
         assert rb.num_frames() == 100
         assert got["t"][0].tolist() == list(range(rb.last_id - 49, rb.last_id + 1))
         assert (got["obs"][0] == got["t"][0][:, None]).all() and (
@@ -641,7 +644,7 @@ def test_prioritized_buffer_draws_by_priority_and_updates_land(tmp_path):
         ids = np.array([2, 3, 4, 5, 2, 3, 4, 5])
         segments = np.array([0, 0, 0, 0, 1, 1, 1, 1])
         assert rb.update_priorities(ids, segments, [0, 0, 0, 0, 0, 1.0, 0, 0]) == 8
-        items, info = rb.get_next(sample_batch_size=64)
+        items, info = as_numpy(rb.get_next(sample_batch_size=64))
         assert set(items.tolist()) == {103}  # frame 3 of segment 1
         assert set(info.ids.tolist()) == {3} and set(rb.last_sample.env.tolist()) == {1}
         assert info.probabilities == pytest.approx(np.ones(64), rel=1e-6)
@@ -649,7 +652,7 @@ def test_prioritized_buffer_draws_by_priority_and_updates_land(tmp_path):
         # the update lands on the item the sample gave
         rb.update_priorities(info.ids[:1], rb.last_sample.env[:1], [0.0])
         rb.update_priorities([4], [0], [3.0])
-        items, _ = rb.get_next(sample_batch_size=32, num_steps=2)
+        items, _ = as_numpy(rb.get_next(sample_batch_size=32, num_steps=2))
         assert items.tolist() == [[4, 5]] * 32
     with make_rb(tmp_path, 2, 4, "per") as rb:  # reopened: sampler and priorities are back
         assert rb.store.sampler.name == "prioritized"

@@ -108,7 +108,10 @@ def test_one_pip_command_installs_beside_tf_agents_and_tf_tests_pass(tmp_path):
     check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout
     subprocess.run([*pip, "pytest"], check=True, timeout=600)
-    tests = ["tests/test_tf_agents_tensorflow.py", "tests/test_compat_tf_agents.py", "tests/test_tf_agents_recorded.py"]
+    tests = [
+        "tests/test_tf_agents_tensorflow.py", "tests/test_compat_tf_agents.py", "tests/test_tf_agents_recorded.py",
+        "tests/test_tf_agents_own_tests.py",
+    ]  # fmt: skip
     run = subprocess.run(
         [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
         cwd=ROOT, capture_output=True, text=True, timeout=3600,

@@ -142,7 +142,7 @@ def test_checkpointer_commits_and_restore_checks_the_folder(tmp_path):
     rb = UniformReplayBuffer(spec, 2, 50, path=path)
     with pytest.warns(RuntimeWarning, match="holds 2 adds made after the checkpoint"):
         common.Checkpointer(ckpt, max_to_keep=2, replay_buffer=rb, global_step=step)
-    assert rb.gather_all()[0].tolist() == list(range(12))  # kept and sampled
+    assert rb.gather_all()[0].numpy().tolist() == list(range(12))  # kept and sampled
     rb.close()
 
     old = UniformReplayBuffer(spec, 2, 50, path=before)

@@ -1,28 +1,40 @@
 """The TensorFlow side of :mod:`mmreplay.compat.tf_agents`, imported only once TensorFlow is.
 
+- Outputs: what TF-Agents returns as tensors (items, ids, probabilities, counts) is
+  converted here, so callers that use ``.numpy()`` or ``tf.*`` ops keep working.
 - Graph mode: inside a ``tf.function`` (``common.function(driver.run)``), ``add_batch``,
   ``get_next`` and ``num_frames`` run the numpy layer through ``tf.numpy_function``, so
   they happen each time the function runs, not once while it is traced.
 - Checkpoints: the buffer is a ``Trackable`` whose saved value is the store's commit
   (adds, origin, creation time), not its data, which stays in the buffer folder. Saving
-  commits the store first; restoring checks that the folder holds that commit.
+  commits the store first; restoring hands the values to the buffer's ``_check_restored``.
 - Errors: an empty buffer raises an error that is both :class:`mmreplay.NotEnoughDataError`
   and ``tf.errors.InvalidArgumentError``, as TF-Agents raises the latter.
+
+It imports nothing from the layer above it: the buffer class is handed in.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from ..errors import NotEnoughDataError
-from .tf_agents import BufferCheckpointError
+from ..spec import flatten, is_namedtuple, unflatten
 
-__all__ = ["EmptyBufferError", "trackable_class", "in_graph", "graph_add", "graph_call"]
+__all__ = [
+    "EmptyBufferError",
+    "trackable_class",
+    "in_graph",
+    "graph_add",
+    "graph_call",
+    "graph_get_next",
+    "dataset",
+    "as_tensors",
+]
 
 
 class EmptyBufferError(NotEnoughDataError, tf.errors.InvalidArgumentError):
@@ -39,6 +51,11 @@ class EmptyBufferError(NotEnoughDataError, tf.errors.InvalidArgumentError):
 def in_graph() -> bool:
     """Whether the caller runs while a ``tf.function`` is traced."""
     return tf.inside_function()
+
+
+def as_tensors(nest: Any) -> Any:
+    """Every array of ``nest`` (lists, tuples, dicts, named tuples) as a tensor."""
+    return tf.nest.map_structure(tf.convert_to_tensor, nest)
 
 
 def graph_add(add: Any, items: Any) -> Any:
@@ -84,40 +101,63 @@ def trackable_class(base: type) -> type:
 
         def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> None:
             saved = {k: v.numpy().item() for k, v in restored_tensors.items()}
-            check_restored(self, saved["committed_steps"], saved["origin"], saved["created"])
+            self._check_restored(saved["committed_steps"], saved["origin"], saved["created"])
 
     TrackableBuffer.__name__ = TrackableBuffer.__qualname__ = base.__name__
     TrackableBuffer.__module__ = base.__module__
     return TrackableBuffer
 
 
-def check_restored(rb: Any, saved_steps: int, saved_origin: int, saved_created: float) -> None:
-    """Compare the buffer's folder with the commit a checkpoint recorded: another buffer
-    or an older folder is an error; a folder with adds made after the checkpoint is
-    kept, with a warning saying so."""
-    store = rb.store
-    path = store.path
-    if store.metadata.created != saved_created:
-        raise BufferCheckpointError(
-            f"{path}: the checkpoint was saved with another replay buffer (created at "
-            f"{saved_created:.6f}, this one at {store.metadata.created:.6f}); create the buffer "
-            "with the path it had when the checkpoint was saved"
-        )
-    steps = store.committed_steps
-    saved_adds = saved_steps - saved_origin
-    if steps < saved_steps:
-        raise BufferCheckpointError(
-            f"{path}: the checkpoint was saved after {saved_adds} adds, the buffer folder holds "
-            f"only {steps - rb._origin}: the folder is older than the checkpoint (a copy made "
-            "before it?). Restore the buffer folder saved with the checkpoint, or an older checkpoint."
-        )
-    if steps > saved_steps or rb._origin != saved_origin:
-        cleared = " and was cleared since" if rb._origin != saved_origin else ""
-        warnings.warn(
-            f"{path}: the buffer holds {steps - saved_steps} adds made after the checkpoint was "
-            f"saved{cleared} (it was saved after {saved_adds} adds); they are kept and sampled. "
-            "Restore the newest checkpoint to resume where the buffer is, or clear() the buffer "
-            "to start it over.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+def graph_get_next(rb: Any, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool) -> Any:
+    """``rb.get_next(...)`` as an op of the ``tf.function`` being traced: ``(items, (ids,
+    probabilities))``, drawn by ``rb._draw`` each time the function runs."""
+    outer = tuple(n for n in (sample_batch_size, num_steps) if n is not None)
+    specs = flatten(rb._spec)
+
+    def draw() -> list[np.ndarray]:
+        items, info = rb._draw(sample_batch_size, num_steps, time_stacked=True)
+        return [*flatten(items), info.ids, info.probabilities]
+
+    dtypes = [s.dtype for s in specs] + [np.int64, np.float32]
+    shapes = [outer + s.shape for s in specs] + [outer, outer[:1] if sample_batch_size else ()]
+    out = graph_call(draw, dtypes, shapes)
+    leaves, ids, prob = out[:-2], out[-2], out[-1]
+    if num_steps is None or time_stacked:
+        return unflatten(rb._spec, leaves), (ids, prob)
+    axis = 0 if sample_batch_size is None else 1
+    per_step = [tf.unstack(x, num_steps, axis=axis) for x in leaves]
+    items = tuple(unflatten(rb._spec, [x[t] for x in per_step]) for t in range(num_steps))
+    return items, (tuple(tf.unstack(ids, num_steps, axis=axis)), prob)
+
+
+def dataset(
+    rb: Any, make: Any, info_type: type, batch: int | None, num_steps: int | None, deterministic: bool
+) -> Any:
+    """A ``tf.data.Dataset`` of the ``(items, info)`` pairs the generator ``make()`` yields
+    (``info`` an ``info_type(ids, probabilities)``)."""
+    free = deterministic and not rb._drop_remainder  # a last smaller window or group
+    outer = tuple(None if free else n for n in (batch, num_steps) if n is not None)
+    structure = _tuplify(rb._spec)
+    item_sig = unflatten(
+        structure, [tf.TensorSpec(outer + s.shape, tf.as_dtype(s.dtype)) for s in flatten(rb._spec)]
+    )
+    prob_sig = () if deterministic else tf.TensorSpec(outer[:1] if batch else (), tf.float32)
+
+    def generate() -> Any:
+        for items, info in make():
+            yield unflatten(structure, flatten(items)), (info.ids, info.probabilities)
+
+    signature = (item_sig, (tf.TensorSpec(outer, tf.int64), prob_sig))
+    ds = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    return ds.map(lambda items, info: (items, info_type(*info)))
+
+
+def _tuplify(spec: Any) -> Any:
+    """The spec with lists turned into tuples: ``tf.data`` structures cannot hold lists."""
+    if isinstance(spec, dict):
+        return {k: _tuplify(v) for k, v in spec.items()}
+    if is_namedtuple(spec):
+        return type(spec)(*(_tuplify(v) for v in spec))
+    if isinstance(spec, (list, tuple)):
+        return tuple(_tuplify(v) for v in spec)
+    return spec
