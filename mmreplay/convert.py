@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ import numpy as np
 from .episodes import continue_index, fresh_envs
 from .errors import NotEnoughDataError
 from .files import check_target
-from .spec import flatten, unflatten
+from .spec import ArraySpec, flatten, unflatten
 from .statefile import StateFile
 from .store import Store, create
 from .store import open as open_store
@@ -73,6 +73,8 @@ def convert(
     capacity: int | None = None,
     commit_every: int | None = None,
     progress: Callable[[int], Any] | None = None,
+    new_leaves: Mapping[str, ArraySpec] | None = None,
+    sampler: Mapping[str, Any] | None = None,
 ) -> ConvertResult:
     """Write a copy of the store at ``src`` to the new path ``out``.
 
@@ -87,6 +89,10 @@ def convert(
             the newest steps.
         commit_every: default the source's.
         progress: called with the rows (steps x envs) copied after each block.
+        new_leaves: leaves the copy adds to a dict spec, reading NaN (floating dtypes)
+            or zero in every copied step.
+        sampler: the copy's sampler as recorded (``Sampler.state_json()``: its name and
+            options); default the source's. Priorities are not copied.
     """
     src = os.fspath(src)
     out = check_target(out, [src], what="converted store")
@@ -101,9 +107,15 @@ def convert(
         cap = capacity or meta.capacity
         first, end = store.first_step, store.committed_steps
         first = max(first, end - cap)
+        spec, added = store.spec, dict(new_leaves or {})
+        if added:
+            if not isinstance(spec, dict) or set(spec) & set(added):
+                raise ValueError(f"{src}: new leaves {sorted(added)} need a dict spec without them")
+            spec = {**spec, **added}
+        recorded = dict(store.sampler.state_json() if sampler is None else sampler)
         dst = create(
             out,
-            store.spec,
+            spec,
             capacity=cap,
             num_envs=meta.num_envs,
             backend=backend or meta.backend,
@@ -112,12 +124,14 @@ def convert(
             commit_every=commit_every or meta.commit_every,
             durability=meta.durability,
             roles=meta.roles,
+            sampler=recorded.pop("name"),
+            **recorded,
         )
         try:
             if meta.attrs:
                 dst.set_attrs(**meta.attrs)
             dst = begin_at(dst, first, fresh_envs(store, first))
-            step_bytes = max(1, meta.num_envs * sum(s.nbytes for s in flatten(store.spec)))
+            step_bytes = max(1, meta.num_envs * sum(s.nbytes for s in flatten(spec)))
             k = max(1, BLOCK_BYTES // step_bytes)
             for a in range(first, end, k):
                 b = min(end, a + k)
@@ -127,7 +141,12 @@ def convert(
                     raise NotEnoughDataError(
                         f"{exc}; the writer overwrote rows before they were copied"
                     ) from None
-                dst.extend(unflatten(store.spec, values))
+                steps = unflatten(store.spec, values)
+                if added:
+                    steps.update(
+                        {p: _unwritten((b - a, meta.num_envs, *s.shape), s.dtype) for p, s in added.items()}
+                    )
+                dst.extend(steps)
                 if progress is not None:
                     progress((b - a) * meta.num_envs)
             dst.close()
@@ -137,3 +156,8 @@ def convert(
             shutil.rmtree(out, ignore_errors=True)
             raise
     return result
+
+
+def _unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Values of rows never written: NaN for floating dtypes, zero otherwise."""
+    return np.full(shape, np.nan if dtype.kind in "fc" else 0, dtype)

@@ -374,65 +374,67 @@ def test_reset_empties_the_memory_durably(tmp_path):
         assert (m.memory_index, len(m)) == (1, 1)
 
 
-def test_save_layouts(tmp_path):  # 38
+def test_save_exports_the_complete_steps_oldest_first(tmp_path):  # 38, adapted: mmreplay export's layouts
     with memory(tmp_path, 3, 2) as m:
         m.create_tensor("obs", 2)
         m.create_tensor("act", 1, dtype=torch.int64)
         m.add_samples(obs=torch.ones(2, 2), act=torch.tensor([[1], [2]]))
-        m.add_samples(obs=torch.tensor([3.0, 3.0]), act=torch.tensor([4]))
+        m.add_samples(obs=torch.full((2, 2), 2.0), act=torch.tensor([[3], [4]]))
+        m.add_samples(obs=torch.tensor([5.0, 5.0]), act=torch.tensor([6]))  # staged: not saved
         pt = m.save(str(tmp_path / "out"), "pt")
         assert os.path.dirname(pt) == str(tmp_path / "out" / "memories") and pt.endswith(".pt")
         assert f"_memory_{hex(id(m))}." in os.path.basename(pt)
         data = torch.load(pt, weights_only=True)
-        assert (
-            list(data) == ["act", "obs"]
-            and data["obs"].shape == (3, 2, 2)
-            and data["act"].dtype == torch.int64
-        )
-        with np.load(m.save(str(tmp_path / "out"), "npz"), allow_pickle=False) as npz:
-            assert (
-                sorted(npz.files) == ["act", "obs"]
-                and npz["act"].dtype == np.int64
-                and npz["obs"].shape == (3, 2, 2)
-            )
+        assert sorted(data) == ["act", "obs"] and data["obs"].shape == (2, 2, 2) and data["act"].dtype == torch.int64
+        assert data["act"].flatten().tolist() == [1, 2, 3, 4]
+        with np.load(m.save(str(tmp_path / "out"), "np"), allow_pickle=False) as npz:
+            assert npz["act"].dtype == np.int64 and npz["obs"][:, :, 0].tolist() == [[1, 1], [2, 2]]
         lines = open(m.save(str(tmp_path / "out"), "csv")).read().splitlines()
-        assert lines[0] == "act.0,obs.0,obs.1" and len(lines) == 1 + len(m) == 4
-        assert lines[3] == "4,3.0,3.0"
+        assert lines[0] == "step,env,act.0,obs.0,obs.1" and lines[1:] == ["0,0,1,1,1", "0,1,2,1,1", "1,0,3,2,2", "1,1,4,2,2"]
+        m.add_samples(obs=torch.tensor([5.0, 5.0]), act=torch.tensor([7]))
+        add_steps(m, 2, name="obs")  # wrapped: the newest 3 steps only, oldest first
+        data = torch.load(m.save(str(tmp_path / "out"), "pt"), weights_only=True)
+        assert data["obs"][:, :, 0].tolist() == [[5, 5], [0, 100], [1, 101]]
         with pytest.raises(ValueError, match="Unsupported format"):
             m.save(str(tmp_path / "out"), "json")
 
 
-def test_load_restores_data_and_cursor(tmp_path):  # 39, adapted
+def test_load_restores_the_saved_steps(tmp_path):  # 39, adapted: mmreplay import reads the file
     with memory(tmp_path, 4, 2, name="src") as m:
         m.create_tensor("x", 1)
         m.create_tensor("k", (2, 2), dtype=torch.int32, keep_dimensions=True)
         for t in range(3):
-            m.add_samples(x=torch.full((2, 1), float(t)), k=torch.full((2, 2, 2), t, dtype=torch.int32))
-        m.add_samples(x=torch.tensor([[7.0]]), k=torch.full((1, 2, 2), 7, dtype=torch.int32))
+            m.add_samples(x=torch.full((2, 1), t + 0.5), k=torch.full((2, 2, 2), t, dtype=torch.int32))
+        m.add_samples(x=torch.tensor([[7.0]]), k=torch.full((1, 2, 2), 7, dtype=torch.int32))  # staged
         files = {fmt: m.save(str(tmp_path / "out"), fmt) for fmt in ("pt", "npz", "csv")}
-        want_x = m.get_tensor_by_name("x")
-        want_k = m.get_tensor_by_name("k")
+        want_x, want_k = m.get_tensor_by_name("x"), m.get_tensor_by_name("k")
     for fmt, path in files.items():
         with memory(tmp_path, 4, 2, name=f"dst-{fmt}") as d:
             d.create_tensor("x", 1)
+            d.create_tensor("other", 3)  # not in the file: reads unwritten
+            add_steps(d, 5)  # replaced by the file's steps
             d.load(path)
-            assert d.get_tensor_names() == ["k", "x"]
+            assert d.get_tensor_names() == ["k", "other", "x"]
+            assert (d.memory_index, d.env_index, d.filled, len(d)) == (3, 0, False, 6)
             x, k = d.get_tensor_by_name("x"), d.get_tensor_by_name("k")
-            assert torch.equal(x[:3], want_x[:3]) and x[3, 0].item() == 7
-            if fmt == "csv":  # len() rows, the staged env staged again; csv keeps no dtype or shape
-                assert (d.memory_index, d.env_index, len(d)) == (3, 1, 7)
-                assert k.shape == (4, 2, 4) and k.dtype == torch.float32
-                assert torch.equal(k[:3], want_k[:3].reshape(3, 2, 4).float())
-                [[s]] = d.sample(["x"], 50)
-                assert not torch.isnan(s).any()
-            else:  # whole rows up to the last one holding a value: row 3 has env 0's
-                assert (d.memory_index, d.env_index, d.filled, len(d)) == (0, 0, True, 8)
-                assert k.shape == (4, 2, 2, 2) and k.dtype == torch.int32 and torch.equal(k, want_k)
-    with memory(tmp_path, 5, 2, name="wrong") as w:
-        with pytest.raises(ValueError, match=r"expected \(5, 2"):
+            assert x[:3].flatten().tolist() == want_x[:3].flatten().tolist() and torch.isnan(x[3]).all()
+            assert torch.isnan(d.get_tensor_by_name("other")[:3]).all()
+            if fmt == "csv":  # csv keeps no dtype or shape: integers come back int64, flat
+                assert k.shape == (4, 2, 4) and k.dtype == torch.int64
+                assert k[:3].tolist() == want_k[:3].reshape(3, 2, 4).tolist()
+            else:
+                assert k.dtype == torch.int32 and torch.equal(k[:3], want_k[:3])
+            [[s]] = d.sample(["x"], 50)
+            assert not torch.isnan(s).any()
+        with memory(tmp_path, 4, 2, name=f"dst-{fmt}") as d:  # durable
+            assert len(d) == 6 and d.get_tensor_names() == ["k", "other", "x"]
+    with memory(tmp_path, 4, 3, name="wrong") as w:
+        w.create_tensor("x", 1)
+        with pytest.raises(ValueError, match="holds 2 envs, the memory has 3"):
             w.load(files["npz"])
         with pytest.raises(ValueError, match="Unsupported format"):
             w.load(str(tmp_path / "x.json"))
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no folder left aside
 
 
 def test_export_when_the_memory_fills(tmp_path):  # 40
@@ -609,3 +611,42 @@ def test_uniform_memory_has_no_priorities(tmp_path):
         add_steps(m, 2)
         with pytest.raises(TypeError, match="keeps no priorities"):
             m.update_priorities([0], [1.0])
+
+
+# --- what skrl's own Memory tests check (tests/test_skrl_own_tests.py runs them) --------
+
+
+def test_any_leaf_name_is_a_tensor_name_as_in_skrl(tmp_path):
+    with memory(tmp_path, 3, 2, cls=Memory) as m:
+        for name in ("0", "A1", "x", "é"):
+            assert m.create_tensor(name, size=1)
+        m.add_samples(**{"0": torch.ones(2, 1), "x": torch.zeros(2, 1)})
+        assert m.get_tensor_names() == ["0", "A1", "x", "é"] and m.get_tensor_by_name("0")[0].flatten().tolist() == [1, 1]
+        for bad in ("", "..", "a/b"):
+            with pytest.raises(ValueError, match="cannot name a leaf"):
+                m.create_tensor(bad, size=1)
+    with memory(tmp_path, 3, 2, cls=Memory) as m:
+        assert m.get_tensor_names() == ["0", "A1", "x", "é"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback of a CPU-only torch")
+def test_a_device_torch_cannot_use_falls_back_to_the_default_as_in_skrl(caplog):
+    for asked in ("cuda:0", "cuda", "nonsense:7"):
+        m = Memory(memory_size=2, device=asked)
+        m.create_tensor("buffer", size=1)
+        assert m.device == torch.device("cpu") and m.get_tensor_by_name("buffer").device == torch.device("cpu")
+        m.close()
+    assert "Invalid device specification (cuda:0)" in caplog.text
+    assert Memory(memory_size=2).device == Memory(memory_size=2, device="cpu").device == torch.device("cpu")
+
+
+def test_set_tensor_by_name_sets_rows_holding_steps_only(tmp_path):
+    """A documented limit: rows holding no step are not storage (skrl keeps the values)."""
+    with memory(tmp_path, 3, 2, cls=Memory) as m:
+        m.create_tensor("x", 1)
+        m.set_tensor_by_name("x", torch.arange(6.0).view(3, 2, 1))
+        assert torch.isnan(m.get_tensor_by_name("x")).all()
+        add_steps(m, 1)
+        m.set_tensor_by_name("x", torch.arange(6.0).view(3, 2, 1))
+        x = m.get_tensor_by_name("x")
+        assert x[0].flatten().tolist() == [0, 1] and torch.isnan(x[1:]).all()
