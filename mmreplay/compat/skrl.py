@@ -21,11 +21,9 @@ from skrl, and why: docs/skrl.md.
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import logging
 import math
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,7 +46,6 @@ from ..samplers.torch_rule import MemoryEmptyError, PhysicalRows, TorchDrawRule
 from ..spec import ArraySpec
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ..store import open as open_store
-from ..values import cast_refusal
 from ._shared import (
     StoreShell,
     lenient_roles,
@@ -59,69 +56,21 @@ from ._shared import (
     window_of,
     write_origin,
 )
+from ._skrl_args import (
+    as_values,
+    index_arg,
+    parse_device,
+    skrl_replacement_default,
+    space_size,
+    torch_dtype,
+    unwritten,
+)
 
 __all__ = ["Memory", "RandomMemory", "MemoryEmptyError"]
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("pt", "npz", "csv")
-
-
-def skrl_replacement_default() -> bool:
-    """The default of skrl's ``RandomMemory(replacement=...)`` for the installed skrl:
-    with replacement up to skrl 2.0, without since 2.1 (and with no skrl installed)."""
-    try:
-        found = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("skrl"))
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return found is not None and (int(found[1]), int(found[2])) < (2, 1)
-
-
-def parse_device(device: str | torch.device | None) -> torch.device:
-    """skrl's rule: ``None``, or a device torch cannot use here, is the default one
-    (``cuda:0`` if available, else ``cpu``), the latter with a warning."""
-    default = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    if device is None:
-        return default
-    try:
-        parsed = torch.device(device)
-        torch.zeros((1,), device=parsed)
-    except Exception as exc:  # an unknown name, no CUDA, an index past the devices
-        log.warning("Invalid device specification (%s): %s; using %s", device, exc, default)
-        return default
-    return parsed
-
-
-def _unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """What rows never written read as: NaN for floating tensors, zero / False otherwise."""
-    return np.full(shape, np.nan if dtype.kind in "fc" else 0, dtype)
-
-
-def _space_size(space: Any, keep_dimensions: bool) -> tuple[int, ...]:
-    """The per-row shape of a size given as an int, a sequence or a gymnasium space."""
-    if isinstance(space, (int, float, np.integer)) and not isinstance(space, bool):
-        return (int(space),)
-    if isinstance(space, (tuple, list)):
-        dims = tuple(int(d) for d in space)
-    elif type(space).__module__.startswith("gymnasium"):
-        from gymnasium import spaces  # only when a space is given
-
-        if isinstance(space, spaces.Discrete):
-            dims = (1,)
-        elif isinstance(space, spaces.Box):
-            dims = tuple(space.shape)
-        elif isinstance(space, spaces.MultiDiscrete):
-            dims = tuple(space.nvec.shape)
-        elif isinstance(space, (spaces.Dict, spaces.Tuple)):
-            if keep_dimensions:
-                raise ValueError(f"keep_dimensions=True cannot be used with {type(space).__name__} spaces")
-            subs = space.spaces.values() if isinstance(space, spaces.Dict) else space.spaces
-            dims = (sum(math.prod(_space_size(s, False)) for s in subs),)
-        else:
-            dims = (spaces.flatdim(space),)
-    else:
-        raise ValueError(f"Space type {type(space)} not supported")
-    return dims if keep_dimensions else (math.prod(dims),)
 
 
 class Memory(StoreShell):
@@ -274,7 +223,7 @@ class Memory(StoreShell):
 
     @memory_index.setter
     def memory_index(self, value: int) -> None:
-        self._move_cursor(_index("memory_index", value, self.memory_size), self.filled)
+        self._move_cursor(index_arg("memory_index", value, self.memory_size), self.filled)
 
     @property
     def env_index(self) -> int:
@@ -284,7 +233,7 @@ class Memory(StoreShell):
 
     @env_index.setter
     def env_index(self, value: int) -> None:
-        index = _index("env_index", value, self.num_envs)
+        index = index_arg("env_index", value, self.num_envs)
         if index:
             row = self._physical(self.get_tensor_names())
             self._write_ahead({name: a[self.memory_index] for name, a in row.items()}, index)
@@ -364,7 +313,7 @@ class Memory(StoreShell):
             raise ValueError(
                 f"tensor name {name!r} cannot name a leaf (no empty, '.', '..', '/', '\\' or NUL)"
             )
-        shape = _space_size(size, keep_dimensions)
+        shape = space_size(size, keep_dimensions)
         if any(d < 1 for d in shape):
             raise ValueError(f"tensor {name!r}: size {size!r} holds no elements")
         existing = self._tensors.get(name)
@@ -373,16 +322,16 @@ class Memory(StoreShell):
                 raise ValueError(
                     f"Size of tensor {name} ({shape}) doesn't match the existing one ({existing.shape})"
                 )
-            if dtype is not None and _torch_dtype(existing.dtype) != dtype:
+            if dtype is not None and torch_dtype(existing.dtype) != dtype:
                 raise ValueError(
-                    f"Dtype of tensor {name} ({dtype}) doesn't match the existing one ({_torch_dtype(existing.dtype)})"
+                    f"Dtype of tensor {name} ({dtype}) doesn't match the existing one ({torch_dtype(existing.dtype)})"
                 )
             return False
-        torch_dtype = torch.get_default_dtype() if dtype is None else dtype
+        wanted = torch.get_default_dtype() if dtype is None else dtype
         try:
-            spec = ArraySpec(shape, torch.empty((), dtype=torch_dtype).numpy().dtype)
+            spec = ArraySpec(shape, torch.empty((), dtype=wanted).numpy().dtype)
         except TypeError as exc:
-            raise SpecError(f"tensor {name!r}: dtype {torch_dtype} has no numpy equivalent") from exc
+            raise SpecError(f"tensor {name!r}: dtype {wanted} has no numpy equivalent") from exc
         if self.store is None:
             self._tensors[name] = spec
             return True
@@ -391,7 +340,7 @@ class Memory(StoreShell):
         self.store.commit()
         self._rebuild(self.store.path, {name: spec})
         if ahead is not None:
-            self._write_ahead({**ahead, name: _unwritten((self.num_envs, *shape), spec.dtype)}, env_index)
+            self._write_ahead({**ahead, name: unwritten((self.num_envs, *shape), spec.dtype)}, env_index)
         return True
 
     def get_tensor_by_name(self, name: str, keepdim: bool = True) -> torch.Tensor:
@@ -405,7 +354,7 @@ class Memory(StoreShell):
         rows that hold steps (committed here) or a partial step; rows holding none stay
         unwritten. KeyError if unknown."""
         M, E = self.memory_size, self.num_envs
-        value = self._as_array(name, tensor, (M, E, *self._tensors[name].shape))
+        value = as_values(name, tensor, (M, E, *self._tensors[name].shape), self._tensors[name].dtype)
         store = self.store
         if store is None:
             return
@@ -472,8 +421,8 @@ class Memory(StoreShell):
             raise ValueError(f"Expected shape (number of environments = {E}, data size), got {ref_shape}")
         if kind == "envs" and ei + n > E:
             raise RuntimeError(f"{n} envs added at env index {ei} overflow num_envs={E}; nothing was added")
-        arrays = {name: self._as_array(name, v, (n, *self._tensors[name].shape) if lead else self._tensors[name].shape)
-                  for name, v in given.items() if name in self._tensors}  # fmt: skip
+        arrays = {name: as_values(name, v, (n, *s.shape) if lead else s.shape, s.dtype)
+                  for name, v in given.items() if (s := self._tensors.get(name)) is not None}  # fmt: skip
         store = self._ensure_store()
         before = self._rows.steps
         if kind == "step":
@@ -494,42 +443,8 @@ class Memory(StoreShell):
 
     def _complete(self, arrays: dict[str, np.ndarray], lead: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
         """A whole step (or steps): tensors not given read unwritten (NaN / zero)."""
-        return {name: arrays[name] if name in arrays else _unwritten((*lead, self.num_envs, *s.shape), s.dtype)
+        return {name: arrays[name] if name in arrays else unwritten((*lead, self.num_envs, *s.shape), s.dtype)
                 for name, s in self._tensors.items()}  # fmt: skip
-
-    def _as_array(self, name: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
-        """``value`` as a numpy array of ``shape`` in the tensor's dtype, or ValueError.
-
-        Floats go into integer tensors truncated toward zero, as torch's ``copy_`` stores
-        them (NaN, infinities and values out of range, platform-dependent there, are
-        refused); only 0 / 1 numbers go into bool tensors."""
-        dtype = self._tensors[name].dtype
-        if isinstance(value, torch.Tensor):
-            value = value.detach()
-            value = (value.float() if value.dtype == torch.bfloat16 else value).cpu().numpy()
-        a = np.asarray(value)
-        if a.dtype == dtype and a.shape == shape:
-            return a
-        if a.dtype.kind not in "biufc":
-            raise ValueError(f"tensor {name!r}: expected numbers, got {a.dtype} values")
-        if dtype == np.bool_ and a.dtype.kind in "iuf" and np.isin(a, (0, 1)).all():
-            a = a.astype(bool)  # 0 / 1 flags (uint8 dones, float masks) into a bool tensor
-        elif dtype.kind in "iu" and a.dtype.kind == "f":
-            whole, info = np.trunc(a), np.iinfo(dtype)
-            bad = ~np.isfinite(whole) | (whole < info.min) | (whole > info.max)
-            if bad.any():
-                raise ValueError(
-                    f"tensor {name!r}: {a[bad].flat[0]!r} cannot be stored in a {dtype} tensor "
-                    f"(integer tensors take finite values in [{info.min}, {info.max}], truncated)"
-                )
-            a = whole.astype(dtype)
-        why = cast_refusal(a, dtype)
-        if why is not None:
-            raise ValueError(f"tensor {name!r}: {why} (tensor dtype {dtype}, got {a.dtype})")
-        try:
-            return np.broadcast_to(a, shape).astype(dtype, copy=False)
-        except ValueError:
-            raise ValueError(f"tensor {name!r}: expected shape {shape}, got {a.shape}") from None
 
     # --- reads ----------------------------------------------------------------------
 
@@ -554,7 +469,7 @@ class Memory(StoreShell):
         if stored.all() and names and store is not None:  # the common case: every row is a stored one
             by_name = dict(zip(store.leaf_paths, read_rows(store, steps, envs)))  # type: ignore[union-attr,arg-type]
             return {name: by_name[name] for name in names}
-        out = {n: _unwritten((*flat.shape, *self._tensors[n].shape), self._tensors[n].dtype) for n in names}
+        out = {n: unwritten((*flat.shape, *self._tensors[n].shape), self._tensors[n].dtype) for n in names}
         if stored.any():
             by_name = dict(zip(store.leaf_paths, read_rows(store, steps[stored], envs[stored])))  # type: ignore[union-attr,arg-type]
             for name in names:
@@ -793,18 +708,6 @@ class _Shown:
 
     def __len__(self) -> int:
         return self.committed_steps - self.first_step
-
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype)).dtype
-
-
-def _index(name: str, value: Any, bound: int) -> int:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 0 <= value < bound:
-        raise ValueError(f"{name} must be an int in [0, {bound}), got {value!r}")
-    return int(value)
 
 
 def _swap_names(path: str) -> tuple[str, str]:
