@@ -141,3 +141,19 @@ def recover_cli(path) -> CliRecovery:
     actions = [line[2:] for line in body.splitlines() if line.startswith("- ")]
     lost = (int(found[1]), int(found[2])) if found else None
     return CliRecovery(out.returncode, out.stdout, lost, actions)
+
+
+def run_their_tests(test, env: dict | None = None) -> tuple[set[str], set[str], str]:
+    """Run another project's test file with pytest in a fresh process: (names failed,
+    names passed, the output's tail), read from its JUnit report."""
+    import xml.etree.ElementTree as ET
+
+    report = test.parent / "report.xml"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(test)],
+        cwd=test.parent, capture_output=True, text=True, timeout=1800, env=env,
+    )  # fmt: skip
+    outcome = {c.get("name"): {e.tag for e in c} for c in ET.parse(report).getroot().iter("testcase")}
+    failed = {name for name, tags in outcome.items() if tags & {"failure", "error"}}
+    passed = {name for name, tags in outcome.items() if not tags & {"failure", "error", "skipped"}}
+    return failed, passed, run.stdout[-6000:]

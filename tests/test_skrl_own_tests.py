@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from conftest import run_their_tests
 
 pytest.importorskip("torch")
 pytest.importorskip("skrl")
@@ -46,13 +44,6 @@ def test_skrl_memory_tests_pass_against_ours(tmp_path):
     assert source.count(IMPORT) == 1, "the test no longer imports Memory as expected"
     test = tmp_path / "test_base.py"
     test.write_text(source.replace(IMPORT, SUBSTITUTE))
-    report = tmp_path / "report.xml"
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(test)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
-    cases = ET.parse(report).getroot().iter("testcase")
-    outcome = {c.get("name"): [e.tag for e in c if e.tag in ("failure", "error", "skipped")] for c in cases}
-    failed = {name for name, tags in outcome.items() if {"failure", "error"} & set(tags)}
-    assert failed == LIMITS, run.stdout[-6000:]
-    assert sum(not tags for tags in outcome.values()) == 7, run.stdout[-3000:]
+    failed, passed, output = run_their_tests(test)
+    assert failed == LIMITS, output
+    assert len(passed) == 7, output

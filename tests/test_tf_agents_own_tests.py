@@ -14,11 +14,11 @@ import importlib.metadata
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import run_their_tests
 
 pytest.importorskip("tensorflow")
 tf_agents = pytest.importorskip("tf_agents")
@@ -54,15 +54,6 @@ def test_tf_agents_uniform_replay_buffer_tests_pass_against_ours(tmp_path):
     assert source.count(IMPORT) == 1, "the test no longer imports tf_uniform_replay_buffer as expected"
     test = tmp_path / "tf_uniform_replay_buffer_test.py"
     test.write_text(source.replace(IMPORT, SUBSTITUTE))
-    report = tmp_path / "report.xml"
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(test)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=1800,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )  # fmt: skip
-    cases = ET.parse(report).getroot().iter("testcase")
-    outcome = {c.get("name"): [e.tag for e in c if e.tag in ("failure", "error", "skipped")] for c in cases}
-    failed = {name for name, tags in outcome.items() if {"failure", "error"} & set(tags)}
-    passed = {name for name, tags in outcome.items() if not tags}
-    assert failed == LIMITS, run.stdout[-6000:]
-    assert len(passed) == 33, run.stdout[-3000:]
+    failed, passed, output = run_their_tests(test, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert failed == LIMITS, output
+    assert len(passed) == 33, output
