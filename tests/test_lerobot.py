@@ -311,6 +311,7 @@ def test_cli_options_and_one_line_errors(source, tmp_path):
     one_line_error(
         run_cli("export", source.path, tmp_path / "x", "-f", "lerobot", "--codec", "nope"), 2, "'nope'"
     )
+    one_line_error(run_cli("export", source.path, tmp_path / "x", "-f", "lerobot", "--preset", 99), 2, "preset")
     one_line_error(run_cli("export", source.path, tmp_path / "x.npz", "--fps", 5), 2, "--fps", "lerobot")
     assert not (tmp_path / "x").exists()
 

@@ -1,16 +1,12 @@
 """``lerobot``: a LeRobotDataset v3.0 folder as LeRobot 0.6 writes it, and its import.
 
-The layout, read from LeRobot's ``src/lerobot/datasets``: ``meta/info.json``,
-``meta/stats.json``, ``meta/tasks.parquet``, ``meta/episodes/chunk-XXX/file-XXX.parquet``,
-``data/chunk-XXX/file-XXX.parquet`` (a row per frame, a row group per episode) and
-``videos/{key}/chunk-XXX/file-XXX.mp4`` (episodes one after another), files closed at
-``data_files_size_in_mb`` / ``video_files_size_in_mb``, ``chunks_size`` files a chunk.
-uint8 gray or RGB frame leaves (:class:`mmreplay.view.Layout`) become RGB video encoded
-with PyAV (LeRobot's AV1 defaults, or bit-exact ``lossless``), a frame stack as its newest
-frame; other leaves are Parquet columns; roles take LeRobot's names (docs/offline-datasets.md
-has the table). ``meta/mmreplay.json`` records the spec and which feature holds which
-leaf, so the import gives the store back; any other v3.0 folder imports by its features'
-names, videos decoded with PyAV, the tasks kept in the store's attrs (``lerobot``).
+The layout is read from LeRobot's ``src/lerobot/datasets``: ``meta/`` (info.json,
+stats.json, tasks.parquet, episodes/), ``data/`` Parquet and ``videos/`` MP4 files in
+``chunk-XXX/file-XXX`` folders. uint8 gray or RGB frame leaves become RGB video encoded
+with PyAV, a frame stack as its newest frame; other leaves are Parquet columns under
+LeRobot's names. ``meta/mmreplay.json`` records the spec and which feature holds which
+leaf, so the import gives the store back; any other v3.0 folder imports by its feature
+names. What is kept and how: docs/offline-datasets.md.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -101,14 +98,12 @@ class Rolling:
         return path
 
     def close(self) -> None:
-        if self.handle is not None:
-            try:
-                self.finish()
-            finally:
-                self.handle = None
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            self.finish(handle)
 
-    def finish(self) -> None:
-        self.handle.close()
+    def finish(self, handle: Any) -> None:
+        handle.close()
 
 
 class ParquetFiles(Rolling):
@@ -140,27 +135,37 @@ class Encoder:
     info: dict[str, Any]
 
 
-def video_encoder(codec: str | None, crf: int | None, lossless: bool) -> Encoder:
+def video_encoder(codec: str | None, crf: int | None, preset: int | str | None, lossless: bool) -> Encoder:
     av = _av()
     extra: dict[str, str] = {}
     if lossless:
         if codec not in (None, LOSSLESS_CODEC) or crf not in (None, 0):
             raise BadInputError(f"lerobot export: lossless video is written by {LOSSLESS_CODEC} at crf 0")
-        codec, pix_fmt, crf, preset = LOSSLESS_CODEC, "rgb24", 0, None
+        codec, pix_fmt, crf = LOSSLESS_CODEC, "rgb24", 0
     else:
         codec, pix_fmt = codec or DEFAULT_CODEC, "yuv420p"
-        crf, preset = DEFAULT_CRF if crf is None else crf, SVTAV1_PRESET if codec == DEFAULT_CODEC else None
+        crf = DEFAULT_CRF if crf is None else crf
+        preset = SVTAV1_PRESET if preset is None and codec == DEFAULT_CODEC else preset
         extra = {"x265-params": "log-level=error"} if codec in ("hevc", "libx265") else {}
+    preset = int(preset) if isinstance(preset, str) and preset.lstrip("-").isdigit() else preset
     if not isinstance(crf, int) or isinstance(crf, bool) or not 0 <= crf <= 63:
         raise BadInputError(f"lerobot export: crf must be an int in [0, 63], got {crf!r}")
-    try:
-        av.codec.Codec(codec, "w")
-    except Exception:
-        hint = "; h264 is the encoder every PyAV has" if codec == DEFAULT_CODEC else ""
-        raise BadInputError(f"lerobot export: PyAV {av.__version__} has no {codec!r} encoder{hint}") from None
     options = {"g": str(GOP), "crf": str(crf), **({"preset": str(preset)} if preset is not None else {})}
     if codec == DEFAULT_CODEC:
         options["svtav1-params"] = "fast-decode=0"
+    level = av.logging.get_level()
+    av.logging.set_level(av.logging.ERROR)  # FFmpeg's reason goes into the exception, not on stderr
+    try:  # an encoder PyAV lacks, or options it refuses, are found before any file is written
+        context = av.codec.CodecContext.create(codec, "w")
+        context.width, context.height, context.pix_fmt = 64, 64, pix_fmt
+        context.time_base, context.options = Fraction(1, 30), {**options, **extra}
+        with av.logging.Capture():
+            context.open()
+    except Exception as exc:
+        msg = f"PyAV {av.__version__} cannot open the {codec!r} encoder with {options}: {exc}"
+        raise BadInputError(f"lerobot export: {msg}") from None
+    finally:
+        av.logging.set_level(level)
     info = {"video.g": GOP, "video.crf": crf, "video.preset": preset, "video.fast_decode": 0}
     info.update({"video.video_backend": "pyav", "video.extra_options": extra})
     return Encoder(codec, pix_fmt, {**options, **extra}, info)
@@ -197,15 +202,15 @@ class VideoFiles(Rolling):
         names = [f"videos/{self.key}/{k}" for k in VIDEO_COLUMNS]
         return dict(zip(names, (self.chunk, self.file, start / self.fps, self.frames / self.fps)))
 
-    def _mux(self, packets: list[Any]) -> None:
-        self.handle.mux(packets)
+    def _mux(self, packets: list[Any], handle: Any = None) -> None:
+        (handle or self.handle).mux(packets)
         self.written += sum(p.size for p in packets)  # behind by the frames the encoder holds
 
-    def finish(self) -> None:
+    def finish(self, handle: Any) -> None:
         try:
-            self._mux(self.stream.encode())
+            self._mux(self.stream.encode(), handle)
         finally:
-            self.handle.close()
+            handle.close()
 
     def stream_info(self) -> dict[str, Any]:
         """LeRobot's ``video.*`` entries, read off the first file as LeRobot does."""
@@ -255,11 +260,10 @@ def frame_layout(spec: ArraySpec) -> Layout | None:
     """The layout of a leaf written as video: uint8 gray or RGB frames (stacked or not)."""
     if spec.dtype != np.uint8 or len(spec.shape) < 2:
         return None
-    try:
+    with contextlib.suppress(BadInputError):
         layout = Layout.infer(spec.shape)
-    except BadInputError:
-        return None
-    return layout if layout.channels(spec.shape) in (1, 3) else None
+        return layout if layout.channels(spec.shape) in (1, 3) else None
+    return None
 
 
 def plan_columns(roles: Roles) -> list[Column]:
@@ -415,6 +419,7 @@ def write(
     task: str | None = None,
     codec: str | None = None,
     crf: int | None = None,
+    preset: int | str | None = None,
     lossless: bool = False,
     chunks_size: int = 1000,
     data_files_size_in_mb: float = 100,
@@ -431,7 +436,7 @@ def write(
     for c in videos:
         if c.stacks[0] > 1 and layout is not None and layout.stacked:
             c.pad = layout.pad  # the store checked its stacks as they came
-    encoder = video_encoder(codec, crf, lossless) if videos else None
+    encoder = video_encoder(codec, crf, preset, lossless) if videos else None
     n_episodes, n_steps = episode_total(store, complete_only)
     if not n_episodes:
         raise NotEnoughDataError(f"{store.path}: no episodes to export (a LeRobot dataset holds episodes)")
@@ -589,8 +594,8 @@ def _tasks(src: str) -> list[str]:
     table = pq.read_table(path)
     if not {"task", "task_index"} <= set(table.column_names):
         raise CorruptBufferError(f"{path}: expected the columns task and task_index")
-    pairs = sorted(zip(table.column("task_index").to_pylist(), table.column("task").to_pylist()))
-    return [t for _, t in pairs]
+    by_index = zip(table.column("task_index").to_pylist(), table.column("task").to_pylist())
+    return [t for _, t in sorted(by_index)]
 
 
 class VideoSource:
