@@ -6,13 +6,14 @@ each stack repeats its episode's first frame, as the Atari wrappers do), ``--env
 ``--steps`` steps, episodes of ``--episode`` steps ending ``terminated``. The same data is
 kept in two stores, uncompressed (raw) and ``rows:lz4``, and exported from the raw one
 with each video setting: LeRobot's default (AV1 by libsvtav1, CRF 30, preset 12), the
-CRFs of ``--crf`` and the presets of ``--preset``, and ``lossless`` (H.264 RGB at CRF 0). For each: export MB/s (the store's raw
-bytes over wall seconds, as bench_export counts), the export's bytes against the raw and
-``rows:lz4`` stores, the PSNR of every decoded frame against the store's newest frames,
-and frames/s at import (``mmreplay.importers.import_dataset``: PyAV decoding plus the
-new store's writes; each frame stack is rebuilt from its newest frame). Medians over
-``--repeats`` runs. A frame stack goes into the dataset as its newest frame, so the
-export holds a quarter of the stored pixels: the bytes column compares what each keeps.
+CRFs of ``--crf`` and the presets of ``--preset``, and ``lossless`` (H.264 RGB at CRF 0).
+For each: export MB/s (the store's raw bytes over wall seconds, as bench_export counts),
+the export's bytes against the raw and ``rows:lz4`` stores, the PSNR of every decoded
+frame against the store's newest frames, and frames/s at import
+(``mmreplay.importers.import_dataset``: PyAV decoding plus the new store's writes; each
+frame stack is rebuilt from its newest frame). Medians over ``--repeats`` runs. A frame
+stack goes into the dataset as its newest frame, so the export holds a quarter of the
+stored pixels: the bytes column compares what each keeps.
 
     python -m bench.bench_lerobot                      # 2000 steps x 4 envs
     python -m bench.bench_lerobot --steps 200 --envs 2 --repeats 1   # a check that it runs

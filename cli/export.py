@@ -72,7 +72,7 @@ def compression_help() -> str:
 @click.option("--codec", default=None, help="LeRobot: the video encoder [libsvtav1, AV1].")
 @click.option("--crf", type=int, default=None, help="LeRobot: video quality, lower is better [30].")
 @click.option("--preset", default=None, help="LeRobot: the encoder's speed preset [libsvtav1: 12].")
-@click.option("--lossless", is_flag=True, default=None, help="LeRobot: bit-exact video (HEVC, planar RGB).")
+@click.option("--lossless", is_flag=True, default=None, help="LeRobot: bit-exact video (H.264 in RGB).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def command(
     path: str,

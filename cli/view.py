@@ -90,7 +90,8 @@ def command(
     if (output is None) == (rrd is None):
         raise click.UsageError("give -o OUT (.gif, .png, .mp4) or --rerun OUT.rrd")
     if rrd is not None:
-        return rerun_command(path, rrd, env, episode, steps, force, quiet, options["fps"])  # type: ignore[arg-type]
+        fps = float(options["fps"])  # type: ignore[arg-type]
+        return rerun_command(path, rrd, env, episode, steps, force, quiet, fps)
     suffix = os.path.splitext(output)[1].lower()
     if suffix not in (".gif", ".png", ".mp4"):
         raise click.UsageError(f"-o {output}: expected a .gif, .png (contact sheet) or .mp4 file name")
@@ -115,8 +116,9 @@ def command(
 
 
 def rerun_command(
-    path: str, out: str, env: int | None, episode: int | None, steps: str | None, force: bool, quiet: bool, fps: float
-) -> None:
+    path: str, out: str, env: int | None, episode: int | None, steps: str | None, force: bool, quiet: bool,
+    fps: float,
+) -> None:  # fmt: skip
     from mmreplay.rerun import log_rerun
 
     if os.path.lexists(out) and not force:
@@ -126,4 +128,5 @@ def rerun_command(
         envs = store.num_envs if env is None and episode is None and steps is None else 1
         with LazyBar(len(store) * envs, "logging to rerun", quiet) as bar:
             written = log_rerun(store, out, env, episode, steps, fps, force, bar.update)
-    click.echo(f"wrote {written}: {human_bytes(os.path.getsize(written))}, {time.perf_counter() - t:.2f} s; open it with: rerun {written}")
+    size, seconds = human_bytes(os.path.getsize(written)), time.perf_counter() - t
+    click.echo(f"wrote {written}: {size}, {seconds:.2f} s; open it with: rerun {written}")

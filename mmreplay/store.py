@@ -917,8 +917,9 @@ class Store:
         shows inline (an animated GIF) and whose ``sheet()`` is a PIL contact sheet;
         with ``out`` (``.gif``, ``.png`` contact sheet, ``.mp4``), writes it and returns
         the path; an ``.rrd`` out is a Rerun recording of every leaf, every env unless
-        ``env`` is given (:mod:`mmreplay.rerun`). Options: ``leaf``, ``env`` (0), ``episode`` (index into the env's
-        episodes, negative from the newest; default the newest complete one) or
+        ``env`` is given (:mod:`mmreplay.rerun`). Options: ``leaf``, ``env`` (0),
+        ``episode`` (index into the env's episodes, negative from the newest; default the
+        newest complete one) or
         ``steps`` (``"A:B"`` or a slice of global step ids), ``layout``, ``stack``,
         ``fps``, ``scale``, ``columns``, ``max_frames``, ``force``, ``progress``.
         Needs pillow: ``pip install 'mmreplay[view]'``.
