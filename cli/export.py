@@ -67,6 +67,12 @@ def compression_help() -> str:
 )
 @click.option("--force", is_flag=True, help="Replace OUT if it is an earlier export of this format.")
 @click.option("--dataset-id", default=None, help="Minari: the dataset id, [namespace/]name-v<N>.")
+@click.option("--fps", type=int, default=None, help="LeRobot: frames per second [30].")
+@click.option("--task", default=None, help="LeRobot: the task of every episode [the store's folder name].")
+@click.option("--codec", default=None, help="LeRobot: the video encoder [libsvtav1, AV1].")
+@click.option("--crf", type=int, default=None, help="LeRobot: video quality, lower is better [30].")
+@click.option("--preset", default=None, help="LeRobot: the encoder's speed preset [libsvtav1: 12].")
+@click.option("--lossless", is_flag=True, default=None, help="LeRobot: bit-exact video (H.264 in RGB).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def command(
     path: str,
@@ -77,6 +83,7 @@ def command(
     force: bool,
     dataset_id: str | None,
     quiet: bool,
+    **lerobot: object,
 ) -> None:
     """Export the buffer at PATH to OUT in an offline RL format.
 
@@ -96,6 +103,10 @@ def command(
         if fmt.lower() != "minari":
             raise click.UsageError("--dataset-id applies to --format minari only")
         options["dataset_id"] = dataset_id
+    given = {k: v for k, v in lerobot.items() if v is not None}
+    if given and fmt.lower() != "lerobot":
+        raise click.UsageError(f"--{', --'.join(given)} apply to --format lerobot only")
+    options.update(given)
     get_format(fmt)  # an unknown format fails before the store is opened
     t = time.perf_counter()
     with open_source(path) as store:

@@ -40,8 +40,9 @@ def command(
     """Create the store PATH from the dataset SRC.
 
     SRC is a Minari dataset folder (HDF5 format) or a datasets root holding one, a
-    D4RL-style HDF5 file, an npz of arrays, or any export of mmreplay (npz, hdf5 and zarr
-    come back exactly, with their step ids and episode statuses).
+    D4RL-style HDF5 file, an npz of arrays, a LeRobot v3.0 folder, or any export of
+    mmreplay (npz, hdf5 and zarr come back exactly, with their step ids and episode
+    statuses).
     """
     t = time.perf_counter()
     with LazyBar(1, "importing", quiet) as bar:

@@ -1,4 +1,5 @@
-"""``mmreplay view PATH -o out.gif|out.mp4|out.png``: an episode's frames as pictures."""
+"""``mmreplay view PATH -o out.gif|out.mp4|out.png``: an episode's frames as pictures;
+``--rerun out.rrd``: the steps as a Rerun recording."""
 
 from __future__ import annotations
 
@@ -20,14 +21,21 @@ PROGRESS_MIN_FRAMES = 500
 @click.command("view")
 @click.argument("path", type=click.Path())
 @click.option(
-    "-o", "--output", required=True, type=click.Path(), help="out.gif, out.mp4 or out.png (contact sheet)."
+    "-o", "--output", default=None, type=click.Path(), help="out.gif, out.mp4 or out.png (contact sheet)."
+)
+@click.option(
+    "--rerun",
+    "rrd",
+    default=None,
+    type=click.Path(),
+    help="out.rrd: every leaf of every env (or --env, --episode, --steps) as a Rerun recording.",
 )
 @click.option(
     "--leaf",
     default=None,
     help="Image leaf path [the observation's frames, else the first leaf that looks like frames].",
 )
-@click.option("--env", type=click.IntRange(min=0), default=0, show_default=True, help="Which env's stream.")
+@click.option("--env", type=click.IntRange(min=0), default=None, help="Which env's stream [0; --rerun: all].")
 @click.option(
     "--episode",
     type=int,
@@ -64,9 +72,10 @@ PROGRESS_MIN_FRAMES = 500
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def command(
     path: str,
-    output: str,
+    output: str | None,
+    rrd: str | None,
     leaf: str | None,
-    env: int,
+    env: int | None,
     episode: int | None,
     steps: str | None,
     force: bool,
@@ -75,7 +84,14 @@ def command(
 ) -> None:
     """Draw one env's frames of an image leaf: an animated GIF, an MP4 (needs
     imageio-ffmpeg) or, for .png, a contact sheet with step numbers, the return and
-    where the episode ended. Read-only on PATH."""
+    where the episode ended. With --rerun, a Rerun recording instead: frames as images,
+    other leaves as scalars, on step and time timelines, episode ends marked (needs
+    rerun-sdk). Read-only on PATH."""
+    if (output is None) == (rrd is None):
+        raise click.UsageError("give -o OUT (.gif, .png, .mp4) or --rerun OUT.rrd")
+    if rrd is not None:
+        fps = float(options["fps"])  # type: ignore[arg-type]
+        return rerun_command(path, rrd, env, episode, steps, force, quiet, fps)
     suffix = os.path.splitext(output)[1].lower()
     if suffix not in (".gif", ".png", ".mp4"):
         raise click.UsageError(f"-o {output}: expected a .gif, .png (contact sheet) or .mp4 file name")
@@ -94,6 +110,23 @@ def command(
     h, w = fv.pictures.shape[1:3]
     click.echo(
         f"wrote {written}: {len(fv):,} frames of {h}x{w} (x{fv.scale}), steps {fv.steps[0]}-{fv.steps[-1]} "
-        f"of env {env}; {human_bytes(os.path.getsize(written))}, {seconds:.2f} s"
+        f"of env {env or 0}; {human_bytes(os.path.getsize(written))}, {seconds:.2f} s"
     )
     click.echo("  " + " · ".join(fv.summary()[1:]))
+
+
+def rerun_command(
+    path: str, out: str, env: int | None, episode: int | None, steps: str | None, force: bool, quiet: bool,
+    fps: float,
+) -> None:  # fmt: skip
+    from mmreplay.rerun import log_rerun
+
+    if os.path.lexists(out) and not force:
+        raise FileExistsError(f"{out}: already exists; pass --force to overwrite it")
+    t = time.perf_counter()
+    with mr.open(path, mode="r") as store:
+        envs = store.num_envs if env is None and episode is None and steps is None else 1
+        with LazyBar(len(store) * envs, "logging to rerun", quiet) as bar:
+            written = log_rerun(store, out, env, episode, steps, fps, force, bar.update)
+    size, seconds = human_bytes(os.path.getsize(written)), time.perf_counter() - t
+    click.echo(f"wrote {written}: {size}, {seconds:.2f} s; open it with: rerun {written}")

@@ -33,6 +33,7 @@ was creating. Nothing is unpickled.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -55,7 +56,7 @@ __all__ = ["ImportResult", "import_dataset", "detect_format", "FORMATS"]
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("minari", "d4rl", "d3rlpy", "npz", "hdf5", "zarr", "parquet", "pt", "csv")
+FORMATS = ("minari", "d4rl", "d3rlpy", "npz", "hdf5", "zarr", "parquet", "pt", "csv", "lerobot")
 BLOCK_BYTES = 32 << 20
 #: top-level D4RL keys that are no per-step leaves (mmreplay's d4rl export writes the last two)
 D4RL_BOOKKEEPING = ("metadata", "episode_starts", "episode_envs")
@@ -118,6 +119,8 @@ def detect_format(src: str) -> str:
     if os.path.isdir(src):
         if os.path.isfile(os.path.join(src, "zarr.json")):
             return "zarr"
+        if os.path.isfile(os.path.join(src, "meta", "info.json")):
+            return "lerobot"
         if _parquet_files(src):
             return "parquet"
         if _minari_data_dir(src) is not None:
@@ -727,6 +730,7 @@ _SOURCES: dict[str, Callable[[str], tuple[Source, Callable[[], None]]]] = {
     "parquet": _parquet_source,
     "pt": _pt_source,
     "csv": _csv_source,
+    "lerobot": lambda src: importlib.import_module(".export.lerobot", __package__).read_source(src),
 }
 
 

@@ -887,7 +887,7 @@ class Store:
     def export(self, out: str | os.PathLike, format: str | None = None, **options: Any) -> Any:  # noqa: A002
         """Export the retained committed data to an offline format; see :func:`mmreplay.export.export`.
 
-        Formats: minari, d4rl, d3rlpy, parquet, npz, csv, pt, zarr, hdf5; None: the one
+        Formats: minari, d4rl, d3rlpy, parquet, npz, csv, pt, zarr, hdf5, lerobot; None: the one
         ``out``'s name ends with (``.npz``, ``.parquet``, ``.csv``, ``.pt``, ``.zarr``), else
         minari. Options: ``compression``, ``complete_only``, ``force``, ``progress``,
         ``dataset_id`` (minari).
@@ -916,8 +916,10 @@ class Store:
         Without ``out``, returns a :class:`mmreplay.view.FrameView`, which a notebook
         shows inline (an animated GIF) and whose ``sheet()`` is a PIL contact sheet;
         with ``out`` (``.gif``, ``.png`` contact sheet, ``.mp4``), writes it and returns
-        the path. Options: ``leaf``, ``env`` (0), ``episode`` (index into the env's
-        episodes, negative from the newest; default the newest complete one) or
+        the path; an ``.rrd`` out is a Rerun recording of every leaf, every env unless
+        ``env`` is given (:mod:`mmreplay.rerun`). Options: ``leaf``, ``env`` (0),
+        ``episode`` (index into the env's episodes, negative from the newest; default the
+        newest complete one) or
         ``steps`` (``"A:B"`` or a slice of global step ids), ``layout``, ``stack``,
         ``fps``, ``scale``, ``columns``, ``max_frames``, ``force``, ``progress``.
         Needs pillow: ``pip install 'mmreplay[view]'``.

@@ -149,25 +149,31 @@ class Layout:
     def __str__(self) -> str:
         return "".join(p if len(p) == 1 else f"({p})" for p in self.axes)
 
-    def normalise(self, x: np.ndarray) -> np.ndarray:
-        """``[T, *shape]`` to ``[T, K, H, W, C]`` (K = 1 without a stack)."""
-        shape: list[int] = [x.shape[0]]
+    def _split(self, shape: tuple[int, ...]) -> tuple[list[int], list[str]]:
+        """The shape with a ``(KC)`` axis split in two, and each axis' letter (``T`` first)."""
+        sizes: list[int] = [shape[0]]
         names: list[str] = ["T"]
-        for part, n in zip(self.axes, x.shape[1:]):
+        for part, n in zip(self.axes, shape[1:]):
             if len(part) == 2:
-                c = 3
-                sizes = {"K": n // c, "C": c}
-                shape += [sizes[p] for p in part]
+                split = {"K": n // 3, "C": 3}
+                sizes += [split[p] for p in part]
                 names += list(part)
             else:
-                shape.append(n)
+                sizes.append(n)
                 names.append(part)
-        x = x.reshape(shape)
-        for letter in "KC":
-            if letter not in names:
-                x = x[..., None]
-                names.append(letter)
+        return sizes, names + [letter for letter in "KC" if letter not in names]
+
+    def normalise(self, x: np.ndarray) -> np.ndarray:
+        """``[T, *shape]`` to ``[T, K, H, W, C]`` (K = 1 without a stack)."""
+        sizes, names = self._split(x.shape)
+        x = x.reshape(sizes + [1] * (len(names) - len(sizes)))
         return x.transpose([names.index(a) for a in "TKHWC"])
+
+    def denormalise(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """``[T, K, H, W, C]`` back to ``[T, *shape]``: the inverse of :meth:`normalise`."""
+        _, names = self._split((len(x), *shape))
+        order = np.argsort([names.index(a) for a in "TKHWC"])
+        return x.transpose(order).reshape(len(x), *shape)
 
 
 def to_uint8(x: np.ndarray) -> np.ndarray:
@@ -726,8 +732,14 @@ def view(
     progress: Progress | None = None,
     **options: Any,
 ) -> Any:
-    """Frames of one env as pictures: see :meth:`mmreplay.Store.view`."""
-    fv = frames(store, leaf, env, episode, steps, ViewOptions(**options), progress)
+    """Frames of one env as pictures: see :meth:`mmreplay.Store.view`. An ``out`` ending
+    with ``.rrd`` is a Rerun recording of every leaf instead (:func:`mmreplay.rerun.log_rerun`)."""
+    opts = ViewOptions(**options)
+    if out is not None and os.fspath(out).lower().endswith(".rrd"):
+        from .rerun import log_rerun
+
+        return log_rerun(store, out, env, episode, steps, opts.fps, force, progress)
+    fv = frames(store, leaf, env, episode, steps, opts, progress)
     if out is None:
         return fv
     return fv.save(out, force=force, progress=progress)

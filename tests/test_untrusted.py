@@ -271,6 +271,7 @@ FORMATS = {
     "pt": "torch",
     "zarr": "zarr",
     "hdf5": "h5py",
+    "lerobot": "av",
 }
 
 

@@ -50,6 +50,7 @@ FORMATS: dict[str, FormatInfo] = {
     "pt": FormatInfo("pt", "file", "steps", "torch.load(weights_only=True) (skrl Memory layout)"),
     "zarr": FormatInfo("zarr", "folder", "steps", "zarr.open_group, dask.array.from_zarr"),
     "hdf5": FormatInfo("hdf5", "file", "steps", "h5py.File"),
+    "lerobot": FormatInfo("lerobot", "folder", "episodes", "lerobot LeRobotDataset(repo_id, root=OUT)"),
 }
 
 
