@@ -179,7 +179,7 @@ class NumpyStorage(StoreShell):
         capacity: int,
         path: str | os.PathLike | None = None,
         *,
-        backend: str = "zarr",
+        backend: str | None = None,
         compression: Any = None,
     ):
         for where, leaf in _nest_leaves(data_spec):
@@ -366,7 +366,7 @@ class UniformReplayBuffer(StoreShell):
         dataset_window_shift: int | None = None,
         *,
         commit_every: int = DEFAULT_COMMIT_EVERY,
-        backend: str = "zarr",
+        backend: str | None = None,
         compression: Any = None,
         durability: str = "process",
         seed: Any = None,
