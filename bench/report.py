@@ -7,6 +7,7 @@ the other libraries (TorchRL, cpprb, SB3) on that figure; numpy-in-RAM is the li
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -60,7 +61,15 @@ def _num(x: float) -> str:
 
 
 def _ratio(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}×"
+    """Two significant figures (``310×``, ``2.7×``, ``0.0032×``): the runs vary by more."""
+    if x is None:
+        return "–"
+    if x <= 0 or not math.isfinite(x):
+        return f"{x:g}×"
+    digits = 1 - math.floor(math.log10(x))
+    if digits <= 0:
+        return f"{round(x, digits):,.0f}×"
+    return f"{x:.{digits}f}×"
 
 
 def _shown(x: float) -> float:
@@ -85,9 +94,10 @@ def _table(rows: list[Row], names: list[str]) -> list[str]:
         cells = [f"{label} ({unit}, {'higher' if hb else 'lower'} is better)"]
         shown = {n: _shown(v) for n, v in values.items() if v is not None}
         best = _best(shown, peers, hb)
+        paired = any(b is not None for b in bases.values())
         for n in names:
             v = values.get(n)
-            if v is None:
+            if v is None or (n == BASELINE and paired):  # (paired: numpy's figures are in the cells)
                 cells.append("n/a" if n in reasons else "–")
                 continue
             cell = _num(v)
@@ -251,7 +261,8 @@ def markdown(results: dict[str, Any]) -> str:
         "above 1× is better; every ratio is computed from the numbers shown. "
         "Rates (add, extend, sample) are measured in alternate repeats with a numpy-in-RAM "
         "baseline holding the same data, whose median the mmreplay cell shows (\"numpy's N "
-        "beside it\"), so that load from other processes changing between systems cancels out. "
+        "beside it\"; the numpy column of those rows is empty), so that load from other "
+        "processes changing between systems cancels out. "
         "numpy samples draw the rows as mmreplay does and gather them with one "
         "`take(mode=\"wrap\")` per leaf (no modulo pass on either side); every system's sampled "
         "batches are dropped as soon as they are made.",

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
+import signal
 import sys
+import warnings
 from typing import Any
 
 import click
@@ -73,6 +76,16 @@ def open_source(path: str) -> Any:
     return mmreplay.open(path, mode="r")
 
 
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end was closed (poll reports an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -90,7 +103,16 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            done = super().invoke(ctx)
+            sys.stdout.flush()  # (output still buffered meets a closed pipe here, not at exit)
+            return done
+        except BrokenPipeError:
+            if not stdout_reader_gone():
+                raise
+            # `mmreplay sample STORE | head -1`: end quietly, with the status a shell gives
+            # a command that a closed pipe stopped; the interpreter's last flush goes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(128 + signal.SIGPIPE)
         except click.exceptions.Exit:
             raise
         except click.UsageError as exc:  # a bad option or argument: one line, as for every mistake
@@ -126,6 +148,12 @@ def main(endpoint_url: str | None) -> None:
     (mmreplay.create_group): shard by shard, or all shards as one dataset."""
     if endpoint_url:
         os.environ["AWS_ENDPOINT_URL"] = endpoint_url
+    warnings.showwarning = show_warning
+
+
+def show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """A warning as one line, as errors are (no source line of mmreplay's or click's)."""
+    click.echo(f"Warning: {message}", err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

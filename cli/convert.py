@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
 import mmreplay as mr
-from mmreplay.codecs import STORE_HELP
+from mmreplay.codecs import STORE_HELP, compression_by_leaf
 from mmreplay.convert import convert
 from mmreplay.files import disk_usage
 
@@ -21,10 +22,10 @@ from .inspect import human_bytes
 @click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[the source's]")
 @click.option(
     "--compression",
-    default="same",
-    show_default=True,
-    metavar="same|none|CODEC[:LEVEL]",
-    help=f"'same' keeps each leaf's codec, 'none' maps every leaf uncompressed; or {STORE_HELP}.",
+    multiple=True,
+    metavar="same|none|[LEAF=]CODEC[:LEVEL]",
+    help="'same' (the default) keeps each leaf's codec, 'none' maps every leaf uncompressed; a codec "
+    f"alone compresses the image leaves, LEAF=CODEC one leaf (repeat for several). {STORE_HELP}.",
 )
 @click.option(
     "--chunk-steps", type=click.IntRange(min=1), default=None, help="Steps per chunk [about 4 MiB]."
@@ -37,7 +38,7 @@ def command(
     path: str,
     out: str,
     backend: str | None,
-    compression: str,
+    compression: tuple[str, ...],
     chunk_steps: int | None,
     capacity: int | None,
     quiet: bool,
@@ -47,10 +48,18 @@ def command(
     The copy holds the retained committed steps in time order with the same spec,
     roles and envs. PATH is only read (a writer may keep running).
     """
-    comp = None if compression.lower() in ("none", "off") else compression
     t = time.perf_counter()
     with mr.open(path, mode="r") as store:
         rows = len(store) * store.num_envs
+        spec = store.spec
+    words = [c.lower() for c in compression]
+    if len(words) > 1 and ({"same", "none", "off"} & set(words)):
+        raise click.UsageError("--compression same or none stands alone")
+    comp: Any = words[0] if words else "same"
+    if comp in ("none", "off"):
+        comp = None
+    elif comp != "same":
+        comp = compression_by_leaf(compression, spec)
     with LazyBar(rows, "converting", quiet) as bar:
         result = convert(
             path,

@@ -11,7 +11,7 @@ import click
 import numpy as np
 
 import mmreplay as mr
-from mmreplay.codecs import STORE_HELP
+from mmreplay.codecs import STORE_HELP, compression_by_leaf
 from mmreplay.errors import SpecError
 from mmreplay.files import disk_usage
 from mmreplay.sizes import SizeEstimate, estimate
@@ -26,7 +26,9 @@ SPEC_HELP = """A spec file maps leaf names to {"shape": [...], "dtype": "..."}; 
 nested leaves, e.g. {"obs": {"shape": [17], "dtype": "float32"}, "reward": {"shape": [],
 "dtype": "float32"}}. The file may also give "capacity", "num_envs", "backend",
 "compression", "chunk_steps", "commit_every", "durability" and "roles" beside a "spec"
-key; options on the command line win."""
+key; options on the command line win. A compression codec alone applies to the image
+leaves (pictures such as [84, 84, 3]); LEAF=CODEC, or a mapping in the file, names a leaf
+(e.g. --compression obs/pixels=rows:lz4 --compression reward=none)."""
 
 
 def _plain_spec(obj: Any, where: str) -> Any:
@@ -69,13 +71,22 @@ def load_spec_file(path: str) -> dict[str, Any]:
     return obj
 
 
+#: --compression of the commands that make a store (create, import)
+compression_option = click.option(
+    "--compression",
+    multiple=True,
+    metavar="[LEAF=]CODEC[:LEVEL]",
+    help=f"Codec of the image leaves, or of LEAF; repeat for several leaves. {STORE_HELP}.",
+)
+
+
 @click.command("create", epilog=SPEC_HELP)
 @click.argument("path", type=click.Path())
 @click.option("--spec", "spec_file", required=True, type=click.Path(), help="JSON or YAML spec file.")
 @click.option("--capacity", type=click.IntRange(min=1), default=None, help="Steps the ring holds.")
 @click.option("--num-envs", type=click.IntRange(min=1), default=None, help="Parallel envs per step [1].")
 @click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[zarr]")
-@click.option("--compression", default=None, metavar="CODEC[:LEVEL]", help=f"Codec for every leaf. {STORE_HELP}.")
+@compression_option
 @click.option("--chunk-steps", type=click.IntRange(min=1), default=None)
 @click.option("--commit-every", type=click.IntRange(min=1), default=None)
 @click.option("--durability", type=click.Choice(["process", "power"]), default=None)
@@ -107,7 +118,9 @@ def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **opti
     unknown = sorted(set(settings) - known)
     if unknown:
         raise mr.BadInputError(f"{spec_file}: unknown settings {unknown}; expected some of {sorted(known)}")
-    settings.update({k: v for k, v in options.items() if v is not None})
+    settings.update({k: v for k, v in options.items() if v is not None and v != ()})
+    if "compression" in settings:
+        settings["compression"] = compression_by_leaf(settings["compression"], spec)
     if "capacity" not in settings:
         raise click.UsageError("give --capacity (or 'capacity' in the spec file)")
     capacity = settings.pop("capacity")

@@ -16,9 +16,9 @@ from mmreplay.demo import DemoConfig, run
     show_default=True,
     help="Steps to collect.",
 )
-@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default="zarr", show_default=True)
+@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[zarr]")
 @click.option("--seed", type=int, default=0, show_default=True)
-def command(folder: str | None, steps: int, backend: str, seed: int) -> None:
+def command(folder: str | None, steps: int, backend: str | None, seed: int) -> None:
     """Collect from 8 envs in a subprocess, SIGKILL it part-way, reopen and check every
     committed step, resume, sample, and export to Minari, printing each step.
 

@@ -40,6 +40,17 @@ class LazyBar:
             self.bar.__exit__(None, None, None)
 
 
+def speed(nbytes: int, seconds: float) -> str:
+    """``in 2.2 s, 6.1 MiB/s``; milliseconds under a tenth of a second, and no rate for a
+    run too short to time."""
+    ms = seconds * 1000
+    if ms < 100:
+        took = f"in {ms:.1f} ms" if ms < 10 else f"in {ms:.0f} ms"
+    else:
+        took = f"in {seconds:.1f} s" if seconds < 10 else f"in {seconds:.0f} s"
+    return took if ms < 10 else f"{took}, {human_bytes(nbytes / seconds)}/s"
+
+
 def compression_help() -> str:
     """What --compression takes, format by format (formats that take the same share a line)."""
     by_codecs: dict[str, list[str]] = {}
@@ -128,10 +139,7 @@ def command(
         if result.episodes
         else f"{result.steps:,} rows"
     )
-    rate = result.nbytes / 2**20 / seconds if seconds > 0 else 0.0
-    click.echo(
-        f"wrote {what} to {result.path} ({human_bytes(result.nbytes)}, {seconds:.1f} s, {rate:.0f} MB/s)"
-    )
+    click.echo(f"wrote {what} to {result.path} ({human_bytes(result.nbytes)} {speed(result.nbytes, seconds)})")
     if result.format == "minari":
         click.echo(
             f"load with: MINARI_DATASETS_PATH={result.info['root']} "

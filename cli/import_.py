@@ -6,10 +6,11 @@ import time
 
 import click
 
-from mmreplay.codecs import STORE_HELP
+from mmreplay.codecs import compression_by_leaf
 from mmreplay.files import disk_usage
 from mmreplay.importers import FORMATS, import_dataset
 
+from .create import compression_option
 from .export import LazyBar
 from .inspect import human_bytes
 
@@ -18,8 +19,8 @@ from .inspect import human_bytes
 @click.argument("src", type=click.Path())
 @click.argument("path", type=click.Path())
 @click.option("--format", "fmt", default="auto", show_default=True, help="auto, " + ", ".join(FORMATS) + ".")
-@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default="zarr", show_default=True)
-@click.option("--compression", default=None, metavar="CODEC[:LEVEL]", help=f"Codec for every leaf. {STORE_HELP}.")
+@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[zarr]")
+@compression_option
 @click.option(
     "--capacity", type=click.IntRange(min=1), default=None, help="Steps the store holds [the dataset's]."
 )
@@ -31,8 +32,8 @@ def command(
     src: str,
     path: str,
     fmt: str,
-    backend: str,
-    compression: str | None,
+    backend: str | None,
+    compression: tuple[str, ...],
     capacity: int | None,
     num_envs: int | None,
     quiet: bool,
@@ -51,7 +52,7 @@ def command(
             path,
             format=fmt,
             backend=backend,
-            compression=compression,
+            compression=(lambda spec: compression_by_leaf(compression, spec)) if compression else None,
             capacity=capacity,
             num_envs=num_envs,
             progress=bar.update,
@@ -60,5 +61,5 @@ def command(
     episodes = f", {result.episodes:,} episodes" if result.episodes is not None else ""
     click.echo(
         f"imported {result.format} {src}: {result.steps:,} steps x {result.num_envs} envs{episodes} "
-        f"into {result.path} ({backend}, {human_bytes(size)}, {time.perf_counter() - t:.1f} s)"
+        f"into {result.path} ({result.backend}, {human_bytes(size)}, {time.perf_counter() - t:.1f} s)"
     )

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from .errors import SpecError
+from .errors import BadInputError, SpecError
+from .spec import flatten, is_image, leaf_paths
 
-__all__ = ["BLOSC_CNAMES", "LEVELS", "STORE_HELP", "Compression", "describe", "parse"]
+__all__ = ["BLOSC_CNAMES", "LEVELS", "STORE_HELP", "Compression", "compression_by_leaf", "describe", "parse"]
 
 #: codec -> (lowest, highest) level it takes after a colon, or None when it takes none
 LEVELS: dict[str, tuple[int, int] | None] = {
@@ -85,6 +87,31 @@ def parse(
         if not levels[0] <= level <= levels[1]:
             raise refuse(f"has a level outside {levels[0]}..{levels[1]}")
     return Compression(codec, level, cname)
+
+
+def compression_by_leaf(given: Any, spec: Any) -> Any:
+    """The command line's compression settings as leaf path -> codec: a codec alone is the
+    image leaves' (:func:`mmreplay.spec.is_image`; small leaves grow when compressed one
+    row at a time and gain little in chunks), ``LEAF=CODEC`` one leaf's whatever the
+    order, ``none`` no codec. A mapping is taken as it is."""
+    if isinstance(given, Mapping):
+        return given
+    settings = [given] if isinstance(given, str) else list(given)
+    named = [text.partition("=")[::2] for text in settings if "=" in text]
+    bare = [text for text in settings if "=" not in text]
+    paths = leaf_paths(spec)
+    images = [p for p, s in zip(paths, flatten(spec)) if is_image(s)]
+    out: dict[str, str | None] = {}
+    for codec in bare:
+        if not images:
+            raise BadInputError(
+                f"compression {codec!r}: the spec has no image leaves (pictures such as [84, 84, 3]), "
+                f"which a codec alone applies to; name a leaf: --compression LEAF={codec} "
+                f"(leaves: {', '.join(paths)})"
+            )
+        out.update(dict.fromkeys(images, codec))
+    out.update(dict(named))
+    return {p: None if str(c).lower() in ("", "none") else c for p, c in out.items()}
 
 
 #: what a store's leaves take, for the command line's help

@@ -11,7 +11,6 @@ may keep running (the copy is of the state when it started).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ import numpy as np
 
 from .episodes import continue_index, fresh_envs
 from .errors import NotEnoughDataError
-from .files import check_target
+from .files import AtomicOutput, check_target
 from .spec import ArraySpec, flatten, unflatten
 from .statefile import StateFile
 from .store import Store, create
@@ -113,48 +112,46 @@ def convert(
                 raise ValueError(f"{src}: new leaves {sorted(added)} need a dict spec without them")
             spec = {**spec, **added}
         recorded = dict(store.sampler.state_json() if sampler is None else sampler)
-        dst = create(
-            out,
-            spec,
-            capacity=cap,
-            num_envs=meta.num_envs,
-            backend=backend or meta.backend,
-            chunk_steps=chunk_steps,
-            compression=compression,
-            commit_every=commit_every or meta.commit_every,
-            durability=meta.durability,
-            roles=meta.roles,
-            sampler=recorded.pop("name"),
-            **recorded,
-        )
-        try:
-            if meta.attrs:
-                dst.set_attrs(**meta.attrs)
-            dst = begin_at(dst, first, fresh_envs(store, first))
-            step_bytes = max(1, meta.num_envs * sum(s.nbytes for s in flatten(spec)))
-            k = max(1, BLOCK_BYTES // step_bytes)
-            for a in range(first, end, k):
-                b = min(end, a + k)
-                try:
-                    values = store.read_steps(np.arange(a, b))
-                except NotEnoughDataError as exc:
-                    raise NotEnoughDataError(
-                        f"{exc}; the writer overwrote rows before they were copied"
-                    ) from None
-                steps = unflatten(store.spec, values)
-                if added:
-                    steps.update(
-                        {p: _unwritten((b - a, meta.num_envs, *s.shape), s.dtype) for p, s in added.items()}
-                    )
-                dst.extend(steps)
-                if progress is not None:
-                    progress((b - a) * meta.num_envs)
-            dst.close()
-            result = ConvertResult(os.path.abspath(out), end - first, dst.backend, cap)
-        except BaseException:
-            dst.close()
-            shutil.rmtree(out, ignore_errors=True)
-            raise
+        with AtomicOutput(out, "folder", "converted store") as scratch:
+            dst = create(
+                scratch.tmp,
+                spec,
+                capacity=cap,
+                num_envs=meta.num_envs,
+                backend=backend or meta.backend,
+                chunk_steps=chunk_steps,
+                compression=compression,
+                commit_every=commit_every or meta.commit_every,
+                durability=meta.durability,
+                roles=meta.roles,
+                sampler=recorded.pop("name"),
+                **recorded,
+            )
+            try:
+                if meta.attrs:
+                    dst.set_attrs(**meta.attrs)
+                dst = begin_at(dst, first, fresh_envs(store, first))
+                step_bytes = max(1, meta.num_envs * sum(s.nbytes for s in flatten(spec)))
+                k = max(1, BLOCK_BYTES // step_bytes)
+                for a in range(first, end, k):
+                    b = min(end, a + k)
+                    try:
+                        values = store.read_steps(np.arange(a, b))
+                    except NotEnoughDataError as exc:
+                        raise NotEnoughDataError(
+                            f"{exc}; the writer overwrote rows before they were copied"
+                        ) from None
+                    steps = unflatten(store.spec, values)
+                    if added:
+                        steps.update(
+                            {p: _unwritten((b - a, meta.num_envs, *s.shape), s.dtype) for p, s in added.items()}
+                        )
+                    dst.extend(steps)
+                    if progress is not None:
+                        progress((b - a) * meta.num_envs)
+            finally:
+                dst.close()
+            result = ConvertResult(scratch.commit(), end - first, dst.backend, cap)
     return result
 
 

@@ -260,7 +260,7 @@ class DemoConfig:
     commit_every: int = 500
     kill_after: int = 8_000  # SIGKILL once a commit at or past this step is reported
     seed: int = 0
-    backend: str = "zarr"
+    backend: str | None = None  # zarr, else hdf5 where zarr-python is not installed
 
 
 def _mb(path: str) -> float:

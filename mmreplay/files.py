@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-from collections.abc import Callable, Iterable
+import re
+import shutil
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
 
-from .errors import DiskFullError, TargetError
+from .errors import DiskFullError, Error, ReadOnlyError, TargetError
 
-__all__ = ["atomic_write", "check_target", "disk_usage"]
+__all__ = [
+    "AtomicOutput",
+    "atomic_write",
+    "check_target",
+    "disk_usage",
+    "interrupts_deferred",
+    "make_folders",
+    "remove_dead_scratch",
+    "scratch_path",
+]
 
 
 def disk_usage(path: str | os.PathLike) -> int:
@@ -112,3 +127,221 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+# --- outputs made under a scratch name ------------------------------------------------------
+
+#: what a run leaves beside its output while it works: ``.NAME.partial-PID`` (an export,
+#: a convert, an import), ``.NAME.creating-PID`` (a store being made), ``.NAME.replaced-PID``
+#: (the earlier output while the new one is renamed into place)
+SCRATCH_KINDS = ("partial", "creating", "replaced")
+
+
+def scratch_path(out: str, kind: str) -> str:
+    """The name this process works under beside ``out`` (``kind`` from :data:`SCRATCH_KINDS`)."""
+    parent, base = os.path.split(os.path.abspath(out))
+    return os.path.join(parent, f".{base}.{kind}-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_dead_scratch(out: str) -> list[str]:
+    """Remove what runs that were killed left beside ``out`` (their scratch names, see
+    :data:`SCRATCH_KINDS`), and nothing of a process that is still running. An earlier
+    output that a killed run had moved aside is put back when ``out`` is missing.
+    Returns what was done, a line each."""
+    out = os.path.abspath(out)
+    parent, base = os.path.split(out)
+    pattern = re.compile(re.escape(f".{base}.") + rf"({'|'.join(SCRATCH_KINDS)})-(\d+)")
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    done = []
+    for name in sorted(names):
+        found = pattern.fullmatch(name)
+        if found is None or _alive(int(found.group(2))):
+            continue
+        path = os.path.join(parent, name)
+        done += remove_dead_scratch(path)  # a store a killed convert was creating in its scratch
+        if found.group(1) == "replaced" and not os.path.lexists(out):
+            os.rename(path, out)
+            done.append(f"put back {out} (process {found.group(2)} had moved it aside)")
+        else:
+            remove_tree(path)
+            done.append(f"removed {path} (left by process {found.group(2)}, which is gone)")
+    return done
+
+
+def remove_tree(path: str) -> None:
+    """Remove a file or a folder with what it holds (a link itself, not what it names)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def make_folders(folder: str) -> list[str]:
+    """Create ``folder`` and its missing parents; returns those created, outermost first."""
+    missing = []
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"{folder}: expected a folder, found a file")
+    made: list[str] = []
+    try:
+        for folder in reversed(missing):
+            os.mkdir(folder)
+            made.append(folder)
+    except BaseException:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+    return made
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back until the block ends, so that a few renames or removals
+    happen whole. Only the main thread sets signal handlers; elsewhere the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):  # ignored, or the default action: nothing to hold back
+        yield
+        return
+    caught: list[object] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            previous(signal.SIGINT, caught[0])
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file system is full (libraries that write through their
+    own code, as torch and pyarrow do, say it only in their message)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return os.strerror(errno.ENOSPC) in str(exc)
+
+
+class AtomicOutput:
+    """A file or folder made under a scratch name beside ``out`` (``.NAME.partial-PID``)
+    and renamed into place once complete, so an interrupted run never leaves a file that
+    looks finished. Entering the context makes the scratch (after removing what killed
+    runs left beside ``out``); call :meth:`commit` at the end of the block; leaving the
+    block any other way (an error, Ctrl-C) removes the scratch and the parent folders made.
+
+    An error of the file system names ``out``, not the scratch name: a full disk is a
+    :class:`DiskFullError`, a read-only or forbidden place a :class:`ReadOnlyError`.
+
+    Args:
+        out: the final path; an existing one is replaced at :meth:`commit`.
+        kind: ``"file"`` (the scratch file is created empty) or ``"folder"``.
+        what: the output, for messages (``"npz export"``).
+        parents: create missing parent folders (removed again if the output fails).
+    """
+
+    def __init__(self, out: str, kind: str, what: str, parents: bool = False):
+        self.out = os.path.abspath(out)
+        self.kind = kind
+        self.what = what
+        self.parents = parents
+        self.tmp = scratch_path(self.out, "partial")
+        self.made: list[str] = []
+        self.committed = False
+
+    def __enter__(self) -> AtomicOutput:
+        parent = os.path.dirname(self.out)
+        try:
+            with interrupts_deferred():  # (the block's exit is not registered yet)
+                if self.parents:
+                    self.made = make_folders(parent)
+                if not os.path.isdir(parent):
+                    raise FileNotFoundError(f"{parent}: folder does not exist (where the {self.what} goes)")
+                remove_dead_scratch(self.out)
+                remove_tree(self.tmp)
+                if self.kind == "folder":
+                    os.mkdir(self.tmp)
+                else:
+                    os.close(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except BaseException as exc:
+            self.abort()
+            named = self.named(exc)
+            if named is exc:
+                raise
+            raise named from exc
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.committed:
+            return
+        self.abort()
+        if exc is not None:
+            named = self.named(exc)
+            if named is not exc:
+                raise named from exc
+
+    def commit(self) -> str:
+        """Move the finished output into place (replacing an earlier one); returns its path."""
+        with interrupts_deferred():
+            try:
+                if os.path.lexists(self.out):
+                    old = scratch_path(self.out, "replaced")
+                    os.rename(self.out, old)
+                    try:
+                        os.rename(self.tmp, self.out)
+                    except BaseException:
+                        os.rename(old, self.out)
+                        raise
+                    remove_tree(old)
+                else:
+                    os.rename(self.tmp, self.out)
+            except OSError as exc:
+                named = self.named(exc)
+                if named is exc:
+                    raise
+                raise named from exc
+            self.committed = True
+        return self.out
+
+    def abort(self) -> None:
+        """Remove the scratch output and the parent folders made for it."""
+        with interrupts_deferred():
+            remove_tree(self.tmp)
+            for folder in reversed(self.made):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+
+    def named(self, exc: BaseException) -> BaseException:
+        """``exc`` told about ``out`` (the scratch name means nothing to the user)."""
+        if isinstance(exc, Error) or not isinstance(exc, Exception):
+            return exc
+        if _disk_full(exc):
+            return DiskFullError(
+                f"{self.out}: no space left on the file system; the {self.what} stopped and left nothing behind"
+            )
+        if not isinstance(exc, OSError):
+            return exc
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        if exc.errno == errno.EROFS or isinstance(exc, PermissionError):
+            return ReadOnlyError(f"{self.out}: cannot write the {self.what} there ({reason})")
+        if self.tmp in str(exc) or exc.filename == self.tmp:
+            return type(exc)(f"{self.out}: {reason} (writing the {self.what})")
+        return exc

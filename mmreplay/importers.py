@@ -37,7 +37,6 @@ import importlib
 import json
 import logging
 import os
-import shutil
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ import numpy as np
 from .convert import begin_at
 from .errors import BadInputError, CorruptBufferError, NotABufferError, UnsupportedFormatError
 from .export.minari import SPACES_ATTR
-from .files import check_target
+from .files import AtomicOutput, check_target
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, unflatten
 from .store import create
 
@@ -72,6 +71,7 @@ class ImportResult:
     steps: int
     num_envs: int
     episodes: int | None = None
+    backend: str = "zarr"
 
 
 # --- detection ---------------------------------------------------------------------------
@@ -741,7 +741,7 @@ def import_dataset(
     src: str | os.PathLike,
     path: str | os.PathLike,
     format: str = "auto",  # noqa: A002 - the CLI option's name
-    backend: str = "zarr",
+    backend: str | None = None,
     compression: Any = None,
     chunk_steps: Any = None,
     capacity: int | None = None,
@@ -756,7 +756,8 @@ def import_dataset(
             zarr step-major export of mmreplay.
         path: the new store: it must not exist, and may not lie inside ``src``.
         format: ``"auto"`` (from the contents) or one of :data:`FORMATS`.
-        backend, compression, chunk_steps: as :func:`mmreplay.create`.
+        backend, compression, chunk_steps: as :func:`mmreplay.create`; ``compression``
+            may also be a function of the dataset's spec that returns it.
         capacity: steps the store holds; default exactly the dataset's steps.
         num_envs: for a plain npz, read arrays as ``[T, num_envs, *shape]``.
         commit_every: as :func:`mmreplay.create`; default one commit per block.
@@ -785,33 +786,33 @@ def import_dataset(
             kwargs["commit_every"] = commit_every
         else:
             kwargs["commit_every"] = max(1, min(cap, 1 << 30))
-        store = create(
-            path,
-            source.spec,
-            capacity=cap,
-            num_envs=source.num_envs,
-            backend=backend,
-            compression=compression,
-            chunk_steps=chunk_steps,
-            roles=source.roles,
-            **kwargs,
-        )
-        try:
-            if source.attrs:
-                store.set_attrs(**source.attrs)
-            if source.first_step:
-                fresh = range(source.num_envs) if source.fresh is None else source.fresh
-                store = begin_at(store, source.first_step, fresh)
-            for leaves in source.blocks():
-                store.extend(unflatten(source.spec, leaves))
-                store.commit()
-                if progress is not None:
-                    progress(len(leaves[0]) * source.num_envs)
-            store.close()
-        except BaseException:
-            store.close()
-            shutil.rmtree(path, ignore_errors=True)
-            raise
+        with AtomicOutput(path, "folder", "imported store") as scratch:
+            store = create(
+                scratch.tmp,
+                source.spec,
+                capacity=cap,
+                num_envs=source.num_envs,
+                backend=backend,
+                compression=compression(source.spec) if callable(compression) else compression,
+                chunk_steps=chunk_steps,
+                roles=source.roles,
+                **kwargs,
+            )
+            try:
+                if source.attrs:
+                    store.set_attrs(**source.attrs)
+                if source.first_step:
+                    fresh = range(source.num_envs) if source.fresh is None else source.fresh
+                    store = begin_at(store, source.first_step, fresh)
+                for leaves in source.blocks():
+                    store.extend(unflatten(source.spec, leaves))
+                    store.commit()
+                    if progress is not None:
+                        progress(len(leaves[0]) * source.num_envs)
+            finally:
+                store.close()
+            path = scratch.commit()
+            made = store.backend
     finally:
         close()
-    return ImportResult(os.path.abspath(path), fmt, source.steps, source.num_envs, source.episodes)
+    return ImportResult(os.path.abspath(path), fmt, source.steps, source.num_envs, source.episodes, made)

@@ -5,13 +5,15 @@ Uncompressed leaves are exact: the bytes come from the layout the backend would 
 metadata), without allocating it. Compressed leaves are estimated from a sample of
 values the caller passes, encoded in a small trial buffer of the same backend, codec
 and chunking; with no sample their raw size is the upper bound and the estimate is
-unknown.
+unknown. A row-frame leaf's files of a fixed size (its raw staging segment, a zstd
+dictionary) are counted once, not scaled with the rows.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -138,7 +140,7 @@ def estimate(
     capacity: int,
     num_envs: int = 1,
     *,
-    backend: str = "zarr",
+    backend: str | None = None,
     compression: str | Mapping[str, str | None] | None = None,
     chunk_steps: int | Mapping[str, int] | None = None,
     sample: Any = None,
@@ -175,8 +177,9 @@ def estimate(
         if rows is None:
             out.append(LeafSize(leaf.path, raw, None, leaf.compression))
             continue
-        ratio = _trial_ratio(meta, leaf, rows)
-        out.append(LeafSize(leaf.path, raw, int(round(raw / ratio)), leaf.compression, round(ratio, 3)))
+        ratio, fixed = _trial_ratio(meta, leaf, rows)
+        stored = int(round(raw / ratio)) + fixed + shards.get(leaf.path, 0)  # (row frames: the staging file)
+        out.append(LeafSize(leaf.path, raw, stored, leaf.compression, round(raw / stored, 3)))
     metadata_file = len(render(replace(meta, leaves=tuple(placed)))) + STATE_BYTES
     return SizeEstimate(meta.backend, meta.capacity, meta.num_envs, tuple(out), data_meta, metadata_file)
 
@@ -212,16 +215,21 @@ def _sample_by_path(meta: Metadata, sample: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def _trial_ratio(meta: Metadata, leaf: Any, rows: np.ndarray) -> float:
+def _trial_ratio(meta: Metadata, leaf: Any, rows: np.ndarray) -> tuple[float, int]:
     """raw / stored bytes of ``rows`` written to a trial buffer of one leaf with the same
-    backend, codec and chunk shape (fewer steps per chunk when the sample is short)."""
+    backend, codec and chunk shape (fewer steps per chunk when the sample is short), and
+    the bytes of the leaf's files whose size does not grow with its rows (a row-frame
+    leaf's zstd dictionary; its staging file is sized from the layout instead)."""
+    from .backends.row_frames import DICTIONARY_FILE, STAGING_FILE  # (not imported with mmreplay)
+
     envs = min(meta.num_envs, len(rows))
     steps = len(rows) // envs
     chunk = min(leaf.chunk_steps, steps)
     steps = (steps // chunk) * chunk  # whole chunks only: a padded chunk compresses too well
     values = rows[: steps * envs].reshape(steps, envs, *leaf.spec.shape)
     spec = {"x": ArraySpec(leaf.spec.shape, leaf.spec.dtype)}
-    with tempfile.TemporaryDirectory(prefix="mmreplay-estimate-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="mmreplay-estimate-") as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (advice on the layout is for the caller's create)
         path = os.path.join(tmp, "trial")
         with create(
             path, spec, steps, envs, backend=meta.backend, compression=leaf.compression, chunk_steps=chunk
@@ -230,5 +238,10 @@ def _trial_ratio(meta: Metadata, leaf: Any, rows: np.ndarray) -> float:
             leaves = list(trial.metadata.leaves)
         _, _, empty = backends.get(meta.backend).planned_bytes(leaves, steps, envs)
         data = os.path.join(path, "data.zarr" if meta.backend == "zarr" else "data.h5")
-        stored = disk_usage(data) - empty  # the encoded chunks (and their index)
-    return values.nbytes / max(1, stored)
+        fixed = {name: _size(os.path.join(data, "x", name)) for name in (STAGING_FILE, DICTIONARY_FILE)}
+        stored = disk_usage(data) - empty - sum(fixed.values())  # the encoded rows or chunks, their index
+    return values.nbytes / max(1, stored), fixed[DICTIONARY_FILE]
+
+
+def _size(path: str) -> int:
+    return os.path.getsize(path) if os.path.isfile(path) else 0

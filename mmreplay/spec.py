@@ -37,6 +37,8 @@ __all__ = [
     "spec_from_json",
     "validate_leaf_path",
     "is_namedtuple",
+    "frame_layout",
+    "is_image",
 ]
 
 #: dtypes a leaf may have; stored little-endian on disk.
@@ -127,6 +129,39 @@ class ArraySpec:
     def __repr__(self) -> str:
         name = "" if self.name is None else f", name={self.name!r}"
         return f"ArraySpec(shape={self.shape}, dtype={self.dtype}{name})"
+
+
+def frame_layout(shape: tuple[int, ...]) -> str | None:
+    """The axes a picture, or a stack of pictures, of this shape most likely has in RL
+    code, as letters (``H`` height, ``W`` width, ``C`` channels, ``K`` frames of a stack,
+    ``(KC)`` stacked RGB frames on one axis); None for a shape that is no picture.
+
+    ``HW`` (84, 84); ``HWC`` (84, 84, 3); ``CHW`` (3, 84, 84); ``KHW`` (4, 84, 84);
+    ``HWK`` (84, 84, 4); ``HW(KC)`` (84, 84, 12); ``KHWC`` (4, 84, 84, 3); ``KCHW``
+    (4, 3, 84, 84); height and width at least 8.
+    """
+    big = [n >= 8 for n in shape]
+    if len(shape) == 2 and all(big):
+        return "HW"
+    if len(shape) == 3:
+        a, b, c = shape
+        if big[0] and big[1] and c <= 16:
+            return "HWC" if c in (1, 3) else ("HW(KC)" if c % 3 == 0 else "HWK")
+        if big[1] and big[2] and a <= 16:
+            return "CHW" if a in (1, 3) else ("(KC)HW" if a % 3 == 0 else "KHW")
+    if len(shape) == 4:
+        if big[1] and big[2] and shape[3] in (1, 3, 4):
+            return "KHWC"
+        if big[2] and big[3] and shape[1] in (1, 3, 4):
+            return "KCHW"
+    return None
+
+
+def is_image(spec: ArraySpec) -> bool:
+    """Whether a leaf holds pictures (:func:`frame_layout` knows its shape): the leaves
+    whose rows are large and compress well, which ``mmreplay view`` draws and which the
+    command line compresses by default."""
+    return frame_layout(spec.shape) is not None
 
 
 def is_namedtuple(x: Any) -> bool:

@@ -22,6 +22,7 @@ import os
 import shutil
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -43,6 +44,7 @@ from .errors import (
     SpecError,
     SpecMismatchError,
 )
+from .files import interrupts_deferred, make_folders, remove_dead_scratch, scratch_path
 from .hooks import WriteHook, overrides
 from .lock import WriterLock
 from .metadata import (
@@ -1089,7 +1091,7 @@ def plan(
     spec: Any,
     capacity: int,
     num_envs: int = 1,
-    backend: str = "zarr",
+    backend: str | None = None,
     chunk_steps: int | Mapping[str, int] | None = None,
     compression: str | Mapping[str, str | None] | None = None,
     commit_every: int = DEFAULT_COMMIT_EVERY,
@@ -1167,7 +1169,7 @@ def create(
     spec: Any,
     capacity: int,
     num_envs: int = 1,
-    backend: str = "zarr",
+    backend: str | None = None,
     chunk_steps: int | Mapping[str, int] | None = None,
     compression: str | Mapping[str, str | None] | None = None,
     commit_every: int = DEFAULT_COMMIT_EVERY,
@@ -1185,8 +1187,9 @@ def create(
         spec: a nest of :class:`ArraySpec` or anything :func:`mmreplay.spec.to_spec` takes.
         capacity: time steps the ring holds; each step holds ``num_envs`` rows.
         num_envs: parallel environments written per step.
-        backend: ``"zarr"`` (zarr v3) or ``"hdf5"``; ``"zarr"`` without zarr-python 3
-            installed (the ``zarr`` extra) creates an hdf5 buffer, with a warning.
+        backend: ``"zarr"`` (zarr v3) or ``"hdf5"``. By default zarr, or hdf5 with a
+            warning where zarr-python 3 (the ``zarr`` extra) does not import; a backend
+            named here is used or refused (an ImportError naming the extra, nothing made).
         chunk_steps: steps per chunk, for every leaf or per leaf path; default chunks of
             about 4 MiB.
         compression: ``None`` (memory-mapped), a codec such as ``"zstd"``, ``"zstd:5"``,
@@ -1226,31 +1229,41 @@ def create(
             raise BufferExistsError(
                 f"{path}: already exists; pass exist_ok=True to reopen a buffer, or choose a new path"
             )
+    if any(leaf.compression for leaf in meta.leaves):
+        from .backends.row_frames import chunked_picture_advice  # (not imported for mapped stores)
+
+        for leaf in meta.leaves:
+            advice = chunked_picture_advice(leaf, meta.num_envs, backend)
+            if advice is not None:
+                warnings.warn(advice, UserWarning, stacklevel=backends.outside_mmreplay())
     parent = os.path.dirname(os.path.abspath(path))
     need = _check_free_space(_existing_ancestor(parent), module, meta)
     log.info("creating %s: %s backend, preallocating %d bytes (%.2f GiB)", path, backend, need, need / 2**30)
-    made = _make_folders(parent)
-    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.creating-{os.getpid()}")
-    lock = WriterLock(tmp)
-    try:
-        if os.path.lexists(tmp):
-            shutil.rmtree(tmp)
-        os.mkdir(tmp)
-        lock.acquire()
-        created = module.create(tmp, list(meta.leaves), meta.capacity, meta.num_envs)
-        if meta.frames is not None and meta.frames.side:
-            side = _frames.create_side(module, tmp, meta, list(meta.frames.side))
-            meta = replace(meta, frames=replace(meta.frames, side=tuple(side)))
-        meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
-        os.rename(tmp, path)
-    except BaseException:
-        lock.release()
-        shutil.rmtree(tmp, ignore_errors=True)
-        for folder in reversed(made):  # a failed create leaves no folder behind
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
-        raise
-    lock.path = os.path.join(path, os.path.basename(lock.path))
+    # made whole or not at all: a Ctrl-C waits (zarr-python writes on a thread it does not stop)
+    with interrupts_deferred():
+        made = make_folders(parent)
+        remove_dead_scratch(path)
+        tmp = scratch_path(path, "creating")
+        lock = WriterLock(tmp)
+        try:
+            if os.path.lexists(tmp):
+                shutil.rmtree(tmp)
+            os.mkdir(tmp)
+            lock.acquire()
+            created = module.create(tmp, list(meta.leaves), meta.capacity, meta.num_envs)
+            if meta.frames is not None and meta.frames.side:
+                side = _frames.create_side(module, tmp, meta, list(meta.frames.side))
+                meta = replace(meta, frames=replace(meta.frames, side=tuple(side)))
+            meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
+            os.rename(tmp, path)
+        except BaseException:
+            lock.release()
+            shutil.rmtree(tmp, ignore_errors=True)
+            for folder in reversed(made):  # a failed create leaves no folder behind
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+            raise
+        lock.path = os.path.join(path, os.path.basename(lock.path))
     if durability == "power":
         for folder in {parent, *(os.path.dirname(m) for m in made)}:  # the new entries
             backends.base.fsync_path(folder)
@@ -1261,19 +1274,6 @@ def _existing_ancestor(folder: str) -> str:
     while not os.path.exists(folder):
         folder = os.path.dirname(folder)
     return folder
-
-
-def _make_folders(folder: str) -> list[str]:
-    """Create ``folder`` and its missing parents; returns those created, outermost first."""
-    missing = []
-    while not os.path.lexists(folder):
-        missing.append(folder)
-        folder = os.path.dirname(folder)
-    if not os.path.isdir(folder):
-        raise NotADirectoryError(f"{folder}: expected a folder to create the buffer in, found a file")
-    for made in reversed(missing):
-        os.mkdir(made)
-    return missing[::-1]
 
 
 def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
+from .spec import frame_layout, is_image
 
 __all__ = [
     "Layout",
@@ -69,9 +70,8 @@ class Layout:
     channels (1 gray, 3 RGB, 4 RGBA), ``K`` a frame stack; ``(KC)`` is a stack of RGB
     frames concatenated along one axis (k*3 channels, oldest first).
 
-    Recognised from the shape: ``HW`` (84, 84); ``HWC`` (84, 84, 3); ``CHW`` (3, 84, 84);
-    ``KHW`` (4, 84, 84), the Atari stack; ``HWK`` (84, 84, 4); ``HW(KC)`` (84, 84, 12);
-    ``KHWC`` (4, 84, 84, 3); ``KCHW`` (4, 3, 84, 84). A stack's newest frame is its last.
+    Recognised from the shape by :func:`mmreplay.spec.frame_layout` (``KHW`` (4, 84, 84)
+    is the Atari stack). A stack's newest frame is its last.
     """
 
     axes: tuple[str, ...]
@@ -104,22 +104,8 @@ class Layout:
 
     @classmethod
     def infer(cls, shape: tuple[int, ...], leaf: str = "") -> Layout:
-        """The layout a shape most likely has in RL code (see the class docstring)."""
-        big = [n >= 8 for n in shape]
-        guess: str | None = None
-        if len(shape) == 2 and all(big):
-            guess = "HW"
-        elif len(shape) == 3:
-            a, b, c = shape
-            if big[0] and big[1] and c <= 16:
-                guess = "HWC" if c in (1, 3) else ("HW(KC)" if c % 3 == 0 else "HWK")
-            elif big[1] and big[2] and a <= 16:
-                guess = "CHW" if a in (1, 3) else ("(KC)HW" if a % 3 == 0 else "KHW")
-        elif len(shape) == 4:
-            if big[1] and big[2] and shape[3] in (1, 3, 4):
-                guess = "KHWC"
-            elif big[2] and big[3] and shape[1] in (1, 3, 4):
-                guess = "KCHW"
+        """The layout a shape most likely has in RL code (:func:`mmreplay.spec.frame_layout`)."""
+        guess = frame_layout(shape)
         if guess is None:
             raise BadInputError(
                 f"leaf {leaf!r}: shape {shape} is not a frame layout mmreplay recognises "
@@ -258,13 +244,8 @@ class ViewOptions:
 
 def frame_leaves(store: Any) -> list[str]:
     """Paths of the leaves whose shape is recognised as frames, observation first."""
-    out = []
-    for leaf in (leaf.info for leaf in store.leaves):  # the spec's leaves (frames once: rebuilt)
-        try:
-            Layout.infer(leaf.spec.shape, leaf.path)
-        except BadInputError:
-            continue
-        out.append(leaf.path)
+    # the spec's leaves (frames once: rebuilt)
+    out = [leaf.path for leaf in (leaf.info for leaf in store.leaves) if is_image(leaf.spec)]
     obs = store.roles.get("observation")
     return sorted(out, key=lambda p: not (obs is not None and (p == obs or p.startswith(obs + "/"))))
 

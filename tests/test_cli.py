@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,6 +132,15 @@ def test_export_every_format_from_the_command_line(tmp_path, fmt):
     assert result.stderr == ""  # -q: no progress bar
 
 
+def test_export_reports_its_time_and_speed_sensibly_for_a_small_output(tmp_path):
+    """A small export said "0 MB/s"."""
+    line = run("export", VECTOR, tmp_path / "x.npz", "-q").stdout.splitlines()[0]
+    assert " MB/s" not in line and "0 B/s" not in line and "in 0.0 s" not in line, line
+    took = re.search(r"in ([\d.]+) (ms|s)(, ([\d.]+) (B|KiB|MiB|GiB)/s)?\)$", line)
+    assert took and float(took.group(1)) > 0, line
+    assert took.group(4) is None or float(took.group(4)) > 0, line
+
+
 def test_export_takes_the_format_from_the_name_of_out(tmp_path):
     """Without --format, an OUT named like a format's file gets that format; any other
     name is a Minari datasets root; a .h5 name, which three formats write, is refused."""
@@ -168,10 +178,13 @@ def test_export_complete_only_and_force(tmp_path):
 
 
 def test_convert_to_hdf5_with_compression(tmp_path):
-    out = run("convert", WRAPPED, tmp_path / "c", "--backend", "hdf5", "--compression", "gzip", "-q").stdout
+    args = ["--compression", "observation=gzip", "--compression", "next_observation=gzip:6"]
+    out = run("convert", WRAPPED, tmp_path / "c", "--backend", "hdf5", *args, "-q").stdout
     assert "converted 300 steps" in out
     with mr.open(WRAPPED) as a, mr.open(tmp_path / "c") as b:
-        assert b.backend == "hdf5" and all(leaf.compression == "gzip" for leaf in b.metadata.leaves)
+        codecs = {leaf.path: leaf.compression for leaf in b.metadata.leaves}
+        assert b.backend == "hdf5" and codecs.pop("observation") == "gzip" and codecs.pop("next_observation") == "gzip:6"
+        assert set(codecs.values()) == {None}
         assert b.capacity == a.capacity and len(b) == len(a) and b.roles == a.roles
         for x, y in zip(a.get(slice(None)).values(), b.get(slice(None)).values()):
             assert np.array_equal(x, y)
@@ -206,6 +219,32 @@ def test_sample_prints_rows_readably_and_as_json():
             stored = store.read_steps(np.array([r["step"]]))
             obs = stored[store.leaf_paths.index("observation")][0, r["env"]]
             assert np.allclose(r["values"]["observation"], obs)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sample", PIXELS, "-n", "50"],
+        ["inspect", PIXELS],
+        ["stats", VECTOR],
+        ["verify", VECTOR],
+        ["export", VECTOR, "{tmp}/x.npz", "-q"],
+        ["create", "{tmp}/new", "--spec", "{tmp}/spec.json", "--capacity", "9", "--dry-run"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_a_closed_pipe_ends_quietly(tmp_path, args):
+    """`mmreplay sample STORE | head -1` printed "Error: [Errno 32] Broken pipe" (exit 2)."""
+    (tmp_path / "spec.json").write_text('{"x": {"shape": [], "dtype": "int64"}}')
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes
+    try:
+        args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+        out = subprocess.run([sys.executable, "-m", "mmreplay.cli", *args], stdout=write, stderr=subprocess.PIPE,
+                             text=True, timeout=300)  # fmt: skip
+    finally:
+        os.close(write)
+    assert (out.returncode, out.stderr) == (141, ""), (out.returncode, out.stderr)  # 128 + SIGPIPE, as a shell says
 
 
 def test_stats_agree_with_the_episodes():
@@ -258,7 +297,7 @@ def test_create_from_json_and_yaml(tmp_path):
                     "reward": {"shape": [], "dtype": "float32"},
                 },
                 "num_envs": 2,
-                "compression": "zstd",
+                "compression": {"obs": "zstd", "reward": "zstd"},
             }
         )
     )
@@ -270,12 +309,14 @@ def test_create_from_json_and_yaml(tmp_path):
         assert all(leaf.compression == "zstd" for leaf in store.metadata.leaves)
     pytest.importorskip("yaml")
     (tmp_path / "spec.yaml").write_text(
-        "capacity: 20\nbackend: hdf5\nspec:\n  obs:\n    pixels: {shape: [8, 8, 3], dtype: uint8}\n"
+        "capacity: 20\nbackend: hdf5\ncompression: gzip\nspec:\n  obs:\n    pixels: {shape: [8, 8, 3], dtype: uint8}\n"
         "  action: {shape: [], dtype: int64}\n"
     )
     run("create", tmp_path / "b", "--spec", tmp_path / "spec.yaml")
     with mr.open(tmp_path / "b") as store:
         assert store.backend == "hdf5" and store.spec["obs"]["pixels"].shape == (8, 8, 3)
+        codecs = {leaf.path: leaf.compression for leaf in store.metadata.leaves}
+        assert codecs == {"action": None, "obs/pixels": "gzip"}  # a codec alone: the image leaves
 
 
 # --- errors: one line on stderr, a non-zero status, no traceback --------------------------------
@@ -317,13 +358,15 @@ def test_create_from_json_and_yaml(tmp_path):
         (["export", WRAPPED, "{tmp}/x", "-f", "parquet", "--compression", "lzf"], "snappy", 2),
         (["export", WRAPPED, "{tmp}/x.csv", "-f", "csv", "--compression", "gzip:5"], "takes none", 2),
         (["export", WRAPPED, "{tmp}/x.pt", "-f", "pt", "--compression", "gzip"], "not compressed", 2),
-        (["convert", WRAPPED, "{tmp}/new", "--compression", "lzf:5"], "lzf takes none", 2),
-        (["convert", WRAPPED, "{tmp}/new", "--compression", "gzip:abc"], "no integer level", 2),
-        (["convert", WRAPPED, "{tmp}/new", "--compression", "zstd:x"], "zstd[:1-22]", 2),
-        (["convert", WRAPPED, "{tmp}/new", "--compression", "gzip:99"], "outside 0..9", 2),
-        (["convert", WRAPPED, "{tmp}/new", "--compression", "blosc:nope"], "blosc compressor", 2),
-        (["create", "{tmp}/new", "--spec", "{tmp}/ok.json", "--capacity", "5", "--compression", "zstd:50"],
+        (["convert", WRAPPED, "{tmp}/new", "--compression", "observation=lzf:5"], "lzf takes none", 2),
+        (["convert", WRAPPED, "{tmp}/new", "--compression", "observation=gzip:abc"], "no integer level", 2),
+        (["convert", WRAPPED, "{tmp}/new", "--compression", "observation=zstd:x"], "zstd[:1-22]", 2),
+        (["convert", WRAPPED, "{tmp}/new", "--compression", "observation=gzip:99"], "outside 0..9", 2),
+        (["convert", WRAPPED, "{tmp}/new", "--compression", "observation=blosc:nope"], "blosc compressor", 2),
+        (["create", "{tmp}/new", "--spec", "{tmp}/ok.json", "--capacity", "5", "--compression", "x=zstd:50"],
          "outside 1..22", 2),
+        (["create", "{tmp}/new", "--spec", "{tmp}/ok.json", "--capacity", "5", "--compression", "zstd"],
+         "no image leaves", 2),
         # bad options and arguments: click's message, on one line
         (["plot", VECTOR, "-o", "{tmp}/x.bmpx"], "cannot write a .bmpx image", 2),
         (["demo", "--steps", "5"], "--steps", 2),

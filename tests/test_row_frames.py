@@ -387,6 +387,34 @@ def test_bad_row_settings_are_refused_before_anything_is_written(tmp_path):
         mr.create(tmp_path / "h", spec, 8, backend="hdf5", compression="rows:lz4")
 
 
+def test_a_picture_leaf_compressed_in_chunks_is_told_the_row_setting_at_creation(tmp_path):
+    """compression="zstd" on an image leaf sampled at 0.005x an uncompressed store, silently."""
+    import warnings
+
+    spec = {"obs": mr.ArraySpec((84, 84, 4), "uint8"), "reward": mr.ArraySpec((), "float32")}
+
+    def advice(path, **options) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mr.create(tmp_path / path, spec, 100, 2, **options).close()
+        return [str(w.message) for w in caught]
+
+    told = advice("zstd", compression="zstd")
+    assert len(told) == 1 and "leaf 'obs'" in told[0] and "give it 'rows:zstd'" in told[0], told
+    assert "give it 'rows:lz4' with backend='zarr'" in advice("gzip", backend="hdf5", compression="gzip")[0]
+    assert advice("rows", compression={"obs": "rows:zstd"}) == []
+    assert advice("scalars", compression={"reward": "zstd"}) == []
+    assert advice("zstd", compression="zstd", exist_ok=True) == []  # reopened: said when it was made
+    (tmp_path / "spec.json").write_text('{"obs": {"shape": [84, 84, 4], "dtype": "uint8"}}')
+    cli = subprocess.run(
+        [sys.executable, "-m", "mmreplay.cli", "create", str(tmp_path / "c"), "--spec", str(tmp_path / "spec.json"),
+         "--capacity", "100", "--compression", "zstd"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stderr.startswith("Warning: leaf 'obs'") and cli.stderr.count("\n") == 1, cli.stderr
+
+
 def test_without_the_pixels_extra_the_error_names_it(tmp_path):
     path = tmp_path / "b"
     mr.create(path, {"x": mr.ArraySpec((2,), "uint8")}, 8, compression="rows:zstd").close()

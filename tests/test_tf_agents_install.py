@@ -23,6 +23,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from conftest import one_line_error
 
 import mmreplay as mr
 
@@ -87,6 +88,47 @@ def test_without_zarr3_buffers_are_hdf5_with_a_warning(tmp_path):
         [sys.executable, "-m", "mmreplay.cli", "verify", str(path)], env=env, capture_output=True, text=True
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+#: zarr made unimportable (as if it were not installed), then a script or the CLI
+NO_ZARR = "import sys; sys.modules['zarr'] = None\n"
+
+
+def test_a_backend_named_is_used_or_refused_and_only_the_default_falls_back(tmp_path):
+    """mr.create(..., backend="zarr") without zarr-python made an hdf5 buffer, with a warning."""
+    script = NO_ZARR + textwrap.dedent(
+        """
+        import os, warnings
+        import mmreplay as mr
+        spec = {"x": mr.ArraySpec((), "int64")}
+        try:
+            mr.create(sys.argv[1], spec, 10, backend="zarr")
+        except ImportError as exc:
+            print("refused:", exc)
+        print("made:", os.path.exists(os.path.dirname(sys.argv[1])))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with mr.create(sys.argv[2], spec, 10) as store:
+                print("default:", store.backend, len(caught))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "new" / "z"), str(tmp_path / "d")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    refused, made, default = out.stdout.splitlines()
+    assert refused.startswith("refused: the zarr backend needs zarr-python 3 (pip install 'mmreplay[zarr]')")
+    assert made == "made: False" and default == "default: hdf5 1"
+    (tmp_path / "spec.json").write_text('{"x": {"shape": [], "dtype": "int64"}}')
+    cli = [sys.executable, "-c", NO_ZARR + "from mmreplay.cli import main; main(sys.argv[1:], prog_name='mmreplay')"]
+    args = ["create", str(tmp_path / "c"), "--spec", str(tmp_path / "spec.json"), "--capacity", "10"]
+    named = subprocess.run([*cli, *args, "--backend", "zarr"], capture_output=True, text=True, timeout=120)
+    one_line_error(named, 7, "pip install 'mmreplay[zarr]'")
+    assert not (tmp_path / "c").exists()
+    fallback = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
+    assert fallback.returncode == 0 and "created" in fallback.stdout and ": hdf5," in fallback.stdout
+    assert fallback.stderr.startswith("Warning: zarr-python 3 does not import here") and fallback.stderr.count("\n") == 1
 
 
 def tf_wheels() -> str:

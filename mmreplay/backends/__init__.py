@@ -44,25 +44,27 @@ def importable() -> list[str]:
     return out
 
 
-def for_new_buffer(name: str) -> str:
-    """The backend a new buffer gets: ``name``, except ``"zarr"`` becomes ``"hdf5"`` (with a
+def for_new_buffer(name: str | None) -> str:
+    """The backend a new buffer gets: ``name`` when given (an ImportError naming the extra
+    where its library does not import); by default ``"zarr"``, or ``"hdf5"`` (with a
     warning) where zarr-python 3 does not import. Both memory-map uncompressed leaves."""
-    if name != "zarr":
+    if name is not None:
+        get(name)
         return name
     try:
-        get(name)
+        get("zarr")
     except ImportError as exc:
         warnings.warn(
             f"zarr-python 3 does not import here ({exc.__cause__}): the buffer is created with the "
             "hdf5 backend, memory-mapped the same way; pip install 'mmreplay[zarr]' for zarr",
             RuntimeWarning,
-            stacklevel=_outside_mmreplay(),
+            stacklevel=outside_mmreplay(),
         )
         return "hdf5"
-    return name
+    return "zarr"
 
 
-def _outside_mmreplay() -> int:
+def outside_mmreplay() -> int:
     """The ``stacklevel`` that names the first caller outside the mmreplay package, so a
     warning points at the user's ``create`` call, whatever layer made it."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -54,6 +54,7 @@ import numpy as np
 from ..codecs import parse
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo
+from ..spec import is_image
 from . import native_rows
 from .base import disk_full_as, fsync_files, preallocate
 
@@ -171,6 +172,25 @@ def parse_row_compression(text: str) -> RowCodec:
     if dictionary and c.codec != "zstd":
         raise SpecError(f"row frames ({text!r}): a trained dictionary is for zstd only (rows:zstd[:LEVEL]:dict)")
     return RowCodec(c.codec, 1 if c.level is None else c.level, dictionary)
+
+
+def chunked_picture_advice(leaf: LeafInfo, num_envs: int, backend: str) -> str | None:
+    """What to write instead for a picture leaf (:func:`mmreplay.spec.is_image`) compressed
+    in chunks of several rows, which random batches read at a fraction of the speed of an
+    uncompressed leaf; None for any other leaf."""
+    if leaf.compression is None or is_row_compression(leaf.compression) or not is_image(leaf.spec):
+        return None
+    rows = leaf.chunk_steps * num_envs
+    if rows == 1:
+        return None
+    instead = "rows:zstd" if leaf.compression.startswith(("zstd", "blosc")) else "rows:lz4"
+    zarr = "" if backend == "zarr" else " with backend='zarr'"
+    return (
+        f"leaf {leaf.path!r}: compression {leaf.compression!r} compresses chunks of {rows} rows "
+        f"({leaf.chunk_steps} steps x {num_envs} envs), and a random batch decodes a whole chunk for "
+        f"nearly every row it returns; to sample it, give it {instead!r}{zarr} (each row its own frame, "
+        f"pip install 'mmreplay[pixels]'); chunks suit a leaf read in long passes (exports, iterate)"
+    )
 
 
 def _require(module: str) -> Any:

@@ -104,7 +104,7 @@ class NumpyStorage(StoreShell):
         capacity: int,
         path: str | os.PathLike | None = None,
         *,
-        backend: str = "zarr",
+        backend: str | None = None,
         compression: Any = None,
     ):
         for where, leaf in _nest_leaves(data_spec):

@@ -59,7 +59,7 @@ class StoreOptions:
 
     def __init__(
         self,
-        backend: str = "zarr",
+        backend: str | None = None,
         compression: Any = None,
         chunk_steps: Any = None,
         commit_every: int = 1,

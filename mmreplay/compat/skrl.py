@@ -120,7 +120,7 @@ class Memory(StoreShell):
         export_directory: str = "",
         path: str | os.PathLike | None = None,
         *,
-        backend: str = "zarr",
+        backend: str | None = None,
         compression: Any = None,
         commit_every: int = DEFAULT_COMMIT_EVERY,
         durability: str = "process",

@@ -137,7 +137,7 @@ class UniformReplayBuffer(StoreShell):
         dataset_window_shift: int | None = None,
         *,
         commit_every: int = DEFAULT_COMMIT_EVERY,
-        backend: str = "zarr",
+        backend: str | None = None,
         compression: Any = None,
         durability: str = "process",
         seed: Any = None,

@@ -92,7 +92,7 @@ class MMReplayStorage(TensorStorage):
         ndim: int = 1,
         commit_every: int | None = None,
         durability: str = "process",
-        backend: str = "zarr",
+        backend: str | None = None,
         sampler: str | None = None,
         **sampler_options: Any,
     ) -> None:

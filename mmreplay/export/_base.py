@@ -1,7 +1,8 @@
 """What every exporter shares: the target path, the role view of episodes, step blocks.
 
 Exports are written under a temporary name beside the target and renamed into place when
-complete, so an interrupted export never leaves a file that looks finished. An existing
+complete (:class:`mmreplay.files.AtomicOutput`), so an interrupted export leaves nothing
+half-made. An existing
 target is replaced only with ``force``, and only when it is an earlier export of the same
 format (:data:`RECOGNISERS` tell one by what mmreplay writes into it); the source store,
 and anything inside it, is never a target. Nothing is written outside the target's
@@ -14,7 +15,6 @@ import gzip
 import json
 import os
 import re
-import shutil
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +26,7 @@ from ..codecs import LEVELS, parse
 from ..episodes import fresh_envs
 from ..errors import BadInputError, NotEnoughDataError
 from ..files import (
+    AtomicOutput,
     check_target,
     disk_usage,  # noqa: F401 - the exporters take it from here
 )
@@ -195,8 +196,10 @@ RECOGNISERS: dict[str, Callable[[str], bool]] = {
 }
 
 
-class Target:
-    """A file or folder written under a temporary sibling name, then renamed into place.
+class Target(AtomicOutput):
+    """An export's output (:class:`mmreplay.files.AtomicOutput`), checked first: an existing
+    target is replaced only with ``force``, and only when it is an earlier export of this
+    format; never the source store.
 
     Args:
         out: the final path.
@@ -220,8 +223,6 @@ class Target:
         recognise: Callable[[str], bool] | None = None,
         parents: bool = False,
     ):
-        self.kind = kind
-        self.force = force
         known = recognise or RECOGNISERS.get(fmt)
 
         def replaceable(path: str) -> bool:
@@ -229,17 +230,8 @@ class Target:
                 return True
             return known is not None and known(path)
 
-        self.out = check_target(out, [source], what=f"{fmt} export", force=force, recognise=replaceable)
-        parent = os.path.dirname(self.out)
-        if parents:
-            os.makedirs(parent, exist_ok=True)
-        if not os.path.isdir(parent):
-            raise FileNotFoundError(f"{parent}: folder does not exist (the export target's parent)")
-        base = os.path.basename(self.out)
-        self.tmp = os.path.join(parent, f".{base}.partial-{os.getpid()}")
-        _remove(self.tmp)
-        if kind == "folder":
-            os.mkdir(self.tmp)
+        out = check_target(out, [source], what=f"{fmt} export", force=force, recognise=replaceable)
+        super().__init__(out, kind, f"{fmt} export", parents=parents)
 
     def path(self, *parts: str) -> str:
         """A path inside the temporary target (a folder target), checked to stay inside."""
@@ -251,31 +243,6 @@ class Target:
         if os.path.commonpath([joined, self.tmp]) != self.tmp:
             raise BadInputError(f"export path {os.path.join(*parts)!r} leaves the target folder {self.out}")
         return joined
-
-    def commit(self) -> str:
-        """Move the finished export into place; returns the final path."""
-        if os.path.lexists(self.out):
-            old = self.out + f".old-{os.getpid()}"
-            os.rename(self.out, old)
-            try:
-                os.rename(self.tmp, self.out)
-            except BaseException:
-                os.rename(old, self.out)
-                raise
-            _remove(old)
-        else:
-            os.rename(self.tmp, self.out)
-        return self.out
-
-    def abort(self) -> None:
-        _remove(self.tmp)
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.unlink(path)
 
 
 # --- roles -----------------------------------------------------------------------------

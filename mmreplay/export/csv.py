@@ -65,11 +65,10 @@ def write(
     specs = flatten(store.spec)
     paths = store.leaf_paths
     fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]
-    target = Target(
+    with Target(
         target_name(out, comp), "file", force, fmt="csv", source=store.path,
         recognise=first_line_is(",".join([*INDEX_COLUMNS, *header(paths, specs)])),
-    )
-    try:
+    ) as target:
         blocks = StepBlocks(store, block_bytes=4 << 20)
         raw = open(target.path(), "wb")
         inner = os.path.basename(target.out)
@@ -101,7 +100,4 @@ def write(
                 f.close()
             raw.close()
         path = target.commit()
-    except BaseException:
-        target.abort()
-        raise
     return ExportResult("csv", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))

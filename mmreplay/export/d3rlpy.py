@@ -30,7 +30,7 @@ from ._base import (
     episodes,
     part,
 )
-from .hdf5 import dataset_options, h5py_module
+from .hdf5 import dataset_options, h5py_module, hdf5_output
 
 COMPRESSIONS = ("gzip", "lzf")
 DATASET_VERSION = "2.1"
@@ -69,16 +69,15 @@ def write(
         raise NotEnoughDataError(
             f"{store.path}: no {'complete ' if complete_only else ''}episodes to export; d3rlpy needs at least one"
         )
-    target = Target(out, "file", force, fmt="d3rlpy", source=store.path)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
 
     def put(f: Any, name: str, arr: np.ndarray) -> None:
         opts = dataset_options(comp, None) if comp and arr.ndim and arr.size else {}
         f.create_dataset(name, data=arr, **opts)
 
-    try:
+    with Target(out, "file", force, fmt="d3rlpy", source=store.path) as target:
         count = steps = 0
-        with h5py.File(target.path(), "w") as f:
+        with hdf5_output(target.path()) as f:
             f.create_dataset("columns", data=list(COLUMNS), dtype=h5py.string_dtype())
             for ep in episodes(store, complete_only):
                 n = ep.length
@@ -100,7 +99,4 @@ def write(
             f.create_dataset("version", data=DATASET_VERSION)
             f.attrs[EXPORT_MARK] = "d3rlpy"
         path = target.commit()
-    except BaseException:
-        target.abort()
-        raise
     return ExportResult("d3rlpy", path, count, steps, os.path.getsize(path))

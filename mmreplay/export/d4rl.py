@@ -33,7 +33,7 @@ from ._base import (
     episodes,
     part,
 )
-from .hdf5 import dataset_options, h5py_module
+from .hdf5 import dataset_options, hdf5_output
 
 COMPRESSIONS = ("gzip", "lzf")
 #: rows per HDF5 chunk aimed at, in bytes
@@ -139,14 +139,12 @@ def write(
     extras = roles.extras(used)
     paths = list(roles.paths)
     specs = dict(zip(paths, flatten(store.spec)))
-    h5py = h5py_module()
-    target = Target(out, "file", force, fmt="d4rl", source=store.path)
     _, n_steps = episode_total(store, complete_only)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
-    try:
+    with Target(out, "file", force, fmt="d4rl", source=store.path) as target:
         count = steps = 0
         starts, envs = [], []
-        with h5py.File(target.path(), "w") as f:
+        with hdf5_output(target.path()) as f:
             app = Appender(f, comp, n_steps)
             for ep in episodes(store, complete_only):
                 n = ep.length
@@ -182,7 +180,4 @@ def write(
             f.attrs["source"] = os.path.abspath(store.path)
             f.attrs[EXPORT_MARK] = "d4rl"
         path = target.commit()
-    except BaseException:
-        target.abort()
-        raise
     return ExportResult("d4rl", path, count, steps, os.path.getsize(path))

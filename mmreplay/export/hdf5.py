@@ -7,8 +7,10 @@ to rebuild the store. Read it with plain ``h5py.File(path)``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from ..spec import flatten
@@ -23,6 +25,30 @@ def h5py_module() -> Any:
     except ImportError as exc:  # h5py is a core dependency; this is a broken install
         raise ImportError("the hdf5 export needs h5py: pip install h5py") from exc
     return h5py
+
+
+@contextlib.contextmanager
+def hdf5_output(path: str, **options: Any) -> Iterator[Any]:
+    """``h5py.File(path, "w")`` (an export's scratch file) that ends cleanly when a write
+    fails. On a full disk libhdf5's close fails too, writing the chunks and metadata it
+    holds (``Can't decrement id ref count``), and the process dies of a segmentation fault
+    when the file's objects are released later. The export is abandoned then, so the
+    file's descriptor is pointed at /dev/null first: the close writes there and ends."""
+    f = h5py_module().File(path, "w", **options)
+    try:
+        yield f
+        f.flush()
+        f.close()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, f.id.get_vfd_handle())
+            finally:
+                os.close(null)
+        with contextlib.suppress(Exception):
+            f.close()
+        raise
 
 
 def dataset_options(compression: str | None, chunks: tuple[int, ...] | None) -> dict[str, Any]:
@@ -49,12 +75,10 @@ def write(
     progress: Any,
 ) -> ExportResult:
     comp = compression
-    h5py = h5py_module()
-    target = Target(out, "file", force, fmt="hdf5", source=store.path)
-    try:
+    with Target(out, "file", force, fmt="hdf5", source=store.path) as target:
         blocks = StepBlocks(store)
         specs = flatten(store.spec)
-        with h5py.File(target.path(), "w") as f:
+        with hdf5_output(target.path()) as f:
             f.attrs["mmreplay"] = json.dumps(spec_json(store))
             f.attrs[EXPORT_MARK] = "hdf5"
             dsets = []
@@ -70,7 +94,4 @@ def write(
                     dset[lo : lo + len(values)] = values
                 progress(len(leaves[0]) * store.num_envs)
         path = target.commit()
-    except BaseException:
-        target.abort()
-        raise
     return ExportResult("hdf5", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))

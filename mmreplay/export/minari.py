@@ -58,7 +58,7 @@ from ._base import (
     episodes,
     part,
 )
-from .hdf5 import dataset_options, h5py_module
+from .hdf5 import dataset_options, hdf5_output
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +292,6 @@ def write(
     dataset_id = dataset_id or default_dataset_id(store)
     parts = check_dataset_id(dataset_id)
     spaces = _spaces(store, obs_spec, act_spec)
-    h5py = h5py_module()
 
     root = os.path.abspath(out)
     parent = os.path.dirname(root)
@@ -307,8 +306,6 @@ def write(
             f"minari export: the datasets root {root} is a symbolic link; give the folder it names"
         )
     _check_inside(root, parts)
-    target = Target(os.path.join(root, *parts), "folder", force, fmt="minari", source=store.path, parents=True)
-    _check_inside(root, parts)
     n_episodes, n_steps = episode_total(store, complete_only)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
 
@@ -317,11 +314,12 @@ def write(
             return {}
         return dataset_options(comp, None)
 
-    try:
+    with Target(os.path.join(root, *parts), "folder", force, fmt="minari", source=store.path, parents=True) as target:
+        _check_inside(root, parts)
         data_dir = target.path("data")
         os.mkdir(data_dir)
         count = steps = 0
-        with h5py.File(os.path.join(data_dir, "main_data.hdf5"), "w", track_order=True) as f:
+        with hdf5_output(os.path.join(data_dir, "main_data.hdf5"), track_order=True) as f:
             for ep in episodes(store, complete_only):
                 ticker.advance(ep.length)
                 n = ep.length
@@ -370,9 +368,6 @@ def write(
         with open(os.path.join(data_dir, "metadata.json"), "w") as fm:
             json.dump(metadata, fm, indent=1)
         path = target.commit()
-    except BaseException:
-        target.abort()
-        raise
     data = os.path.join(path, "data")
     return ExportResult(
         "minari",

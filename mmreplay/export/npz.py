@@ -41,13 +41,9 @@ def write(
     progress: Any,
 ) -> ExportResult:
     comp = compression
-    target = Target(out, "file", force, fmt="npz", source=store.path)
-    try:
+    with Target(out, "file", force, fmt="npz", source=store.path) as target:
         rows = write_arrays(store, target.path(), comp is not None, progress)
         path = target.commit()
-    except BaseException:
-        target.abort()
-        raise
     return ExportResult("npz", path, 0, rows, os.path.getsize(path), {"keys": store.leaf_paths})
 
 

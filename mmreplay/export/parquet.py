@@ -16,6 +16,7 @@ with ``pyarrow.parquet.read_table(out)`` and with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -180,7 +181,6 @@ def write(
         for f in fields
         if not (pa.types.is_fixed_size_list(f.type) or pa.types.is_fixed_size_binary(f.type))
     ]
-    target = Target(out, "folder", force, fmt="parquet", source=store.path)
     _, n_steps = episode_total(store, complete_only)
     ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
     files: list[str] = []
@@ -188,6 +188,8 @@ def write(
     file_raw = 0
     pending: list[tuple[Any, int]] = []
     pending_bytes = 0
+
+    target = Target(out, "folder", force, fmt="parquet", source=store.path)
 
     def open_writer() -> Any:
         path = target.path(f"part-{len(files):05d}.parquet")
@@ -217,43 +219,44 @@ def write(
         file_raw += pending_bytes
         pending, pending_bytes = [], 0
 
-    try:
-        count = steps = 0
-        for ep in episodes(store, complete_only):
-            n = ep.length
-            if n == 0:
-                continue
-            leaves = flatten(ep.data)
-            term, trunc = episode_flags(ep, roles.get("truncated"))
-            step = np.arange(n, dtype=np.int64)
-            arrays = [
-                pa.array(np.full(n, count, np.int64)),
-                pa.array(np.full(n, ep.env, np.int64)),
-                pa.array(step),
-                pa.array(np.arange(ep.first_step, ep.first_step + n, dtype=np.int64)),
-            ]
-            arrays += [arrow_column(pa, leaves[index[p]]) for _, p, _ in columns]
-            arrays += [pa.array(term), pa.array(trunc), pa.array(step == 0), pa.array(step == n - 1)]
-            batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
-            nbytes = sum(int(np.asarray(leaves[index[p]]).nbytes) for _, p, _ in columns)
-            pending.append((batch, nbytes))
-            pending_bytes += nbytes
-            if pending_bytes >= BLOCK_BYTES:
-                flush()
-            count += 1
-            steps += n
-            ticker.advance(n)
-        flush()
-        if writer is None:  # no episodes: still a readable (empty) dataset
-            writer = open_writer()
-            writer.write_table(schema.empty_table())
-        writer.close()
-        writer = None
-        path = target.commit()
-    except BaseException:
-        if writer is not None:
+    with target:
+        try:
+            count = steps = 0
+            for ep in episodes(store, complete_only):
+                n = ep.length
+                if n == 0:
+                    continue
+                leaves = flatten(ep.data)
+                term, trunc = episode_flags(ep, roles.get("truncated"))
+                step = np.arange(n, dtype=np.int64)
+                arrays = [
+                    pa.array(np.full(n, count, np.int64)),
+                    pa.array(np.full(n, ep.env, np.int64)),
+                    pa.array(step),
+                    pa.array(np.arange(ep.first_step, ep.first_step + n, dtype=np.int64)),
+                ]
+                arrays += [arrow_column(pa, leaves[index[p]]) for _, p, _ in columns]
+                arrays += [pa.array(term), pa.array(trunc), pa.array(step == 0), pa.array(step == n - 1)]
+                batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+                nbytes = sum(int(np.asarray(leaves[index[p]]).nbytes) for _, p, _ in columns)
+                pending.append((batch, nbytes))
+                pending_bytes += nbytes
+                if pending_bytes >= BLOCK_BYTES:
+                    flush()
+                count += 1
+                steps += n
+                ticker.advance(n)
+            flush()
+            if writer is None:  # no episodes: still a readable (empty) dataset
+                writer = open_writer()
+                writer.write_table(schema.empty_table())
             writer.close()
-        target.abort()
-        raise
+            writer = None
+            path = target.commit()
+        except BaseException:
+            if writer is not None:
+                with contextlib.suppress(Exception):  # (a full disk fails its close too)
+                    writer.close()
+            raise
     names = [os.path.join(path, os.path.basename(f)) for f in files]
     return ExportResult("parquet", path, count, steps, disk_usage(path), {"files": names})

@@ -68,68 +68,65 @@ def write(
     force: bool,
     progress: Any,
 ) -> ExportResult:
-    target = Target(out, "file", force, fmt="pt", source=store.path)  # a refusal needs no torch import
-    torch = _torch()
-    keep = []
-    try:
-        blocks = StepBlocks(store)
-        specs = flatten(store.spec)
-        if not hasattr(torch.serialization, "skip_data"):  # PyTorch before 2.5
-            _save_in_memory(torch, store, blocks, specs, target.path(), progress)
+    with Target(out, "file", force, fmt="pt", source=store.path) as target:  # a refusal needs no torch import
+        torch = _torch()
+        keep = []
+        try:
+            blocks = StepBlocks(store)
+            specs = flatten(store.spec)
+            if not hasattr(torch.serialization, "skip_data"):  # PyTorch before 2.5
+                _save_in_memory(torch, store, blocks, specs, target.path(), progress)
+                _mark(target.path())
+                path = target.commit()
+                return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+            tensors = {}
+            for path, spec in zip(store.leaf_paths, specs):
+                dtype = spec.dtype.newbyteorder("=")
+                t, mm = _placeholder(torch, (blocks.steps, store.num_envs, *spec.shape), dtype)
+                tensors[path] = t
+                keep.append(mm)
+            with torch.serialization.skip_data():
+                torch.save(tensors, target.path())
+            del tensors
+            records = _record_offsets(target.path())
+            # torch.save numbers storages in the order it meets them: dict order here
+            data = sorted(
+                (
+                    (name, off, size)
+                    for name, (off, size) in records.items()
+                    if "/data/" in name and name.rsplit("/", 1)[1].isdigit()
+                ),
+                key=lambda r: int(r[0].rsplit("/", 1)[1]),
+            )
+            sizes = [blocks.steps * store.num_envs * s.nbytes for s in specs]
+            if len(data) != len(specs) or any(size != n for (_, _, size), n in zip(data, sizes)):
+                raise CorruptBufferError(
+                    f"{target.out}: torch.save laid out {len(data)} records, expected one per leaf "
+                    f"({len(specs)}); this PyTorch version is not supported by the pt export"
+                )
+            fd = os.open(target.path(), os.O_WRONLY)
+            try:
+                for a, leaves in blocks:
+                    lo = a - blocks.first
+                    for (_, offset, _), spec, values in zip(data, specs, leaves):
+                        row = store.num_envs * spec.nbytes
+                        buf = (
+                            np.ascontiguousarray(values, dtype=spec.dtype.newbyteorder("="))
+                            .reshape(-1)
+                            .view(np.uint8)
+                        )
+                        _pwrite_all(fd, buf, offset + lo * row)
+                    progress(len(leaves[0]) * store.num_envs)
+            finally:
+                os.close(fd)
             _mark(target.path())
             path = target.commit()
-            return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
-        tensors = {}
-        for path, spec in zip(store.leaf_paths, specs):
-            dtype = spec.dtype.newbyteorder("=")
-            t, mm = _placeholder(torch, (blocks.steps, store.num_envs, *spec.shape), dtype)
-            tensors[path] = t
-            keep.append(mm)
-        with torch.serialization.skip_data():
-            torch.save(tensors, target.path())
-        del tensors
-        records = _record_offsets(target.path())
-        # torch.save numbers storages in the order it meets them: dict order here
-        data = sorted(
-            (
-                (name, off, size)
-                for name, (off, size) in records.items()
-                if "/data/" in name and name.rsplit("/", 1)[1].isdigit()
-            ),
-            key=lambda r: int(r[0].rsplit("/", 1)[1]),
-        )
-        sizes = [blocks.steps * store.num_envs * s.nbytes for s in specs]
-        if len(data) != len(specs) or any(size != n for (_, _, size), n in zip(data, sizes)):
-            raise CorruptBufferError(
-                f"{target.out}: torch.save laid out {len(data)} records, expected one per leaf "
-                f"({len(specs)}); this PyTorch version is not supported by the pt export"
-            )
-        fd = os.open(target.path(), os.O_WRONLY)
-        try:
-            for a, leaves in blocks:
-                lo = a - blocks.first
-                for (_, offset, _), spec, values in zip(data, specs, leaves):
-                    row = store.num_envs * spec.nbytes
-                    buf = (
-                        np.ascontiguousarray(values, dtype=spec.dtype.newbyteorder("="))
-                        .reshape(-1)
-                        .view(np.uint8)
-                    )
-                    _pwrite_all(fd, buf, offset + lo * row)
-                progress(len(leaves[0]) * store.num_envs)
         finally:
-            os.close(fd)
-        _mark(target.path())
-        path = target.commit()
-    except BaseException:
-        target.abort()
-        raise
-    finally:
-        for mm in keep:
-            try:
-                mm.close()
-            except BufferError:
-                pass
+            for mm in keep:
+                try:
+                    mm.close()
+                except BufferError:
+                    pass
     return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
 
 

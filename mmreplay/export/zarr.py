@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..files import interrupts_deferred
 from ..spec import flatten
 from ._base import (
     ExportResult,
@@ -48,6 +49,10 @@ class _LeafWriter:
     zarr's ``bytes`` codec stores), which avoids zarr-python's per-chunk machinery; with a
     compressor each whole chunk goes through zarr. The last chunk is padded with zeros,
     the arrays' fill value, as zarr stores edge chunks.
+
+    zarr-python writes on its own event loop's thread, which a Ctrl-C in the calling
+    thread does not stop: each call to it holds Ctrl-C back until it returns, so no write
+    lands in the export after it was removed.
     """
 
     def __init__(self, arr: Any, folder: str, chunk_steps: int, raw: bool):
@@ -90,7 +95,8 @@ class _LeafWriter:
         else:
             a = self.k * self.cs
             n = len(data) if rows is None else rows
-            self.arr[a : a + n] = data[:n]
+            with interrupts_deferred():
+                self.arr[a : a + n] = data[:n]
         self.k += 1
 
 
@@ -108,26 +114,26 @@ def write(
         import zarr
     except ImportError as exc:
         raise ImportError("the zarr export needs zarr-python 3: pip install 'mmreplay[zarr]'") from exc
-    target = Target(out, "folder", force, fmt="zarr", source=store.path)
-    try:
+    with Target(out, "folder", force, fmt="zarr", source=store.path) as target:
         specs = flatten(store.spec)
         blocks = StepBlocks(store)
-        root = zarr.open_group(target.path(), mode="w", zarr_format=3)
-        root.attrs["mmreplay"] = spec_json(store)
         codec = _codec(comp)
         writers = []
-        for path, spec in zip(store.leaf_paths, specs):
-            shape = (blocks.steps, store.num_envs, *spec.shape)
-            cs = max(1, min(max(1, blocks.steps), CHUNK_BYTES // max(1, store.num_envs * spec.nbytes)))
-            arr = root.create_array(
-                path,
-                shape=shape,
-                dtype=spec.dtype.newbyteorder("<") if spec.dtype.itemsize > 1 else spec.dtype,
-                chunks=(cs, store.num_envs, *spec.shape),
-                compressors=[codec] if codec is not None else None,
-                fill_value=0,
-            )
-            writers.append(_LeafWriter(arr, target.path(*path.split("/")), cs, raw=codec is None))
+        with interrupts_deferred():  # (zarr-python writes on its own thread, see _LeafWriter)
+            root = zarr.open_group(target.path(), mode="w", zarr_format=3)
+            root.attrs["mmreplay"] = spec_json(store)
+            for path, spec in zip(store.leaf_paths, specs):
+                shape = (blocks.steps, store.num_envs, *spec.shape)
+                cs = max(1, min(max(1, blocks.steps), CHUNK_BYTES // max(1, store.num_envs * spec.nbytes)))
+                arr = root.create_array(
+                    path,
+                    shape=shape,
+                    dtype=spec.dtype.newbyteorder("<") if spec.dtype.itemsize > 1 else spec.dtype,
+                    chunks=(cs, store.num_envs, *spec.shape),
+                    compressors=[codec] if codec is not None else None,
+                    fill_value=0,
+                )
+                writers.append(_LeafWriter(arr, target.path(*path.split("/")), cs, raw=codec is None))
         for _, leaves in blocks:
             for w, values in zip(writers, leaves):
                 w.add(values)
@@ -135,7 +141,4 @@ def write(
         for w in writers:
             w.finish()
         path = target.commit()
-    except BaseException:
-        target.abort()
-        raise
     return ExportResult("zarr", path, 0, blocks.steps * store.num_envs, disk_usage(path))
