@@ -278,6 +278,19 @@ def test_trailing_batch_dims_and_tensorclasses_are_kept(tmp_path):
     assert again[:].batch_size == (3, 4) and torch.equal(again[:]["x"], data.x)
 
 
+@pytest.mark.parametrize("layout", [{"tree": "[1, {\"type\": \"os.system\"}]"}, {"tree": 3}, {"batch_dims": "x"}])
+def test_a_folder_whose_layout_attribute_is_wrong_is_refused_as_damaged(tmp_path, layout):
+    storage = MMReplayStorage(tmp_path / "b", max_size=10)
+    storage.set(range(2), {"a": torch.arange(2)})
+    storage.close()
+    with mr.open(tmp_path / "b", "a") as store:
+        store.set_attrs(torchrl_layout=layout)
+    with pytest.raises(mr.CorruptBufferError, match="attribute 'torchrl_layout' does not fit the leaves"):
+        MMReplayStorage(tmp_path / "b")
+    with mr.open(tmp_path / "b", "a"):  # refused and released: the folder opens for writing again
+        pass
+
+
 def test_non_tensor_entries_are_refused_and_nothing_is_written(tmp_path):
     td = steps(0, 3)
     td["note"] = "a string per batch"

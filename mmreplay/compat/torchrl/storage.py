@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 from torchrl.data.replay_buffers.storages import TensorStorage
 
 from ...backends.base import MappedLeaf
-from ...errors import BadInputError, ReadOnlyError
+from ...errors import BadInputError, CorruptBufferError, ReadOnlyError
 from ...spec import ArraySpec, unflatten
 from ...store import Store, create
 from ...store import open as open_store
@@ -135,18 +135,22 @@ class MMReplayStorage(TensorStorage):
             warnings.simplefilter("ignore", UserWarning)
             views = {p: torch.from_numpy(a if self.ndim == 2 else a[:, 0]) for p, a in self._arrays.items()}
         layout = store.attrs.get(LAYOUT_ATTR, {})
-        if "tree" in layout:
-            treespec = pytree.treespec_loads(layout["tree"])
-            paths = _entries(pytree.tree_unflatten([0] * treespec.num_leaves, treespec))
-            self._storage = pytree.tree_unflatten([views[p] for p in paths], treespec)
-        elif isinstance(store.spec, ArraySpec):
-            self._storage = views["value"]
-        else:
-            batch = [store.capacity, store.num_envs][: self.ndim]
-            batch += next(iter(views.values())).shape[len(batch) : len(batch) + layout.get("batch_dims", 0)]
-            self._storage = TensorDict(unflatten(store.spec, [views[p] for p in store.leaf_paths]), batch)
-            if self._tensorclass is not None:
-                self._storage = self._tensorclass.from_tensordict(self._storage)
+        try:  # the attribute comes from the folder: a wrong one is a damaged buffer, never code
+            if "tree" in layout:
+                treespec = pytree.treespec_loads(layout["tree"])
+                paths = _entries(pytree.tree_unflatten([0] * treespec.num_leaves, treespec))
+                self._storage = pytree.tree_unflatten([views[p] for p in paths], treespec)
+            elif isinstance(store.spec, ArraySpec):
+                self._storage = views["value"]
+            else:
+                batch = [store.capacity, store.num_envs][: self.ndim]
+                batch += next(iter(views.values())).shape[len(batch) : len(batch) + layout.get("batch_dims", 0)]
+                self._storage = TensorDict(unflatten(store.spec, [views[p] for p in store.leaf_paths]), batch)
+                if self._tensorclass is not None:
+                    self._storage = self._tensorclass.from_tensordict(self._storage)
+        except Exception as exc:
+            store.close()
+            raise CorruptBufferError(f"{self.path}: attribute {LAYOUT_ATTR!r} does not fit the leaves: {exc}") from None
         self.store, self._pid, self._origin = store, os.getpid(), read_origin(store)
         self.initialized = True
         if store.total_steps:
