@@ -625,12 +625,25 @@ class Store:
         self._reserved = state.reserved
         self._commit_at = state.end + self._meta.commit_every
 
-    def clear(self) -> None:
-        """Drop every retained step (committed at once); ``total_steps`` keeps counting."""
+    def clear(self, next_slot: int | None = None) -> None:
+        """Drop every retained step (committed at once); ``total_steps`` keeps counting.
+
+        With ``next_slot``, ``total_steps`` moves on to the next step id the ring writes
+        at that slot (the ids skipped hold nothing), so a framework whose own cursor
+        restarts at a slot after emptying (TorchRL's writers, at 0) writes where the store does.
+        """
         self._check_writable()
+        if next_slot is not None and not (isinstance(next_slot, (int, np.integer)) and 0 <= next_slot < self.capacity):
+            raise BadInputError(f"{self.path}: next_slot must be a slot in [0, {self.capacity}), got {next_slot!r}")
         self._commit()
+        if next_slot is not None:
+            self._written += (int(next_slot) - self._written) % self.capacity
         state = self._state.next(
-            start=self._written, end=self._written, commits=self._state.commits + 1, commit_time=time.time()
+            start=self._written,
+            end=self._written,
+            reserved=max(self._state.reserved, self._written),
+            commits=self._state.commits + 1,
+            commit_time=time.time(),
         )
         self._write_state(state, self._meta.durability == "power")
         self._floor = self._written

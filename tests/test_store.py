@@ -149,6 +149,25 @@ def test_clear_drops_retained_steps_and_keeps_counting(tmp_path, layout):
         assert len(store) == 1 and store.get(0)["x"].tolist() == [7] and store.total_steps == 4
 
 
+def test_clear_to_a_slot_moves_the_cursor_there(tmp_path, layout):
+    spec = {"x": mr.ArraySpec((), "int32")}
+    with mr.create(tmp_path / "b", spec, capacity=4, chunk_steps=2, **layout) as store:
+        store.extend({"x": np.arange(3, dtype="int32")[:, None]})
+        with pytest.raises(mr.BadInputError, match=r"next_slot must be a slot in \[0, 4\), got 4"):
+            store.clear(next_slot=4)
+        assert len(store) == 3
+        store.clear(next_slot=0)
+        assert (len(store), store.total_steps, store.cursor) == (0, 4, 0)
+        store.extend({"x": np.array([[7], [8]], "int32")})
+        store.clear(next_slot=1)  # the next slot past the cursor: one step on
+        assert (len(store), store.total_steps, store.cursor) == (0, 9, 1)
+        store.add({"x": np.array([9], "int32")})
+    with mr.open(tmp_path / "b") as store:
+        assert (len(store), store.total_steps, store.cursor) == (1, 10, 2)
+        assert store.get(0)["x"].tolist() == [9]
+        assert store.read_steps([9])[0].tolist() == [[9]]
+
+
 def test_files_are_plain_zarr_and_hdf5(tmp_path, layout, nested_spec):
     path = tmp_path / "b"
     with mr.create(path, nested_spec, capacity=6, num_envs=2, chunk_steps=4, **layout) as store:
