@@ -6,9 +6,10 @@
 leaves), and the rows are packed into the spec's nest.
 
 Readers (mode ``"r"``) check after reading that the rows were still retained (the
-seqlock of DESIGN.md): ``sample`` moves the reader's window forward with ``refresh()``
-and re-samples the items the writer overwrote meanwhile; a deterministic pass cannot
-re-sample and raises :class:`~mmreplay.NotEnoughDataError` instead.
+seqlock of docs/format.md, "One writer, many readers"): ``sample`` moves the reader's
+window forward with ``refresh()`` and re-samples the items the writer overwrote
+meanwhile; a deterministic pass cannot re-sample and raises
+:class:`~mmreplay.NotEnoughDataError` instead.
 
 Pages not in memory: random rows are read with ``MADV_RANDOM`` (no readahead, so a row
 costs its own pages, not the 128 KiB or more read around each fault by default), and

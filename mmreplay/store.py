@@ -4,7 +4,7 @@ The store owns the write cursor, the commit protocol, the open modes and the wri
 lock. Global step ids count every step ever added; step ``g`` lives in slot
 ``g % capacity`` of every leaf.
 
-Commit protocol (DESIGN.md): flush the rows written since the last commit to the files
+Commit protocol (docs/format.md, "Commits"): flush the rows written since the last commit to the files
 (and the disk with ``durability="power"``), then write the new state into the older
 slot of the state file (:mod:`mmreplay.statefile`; one ``pwrite``, and ``fdatasync``
 with ``durability="power"``), and only then count the rows committed. Before the
