@@ -348,7 +348,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         # Every leaf is now of its dtype (or float64 rewards, cast as they are written) and
         # step shape, so the step goes to the store's writer without a second check; the
         # leaves in the store's order (keys sorted, see _spec).
-        store._write_step(
+        store.add_leaves(
             [
                 _as_leaf(action, self._action_dtype, self._action_shape),
                 *self._observation_leaves(next_obs),
