@@ -193,6 +193,25 @@ def test_reset_forgets_every_step_as_sb3_does(tmp_path):
     again.close()
 
 
+
+def test_pos_and_full_set_by_hand_as_sb3_code_does(tmp_path):
+    theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 1, size=10)
+    _add_both(theirs, ours, 4, seed=6)
+    for buffer in (theirs, ours):
+        buffer.full = True  # every index counts: those never written are zeros
+    assert (ours.pos, ours.full, ours.size()) == (theirs.pos, theirs.full, theirs.size()) == (4, True, 10)
+    _assert_same_rows(theirs, ours, np.arange(10), seed=1)
+    np.testing.assert_array_equal(ours.observations, theirs.observations)
+    with pytest.raises(ValueError, match="read-only"):
+        ours.observations[0, 0] = 1.0
+    for buffer in (theirs, ours):
+        buffer.full, buffer.pos = False, 0  # forget every step, as SB3 code resets a buffer
+    assert ours.size() == theirs.size() == 0
+    _add_both(theirs, ours, 3, seed=7)
+    assert (ours.pos, ours.full, ours.size()) == (theirs.pos, theirs.full, theirs.size()) == (3, False, 3)
+    _assert_same_rows(theirs, ours, np.arange(3), seed=2)
+    ours.close()
+
 class _Trajectories:
     """Steps whose next observation is the next step's observation, as a VecEnv makes them:
     an env that ends an episode reports its terminal observation in ``next_obs`` and
@@ -503,7 +522,7 @@ def test_the_cleanrl_example_stores_every_transition_and_no_reset_step(tmp_path)
             sys.executable,
             os.path.join(ROOT, "examples", "cleanrl_dqn.py"),
             "--total-timesteps",
-            "1000",
+            "600",
             "--learning-starts",
             "100",
             "--buffer-path",
@@ -517,8 +536,8 @@ def test_the_cleanrl_example_stores_every_transition_and_no_reset_step(tmp_path)
     episodes = store.episode_index()
     store.close()
     ends = rows["terminated"] | rows["truncated"]
-    # each of the 1000 env steps is stored but the resets after an episode ended
-    assert len(rows["reward"]) == 1000 - ends[:-1].sum() and len(episodes) > 20
+    # each of the 600 env steps is stored but the resets after an episode ended
+    assert len(rows["reward"]) == 600 - ends[:-1].sum() and len(episodes) > 10
     assert (rows["reward"] == 1.0).all()  # CartPole's reward: a reset step would store 0
     following = rows["observation"][1:] == rows["next_observation"][:-1]
     # a transition's next observation is the next one's observation, except across an
@@ -574,7 +593,7 @@ def test_seeded_dqn_runs_train_the_same_weights_as_with_sb3s_buffer(tmp_path):
     runs = []
     for name, buffer_class in (("a", ReplayBuffer), ("b", ReplayBuffer), ("sb3", None)):
         model = _dqn(tmp_path, name, buffer_class)
-        model.learn(600)
+        model.learn(400)
         runs.append(_weights(model))
         if buffer_class is not None:
             model.replay_buffer.close()

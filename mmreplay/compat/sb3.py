@@ -1,18 +1,11 @@
-"""Stable-Baselines3 (and CleanRL): SB3's replay buffers over a persistent store.
+"""Stable-Baselines3 (and CleanRL): SB3's replay buffers over a persistent store (docs/sb3.md).
 
-``DQN(..., replay_buffer_class=ReplayBuffer, replay_buffer_kwargs={"path": "runs/buf"})``
-keeps the buffer in a folder. :class:`ReplayBuffer` and :class:`DictReplayBuffer`
-subclass SB3's own (``load_replay_buffer`` checks ``isinstance``) and translate SB3's
-API to the store's: ``add`` writes one store step of ``n_envs`` rows, ``sample`` draws
-SB3's indices with ``np.random`` exactly as SB3 does, ``_get_samples`` reads the rows
-they name. ``pos`` and ``full`` follow from the store's step count: SB3 index ``i`` is
-store slot ``(origin + i) % buffer_size``, the origin moving on
-:meth:`ReplayBuffer.reset` (a store attribute) or when ``pos`` / ``full`` are set.
-
-The leaves are ``observation``, ``next_observation`` (dicts of the keys for a ``Dict``
-space), ``action``, ``reward``, ``terminated`` and ``truncated``, with those roles; a
-``done`` is stored as ``terminated = done and not timeout`` and ``truncated = done and
-timeout`` (``infos[i]["TimeLimit.truncated"]``). The rest is in docs/sb3.md.
+:class:`ReplayBuffer` and :class:`DictReplayBuffer` subclass SB3's own and translate
+SB3's API to the store's: ``add`` writes one store step of ``n_envs`` rows (leaves
+``observation``, ``next_observation``, ``action``, ``reward``, ``terminated``,
+``truncated``), ``sample`` draws SB3's indices with ``np.random`` exactly as SB3 does.
+SB3 index ``i`` is store slot ``(origin + i) % buffer_size``: ``pos`` and ``full`` follow
+from the store's step count and the origin, a store attribute that ``reset()`` moves.
 """
 
 from __future__ import annotations
@@ -34,9 +27,8 @@ try:
 except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install extra
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
-from ..errors import BadInputError, SpecMismatchError
+from ..errors import BadInputError, NotEnoughDataError, SpecMismatchError
 from ..frames import Frames
-from ..reads import read_rows
 from ..spec import ArraySpec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ._shared import StoreShell, read_origin, temporary, write_origin
@@ -54,7 +46,7 @@ MANIFEST_KIND = "mmreplay.compat.sb3"
 _open_buffers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 #: what ReplayBuffer._step_layout() sets: not pickled, rebuilt when a manifest is loaded
-_STEP_LAYOUT = ("_obs_step_shape", "_obs_keys", "_action_shape", "_reward_shape", "_no_ends", "_no_ends_bytes")
+_LAYOUT = ("_obs_step_shape", "_obs_keys", "_action_shape", "_reward_shape", "_no_ends", "_no_ends_bytes")
 
 _BOOL, _FLOAT32, _FLOAT64 = np.dtype(bool), np.dtype(np.float32), np.dtype(np.float64)
 
@@ -77,18 +69,14 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
     releases it (it is also a context manager).
 
     Args:
-        buffer_size, observation_space, action_space, device, n_envs, optimize_memory_usage,
-            handle_timeout_termination: as SB3's (``buffer_size`` counts the rows of all envs).
+        buffer_size ... handle_timeout_termination: as SB3's.
         path: the folder (a buffer of the same spaces there is resumed); None: a temporary
             folder removed with the buffer.
-        commit_every, backend, compression, durability: how the store is created
-            (:func:`mmreplay.create`; ``commit_every`` counts adds).
+        commit_every, backend, compression, durability, sampler, sampler_options: the
+            store's (:func:`mmreplay.create`; ``sampler="prioritized", alpha=0.6``).
         env: accepted for SB3's HER, unused.
-        sampler, sampler_options: the store's sampler (``sampler="prioritized", alpha=0.6``);
-            a resumed buffer keeps its own.
-        frame_stack, frame_pad, final_slots: with ``optimize_memory_usage``, stacks of
-            frames stored one frame per step, and the terminal observations kept
-            (:class:`mmreplay.Frames`; ``final_slots`` None: one per 16 rows).
+        frame_stack, frame_pad, final_slots: with ``optimize_memory_usage``, frame stacks
+            stored one frame per step (:class:`mmreplay.Frames`).
 
     Raises:
         SpecMismatchError: ``path`` holds a different buffer (left untouched).
@@ -133,16 +121,14 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         self.store: Store | None = None
         self._filled = False  # SB3's ``full`` set by hand before the ring filled
         self._rng: np.random.Generator | None = None  # the store sampler's, seeded from np.random
-        #: where the rows of the last :meth:`sample` drawn through the store's sampler
-        #: came from (``step``, ``env``, ``probability``, and ``weight`` if prioritized)
-        self.last_info: Any = None
+        self.last_info: Any = None  # mmreplay.reads.SampleInfo of the store sampler's last batch
         if sampler is not None:
             sampler_options["sampler"] = sampler
+        sampler_options.update(durability=durability, commit_every=commit_every, compression=compression)
         self._backend = backend
         folder = os.path.join(temporary(self).folder, "buffer") if path is None else os.path.abspath(path)
         self._take_over(folder)
-        store = self._create(folder, durability=durability, commit_every=commit_every, compression=compression,
-                             **sampler_options)
+        store = self._create(folder, **sampler_options)
         if path is None:
             self._temp.store = store
         self._attach(store)
@@ -186,14 +172,16 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             if slots is None:
                 slots = max(4 * self.n_envs, self.buffer_size * self.n_envs // 16)
             frames = Frames(frame_stack=self._frame_stack, pad=self._frame_pad, final_slots=slots)
-        return create(
-            folder, spec, self.buffer_size, self.n_envs, backend=self._backend, exist_ok=True, frames=frames, **options
-        )
+        options["backend"] = self._backend
+        return create(folder, spec, self.buffer_size, self.n_envs, exist_ok=True, frames=frames, **options)
 
     def _check_spaces(self, store: Store) -> None:
         """Record the spaces in a new store (the leaves alone do not tell ``Discrete(3)`` from
         ``Discrete(4)``); refuse, closing it, a store of other spaces."""
-        spaces_now = {"observation_space": repr(self.observation_space), "action_space": repr(self.action_space)}
+        spaces_now = {
+            "observation_space": repr(self.observation_space),
+            "action_space": repr(self.action_space),
+        }
         recorded = store.attrs.get(SPACES_ATTR)
         if recorded is None:
             store.set_attrs(**{SPACES_ATTR: spaces_now})
@@ -201,7 +189,9 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             store.close()
             self.store = None
             diffs = "; ".join(
-                f"{k}: existing {recorded.get(k)} vs new {v}" for k, v in spaces_now.items() if recorded.get(k) != v
+                f"{k}: existing {recorded.get(k)} vs new {v}"
+                for k, v in spaces_now.items()
+                if recorded.get(k) != v
             )
             raise SpecMismatchError(f"{store.path}: a replay buffer of other spaces exists there ({diffs})")
 
@@ -221,17 +211,14 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
 
     def _live(self) -> Store:
         if self.store is None:
-            raise BadInputError(
-                "this replay buffer's store was closed (another buffer in this process opened its folder)"
-            )
+            raise BadInputError("the store was closed: another replay buffer of this process took its folder")
         return self.store
 
     # --- SB3's cursor, derived from the store ----------------------------------------
 
     def _count_retained(self) -> None:
-        """Make SB3's indices cover only the steps the store retains: after a crash lost
-        the dead writer's reserved slots, or the side ring of next frames dropped steps,
-        they count from the oldest retained one (no index names a lost step)."""
+        """SB3's indices over the steps the store retains: after a crash lost the reserved
+        slots, or the side ring of next frames dropped steps, from the oldest one kept."""
         store = self._live()
         total, first = store.total_steps, store.first_step
         if first > self._origin and total - first < min(total - self._origin, self.buffer_size):
@@ -249,7 +236,9 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         value = int(value)
         retained = store.total_steps - max(self._origin, store.first_step)
         if not 0 <= value < self.buffer_size or (value > retained and not self.full):
-            raise ValueError(f"{store.path}: pos must be in [0, {min(retained, self.buffer_size - 1)}], got {value}")
+            raise ValueError(
+                f"{store.path}: pos must be in [0, {min(retained, self.buffer_size - 1)}], got {value}"
+            )
         self._move_origin(store.total_steps - value - (self.buffer_size if self.full else 0))
 
     @property
@@ -258,8 +247,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
 
     @full.setter
     def full(self, value: bool) -> None:
-        """As SB3's: True makes every index count (those never written read as the store's
-        zero rows); False keeps the indices before ``pos``."""
+        """As SB3's: True counts every index (their slots as they are), False those before ``pos``."""
         total = self._live().total_steps
         if not value and total - self._origin >= self.buffer_size:
             self._move_origin(total - self.pos)
@@ -278,34 +266,35 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
 
     def _steps_of(self, batch_inds: np.ndarray) -> np.ndarray:
         """Global step ids of SB3 indices: the newest step written at each index."""
-        n = self._live().total_steps - self._origin
+        n, bs = self._live().total_steps - self._origin, self.buffer_size
+        size = bs if self._filled or n >= bs else n
         inds = np.asarray(batch_inds, np.int64)
-        if inds.size and (inds.min() < 0 or inds.max() >= self.size()):
-            raise IndexError(f"{self.store.path}: indices must be in [0, {self.size()}), got {inds.min()}..{inds.max()}")
-        return self._origin + inds + self.buffer_size * ((n - 1 - inds) // self.buffer_size)
+        if inds.size and (inds.min() < 0 or inds.max() >= size):
+            raise IndexError(f"{self.store.path}: indices outside [0, {size}): {inds.min()}..{inds.max()}")
+        pos = n % bs
+        base = self._origin + n - pos  # the step at index 0 in the newest pass over the ring
+        return np.where(inds < pos, inds + base, inds + (base - bs))
 
     # --- writes ------------------------------------------------------------------------
 
-    def _timeouts(self, infos: Any) -> np.ndarray:
-        if isinstance(infos, (list, tuple)):
-            return np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], bool)
-        return np.zeros(self.n_envs, bool)  # CleanRL passes gymnasium's dict of infos
-
     def _observation_leaves(self, obs: Any) -> list[np.ndarray]:
-        """``obs`` as SB3 stores it, ``[n_envs, *obs_shape]`` in the space's dtype, as the
-        store's leaves of an observation."""
+        """``obs`` as the store's leaves, each ``[n_envs, *shape]`` in its space's dtype."""
         if self._obs_keys is None:
             return [_as_leaf(obs, self.observation_space.dtype, self._obs_step_shape)]
         space, shapes = self.observation_space, self.obs_shape
         return [_as_leaf(obs[k], space[k].dtype, (self.n_envs, *shapes[k])) for k in self._obs_keys]
 
-    def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: Any) -> None:
+    def add(
+        self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: Any
+    ) -> None:
         store = self.store if self.store is not None else self._live()
         done = _as_leaf(done, _BOOL, self._reward_shape)
         if done.tobytes() == self._no_ends_bytes:  # most steps end nothing: no infos to read
             terminated = truncated = self._no_ends
         else:
-            truncated = self._timeouts(infos) & done
+            listed = isinstance(infos, (list, tuple))  # CleanRL passes gymnasium's dict: no time limits
+            limits = [i.get("TimeLimit.truncated", False) for i in infos] if listed else False
+            truncated = done & np.array(limits, bool)
             terminated = done & ~truncated
         # Every leaf is now of its dtype (or float64 rewards, which the store casts) and
         # step shape, in the store's order (keys sorted): no second check.
@@ -340,19 +329,28 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         :meth:`sample` (by default the last one); returns how many were applied."""
         info = self.last_info if info is None else info
         if info is None:
-            raise BadInputError("update_priorities needs the info of a prioritized sample(); none was drawn yet")
-        return self._live().update_priorities(info.step, info.env, np.asarray(priorities, np.float64).reshape(-1))
+            raise BadInputError(
+                "update_priorities needs the info of a prioritized sample(); none was drawn yet"
+            )
+        return self._live().update_priorities(
+            info.step, info.env, np.asarray(priorities, np.float64).reshape(-1)
+        )
 
     def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> Any:
         """SB3's rows ``batch_inds``, each from an env drawn with ``np.random`` as SB3 does."""
         env_indices = np.random.randint(0, high=self.n_envs, size=(len(batch_inds),))
         store = self._live()
         steps = self._steps_of(batch_inds)
-        if steps.size and steps.min() < min(self._origin, store.first_step):
-            # indices that count only because ``full`` was set by hand: their slots as they are
-            rows = [leaf[np.arange(len(steps)), env_indices] for leaf in store.read_steps(steps)]
-            return self._to_samples(unflatten(store.spec, rows), env)
-        return self._to_samples(read_rows(store, steps, env_indices), env)
+        first = store.first_step
+        if steps.size and steps.min() < first:  # only steps before the origin (``full`` set) are read
+            lost = steps[(steps < first) & (steps >= self._origin)]
+            if lost.size:
+                raise NotEnoughDataError(
+                    f"{store.path}: step {lost.min()} is no longer retained (the oldest is {first})"
+                )
+        # each index's slot as it is, as SB3 reads its arrays (zeros where never written)
+        rows = (steps % self.buffer_size) * self.n_envs + env_indices
+        return self._to_samples(unflatten(store.spec, [leaf.take(rows) for leaf in store.leaves]), env)
 
     def _to_samples(self, batch: dict[str, Any], env: Any) -> Any:
         """SB3's samples of a batch: normalized as VecNormalize does, tensors on ``device``."""
@@ -360,7 +358,11 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         def tensors(x: Any) -> Any:
             return {k: self.to_torch(v) for k, v in x.items()} if isinstance(x, dict) else self.to_torch(x)
 
-        ends = batch["terminated"] if self.handle_timeout_termination else batch["terminated"] | batch["truncated"]
+        ends = (
+            batch["terminated"]
+            if self.handle_timeout_termination
+            else batch["terminated"] | batch["truncated"]
+        )
         return (ReplayBufferSamples if self._obs_keys is None else DictReplayBufferSamples)(
             observations=tensors(self._normalize_obs(batch["observation"], env)),
             actions=self.to_torch(batch["action"]),
@@ -408,9 +410,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
     @property
     def timeouts(self) -> np.ndarray:  # type: ignore[override]
         """SB3's ``timeouts``: 1.0 where it ended by a time limit, if handled (a copy)."""
-        if not self.handle_timeout_termination:
-            return np.zeros((self.buffer_size, self.n_envs), np.float32)
-        return self._column("truncated").astype(np.float32)
+        return self._column("truncated").astype(np.float32) * self.handle_timeout_termination
 
     # --- pickling: a manifest naming the folder -----------------------------------------
 
@@ -424,7 +424,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
                 "manifest names a folder that will be gone; pass replay_buffer_kwargs={'path': ...} to keep it",
                 stacklevel=2,
             )
-        skip = ("store", "_temp", "_cleanup", "_leaves", "_rng", "last_info", *_STEP_LAYOUT)
+        skip = ("store", "_temp", "_cleanup", "_leaves", "_rng", "last_info", *_LAYOUT)
         state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["kind"] = MANIFEST_KIND
         state["path"] = store.path
