@@ -26,6 +26,16 @@ than half of it, and after ``set`` changes an end. A buffer without the file (wr
 another tool, or the file deleted) rebuilds it by scanning the role leaves of the
 retained steps once. Readers load the records below their committed end, so the episodes
 they see always match their committed window.
+
+A writer that reopens a store resumes collection: the episodes the last writer left
+open cannot go on (its environments are gone), so before the first step it writes, the
+last committed step of each env whose episode is still open is marked truncated
+(:func:`open_ends`), whether the last writer was killed or closed cleanly. The mark is
+the ``truncated`` leaf set, or for TF-Agents trajectories ``next_step_type`` set to
+``LAST`` (with a non-zero ``discount``: a time limit). A store without such a leaf
+(only ``terminated`` / ``done``, only ``step_type``, or no end roles) cannot say
+"cut short" without inventing a terminal state, so nothing is marked there and the
+resumed env's first episode continues the open one.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ __all__ = [
     "to_arrays",
     "continue_index",
     "fresh_envs",
+    "open_ends",
 ]
 
 log = logging.getLogger(__name__)
@@ -165,6 +176,37 @@ class EndRule:
         if self.kind == "next_step_type" and "step_type" in v:
             out[v["step_type"] == LAST] = BOUNDARY
         return out
+
+
+def open_ends(store: Any) -> tuple[Any, int, np.ndarray] | None:
+    """How a resuming writer ends the episodes left open (see the module docstring):
+    ``(leaf, step, row)``, the end leaf, the last committed step and that leaf's new
+    row ``[1, num_envs, *shape]``; None when no episode is open there or the store has
+    no leaf that marks a truncation."""
+    end = store.state.end
+    if end == 0 or end - 1 < store.first_step:
+        return None
+    rule = EndRule(store)
+    slot = np.array([(end - 1) % store.capacity])
+    open_ = rule.codes(slot, store.num_envs)[0] == 0 if rule.kind is not None else None
+    if open_ is None or not open_.any():
+        return None
+    if rule.kind == "flags" and "truncated" in rule.leaves:
+        leaf, value = rule.leaves["truncated"], 1
+    elif rule.kind == "next_step_type" and "discount" in rule.leaves:
+        leaf, value = rule.leaves["next_step_type"], LAST
+        open_ &= rule.leaves["discount"].read(slot).reshape(store.num_envs) != 0
+    else:
+        leaf = None
+    if leaf is None or not open_.any():
+        log.info(
+            "%s: envs %s end in an open episode that this store cannot mark truncated; the steps written "
+            "next continue it", store.path, np.flatnonzero(open_).tolist(),
+        )
+        return None
+    row = np.array(leaf.read(slot))
+    row.reshape(1, store.num_envs, -1)[0, open_] = value
+    return leaf, end - 1, row
 
 
 # --- the index --------------------------------------------------------------------
@@ -360,6 +402,8 @@ class EpisodeIndex:
                 self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(rec))
                 self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._set_memory(rec)
+        if end > first:  # a writer killed after rewriting an end but before the index did
+            self._rescan(np.array([end - 1]), first)
 
     def commit(self, old_end: int, new_end: int, first: int, fsync: bool) -> None:
         """Record the ends of the steps ``[old_end, new_end)`` about to be committed.
@@ -405,7 +449,10 @@ class EpisodeIndex:
         if not self.has_ends:
             return
         self.sync(store)
-        steps = np.unique(np.asarray(steps, np.int64))
+        self._rescan(np.unique(np.asarray(steps, np.int64)), store.first_step)
+
+    def _rescan(self, steps: np.ndarray, first: int) -> None:
+        """Re-read the ends of ``steps`` (sorted, unique) and rewrite the file if they changed."""
         if not len(steps):
             return
         rec = self.records
@@ -417,7 +464,7 @@ class EpisodeIndex:
         kept = rec[~np.isin(rec["step"], steps)]
         merged = _cat([kept, fresh])
         merged = merged[np.lexsort((merged["env"], merged["step"]))]
-        self._write_file(self.origin if self.origin is not None else store.first_step, merged)
+        self._write_file(self.origin if self.origin is not None else first, merged)
         self._set_memory(merged)
 
     # --- readers and queries --------------------------------------------------------

@@ -113,7 +113,9 @@ class Store:
         self._leaves: list[Any] = []
         self._closers: list[Any] = []
         self._closed = False
-        self._writable = mode == "a"  # one check on the hot path; False once closed
+        # one check on the hot path: False once closed, and in a writer that reopened
+        # the store until its first step (see _before_write)
+        self._writable = mode == "a"
         try:
             # the committed state: read by readers per batch, written by each commit
             if location is None:
@@ -442,6 +444,27 @@ class Store:
         if self.mode != "a":
             raise ReadOnlyError(f"{self.path}: store is open read-only (mode='r'); open it with mode='a' to write")
 
+    def _before_write(self) -> None:
+        """The first step written by a writer that reopened the store: it resumes
+        collection, so the episodes the last writer left open end first."""
+        self._check_writable()
+        self._end_open_episodes()
+        self._writable = True
+
+    def _end_open_episodes(self) -> None:
+        """Mark truncated each env's episode left open at the last committed step
+        (:func:`mmreplay.episodes.open_ends`): in place, committed, then recorded in the
+        episode index. A crash before the commit leaves the mark to be made again by
+        the next writer; one after it, the index to be mended when it is next loaded."""
+        mark = _episodes.open_ends(self)
+        if mark is None:
+            return
+        leaf, step, row = mark
+        leaf.write_slots(np.array([step % self._capacity]), row)
+        self._dirty = True
+        self._commit()
+        _episodes.index_for(self).rescan(self._view, np.array([step]))
+
     # --- writes --------------------------------------------------------------------
 
     def add(self, step: Any) -> None:
@@ -452,14 +475,20 @@ class Store:
         """
         if not self._writable:
             self._check_writable()
-        self._write_step(self._validator.step(step))
+        self.add_leaves(self._validator.step(step))
 
-    def _write_step(self, values: list[np.ndarray]) -> None:
-        """Write one step given as its leaves in :attr:`leaf_paths` order, each already
-        ``[num_envs, *shape]`` of the leaf's dtype (or of one it casts to without loss):
-        :meth:`add` after validation, and the per-step path of layers that build them so."""
+    def add_leaves(self, values: list[np.ndarray]) -> None:
+        """Write one step given as its leaves, already checked: :meth:`add` after its
+        validation, and the per-step path of layers that convert their framework's
+        values once (SB3's ``add``).
+
+        ``values`` are numpy arrays in :attr:`leaf_paths` order, each
+        ``[num_envs, *shape]`` of the leaf's dtype (or of one that casts to it without
+        loss). Nothing is checked: a wrong shape may broadcast and a wrong dtype cast
+        where :meth:`add` would refuse them.
+        """
         if not self._writable:
-            self._check_writable()
+            self._before_write()
         g = self._written
         if self._frames is not None:
             values, prepared = self._frames.prepare(values)
@@ -491,6 +520,8 @@ class Store:
         n, values = self._validator.batch(steps)
         if n == 0:
             return
+        if not self._writable:
+            self._before_write()
         if self._frames is not None:  # each step's frames follow from the one before
             for t in range(n):
                 self.add(unflatten(self.spec, [v[t] for v in values]))
@@ -540,6 +571,8 @@ class Store:
         if not self._writable:
             self._check_writable()
         values = self._validator.step(step)
+        if not self._writable:
+            self._before_write()
         g = self._written
         if g >= self._reserved:  # the slot may hold a committed step: leave it out first
             self._commit(reserve_to=g + self._ahead)
@@ -911,7 +944,7 @@ class Store:
         """
         from .export import export
 
-        if self._writable:
+        if self.mode == "a" and not self._closed:
             self._commit()
 
         return export(self, out, format=format, **options)
@@ -1327,6 +1360,7 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
     mode: str = "r",
     populate: bool | None = None,
     storage_options: dict[str, Any] | None = None,
+    continue_episodes: bool = False,
 ) -> Store:
     """Open an existing buffer: ``mode="r"`` to read, ``"a"`` to resume writing.
 
@@ -1342,6 +1376,11 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
     ``path`` may be an ``s3://bucket/prefix`` URL of a store in object storage (read-only;
     see :mod:`mmreplay.objstore`), reached with ``storage_options`` or the ``AWS_*``
     environment variables.
+
+    A writer resumes collection: before its first step, the episodes the last writer
+    left open are marked truncated (:mod:`mmreplay.episodes`). ``continue_episodes=True``
+    says that this writer continues them instead (its environments were restored from
+    the stored state): nothing is marked.
     """
     path = os.fspath(path)
     if mode not in MODES:
@@ -1366,5 +1405,7 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
             lock.release()
             raise
     store = Store(path, meta, mode, lock)
+    if not continue_episodes:  # the writer's first step ends the open episodes (_before_write)
+        store._writable = False
     store._populator = _reads.populate_at_open(store, populate)
     return store
