@@ -24,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import contextvars
 import json
 import os
 import re
 import threading
+import time
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
@@ -104,97 +106,116 @@ class _Loop:
     obstore completes a request from its own (Rust) threads, which must enter the
     interpreter to do so: a request still in flight when the interpreter exits crashes
     the process (SIGABRT, SIGSEGV). So no request is left behind: each is awaited
-    through :meth:`track`, which a caller's cancellation does not cut short; a caller
-    interrupted while waiting (Ctrl-C) stops its coroutine from starting more and waits
-    for those in flight (:meth:`settle`); and the loop ends with the interpreter
-    (:meth:`stop`), after the requests in flight."""
+    through :meth:`track`, which a caller's cancellation does not cut short; a call
+    interrupted while waiting (Ctrl-C) stops its coroutine and waits for the requests it
+    has in flight; and at exit the loop's thread ends after every request in flight
+    (:meth:`stop`)."""
 
     loop: asyncio.AbstractEventLoop | None = None
     thread: threading.Thread | None = None
     pid = -1
     guard = threading.Lock()
-    inflight: set[asyncio.Future[Any]] = set()  # touched on the loop's thread only
-    stop_registered = False
+    exiting = False
+    #: the requests in flight, and those of the current :meth:`run` call (the loop's thread only)
+    inflight: set[asyncio.Future[Any]] = set()
+    mine: contextvars.ContextVar[set[asyncio.Future[Any]]] = contextvars.ContextVar("mmreplay_requests")
 
     @classmethod
     def running(cls) -> asyncio.AbstractEventLoop:
         with cls.guard:
-            if cls.loop is None or cls.pid != os.getpid():  # none yet, or lost in a fork
-                cls.loop = asyncio.new_event_loop()
-                cls.pid = os.getpid()
-                cls.inflight = set()
-                cls.thread = threading.Thread(
-                    target=cls.loop.run_forever, name="mmreplay-objstore", daemon=True
-                )
-                cls.thread.start()
-                if not cls.stop_registered:
-                    atexit.register(cls.stop)
-                    cls.stop_registered = True
-            return cls.loop
+            if not (cls.exiting and threading.current_thread().daemon):
+                if cls.loop is None or cls.pid != os.getpid():  # none yet, or lost in a fork
+                    cls.loop = asyncio.new_event_loop()
+                    cls.pid = os.getpid()
+                    cls.inflight = set()
+                    cls.thread = threading.Thread(
+                        target=cls.loop.run_forever, name="mmreplay-objstore", daemon=True
+                    )
+                    cls.thread.start()
+                    if not cls.exiting:
+                        atexit.register(cls.stop)
+                return cls.loop
+        # a daemon thread still reading as the interpreter exits: it may start no request
+        # now (one in flight when the interpreter ends crashes the process); exit ends it
+        while True:
+            time.sleep(3600)
 
     @classmethod
     def run(cls, coro: Coroutine[Any, Any, Any]) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coro, cls.running())
+        requests: set[asyncio.Future[Any]] = set()
+        task: list[asyncio.Task[Any] | None] = [None]
+
+        async def call() -> Any:
+            task[0] = asyncio.current_task()
+            cls.mine.set(requests)  # the tasks it starts share the set
+            return await coro
+
+        loop = cls.running()
+        future = asyncio.run_coroutine_threadsafe(call(), loop)
         try:
             return future.result()
         except BaseException:
             future.cancel()  # interrupted: the coroutine stops at its next await
-            cls.settle()
+            cls.settle(loop, lambda: [t for t in task if t is not None and not t.done()] + list(requests))
             raise
 
     @classmethod
     async def track(cls, awaitable: Awaitable[Any]) -> Any:
         """Await one obstore request; a cancelled caller leaves it running to its end,
-        counted in :attr:`inflight` until then."""
+        counted until then."""
         future = asyncio.ensure_future(awaitable)
-        cls.inflight.add(future)
-        future.add_done_callback(cls._landed)
+        owner = cls.mine.get(None)
+        for group in (cls.inflight, owner):
+            if group is not None:
+                group.add(future)
+                future.add_done_callback(group.discard)
+        future.add_done_callback(_retrieved)
         return await asyncio.shield(future)
 
-    @classmethod
-    def _landed(cls, future: asyncio.Future[Any]) -> None:
-        cls.inflight.discard(future)
-        if not future.cancelled():
-            future.exception()  # read here: its caller may have been cancelled meanwhile
-
-    @classmethod
-    def settle(cls) -> None:
-        """Wait until the loop runs nothing but this wait: every coroutine done, every
-        request landed. A second Ctrl-C does not cut the wait short (a request ends
-        within its timeout; the process must not exit before)."""
-        loop = cls.loop
-        if loop is None or cls.pid != os.getpid() or not loop.is_running():
-            return
+    @staticmethod
+    def settle(loop: asyncio.AbstractEventLoop, busy: Callable[[], list[asyncio.Future[Any]]]) -> None:
+        """Wait until ``busy()`` (futures of ``loop``, read on its thread) is empty. A
+        second Ctrl-C does not cut the wait short: a request ends within its timeout,
+        and the process must not exit before."""
 
         async def quiet() -> None:
-            me = asyncio.current_task()
-            while busy := [t for t in asyncio.all_tasks() if t is not me] + list(cls.inflight):
-                await asyncio.wait(busy)
+            while pending := busy():
+                await asyncio.wait(pending)
 
+        if not loop.is_running():
+            return
         done = asyncio.run_coroutine_threadsafe(quiet(), loop)
         while True:
             try:
-                done.result()
-                return
+                return done.result()
             except KeyboardInterrupt:
                 continue
 
     @classmethod
     def stop(cls) -> None:
-        """At exit: the requests in flight land, then the loop's thread ends."""
+        """At exit: every coroutine and request in flight ends, then the loop's thread."""
         with cls.guard:
             loop, thread = cls.loop, cls.thread
             if loop is None or thread is None or cls.pid != os.getpid():
                 return
+            cls.exiting = True
             cls.loop = cls.thread = None
-        cls.loop = loop  # for settle
-        try:
-            cls.settle()
-        finally:
-            cls.loop = None
+
+        def busy() -> list[asyncio.Future[Any]]:
+            me = asyncio.current_task()
+            return [t for t in asyncio.all_tasks() if t is not me] + list(cls.inflight)
+
+        cls.settle(loop, busy)
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Read a landed request's exception: its caller may have been cancelled meanwhile,
+    and an exception never read is logged when the future is collected."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def gather_all(*aws: Awaitable[Any]) -> list[Any]:
