@@ -26,100 +26,93 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 from conftest import S3_BUCKET
+from test_object_store import CAPACITY, check_rows, make, steps
 
 import mmreplay as mr
 
 #: what a crash at exit or an exit hook's failure prints
 CRASH_SIGNS = ("Traceback", "Exception ignored", "panicked", "Fatal Python error", "Thread did not finish")
 
-#: the interpreter's teardown made to last 0.3 s, as on a loaded machine: a request of
-#: obstore's landing then crashes the process
-SLOW_TEARDOWN = """
-import time
-
-class SlowTeardown:
-    def __del__(self):
-        time.sleep(0.3)
-
-slow = SlowTeardown()  # cleared with the module's globals, as the interpreter finalizes
-"""
 #: the command line as ``python -m mmreplay.cli`` runs it, said ready once it can take
 #: Ctrl-C (an interrupt during the interpreter's own start-up is no command's to handle)
 CLI_READY = (
-    SLOW_TEARDOWN
-    + """
-import sys
-import mmreplay.cli as cli
-
-print("ready", flush=True)
-sys.argv[0] = "mmreplay"
-cli.main()
-"""
+    "import sys, mmreplay.cli as cli; print('ready', flush=True); sys.argv[0] = 'mmreplay'; cli.main()"
 )
 
 
-@contextmanager
-def slow_link(endpoint: str, delay: float = 0.2):
-    """A TCP proxy to ``endpoint`` that holds each answer ``delay`` seconds, like a far
-    server: requests stay in flight that long. Yields its endpoint."""
-    upstream = urlsplit(endpoint)
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
+class SlowLink:
+    """A TCP proxy to an endpoint that holds the answer to each request of ``method``
+    ``delay`` seconds, like a far server: those requests stay in flight that long. It
+    counts the requests a client gave up on: it closed the connection while awaiting
+    their answer, as a process does that exits with requests in flight."""
 
-    def pump(src: socket.socket, dst: socket.socket, asked: threading.Event, answer: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(1 << 16):
-                if answer and asked.is_set():  # the first bytes of an answer
-                    time.sleep(delay)
-                    asked.clear()
-                elif not answer:
-                    asked.set()
-                dst.sendall(data)
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+    def __init__(self, endpoint: str, method: str, delay: float = 0.6):
+        self.upstream = urlsplit(endpoint)
+        self.method = method.encode() + b" "
+        self.delay = delay
+        self.abandoned = 0
+        self.connections = 0
+        self.lock = threading.Lock()
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def accept() -> None:
+    def _accept(self) -> None:
         with contextlib.suppress(OSError):
             while True:
-                client, _ = server.accept()
-                far = socket.create_connection((upstream.hostname, upstream.port))
-                asked = threading.Event()
-                threading.Thread(target=pump, args=(client, far, asked, False), daemon=True).start()
-                threading.Thread(target=pump, args=(far, client, asked, True), daemon=True).start()
+                client, _ = self.server.accept()
+                far = socket.create_connection((self.upstream.hostname, self.upstream.port))
+                asked: list[bytes] = []  # the request awaiting its answer (its first bytes)
+                with self.lock:
+                    self.connections += 1
+                threading.Thread(target=self._requests, args=(client, far, asked), daemon=True).start()
+                threading.Thread(target=self._answers, args=(far, client, asked), daemon=True).start()
 
-    threading.Thread(target=accept, daemon=True).start()
+    def _requests(self, client: socket.socket, far: socket.socket, asked: list[bytes]) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(1 << 16):
+                if not asked:
+                    asked.append(data[: len(self.method)])
+                far.sendall(data)
+        with self.lock:
+            self.connections -= 1
+            self.abandoned += bool(asked)
+        _close(client, far)
+
+    def _answers(self, far: socket.socket, client: socket.socket, asked: list[bytes]) -> None:
+        with contextlib.suppress(OSError):
+            while data := far.recv(1 << 16):
+                if asked:  # the first bytes of an answer
+                    if asked[0] == self.method:
+                        time.sleep(self.delay)
+                    asked.clear()
+                client.sendall(data)
+        _close(client, far)
+
+    def gave_up(self) -> int:
+        """Requests abandoned so far, once every connection closed (a process that ended
+        closed its own)."""
+        deadline = time.monotonic() + 30
+        while self.connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.abandoned
+
+
+def _close(*socks: socket.socket) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+@contextmanager
+def slow_link(endpoint: str, method: str):
+    link = SlowLink(endpoint, method)
     try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+        yield link
     finally:
-        server.close()
-
-
-CAPACITY = 256
-NUM_ENVS = 2
-SPEC = {
-    "step": mr.ArraySpec((), "int64"),
-    "obs": mr.ArraySpec((32, 32), "uint8"),  # mapped: shard objects
-    "pix": mr.ArraySpec((16, 16), "uint8"),  # zstd: one object per chunk
-}
-
-
-def steps(first: int, n: int) -> dict[str, np.ndarray]:
-    g = np.arange(first, first + n)[:, None].repeat(NUM_ENVS, 1)
-    return {
-        "step": g,
-        "obs": np.broadcast_to((g % 251).astype(np.uint8)[..., None, None], (n, NUM_ENVS, 32, 32)),
-        "pix": np.broadcast_to((g % 253).astype(np.uint8)[..., None, None], (n, NUM_ENVS, 16, 16)),
-    }
-
-
-def make(path, n: int) -> str:
-    with mr.create(
-        path, SPEC, capacity=CAPACITY, num_envs=NUM_ENVS, chunk_steps=8, compression={"pix": "zstd"}
-    ) as s:
-        s.extend(steps(0, n))
-    return str(path)
+        link.server.close()
 
 
 def check_whole(url: str) -> None:
@@ -129,10 +122,7 @@ def check_whole(url: str) -> None:
     assert verify_url(url) == []
     with mr.open(url) as remote:
         if len(remote):
-            rows = remote.get(slice(None))
-            g = rows["step"]
-            np.testing.assert_array_equal(rows["obs"][..., 5, 7], (g % 251).astype(np.uint8))
-            np.testing.assert_array_equal(rows["pix"][..., 3, 2], (g % 253).astype(np.uint8))
+            g = check_rows(remote.get(slice(None)))
             assert g.min() >= remote.first_step and g.max() < remote.total_steps
 
 
@@ -171,24 +161,24 @@ def push_cli(
     return proc.returncode, out, err, time.monotonic() - t
 
 
-@pytest.mark.parametrize("trials", [16, pytest.param(200, marks=pytest.mark.long)])
+@pytest.mark.parametrize("trials", [20, pytest.param(200, marks=pytest.mark.long)])
 def test_ctrl_c_during_push_ends_as_aborted_and_the_snapshot_stays_whole(tmp_path, s3_server, trials):
-    """Ctrl-C at random moments of pushes to a server whose answers take 0.2 s (requests
-    are in flight most of the time): always "Aborted!" (or done, when the push finished
+    """Ctrl-C at random moments of pushes to a server whose uploads take 0.6 s to answer
+    (uploads are in flight most of the time): always "Aborted!" (or done, when the push finished
     first), and the snapshot there verifies and holds whole rows after each."""
-    local = make(tmp_path / "buf", 100)
+    local = make(tmp_path / "buf", 30)
     url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:12]}/buffer"
     rng = random.Random(0)
-    total = 100
+    total = 30
     outcomes = {"aborted": 0, "done": 0}
-    with slow_link(s3_server) as endpoint:
-        env = {**os.environ, "AWS_ENDPOINT_URL": endpoint}
+    with slow_link(s3_server, "PUT") as link:
+        env = {**os.environ, "AWS_ENDPOINT_URL": link.endpoint}
         code, out, err, took = push_cli(local, url, env, None)
         assert code == 0, err
         for _ in range(trials):
             with mr.open(local, mode="a") as s:  # new rows: the push has objects to send
-                s.extend(steps(total, 90))
-            total += 90
+                s.extend(steps(total, 15))
+            total += 15
             code, out, err, _ = push_cli(local, url, env, rng.uniform(0, took))
             no_crash(out, err, code)
             if code == 1:
@@ -198,12 +188,13 @@ def test_ctrl_c_during_push_ends_as_aborted_and_the_snapshot_stays_whole(tmp_pat
                 # done before the signal (or the signal came as it exited): the report is out
                 assert code in (0, -signal.SIGINT) and "steps" in out, (code, out, err)
                 outcomes["done"] += 1
+            assert link.gave_up() == 0  # it left no request in flight
             check_whole(url)
     assert outcomes["aborted"] >= trials // 4, outcomes
     assert mr.push(local, url).steps == CAPACITY  # the next push completes it
     with mr.open(url) as remote, mr.open(local) as src:
         assert (remote.first_step, remote.total_steps) == (src.first_step, src.total_steps)
-        np.testing.assert_array_equal(remote.get(slice(None))["pix"], src.get(slice(None))["pix"])
+        np.testing.assert_array_equal(remote.get(slice(None))["pixels"], src.get(slice(None))["pixels"])
 
 
 @contextmanager
@@ -221,7 +212,7 @@ def cpu_burner():
 def test_commands_exit_cleanly_under_load(tmp_path, s3_server, rounds):
     """Local and object-storage commands, several at a time beside a CPU burner: each
     exits 0 and prints no traceback at exit."""
-    local = make(tmp_path / "buf", 300)
+    local = make(tmp_path / "buf", 60)
     url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:12]}/buffer"
     assert mr.push(local, url).steps == CAPACITY
     commands = [
@@ -294,19 +285,18 @@ def test_zarr_loop_still_busy_at_exit_ends_before_the_interpreter(tmp_path):
 
 @pytest.mark.parametrize("trials", [4, pytest.param(80, marks=pytest.mark.long)])
 def test_a_thread_reading_object_storage_at_exit_does_not_crash_it(tmp_path, s3_server, trials):
-    """A daemon thread sampling from object storage (answers taking 0.2 s) when the
+    """A daemon thread sampling from object storage (reads taking 0.6 s) when the
     program ends: its requests in flight land before the interpreter goes, and it starts
     no more."""
     url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:12]}/buffer"
-    mr.push(make(tmp_path / "buf", 300), url)
+    mr.push(make(tmp_path / "buf", 60), url)
     rng = random.Random(1)
-    with slow_link(s3_server) as endpoint:
-        env = {**os.environ, "AWS_ENDPOINT_URL": endpoint}
+    with slow_link(s3_server, "GET") as link:
+        env = {**os.environ, "AWS_ENDPOINT_URL": link.endpoint}
         for _ in range(trials):
             out = run_script(
-                SLOW_TEARDOWN
-                + """
-import sys, threading
+                """
+import sys, threading, time
 import mmreplay as mr
 
 store = mr.open(sys.argv[1])
@@ -328,3 +318,4 @@ print("done")
             )
             no_crash(out.stdout, out.stderr, out.returncode)
             assert out.returncode == 0 and out.stdout == "done\n", out.stderr
+            assert link.gave_up() == 0  # it left no request in flight
