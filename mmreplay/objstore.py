@@ -8,7 +8,7 @@ concurrent ranged GETs, neighbours coalesced into one request (``obstore.get_ran
 and a sequential pass coalesces into large ranges. A leaf of compressed row frames
 (``rows:lz4``, ``rows:zstd``) fetches each segment's shard index once, then only the
 frames a batch needs (:class:`RemoteRowFrameLeaf`). Another compressed leaf is read
-chunk by chunk through zarr's own ``ObjectStore``. The committed state is the ``mmreplay.state``
+chunk by chunk, each chunk object decoded by zarr. The committed state is the ``mmreplay.state``
 object, read again per batch as a local reader reads its state file, so the seqlock
 check of the read path works unchanged.
 
@@ -118,7 +118,7 @@ class _Loop:
     exiting = False
     #: the requests in flight, and those of the current :meth:`run` call (the loop's thread only)
     inflight: set[asyncio.Future[Any]] = set()
-    mine: contextvars.ContextVar[set[asyncio.Future[Any]]] = contextvars.ContextVar("mmreplay_requests")
+    own: contextvars.ContextVar[set[asyncio.Future[Any]]] = contextvars.ContextVar("mmreplay_requests")
 
     @classmethod
     def running(cls) -> asyncio.AbstractEventLoop:
@@ -147,7 +147,7 @@ class _Loop:
 
         async def call() -> Any:
             task[0] = asyncio.current_task()
-            cls.mine.set(requests)  # the tasks it starts share the set
+            cls.own.set(requests)  # the tasks it starts share the set
             return await coro
 
         loop = cls.running()
@@ -164,7 +164,7 @@ class _Loop:
         """Await one obstore request; a cancelled caller leaves it running to its end,
         counted until then."""
         future = asyncio.ensure_future(awaitable)
-        owner = cls.mine.get(None)
+        owner = cls.own.get(None)
         for group in (cls.inflight, owner):
             if group is not None:
                 group.add(future)
@@ -207,8 +207,9 @@ class _Loop:
 
         cls.settle(loop, busy)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+        thread.join(60)
+        if not thread.is_alive():
+            loop.close()
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
@@ -579,7 +580,9 @@ class Location:
 
         async def gather() -> list[np.ndarray]:
             jobs = [
-                leaf.take_async(rows) if isinstance(leaf, RemoteLeaf) else asyncio.to_thread(leaf.take, rows)
+                leaf.take_async(rows)
+                if isinstance(leaf, RemoteLeaf)
+                else asyncio.to_thread(leaf.take, rows)
                 for leaf in leaves
             ]
             return await gather_all(*jobs)
@@ -764,9 +767,7 @@ class RemoteRowFrameLeaf(RemoteLeaf):
         self.array_key = f"data.zarr/{info.path}"
         self.staging_key = f"{self.array_key}/{rf.STAGING_FILE}"
         self.where = f"leaf {info.path!r}"
-        self.frames = rf._Frames(
-            rf.parse_row_compression(info.compression or ""), self.row_bytes, os.cpu_count() or 1
-        )
+        self.frames = rf._Frames(rf.parse_row_compression(info.compression or ""), self.row_bytes, os.cpu_count() or 1)
         #: segment -> (ETag, offsets, lengths) of its shard object
         self.indexes: dict[int, tuple[str | None, np.ndarray, np.ndarray]] = {}
 
@@ -795,9 +796,7 @@ class RemoteRowFrameLeaf(RemoteLeaf):
                 f"{self.where}: its staging object {self.location.where(self.staging_key)} is missing"
             ) from None
         if head[: len(rf.STAGING_MAGIC)] != rf.STAGING_MAGIC:
-            raise CorruptBufferError(
-                f"{self.location.where(self.staging_key)}: not a staging object (bad magic)"
-            )
+            raise CorruptBufferError(f"{self.location.where(self.staging_key)}: not a staging object (bad magic)")
         seq, segment, base, filled = (int(x) for x in np.frombuffer(head, "<i8", 4, len(rf.STAGING_MAGIC)))
         return etag, (seq, segment, base, filled)
 
