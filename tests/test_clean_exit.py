@@ -4,7 +4,8 @@ Threads mmreplay's I/O starts (the object-storage event loop, whose requests obs
 completes from its Rust threads; zarr's event loop) must be done before the interpreter
 goes: a request that lands after it aborts the process (SIGABRT, SIGSEGV), and a loop
 closed while it runs prints a traceback. Real processes, real signals, a real S3 server
-(moto on 127.0.0.1) and a CPU burner for load.
+(moto on 127.0.0.1), a slow link to it that keeps requests in flight and counts those a
+process abandoned, and a CPU burner for load.
 """
 
 from __future__ import annotations
