@@ -35,7 +35,7 @@ from typing import Any
 from .backends import zarr_v3
 from .errors import CorruptBufferError, SpecMismatchError, TargetError
 from .metadata import METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
-from .objstore import UPLOADS_IN_FLIGHT, Location, shard_key, shard_layout, split_url
+from .objstore import UPLOADS_IN_FLIGHT, Location, gather_all, shard_key, shard_layout, split_url
 from .spec import spec_to_json
 from .statefile import STATE_FILE, State, fresh_bytes, write_fresh
 
@@ -221,7 +221,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
             if now.reserved > shown[0]:
                 moved = State(**{**state.__dict__, "reserved": max(state.reserved, now.reserved)})
                 gap = _gap_state(old_state, moved, meta.capacity)
-                await location.obstore.put_async(location.store, STATE_FILE, fresh_bytes(gap))
+                await location.put_async(STATE_FILE, fresh_bytes(gap))
                 shown[0] = gap.reserved
 
     sent = [0, 0]
@@ -229,7 +229,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     hashes: dict[str, str] = {}
 
     async def send(key: str, data: bytes) -> None:
-        await location.obstore.put_async(location.store, key, data)
+        await location.put_async(key, data)
         sent[0] += 1
         sent[1] += len(data)
         log.info("%s: uploaded %s (%d bytes)", location.url, key, len(data))
@@ -248,7 +248,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
                     await reserve_for_readers()
                     await send(key, data)
 
-        await asyncio.gather(*(one(key, what) for key, what in items))
+        await gather_all(*(one(key, what) for key, what in items))
 
     items = list(_objects(folder, meta))
     data_items = [(k, w) for k, w in items if not k.endswith("zarr.json")]
@@ -328,8 +328,7 @@ def _download(location: Location, meta: Metadata, tmp: str) -> None:
     ]
 
     async def fetch(key: str) -> None:
-        data = await location.obstore.get_async(location.store, key)
-        raw = await data.bytes_async()
+        raw, _ = await location.get_async(key)
         path = os.path.join(tmp, *key.split("/"))
         if os.path.relpath(path, tmp).startswith(".."):
             raise CorruptBufferError(f"{location.where(key)}: the key leaves the store's folder")
@@ -344,7 +343,7 @@ def _download(location: Location, meta: Metadata, tmp: str) -> None:
             async with limit:
                 await fetch(key)
 
-        await asyncio.gather(*(one(k) for k in wanted))
+        await gather_all(*(one(k) for k in wanted))
 
     location.run(fetch_all())
     for leaf in mapped.values():

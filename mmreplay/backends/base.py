@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..codecs import LEVELS, Compression, parse
-from ..errors import CorruptBufferError, DiskFullError
+from ..errors import CorruptBufferError, DiskFullError, RemoteError
 from ..metadata import LeafInfo
 
 __all__ = [
@@ -468,6 +468,8 @@ class ChunkedLeaf:
                 raise CorruptBufferError(f"{where} holds committed steps but is missing; see `mmreplay verify`")
             try:
                 chunk = self.io.read(k, a, b)
+            except RemoteError:
+                raise  # object storage failed to answer: the chunk may be fine
             except Exception as exc:
                 raise CorruptBufferError(f"{where} cannot be read: {exc}") from exc
             self._keep(k, chunk)
