@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -1240,13 +1241,23 @@ def create(
             side = _frames.create_side(module, tmp, meta, list(meta.frames.side))
             meta = replace(meta, frames=replace(meta.frames, side=tuple(side)))
         meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
-        os.rename(tmp, path)
-    except BaseException:
+        try:
+            os.rename(tmp, path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise BufferExistsError(
+                f"{path}: another process created a buffer there meanwhile; pass exist_ok=True to reopen it"
+            ) from None
+    except BaseException as exc:
         lock.release()
         shutil.rmtree(tmp, ignore_errors=True)
         for folder in reversed(made):  # a failed create leaves no folder behind
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
+        if exist_ok and isinstance(exc, BufferExistsError):  # reopen what the other process made
+            return create(path, spec, capacity, num_envs, backend, chunk_steps, compression, commit_every,
+                          durability, roles, exist_ok, chosen, frames)
         raise
     lock.path = os.path.join(path, os.path.basename(lock.path))
     if durability == "power":
@@ -1269,9 +1280,14 @@ def _make_folders(folder: str) -> list[str]:
         folder = os.path.dirname(folder)
     if not os.path.isdir(folder):
         raise NotADirectoryError(f"{folder}: expected a folder to create the buffer in, found a file")
-    for made in reversed(missing):
-        os.mkdir(made)
-    return missing[::-1]
+    made = []
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:  # another process made it meanwhile: not ours to remove
+            continue
+        made.append(folder)
+    return made
 
 
 def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:
