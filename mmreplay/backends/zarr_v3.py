@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
+from zarr.core.buffer import default_buffer_prototype
 
 from ..errors import CorruptBufferError, SpecError
 from ..files import open_inside, read_inside, replace_inside
@@ -187,11 +189,11 @@ class BufferStore(zarr.storage.LocalStore):
         try:
             size = os.fstat(fd).st_size
             start, stop = 0, size
-            if isinstance(byte_range, zarr.abc.store.RangeByteRequest):
+            if isinstance(byte_range, RangeByteRequest):
                 start, stop = byte_range.start, min(size, byte_range.end)
-            elif isinstance(byte_range, zarr.abc.store.OffsetByteRequest):
+            elif isinstance(byte_range, OffsetByteRequest):
                 start = byte_range.offset
-            elif isinstance(byte_range, zarr.abc.store.SuffixByteRequest):
+            elif isinstance(byte_range, SuffixByteRequest):
                 start = max(0, size - byte_range.suffix)
             where = os.path.join(self.folder, self.rel, key)
             if stop - start > (ZARR_JSON_BYTES if key.endswith("zarr.json") else self.limit):
@@ -199,22 +201,20 @@ class BufferStore(zarr.storage.LocalStore):
             data = os.pread(fd, max(0, stop - start), start)
         finally:
             os.close(fd)
-        declared = None
         if self.chunk_bytes is not None and byte_range is None and not key.endswith("zarr.json"):
             declared = _declared_bytes(data)
-        if declared is not None and declared > self.chunk_bytes:
-            raise CorruptBufferError(f"{where}: declares {declared} bytes decoded, a chunk of this array holds {self.chunk_bytes}")
+            if declared is not None and not 0 <= declared <= self.chunk_bytes:
+                said = "no decoded size" if declared < 0 else f"{declared} bytes decoded"
+                raise CorruptBufferError(f"{where}: declares {said}, a chunk of this array holds {self.chunk_bytes}")
         return data
 
     async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
         data = await asyncio.to_thread(self._read, key, byte_range)
-        prototype = prototype or zarr.core.buffer.default_buffer_prototype()
-        return None if data is None else prototype.buffer.from_bytes(data)
+        return None if data is None else (prototype or default_buffer_prototype()).buffer.from_bytes(data)
 
     def get_sync(self, key: str, *, prototype: Any = None, byte_range: Any = None) -> Any:
         data = self._read(key, byte_range)
-        prototype = prototype or zarr.core.buffer.default_buffer_prototype()
-        return None if data is None else prototype.buffer.from_bytes(data)
+        return None if data is None else (prototype or default_buffer_prototype()).buffer.from_bytes(data)
 
     async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
         return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
@@ -229,15 +229,15 @@ class BufferStore(zarr.storage.LocalStore):
 
 
 def _declared_bytes(data: bytes) -> int | None:
-    """The decoded size a zstd frame or a blosc chunk declares in its header (None: no
-    header that says)."""
+    """The decoded size a zstd frame or a blosc chunk declares in its header: None for
+    other codecs, -1 for a zstd frame that declares none (zarr's always do)."""
     if data[:4] == b"\x28\xb5\x2f\xfd" and len(data) >= 6:  # zstd frame
         descriptor = data[4]
         single, fcs_flag = (descriptor >> 5) & 1, descriptor >> 6
         at = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3]
         size = (1 if single else 0, 2, 4, 8)[fcs_flag]
         if size == 0 or len(data) < at + size:
-            return None  # no declared size: zstd then decodes in a stream, bounded by the file
+            return -1
         value = int.from_bytes(data[at : at + size], "little")
         return value + 256 if size == 2 else value
     if len(data) >= 16 and struct.unpack_from("<I", data, 12)[0] in (len(data), len(data) - 4):
