@@ -50,7 +50,8 @@ from typing import Any
 import numpy as np
 
 from .backends.base import disk_full_as
-from .errors import NotEnoughDataError
+from .errors import CorruptBufferError, NotEnoughDataError
+from .files import open_inside, read_inside
 from .hooks import WriteHook
 from .metadata import atomic_write
 from .roles import subtree
@@ -266,6 +267,7 @@ class EpisodeIndex:
     """The end records of one store, in memory and (for stores with end roles) on disk."""
 
     def __init__(self, store: Any):
+        self.folder = store.path
         self.path = os.path.join(store.path, INDEX_FILE)
         self.rule = EndRule(store)
         self.writable = store.mode == "a"
@@ -332,9 +334,11 @@ class EpisodeIndex:
     def _read_file(self) -> tuple[int, bytes, np.ndarray, int] | None:
         """``(origin, generation, records, bytes parsed)`` of the file, None if absent or bad."""
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
+            raw = read_inside(self.folder, INDEX_FILE, index_limit(self.capacity, self.num_envs), "an episode index")
         except FileNotFoundError:
+            return None
+        except CorruptBufferError as exc:  # a link, a FIFO, a file too large: never read
+            log.warning("%s; rebuilding the episode index from the role leaves", exc)
             return None
         if len(raw) < HEADER_BYTES or raw[:8] != MAGIC:
             log.warning(
@@ -365,7 +369,7 @@ class EpisodeIndex:
         self.origin, self.generation = origin, generation
         self.file_records = len(rec)
         self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(rec))
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self.fd = open_inside(self.folder, INDEX_FILE, os.O_WRONLY | os.O_APPEND)
 
     def _close_fd(self) -> None:
         if self.fd is not None:
@@ -395,12 +399,12 @@ class EpisodeIndex:
                 rec = rec[:keep]
                 self._write_file(origin, rec)
             else:
-                if parsed != os.path.getsize(self.path):
-                    os.truncate(self.path, parsed)
+                self.fd = open_inside(self.folder, INDEX_FILE, os.O_WRONLY | os.O_APPEND)
+                if parsed != os.fstat(self.fd).st_size:
+                    os.ftruncate(self.fd, parsed)
                 self.origin, self.generation = origin, generation
                 self.file_records = len(rec)
                 self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(rec))
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._set_memory(rec)
         if end > first:  # a writer killed after rewriting an end but before the index did
             self._rescan(np.array([end - 1]), first)
@@ -489,8 +493,8 @@ class EpisodeIndex:
 
     def _read_new(self, store: Any) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+            fd = open_inside(self.folder, INDEX_FILE)
+        except (FileNotFoundError, CorruptBufferError):
             self._start_scan_mode(store)
             return
         try:
@@ -612,6 +616,12 @@ class EpisodeIndex:
             )
         order = np.lexsort((first_a, env))
         return Spans(env[order], first_a[order], last_a[order], code[order], cut_a[order])
+
+
+def index_limit(capacity: int, num_envs: int) -> int:
+    """The largest an episode index file can be: a writer compacts it once it holds twice
+    the records of a full ring, and a commit appends at most a ring's worth."""
+    return HEADER_BYTES + RECORD.itemsize * (COMPACT_MIN_RECORDS + 4 * capacity * num_envs)
 
 
 def _write_index(path: str, origin: int, rec: np.ndarray, fsync: bool) -> bytes:

@@ -34,6 +34,7 @@ from typing import Any
 
 from .backends import zarr_v3
 from .errors import CorruptBufferError, SpecMismatchError, TargetError
+from .files import unsafe_entries
 from .metadata import METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
 from .objstore import UPLOADS_IN_FLIGHT, Location, gather_all, shard_key, shard_layout, split_url
 from .spec import spec_to_json
@@ -80,6 +81,7 @@ def _objects(folder: str, meta: Metadata) -> Iterator[tuple[str, Any]]:
     """(key, bytes or a function making them) of every object of the snapshot but the state."""
     mapped = {leaf.file: leaf for leaf in meta.leaves if leaf.mapped}
     arrays = {f"{zarr_v3.DATA_DIR}/{leaf.path}/zarr.json": leaf for leaf in meta.leaves if leaf.mapped}
+    largest = _largest_file(meta)
     for leaf in mapped.values():
         yield from _shards(folder, leaf, meta)
     for dirpath, dirs, files in os.walk(folder):
@@ -99,7 +101,25 @@ def _objects(folder: str, meta: Metadata) -> Iterator[tuple[str, Any]]:
                 m = shard_chunks(leaf, meta.num_envs, meta.capacity)
                 yield key, zarr_v3.array_metadata(leaf, meta.capacity, meta.num_envs, m)
             else:
+                size = os.lstat(path).st_size
+                if size > largest:
+                    raise CorruptBufferError(
+                        f"{path}: {size} bytes, more than all this buffer can hold ({largest}); push sends nothing"
+                    )
                 yield key, path
+
+
+def _largest_file(meta: Metadata) -> int:
+    """The most bytes one file of a store can hold: all its rows (the side ring's too),
+    each compressed at worst, its episode index and priorities, and room for metadata."""
+    from .episodes import index_limit
+    from .frames import side_metadata
+
+    parts = [meta] + ([side_metadata(meta)] if meta.frames is not None and meta.frames.side else [])
+    rows = sum(
+        m.capacity * m.num_envs * (leaf.spec.nbytes + leaf.spec.nbytes // 128 + 64) for m in parts for leaf in m.leaves
+    )
+    return rows + index_limit(meta.capacity, meta.num_envs) + 4 * meta.capacity * meta.num_envs + (64 << 20)
 
 
 def _shards(folder: str, leaf: Any, meta: Metadata) -> Iterator[tuple[str, Any]]:
@@ -163,6 +183,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     the steps the writer overwrote while they were read.
     """
     from .store import Store
+    from .store import open as open_store
 
     if isinstance(source, Store):
         if source.mode == "a":
@@ -172,11 +193,16 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
             raise TargetError(f"{folder}: is already in object storage; pull it to push it elsewhere")
     else:
         folder = os.fspath(source)
+    unsafe = unsafe_entries(folder)  # every file is read and sent: none may lead outside
+    if unsafe:
+        raise CorruptBufferError(f"{unsafe[0]}; push sends nothing from a folder holding such files")
     meta = read_metadata(folder)
     if meta.format_version == 1:
         raise CorruptBufferError(
             f"{folder}: a format-1 store; open it for writing once (it is migrated), then push"
         )
+    if not isinstance(source, Store):  # its files must agree with its metadata, as a reader's do
+        open_store(folder, "r", populate=False).close()
     if meta.backend != "zarr":
         raise CorruptBufferError(
             f"{folder}: a {meta.backend} store cannot be pushed to object storage; "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from . import reads as _reads
 from .errors import (
     BadInputError,
     ClosedError,
+    CorruptBufferError,
     DiskFullError,
     Error,
     NotEnoughDataError,
@@ -53,6 +55,7 @@ from .metadata import (
     LeafInfo,
     Metadata,
     State,
+    chunk_too_large,
     migrate,
     open_state,
     read_metadata,
@@ -141,7 +144,7 @@ class Store:
             try:
                 if location is None:
                     side_entries = backends.get(meta.backend).open_leaves(
-                        os.path.join(path, _frames.SIDE_DIR), _frames.side_metadata(meta), mode == "a"
+                        _frames.side_folder(path), _frames.side_metadata(meta), mode == "a"
                     )
                 else:
                     side_entries = location.child(_frames.SIDE_DIR).open_leaves(_frames.side_metadata(meta))
@@ -194,7 +197,7 @@ class Store:
             # hooks, the sampler and the parts keep this view, no reference to the store itself
             me = self._view = _attribute_view(self)
             self.add_write_hook(_episodes.EpisodeHook(me))
-            self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
+            self._sampler = sampler if sampler is not None else _recorded_sampler(meta, path, location)
             self._sampler.attach(me)
             self.add_write_hook(self._sampler)
             if frame_parts is not None and mode == "a":
@@ -1093,6 +1096,16 @@ def _close_before_threads_end() -> None:
 _new_window = tuple.__new__  # a Window without NamedTuple's keyword handling: read per batch
 
 
+def _recorded_sampler(meta: Metadata, path: str, location: Any) -> Sampler:
+    """The sampler the metadata records; one it names wrongly is the metadata's damage."""
+    where = os.path.join(path, METADATA_FILE) if location is None else location.where(METADATA_FILE)
+    try:
+        return sampler_from_json(meta.sampler, where)
+    except (ValueError, TypeError) as exc:
+        name = meta.sampler.get("name") if isinstance(meta.sampler, dict) else None
+        raise CorruptBufferError(f"{where}: the recorded sampler {name!r:.80} cannot be made: {exc}") from None
+
+
 def _step_writer(leaf: Any) -> Any:
     def write(slot: int, value: np.ndarray) -> None:
         leaf.write(slot, value[None])
@@ -1195,6 +1208,10 @@ def plan(
             comp = by_path[pair.obs].compression if pair is not None else None
             side.append(LeafInfo(p, s, _chunk_steps(s, 1, layout.final_slots, None, p), comp))
         layout = replace(layout, side=tuple(side))
+    for info in infos:
+        too_large = chunk_too_large(info.compression, info.chunk_steps, num_envs, info.spec)
+        if too_large:
+            raise SpecError(f"leaf {info.path!r}: {too_large}")
     sampler_json = sampler.state_json() if sampler is not None else {"name": "uniform"}
     return Metadata(
         backend=backend,
@@ -1301,13 +1318,23 @@ def create(
                 side = _frames.create_side(module, tmp, meta, list(meta.frames.side))
                 meta = replace(meta, frames=replace(meta.frames, side=tuple(side)))
             meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
-            os.rename(tmp, path)
-        except BaseException:
+            try:
+                os.rename(tmp, path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                raise BufferExistsError(
+                    f"{path}: another process created a buffer there meanwhile; pass exist_ok=True to reopen it"
+                ) from None
+        except BaseException as exc:
             lock.release()
             shutil.rmtree(tmp, ignore_errors=True)
             for folder in reversed(made):  # a failed create leaves no folder behind
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
+            if exist_ok and isinstance(exc, BufferExistsError):  # reopen what the other process made
+                return create(path, spec, capacity, num_envs, backend, chunk_steps, compression, commit_every,
+                              durability, roles, exist_ok, chosen, frames)
             raise
         lock.path = os.path.join(path, os.path.basename(lock.path))
     if durability == "power":
