@@ -19,7 +19,7 @@ the page cache can drop it. Every system gathers the same rows (``rng=i`` for ba
 2. ``first-batches``: before each repeat every file is closed and its page cache kept
    (warm) or dropped (cold); the clock starts before the open (a reader, with and
    without ``populate``; ``np.load`` mapped or into RAM) and stops after ``--first`` N
-   batches gathered into a pool of 4 batches.
+   allocating batches, the last 4 kept alive.
 """
 
 from __future__ import annotations
@@ -148,8 +148,9 @@ def evicted(paths: dict[str, str], rows: int, args: argparse.Namespace) -> None:
     fds = {f: os.open(f, os.O_RDONLY) for f, _, _ in leaves}
 
     def pread(i: int) -> None:
+        ids = np.random.default_rng(i).integers(0, rows, BATCH).tolist()
         for f, offset, nbytes in leaves:
-            for r in np.random.default_rng(i).integers(0, rows, BATCH).tolist():
+            for r in ids:
                 os.pread(fds[f], nbytes, offset + r * nbytes)
 
     variants["os.pread, one call per row and leaf"] = Timed(seeded(pread), before=evict)

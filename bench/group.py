@@ -18,6 +18,7 @@ import argparse
 import multiprocessing
 import os
 import shutil
+import statistics
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,7 @@ def add_rate(folder: str, actors: int, count: int) -> tuple[float, float]:
     for proc in procs:
         proc.join()
     shutil.rmtree(path)
-    return total.rate, sorted(each)[len(each) // 2]
+    return total.rate, statistics.median(each)
 
 
 def fill_group(path: str, shards: int, rows: int) -> None:
