@@ -339,7 +339,8 @@ def run(args: argparse.Namespace) -> None:
         ],
         body,
         [
-            f"medians of {args.repeats} interleaved blocks of {args.batches} batches; every batch dropped at once"
+            f"medians of {args.repeats} interleaved blocks of {args.batches} batches; every batch dropped at once",
+            f"native decoding uses up to {native_rows.idle_cores()} thread(s) at this load (one per idle core)",
         ],
     )
     if args.cold:
