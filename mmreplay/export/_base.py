@@ -221,7 +221,7 @@ class Target(AtomicOutput):
         fmt: str,
         source: str,
         recognise: Callable[[str], bool] | None = None,
-        parents: bool = False,
+        parents: bool = True,
     ):
         known = recognise or RECOGNISERS.get(fmt)
 
