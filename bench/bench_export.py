@@ -5,7 +5,7 @@ terminated, truncated; 8 envs; episodes of about 100 steps) of ``--gb`` gigabyte
 written, then:
 
 - ``cp -r`` of the store folder is timed (the bytes the OS moves for a copy, no format);
-- each format is exported by a fresh child process (``mmreplay.export.export``), timed
+- each format is exported by a fresh child process (``mmreplay.export``), timed
   from the call to its return; the child reports its peak memory from
   ``/proc/self/status``: ``VmHWM`` (peak resident set, which also counts the pages of the
   memory-mapped store it read: page cache, shared and reclaimable) and the peak of
@@ -142,7 +142,7 @@ def child(fmt: str, store_path: str, out: str) -> None:
     import zarr  # noqa: F401
 
     import mmreplay as mr
-    from mmreplay.export import export
+    from mmreplay.formats import export
 
     if fmt == "pt":
         import torch  # noqa: F401

@@ -10,7 +10,7 @@ CRFs of ``--crf`` and the presets of ``--preset``, and ``lossless`` (H.264 RGB a
 For each: export MB/s (the store's raw bytes over wall seconds, as bench_export counts),
 the export's bytes against the raw and ``rows:lz4`` stores, the PSNR of every decoded
 frame against the store's newest frames, and frames/s at import
-(``mmreplay.importers.import_dataset``: PyAV decoding plus the new store's writes; each
+(``mmreplay.import_dataset``: PyAV decoding plus the new store's writes; each
 frame stack is rebuilt from its newest frame). Medians over ``--repeats`` runs. A frame
 stack goes into the dataset as its newest frame, so the export holds a quarter of the
 stored pixels: the bytes column compares what each keeps.
@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 import mmreplay as mr
-from mmreplay.importers import import_dataset
+from mmreplay.formats import import_dataset
 
 from .atari_like import STACK, frames
 from .bench_pixels import folder_bytes

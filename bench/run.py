@@ -332,7 +332,7 @@ def bench_reopen_sizes(ctx: Context) -> dict[str, Any]:
 
 def bench_export(ctx: Context, workload: Workload, data: dict[str, np.ndarray]) -> dict[str, Any]:
     """MB/s of raw data written: mmreplay exports, and numpy's ``savez`` of RAM arrays."""
-    from mmreplay import export as mr_export
+    from mmreplay.formats import export as mr_export_fn
 
     s = ctx.sizes
     cap = s.capacity[workload.name]
@@ -354,7 +354,7 @@ def bench_export(ctx: Context, workload: Workload, data: dict[str, np.ndarray]) 
                 target = os.path.join(folder, f"out-{fmt}")
 
                 def export(fmt: str = fmt, target: str = target, store: Any = store) -> None:
-                    mr_export.export(store, target, format=fmt, force=True, **_export_options(fmt))
+                    mr_export_fn(store, target, format=fmt, force=True, **_export_options(fmt))
 
                 try:
                     times = _repeat(export, s, setup=lambda target=target: _rm(target))

@@ -18,7 +18,7 @@ LAYERS = [
     {"metadata", "lock", "files", "statefile"},
     {"backends"},
     {"store", "sampling", "episodes", "reads", "objstore"},
-    {"snapshots", "export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images", "group", "ray", "rerun"},
+    {"snapshots", "formats", "compat", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images", "group", "ray", "rerun"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
 OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas", "PIL", "imageio_ffmpeg", "torchrl", "tensordict", "ray", "av", "rerun"}
@@ -86,8 +86,8 @@ def test_only_backends_import_zarr_and_h5py_in_the_core():
 
 def test_importing_mmreplay_imports_no_optional_framework():
     code = (
-        "import sys, mmreplay, mmreplay.compat, mmreplay.export, mmreplay.cli, mmreplay.view, mmreplay.rerun\n"
-        "import mmreplay.export.lerobot\n"
+        "import sys, mmreplay, mmreplay.compat, mmreplay.formats, mmreplay.cli, mmreplay.view, mmreplay.rerun\n"
+        "import mmreplay.formats.lerobot\n"
         f"print(sorted(m for m in {sorted(OPTIONAL)!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

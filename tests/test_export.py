@@ -13,8 +13,8 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
-from mmreplay.export import FORMATS, export
-from mmreplay.export.parquet import decode_image
+from mmreplay.formats import FORMATS, export
+from mmreplay.formats.parquet import decode_image
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 # a TF-Agents trajectory store's leaves: no next observation, boundary rows instead

@@ -18,8 +18,8 @@ from conftest import make_step
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
-from mmreplay.export import FORMATS, export, format_of
-from mmreplay.importers import import_dataset
+from mmreplay.formats import FORMATS, export, format_of
+from mmreplay.formats import import_dataset
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 WRAPPED = os.path.join(DATASETS, "pointchase-wrapped")

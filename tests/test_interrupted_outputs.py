@@ -24,7 +24,7 @@ from conftest import one_line_error, run_cli
 from test_faults import remount, tmpfs  # noqa: F401 - the fixture
 
 import mmreplay as mr
-from mmreplay.export import FORMATS
+from mmreplay.formats import FORMATS
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 PIXELS = os.path.join(DATASETS, "pointchase-pixels-hdf5")
@@ -39,7 +39,7 @@ INTERRUPT = textwrap.dedent(
     import mmreplay as mr
     from mmreplay.convert import convert
     from mmreplay.files import disk_usage
-    from mmreplay.importers import import_dataset
+    from mmreplay.formats import import_dataset
 
     src, folder, what, trials, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     store = mr.open(src)

@@ -13,8 +13,8 @@ from conftest import folder_digest, one_line_error, run_cli
 
 import mmreplay as mr
 from mmreplay.convert import convert
-from mmreplay.export import FORMATS
-from mmreplay.importers import import_dataset
+from mmreplay.formats import FORMATS
+from mmreplay.formats import import_dataset
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 VECTOR = os.path.join(DATASETS, "pointchase-zarr")

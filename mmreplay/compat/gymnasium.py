@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - gymnasium is an install extra
     raise ImportError("mmreplay.compat.gymnasium needs gymnasium: pip install 'mmreplay[gymnasium]'") from exc
 
 from ..errors import SpecMismatchError
-from ..export.minari import SPACES_ATTR
+from ..formats.minari import SPACES_ATTR
 from ..metadata import METADATA_FILE
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create

@@ -1,4 +1,5 @@
-"""What every exporter shares: the target path, the role view of episodes, step blocks.
+"""What every format shares: the target path, the role view of episodes, step blocks,
+and the source an import reads (a spec, roles, and blocks of steps).
 
 Exports are written under a temporary name beside the target and renamed into place when
 complete (:class:`mmreplay.files.AtomicOutput`), so an interrupted export leaves nothing
@@ -16,7 +17,7 @@ import json
 import os
 import re
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,14 +25,14 @@ import numpy as np
 
 from ..codecs import LEVELS, parse
 from ..episodes import fresh_envs
-from ..errors import BadInputError, NotEnoughDataError
+from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
 from ..files import (
     AtomicOutput,
     check_target,
     disk_usage,  # noqa: F401 - the exporters take it from here
 )
 from ..roles import subtree
-from ..spec import ArraySpec, flatten, leaf_paths, spec_to_json
+from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
 
 __all__ = [
     "ExportResult",
@@ -45,6 +46,8 @@ __all__ = [
 
 #: bytes of store data read per block by the step-major exporters
 BLOCK_BYTES = 32 << 20
+#: what a step-major export records in its ``mmreplay`` metadata (:func:`spec_json`)
+ARRAYS_FORMAT = "mmreplay-arrays/1"
 
 Progress = Callable[[int], Any]
 
@@ -379,7 +382,7 @@ def reject_complete_only(fmt: str, complete_only: bool) -> None:
 def spec_json(store: Any) -> dict[str, Any]:
     """What a step-major export records about its source, enough to import it back."""
     return {
-        "format": "mmreplay-arrays/1",
+        "format": ARRAYS_FORMAT,
         "spec": spec_to_json(store.spec),
         "roles": dict(store.roles),
         "num_envs": int(store.num_envs),
@@ -415,3 +418,126 @@ class Ticker:
         if rows > self.reported:
             self.progress(rows - self.reported)
             self.reported = rows
+
+
+# --- sources: a spec, roles, env count, step count, and blocks of steps ----------------------
+
+
+@dataclass
+class Source:
+    spec: Any
+    num_envs: int
+    steps: int
+    blocks: Callable[[], Iterator[list[np.ndarray]]]  # leaves [k, num_envs, *shape], flatten order
+    roles: dict[str, str] | None = None
+    episodes: int | None = None
+    first_step: int = 0  # the global step id of the first step (continues the source's)
+    fresh: list[int] | None = None  # envs whose first episode starts whole (None: all)
+    attrs: dict[str, Any] | None = None
+
+
+#: what a format's ``read(src)`` returns: the source, and what closes its files
+Reading = tuple[Source, Callable[[], None]]
+
+
+def nest(paths: list[str], specs: list[ArraySpec]) -> dict[str, Any]:
+    """A dict nest from ``/``-joined leaf paths."""
+    root: dict[str, Any] = {}
+    for path, spec in zip(paths, specs):
+        node = root
+        parts = path.split("/")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise BadInputError(f"leaf {path!r} nests under {part!r}, which is itself a leaf")
+            node = nxt
+        if parts[-1] in node:
+            raise BadInputError(f"leaf {path!r} appears twice")
+        node[parts[-1]] = spec
+    return root
+
+
+def block_steps(step_bytes: int) -> int:
+    return max(1, BLOCK_BYTES // max(1, step_bytes))
+
+
+def arrays_source(
+    arrays: Mapping[str, Any], meta: dict[str, Any] | None, num_envs: int | None, where: str
+) -> Source:
+    """A source over arrays ``[T, (num_envs,) *shape]`` keyed by leaf path."""
+    if meta is not None:
+        if meta.get("format") != ARRAYS_FORMAT:
+            raise UnsupportedFormatError(
+                f"{where}: written as {meta.get('format')!r}, expected {ARRAYS_FORMAT!r}"
+            )
+        spec = spec_from_json(meta["spec"])
+        paths = leaf_paths(spec)
+        missing = [p for p in paths if p not in arrays]
+        if missing:
+            raise CorruptBufferError(f"{where}: arrays missing for leaves {missing}")
+        envs = int(meta["num_envs"])
+        roles = meta.get("roles")
+        first_step = int(meta.get("first_step", 0))
+        # older exports do not say which episodes start whole: only from step 0 on
+        fresh = meta.get("fresh_envs", None if first_step == 0 else [])
+    else:
+        paths = sorted(k for k in arrays if not k.startswith("__"))
+        if not paths:
+            raise BadInputError(f"{where}: holds no arrays")
+        envs = num_envs or 1
+        lead = 2 if num_envs else 1
+        specs = []
+        for p in paths:
+            a = arrays[p]
+            if len(a.shape) < lead or (num_envs and a.shape[1] != num_envs):
+                want = "[T, num_envs, ...]" if num_envs else "[T, ...]"
+                raise BadInputError(f"{where}: array {p!r} has shape {tuple(a.shape)}, expected {want}")
+            specs.append(ArraySpec(a.shape[lead:], a.dtype))
+        spec = nest(paths, specs)
+        paths = leaf_paths(spec)
+        roles = None
+        first_step, fresh = 0, None
+    lengths = {p: int(arrays[p].shape[0]) for p in paths}
+    if len(set(lengths.values())) > 1:
+        raise BadInputError(f"{where}: arrays differ in length: {lengths}")
+    steps = next(iter(lengths.values()))
+    specs = flatten(spec)
+    k = block_steps(envs * sum(s.nbytes for s in specs))
+
+    def blocks() -> Iterator[list[np.ndarray]]:
+        for a in range(0, steps, k):
+            b = min(steps, a + k)
+            out = []
+            for p, s in zip(paths, specs):
+                v = np.asarray(arrays[p][a:b])
+                out.append(v.reshape(b - a, envs, *s.shape))
+            yield out
+
+    return Source(spec, envs, steps, blocks, roles, first_step=first_step, fresh=fresh)
+
+
+def episodes_source(spec: Any, episodes: list[Any], load: Callable[[Any], list[np.ndarray]]) -> Source:
+    """One env, episodes one after another; ``load(episode)`` gives its leaves ``[n, *shape]``."""
+    specs = flatten(spec)
+    k = block_steps(sum(s.nbytes for s in specs))
+    steps = sum(int(n) for _, n in episodes)
+
+    def blocks() -> Iterator[list[np.ndarray]]:
+        rows = ([np.asarray(a).reshape(-1, 1, *s.shape) for a, s in zip(load(e), specs)] for e, _ in episodes)
+        return grouped(rows, k)
+
+    return Source(spec, 1, steps, blocks, None, len(episodes))
+
+
+def grouped(episodes: Iterator[list[np.ndarray]], k: int) -> Iterator[list[np.ndarray]]:
+    """Episodes' leaves ``[n, 1, *shape]`` joined into blocks of about ``k`` steps."""
+    pending: list[list[np.ndarray]] = []
+    count = 0
+    for leaves in episodes:
+        pending.append(leaves)
+        count += len(leaves[0])
+        if count >= k:
+            yield [np.concatenate(parts) for parts in zip(*pending)]
+            pending, count = [], 0
+    if pending:
+        yield [np.concatenate(parts) for parts in zip(*pending)]

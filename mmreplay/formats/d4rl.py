@@ -14,30 +14,38 @@ began and which env it came from.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from ..errors import UnsupportedFormatError
 from ..spec import ArraySpec, flatten, is_namedtuple
-from ._base import (
+from .base import (
     BLOCK_BYTES,
     EXPORT_MARK,
     ExportResult,
+    Reading,
     Roles,
     Target,
     Ticker,
+    arrays_source,
     episode_flags,
     episode_total,
     episodes,
     part,
 )
-from .hdf5 import dataset_options, hdf5_output
+from .hdf5 import dataset_options, datasets, hdf5_output
+
+log = logging.getLogger(__name__)
 
 COMPRESSIONS = ("gzip", "lzf")
 #: rows per HDF5 chunk aimed at, in bytes
 CHUNK_BYTES = 1 << 20
+#: top-level D4RL keys that are no per-step leaves (mmreplay's d4rl export writes the last two)
+D4RL_BOOKKEEPING = ("metadata", "episode_starts", "episode_envs")
 
 
 class Appender:
@@ -181,3 +189,28 @@ def write(
             f.attrs[EXPORT_MARK] = "d4rl"
         path = target.commit()
     return ExportResult("d4rl", path, count, steps, os.path.getsize(path))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str) -> Reading:
+    import h5py
+
+    f = h5py.File(src, "r")
+    try:
+        if "observations" not in f:
+            raise UnsupportedFormatError(f"{src}: no 'observations' dataset; not a D4RL-style file")
+        obs = f["observations"]
+        steps = len(obs) if isinstance(obs, h5py.Dataset) else len(next(iter(datasets(obs).values())))
+        arrays: dict[str, Any] = {}
+        for name, dset in datasets(f).items():
+            top = name.split("/")[0]
+            if top in D4RL_BOOKKEEPING or dset.ndim == 0 or dset.shape[0] != steps:
+                log.info("%s: skipping %r (not one row per step)", src, name)
+                continue
+            arrays[name] = dset
+        return arrays_source(arrays, None, None, src), f.close
+    except BaseException:
+        f.close()
+        raise

@@ -13,8 +13,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ..spec import flatten
-from ._base import EXPORT_MARK, ExportResult, StepBlocks, Target, spec_json
+from ..spec import flatten, leaf_paths, spec_from_json
+from .base import EXPORT_MARK, ExportResult, Reading, StepBlocks, Target, arrays_source, spec_json
 
 COMPRESSIONS = ("gzip", "lzf")
 
@@ -95,3 +95,33 @@ def write(
                 progress(len(leaves[0]) * store.num_envs)
         path = target.commit()
     return ExportResult("hdf5", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str) -> Reading:
+    import h5py
+
+    f = h5py.File(src, "r")
+    try:
+        meta = json.loads(f.attrs["mmreplay"])
+        arrays = {p: f[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in f}
+        return arrays_source(arrays, meta, None, src), f.close
+    except BaseException:
+        f.close()
+        raise
+
+
+def datasets(group: Any, prefix: str = "") -> dict[str, Any]:
+    import h5py
+
+    out = {}
+    for key in group:
+        item = group[key]
+        name = f"{prefix}{key}"
+        if isinstance(item, h5py.Dataset):
+            out[name] = item
+        elif isinstance(item, h5py.Group):
+            out.update(datasets(item, name + "/"))
+    return out

@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadInputError
-from ..spec import ArraySpec, flatten, leaf_paths
-from ._base import (
+from ..errors import BadInputError, UnsupportedFormatError
+from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json
+from .base import (
     BLOCK_BYTES,
     ExportResult,
+    Reading,
     Roles,
     Target,
     Ticker,
@@ -35,6 +36,7 @@ from ._base import (
     episode_flags,
     episode_total,
     episodes,
+    episodes_source,
     spec_json,
 )
 
@@ -260,3 +262,55 @@ def write(
             raise
     names = [os.path.join(path, os.path.basename(f)) for f in files]
     return ExportResult("parquet", path, count, steps, disk_usage(path), {"files": names})
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def parquet_files(src: str) -> list[str]:
+    return sorted(
+        os.path.join(src, n) for n in os.listdir(src) if n.endswith(".parquet") and not n.startswith(".")
+    )
+
+
+def read(src: str) -> Reading:
+    pa, pq = _pyarrow()
+    files = parquet_files(src)
+    schema = pq.read_schema(files[0])
+    raw = (schema.metadata or {}).get(b"mmreplay")
+    if raw is None:
+        raise UnsupportedFormatError(f"{src}: parquet files without mmreplay's metadata (not its export)")
+    meta = json.loads(raw)
+    spec = spec_from_json(meta["spec"])
+    roles = meta.get("roles") or {}
+    columns = {p: c for c, p in meta["columns"].items()}
+    flags = {roles.get("terminated"): "terminated", roles.get("truncated"): "truncated"}
+    paths = leaf_paths(spec)
+    specs = flatten(spec)
+    missing = [p for p in paths if p not in columns and p not in flags]
+    if missing:
+        raise UnsupportedFormatError(f"{src}: no column holds the leaves {missing}")
+    table = pq.read_table(files, columns=["episode_index"])
+    ep_index = table.column("episode_index").to_numpy()
+    bounds = np.flatnonzero(np.r_[True, ep_index[1:] != ep_index[:-1], True])
+    episodes = [((int(a), int(b)), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
+    dataset = pq.ParquetFile(files[0]) if len(files) == 1 else None
+    whole = pq.read_table(files) if dataset is None else dataset.read()
+
+    def load(rows: tuple[int, int]) -> list[np.ndarray]:
+        part = whole.slice(rows[0], rows[1] - rows[0])
+        out = []
+        for p, s in zip(paths, specs):
+            column = part.column(columns[p] if p in columns else flags[p])
+            if p in columns and is_image(s):
+                values = decode_image(column, s.shape, s.dtype)
+            elif s.shape:
+                values = np.asarray(column.combine_chunks().flatten().to_numpy(zero_copy_only=False))
+            else:
+                values = column.to_numpy()
+            out.append(np.asarray(values).astype(s.dtype, copy=False).reshape(-1, *s.shape))
+        return out
+
+    source = episodes_source(spec, episodes, load)
+    source.roles = roles
+    return source, lambda: None

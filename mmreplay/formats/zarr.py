@@ -12,12 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UnsupportedFormatError
 from ..files import interrupts_deferred
-from ..spec import flatten
-from ._base import (
+from ..spec import flatten, leaf_paths, spec_from_json
+from .base import (
     ExportResult,
+    Reading,
     StepBlocks,
     Target,
+    arrays_source,
     disk_usage,
     spec_json,
 )
@@ -142,3 +145,22 @@ def write(
             w.finish()
         path = target.commit()
     return ExportResult("zarr", path, 0, blocks.steps * store.num_envs, disk_usage(path))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str) -> Reading:
+    try:
+        import zarr
+    except ImportError as exc:
+        raise ImportError(f"importing a zarr export needs zarr-python 3: pip install 'mmreplay[zarr]' ({exc})") from exc
+
+    g = zarr.open_group(src, mode="r")
+    meta = dict(g.attrs).get("mmreplay")
+    if not isinstance(meta, dict):
+        raise UnsupportedFormatError(
+            f"{src}: a zarr group that is not an mmreplay export (no 'mmreplay' attribute)"
+        )
+    arrays = {p: g[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in g}
+    return arrays_source(arrays, meta, None, src), lambda: None

@@ -39,26 +39,31 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from ..errors import BadInputError, UnsupportedFormatError
+from ..errors import BadInputError, CorruptBufferError, UnsupportedFormatError
 from ..joined import JoinedShards
 from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
-from ._base import (
+from .base import (
     ExportResult,
+    Reading,
     Roles,
+    Source,
     Target,
     Ticker,
+    block_steps,
     disk_usage,
     episode_flags,
     episode_total,
     episodes,
+    grouped,
+    nest,
     part,
 )
-from .hdf5 import dataset_options, hdf5_output
+from .hdf5 import dataset_options, datasets, hdf5_output
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +232,6 @@ def _spaces(store: Any, obs_spec: Any, act_spec: Any) -> dict[str, str]:
     recorded = store.attrs.get(SPACES_ATTR)
     if not isinstance(recorded, dict):
         return out
-    from ..importers import space_spec
     for key, spec in (("observation_space", obs_spec), ("action_space", act_spec)):
         text = recorded.get(key)
         if not isinstance(text, str):
@@ -396,3 +400,189 @@ def _check_inside(root: str, parts: tuple[str, ...]) -> None:
             f"minari export: {os.path.join(root, *parts)} resolves to {where}, "
             f"outside the datasets root {root}"
         )
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def _is_data_dir(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "metadata.json")) and os.path.isfile(
+        os.path.join(folder, "main_data.hdf5")
+    )
+
+
+def data_dir(src: str) -> str | None:
+    """The ``data`` folder of the Minari dataset at ``src``: the data folder itself, a
+    dataset folder, or a datasets root holding exactly one dataset (an ``export -f
+    minari`` target). A root with several datasets is refused with their ids."""
+    for cand in (os.path.join(src, "data"), src):
+        if _is_data_dir(cand):
+            return cand
+    found = []
+    for folder, dirs, _ in os.walk(src):
+        dirs.sort()
+        if os.path.basename(folder) == "data" and _is_data_dir(folder):
+            found.append(folder)
+            dirs.clear()
+        elif len(found) > 1:
+            break
+    if len(found) > 1:
+        ids = ", ".join(os.path.relpath(os.path.dirname(f), src) for f in found[:5])
+        raise BadInputError(
+            f"{src}: a Minari datasets root holding several datasets ({ids}); give the dataset's folder"
+        )
+    return found[0] if found else None
+
+
+def space_spec(space: Any, where: str) -> Any:
+    """An ArraySpec nest from a serialized gymnasium space (minari.serialization's JSON)."""
+    if isinstance(space, str):
+        space = json.loads(space)
+    kind = space.get("type") if isinstance(space, dict) else None
+    if kind == "Box":
+        return ArraySpec(tuple(space["shape"]), space["dtype"])
+    if kind == "Discrete":
+        return ArraySpec((), space.get("dtype", "int64"))
+    if kind == "MultiDiscrete":
+        return ArraySpec((len(space["nvec"]),), space.get("dtype", "int64"))
+    if kind == "MultiBinary":
+        n = space["n"]
+        return ArraySpec(tuple(n) if isinstance(n, list) else (n,), "int8")
+    if kind == "Dict":
+        return {k: space_spec(v, f"{where}/{k}") for k, v in space["subspaces"].items()}
+    if kind == "Tuple":
+        return tuple(space_spec(v, f"{where}/{i}") for i, v in enumerate(space["subspaces"]))
+    raise UnsupportedFormatError(f"{where}: space type {kind!r} cannot be stored")
+
+
+def _read_nest(node: Any, spec: Any, jpeg: bool, where: str) -> Any:
+    if isinstance(spec, dict):
+        return {k: _read_nest(node[k], s, jpeg, f"{where}/{k}") for k, s in spec.items()}
+    if isinstance(spec, tuple):
+        return tuple(_read_nest(node[f"_index_{i}"], s, jpeg, f"{where}/{i}") for i, s in enumerate(spec))
+    arr = node[()]
+    if jpeg and (arr.dtype == object or arr.ndim != len(spec.shape) + 1):
+        arr = _decode_jpeg(arr, where)
+    return arr
+
+
+def _decode_jpeg(frames: Any, where: str) -> np.ndarray:
+    try:
+        import io
+
+        from PIL import Image
+    except ImportError as exc:
+        raise ImportError(
+            f"{where}: JPEG-encoded Minari images need Pillow: pip install 'mmreplay[export]'"
+        ) from exc
+    return np.stack([np.array(Image.open(io.BytesIO(bytes(np.asarray(b))))) for b in frames])
+
+
+def read(src: str) -> Reading:
+    import h5py
+
+    data = data_dir(src)
+    if data is None:
+        raise UnsupportedFormatError(f"{src}: not a Minari dataset folder")
+    with open(os.path.join(data, "metadata.json")) as fm:
+        meta = json.load(fm)
+    if meta.get("data_format", "hdf5") != "hdf5":
+        raise UnsupportedFormatError(
+            f"{src}: Minari data_format {meta.get('data_format')!r}; only 'hdf5' imports"
+        )
+    for key in ("observation_space", "action_space"):
+        if key not in meta:
+            raise UnsupportedFormatError(
+                f"{src}: metadata.json has no {key} (datasets that need gym.make are not read)"
+            )
+    obs_spec = space_spec(meta["observation_space"], "observation")
+    act_spec = space_spec(meta["action_space"], "action")
+    jpeg = bool(meta.get("jpeg_encoding", True))
+    f = h5py.File(os.path.join(data, "main_data.hdf5"), "r")
+    try:
+        names = sorted((k for k in f if k.startswith("episode_")), key=lambda k: int(k.split("_", 1)[1]))
+        if not names:
+            raise BadInputError(f"{src}: the dataset holds no episodes")
+        first = f[names[0]]
+        # the arrays' own dtypes win over the spaces' (rewards are often float64)
+        obs0 = _read_nest(first["observations"], obs_spec, jpeg, "observations")
+        act0 = _read_nest(first["actions"], act_spec, jpeg, "actions")
+        obs_spec = unflatten(obs_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(obs0)])
+        act_spec = unflatten(act_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(act0)])
+        rew_dtype = first["rewards"].dtype
+        n0 = int(first["rewards"].shape[0])
+        info_paths = [
+            p
+            for p, d in datasets(first["infos"]).items()
+            if d.ndim >= 1 and d.shape[0] in (n0, n0 + 1) and d.dtype.kind in "biuf"
+        ] if "infos" in first else []
+        spec = {
+            "observation": obs_spec,
+            "action": act_spec,
+            "reward": ArraySpec((), rew_dtype),
+            "terminated": ArraySpec((), "bool"),
+            "truncated": ArraySpec((), "bool"),
+            "next_observation": obs_spec,
+        }
+        if info_paths:
+            infos = first["infos"]
+            specs_of = [ArraySpec(infos[p].shape[1:], infos[p].dtype) for p in info_paths]
+            spec["infos"] = nest(info_paths, specs_of)
+        steps = sum(int(f[n]["rewards"].shape[0]) for n in names)
+        specs = flatten(spec)
+        k = block_steps(sum(s.nbytes for s in specs))
+
+        def episode_steps(name: str) -> list[np.ndarray]:
+            g = f[name]
+            obs = _read_nest(g["observations"], obs_spec, jpeg, f"{name}/observations")
+            act = _read_nest(g["actions"], act_spec, jpeg, f"{name}/actions")
+            rew = np.asarray(g["rewards"][()]).reshape(-1)
+            n = len(rew)
+            term = np.asarray(g["terminations"][()], bool).reshape(n)
+            trunc = np.asarray(g["truncations"][()], bool).reshape(n)
+            for a in flatten(obs):
+                if len(a) != n + 1:
+                    raise CorruptBufferError(
+                        f"{src}: {name} has {len(a)} observations for {n} steps, expected {n + 1}"
+                    )
+            if n and not (term[-1] or trunc[-1]):
+                log.warning("%s: %s ends with neither flag; imported as truncated", src, name)
+                trunc = trunc.copy()
+                trunc[-1] = True
+            step = {
+                "observation": unflatten(obs_spec, [a[:n] for a in flatten(obs)]),
+                "action": act,
+                "reward": rew,
+                "terminated": term,
+                "truncated": trunc,
+                "next_observation": unflatten(obs_spec, [a[1:] for a in flatten(obs)]),
+            }
+            if info_paths:
+                # one row per step: Minari's DataCollector adds the reset's info in front,
+                # so row i is the info that came with observation i
+                step["infos"] = nest(info_paths, [_info_rows(g, p, n, name) for p in info_paths])
+            return [np.asarray(a).reshape(n, 1, *s.shape) for a, s in zip(flatten(step), specs)]
+
+        def blocks() -> Iterator[list[np.ndarray]]:
+            return grouped((episode_steps(name) for name in names), k)
+
+        attrs = {
+            SPACES_ATTR: {
+                key: meta[key] if isinstance(meta[key], str) else json.dumps(meta[key])
+                for key in ("observation_space", "action_space", "env_spec")
+                if meta.get(key) is not None
+            }
+        }
+        return Source(spec, 1, steps, blocks, None, len(names), attrs=attrs), f.close
+    except BaseException:
+        f.close()
+        raise
+
+
+def _info_rows(group: Any, path: str, n: int, where: str) -> np.ndarray:
+    if "infos" not in group or path not in group["infos"]:
+        raise CorruptBufferError(f"{where}: infos/{path} is missing (the first episode has it)")
+    values = np.asarray(group["infos"][path][()])
+    if values.shape[0] not in (n, n + 1):
+        raise CorruptBufferError(f"{where}: infos/{path} has {values.shape[0]} rows for {n} steps")
+    return values[:n]

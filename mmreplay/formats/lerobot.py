@@ -27,7 +27,19 @@ import numpy as np
 from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
 from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
 from ..view import Layout
-from ._base import ExportResult, Roles, Target, Ticker, disk_usage, episode_flags, episode_total, episodes
+from .base import (
+    ExportResult,
+    Reading,
+    Roles,
+    Target,
+    Ticker,
+    disk_usage,
+    episode_flags,
+    episode_total,
+    episodes,
+    episodes_source,
+    nest,
+)
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "none")
 CODEBASE_VERSION = "v3.0"
@@ -680,8 +692,6 @@ def _plan_marked(mark: dict[str, Any], features: dict[str, Any]) -> Plan:
 
 
 def _plan_foreign(features: dict[str, Any], where: str) -> Plan:
-    from ..importers import _nest
-
     paths, specs, sources = [], [], {}
     for name, ft in features.items():
         dtype = ft.get("dtype")
@@ -706,7 +716,7 @@ def _plan_foreign(features: dict[str, Any], where: str) -> Plan:
             paths.append(role)
             specs.append(ArraySpec((), "bool"))
             sources[role] = ("", {"leaf": role})
-    spec = _nest(paths, specs)
+    spec = nest(paths, specs)
     roles = {r: r for r in ("observation", "action", "reward", "terminated", "truncated") if r in spec}
     return spec, roles, sources
 
@@ -727,10 +737,8 @@ def _column(table: Any, name: str, spec: ArraySpec, image: bool) -> np.ndarray:
     return np.array(column.to_numpy(zero_copy_only=False), dtype=spec.dtype).reshape(n, *spec.shape)
 
 
-def read_source(src: str) -> tuple[Any, Any]:
+def read(src: str) -> Reading:
     """The importer's source over a LeRobot v3.0 folder: one env, episode after episode."""
-    from ..importers import _episodes_source
-
     pa, pq = _pyarrow()
     info = _read_json(os.path.join(src, "meta", "info.json"), src)
     version = str(info.get("codebase_version"))
@@ -792,7 +800,7 @@ def read_source(src: str) -> tuple[Any, Any]:
         for v in videos.values():
             v.close()
 
-    source = _episodes_source(spec, [(r, int(r["length"])) for r in rows], load)
+    source = episodes_source(spec, [(r, int(r["length"])) for r in rows], load)
     source.roles = roles
     attrs = dict(mark.get("attrs") or {}) if isinstance(mark, dict) else {}
     source.attrs = attrs | {"lerobot": {"fps": fps, "tasks": tasks, "codebase_version": version}}

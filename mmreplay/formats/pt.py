@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptBufferError
+from ..errors import BadInputError, CorruptBufferError
 from ..spec import flatten
-from ._base import EXPORT_MARK, ExportResult, StepBlocks, Target
+from .base import EXPORT_MARK, ExportResult, Reading, StepBlocks, Target, arrays_source
 
 
 def _torch() -> Any:
@@ -157,3 +157,27 @@ def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
         n = os.pwrite(fd, view, offset)
         view = view[n:]
         offset += n
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str) -> Reading:
+    try:
+        import torch
+    except ImportError as exc:
+        raise ImportError("importing a pt file needs PyTorch: pip install 'mmreplay[torch]'") from exc
+    try:
+        data = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch's restricted loader refuses anything but tensors
+        raise BadInputError(f"{src}: not tensors that torch.load(weights_only=True) reads: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise BadInputError(f"{src}: expected a dict of leaf path -> [steps, num_envs, ...] tensors")
+    arrays = {k: v.numpy() for k, v in data.items()}
+    shapes = {k: a.shape for k, a in arrays.items()}
+    if not arrays or any(len(s) < 2 for s in shapes.values()):
+        raise BadInputError(f"{src}: expected [steps, num_envs, ...] tensors, got shapes {shapes}")
+    envs = {s[1] for s in shapes.values()}
+    if len(envs) != 1:
+        raise BadInputError(f"{src}: tensors differ in num_envs: {shapes}")
+    return arrays_source(arrays, None, envs.pop(), src), lambda: None
