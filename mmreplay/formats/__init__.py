@@ -45,6 +45,7 @@ was creating. Nothing is unpickled.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -60,7 +61,14 @@ from ..errors import BadInputError, NotABufferError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target
 from ..spec import unflatten
 from ..store import create
-from .base import ExportResult, Progress, accepted_codecs, check_compression, reject_complete_only
+from .base import (
+    ExportOptions,
+    ExportResult,
+    Progress,
+    accepted_codecs,
+    check_compression,
+    reject_complete_only,
+)
 
 __all__ = [
     "FORMATS",
@@ -152,7 +160,7 @@ def export(
     force: bool = False,
     progress: Progress | None = None,
     storage_options: dict[str, Any] | None = None,
-    **options: Any,
+    **format_options: Any,
 ) -> ExportResult:
     """Export a store's retained committed data to an offline format.
 
@@ -176,7 +184,8 @@ def export(
         storage_options: how to reach object storage when ``out`` is an ``s3://`` URL
             (else the ``AWS_*`` environment variables). Such an export is written to a
             local temporary folder first, then uploaded under the URL.
-        **options: format options (``dataset_id`` for minari, ``rows_per_file`` for parquet).
+        **format_options: a format's own (``dataset_id`` for minari; ``fps``, ``task``, ``codec``...
+            for lerobot; see each format module's ``write``).
 
     Returns:
         An :class:`ExportResult`.
@@ -191,47 +200,27 @@ def export(
         ...     export(s, d + "/buf.npz", format="npz").steps
         3
     """
-    from ..group import Group
-
     if format is None:
         format = format_of(out)  # noqa: A001
-    if isinstance(store, Group):  # its shards' steps one after another, as one dataset
-        store = store.joined()
+    joined = getattr(store, "joined", None)
+    if callable(joined):  # a group: its shards' steps one after another, as one dataset
+        store = joined()
     module = get(format)
     name = str(format).lower()
-    accepted = [p for p in inspect.signature(module.write).parameters if p not in ("store", "out")]
-    unknown = sorted(set(options) - set(accepted))
+    accepted = [p for p in inspect.signature(module.write).parameters if p not in ("store", "out", "options")]
+    unknown = sorted(set(format_options) - set(accepted))
     if unknown:
         raise TypeError(f"{name} export: unexpected options {unknown}; it takes {', '.join(accepted)}")
     if FORMATS[name].kind == "steps":
         reject_complete_only(name, complete_only)
     compression = check_compression(name, compression, module.COMPRESSIONS)
+    options = ExportOptions(compression, complete_only, force, progress or (lambda rows: None))
     if isinstance(out, str) and out.startswith("s3://"):
         from ..objstore import export_to_url
 
-        return export_to_url(
-            lambda local: module.write(
-                store,
-                local,
-                compression=compression,
-                complete_only=complete_only,
-                force=False,
-                progress=progress or (lambda n: None),
-                **options,
-            ),
-            out,
-            force,
-            storage_options,
-        )
-    return module.write(
-        store,
-        os.fspath(out),
-        compression=compression,
-        complete_only=complete_only,
-        force=force,
-        progress=progress or (lambda n: None),
-        **options,
-    )
+        local = dataclasses.replace(options, force=False)  # the upload decides about replacing
+        return export_to_url(lambda path: module.write(store, path, local, **format_options), out, force, storage_options)
+    return module.write(store, os.fspath(out), options, **format_options)
 
 
 @dataclass(frozen=True)

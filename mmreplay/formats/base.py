@@ -13,6 +13,7 @@ folder: names that come from the store (leaf paths, dataset ids) are validated f
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import os
 import re
@@ -35,7 +36,9 @@ from ..roles import subtree
 from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
 
 __all__ = [
+    "ExportOptions",
     "ExportResult",
+    "Episodes",
     "Roles",
     "StepBlocks",
     "RECOGNISERS",
@@ -50,6 +53,38 @@ BLOCK_BYTES = 32 << 20
 ARRAYS_FORMAT = "mmreplay-arrays/1"
 
 Progress = Callable[[int], Any]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What every writer takes; a format's own options are keywords of its ``write``.
+
+    Attributes:
+        compression: ``CODEC[:LEVEL]``, one the format's ``COMPRESSIONS`` allow, or None.
+        complete_only: leave out episodes still open at the end of an env's stream.
+        force: replace an existing target that is an earlier export of this format.
+        progress: called with the rows (steps x envs) written as the export goes.
+    """
+
+    compression: str | None = None
+    complete_only: bool = False
+    force: bool = False
+    progress: Progress = lambda rows: None
+
+
+def need(module: str, what: str, extra: str) -> Any:
+    """An optional dependency, imported when used, or an ImportError naming the extra
+    that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        name = module.split(".")[0]
+        raise ImportError(f"{what} needs {name}: pip install 'mmreplay[{extra}]' ({exc})") from exc
+
+
+def pyarrow(what: str, extra: str) -> tuple[Any, Any]:
+    """``pyarrow`` and ``pyarrow.parquet`` (:func:`need`)."""
+    return need("pyarrow", what, extra), need("pyarrow.parquet", what, extra)
 
 
 @dataclass(frozen=True)
@@ -270,15 +305,16 @@ class Roles:
     def get(self, role: str) -> str | None:
         return self.roles.get(role)
 
-    def need(self, role: str, fmt: str) -> str:
-        path = self.roles.get(role)
-        if path is None:
-            known = ", ".join(f"{r}={p}" for r, p in sorted(self.roles.items())) or "none"
-            raise BadInputError(
-                f"{fmt} export needs a {role} leaf, and the store has none (its roles: {known}); "
-                "give roles= when creating the store"
-            )
-        return path
+    def need(self, fmt: str, *roles: str) -> list[str]:
+        """The paths of roles a format cannot do without."""
+        for role in roles:
+            if role not in self.roles:
+                known = ", ".join(f"{r}={p}" for r, p in sorted(self.roles.items())) or "none"
+                raise BadInputError(
+                    f"{fmt} export needs a {role} leaf, and the store has none (its roles: {known}); "
+                    "give roles= when creating the store"
+                )
+        return [self.roles[role] for role in roles]
 
     def spec_of(self, path: str) -> Any:
         return subtree(self.spec, path)
@@ -297,9 +333,12 @@ class Roles:
         return [p for p in self.paths if p not in taken]
 
 
-def part(data: Any, path: str) -> Any:
-    """The node of an episode's data nest at a role path."""
-    return subtree(data, path)
+def nest_leaves(name: str, spec: Any, value: Any) -> Iterator[tuple[str, ArraySpec, Any]]:
+    """``(name/<leaf path>, leaf spec, leaf value)`` for each leaf of a nest; ``name``
+    alone for a leaf."""
+    if isinstance(spec, ArraySpec):
+        return iter([(name, spec, value)])
+    return zip([f"{name}/{p}" for p in leaf_paths(spec)], flatten(spec), flatten(value))
 
 
 def episode_flags(episode: Any, truncated: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -324,15 +363,23 @@ def episode_flags(episode: Any, truncated: str | None = None) -> tuple[np.ndarra
     return term, trunc
 
 
-def episodes(store: Any, complete_only: bool) -> Iterator[Any]:
-    """The store's episodes (env by env, time order), ``complete_only`` as asked."""
-    return iter(store.episodes(complete_only=complete_only))
+class Episodes:
+    """The episodes an episode format writes, env by env in time order (``complete_only``
+    as asked, empty ones left out), with their count and steps from the episode index.
+    Iterating reports progress as each episode is done."""
 
+    def __init__(self, store: Any, options: ExportOptions):
+        self.store, self.options = store, options
+        spans = store.episode_index(complete_only=options.complete_only)
+        self.count, self.steps = len(spans), sum(int(s.length) for s in spans)
 
-def episode_total(store: Any, complete_only: bool) -> tuple[int, int]:
-    """(episodes, steps) an episode export will write, from the episode index."""
-    spans = store.episode_index(complete_only=complete_only)
-    return len(spans), sum(int(s.length) for s in spans)
+    def __iter__(self) -> Iterator[Any]:
+        store = self.store
+        ticker = Ticker(self.options.progress, len(store) * store.num_envs, max(1, self.steps))
+        for ep in store.episodes(complete_only=self.options.complete_only):
+            if ep.length:
+                yield ep
+            ticker.advance(ep.length)
 
 
 # --- step-major reading --------------------------------------------------------------

@@ -22,7 +22,16 @@ import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from .base import ExportResult, Reading, Source, StepBlocks, Target, arrays_source, first_line_is
+from .base import (
+    ExportOptions,
+    ExportResult,
+    Reading,
+    Source,
+    StepBlocks,
+    Target,
+    arrays_source,
+    first_line_is,
+)
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
@@ -52,21 +61,13 @@ def target_name(out: str, compression: str | None) -> str:
     return out + ".gz" if compression and not out.endswith(".gz") else out
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    comp = compression or ("gzip" if out.endswith(".gz") else None)
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    comp = options.compression or ("gzip" if out.endswith(".gz") else None)
     specs = flatten(store.spec)
     paths = store.leaf_paths
     fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]
     with Target(
-        target_name(out, comp), "file", force, fmt="csv", source=store.path,
+        target_name(out, comp), "file", options.force, fmt="csv", source=store.path,
         recognise=first_line_is(",".join([*INDEX_COLUMNS, *header(paths, specs)])),
     ) as target:
         blocks = StepBlocks(store, block_bytes=4 << 20)
@@ -92,7 +93,7 @@ def write(
                         flat = flat.astype(np.int8)
                     cols.extend(flat.T.tolist())
                 text.write("".join(line % row for row in zip(*cols)))
-                progress(rows)
+                options.progress(rows)
             text.flush()
             text.detach()
         finally:

@@ -18,21 +18,20 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError
+from ..roles import subtree
 from ..spec import ArraySpec, flatten
 from .base import (
     EXPORT_MARK,
+    Episodes,
+    ExportOptions,
     ExportResult,
     Reading,
     Roles,
     Target,
-    Ticker,
     episode_flags,
-    episode_total,
-    episodes,
     episodes_source,
-    part,
 )
-from .hdf5 import dataset_options, h5py_module, hdf5_output
+from .hdf5 import array_options, hdf5_output
 
 COMPRESSIONS = ("gzip", "lzf")
 DATASET_VERSION = "2.1"
@@ -45,58 +44,42 @@ def _rows(values: np.ndarray, n: int) -> np.ndarray:
     return values.reshape(n, 1) if values.ndim == 1 else values
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    comp = compression
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    import h5py
+
     roles = Roles.of(store)
-    obs_path = roles.need("observation", "d3rlpy")
-    act_path = roles.need("action", "d3rlpy")
-    rew_path = roles.need("reward", "d3rlpy")
+    obs_path, act_path, rew_path = roles.need("d3rlpy", "observation", "action", "reward")
     obs_spec, act_spec = roles.spec_of(obs_path), roles.spec_of(act_path)
     if not isinstance(act_spec, ArraySpec):
         raise BadInputError(
             f"d3rlpy export: d3rlpy needs one action array; {act_path!r} is a nest {act_spec}"
         )
     nested = not isinstance(obs_spec, ArraySpec)
-    h5py = h5py_module()
-    n_episodes, n_steps = episode_total(store, complete_only)
-    if n_episodes == 0:
-        raise NotEnoughDataError(
-            f"{store.path}: no {'complete ' if complete_only else ''}episodes to export; d3rlpy needs at least one"
-        )
-    ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
+    episodes = Episodes(store, options)
+    if episodes.count == 0:
+        complete = "complete " if options.complete_only else ""
+        raise NotEnoughDataError(f"{store.path}: no {complete}episodes to export; d3rlpy needs at least one")
 
     def put(f: Any, name: str, arr: np.ndarray) -> None:
-        opts = dataset_options(comp, None) if comp and arr.ndim and arr.size else {}
-        f.create_dataset(name, data=arr, **opts)
+        f.create_dataset(name, data=arr, **array_options(options.compression, arr))
 
-    with Target(out, "file", force, fmt="d3rlpy", source=store.path) as target:
+    with Target(out, "file", options.force, fmt="d3rlpy", source=store.path) as target:
         count = steps = 0
         with hdf5_output(target.path()) as f:
             f.create_dataset("columns", data=list(COLUMNS), dtype=h5py.string_dtype())
-            for ep in episodes(store, complete_only):
+            for ep in episodes:
                 n = ep.length
-                if n == 0:
-                    continue
-                obs = part(ep.data, obs_path)
+                obs = subtree(ep.data, obs_path)
                 if nested:
                     for j, leaf in enumerate(flatten(obs)):
                         put(f, f"observations_{count}_{j}", _rows(leaf, n))
                 else:
                     put(f, f"observations_{count}", _rows(obs, n))
-                put(f, f"actions_{count}", _rows(part(ep.data, act_path), n))
-                put(f, f"rewards_{count}", np.asarray(part(ep.data, rew_path), np.float32).reshape(n, 1))
+                put(f, f"actions_{count}", _rows(subtree(ep.data, act_path), n))
+                put(f, f"rewards_{count}", np.asarray(subtree(ep.data, rew_path), np.float32).reshape(n, 1))
                 f.create_dataset(f"terminated_{count}", data=bool(episode_flags(ep)[0][-1]))
                 count += 1
                 steps += n
-                ticker.advance(n)
             f.create_dataset("num_episodes", data=count)
             f.create_dataset("version", data=DATASET_VERSION)
             f.attrs[EXPORT_MARK] = "d3rlpy"

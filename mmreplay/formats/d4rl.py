@@ -16,26 +16,25 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..errors import UnsupportedFormatError
-from ..spec import ArraySpec, flatten, is_namedtuple
+from ..roles import subtree
+from ..spec import ArraySpec, flatten
 from .base import (
     BLOCK_BYTES,
     EXPORT_MARK,
+    Episodes,
+    ExportOptions,
     ExportResult,
     Reading,
     Roles,
     Target,
-    Ticker,
     arrays_source,
     episode_flags,
-    episode_total,
-    episodes,
-    part,
+    nest_leaves,
 )
 from .hdf5 import dataset_options, datasets, hdf5_output
 
@@ -49,20 +48,22 @@ D4RL_BOOKKEEPING = ("metadata", "episode_starts", "episode_envs")
 
 
 class Appender:
-    """Resizable HDF5 datasets, appended to in blocks of about :data:`BLOCK_BYTES`."""
+    """Resizable HDF5 datasets, one per leaf of each nest named in ``nests`` (a nest's as
+    ``name/<leaf path>``), appended to in blocks of about :data:`BLOCK_BYTES`. Each
+    exists after :meth:`close`, empty when no row came (an export with no episodes)."""
 
-    def __init__(self, group: Any, compression: str | None, rows: int):
-        self.group = group
+    def __init__(self, group: Any, compression: str | None, rows: int, nests: dict[str, Any]):
+        self.group, self.compression, self.nests = group, compression, nests
         self.rows = max(1, rows)  # rows the datasets will hold: no chunk needs to be larger
-        self.compression = compression
         self.dsets: dict[str, Any] = {}
         self.pending: dict[str, list[np.ndarray]] = {}
         self.pending_bytes = 0
 
-    def add(self, name: str, values: np.ndarray) -> None:
-        values = np.asarray(values)
-        self.pending.setdefault(name, []).append(values)
-        self.pending_bytes += values.nbytes
+    def add(self, name: str, values: Any) -> None:
+        for key, _, leaf in nest_leaves(name, self.nests[name], values):
+            leaf = np.asarray(leaf)
+            self.pending.setdefault(key, []).append(leaf)
+            self.pending_bytes += leaf.nbytes
         if self.pending_bytes >= BLOCK_BYTES:
             self.flush()
 
@@ -71,6 +72,13 @@ class Appender:
             self._append(name, np.concatenate(parts) if len(parts) > 1 else parts[0])
         self.pending = {}
         self.pending_bytes = 0
+
+    def close(self) -> None:
+        self.flush()
+        for name, spec in self.nests.items():
+            for key, leaf, _ in nest_leaves(name, spec, spec):
+                if key not in self.dsets:
+                    self._append(key, np.zeros((0, *leaf.shape), leaf.dtype))
 
     def _append(self, name: str, values: np.ndarray) -> None:
         dset = self.dsets.get(name)
@@ -91,35 +99,6 @@ class Appender:
             dset.resize(n + len(values), axis=0)
             dset[n:] = values
 
-    def add_nest(self, name: str, spec: Any, value: Any) -> None:
-        if isinstance(spec, ArraySpec):
-            self.add(name, value)
-        elif isinstance(spec, Mapping):
-            for key in spec:
-                self.add_nest(f"{name}/{key}", spec[key], value[key])
-        elif is_namedtuple(spec):
-            for key, s, v in zip(spec._fields, spec, value):
-                self.add_nest(f"{name}/{key}", s, v)
-        else:
-            for i, (s, v) in enumerate(zip(spec, value)):
-                self.add_nest(f"{name}/{i}", s, v)
-
-    def ensure(self, name: str, spec: Any) -> None:
-        """Create empty datasets for a nest (an export with no episodes still has every key)."""
-        if isinstance(spec, ArraySpec):
-            if name not in self.dsets:
-                self._append(name, np.zeros((0, *spec.shape), spec.dtype))
-            return
-        items = (
-            spec.items()
-            if isinstance(spec, Mapping)
-            else zip(spec._fields, spec)
-            if is_namedtuple(spec)
-            else ((str(i), s) for i, s in enumerate(spec))
-        )
-        for key, s in items:
-            self.ensure(f"{name}/{key}", s)
-
 
 def info_key(path: str) -> str:
     """Where a leaf with no role goes: ``infos/<leaf path>``; a leaf already under
@@ -127,62 +106,36 @@ def info_key(path: str) -> str:
     return path if path.startswith("infos/") else f"infos/{path}"
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    comp = compression
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
     roles = Roles.of(store)
-    obs_path = roles.need("observation", "d4rl")
-    act_path = roles.need("action", "d4rl")
-    rew_path = roles.need("reward", "d4rl")
+    obs_path, act_path, rew_path = roles.need("d4rl", "observation", "action", "reward")
     next_path = roles.get("next_observation")
-    obs_spec, act_spec = roles.spec_of(obs_path), roles.spec_of(act_path)
+    specs = dict(zip(roles.paths, flatten(store.spec)))
     used = ("observation", "action", "reward", "next_observation", "terminated", "truncated")
-    extras = roles.extras(used)
-    paths = list(roles.paths)
-    specs = dict(zip(paths, flatten(store.spec)))
-    _, n_steps = episode_total(store, complete_only)
-    ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
-    with Target(out, "file", force, fmt="d4rl", source=store.path) as target:
+    extras = {info_key(p): p for p in roles.extras(used)}
+    paths = {"observations": obs_path, "actions": act_path, "next_observations": next_path, **extras}
+    nests = {name: roles.spec_of(p) for name, p in paths.items() if p is not None}
+    nests |= {"rewards": ArraySpec((), specs[roles.leaves_of(rew_path)[0]].dtype)}
+    nests |= {"terminals": ArraySpec((), "bool"), "timeouts": ArraySpec((), "bool")}
+    episodes = Episodes(store, options)
+    with Target(out, "file", options.force, fmt="d4rl", source=store.path) as target:
         count = steps = 0
         starts, envs = [], []
         with hdf5_output(target.path()) as f:
-            app = Appender(f, comp, n_steps)
-            for ep in episodes(store, complete_only):
-                n = ep.length
-                if n == 0:
-                    continue
+            app = Appender(f, options.compression, episodes.steps, nests)
+            for ep in episodes:
+                for name, path in paths.items():
+                    if path is not None:
+                        app.add(name, subtree(ep.data, path))
+                app.add("rewards", np.asarray(subtree(ep.data, rew_path)).reshape(ep.length))
                 term, trunc = episode_flags(ep)
-                app.add_nest("observations", obs_spec, part(ep.data, obs_path))
-                app.add_nest("actions", act_spec, part(ep.data, act_path))
-                app.add("rewards", np.asarray(part(ep.data, rew_path)).reshape(n))
                 app.add("terminals", term)
                 app.add("timeouts", trunc)
-                if next_path is not None:
-                    app.add_nest("next_observations", obs_spec, part(ep.data, next_path))
-                for p in extras:
-                    app.add(info_key(p), part(ep.data, p))
                 starts.append(steps)
                 envs.append(ep.env)
                 count += 1
-                steps += n
-                ticker.advance(n)
-            app.flush()
-            app.ensure("observations", obs_spec)
-            app.ensure("actions", act_spec)
-            app.ensure("rewards", ArraySpec((), specs[roles.leaves_of(rew_path)[0]].dtype))
-            app.ensure("terminals", ArraySpec((), "bool"))
-            app.ensure("timeouts", ArraySpec((), "bool"))
-            if next_path is not None:
-                app.ensure("next_observations", obs_spec)
-            for p in extras:
-                app.ensure(info_key(p), specs[p])
+                steps += ep.length
+            app.close()
             f.create_dataset("episode_starts", data=np.asarray(starts, np.int64))
             f.create_dataset("episode_envs", data=np.asarray(envs, np.int64))
             f.attrs["source"] = os.path.abspath(store.path)

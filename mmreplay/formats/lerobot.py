@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
-import importlib
 import json
 import os
 from collections.abc import Iterator
@@ -28,17 +27,18 @@ from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, Unsu
 from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
 from ..view import Layout
 from .base import (
+    Episodes,
+    ExportOptions,
     ExportResult,
     Reading,
     Roles,
     Target,
-    Ticker,
     disk_usage,
     episode_flags,
-    episode_total,
-    episodes,
     episodes_source,
+    need,
     nest,
+    pyarrow,
 )
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "none")
@@ -67,20 +67,13 @@ DEFAULT_CODEC, DEFAULT_CRF, GOP, SVTAV1_PRESET = "libsvtav1", 30, 2, 12
 LOSSLESS_CODEC = "libx264rgb"
 
 
-def _need(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"the lerobot format needs {module}: pip install 'mmreplay[lerobot]'") from exc
-
-
 def _pyarrow() -> tuple[Any, Any]:
-    return _need("pyarrow"), _need("pyarrow.parquet")
+    return pyarrow("the lerobot format", "lerobot")
 
 
 def _av() -> Any:
     os.environ.setdefault("SVT_LOG", "1")  # else SVT-AV1 prints its settings for every file
-    return _need("av")
+    return need("av", "the lerobot format", "lerobot")
 
 
 # --- files that roll over: chunk-XXX/file-XXX ------------------------------------------------
@@ -422,11 +415,7 @@ def _positive(**values: Any) -> None:
 def write(
     store: Any,
     out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
+    options: ExportOptions,
     fps: int = 30,
     task: str | None = None,
     codec: str | None = None,
@@ -449,8 +438,8 @@ def write(
         if c.stacks[0] > 1 and layout is not None and layout.stacked:
             c.pad = layout.pad  # the store checked its stacks as they came
     encoder = video_encoder(codec, crf, preset, lossless) if videos else None
-    n_episodes, n_steps = episode_total(store, complete_only)
-    if not n_episodes:
+    episodes = Episodes(store, options)
+    if not episodes.count:
         raise NotEnoughDataError(f"{store.path}: no episodes to export (a LeRobot dataset holds episodes)")
     flag = {"dtype": "bool", "shape": [1], "names": None}
     features = {c.name: c.feature() for c in columns} | {DONE: flag, TRUNCATED: dict(flag)}
@@ -459,88 +448,70 @@ def write(
     empty = {k: np.zeros((0, *features[k]["shape"]), features[k]["dtype"]) for k in tabular}
     schema = pa.schema([(k, _arrow_column(pa, empty[k], features[k]).type) for k in tabular])
     index = {p: i for i, p in enumerate(roles.paths)}
-    target = Target(out, "folder", force, fmt="lerobot", source=store.path, recognise=_recognise)
+    target = Target(out, "folder", options.force, fmt="lerobot", source=store.path, recognise=_recognise)
     mb = float(1 << 20)
     data = ParquetFiles(
-        target, DATA_PATH, schema, compression or "snappy", data_files_size_in_mb * mb, chunks_size
+        target, DATA_PATH, schema, options.compression or "snappy", data_files_size_in_mb * mb, chunks_size
     )
     sinks = {
         c.name: VideoFiles(target, c.name, fps, encoder, video_files_size_in_mb * mb, chunks_size)
         for c in videos
     }
-    ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
     rows: list[dict[str, Any]] = []
     stats: dict[str, list[dict[str, np.ndarray]]] = {k: [] for k in features}
     count = total = 0
-    try:
-        for ep in episodes(store, complete_only):
-            n = ep.length
-            if n == 0:
-                continue
-            leaves = flatten(ep.data)
-            values: dict[str, np.ndarray] = {}
-            placed: dict[str, Any] = {}
-            for c in columns:
-                x = np.asarray(leaves[index[c.leaf]])
-                if c.layout is None:
-                    values[c.name] = x
-                    continue
-                stacks = c.layout.normalise(x)
-                if stacks.shape[1] > 1:
-                    check_stacks(c, stacks, ep)
-                newest = np.ascontiguousarray(np.broadcast_to(stacks[:, -1], (n, *stacks.shape[2:4], 3)))
-                stats[c.name].append(frame_stats(newest))
-                placed.update(sinks[c.name].add(newest))
-            values[DONE], values[TRUNCATED] = episode_flags(ep, roles.get("truncated"))
-            values["frame_index"] = np.arange(n, dtype=np.int64)
-            values["timestamp"] = (values["frame_index"] / fps).astype(np.float32)
-            values["episode_index"] = np.full(n, count, np.int64)
-            values["index"] = np.arange(total, total + n, dtype=np.int64)
-            values["task_index"] = np.zeros(n, np.int64)
-            table = pa.Table.from_arrays(
-                [_arrow_column(pa, values[k], features[k]) for k in tabular], schema=schema
-            )
-            chunk, file = data.place(table.nbytes)
-            data.write(table)
-            for k in tabular:
-                stats[k].append(value_stats(values[k].reshape(n, -1), n, (features[k]["shape"][0],)))
-            row = {"episode_index": count, "tasks": [task], "length": n, "data/chunk_index": chunk}
-            row |= {"data/file_index": file, "dataset_from_index": total, "dataset_to_index": total + n}
-            row |= placed | {f"stats/{k}/{s}": v.tolist() for k in features for s, v in stats[k][-1].items()}
-            rows.append(row)
-            count, total = count + 1, total + n
-            ticker.advance(n)
-        for files in [data, *sinks.values()]:
-            files.close()
-        for c in videos:
-            features[c.name]["info"] = sinks[c.name].stream_info()
-        _write_meta(target, store, columns, rows, stats, task, (data_files_size_in_mb * mb, chunks_size))
-        info = {
-            "codebase_version": CODEBASE_VERSION,
-            "fps": fps,
-            "features": features,
-            "total_episodes": count,
-        }
-        info |= {
-            "total_frames": total,
-            "total_tasks": 1,
-            "chunks_size": chunks_size,
-            **sizes,
-            "data_path": DATA_PATH,
-        }
-        info |= {
-            "video_path": VIDEO_PATH if videos else None,
-            "robot_type": None,
-            "splits": {"train": f"0:{count}"},
-        }
-        _write_json(target.path("meta", "info.json"), info)
-        path = target.commit()
-    except BaseException:
-        for files in [data, *sinks.values()]:
-            with contextlib.suppress(Exception):  # a failing flush must not hide the first error
+    with target:
+        try:
+            for ep in episodes:
+                n = ep.length
+                leaves = flatten(ep.data)
+                values: dict[str, np.ndarray] = {}
+                placed: dict[str, Any] = {}
+                for c in columns:
+                    x = np.asarray(leaves[index[c.leaf]])
+                    if c.layout is None:
+                        values[c.name] = x
+                        continue
+                    stacks = c.layout.normalise(x)
+                    if stacks.shape[1] > 1:
+                        check_stacks(c, stacks, ep)
+                    newest = np.ascontiguousarray(np.broadcast_to(stacks[:, -1], (n, *stacks.shape[2:4], 3)))
+                    stats[c.name].append(frame_stats(newest))
+                    placed.update(sinks[c.name].add(newest))
+                values[DONE], values[TRUNCATED] = episode_flags(ep, roles.get("truncated"))
+                values["frame_index"] = np.arange(n, dtype=np.int64)
+                values["timestamp"] = (values["frame_index"] / fps).astype(np.float32)
+                values["episode_index"] = np.full(n, count, np.int64)
+                values["index"] = np.arange(total, total + n, dtype=np.int64)
+                values["task_index"] = np.zeros(n, np.int64)
+                table = pa.Table.from_arrays(
+                    [_arrow_column(pa, values[k], features[k]) for k in tabular], schema=schema
+                )
+                chunk, file = data.place(table.nbytes)
+                data.write(table)
+                for k in tabular:
+                    stats[k].append(value_stats(values[k].reshape(n, -1), n, (features[k]["shape"][0],)))
+                row = {"episode_index": count, "tasks": [task], "length": n, "data/chunk_index": chunk}
+                row |= {"data/file_index": file, "dataset_from_index": total, "dataset_to_index": total + n}
+                row |= placed | {f"stats/{k}/{s}": v.tolist() for k in features for s, v in stats[k][-1].items()}
+                rows.append(row)
+                count, total = count + 1, total + n
+            for files in [data, *sinks.values()]:
                 files.close()
-        target.abort()
-        raise
+            for c in videos:
+                features[c.name]["info"] = sinks[c.name].stream_info()
+            _write_meta(target, store, columns, rows, stats, task, (data_files_size_in_mb * mb, chunks_size))
+            info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features}
+            info |= {"total_episodes": count, "total_frames": total, "total_tasks": 1, "chunks_size": chunks_size}
+            info |= {**sizes, "data_path": DATA_PATH, "video_path": VIDEO_PATH if videos else None}
+            info |= {"robot_type": None, "splits": {"train": f"0:{count}"}}
+            _write_json(target.path("meta", "info.json"), info)
+            path = target.commit()
+        except BaseException:
+            for files in [data, *sinks.values()]:
+                with contextlib.suppress(Exception):  # a failing flush must not hide the first error
+                    files.close()
+            raise
     return ExportResult("lerobot", path, count, total, disk_usage(path), {"fps": fps, "task": task})
 
 

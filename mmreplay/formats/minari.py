@@ -46,24 +46,23 @@ import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError, UnsupportedFormatError
 from ..joined import JoinedShards
+from ..roles import subtree
 from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
 from .base import (
+    Episodes,
+    ExportOptions,
     ExportResult,
     Reading,
     Roles,
     Source,
     Target,
-    Ticker,
     block_steps,
     disk_usage,
     episode_flags,
-    episode_total,
-    episodes,
     grouped,
     nest,
-    part,
 )
-from .hdf5 import dataset_options, datasets, hdf5_output
+from .hdf5 import array_options, datasets, hdf5_output
 
 log = logging.getLogger(__name__)
 
@@ -269,23 +268,11 @@ def _final_observation(obs: Any, act: Any, rew: np.ndarray, term: np.ndarray, tr
     return last, obs, act, rew[:-1], np.zeros(n, bool), trunc
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-    dataset_id: str | None = None,
-) -> ExportResult:
-    comp = compression
+def write(store: Any, out: str, options: ExportOptions, dataset_id: str | None = None) -> ExportResult:
     roles = Roles.of(store)
-    obs_path = roles.need("observation", "minari")
+    obs_path, act_path, rew_path = roles.need("minari", "observation", "action", "reward")
     next_path = roles.get("next_observation")
     step_type = roles.get("step_type")
-    act_path = roles.need("action", "minari")
-    rew_path = roles.need("reward", "minari")
     obs_spec, act_spec = roles.spec_of(obs_path), roles.spec_of(act_path)
     final = _FinalObservation(store, roles, obs_path, step_type) if next_path is None and step_type else None
     if next_path is not None and roles.spec_of(next_path) != obs_spec:
@@ -310,30 +297,25 @@ def write(
             f"minari export: the datasets root {root} is a symbolic link; give the folder it names"
         )
     _check_inside(root, parts)
-    n_episodes, n_steps = episode_total(store, complete_only)
-    ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
+    episodes = Episodes(store, options)
 
     def opts(arr: np.ndarray) -> dict[str, Any]:
-        if comp is None or arr.ndim == 0 or arr.size == 0:
-            return {}
-        return dataset_options(comp, None)
+        return array_options(options.compression, arr)
 
-    with Target(os.path.join(root, *parts), "folder", force, fmt="minari", source=store.path, parents=True) as target:
+    dataset = os.path.join(root, *parts)
+    with Target(dataset, "folder", options.force, fmt="minari", source=store.path, parents=True) as target:
         _check_inside(root, parts)
-        data_dir = target.path("data")
-        os.mkdir(data_dir)
+        folder = target.path("data")
+        os.mkdir(folder)
         count = steps = 0
-        with hdf5_output(os.path.join(data_dir, "main_data.hdf5"), track_order=True) as f:
-            for ep in episodes(store, complete_only):
-                ticker.advance(ep.length)
+        with hdf5_output(os.path.join(folder, "main_data.hdf5"), track_order=True) as f:
+            for ep in episodes:
                 n = ep.length
-                if n == 0:
-                    continue
-                obs, act = part(ep.data, obs_path), part(ep.data, act_path)
-                rew = np.asarray(part(ep.data, rew_path)).reshape(n)
+                obs, act = subtree(ep.data, obs_path), subtree(ep.data, act_path)
+                rew = np.asarray(subtree(ep.data, rew_path)).reshape(n)
                 term, trunc = episode_flags(ep, roles.get("truncated"))
                 if next_path is not None:
-                    last = map_structure(lambda x: x[-1:], part(ep.data, next_path))
+                    last = map_structure(lambda x: x[-1:], subtree(ep.data, next_path))
                 else:
                     last = final.after(ep) if final is not None else None
                     if last is None:
@@ -353,7 +335,7 @@ def write(
                 if extras:
                     infos = g.create_group("infos")
                     for p in extras:
-                        _write_leaf(infos, p, np.asarray(part(ep.data, p))[:n], opts)
+                        _write_leaf(infos, p, np.asarray(subtree(ep.data, p))[:n], opts)
                 count += 1
                 steps += n
         image = looks_like_image(obs_spec) or looks_like_image(act_spec)
@@ -367,9 +349,9 @@ def write(
             "jpeg_encoding": False,
             "algorithm_name": "mmreplay export",
             "description": f"Exported by mmreplay from {os.path.abspath(store.path)}",
-            "dataset_size": round(disk_usage(data_dir) / 2**20, 1),
+            "dataset_size": round(disk_usage(folder) / 2**20, 1),
         }
-        with open(os.path.join(data_dir, "metadata.json"), "w") as fm:
+        with open(os.path.join(folder, "metadata.json"), "w") as fm:
             json.dump(metadata, fm, indent=1)
         path = target.commit()
     data = os.path.join(path, "data")
@@ -379,7 +361,7 @@ def write(
         count,
         steps,
         disk_usage(data),
-        {"dataset_id": dataset_id, "root": root, "planned": n_episodes},
+        {"dataset_id": dataset_id, "root": root, "planned": episodes.count},
     )
 
 

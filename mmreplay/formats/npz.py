@@ -20,6 +20,7 @@ from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
 from .base import (
     BLOCK_BYTES,
+    ExportOptions,
     ExportResult,
     Reading,
     StepBlocks,
@@ -34,18 +35,9 @@ META_KEY = "__mmreplay__"
 COMPRESSIONS = ("deflate", "zip")
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    comp = compression
-    with Target(out, "file", force, fmt="npz", source=store.path) as target:
-        rows = write_arrays(store, target.path(), comp is not None, progress)
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    with Target(out, "file", options.force, fmt="npz", source=store.path) as target:
+        rows = write_arrays(store, target.path(), options.compression is not None, options.progress)
         path = target.commit()
     return ExportResult("npz", path, 0, rows, os.path.getsize(path), {"keys": store.leaf_paths})
 

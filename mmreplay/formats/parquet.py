@@ -27,16 +27,16 @@ from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json
 from .base import (
     BLOCK_BYTES,
+    Episodes,
+    ExportOptions,
     ExportResult,
     Reading,
     Roles,
     Target,
-    Ticker,
     disk_usage,
     episode_flags,
-    episode_total,
-    episodes,
     episodes_source,
+    pyarrow,
     spec_json,
 )
 
@@ -44,15 +44,6 @@ COMPRESSIONS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
 FIRST_FILE = "part-00000.parquet"
 #: raw bytes of data per file before the next part file starts
 FILE_BYTES = 1 << 30
-
-
-def _pyarrow() -> tuple[Any, Any]:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise ImportError("the parquet export needs pyarrow: pip install 'mmreplay[export]'") from exc
-    return pa, pq
 
 
 def role_columns(roles: Roles) -> list[tuple[str, str, ArraySpec]]:
@@ -146,23 +137,9 @@ def _field(pa: Any, name: str, spec: ArraySpec) -> Any:
     return pa.field(name, typ, metadata=meta)
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-    file_bytes: int = FILE_BYTES,
-) -> ExportResult:
-    codec = (
-        "snappy"
-        if compression is None
-        else (compression or "none")
-    )
-    name, _, level = codec.partition(":")
-    pa, pq = _pyarrow()
+def write(store: Any, out: str, options: ExportOptions, file_bytes: int = FILE_BYTES) -> ExportResult:
+    name, _, level = (options.compression or "snappy").partition(":")
+    pa, pq = pyarrow("the parquet format", "export")
     roles = Roles.of(store)
     columns = role_columns(roles)
     index = {p: i for i, p in enumerate(roles.paths)}
@@ -183,15 +160,13 @@ def write(
         for f in fields
         if not (pa.types.is_fixed_size_list(f.type) or pa.types.is_fixed_size_binary(f.type))
     ]
-    _, n_steps = episode_total(store, complete_only)
-    ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
     files: list[str] = []
     writer = None
     file_raw = 0
     pending: list[tuple[Any, int]] = []
     pending_bytes = 0
 
-    target = Target(out, "folder", force, fmt="parquet", source=store.path)
+    target = Target(out, "folder", options.force, fmt="parquet", source=store.path)
 
     def open_writer() -> Any:
         path = target.path(f"part-{len(files):05d}.parquet")
@@ -224,10 +199,8 @@ def write(
     with target:
         try:
             count = steps = 0
-            for ep in episodes(store, complete_only):
+            for ep in Episodes(store, options):
                 n = ep.length
-                if n == 0:
-                    continue
                 leaves = flatten(ep.data)
                 term, trunc = episode_flags(ep, roles.get("truncated"))
                 step = np.arange(n, dtype=np.int64)
@@ -247,7 +220,6 @@ def write(
                     flush()
                 count += 1
                 steps += n
-                ticker.advance(n)
             flush()
             if writer is None:  # no episodes: still a readable (empty) dataset
                 writer = open_writer()
@@ -274,7 +246,7 @@ def parquet_files(src: str) -> list[str]:
 
 
 def read(src: str) -> Reading:
-    pa, pq = _pyarrow()
+    pa, pq = pyarrow("the parquet format", "export")
     files = parquet_files(src)
     schema = pq.read_schema(files[0])
     raw = (schema.metadata or {}).get(b"mmreplay")

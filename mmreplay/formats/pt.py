@@ -22,15 +22,7 @@ import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError
 from ..spec import flatten
-from .base import EXPORT_MARK, ExportResult, Reading, StepBlocks, Target, arrays_source
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError("the pt export needs PyTorch: pip install 'mmreplay[torch]'") from exc
-    return torch
+from .base import EXPORT_MARK, ExportOptions, ExportResult, Reading, StepBlocks, Target, arrays_source, need
 
 
 def _placeholder(torch: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
@@ -59,17 +51,10 @@ def _record_offsets(path: str) -> dict[str, tuple[int, int]]:
 COMPRESSIONS: tuple[str, ...] = ()  # torch.save writes an uncompressed zip
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    with Target(out, "file", force, fmt="pt", source=store.path) as target:  # a refusal needs no torch import
-        torch = _torch()
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    progress = options.progress
+    with Target(out, "file", options.force, fmt="pt", source=store.path) as target:  # a refusal needs no torch
+        torch = need("torch", "the pt format", "torch")
         keep = []
         try:
             blocks = StepBlocks(store)
@@ -163,10 +148,7 @@ def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
 
 
 def read(src: str) -> Reading:
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError("importing a pt file needs PyTorch: pip install 'mmreplay[torch]'") from exc
+    torch = need("torch", "the pt format", "torch")
     try:
         data = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch's restricted loader refuses anything but tensors

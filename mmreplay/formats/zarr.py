@@ -16,12 +16,14 @@ from ..errors import UnsupportedFormatError
 from ..files import interrupts_deferred
 from ..spec import flatten, leaf_paths, spec_from_json
 from .base import (
+    ExportOptions,
     ExportResult,
     Reading,
     StepBlocks,
     Target,
     arrays_source,
     disk_usage,
+    need,
     spec_json,
 )
 
@@ -103,24 +105,12 @@ class _LeafWriter:
         self.k += 1
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    comp = compression
-    try:
-        import zarr
-    except ImportError as exc:
-        raise ImportError("the zarr export needs zarr-python 3: pip install 'mmreplay[zarr]'") from exc
-    with Target(out, "folder", force, fmt="zarr", source=store.path) as target:
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    zarr = need("zarr", "the zarr format", "zarr")
+    with Target(out, "folder", options.force, fmt="zarr", source=store.path) as target:
         specs = flatten(store.spec)
         blocks = StepBlocks(store)
-        codec = _codec(comp)
+        codec = _codec(options.compression)
         writers = []
         with interrupts_deferred():  # (zarr-python writes on its own thread, see _LeafWriter)
             root = zarr.open_group(target.path(), mode="w", zarr_format=3)
@@ -140,7 +130,7 @@ def write(
         for _, leaves in blocks:
             for w, values in zip(writers, leaves):
                 w.add(values)
-            progress(len(leaves[0]) * store.num_envs)
+            options.progress(len(leaves[0]) * store.num_envs)
         for w in writers:
             w.finish()
         path = target.commit()
@@ -151,12 +141,7 @@ def write(
 
 
 def read(src: str) -> Reading:
-    try:
-        import zarr
-    except ImportError as exc:
-        raise ImportError(f"importing a zarr export needs zarr-python 3: pip install 'mmreplay[zarr]' ({exc})") from exc
-
-    g = zarr.open_group(src, mode="r")
+    g = need("zarr", "the zarr format", "zarr").open_group(src, mode="r")
     meta = dict(g.attrs).get("mmreplay")
     if not isinstance(meta, dict):
         raise UnsupportedFormatError(
