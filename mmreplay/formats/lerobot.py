@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
-from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
-from ..view import Layout
+from ..spec import ArraySpec, Layout, flatten, leaf_paths, spec_from_json, spec_to_json
 from .base import (
     Episodes,
     ExportOptions,

@@ -47,6 +47,7 @@ import numpy as np
 from ..errors import BadInputError, CorruptBufferError, UnsupportedFormatError
 from ..joined import JoinedShards
 from ..roles import subtree
+from ..spaces import SPACES_ATTR, spec_from_space_json, spec_to_space_json
 from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
 from .base import (
     Episodes,
@@ -67,8 +68,6 @@ from .hdf5 import array_options, datasets, hdf5_output
 log = logging.getLogger(__name__)
 
 COMPRESSIONS = ("gzip", "lzf")
-#: the store attribute :func:`mmreplay.compat.gymnasium.record_spaces` fills
-SPACES_ATTR = "gymnasium"
 #: Minari's dataset id, ``[namespace/]name-v<N>`` (minari.dataset.minari_dataset's
 #: DATASET_ID_RE; nested namespaces are folders), with the version required: an id
 #: without one breaks ``minari.list_local_datasets()`` for the whole root
@@ -103,43 +102,6 @@ def check_dataset_id(dataset_id: Any) -> tuple[str, ...]:
             "(letters, digits, '-', '_'; namespaces separated by '/'; e.g. 'mmreplay/pointmass-v0')"
         )
     return parts
-
-
-# --- spaces, in minari.serialization's JSON -----------------------------------------
-
-
-def _box(spec: ArraySpec) -> dict[str, Any]:
-    dtype = spec.dtype
-    if dtype.kind == "f":
-        low, high = float("-inf"), float("inf")
-    elif dtype.kind == "b":
-        low, high = 0, 1
-    elif dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        low, high = int(info.min), int(info.max)
-    else:
-        raise BadInputError(f"minari export: dtype {dtype} has no gymnasium space")
-    # full arrays: gymnasium's Box refuses a 0-d low / high for a shaped space
-    return {
-        "type": "Box",
-        "dtype": dtype.name,
-        "shape": list(spec.shape),
-        "low": np.full(spec.shape, low, dtype=object).tolist(),
-        "high": np.full(spec.shape, high, dtype=object).tolist(),
-    }
-
-
-def space_json(spec: Any) -> dict[str, Any]:
-    """A gymnasium space for a spec nest, as ``minari.serialization.serialize_space`` writes it."""
-    if isinstance(spec, ArraySpec):
-        return _box(spec)
-    if isinstance(spec, Mapping):
-        return {"type": "Dict", "subspaces": {k: space_json(v) for k, v in spec.items()}}
-    if is_namedtuple(spec):
-        return {"type": "Dict", "subspaces": {k: space_json(v) for k, v in zip(spec._fields, spec)}}
-    if isinstance(spec, (tuple, list)):
-        return {"type": "Tuple", "subspaces": [space_json(v) for v in spec]}
-    raise BadInputError(f"minari export: cannot describe {spec!r:.80} as a gymnasium space")
 
 
 def looks_like_image(spec: Any) -> bool:
@@ -224,10 +186,13 @@ def _spaces(store: Any, obs_spec: Any, act_spec: Any) -> dict[str, str]:
     :func:`mmreplay.compat.gymnasium.record_spaces`) win; otherwise each leaf gets the
     tightest Box its dtype allows.
     """
-    out = {
-        "observation_space": json.dumps(space_json(obs_spec)),
-        "action_space": json.dumps(space_json(act_spec)),
-    }
+    try:
+        out = {
+            "observation_space": json.dumps(spec_to_space_json(obs_spec)),
+            "action_space": json.dumps(spec_to_space_json(act_spec)),
+        }
+    except BadInputError as exc:
+        raise BadInputError(f"minari export: {exc}") from None
     recorded = store.attrs.get(SPACES_ATTR)
     if not isinstance(recorded, dict):
         return out
@@ -236,7 +201,7 @@ def _spaces(store: Any, obs_spec: Any, act_spec: Any) -> dict[str, str]:
         if not isinstance(text, str):
             continue
         try:
-            shapes = [s.shape for s in flatten(space_spec(text, key))]
+            shapes = [s.shape for s in flatten(spec_from_space_json(text, key))]
         except (ValueError, KeyError, TypeError, UnsupportedFormatError):
             shapes = None
         if shapes != [s.shape for s in flatten(spec)]:
@@ -416,27 +381,6 @@ def data_dir(src: str) -> str | None:
     return found[0] if found else None
 
 
-def space_spec(space: Any, where: str) -> Any:
-    """An ArraySpec nest from a serialized gymnasium space (minari.serialization's JSON)."""
-    if isinstance(space, str):
-        space = json.loads(space)
-    kind = space.get("type") if isinstance(space, dict) else None
-    if kind == "Box":
-        return ArraySpec(tuple(space["shape"]), space["dtype"])
-    if kind == "Discrete":
-        return ArraySpec((), space.get("dtype", "int64"))
-    if kind == "MultiDiscrete":
-        return ArraySpec((len(space["nvec"]),), space.get("dtype", "int64"))
-    if kind == "MultiBinary":
-        n = space["n"]
-        return ArraySpec(tuple(n) if isinstance(n, list) else (n,), "int8")
-    if kind == "Dict":
-        return {k: space_spec(v, f"{where}/{k}") for k, v in space["subspaces"].items()}
-    if kind == "Tuple":
-        return tuple(space_spec(v, f"{where}/{i}") for i, v in enumerate(space["subspaces"]))
-    raise UnsupportedFormatError(f"{where}: space type {kind!r} cannot be stored")
-
-
 def _read_nest(node: Any, spec: Any, jpeg: bool, where: str) -> Any:
     if isinstance(spec, dict):
         return {k: _read_nest(node[k], s, jpeg, f"{where}/{k}") for k, s in spec.items()}
@@ -477,8 +421,8 @@ def read(src: str) -> Reading:
             raise UnsupportedFormatError(
                 f"{src}: metadata.json has no {key} (datasets that need gym.make are not read)"
             )
-    obs_spec = space_spec(meta["observation_space"], "observation")
-    act_spec = space_spec(meta["action_space"], "action")
+    obs_spec = spec_from_space_json(meta["observation_space"], "observation")
+    act_spec = spec_from_space_json(meta["action_space"], "action")
     jpeg = bool(meta.get("jpeg_encoding", True))
     f = h5py.File(os.path.join(data, "main_data.hdf5"), "r")
     try:
