@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                 for i in range(args.repeats):
                     out, back = os.path.join(root, f"out-{i}"), os.path.join(root, f"back-{i}")
                     t = time.perf_counter()
-                    store.export(out, format="lerobot", fps=15, **options)
+                    mr.export(store, out, format="lerobot", fps=15, **options)
                     export_s.append(time.perf_counter() - t)
                     t = time.perf_counter()
                     import_dataset(out, back)

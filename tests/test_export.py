@@ -382,7 +382,7 @@ def test_store_export_method_and_a_reader_while_a_writer_holds_the_store(tmp_pat
     collect(writer, 50, seed=3)
     writer.commit()
     with mr.open(path, mode="r") as reader:
-        result = reader.export(tmp_path / "x.npz", format="npz")
+        result = mr.export(reader, tmp_path / "x.npz", format="npz")
         collect(writer, 80, seed=3)  # the writer goes on; the reader's export was of its snapshot
     assert result.steps == 50 * 2
     with np.load(tmp_path / "x.npz") as z:

@@ -45,7 +45,7 @@ INTERRUPT = textwrap.dedent(
     store = mr.open(src)
     npz = os.path.join(os.path.dirname(folder), "source.npz")
     if what == "import" and not os.path.exists(npz):
-        store.export(npz, format="npz")
+        mr.export(store, npz, format="npz")
 
     def run(out):
         if what == "convert":
@@ -53,7 +53,7 @@ INTERRUPT = textwrap.dedent(
         elif what == "import":
             import_dataset(npz, out)
         else:
-            store.export(out, format=what)
+            mr.export(store, out, format=what)
 
     armed = False
 
@@ -266,7 +266,7 @@ FILL = textwrap.dedent(
     for what in sys.argv[3:]:
         out = os.path.join(folder, "out")
         try:
-            convert(src, out) if what == "convert" else mr.open(src).export(out, format=what)
+            convert(src, out) if what == "convert" else mr.export(mr.open(src), out, format=what)
             error = None
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"

@@ -205,6 +205,8 @@ def export(
     joined = getattr(store, "joined", None)
     if callable(joined):  # a group: its shards' steps one after another, as one dataset
         store = joined()
+    elif store.mode == "a":  # a writer commits first: what is exported is durable and seen by readers
+        store.commit()
     module = get(format)
     name = str(format).lower()
     accepted = [p for p in inspect.signature(module.write).parameters if p not in ("store", "out", "options")]
