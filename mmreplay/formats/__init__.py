@@ -45,6 +45,7 @@ was creating. Nothing is unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -322,14 +323,10 @@ def import_dataset(
     module = get(fmt, "import")
     if num_envs is not None and fmt != "npz":
         raise BadInputError(f"num_envs applies to a plain npz import, not to {fmt}")
-    source, close = module.read(src, **({"num_envs": num_envs} if num_envs is not None else {}))
-    try:
+    with contextlib.ExitStack() as files:  # what the reader opened, closed whatever happens
+        source = module.read(src, files, **({"num_envs": num_envs} if num_envs is not None else {}))
         cap = capacity if capacity is not None else max(1, source.steps)
-        kwargs: dict[str, Any] = {}
-        if commit_every is not None:
-            kwargs["commit_every"] = commit_every
-        else:
-            kwargs["commit_every"] = max(1, min(cap, 1 << 30))
+        every = commit_every if commit_every is not None else max(1, min(cap, 1 << 30))
         with AtomicOutput(path, "folder", "imported store") as scratch:
             store = create(
                 scratch.tmp,
@@ -340,7 +337,7 @@ def import_dataset(
                 compression=compression(source.spec) if callable(compression) else compression,
                 chunk_steps=chunk_steps,
                 roles=source.roles,
-                **kwargs,
+                commit_every=every,
             )
             try:
                 if source.attrs:
@@ -356,7 +353,4 @@ def import_dataset(
             finally:
                 store.close()
             path = scratch.commit()
-            made = store.backend
-    finally:
-        close()
-    return ImportResult(os.path.abspath(path), fmt, source.steps, source.num_envs, source.episodes, made)
+    return ImportResult(os.path.abspath(path), fmt, source.steps, source.num_envs, source.episodes, store.backend)

@@ -483,10 +483,6 @@ class Source:
     attrs: dict[str, Any] | None = None
 
 
-#: what a format's ``read(src)`` returns: the source, and what closes its files
-Reading = tuple[Source, Callable[[], None]]
-
-
 def nest(paths: list[str], specs: list[ArraySpec]) -> dict[str, Any]:
     """A dict nest from ``/``-joined leaf paths."""
     root: dict[str, Any] = {}

@@ -16,6 +16,7 @@ import gzip
 import io
 import math
 import os
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,6 @@ from ..spec import flatten
 from .base import (
     ExportOptions,
     ExportResult,
-    Reading,
     Source,
     StepBlocks,
     Target,
@@ -107,7 +107,7 @@ def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
 # --- the import ------------------------------------------------------------------------
 
 
-def read(src: str) -> Reading:
+def read(src: str, files: ExitStack) -> Source:
     import csv
     import gzip
 
@@ -137,7 +137,7 @@ def read(src: str) -> Reading:
     source = arrays_source(arrays, None, envs, src)
     first = int(rows[0, 0]) if len(rows) else 0
     fresh = None if first == 0 else []  # csv does not say which episodes start whole
-    return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh), lambda: None
+    return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh)
 
 
 def _is_gzip(path: str) -> bool:

@@ -13,6 +13,7 @@ is needed.
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,8 @@ from .base import (
     Episodes,
     ExportOptions,
     ExportResult,
-    Reading,
     Roles,
+    Source,
     Target,
     episode_flags,
     episodes_source,
@@ -90,52 +91,48 @@ def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
 # --- the import ------------------------------------------------------------------------
 
 
-def read(src: str) -> Reading:
+def read(src: str, files: ExitStack) -> Source:
     import h5py
 
-    f = h5py.File(src, "r")
-    try:
-        count = int(f["num_episodes"][()])
-        if count < 1:
-            raise BadInputError(f"{src}: the d3rlpy file holds no episodes")
+    f = files.enter_context(h5py.File(src, "r"))
+    count = int(f["num_episodes"][()])
+    if count < 1:
+        raise BadInputError(f"{src}: the d3rlpy file holds no episodes")
 
-        def obs_names(i: int) -> list[str]:
-            if f"observations_{i}" in f:
-                return [f"observations_{i}"]
-            names, j = [], 0
-            while f"observations_{i}_{j}" in f:
-                names.append(f"observations_{i}_{j}")
-                j += 1
-            if not names:
-                raise CorruptBufferError(f"{src}: episode {i} has no observations")
-            return names
+    def obs_names(i: int) -> list[str]:
+        if f"observations_{i}" in f:
+            return [f"observations_{i}"]
+        names, j = [], 0
+        while f"observations_{i}_{j}" in f:
+            names.append(f"observations_{i}_{j}")
+            j += 1
+        if not names:
+            raise CorruptBufferError(f"{src}: episode {i} has no observations")
+        return names
 
-        first = [f[n] for n in obs_names(0)]
-        obs_specs = [ArraySpec(d.shape[1:], d.dtype) for d in first]
-        act = f["actions_0"]
-        act_shape = act.shape[1:]
-        spec = {
-            "observation": obs_specs[0] if "observations_0" in f else tuple(obs_specs),
-            "action": ArraySpec(act_shape, act.dtype),
-            "reward": ArraySpec((), f["rewards_0"].dtype),
-            "terminated": ArraySpec((), "bool"),
-            "truncated": ArraySpec((), "bool"),
-        }
+    first = [f[n] for n in obs_names(0)]
+    obs_specs = [ArraySpec(d.shape[1:], d.dtype) for d in first]
+    act = f["actions_0"]
+    act_shape = act.shape[1:]
+    spec = {
+        "observation": obs_specs[0] if "observations_0" in f else tuple(obs_specs),
+        "action": ArraySpec(act_shape, act.dtype),
+        "reward": ArraySpec((), f["rewards_0"].dtype),
+        "terminated": ArraySpec((), "bool"),
+        "truncated": ArraySpec((), "bool"),
+    }
 
-        def load(i: int) -> list[np.ndarray]:
-            obs = [f[n][()] for n in obs_names(i)]
-            n = len(obs[0])
-            rew = np.asarray(f[f"rewards_{i}"][()]).reshape(n)
-            term = np.zeros(n, bool)
-            trunc = np.zeros(n, bool)
-            if n:
-                ended = bool(f[f"terminated_{i}"][()])
-                term[-1], trunc[-1] = ended, not ended
-            return [f[f"actions_{i}"][()], *obs, rew, term, trunc]
+    def load(i: int) -> list[np.ndarray]:
+        obs = [f[n][()] for n in obs_names(i)]
+        n = len(obs[0])
+        rew = np.asarray(f[f"rewards_{i}"][()]).reshape(n)
+        term = np.zeros(n, bool)
+        trunc = np.zeros(n, bool)
+        if n:
+            ended = bool(f[f"terminated_{i}"][()])
+            term[-1], trunc[-1] = ended, not ended
+        return [f[f"actions_{i}"][()], *obs, rew, term, trunc]
 
-        # flatten order of the spec: action, observation..., reward, terminated, truncated
-        episodes = [(i, len(f[obs_names(i)[0]])) for i in range(count)]
-        return episodes_source(spec, episodes, load), f.close
-    except BaseException:
-        f.close()
-        raise
+    # flatten order of the spec: action, observation..., reward, terminated, truncated
+    episodes = [(i, len(f[obs_names(i)[0]])) for i in range(count)]
+    return episodes_source(spec, episodes, load)

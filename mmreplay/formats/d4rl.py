@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -29,8 +30,8 @@ from .base import (
     Episodes,
     ExportOptions,
     ExportResult,
-    Reading,
     Roles,
+    Source,
     Target,
     arrays_source,
     episode_flags,
@@ -147,23 +148,19 @@ def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
 # --- the import ------------------------------------------------------------------------
 
 
-def read(src: str) -> Reading:
+def read(src: str, files: ExitStack) -> Source:
     import h5py
 
-    f = h5py.File(src, "r")
-    try:
-        if "observations" not in f:
-            raise UnsupportedFormatError(f"{src}: no 'observations' dataset; not a D4RL-style file")
-        obs = f["observations"]
-        steps = len(obs) if isinstance(obs, h5py.Dataset) else len(next(iter(datasets(obs).values())))
-        arrays: dict[str, Any] = {}
-        for name, dset in datasets(f).items():
-            top = name.split("/")[0]
-            if top in D4RL_BOOKKEEPING or dset.ndim == 0 or dset.shape[0] != steps:
-                log.info("%s: skipping %r (not one row per step)", src, name)
-                continue
-            arrays[name] = dset
-        return arrays_source(arrays, None, None, src), f.close
-    except BaseException:
-        f.close()
-        raise
+    f = files.enter_context(h5py.File(src, "r"))
+    if "observations" not in f:
+        raise UnsupportedFormatError(f"{src}: no 'observations' dataset; not a D4RL-style file")
+    obs = f["observations"]
+    steps = len(obs) if isinstance(obs, h5py.Dataset) else len(next(iter(datasets(obs).values())))
+    arrays: dict[str, Any] = {}
+    for name, dset in datasets(f).items():
+        top = name.split("/")[0]
+        if top in D4RL_BOOKKEEPING or dset.ndim == 0 or dset.shape[0] != steps:
+            log.info("%s: skipping %r (not one row per step)", src, name)
+            continue
+        arrays[name] = dset
+    return arrays_source(arrays, None, None, src)

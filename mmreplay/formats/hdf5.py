@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from .base import (
     EXPORT_MARK,
     ExportOptions,
     ExportResult,
-    Reading,
+    Source,
     StepBlocks,
     Target,
     arrays_source,
@@ -102,17 +103,13 @@ def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
 # --- the import ------------------------------------------------------------------------
 
 
-def read(src: str) -> Reading:
+def read(src: str, files: ExitStack) -> Source:
     import h5py
 
-    f = h5py.File(src, "r")
-    try:
-        meta = json.loads(f.attrs["mmreplay"])
-        arrays = {p: f[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in f}
-        return arrays_source(arrays, meta, None, src), f.close
-    except BaseException:
-        f.close()
-        raise
+    f = files.enter_context(h5py.File(src, "r"))
+    meta = json.loads(f.attrs["mmreplay"])
+    arrays = {p: f[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in f}
+    return arrays_source(arrays, meta, None, src)
 
 
 def datasets(group: Any, prefix: str = "") -> dict[str, Any]:

@@ -17,6 +17,7 @@ import glob
 import json
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -29,8 +30,8 @@ from .base import (
     Episodes,
     ExportOptions,
     ExportResult,
-    Reading,
     Roles,
+    Source,
     Target,
     disk_usage,
     episode_flags,
@@ -707,7 +708,7 @@ def _column(table: Any, name: str, spec: ArraySpec, image: bool) -> np.ndarray:
     return np.array(column.to_numpy(zero_copy_only=False), dtype=spec.dtype).reshape(n, *spec.shape)
 
 
-def read(src: str) -> Reading:
+def read(src: str, files: ExitStack) -> Source:
     """The importer's source over a LeRobot v3.0 folder: one env, episode after episode."""
     pa, pq = _pyarrow()
     info = _read_json(os.path.join(src, "meta", "info.json"), src)
@@ -731,6 +732,8 @@ def read(src: str) -> Reading:
             raise CorruptBufferError(f"{src}: no feature holds the leaf {p!r}")
     video_keys = [n for n, _ in sources.values() if features.get(n, {}).get("dtype") == "video"]
     videos = {n: VideoSource(src, n, fps) for n in video_keys}
+    for video in videos.values():
+        files.callback(video.close)
     if any("/" in n or n.startswith(".") for n in videos):  # LeRobot's feature names have no "/"
         raise CorruptBufferError(f"{src}: a video feature name that is no folder name: {sorted(videos)}")
 
@@ -766,12 +769,8 @@ def read(src: str) -> Reading:
             trunc[-1] = trunc[-1] or not term[-1]
         return out
 
-    def close() -> None:
-        for v in videos.values():
-            v.close()
-
     source = episodes_source(spec, [(r, int(r["length"])) for r in rows], load)
     source.roles = roles
     attrs = dict(mark.get("attrs") or {}) if isinstance(mark, dict) else {}
     source.attrs = attrs | {"lerobot": {"fps": fps, "tasks": tasks, "codebase_version": version}}
-    return source, close
+    return source

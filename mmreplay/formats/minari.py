@@ -40,6 +40,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,6 @@ from .base import (
     Episodes,
     ExportOptions,
     ExportResult,
-    Reading,
     Roles,
     Source,
     Target,
@@ -404,7 +404,7 @@ def _decode_jpeg(frames: Any, where: str) -> np.ndarray:
     return np.stack([np.array(Image.open(io.BytesIO(bytes(np.asarray(b))))) for b in frames])
 
 
-def read(src: str) -> Reading:
+def read(src: str, files: ExitStack) -> Source:
     import h5py
 
     data = data_dir(src)
@@ -424,85 +424,81 @@ def read(src: str) -> Reading:
     obs_spec = spec_from_space_json(meta["observation_space"], "observation")
     act_spec = spec_from_space_json(meta["action_space"], "action")
     jpeg = bool(meta.get("jpeg_encoding", True))
-    f = h5py.File(os.path.join(data, "main_data.hdf5"), "r")
-    try:
-        names = sorted((k for k in f if k.startswith("episode_")), key=lambda k: int(k.split("_", 1)[1]))
-        if not names:
-            raise BadInputError(f"{src}: the dataset holds no episodes")
-        first = f[names[0]]
-        # the arrays' own dtypes win over the spaces' (rewards are often float64)
-        obs0 = _read_nest(first["observations"], obs_spec, jpeg, "observations")
-        act0 = _read_nest(first["actions"], act_spec, jpeg, "actions")
-        obs_spec = unflatten(obs_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(obs0)])
-        act_spec = unflatten(act_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(act0)])
-        rew_dtype = first["rewards"].dtype
-        n0 = int(first["rewards"].shape[0])
-        info_paths = [
-            p
-            for p, d in datasets(first["infos"]).items()
-            if d.ndim >= 1 and d.shape[0] in (n0, n0 + 1) and d.dtype.kind in "biuf"
-        ] if "infos" in first else []
-        spec = {
-            "observation": obs_spec,
-            "action": act_spec,
-            "reward": ArraySpec((), rew_dtype),
-            "terminated": ArraySpec((), "bool"),
-            "truncated": ArraySpec((), "bool"),
-            "next_observation": obs_spec,
+    f = files.enter_context(h5py.File(os.path.join(data, "main_data.hdf5"), "r"))
+    names = sorted((k for k in f if k.startswith("episode_")), key=lambda k: int(k.split("_", 1)[1]))
+    if not names:
+        raise BadInputError(f"{src}: the dataset holds no episodes")
+    first = f[names[0]]
+    # the arrays' own dtypes win over the spaces' (rewards are often float64)
+    obs0 = _read_nest(first["observations"], obs_spec, jpeg, "observations")
+    act0 = _read_nest(first["actions"], act_spec, jpeg, "actions")
+    obs_spec = unflatten(obs_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(obs0)])
+    act_spec = unflatten(act_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(act0)])
+    rew_dtype = first["rewards"].dtype
+    n0 = int(first["rewards"].shape[0])
+    info_paths = [
+        p
+        for p, d in datasets(first["infos"]).items()
+        if d.ndim >= 1 and d.shape[0] in (n0, n0 + 1) and d.dtype.kind in "biuf"
+    ] if "infos" in first else []
+    spec = {
+        "observation": obs_spec,
+        "action": act_spec,
+        "reward": ArraySpec((), rew_dtype),
+        "terminated": ArraySpec((), "bool"),
+        "truncated": ArraySpec((), "bool"),
+        "next_observation": obs_spec,
+    }
+    if info_paths:
+        infos = first["infos"]
+        specs_of = [ArraySpec(infos[p].shape[1:], infos[p].dtype) for p in info_paths]
+        spec["infos"] = nest(info_paths, specs_of)
+    steps = sum(int(f[n]["rewards"].shape[0]) for n in names)
+    specs = flatten(spec)
+    k = block_steps(sum(s.nbytes for s in specs))
+
+    def episode_steps(name: str) -> list[np.ndarray]:
+        g = f[name]
+        obs = _read_nest(g["observations"], obs_spec, jpeg, f"{name}/observations")
+        act = _read_nest(g["actions"], act_spec, jpeg, f"{name}/actions")
+        rew = np.asarray(g["rewards"][()]).reshape(-1)
+        n = len(rew)
+        term = np.asarray(g["terminations"][()], bool).reshape(n)
+        trunc = np.asarray(g["truncations"][()], bool).reshape(n)
+        for a in flatten(obs):
+            if len(a) != n + 1:
+                raise CorruptBufferError(
+                    f"{src}: {name} has {len(a)} observations for {n} steps, expected {n + 1}"
+                )
+        if n and not (term[-1] or trunc[-1]):
+            log.warning("%s: %s ends with neither flag; imported as truncated", src, name)
+            trunc = trunc.copy()
+            trunc[-1] = True
+        step = {
+            "observation": unflatten(obs_spec, [a[:n] for a in flatten(obs)]),
+            "action": act,
+            "reward": rew,
+            "terminated": term,
+            "truncated": trunc,
+            "next_observation": unflatten(obs_spec, [a[1:] for a in flatten(obs)]),
         }
         if info_paths:
-            infos = first["infos"]
-            specs_of = [ArraySpec(infos[p].shape[1:], infos[p].dtype) for p in info_paths]
-            spec["infos"] = nest(info_paths, specs_of)
-        steps = sum(int(f[n]["rewards"].shape[0]) for n in names)
-        specs = flatten(spec)
-        k = block_steps(sum(s.nbytes for s in specs))
+            # one row per step: Minari's DataCollector adds the reset's info in front,
+            # so row i is the info that came with observation i
+            step["infos"] = nest(info_paths, [_info_rows(g, p, n, name) for p in info_paths])
+        return [np.asarray(a).reshape(n, 1, *s.shape) for a, s in zip(flatten(step), specs)]
 
-        def episode_steps(name: str) -> list[np.ndarray]:
-            g = f[name]
-            obs = _read_nest(g["observations"], obs_spec, jpeg, f"{name}/observations")
-            act = _read_nest(g["actions"], act_spec, jpeg, f"{name}/actions")
-            rew = np.asarray(g["rewards"][()]).reshape(-1)
-            n = len(rew)
-            term = np.asarray(g["terminations"][()], bool).reshape(n)
-            trunc = np.asarray(g["truncations"][()], bool).reshape(n)
-            for a in flatten(obs):
-                if len(a) != n + 1:
-                    raise CorruptBufferError(
-                        f"{src}: {name} has {len(a)} observations for {n} steps, expected {n + 1}"
-                    )
-            if n and not (term[-1] or trunc[-1]):
-                log.warning("%s: %s ends with neither flag; imported as truncated", src, name)
-                trunc = trunc.copy()
-                trunc[-1] = True
-            step = {
-                "observation": unflatten(obs_spec, [a[:n] for a in flatten(obs)]),
-                "action": act,
-                "reward": rew,
-                "terminated": term,
-                "truncated": trunc,
-                "next_observation": unflatten(obs_spec, [a[1:] for a in flatten(obs)]),
-            }
-            if info_paths:
-                # one row per step: Minari's DataCollector adds the reset's info in front,
-                # so row i is the info that came with observation i
-                step["infos"] = nest(info_paths, [_info_rows(g, p, n, name) for p in info_paths])
-            return [np.asarray(a).reshape(n, 1, *s.shape) for a, s in zip(flatten(step), specs)]
+    def blocks() -> Iterator[list[np.ndarray]]:
+        return grouped((episode_steps(name) for name in names), k)
 
-        def blocks() -> Iterator[list[np.ndarray]]:
-            return grouped((episode_steps(name) for name in names), k)
-
-        attrs = {
-            SPACES_ATTR: {
-                key: meta[key] if isinstance(meta[key], str) else json.dumps(meta[key])
-                for key in ("observation_space", "action_space", "env_spec")
-                if meta.get(key) is not None
-            }
+    attrs = {
+        SPACES_ATTR: {
+            key: meta[key] if isinstance(meta[key], str) else json.dumps(meta[key])
+            for key in ("observation_space", "action_space", "env_spec")
+            if meta.get(key) is not None
         }
-        return Source(spec, 1, steps, blocks, None, len(names), attrs=attrs), f.close
-    except BaseException:
-        f.close()
-        raise
+    }
+    return Source(spec, 1, steps, blocks, None, len(names), attrs=attrs)
 
 
 def _info_rows(group: Any, path: str, n: int, where: str) -> np.ndarray:

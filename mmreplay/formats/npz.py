@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from .base import (
     BLOCK_BYTES,
     ExportOptions,
     ExportResult,
-    Reading,
+    Source,
     StepBlocks,
     Target,
     Ticker,
@@ -137,8 +138,8 @@ class _NpyMember:
             self._f.close()
 
 
-def read(src: str, num_envs: int | None = None) -> Reading:
-    zf = zipfile.ZipFile(src)
+def read(src: str, files: ExitStack, num_envs: int | None = None) -> Source:
+    zf = files.enter_context(zipfile.ZipFile(src))
     members = {}
     meta = None
     for name in zf.namelist():
@@ -150,14 +151,5 @@ def read(src: str, num_envs: int | None = None) -> Reading:
             meta = json.loads(str(arr))
             continue
         members[key] = _NpyMember(zf, name)
-
-    def close() -> None:
-        for m in members.values():
-            m.close()
-        zf.close()
-
-    try:
-        return arrays_source(members, meta, num_envs, src), close
-    except BaseException:
-        close()
-        raise
+        files.callback(members[key].close)
+    return arrays_source(members, meta, num_envs, src)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -30,8 +31,8 @@ from .base import (
     Episodes,
     ExportOptions,
     ExportResult,
-    Reading,
     Roles,
+    Source,
     Target,
     disk_usage,
     episode_flags,
@@ -245,7 +246,7 @@ def parquet_files(src: str) -> list[str]:
     )
 
 
-def read(src: str) -> Reading:
+def read(src: str, files: ExitStack) -> Source:
     pa, pq = pyarrow("the parquet format", "export")
     files = parquet_files(src)
     schema = pq.read_schema(files[0])
@@ -285,4 +286,4 @@ def read(src: str) -> Reading:
 
     source = episodes_source(spec, episodes, load)
     source.roles = roles
-    return source, lambda: None
+    return source

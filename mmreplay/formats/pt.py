@@ -16,13 +16,14 @@ import mmap
 import os
 import struct
 import zipfile
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError
 from ..spec import flatten
-from .base import EXPORT_MARK, ExportOptions, ExportResult, Reading, StepBlocks, Target, arrays_source, need
+from .base import EXPORT_MARK, ExportOptions, ExportResult, Source, StepBlocks, Target, arrays_source, need
 
 
 def _placeholder(torch: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
@@ -147,7 +148,7 @@ def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
 # --- the import ------------------------------------------------------------------------
 
 
-def read(src: str) -> Reading:
+def read(src: str, files: ExitStack) -> Source:
     torch = need("torch", "the pt format", "torch")
     try:
         data = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
@@ -162,4 +163,4 @@ def read(src: str) -> Reading:
     envs = {s[1] for s in shapes.values()}
     if len(envs) != 1:
         raise BadInputError(f"{src}: tensors differ in num_envs: {shapes}")
-    return arrays_source(arrays, None, envs.pop(), src), lambda: None
+    return arrays_source(arrays, None, envs.pop(), src)

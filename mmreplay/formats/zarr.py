@@ -8,6 +8,7 @@ and the group's ``mmreplay`` attribute holds the spec and roles. Read it with
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from ..spec import flatten, leaf_paths, spec_from_json
 from .base import (
     ExportOptions,
     ExportResult,
-    Reading,
+    Source,
     StepBlocks,
     Target,
     arrays_source,
@@ -140,7 +141,7 @@ def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
 # --- the import ------------------------------------------------------------------------
 
 
-def read(src: str) -> Reading:
+def read(src: str, files: ExitStack) -> Source:
     g = need("zarr", "the zarr format", "zarr").open_group(src, mode="r")
     meta = dict(g.attrs).get("mmreplay")
     if not isinstance(meta, dict):
@@ -148,4 +149,4 @@ def read(src: str) -> Reading:
             f"{src}: a zarr group that is not an mmreplay export (no 'mmreplay' attribute)"
         )
     arrays = {p: g[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in g}
-    return arrays_source(arrays, meta, None, src), lambda: None
+    return arrays_source(arrays, meta, None, src)
