@@ -44,10 +44,11 @@ EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (mmreplay.UnsupportedFormatError, 4),
     (mmreplay.LockedError, 5),
     (mmreplay.ReadOnlyError, 6),  # a write the file system or the open mode does not allow
+    (FileNotFoundError, 3),  # no bucket there too
+    (PermissionError, 6),  # object storage's credentials refused too
+    (mmreplay.RemoteUnreachableError, 8),  # object storage unreachable, or no answer in time
     (mmreplay.Error, 2),
     (FileExistsError, 2),
-    (FileNotFoundError, 3),
-    (PermissionError, 6),
     (ImportError, 7),
     (OSError, 2),  # any other refusal of the file system (a folder where a file goes...)
 ]

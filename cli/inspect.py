@@ -43,8 +43,12 @@ def _hdf5_storage(folder: str, leaves: list[Any]) -> dict[str, int]:
     try:
         import h5py
 
-        with h5py.File(os.path.join(folder, "data.h5"), "r", libver="latest", swmr=True) as f:
-            return {p: int(f[p].id.get_storage_size()) for p in paths}
+        from mmreplay.backends.hdf5 import DATA_FILE, leaf_dataset
+        from mmreplay.files import checked_inside
+
+        path = checked_inside(folder, DATA_FILE)
+        with h5py.File(path, "r", libver="latest", swmr=True) as f:
+            return {p: int(leaf_dataset(f, p, path).id.get_storage_size()) for p in paths}
     except Exception:
         return {}
 

@@ -1,10 +1,13 @@
-"""CleanRL's dqn.py, with its replay buffer on disk: only the ReplayBuffer import changed.
+"""CleanRL's dqn.py, with its replay buffer on disk.
 
 CleanRL constructs Stable-Baselines3's ``ReplayBuffer`` by hand, then calls
 ``rb.add(...)`` and ``rb.sample(...)``. With ``mmreplay.compat.sb3.ReplayBuffer`` the
 buffer is a folder: kill the run and start it again with the same ``--buffer-path``,
-and it resumes with every committed step. (The trimmed script keeps CleanRL's training
-loop; its logging and video capture are left out.)
+and it resumes with every committed step. Besides the import, the loop does what
+gymnasium >= 1.0 asks of it (docs/sb3.md, "CleanRL"): it skips the step that only
+resets an env after its episode ended, and gives the buffer the time limits, so the
+folder holds episodes as they were. (The trimmed script keeps CleanRL's training loop;
+its logging and video capture are left out.)
 
     python examples/cleanrl_dqn.py --total-timesteps 20000 --buffer-path runs/cleanrl-buf
 """
@@ -70,6 +73,9 @@ def main():
     torch.manual_seed(args.seed)
     device = torch.device("cpu")
 
+    # one env, as CleanRL's dqn.py: the buffer takes a step of every env at once, and under
+    # next-step autoreset an env that ended an episode makes no transition on the next step
+    assert args.num_envs == 1, "vectorized envs are not supported"
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(args.env_id) for _ in range(args.num_envs)])
     q_network = QNetwork(envs).to(device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
@@ -81,11 +87,12 @@ def main():
         envs.single_observation_space,
         envs.single_action_space,
         device,
-        handle_timeout_termination=False,
-        path=args.buffer_path,  # the one argument CleanRL's call does not have
+        handle_timeout_termination=True,  # CleanRL's False, with dones = terminations: the same batches
+        path=args.buffer_path,  # the argument CleanRL's call does not have
     )
 
     obs, _ = envs.reset(seed=args.seed)
+    autoreset = np.zeros(envs.num_envs, bool)
     for global_step in range(args.total_timesteps):
         epsilon = linear_schedule(
             args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
@@ -98,11 +105,14 @@ def main():
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
 
-        real_next_obs = next_obs.copy()
-        for idx, trunc in enumerate(truncations):
-            if trunc and "final_obs" in infos:
-                real_next_obs[idx] = infos["final_obs"][idx]
-        rb.add(obs, real_next_obs, actions, rewards, terminations, infos)
+        # Next-step autoreset (gymnasium >= 1.0): the step after an episode ended only
+        # resets the env (its action is ignored, reward 0): no transition, not stored.
+        # The episode's last step already returned its final observation as next_obs.
+        if not autoreset.any():
+            # a time limit as SB3's VecEnvs report it: done, with TimeLimit.truncated
+            timeouts = [{"TimeLimit.truncated": bool(tr and not te)} for te, tr in zip(terminations, truncations)]
+            rb.add(obs, next_obs, actions, rewards, terminations | truncations, timeouts)
+        autoreset = terminations | truncations
         obs = next_obs
 
         if global_step > args.learning_starts:

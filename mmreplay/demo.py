@@ -241,7 +241,7 @@ def _collector_main(argv: list[str]) -> int:
         if args.pace:
             time.sleep(args.pace)
 
-    with open_store(args.path, mode="a") as store:
+    with open_store(args.path, mode="a", continue_episodes=True) as store:  # collect restores the envs
         collect(store, args.stop, seed=args.seed, on_commit=report)
     sys.stdout.write("done\n")
     return 0
@@ -371,7 +371,7 @@ def run(
 
     # 4. resume to the end
     t = time.perf_counter()
-    with open_store(path, mode="a") as store:
+    with open_store(path, mode="a", continue_episodes=True) as store:  # collect restores the envs
         collect(store, c.steps, seed=c.seed)
     resume_s = time.perf_counter() - t
     with open_store(path, mode="r") as store:

@@ -26,6 +26,16 @@ than half of it, and after ``set`` changes an end. A buffer without the file (wr
 another tool, or the file deleted) rebuilds it by scanning the role leaves of the
 retained steps once. Readers load the records below their committed end, so the episodes
 they see always match their committed window.
+
+A writer that reopens a store resumes collection: the episodes the last writer left
+open cannot go on (its environments are gone), so before the first step it writes, the
+last committed step of each env whose episode is still open is marked truncated
+(:func:`open_ends`), whether the last writer was killed or closed cleanly. The mark is
+the ``truncated`` leaf set, or for TF-Agents trajectories ``next_step_type`` set to
+``LAST`` (with a non-zero ``discount``: a time limit). A store without such a leaf
+(only ``terminated`` / ``done``, only ``step_type``, or no end roles) cannot say
+"cut short" without inventing a terminal state, so nothing is marked there and the
+resumed env's first episode continues the open one.
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ from typing import Any
 import numpy as np
 
 from .backends.base import disk_full_as
-from .errors import NotEnoughDataError
+from .errors import CorruptBufferError, NotEnoughDataError
+from .files import open_inside, read_inside
 from .hooks import WriteHook
 from .metadata import atomic_write
 from .roles import subtree
@@ -57,6 +68,7 @@ __all__ = [
     "to_arrays",
     "continue_index",
     "fresh_envs",
+    "open_ends",
 ]
 
 log = logging.getLogger(__name__)
@@ -167,6 +179,37 @@ class EndRule:
         return out
 
 
+def open_ends(store: Any) -> tuple[Any, int, np.ndarray] | None:
+    """How a resuming writer ends the episodes left open (see the module docstring):
+    ``(leaf, step, row)``, the end leaf, the last committed step and that leaf's new
+    row ``[1, num_envs, *shape]``; None when no episode is open there or the store has
+    no leaf that marks a truncation."""
+    end = store.state.end
+    if end == 0 or end - 1 < store.first_step:
+        return None
+    rule = EndRule(store)
+    slot = np.array([(end - 1) % store.capacity])
+    open_ = rule.codes(slot, store.num_envs)[0] == 0 if rule.kind is not None else None
+    if open_ is None or not open_.any():
+        return None
+    if rule.kind == "flags" and "truncated" in rule.leaves:
+        leaf, value = rule.leaves["truncated"], 1
+    elif rule.kind == "next_step_type" and "discount" in rule.leaves:
+        leaf, value = rule.leaves["next_step_type"], LAST
+        open_ &= rule.leaves["discount"].read(slot).reshape(store.num_envs) != 0
+    else:
+        leaf = None
+    if leaf is None or not open_.any():
+        log.info(
+            "%s: envs %s end in an open episode that this store cannot mark truncated; the steps written "
+            "next continue it", store.path, np.flatnonzero(open_).tolist(),
+        )
+        return None
+    row = np.array(leaf.read(slot))
+    row.reshape(1, store.num_envs, -1)[0, open_] = value
+    return leaf, end - 1, row
+
+
 # --- the index --------------------------------------------------------------------
 
 
@@ -224,6 +267,7 @@ class EpisodeIndex:
     """The end records of one store, in memory and (for stores with end roles) on disk."""
 
     def __init__(self, store: Any):
+        self.folder = store.path
         self.path = os.path.join(store.path, INDEX_FILE)
         self.rule = EndRule(store)
         self.writable = store.mode == "a"
@@ -290,9 +334,11 @@ class EpisodeIndex:
     def _read_file(self) -> tuple[int, bytes, np.ndarray, int] | None:
         """``(origin, generation, records, bytes parsed)`` of the file, None if absent or bad."""
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
+            raw = read_inside(self.folder, INDEX_FILE, index_limit(self.capacity, self.num_envs), "an episode index")
         except FileNotFoundError:
+            return None
+        except CorruptBufferError as exc:  # a link, a FIFO, a file too large: never read
+            log.warning("%s; rebuilding the episode index from the role leaves", exc)
             return None
         if len(raw) < HEADER_BYTES or raw[:8] != MAGIC:
             log.warning(
@@ -323,7 +369,7 @@ class EpisodeIndex:
         self.origin, self.generation = origin, generation
         self.file_records = len(rec)
         self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(rec))
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self.fd = open_inside(self.folder, INDEX_FILE, os.O_WRONLY | os.O_APPEND)
 
     def _close_fd(self) -> None:
         if self.fd is not None:
@@ -353,13 +399,15 @@ class EpisodeIndex:
                 rec = rec[:keep]
                 self._write_file(origin, rec)
             else:
-                if parsed != os.path.getsize(self.path):
-                    os.truncate(self.path, parsed)
+                self.fd = open_inside(self.folder, INDEX_FILE, os.O_WRONLY | os.O_APPEND)
+                if parsed != os.fstat(self.fd).st_size:
+                    os.ftruncate(self.fd, parsed)
                 self.origin, self.generation = origin, generation
                 self.file_records = len(rec)
                 self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(rec))
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._set_memory(rec)
+        if end > first:  # a writer killed after rewriting an end but before the index did
+            self._rescan(np.array([end - 1]), first)
 
     def commit(self, old_end: int, new_end: int, first: int, fsync: bool) -> None:
         """Record the ends of the steps ``[old_end, new_end)`` about to be committed.
@@ -405,7 +453,10 @@ class EpisodeIndex:
         if not self.has_ends:
             return
         self.sync(store)
-        steps = np.unique(np.asarray(steps, np.int64))
+        self._rescan(np.unique(np.asarray(steps, np.int64)), store.first_step)
+
+    def _rescan(self, steps: np.ndarray, first: int) -> None:
+        """Re-read the ends of ``steps`` (sorted, unique) and rewrite the file if they changed."""
         if not len(steps):
             return
         rec = self.records
@@ -417,7 +468,7 @@ class EpisodeIndex:
         kept = rec[~np.isin(rec["step"], steps)]
         merged = _cat([kept, fresh])
         merged = merged[np.lexsort((merged["env"], merged["step"]))]
-        self._write_file(self.origin if self.origin is not None else store.first_step, merged)
+        self._write_file(self.origin if self.origin is not None else first, merged)
         self._set_memory(merged)
 
     # --- readers and queries --------------------------------------------------------
@@ -442,8 +493,8 @@ class EpisodeIndex:
 
     def _read_new(self, store: Any) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+            fd = open_inside(self.folder, INDEX_FILE)
+        except (FileNotFoundError, CorruptBufferError):
             self._start_scan_mode(store)
             return
         try:
@@ -565,6 +616,12 @@ class EpisodeIndex:
             )
         order = np.lexsort((first_a, env))
         return Spans(env[order], first_a[order], last_a[order], code[order], cut_a[order])
+
+
+def index_limit(capacity: int, num_envs: int) -> int:
+    """The largest an episode index file can be: a writer compacts it once it holds twice
+    the records of a full ring, and a commit appends at most a ring's worth."""
+    return HEADER_BYTES + RECORD.itemsize * (COMPACT_MIN_RECORDS + 4 * capacity * num_envs)
 
 
 def _write_index(path: str, origin: int, rec: np.ndarray, fsync: bool) -> bytes:

@@ -58,3 +58,30 @@ class DiskFullError(Error, OSError):
 class TargetError(Error, FileExistsError):
     """A path an export, convert or import must not write: an existing file or folder that
     is not an earlier export of the same format, or a path inside (or holding) its source."""
+
+
+class RemoteError(Error, OSError):
+    """Object storage failed a request (an ``s3://`` store or export). The subclasses say
+    what to do; this class alone is any other refusal (a bad bucket name, a bad setting)."""
+
+
+class RemoteUnreachableError(RemoteError, ConnectionError):
+    """The object store's endpoint cannot be reached or keeps failing: no server there, no
+    such host, server errors after every retry. Worth trying again later."""
+
+
+class RemoteTimeoutError(RemoteUnreachableError, TimeoutError):
+    """The object store did not answer in the time allowed (``MMREPLAY_S3_TIMEOUT``)."""
+
+
+class RemoteAccessError(RemoteError, PermissionError):
+    """No credentials were found, the object store refused them, or they do not allow
+    the request."""
+
+
+class NoSuchBucketError(RemoteError, FileNotFoundError):
+    """The URL's bucket does not exist at the endpoint."""
+
+
+class ObjectNotFoundError(RemoteError, FileNotFoundError):
+    """An object the request named does not exist (the bucket does)."""

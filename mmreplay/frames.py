@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputError, CorruptBufferError, SpecError
+from .files import folder_inside
 from .roles import subtree
 from .spec import ArraySpec, flatten, leaf_paths
 
@@ -283,6 +284,14 @@ def side_metadata(meta: Any) -> Any:
     return replace(
         meta, capacity=layout.final_slots, num_envs=1, spec=spec, leaves=tuple(layout.side), frames=None
     )
+
+
+def side_folder(folder: str) -> str:
+    """The side ring's folder in a store's folder: a real folder of it, never a link."""
+    try:
+        return folder_inside(folder, SIDE_DIR)
+    except (FileNotFoundError, NotADirectoryError):
+        raise CorruptBufferError(f"{os.path.join(folder, SIDE_DIR)}: the side ring's folder is missing") from None
 
 
 def create_side(module: Any, folder: str, meta: Any, side_infos: list[Any]) -> list[Any]:

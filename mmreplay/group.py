@@ -39,7 +39,7 @@ from .errors import (
     NotEnoughDataError,
     SpecMismatchError,
 )
-from .files import atomic_write
+from .files import atomic_write, folder_inside, read_inside
 from .spec import flatten, spec_to_json, unflatten
 from .store import MODES, BufferExistsError, Store
 from .store import create as create_store
@@ -102,14 +102,15 @@ def _read_manifest(path: str) -> list[str]:
     """The shard folders a group's manifest names, validated."""
     where = _manifest_path(path)
     try:
-        with open(where, encoding="utf-8") as f:
-            raw = f.read(1 << 20)
+        raw = read_inside(path, GROUP_FILE, 1 << 20, "a group manifest")
     except FileNotFoundError:
         raise NotABufferError(f"{path}: not a group of stores (no {GROUP_FILE})") from None
     try:
         obj = json.loads(raw)
     except ValueError as exc:
         raise CorruptBufferError(f"{where}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise CorruptBufferError(f"{where}: nested too deeply to be a group manifest") from None
     if not isinstance(obj, dict) or obj.get("format") != GROUP_FORMAT:
         found = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
         raise CorruptBufferError(f"{where}: expected format {GROUP_FORMAT!r}, found {found!r}")
@@ -128,7 +129,15 @@ def _read_manifest(path: str) -> list[str]:
 def shard_folders(path: str | os.PathLike) -> list[str]:
     """The folders of a group's shards, in shard order, as its manifest names them."""
     path = os.fspath(path)
-    return [os.path.join(path, name) for name in _read_manifest(path)]
+    return [_shard_folder(path, name) for name in _read_manifest(path)]
+
+
+def _shard_folder(path: str, name: str) -> str:
+    """A shard's folder: a real folder of the group's (a link out is refused)."""
+    try:
+        return folder_inside(path, name)
+    except (FileNotFoundError, NotADirectoryError):
+        return os.path.join(path, name)  # opening it says what is missing
 
 
 def write_manifest(path: str | os.PathLike, shards: int, fsync: bool = False) -> None:

@@ -15,6 +15,7 @@ except ImportError as exc:  # Windows
     raise ImportError("mmreplay needs POSIX file locks (Linux or macOS); on Windows, run it under WSL") from exc
 
 from .errors import LockedError, ReadOnlyError
+from .files import open_inside
 
 LOCK_FILE = ".lock"
 
@@ -25,8 +26,8 @@ class WriterLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # (never through a link: the file is truncated below)
+            fd = open_inside(os.path.dirname(self.path), LOCK_FILE, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise
@@ -60,10 +61,9 @@ class WriterLock:
 
 def holder_pid(folder: str) -> int | None:
     """The pid of the live writer of ``folder``, or None when no writer holds it."""
-    path = os.path.join(folder, LOCK_FILE)
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        fd = open_inside(folder, LOCK_FILE)
+    except OSError:  # (a link or a FIFO too: no writer holds that)
         return None
     try:
         try:

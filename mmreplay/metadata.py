@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptBufferError, NotABufferError, UnsupportedFormatError
-from .files import atomic_write
+from .files import atomic_write, read_inside
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json, validate_leaf_path
 from .statefile import STATE_FILE, State, StateFile, write_fresh
 
@@ -61,6 +61,8 @@ MAX_CAPACITY = 1 << 40
 MAX_NUM_ENVS = 1 << 20
 MAX_LEAF_BYTES = 1 << 50  # 1 PiB: larger than any disk this will meet
 MAX_METADATA_BYTES = 64 << 20
+#: a compressed chunk is decoded (and staged) whole in memory: one larger is refused
+MAX_CHUNK_BYTES = 1 << 30
 BACKENDS = ("zarr", "hdf5")
 DURABILITIES = ("process", "power")
 PAIR_TRIES = 8  # a reader racing set_attrs reads the two files again
@@ -250,6 +252,9 @@ def _parse_leaf(obj: Any, capacity: int, num_envs: int, where: str) -> LeafInfo:
     compression = obj.get("compression")
     if compression is not None and not isinstance(compression, str):
         raise CorruptBufferError(f"{where} leaf {path!r}: compression must be a string or null")
+    too_large = chunk_too_large(compression, chunk_steps, num_envs, spec)
+    if too_large:
+        raise CorruptBufferError(f"{where} leaf {path!r}: {too_large}")
     file = obj.get("file")
     if file is not None:
         try:  # a relative path of plain names: it cannot leave (or be) the buffer folder
@@ -266,11 +271,26 @@ def _parse_leaf(obj: Any, capacity: int, num_envs: int, where: str) -> LeafInfo:
     return LeafInfo(path, spec, chunk_steps, compression, file, offset)
 
 
+def chunk_too_large(compression: str | None, chunk_steps: int, num_envs: int, spec: ArraySpec) -> str | None:
+    """Why a leaf's chunks are too large to decode in memory (None: they are not)."""
+    if compression is None or compression.startswith("rows:"):
+        return None  # mapped, or decoded row by row
+    nbytes = chunk_steps * num_envs * spec.nbytes
+    if nbytes <= MAX_CHUNK_BYTES:
+        return None
+    return (
+        f"a compressed chunk of {chunk_steps} steps x {num_envs} envs x {spec.shape} {spec.dtype} takes "
+        f"{nbytes} bytes decoded, more than the {MAX_CHUNK_BYTES} a chunk may; choose fewer chunk_steps"
+    )
+
+
 def parse_metadata(raw: bytes, where: str) -> Metadata:
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptBufferError(f"{where}: metadata is not valid JSON ({exc})") from None
+    except ValueError:  # Python converts numbers of at most 4,300 digits
+        raise CorruptBufferError(f"{where}: metadata holds a number too long to be a buffer's") from None
     except RecursionError:
         raise CorruptBufferError(f"{where}: metadata is nested too deeply to be a buffer's") from None
     if not isinstance(obj, dict):
@@ -379,13 +399,10 @@ def parse_state(obj: Any, where: str) -> State:
     return State(start, end, reserved, commits, commit_time)
 
 
-def _read_bounded(path: str) -> bytes:
-    """The file's bytes, refusing one larger than any real metadata before reading it."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > MAX_METADATA_BYTES:
-            raise CorruptBufferError(f"{path}: {size} bytes, larger than metadata can be ({MAX_METADATA_BYTES})")
-        return f.read(size + 1)  # +1: a file that grew since fstat still ends the read
+def _read_bounded(folder: str) -> bytes:
+    """The metadata file's bytes, refusing one larger than any real metadata (or not a
+    regular file of the folder) before reading it."""
+    return read_inside(folder, METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
 
 
 def read_metadata(folder: str) -> Metadata:
@@ -413,7 +430,7 @@ def read_static(folder: str) -> Metadata:
     """Read and validate ``folder/mmreplay.json`` alone (format 2: without the state)."""
     path = os.path.join(folder, METADATA_FILE)
     try:
-        raw = _read_bounded(path)
+        raw = _read_bounded(folder)
     except FileNotFoundError:
         if not os.path.exists(folder):
             raise NotABufferError(f"{folder}: no such folder") from None
@@ -450,11 +467,15 @@ class JsonState:
         if self.file is not None:
             return self.file.read()
         try:
-            obj = json.loads(_read_bounded(self.path))
+            obj = json.loads(_read_bounded(self.folder))
         except FileNotFoundError:
             raise NotABufferError(f"{self.folder}: not an mmreplay buffer (no {METADATA_FILE})") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CorruptBufferError(f"{self.path}: metadata is not valid JSON ({exc})") from None
+        except ValueError:
+            raise CorruptBufferError(f"{self.path}: metadata holds a number too long to be a buffer's") from None
+        except RecursionError:
+            raise CorruptBufferError(f"{self.path}: metadata is nested too deeply to be a buffer's") from None
         if not isinstance(obj, dict):
             raise CorruptBufferError(f"{self.path}: metadata must be a JSON object")
         if "state" not in obj and _parse_format(obj.get("format"), self.path) >= 2:

@@ -8,7 +8,7 @@ concurrent ranged GETs, neighbours coalesced into one request (``obstore.get_ran
 and a sequential pass coalesces into large ranges. A leaf of compressed row frames
 (``rows:lz4``, ``rows:zstd``) fetches each segment's shard index once, then only the
 frames a batch needs (:class:`RemoteRowFrameLeaf`). Another compressed leaf is read
-chunk by chunk through zarr's own ``ObjectStore``. The committed state is the ``mmreplay.state``
+chunk by chunk, each chunk object decoded by zarr. The committed state is the ``mmreplay.state``
 object, read again per batch as a local reader reads its state file, so the seqlock
 check of the read path works unchanged.
 
@@ -22,20 +22,37 @@ or ``storage_options`` (obstore's ``S3Config`` keys; ``endpoint_url`` is taken a
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
+import contextvars
 import json
 import os
+import re
 import threading
+import time
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
 from .backends.base import ChunkedLeaf
 from .backends.native_rows import FrameBatch
-from .errors import CorruptBufferError, NotABufferError, ReadOnlyError
+from .errors import (
+    CorruptBufferError,
+    Error,
+    NoSuchBucketError,
+    NotABufferError,
+    ObjectNotFoundError,
+    ReadOnlyError,
+    RemoteAccessError,
+    RemoteError,
+    RemoteTimeoutError,
+    RemoteUnreachableError,
+)
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, LeafInfo, Metadata, pair_attrs, parse_metadata
 from .statefile import STATE_FILE, State, decode_slot, newest
 
@@ -51,6 +68,9 @@ UPLOADS_IN_FLIGHT = 8
 #: compressed row frames closer than this are fetched by one request; a frame is a few
 #: KiB, so a batch fetches about its own rows' bytes, not whole segments
 FRAME_GAP_BYTES = 64 << 10
+#: seconds a request may go unanswered, retries included (else obstore's own limits:
+#: 30 s a try, retried for up to 3 minutes)
+TIMEOUT_VARIABLE = "MMREPLAY_S3_TIMEOUT"
 
 
 def is_url(path: Any) -> bool:
@@ -81,20 +101,136 @@ def _obstore() -> Any:
 class _Loop:
     """One event loop in a daemon thread, shared by every location of the process: the
     async range requests of a batch run on it together, from any caller (a Jupyter
-    kernel's running loop included)."""
+    kernel's running loop included).
+
+    obstore completes a request from its own (Rust) threads, which must enter the
+    interpreter to do so: a request still in flight when the interpreter exits crashes
+    the process (SIGABRT, SIGSEGV). So no request is left behind: each is awaited
+    through :meth:`track`, which a caller's cancellation does not cut short; a call
+    interrupted while waiting (Ctrl-C) stops its coroutine and waits for the requests it
+    has in flight; and at exit the loop's thread ends after every request in flight
+    (:meth:`stop`)."""
 
     loop: asyncio.AbstractEventLoop | None = None
+    thread: threading.Thread | None = None
     pid = -1
     guard = threading.Lock()
+    exiting = False
+    #: the requests in flight, and those of the current :meth:`run` call (the loop's thread only)
+    inflight: set[asyncio.Future[Any]] = set()
+    own: contextvars.ContextVar[set[asyncio.Future[Any]]] = contextvars.ContextVar("mmreplay_requests")
+
+    @classmethod
+    def running(cls) -> asyncio.AbstractEventLoop:
+        with cls.guard:
+            if not (cls.exiting and threading.current_thread().daemon):
+                if cls.loop is None or cls.pid != os.getpid():  # none yet, or lost in a fork
+                    cls.loop = asyncio.new_event_loop()
+                    cls.pid = os.getpid()
+                    cls.inflight = set()
+                    cls.thread = threading.Thread(
+                        target=cls.loop.run_forever, name="mmreplay-objstore", daemon=True
+                    )
+                    cls.thread.start()
+                    if not cls.exiting:
+                        atexit.register(cls.stop)
+                return cls.loop
+        # a daemon thread still reading as the interpreter exits: it may start no request
+        # now (one in flight when the interpreter ends crashes the process); exit ends it
+        while True:
+            time.sleep(3600)
 
     @classmethod
     def run(cls, coro: Coroutine[Any, Any, Any]) -> Any:
+        requests: set[asyncio.Future[Any]] = set()
+        task: list[asyncio.Task[Any] | None] = [None]
+
+        async def call() -> Any:
+            task[0] = asyncio.current_task()
+            cls.own.set(requests)  # the tasks it starts share the set
+            return await coro
+
+        loop = cls.running()
+        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # interrupted: the coroutine stops at its next await
+            cls.settle(loop, lambda: [t for t in task if t is not None and not t.done()] + list(requests))
+            raise
+
+    @classmethod
+    async def track(cls, awaitable: Awaitable[Any]) -> Any:
+        """Await one obstore request; a cancelled caller leaves it running to its end,
+        counted until then."""
+        future = asyncio.ensure_future(awaitable)
+        owner = cls.own.get(None)
+        for group in (cls.inflight, owner):
+            if group is not None:
+                group.add(future)
+                future.add_done_callback(group.discard)
+        future.add_done_callback(_retrieved)
+        return await asyncio.shield(future)
+
+    @staticmethod
+    def settle(loop: asyncio.AbstractEventLoop, busy: Callable[[], list[asyncio.Future[Any]]]) -> None:
+        """Wait until ``busy()`` (futures of ``loop``, read on its thread) is empty. A
+        second Ctrl-C does not cut the wait short: a request ends within its timeout,
+        and the process must not exit before."""
+
+        async def quiet() -> None:
+            while pending := busy():
+                await asyncio.wait(pending)
+
+        if not loop.is_running():
+            return
+        done = asyncio.run_coroutine_threadsafe(quiet(), loop)
+        while True:
+            try:
+                return done.result()
+            except KeyboardInterrupt:
+                continue
+
+    @classmethod
+    def stop(cls) -> None:
+        """At exit: every coroutine and request in flight ends, then the loop's thread."""
         with cls.guard:
-            if cls.loop is None or cls.pid != os.getpid():  # none yet, or lost in a fork
-                cls.loop = asyncio.new_event_loop()
-                cls.pid = os.getpid()
-                threading.Thread(target=cls.loop.run_forever, name="mmreplay-objstore", daemon=True).start()
-        return asyncio.run_coroutine_threadsafe(coro, cls.loop).result()
+            loop, thread = cls.loop, cls.thread
+            if loop is None or thread is None or cls.pid != os.getpid():
+                return
+            cls.exiting = True
+            cls.loop = cls.thread = None
+
+        def busy() -> list[asyncio.Future[Any]]:
+            me = asyncio.current_task()
+            return [t for t in asyncio.all_tasks() if t is not me] + list(cls.inflight)
+
+        cls.settle(loop, busy)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(60)
+        if not thread.is_alive():
+            loop.close()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Read a landed request's exception: its caller may have been cancelled meanwhile,
+    and an exception never read is logged when the future is collected."""
+    if not future.cancelled():
+        future.exception()
+
+
+async def gather_all(*aws: Awaitable[Any]) -> list[Any]:
+    """Every awaitable's result, in order. At the first failure (or cancellation) the
+    others are cancelled and awaited before it is raised: nothing a call started goes on
+    after it returns."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 @dataclass
@@ -123,28 +259,81 @@ def merge_spans(starts: np.ndarray, ends: np.ndarray, gap: int) -> list[tuple[in
     return out
 
 
+def _timeout(given: Any) -> float | None:
+    """Seconds a request may take, retries included, from ``storage_options["timeout"]``
+    or :data:`TIMEOUT_VARIABLE` (None: obstore's own limits)."""
+    text = os.environ.get(TIMEOUT_VARIABLE) if given is None else given
+    if text is None or text == "":
+        return None
+    try:
+        seconds = float(text)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0:
+        raise RemoteError(f"{TIMEOUT_VARIABLE} / timeout={text!r}: expected a number of seconds above 0")
+    return seconds
+
+
+#: S3 error codes that refuse the credentials themselves (not what they may do)
+_REFUSED_CREDENTIALS = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "InvalidClientTokenId",
+}
+#: where obstore looks for credentials none were given: instance and container metadata,
+#: a web identity token; a failure there means no credentials were found
+_CREDENTIAL_SOURCES = (
+    "/latest/api/token",
+    "/latest/meta-data/",
+    "169.254.170.2",
+    "AssumeRoleWithWebIdentity",
+)
+
+
 class Location:
-    """The objects of one store: ``s3://bucket/prefix`` and how to reach it."""
+    """The objects of one store: ``s3://bucket/prefix`` and how to reach it.
+
+    Every request to object storage goes through the methods below (the store's byte
+    source), and every failure of one becomes an mmreplay error in :meth:`remote_error`:
+    one line naming the URL and what to do."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
         obstore = _obstore()
         from obstore.store import S3Store
 
-        bucket, prefix = split_url(url)
-        self.url = f"{SCHEME}{bucket}/{prefix}".rstrip("/")
+        self.bucket, prefix = split_url(url)
+        self.url = f"{SCHEME}{self.bucket}/{prefix}".rstrip("/")
         self.storage_options = storage_options
         config = dict(storage_options or {})
         client = dict(config.pop("client_options", None) or {})
+        retry = dict(config.pop("retry_config", None) or {})
+        self.timeout = _timeout(config.pop("timeout", None))
         if "endpoint_url" in config:
             config["endpoint"] = config.pop("endpoint_url")
         endpoint = (
             config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
         )
-        if endpoint and str(endpoint).startswith("http://"):
+        self.endpoint = str(endpoint) if endpoint else ""
+        if self.endpoint.startswith("http://"):
             client.setdefault("allow_http", True)  # a local or in-cluster server
-        self.store = S3Store(
-            bucket, prefix=prefix or None, config=config or None, client_options=client or None
-        )
+        if self.timeout is not None:
+            client.setdefault("timeout", timedelta(seconds=min(self.timeout, 30.0)))
+            client.setdefault("connect_timeout", timedelta(seconds=min(self.timeout, 5.0)))
+            retry.setdefault("retry_timeout", timedelta(seconds=self.timeout))
+        try:
+            self.store = S3Store(
+                self.bucket,
+                prefix=prefix or None,
+                config=config or None,
+                client_options=client or None,
+                retry_config=retry or None,
+            )
+        except Exception as exc:  # obstore's refusal of a setting, or a value of the wrong type
+            first = " ".join(str(exc).split("\n\nDebug source:", 1)[0].split())
+            raise RemoteError(f"{self.url}: a setting of the object store is refused: {first}") from exc
         self.obstore = obstore
         self.traffic = Traffic()
 
@@ -158,13 +347,97 @@ class Location:
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return _Loop.run(coro)
 
+    # --- errors -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self, key: str = "") -> Iterator[None]:
+        """Requests made inside raise mmreplay errors (:meth:`remote_error`)."""
+        from obstore.exceptions import BaseError, NotModifiedError, PreconditionError
+
+        try:
+            yield
+        except (Error, PreconditionError, NotModifiedError):
+            raise  # ours already; a conditional request's answer (the caller decides)
+        except (BaseError, FileNotFoundError) as exc:
+            raise self.remote_error(exc, key) from exc
+
+    def remote_error(self, exc: BaseException, key: str = "") -> RemoteError:
+        """What an obstore error means for the user: the mmreplay error that says it."""
+        text = str(exc)
+        head = text.split("\n\nDebug source:", 1)[0]
+        code = re.search(r"<Code>([^<]+)</Code>", text)
+        code = code.group(1) if code else ""
+        said = re.search(r"<Message>([^<]*)</Message>", text)
+        said = f"{code}: {said.group(1)}" if said else code
+        method = re.search(r"performing (GET|PUT|HEAD|POST|DELETE|LIST)", text)
+        request = f"{method.group(1) if method else 'request'} {key}".rstrip()
+        server = self.endpoint or "AWS S3"
+        endpoint_hint = (
+            "check the server and the endpoint (--endpoint-url or AWS_ENDPOINT_URL)"
+            if self.endpoint
+            else "no AWS_ENDPOINT_URL is set: set it (or --endpoint-url) for another S3-compatible server"
+        )
+        if isinstance(exc, FileNotFoundError) or "NoSuchBucket" in text or "NoSuchKey" in text:
+            if code == "NoSuchBucket":
+                return NoSuchBucketError(
+                    f"{self.url}: no bucket {self.bucket!r} at {server}; create it or correct the URL"
+                )
+            return ObjectNotFoundError(f"{self.where(key)}: no such object")
+        if any(source in text for source in _CREDENTIAL_SOURCES):
+            return RemoteAccessError(
+                f"{self.url}: no credentials for {server}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(or storage_options), or AWS_SKIP_SIGNATURE=true for a public bucket"
+            )
+        if code in _REFUSED_CREDENTIALS:
+            return RemoteAccessError(
+                f"{self.url}: {server} refused the credentials ({said}); "
+                "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            )
+        if code in ("AccessDenied", "AllAccessDisabled") or type(exc).__name__ in (
+            "PermissionDeniedError",
+            "UnauthenticatedError",
+        ):
+            return RemoteAccessError(
+                f"{self.url}: {server} denied {request} ({said or head}); the credentials need permission to "
+                "read the prefix (and to write and delete under it, to push or export)"
+            )
+        if "kind: Timeout" in text or "timed out" in head.lower():
+            took = re.search(r" in ([0-9.]+)s", head)
+            after = f" in {float(took.group(1)):.0f} s" if took else ""
+            return RemoteTimeoutError(
+                f"{self.url}: no answer from {server}{after} ({request}); check the server, or allow "
+                f"more time with {TIMEOUT_VARIABLE}=SECONDS"
+            )
+        if "kind: Connect" in text or "error sending request" in head:
+            why = (
+                "connection refused"
+                if "Connection refused" in text
+                else "the host name does not resolve"
+                if "dns error" in text
+                else "cannot connect"
+            )
+            return RemoteUnreachableError(f"{self.url}: cannot reach {server} ({why}); {endpoint_hint}")
+        status = re.search(r"status code: (5\d\d)", text)
+        if status:
+            return RemoteUnreachableError(
+                f"{self.url}: {server} answered {status.group(1)} {said}".rstrip()
+                + f" to {request} after every retry; try again later"
+            )
+        if code == "InvalidBucketName":
+            return RemoteError(f"{self.url}: {self.bucket!r} is not a valid bucket name ({said})")
+        first = " ".join(head.split())
+        return RemoteError(f"{self.url}: {request} failed: {said or first}")
+
+    # --- requests -----------------------------------------------------------------
+
     def get(self, key: str, limit: int | None = None) -> bytes | None:
         """The object's bytes, or None when there is none (``limit``: refuse a larger one,
         reading no more than one byte past it)."""
         options = None if limit is None else {"range": (0, limit + 1)}
         try:
-            raw = bytes(self.obstore.get(self.store, key, options=options).bytes())
-        except FileNotFoundError:
+            with self._errors(key):
+                raw = bytes(self.obstore.get(self.store, key, options=options).bytes())
+        except ObjectNotFoundError:
             return None
         if limit is not None and len(raw) > limit:
             raise CorruptBufferError(
@@ -174,29 +447,55 @@ class Location:
 
     def exists(self, key: str) -> bool:
         try:
-            self.obstore.head(self.store, key)
-        except FileNotFoundError:
+            with self._errors(key):
+                self.obstore.head(self.store, key)
+        except ObjectNotFoundError:
             return False
         return True
 
     def put(self, key: str, data: bytes | memoryview) -> None:
-        self.obstore.put(self.store, key, data)
+        with self._errors(key):
+            self.obstore.put(self.store, key, data)
 
     def delete(self, keys: list[str]) -> None:
         if keys:
-            self.obstore.delete(self.store, keys)
+            with self._errors(keys[0]):
+                self.obstore.delete(self.store, keys)
 
     def list(self, under: str = "") -> dict[str, int]:
         """Key -> size of every object under ``under``."""
         out: dict[str, int] = {}
-        for page in self.obstore.list(self.store, prefix=under or None):
-            for obj in page:
-                out[obj["path"]] = int(obj["size"])
+        with self._errors(under):
+            for page in self.obstore.list(self.store, prefix=under or None):
+                for obj in page:
+                    out[obj["path"]] = int(obj["size"])
         return out
 
+    async def _request(self, key: str, start: Callable[[], Awaitable[Any]]) -> Any:
+        """One async request, awaited to its end (:meth:`_Loop.track`), its failure an
+        mmreplay error."""
+        with self._errors(key):
+            return await _Loop.track(start())
+
+    async def get_async(
+        self, key: str, options: dict[str, Any] | None = None
+    ) -> tuple[bytes, dict[str, Any]]:
+        """An object's bytes (``options``: obstore's ``GetOptions``, a range...) and its
+        metadata; :class:`ObjectNotFoundError` when there is none."""
+        got = await self._request(key, lambda: self.obstore.get_async(self.store, key, options=options))
+        data = await self._request(key, got.bytes_async)
+        self.traffic.add(len(data))
+        return bytes(data), got.meta
+
+    async def put_async(self, key: str, data: bytes | memoryview) -> None:
+        await self._request(key, lambda: self.obstore.put_async(self.store, key, data))
+
     async def ranges(self, key: str, starts: list[int], ends: list[int]) -> list[Any]:
-        return await self.obstore.get_ranges_async(
-            self.store, key, starts=starts, ends=ends, coalesce=COALESCE_BYTES
+        return await self._request(
+            key,
+            lambda: self.obstore.get_ranges_async(
+                self.store, key, starts=starts, ends=ends, coalesce=COALESCE_BYTES
+            ),
         )
 
     async def fetch(self, key: str, spans: list[tuple[int, int]], etag: str | None = None) -> list[Any]:
@@ -205,28 +504,18 @@ class Location:
         conditional on it: a replaced object raises ``PreconditionError`` rather than
         mixing two versions."""
 
-        async def one(a: int, b: int) -> Any:
+        async def one(a: int, b: int) -> bytes:
             options: dict[str, Any] = {"range": (a, b)}
             if etag is not None:
                 options["if_match"] = etag
-            got = await self.obstore.get_async(self.store, key, options=options)
-            data = await got.bytes_async()
-            self.traffic.add(len(data))
-            return data
+            return (await self.get_async(key, options))[0]
 
-        return list(await asyncio.gather(*(one(a, b) for a, b in spans)))
+        return await gather_all(*(one(a, b) for a, b in spans))
 
-    async def fetch_tail(self, key: str, nbytes: int) -> tuple[Any, int, str | None]:
+    async def fetch_tail(self, key: str, nbytes: int) -> tuple[bytes, int, str | None]:
         """The last ``nbytes`` of an object, its size and its ETag (one GET)."""
-        got = await self.obstore.get_async(self.store, key, options={"range": {"suffix": nbytes}})
-        data = await got.bytes_async()
-        self.traffic.add(len(data))
-        return data, int(got.meta["size"]), got.meta.get("e_tag")
-
-    def zarr_store(self) -> Any:
-        from zarr.storage import ObjectStore
-
-        return ObjectStore(self.store, read_only=True)
+        data, meta = await self.get_async(key, {"range": {"suffix": nbytes}})
+        return data, int(meta["size"]), meta.get("e_tag")
 
     # --- the committed state ------------------------------------------------------
 
@@ -248,7 +537,10 @@ class Location:
         for _ in range(STATE_TRIES):
             raw = self.get(METADATA_FILE, limit=MAX_METADATA_BYTES)
             if raw is None:
-                raise NotABufferError(f"{self.url}: not an mmreplay store (no {METADATA_FILE} object)")
+                raise NotABufferError(
+                    f"{self.url}: not an mmreplay store (no {METADATA_FILE} object under the prefix); "
+                    "check the URL, or publish a store there with mmreplay push"
+                )
             meta = parse_metadata(raw, self.where(METADATA_FILE))
             if meta.format_version == 1:
                 raise CorruptBufferError(
@@ -293,7 +585,7 @@ class Location:
                 else asyncio.to_thread(leaf.take, rows)
                 for leaf in leaves
             ]
-            return list(await asyncio.gather(*jobs))
+            return await gather_all(*jobs)
 
         return self.run(gather())
 
@@ -427,8 +719,8 @@ class RemoteMappedLeaf(RemoteLeaf):
             key = shard_key(self.array_key, self.ndim, int(shard[sel[0]]))
             jobs.append(self.location.ranges(key, starts.tolist(), (starts + self.row_bytes).tolist()))
         try:
-            parts = await asyncio.gather(*jobs)
-        except FileNotFoundError as exc:
+            parts = await gather_all(*jobs)
+        except ObjectNotFoundError as exc:
             raise CorruptBufferError(f"leaf {self.info.path!r}: a shard object is missing ({exc})") from None
         raw = b"".join(bytes(b) for part in parts for b in part)
         if len(raw) != unique.size * self.row_bytes:
@@ -486,7 +778,7 @@ class RemoteRowFrameLeaf(RemoteLeaf):
             need = self.rf.index_bytes(self.seg_rows)
             try:
                 tail, size, etag = await self.location.fetch_tail(key, need)
-            except FileNotFoundError:
+            except ObjectNotFoundError:
                 return None
             where = f"{self.where}: {self.location.where(key)}"
             offsets, lengths = self.rf.parse_shard_index(bytes(tail), self.seg_rows, size - need, where)
@@ -497,13 +789,9 @@ class RemoteRowFrameLeaf(RemoteLeaf):
         """The staging object's ETag and header (seq, segment, base, filled)."""
         rf = self.rf
         try:
-            got = await self.location.obstore.get_async(
-                self.location.store, self.staging_key, options={"range": (0, rf.HEADER_BYTES)}
-            )
-            head = bytes(await got.bytes_async())
-            self.location.traffic.add(len(head))
-            etag = got.meta.get("e_tag")
-        except FileNotFoundError:
+            head, meta = await self.location.get_async(self.staging_key, {"range": (0, rf.HEADER_BYTES)})
+            etag = meta.get("e_tag")
+        except ObjectNotFoundError:
             raise CorruptBufferError(
                 f"{self.where}: its staging object {self.location.where(self.staging_key)} is missing"
             ) from None
@@ -519,18 +807,16 @@ class RemoteRowFrameLeaf(RemoteLeaf):
             return
         key = f"{self.array_key}/{self.rf.DICTIONARY_FILE}"
         try:
-            got = await self.location.obstore.get_async(self.location.store, key)
-        except FileNotFoundError:
+            raw, _ = await self.location.get_async(key)
+        except ObjectNotFoundError:
             return
-        raw = bytes(await got.bytes_async())
-        self.location.traffic.add(len(raw))
         self.frames._use(self.frames._zstd.ZstdCompressionDict(raw))
 
     async def _gather(self, flat: np.ndarray, out: np.ndarray) -> None:
         seg_of = flat // self.seg_rows
         inner = flat - seg_of * self.seg_rows
         wanted = np.unique(seg_of).tolist()
-        found = await asyncio.gather(self._staging(), self._dictionary(), *(self._index(k) for k in wanted))
+        found = await gather_all(self._staging(), self._dictionary(), *(self._index(k) for k in wanted))
         etag, (_, segment, base, filled) = found[0]
         indexes = dict(zip(wanted, found[2:]))
         step = inner // self.num_envs
@@ -629,20 +915,33 @@ class RemoteRowFrameLeaf(RemoteLeaf):
 
 
 class RemoteChunks:
-    """Chunk I/O of a compressed leaf in object storage, through zarr's ``ObjectStore``.
-    Which chunk objects exist is listed once, and again when the state moves."""
+    """Chunk I/O of a compressed leaf in object storage: each chunk object is fetched
+    through the location (its requests and errors like every other), then decoded by
+    zarr from memory. Which chunk objects exist is listed once, and again when the state
+    moves."""
 
     in_place = False
 
     def __init__(self, location: Location, leaf: LeafInfo, meta: Metadata):
         import zarr
+        from zarr.core.buffer import cpu
+        from zarr.storage import MemoryStore
 
         self.location = location
         self.key = f"data.zarr/{leaf.path}"
+        raw = location.get(f"{self.key}/zarr.json", limit=1 << 20)
+        if raw is None:
+            raise CorruptBufferError(
+                f"{location.where(self.key)}: the array metadata of leaf {leaf.path!r} is missing"
+            )
+        self.buffer = cpu.Buffer.from_bytes
+        #: the array's objects zarr decodes from: its metadata, and the chunk being read
+        self.objects: dict[str, Any] = {"zarr.json": self.buffer(raw)}
+        self.decoding = threading.Lock()  # one chunk in ``objects`` at a time
         try:
             with warnings.catch_warnings():  # row frames declare numcodecs' codecs, on purpose
                 warnings.filterwarnings("ignore", "Numcodecs codecs are not in the Zarr version 3")
-                self.arr = zarr.open_array(store=location.zarr_store(), path=self.key, mode="r")
+                self.arr = zarr.open_array(store=MemoryStore(self.objects, read_only=True), mode="r")
         except Exception as exc:
             raise CorruptBufferError(
                 f"{location.where(self.key)}: cannot open the zarr array of leaf {leaf.path!r}: {exc}"
@@ -655,11 +954,21 @@ class RemoteChunks:
         self.shape = self.arr.shape
         self.present: set[str] | None = None
 
+    def _chunk(self, k: int) -> str:
+        return self.arr.metadata.encode_chunk_key((k,) + (0,) * (self.arr.ndim - 1))
+
     def _key(self, k: int) -> str:
-        return f"{self.key}/" + self.arr.metadata.encode_chunk_key((k,) + (0,) * (self.arr.ndim - 1))
+        return f"{self.key}/{self._chunk(k)}"
 
     def read(self, k: int, a: int, b: int) -> np.ndarray:
-        return np.asarray(self.arr[a:b])
+        raw = self.location.get(self._key(k))  # None: never written, read as the fill value
+        with self.decoding:
+            if raw is not None:
+                self.objects[self._chunk(k)] = self.buffer(raw)
+            try:
+                return np.asarray(self.arr[a:b])
+            finally:
+                self.objects.pop(self._chunk(k), None)
 
     def exists(self, k: int) -> bool:
         if self.present is None:
@@ -741,9 +1050,9 @@ def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, 
             async def one(path: str, key: str) -> None:
                 async with limit:
                     data = await asyncio.to_thread(_read_file, path)
-                    await location.obstore.put_async(location.store, key, data)
+                    await location.put_async(key, data)
 
-            await asyncio.gather(*(one(p, k) for p, k in files))
+            await gather_all(*(one(p, k) for p, k in files))
 
         location.run(upload())
         location.delete(sorted(set(there) - {k for _, k in files}))
@@ -850,6 +1159,8 @@ def _verify_leaves(location: Location, meta: Metadata, deep: bool) -> list[str]:
                 a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
                 try:
                     chunks.read(k, a, b)
+                except RemoteError:
+                    raise  # the object store failed, not the chunk
                 except Exception as exc:
                     problems.append(f"{where}: chunk object {location.where(key)} does not decode ({exc})")
     return problems

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptBufferError, ReadOnlyError
+from .files import open_inside
 
 __all__ = ["PriorityFile", "PRIORITY_FILE", "PRIORITY_LOCK"]
 
@@ -53,12 +54,13 @@ class PriorityFile:
     """The mapped priorities of one buffer and the lock that orders their writers."""
 
     def __init__(self, folder: str, capacity: int, num_envs: int, writable: bool):
+        self.folder = folder
         self.path = os.path.join(folder, PRIORITY_FILE)
         self.lock_path = os.path.join(folder, PRIORITY_LOCK)
         self.capacity, self.num_envs = capacity, num_envs
         self.writable = writable
         try:
-            fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+            fd = open_inside(folder, PRIORITY_FILE, os.O_RDWR if writable else os.O_RDONLY)
         except PermissionError as exc:
             raise ReadOnlyError(
                 f"{self.path}: cannot open the priorities for writing ({exc.strerror})"
@@ -89,12 +91,16 @@ class PriorityFile:
     def create(folder: str, capacity: int, num_envs: int, alpha: float, fill: float = 1.0) -> None:
         """Write a new priority file, every row at ``fill``; replaced atomically."""
         path = os.path.join(folder, PRIORITY_FILE)
-        tmp = f"{path}.creating-{os.getpid()}"
+        tmp = f"{PRIORITY_FILE}.creating-{os.getpid()}"
         header = bytearray(HEADER_BYTES)
         _HEADER.pack_into(header, 0, MAGIC, VERSION, 0, capacity, num_envs, alpha)
         struct.pack_into("<d", header, MAX_OFFSET, fill)
         row = np.full(num_envs, fill, np.float32).tobytes()
-        with open(tmp, "wb") as f:
+        try:  # a dead writer's, or a link placed there: never written through
+            os.unlink(os.path.join(folder, tmp))
+        except FileNotFoundError:
+            pass
+        with os.fdopen(open_inside(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
             f.write(header)
             block = row * max(1, min(capacity, (1 << 20) // len(row)))
             left = capacity * len(row)
@@ -104,7 +110,7 @@ class PriorityFile:
                 left -= len(part)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(os.path.join(folder, tmp), path)
 
     # --- the running maximum -----------------------------------------------------------
 
@@ -120,7 +126,7 @@ class PriorityFile:
 
     def __enter__(self) -> PriorityFile:
         if self._lock_fd is None:
-            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._lock_fd = open_inside(self.folder, PRIORITY_LOCK, os.O_RDWR | os.O_CREAT)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         return self
 

@@ -34,8 +34,9 @@ from typing import Any
 
 from .backends import zarr_v3
 from .errors import CorruptBufferError, SpecMismatchError, TargetError
+from .files import unsafe_entries
 from .metadata import METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
-from .objstore import UPLOADS_IN_FLIGHT, Location, shard_key, shard_layout, split_url
+from .objstore import UPLOADS_IN_FLIGHT, Location, gather_all, shard_key, shard_layout, split_url
 from .spec import spec_to_json
 from .statefile import STATE_FILE, State, fresh_bytes, write_fresh
 
@@ -80,6 +81,7 @@ def _objects(folder: str, meta: Metadata) -> Iterator[tuple[str, Any]]:
     """(key, bytes or a function making them) of every object of the snapshot but the state."""
     mapped = {leaf.file: leaf for leaf in meta.leaves if leaf.mapped}
     arrays = {f"{zarr_v3.DATA_DIR}/{leaf.path}/zarr.json": leaf for leaf in meta.leaves if leaf.mapped}
+    largest = _largest_file(meta)
     for leaf in mapped.values():
         yield from _shards(folder, leaf, meta)
     for dirpath, dirs, files in os.walk(folder):
@@ -99,7 +101,25 @@ def _objects(folder: str, meta: Metadata) -> Iterator[tuple[str, Any]]:
                 m = shard_chunks(leaf, meta.num_envs, meta.capacity)
                 yield key, zarr_v3.array_metadata(leaf, meta.capacity, meta.num_envs, m)
             else:
+                size = os.lstat(path).st_size
+                if size > largest:
+                    raise CorruptBufferError(
+                        f"{path}: {size} bytes, more than all this buffer can hold ({largest}); push sends nothing"
+                    )
                 yield key, path
+
+
+def _largest_file(meta: Metadata) -> int:
+    """The most bytes one file of a store can hold: all its rows (the side ring's too),
+    each compressed at worst, its episode index and priorities, and room for metadata."""
+    from .episodes import index_limit
+    from .frames import side_metadata
+
+    parts = [meta] + ([side_metadata(meta)] if meta.frames is not None and meta.frames.side else [])
+    rows = sum(
+        m.capacity * m.num_envs * (leaf.spec.nbytes + leaf.spec.nbytes // 128 + 64) for m in parts for leaf in m.leaves
+    )
+    return rows + index_limit(meta.capacity, meta.num_envs) + 4 * meta.capacity * meta.num_envs + (64 << 20)
 
 
 def _shards(folder: str, leaf: Any, meta: Metadata) -> Iterator[tuple[str, Any]]:
@@ -163,6 +183,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     the steps the writer overwrote while they were read.
     """
     from .store import Store
+    from .store import open as open_store
 
     if isinstance(source, Store):
         if source.mode == "a":
@@ -172,11 +193,16 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
             raise TargetError(f"{folder}: is already in object storage; pull it to push it elsewhere")
     else:
         folder = os.fspath(source)
+    unsafe = unsafe_entries(folder)  # every file is read and sent: none may lead outside
+    if unsafe:
+        raise CorruptBufferError(f"{unsafe[0]}; push sends nothing from a folder holding such files")
     meta = read_metadata(folder)
     if meta.format_version == 1:
         raise CorruptBufferError(
             f"{folder}: a format-1 store; open it for writing once (it is migrated), then push"
         )
+    if not isinstance(source, Store):  # its files must agree with its metadata, as a reader's do
+        open_store(folder, "r", populate=False).close()
     if meta.backend != "zarr":
         raise CorruptBufferError(
             f"{folder}: a {meta.backend} store cannot be pushed to object storage; "
@@ -221,7 +247,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
             if now.reserved > shown[0]:
                 moved = State(**{**state.__dict__, "reserved": max(state.reserved, now.reserved)})
                 gap = _gap_state(old_state, moved, meta.capacity)
-                await location.obstore.put_async(location.store, STATE_FILE, fresh_bytes(gap))
+                await location.put_async(STATE_FILE, fresh_bytes(gap))
                 shown[0] = gap.reserved
 
     sent = [0, 0]
@@ -229,7 +255,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     hashes: dict[str, str] = {}
 
     async def send(key: str, data: bytes) -> None:
-        await location.obstore.put_async(location.store, key, data)
+        await location.put_async(key, data)
         sent[0] += 1
         sent[1] += len(data)
         log.info("%s: uploaded %s (%d bytes)", location.url, key, len(data))
@@ -248,7 +274,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
                     await reserve_for_readers()
                     await send(key, data)
 
-        await asyncio.gather(*(one(key, what) for key, what in items))
+        await gather_all(*(one(key, what) for key, what in items))
 
     items = list(_objects(folder, meta))
     data_items = [(k, w) for k, w in items if not k.endswith("zarr.json")]
@@ -328,8 +354,7 @@ def _download(location: Location, meta: Metadata, tmp: str) -> None:
     ]
 
     async def fetch(key: str) -> None:
-        data = await location.obstore.get_async(location.store, key)
-        raw = await data.bytes_async()
+        raw, _ = await location.get_async(key)
         path = os.path.join(tmp, *key.split("/"))
         if os.path.relpath(path, tmp).startswith(".."):
             raise CorruptBufferError(f"{location.where(key)}: the key leaves the store's folder")
@@ -344,7 +369,7 @@ def _download(location: Location, meta: Metadata, tmp: str) -> None:
             async with limit:
                 await fetch(key)
 
-        await asyncio.gather(*(one(k) for k in wanted))
+        await gather_all(*(one(k) for k in wanted))
 
     location.run(fetch_all())
     for leaf in mapped.values():

@@ -29,7 +29,7 @@ import zlib
 from dataclasses import dataclass
 
 from .errors import CorruptBufferError, NotABufferError
-from .files import atomic_write
+from .files import atomic_write, open_inside
 
 __all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "oldest_retained", "salvage", "slot_ranges", "write_fresh"]
 
@@ -158,10 +158,13 @@ def salvage(path: str) -> tuple[int, int]:
     fail their checks, for a report only: the numbers of a slot that still has its magic
     and plausible values, else ``(0, 0)``. Nothing is ever committed from it."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(FILE_BYTES)
-    except OSError:
+        fd = open_inside(os.path.dirname(path), os.path.basename(path))
+    except OSError:  # (a link or a FIFO too: nothing is read from it)
         return 0, 0
+    try:
+        raw = os.pread(fd, FILE_BYTES, 0)
+    finally:
+        os.close(fd)
     best = (0, 0)
     for index in (0, 1):
         at = index * SLOT_BYTES
@@ -197,7 +200,7 @@ class StateFile:
     def __init__(self, folder: str, writable: bool):
         self.path = os.path.join(folder, STATE_FILE)
         try:
-            self.fd: int | None = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+            self.fd: int | None = open_inside(folder, STATE_FILE, os.O_RDWR if writable else os.O_RDONLY)
         except FileNotFoundError:
             if not os.path.isdir(folder):
                 raise NotABufferError(f"{folder}: no such folder") from None

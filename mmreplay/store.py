@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from . import reads as _reads
 from .errors import (
     BadInputError,
     ClosedError,
+    CorruptBufferError,
     DiskFullError,
     Error,
     NotEnoughDataError,
@@ -53,6 +55,7 @@ from .metadata import (
     LeafInfo,
     Metadata,
     State,
+    chunk_too_large,
     migrate,
     open_state,
     read_metadata,
@@ -113,7 +116,9 @@ class Store:
         self._leaves: list[Any] = []
         self._closers: list[Any] = []
         self._closed = False
-        self._writable = mode == "a"  # one check on the hot path; False once closed
+        # one check on the hot path: False once closed, and in a writer that reopened
+        # the store until its first step (see _before_write)
+        self._writable = mode == "a"
         try:
             # the committed state: read by readers per batch, written by each commit
             if location is None:
@@ -139,7 +144,7 @@ class Store:
             try:
                 if location is None:
                     side_entries = backends.get(meta.backend).open_leaves(
-                        os.path.join(path, _frames.SIDE_DIR), _frames.side_metadata(meta), mode == "a"
+                        _frames.side_folder(path), _frames.side_metadata(meta), mode == "a"
                     )
                 else:
                     side_entries = location.child(_frames.SIDE_DIR).open_leaves(_frames.side_metadata(meta))
@@ -192,7 +197,7 @@ class Store:
             # hooks, the sampler and the parts keep this view, no reference to the store itself
             me = self._view = _attribute_view(self)
             self.add_write_hook(_episodes.EpisodeHook(me))
-            self._sampler = sampler if sampler is not None else sampler_from_json(meta.sampler, path)
+            self._sampler = sampler if sampler is not None else _recorded_sampler(meta, path, location)
             self._sampler.attach(me)
             self.add_write_hook(self._sampler)
             if frame_parts is not None and mode == "a":
@@ -442,6 +447,27 @@ class Store:
         if self.mode != "a":
             raise ReadOnlyError(f"{self.path}: store is open read-only (mode='r'); open it with mode='a' to write")
 
+    def _before_write(self) -> None:
+        """The first step written by a writer that reopened the store: it resumes
+        collection, so the episodes the last writer left open end first."""
+        self._check_writable()
+        self._end_open_episodes()
+        self._writable = True
+
+    def _end_open_episodes(self) -> None:
+        """Mark truncated each env's episode left open at the last committed step
+        (:func:`mmreplay.episodes.open_ends`): in place, committed, then recorded in the
+        episode index. A crash before the commit leaves the mark to be made again by
+        the next writer; one after it, the index to be mended when it is next loaded."""
+        mark = _episodes.open_ends(self)
+        if mark is None:
+            return
+        leaf, step, row = mark
+        leaf.write_slots(np.array([step % self._capacity]), row)
+        self._dirty = True
+        self._commit()
+        _episodes.index_for(self).rescan(self._view, np.array([step]))
+
     # --- writes --------------------------------------------------------------------
 
     def add(self, step: Any) -> None:
@@ -452,14 +478,20 @@ class Store:
         """
         if not self._writable:
             self._check_writable()
-        self._write_step(self._validator.step(step))
+        self.add_leaves(self._validator.step(step))
 
-    def _write_step(self, values: list[np.ndarray]) -> None:
-        """Write one step given as its leaves in :attr:`leaf_paths` order, each already
-        ``[num_envs, *shape]`` of the leaf's dtype (or of one it casts to without loss):
-        :meth:`add` after validation, and the per-step path of layers that build them so."""
+    def add_leaves(self, values: list[np.ndarray]) -> None:
+        """Write one step given as its leaves, already checked: :meth:`add` after its
+        validation, and the per-step path of layers that convert their framework's
+        values once (SB3's ``add``).
+
+        ``values`` are numpy arrays in :attr:`leaf_paths` order, each
+        ``[num_envs, *shape]`` of the leaf's dtype (or of one that casts to it without
+        loss). Nothing is checked: a wrong shape may broadcast and a wrong dtype cast
+        where :meth:`add` would refuse them.
+        """
         if not self._writable:
-            self._check_writable()
+            self._before_write()
         g = self._written
         if self._frames is not None:
             values, prepared = self._frames.prepare(values)
@@ -491,6 +523,8 @@ class Store:
         n, values = self._validator.batch(steps)
         if n == 0:
             return
+        if not self._writable:
+            self._before_write()
         if self._frames is not None:  # each step's frames follow from the one before
             for t in range(n):
                 self.add(unflatten(self.spec, [v[t] for v in values]))
@@ -540,6 +574,8 @@ class Store:
         if not self._writable:
             self._check_writable()
         values = self._validator.step(step)
+        if not self._writable:
+            self._before_write()
         g = self._written
         if g >= self._reserved:  # the slot may hold a committed step: leave it out first
             self._commit(reserve_to=g + self._ahead)
@@ -1043,6 +1079,16 @@ def _close_before_threads_end() -> None:
 _new_window = tuple.__new__  # a Window without NamedTuple's keyword handling: read per batch
 
 
+def _recorded_sampler(meta: Metadata, path: str, location: Any) -> Sampler:
+    """The sampler the metadata records; one it names wrongly is the metadata's damage."""
+    where = os.path.join(path, METADATA_FILE) if location is None else location.where(METADATA_FILE)
+    try:
+        return sampler_from_json(meta.sampler, where)
+    except (ValueError, TypeError) as exc:
+        name = meta.sampler.get("name") if isinstance(meta.sampler, dict) else None
+        raise CorruptBufferError(f"{where}: the recorded sampler {name!r:.80} cannot be made: {exc}") from None
+
+
 def _step_writer(leaf: Any) -> Any:
     def write(slot: int, value: np.ndarray) -> None:
         leaf.write(slot, value[None])
@@ -1145,6 +1191,10 @@ def plan(
             comp = by_path[pair.obs].compression if pair is not None else None
             side.append(LeafInfo(p, s, _chunk_steps(s, 1, layout.final_slots, None, p), comp))
         layout = replace(layout, side=tuple(side))
+    for info in infos:
+        too_large = chunk_too_large(info.compression, info.chunk_steps, num_envs, info.spec)
+        if too_large:
+            raise SpecError(f"leaf {info.path!r}: {too_large}")
     sampler_json = sampler.state_json() if sampler is not None else {"name": "uniform"}
     return Metadata(
         backend=backend,
@@ -1251,13 +1301,23 @@ def create(
                 side = _frames.create_side(module, tmp, meta, list(meta.frames.side))
                 meta = replace(meta, frames=replace(meta.frames, side=tuple(side)))
             meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
-            os.rename(tmp, path)
-        except BaseException:
+            try:
+                os.rename(tmp, path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                raise BufferExistsError(
+                    f"{path}: another process created a buffer there meanwhile; pass exist_ok=True to reopen it"
+                ) from None
+        except BaseException as exc:
             lock.release()
             shutil.rmtree(tmp, ignore_errors=True)
             for folder in reversed(made):  # a failed create leaves no folder behind
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
+            if exist_ok and isinstance(exc, BufferExistsError):  # reopen what the other process made
+                return create(path, spec, capacity, num_envs, backend, chunk_steps, compression, commit_every,
+                              durability, roles, exist_ok, chosen, frames)
             raise
         lock.path = os.path.join(path, os.path.basename(lock.path))
     if durability == "power":
@@ -1310,6 +1370,7 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
     mode: str = "r",
     populate: bool | None = None,
     storage_options: dict[str, Any] | None = None,
+    continue_episodes: bool = False,
 ) -> Store:
     """Open an existing buffer: ``mode="r"`` to read, ``"a"`` to resume writing.
 
@@ -1325,6 +1386,11 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
     ``path`` may be an ``s3://bucket/prefix`` URL of a store in object storage (read-only;
     see :mod:`mmreplay.objstore`), reached with ``storage_options`` or the ``AWS_*``
     environment variables.
+
+    A writer resumes collection: before its first step, the episodes the last writer
+    left open are marked truncated (:mod:`mmreplay.episodes`). ``continue_episodes=True``
+    says that this writer continues them instead (its environments were restored from
+    the stored state): nothing is marked.
     """
     path = os.fspath(path)
     if mode not in MODES:
@@ -1349,5 +1415,7 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
             lock.release()
             raise
     store = Store(path, meta, mode, lock)
+    if not continue_episodes:  # the writer's first step ends the open episodes (_before_write)
+        store._writable = False
     store._populator = _reads.populate_at_open(store, populate)
     return store

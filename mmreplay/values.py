@@ -1,9 +1,12 @@
 """Turning user values into leaf arrays, or refusing them before anything is written.
 
-Casts allowed: any safe numpy cast; integer to integer when every value fits; integer
-to float; float to a narrower float (float64 rewards into a float32 leaf, as RL code
-does everywhere). Refused: anything to bool (but bool), float to integer, complex to
-real, strings, objects and ``None``. Shapes must match exactly.
+Casts allowed: any safe numpy cast; integer to integer and float to a narrower float
+(float64 rewards into a float32 leaf, as RL code does everywhere) when every value fits
+the leaf's range; integer to float. One rule for both: a finite value past the leaf's
+range is refused, never stored as something else (an integer wrapped around, a float
+as infinity); infinities and NaN are data and are stored as given. Refused too: anything
+to bool (but bool), float to integer, complex to real, strings, objects and ``None``.
+Shapes must match exactly.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 from .errors import BadInputError
 from .spec import ArraySpec, flatten, is_namedtuple, leaf_paths
 
-__all__ = ["StepValidator", "cast_needs_no_values", "cast_refusal", "flatten_value"]
+__all__ = ["StepValidator", "cast_needs_no_values", "cast_refusal", "float_overflow", "flatten_value"]
 
 
 def cast_refusal(a: np.ndarray, dst: np.dtype) -> str | None:
@@ -32,21 +35,41 @@ def cast_refusal(a: np.ndarray, dst: np.dtype) -> str | None:
         if lo >= info.min and hi <= info.max:
             return None
         return f"values {lo}..{hi} do not fit {dst}"
-    if src.kind in "iu" and dst.kind in "fc":
-        return None
-    if src.kind == "f" and dst.kind in "fc":
-        return None
-    if src.kind == "c" and dst.kind == "c":
-        return None
+    if (src.kind in "iuf" and dst.kind in "fc") or (src.kind == "c" and dst.kind == "c"):
+        return float_overflow(a, dst)
     return f"casting {src} to {dst} is not safe"
+
+
+def float_overflow(a: np.ndarray, dst: np.dtype) -> str | None:
+    """Why ``a`` does not fit the float (or complex) ``dst``: a finite value past its
+    range, which the cast would make infinite; None when every value fits."""
+    big = float(np.finfo(dst).max)
+    if a.dtype.kind in "iu" and big >= 2.0**64:
+        return None  # every integer fits float32 and wider
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = np.isinf(a.astype(dst)) & np.isfinite(a)
+    if not bad.any():
+        return None
+    value = a[bad].flat[0]
+    return f"value {value!r} is past the range of {dst} (largest {big:g}); it would be stored as infinity"
 
 
 def cast_needs_no_values(src: np.dtype, dst: np.dtype) -> bool:
     """Whether :func:`cast_refusal` accepts every array of ``src`` for ``dst`` whatever
-    its values (all but the integer narrowings, which look at them)."""
+    its values: safe casts, and integers into float32 or wider."""
     if src == dst or np.can_cast(src, dst, "safe"):
         return True
-    return (src.kind in "iuf" and dst.kind in "fc") or (src.kind == "c" and dst.kind == "c")
+    return src.kind in "iu" and dst.kind in "fc" and np.finfo(dst).max >= 2.0**64
+
+
+def _squares_limit(src: np.dtype, dst: np.dtype) -> float | None:
+    """For real floats into a narrower float leaf: the sum of squares below which no value
+    of an array is past the leaf's range (what the per-step check compares a dot product
+    with); None for other casts."""
+    if src.kind != "f" or dst.kind != "f":
+        return None
+    limit = float(np.finfo(dst).max) ** 2
+    return limit if limit < np.inf else None
 
 
 def flatten_value(spec: Any, value: Any, root: str = "the step") -> list[Any]:
@@ -153,9 +176,10 @@ class StepValidator:
         self.step_shapes = [(num_envs, *s.shape) for s in self.leaves]
         flat = isinstance(spec, dict) and all(isinstance(v, ArraySpec) for v in spec.values())
         self.flat_keys = tuple(self.paths) if flat else None
-        # per leaf, the dtypes already found castable to it whatever the values (float64
-        # rewards for a float32 leaf...): judged once, then passed as they are
-        self._castable: list[set[np.dtype]] = [{d} for d in self.dtypes]
+        # per leaf, the dtypes already found castable to it: judged once, then passed as
+        # they are (None), or once a dot product shows no value past the leaf's range
+        # (float64 rewards for a float32 leaf: the sum of squares they must stay below)
+        self._castable: list[dict[np.dtype, float | None]] = [{d: None} for d in self.dtypes]
         # (key, dtype, shape, castable) per leaf of a flat dict spec: the per-step fast path
         self._nfast = len(self.paths)
         self._fast = tuple(zip(self.paths, self.dtypes, self.step_shapes, self._castable)) if flat else None
@@ -198,8 +222,11 @@ class StepValidator:
         why = cast_refusal(a, dtype)
         if why is not None:
             raise BadInputError(f"leaf {path!r}: {why} (expected {dtype}, got {a.dtype})")
-        if a.dtype not in self._castable[i] and cast_needs_no_values(a.dtype, dtype):
-            self._castable[i].add(a.dtype)
+        if a.dtype not in self._castable[i]:
+            if cast_needs_no_values(a.dtype, dtype):
+                self._castable[i][a.dtype] = None
+            elif _squares_limit(a.dtype, dtype) is not None:
+                self._castable[i][a.dtype] = _squares_limit(a.dtype, dtype)
         return a
 
     def step(self, value: Any) -> list[np.ndarray]:
@@ -211,12 +238,16 @@ class StepValidator:
             ndarray = np.ndarray
             for key, dtype, shape, castable in fast:
                 v = value.get(key)
-                if (
-                    type(v) is not ndarray
-                    or v.shape != shape
-                    or (v.dtype is not dtype and v.dtype not in castable)
-                ):
+                if type(v) is not ndarray or v.shape != shape:
                     break
+                if v.dtype is not dtype:
+                    limit = castable.get(v.dtype, False)  # False: not judged yet
+                    if limit is not None:
+                        if limit is False:
+                            break
+                        flat = v if v.ndim == 1 else v.ravel()  # one BLAS call, no temporary
+                        if not flat.dot(flat) <= limit:  # (NaN fails it too)
+                            break  # coerce judges it (and names the value past the range)
                 out.append(v)
             else:
                 return out

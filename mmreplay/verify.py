@@ -32,6 +32,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -42,6 +43,7 @@ from . import backends
 from .backends.checks import Repairs
 from .backends.hdf5 import hdf5_status
 from .errors import CorruptBufferError, Error, NotABufferError, UnsupportedFormatError
+from .files import read_inside, unsafe_entries
 from .lock import WriterLock, holder_pid
 from .metadata import (
     METADATA_FILE,
@@ -87,6 +89,9 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
         []
     """
     folder = os.fspath(path)
+    unsafe = unsafe_entries(folder)
+    if unsafe:  # nothing is opened in a folder holding what mmreplay must not open
+        return unsafe
     try:
         meta = read_metadata(folder)
     except NotABufferError as exc:
@@ -307,13 +312,15 @@ def _check_episodes(folder: str, meta: Metadata, deep: bool, problems: list[str]
     next writer cuts them off); a damaged index is rebuilt from the role leaves once it
     is removed, which :func:`recover` does.
     """
-    from .episodes import HEADER_BYTES, INDEX_FILE, MAGIC, RECORD
+    from .episodes import HEADER_BYTES, INDEX_FILE, MAGIC, RECORD, index_limit
 
     path = os.path.join(folder, INDEX_FILE)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_inside(folder, INDEX_FILE, index_limit(meta.capacity, meta.num_envs), "an episode index")
     except FileNotFoundError:
+        return
+    except CorruptBufferError as exc:
+        problems.append(str(exc))
         return
     where = f"episode index {path}"
     if len(raw) < HEADER_BYTES or raw[:8] != MAGIC:
@@ -471,6 +478,10 @@ def recover(path: str | os.PathLike) -> Recovery:
         raise NotABufferError(f"{folder}: no such folder")
     if not os.path.exists(os.path.join(folder, METADATA_FILE)) and not _tmp_copies(folder):
         raise NotABufferError(f"{folder}: not an mmreplay buffer (no {METADATA_FILE})")
+    unsafe = unsafe_entries(folder)
+    if unsafe:
+        more = f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""
+        raise CorruptBufferError(f"{unsafe[0]}{more}; recover changes nothing in a folder holding such files")
     lock = WriterLock(folder)
     lock.acquire()
     try:
@@ -510,6 +521,7 @@ def _recover(folder: str) -> Recovery:
             meta = _rebuild_state(folder, static, out, why, repairs)
     if meta is None:
         meta = _rebuild_metadata(folder, out, why, stamp)
+    _check_room(folder, meta)
     if meta.format_version == 1:  # recover writes as a writer does: in format 2
         meta = migrate(folder, meta, fsync=True)
         out.actions.append(f"upgraded the buffer to format 2 (the committed state moved to {STATE_FILE})")
@@ -555,6 +567,29 @@ def _recover(folder: str) -> Recovery:
         out.actions.append(f"removed {os.path.relpath(extra, folder)} (left by a killed writer)")
     out.problems = verify(folder)
     return out
+
+
+def _check_room(folder: str, meta: Metadata) -> None:
+    """Refuse metadata whose uncompressed leaves take more bytes than the data files hold
+    and the file system has free: restoring them would allocate whatever a damaged (or
+    crafted) capacity or shape asks for."""
+    from .frames import SIDE_DIR, side_metadata
+
+    parts = [(folder, meta)]
+    if meta.frames is not None and meta.frames.side:
+        parts.append((os.path.join(folder, SIDE_DIR), side_metadata(meta)))
+    need = have = 0
+    for where, part in parts:
+        need += sum(part.capacity * part.num_envs * leaf.spec.nbytes for leaf in part.leaves if leaf.compression is None)
+        have += sum(os.path.getsize(p) for p in set(backends.get(part.backend).data_paths(where, part)) if os.path.isfile(p))
+    free = shutil.disk_usage(folder).free
+    if need > have + free:
+        raise CorruptBufferError(
+            f"{os.path.join(folder, METADATA_FILE)}: its uncompressed leaves take {need} bytes "
+            f"({meta.capacity} steps x {meta.num_envs} envs), more than the {have} its data files hold and the "
+            f"{free} free on the file system together: the metadata is not this buffer's (or the disk is too "
+            "full to restore it); recover changes nothing"
+        )
 
 
 def _repair_side_ring(
@@ -690,7 +725,10 @@ def _rebuild_state(folder: str, static: Metadata, out: Recovery, why: str, repai
 
 def _ignoring_checksum(raw: bytes, where: str) -> Metadata:
     """Parse metadata whose checksum failed: the JSON without its checksum member."""
-    obj = json.loads(raw)
+    try:
+        obj = json.loads(raw)
+    except RecursionError:
+        raise CorruptBufferError(f"{where}: metadata is nested too deeply to be a buffer's") from None
     if not isinstance(obj, dict):
         raise CorruptBufferError(f"{where}: metadata must be a JSON object")
     obj.pop("checksum", None)

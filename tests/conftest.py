@@ -82,6 +82,22 @@ def folder_digest(path) -> dict[str, str]:
     return out
 
 
+S3_BUCKET = "replays"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One moto S3 server on 127.0.0.1 for the session, with the bucket ``replays`` and
+    the ``AWS_*`` variables set for this process and its children (bench/s3_server.py)."""
+    pytest.importorskip("obstore")
+    pytest.importorskip("moto")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench.s3_server import local_s3_server
+
+    with local_s3_server(S3_BUCKET) as endpoint:
+        yield endpoint
+
+
 def run_cli(*args, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """``mmreplay ARGS...`` in a fresh interpreter (nothing imported or registered by the
     test process leaks in), with its exit status, stdout and stderr."""

@@ -107,6 +107,16 @@ STEP_CASES = [
         lambda s: edit(s, "action", np.full((ENVS, 2), 2**63, "uint64")),
         ["action", "do not fit"],
     ),
+    (
+        "float64 past the float32 range",
+        lambda s: edit(s, "reward", np.array([0.5, 1e39, 2.0])),
+        ["reward", "1e+39", "float32", "infinity"],
+    ),
+    (
+        "float64 past the float32 range below",
+        lambda s: edit(s, "obs/state", lambda v: np.where(np.arange(5) == 4, -3.5e38, v.astype("float64"))),
+        ["obs/state", "-3.5e+38", "float32"],
+    ),
     ("strings", lambda s: edit(s, "reward", np.array(["1", "2", "3"])), ["reward", "<U1"]),
     ("bytes", lambda s: edit(s, "reward", b"abc"), ["reward"]),
     ("None leaf", lambda s: edit(s, "reward", None), ["reward", "None"]),
@@ -146,6 +156,11 @@ BATCH_CASES = [
     ("missing key", lambda b: edit(b, "truncated", DELETE), ["missing", "truncated"]),
     ("float into int", lambda b: edit(b, "action", lambda v: v.astype("float32")), ["action", "float32"]),
     ("object array", lambda b: edit(b, "obs/state", lambda v: v.astype(object)), ["obs/state", "object"]),
+    (
+        "float past the float32 range in the last step only",
+        lambda b: edit(b, "reward", lambda v: np.concatenate([v[:-1], np.full((1, ENVS), 1e39)])),
+        ["reward", "1e+39", "float32"],
+    ),
     (
         "overflow in the last step only",
         lambda b: edit(b, "obs/pixels", lambda v: np.concatenate([v[:-1], v[-1:].astype("int64") + 256])),
@@ -259,9 +274,10 @@ def test_casts_that_are_allowed_store_the_values(tmp_path, nested_spec):
         np.testing.assert_array_equal(got["obs"]["pixels"], good(nested_spec, 0)["obs"]["pixels"])
 
 
-def test_a_dtype_accepted_once_passes_again_but_ints_are_checked_every_time(tmp_path, layout):
-    """The validator remembers dtypes whose every value casts (float64 into float32),
-    never the integer narrowings, whose values it must look at on each add."""
+def test_a_dtype_accepted_once_passes_again_but_values_are_checked_every_time(tmp_path, layout):
+    """The validator remembers the dtypes it accepted (float64 into float32), yet looks at
+    the values of each add where they may not fit: integer narrowings, and floats past a
+    narrower float's range (which the cast would make infinite), in any position."""
     spec = {"small": mr.ArraySpec((), "int8"), "reward": mr.ArraySpec((), "float32")}
     path = tmp_path / "b"
     with mr.create(path, spec, capacity=8, num_envs=2, **layout) as store:
@@ -271,8 +287,16 @@ def test_a_dtype_accepted_once_passes_again_but_ints_are_checked_every_time(tmp_
             store.add({"small": np.array([1, 300], np.int64), "reward": np.zeros(2)})
         with pytest.raises(mr.BadInputError, match="reward"):
             store.add({"small": np.zeros(2, np.int8), "reward": np.array(["a", "b"])})
+        for past in ([1e39, 0.0], [0.0, -1e39], [np.nan, 1e300]):
+            with pytest.raises(mr.BadInputError, match=r"reward.*past the range of float32"):
+                store.add({"small": np.zeros(2, np.int8), "reward": np.array(past)})
         assert store.total_steps == 3
+        store.add({"small": np.zeros(2, np.int8), "reward": np.array([np.inf, np.nan])})  # data, as given
+        store.add({"small": np.zeros(2, np.int8), "reward": np.array([3.4028235e38, -3.4028235e38])})
+        assert store.total_steps == 5
     with mr.open(path) as store:
         np.testing.assert_array_equal(store.get(2)["small"], [2, -2])
         np.testing.assert_array_equal(store.get(2)["reward"], np.array([2.25, 0.5], np.float32))
         assert store.get(2)["reward"].dtype == np.float32
+        np.testing.assert_array_equal(store.get(3)["reward"], [np.inf, np.nan])
+        np.testing.assert_array_equal(store.get(4)["reward"], np.array([3.4028235e38, -3.4028235e38], np.float32))

@@ -4,12 +4,8 @@ it returns are those of a store that never prefetches."""
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +13,6 @@ import pytest
 import mmreplay as mr
 from mmreplay import reads
 
-ROOT = Path(__file__).resolve().parent.parent
 NUM_ENVS = 4
 STEPS = 64
 SPEC = {
@@ -167,29 +162,3 @@ def test_set_prefetch_chooses_between_always_never_and_per_batch(store_path):
         assert reader.disk_reads.prefetched == 0
         store.sample(8, rng=0)
         assert reader.disk_reads.prefetched == 1
-
-
-def test_bench_cold_rows_runs_every_system_and_mode(tmp_path):
-    out = tmp_path / "out.json"
-    args = ["--steps", "40", "--cold-batches", "2", "--warm-batches", "2", "--repeats", "1", "--skip-vector"]
-    subprocess.run(
-        [sys.executable, "-m", "bench.bench_cold_rows", *args, "--dir", str(tmp_path), "--json", str(out)],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-    )
-    results = json.loads(out.read_text())
-    for part in ("pixels cold", "pixels warm"):
-        rates, sent = results[part]["rates"], results[part]["sent"]
-        assert len(rates) == 15 and all(v > 0 for v in rates.values())
-        for backend in ("zarr", "hdf5"):
-            for role in ("reader", "writer"):
-                assert sent[f"mmreplay {backend} {role}, no prefetch"] == 0
-                assert sent[f"mmreplay {backend} {role}, prefetch"] == 0  # every batch, not by the decision
-        if part == "pixels cold":  # the first batch after each switch to the default at least
-            assert all(
-                sent[f"mmreplay {b} {r}, default"] >= 1
-                for b in ("zarr", "hdf5")
-                for r in ("reader", "writer")
-            )
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("mmreplay-cold-")]  # buffers removed

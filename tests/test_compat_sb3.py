@@ -127,7 +127,7 @@ def test_same_adds_give_the_same_samples_as_sb3(tmp_path, obs_space, action_spac
     ours.close()
 
 
-def test_sample_draws_through_the_store_over_every_added_step(tmp_path):
+def test_sample_draws_over_every_added_step_committed_or_not(tmp_path):
     theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 2, size=1000)
     rng = np.random.default_rng(1)
     for _ in range(5):  # 3 are committed by commit_every, 2 are not yet
@@ -192,6 +192,25 @@ def test_reset_forgets_every_step_as_sb3_does(tmp_path):
     assert len(again.store) == 3
     again.close()
 
+
+
+def test_pos_and_full_set_by_hand_as_sb3_code_does(tmp_path):
+    theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 1, size=10)
+    _add_both(theirs, ours, 4, seed=6)
+    for buffer in (theirs, ours):
+        buffer.full = True  # every index counts: those never written are zeros
+    assert (ours.pos, ours.full, ours.size()) == (theirs.pos, theirs.full, theirs.size()) == (4, True, 10)
+    _assert_same_rows(theirs, ours, np.arange(10), seed=1)
+    np.testing.assert_array_equal(ours.observations, theirs.observations)
+    with pytest.raises(ValueError, match="read-only"):
+        ours.observations[0, 0] = 1.0
+    for buffer in (theirs, ours):
+        buffer.full, buffer.pos = False, 0  # forget every step, as SB3 code resets a buffer
+    assert ours.size() == theirs.size() == 0
+    _add_both(theirs, ours, 3, seed=7)
+    assert (ours.pos, ours.full, ours.size()) == (theirs.pos, theirs.full, theirs.size()) == (3, False, 3)
+    _assert_same_rows(theirs, ours, np.arange(3), seed=2)
+    ours.close()
 
 class _Trajectories:
     """Steps whose next observation is the next step's observation, as a VecEnv makes them:
@@ -398,15 +417,16 @@ def test_a_run_killed_with_sigkill_resumes_with_every_committed_step(tmp_path):
     first = reader.first_step
     reader.close()
     rb = ReplayBuffer(40, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=path)
-    assert rb.pos == committed % 20 and rb.full and rb.store.total_steps == committed
+    assert rb.store.total_steps == committed and committed - first < 20  # the dead run's reserved slots are lost
+    # SB3's indices cover the steps retained, the oldest at index 0: no index names a lost one
+    assert (rb.pos, rb.full, rb.size()) == (committed - first, False, committed - first)
     got = rb.store.get(slice(None))
     for key in retained:
         np.testing.assert_array_equal(got[key], retained[key])
-    steps = rb._steps_of(np.arange(20))
-    inds = np.flatnonzero(steps >= first)  # the steps still retained after the crash
     np.random.seed(0)
-    batch = rb._get_samples(inds)
-    np.testing.assert_array_equal(batch.observations[:, 0].numpy(), steps[inds])
+    batch = rb._get_samples(np.arange(rb.size()))
+    np.testing.assert_array_equal(batch.observations[:, 0].numpy(), np.arange(first, committed))
+    assert set(rb.sample(500).observations[:, 0].tolist()) == set(range(first, committed))
     rb.close()
 
 
@@ -496,13 +516,13 @@ def test_the_prioritized_dqn_example_leaves_nothing_in_the_temporary_folder(tmp_
     store.close()
 
 
-def test_the_cleanrl_example_runs_with_only_the_import_changed(tmp_path):
+def test_the_cleanrl_example_stores_every_transition_and_no_reset_step(tmp_path):
     before, after = _run_in_own_tmp(
         [
             sys.executable,
             os.path.join(ROOT, "examples", "cleanrl_dqn.py"),
             "--total-timesteps",
-            "400",
+            "600",
             "--learning-starts",
             "100",
             "--buffer-path",
@@ -512,5 +532,142 @@ def test_the_cleanrl_example_runs_with_only_the_import_changed(tmp_path):
     )
     assert after == before == []
     store = mr.open(tmp_path / "buf")
-    assert store.committed_steps == 400
+    rows = {k: v[:, 0] for k, v in store.get(slice(None)).items()}
+    episodes = store.episode_index()
     store.close()
+    ends = rows["terminated"] | rows["truncated"]
+    # each of the 600 env steps is stored but the resets after an episode ended
+    assert len(rows["reward"]) == 600 - ends[:-1].sum() and len(episodes) > 10
+    assert (rows["reward"] == 1.0).all()  # CartPole's reward: a reset step would store 0
+    following = rows["observation"][1:] == rows["next_observation"][:-1]
+    # a transition's next observation is the next one's observation, except across an
+    # episode end, where the next transition starts from the reset observation
+    np.testing.assert_array_equal(following.all(axis=1), ~ends[:-1])
+    assert all(e.ended != "running" for e in episodes[:-1])
+
+# --- seeding: the drop-in draws what SB3's buffer draws --------------------------------
+
+
+@pytest.mark.parametrize("optimize_memory_usage", [False, True])
+@pytest.mark.parametrize("n_envs,adds", [(1, 9), (1, 31), (2, 17)])  # before and after the ring fills
+def test_sample_draws_what_sb3s_buffer_draws_for_the_same_seed(tmp_path, optimize_memory_usage, n_envs, adds):
+    kw = dict(device="cpu", n_envs=n_envs, optimize_memory_usage=optimize_memory_usage, handle_timeout_termination=False)
+    theirs = sb3_buffers.ReplayBuffer(20 * n_envs, BOX, spaces.Discrete(3), **kw)
+    ours = ReplayBuffer(20 * n_envs, BOX, spaces.Discrete(3), path=tmp_path / "buf", final_slots=200, **kw)
+    rng = np.random.default_rng(adds)
+    obs = rng.uniform(-1, 1, (n_envs, 3)).astype(np.float32)
+    for _ in range(adds):  # no episode ends: SB3's memory-saving buffer loses terminal observations
+        nxt = rng.uniform(-1, 1, (n_envs, 3)).astype(np.float32)
+        step = obs, nxt, rng.integers(0, 3, n_envs), rng.random(n_envs).astype(np.float32), np.zeros(n_envs, bool)
+        theirs.add(*step, [{}] * n_envs)
+        ours.add(*step, [{}] * n_envs)
+        obs = nxt
+    for seed in range(3):
+        np.random.seed(seed)
+        expected, after_theirs = theirs.sample(64), np.random.randint(1 << 30)
+        np.random.seed(seed)
+        got, after_ours = ours.sample(64), np.random.randint(1 << 30)
+        _assert_same(expected, got)
+        assert after_ours == after_theirs  # the same draws from np.random, no more
+    ours.close()
+
+
+def _dqn(tmp_path, name: str, buffer_class=None, **kw):
+    from stable_baselines3 import DQN
+
+    options = {} if buffer_class is None else {
+        "replay_buffer_class": buffer_class, "replay_buffer_kwargs": {"path": tmp_path / name},
+    }
+    model = DQN(
+        "MlpPolicy", gym.make("CartPole-v1"), buffer_size=5000, learning_starts=100, train_freq=4,
+        target_update_interval=100, policy_kwargs={"net_arch": [16]}, seed=0, **options, **kw,
+    )
+    return _without_log_folder(model)
+
+
+def _weights(model) -> list[np.ndarray]:
+    return [p.detach().numpy().copy() for p in model.policy.parameters()]
+
+
+def test_seeded_dqn_runs_train_the_same_weights_as_with_sb3s_buffer(tmp_path):
+    runs = []
+    for name, buffer_class in (("a", ReplayBuffer), ("b", ReplayBuffer), ("sb3", None)):
+        model = _dqn(tmp_path, name, buffer_class)
+        model.learn(400)
+        runs.append(_weights(model))
+        if buffer_class is not None:
+            model.replay_buffer.close()
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_two_runs_resumed_from_the_same_folder_and_seed_train_the_same_weights(tmp_path):
+    import shutil
+
+    from stable_baselines3 import DQN
+
+    model = _dqn(tmp_path, "buf", ReplayBuffer)
+    model.learn(300)
+    model.save(tmp_path / "model.zip")
+    model.replay_buffer.close()
+    runs = []
+    for copy in ("one", "two"):
+        shutil.copytree(tmp_path / "buf", tmp_path / copy)
+        resumed = DQN.load(
+            tmp_path / "model.zip", env=gym.make("CartPole-v1"), seed=0,
+            custom_objects={"replay_buffer_kwargs": {"path": tmp_path / copy}},
+        )
+        assert resumed.replay_buffer.size() == 300
+        _without_log_folder(resumed).learn(300, reset_num_timesteps=False)
+        runs.append(_weights(resumed))
+        resumed.replay_buffer.close()
+    for x, y in zip(*runs):
+        np.testing.assert_array_equal(x, y)
+
+
+# --- SB3's own buffer tests, run against the drop-in -----------------------------------
+
+SB3_TESTS = "tests/test_buffers.py"
+
+
+def _sb3_test_file(cache: str) -> str:
+    """SB3's ``tests/test_buffers.py`` from the installed version's sdist on PyPI (downloaded
+    once into ``cache``), with its ReplayBuffer and DictReplayBuffer imported from the
+    drop-in instead: the one change."""
+    import importlib.metadata
+    import tarfile
+
+    version = importlib.metadata.version("stable_baselines3")
+    os.makedirs(cache, exist_ok=True)
+    sdist = [f for f in os.listdir(cache) if f.endswith(".tar.gz") and version in f]
+    if not sdist:
+        got = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             f"stable-baselines3=={version}", "-d", cache],
+            capture_output=True, text=True, timeout=300,
+        )
+        sdist = [f for f in os.listdir(cache) if f.endswith(".tar.gz") and version in f]
+        if got.returncode != 0 or not sdist:
+            pytest.skip(f"cannot download the stable-baselines3 {version} sdist from PyPI: {got.stderr[-300:]}")
+    with tarfile.open(os.path.join(cache, sdist[0])) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/" + SB3_TESTS))
+        source = tar.extractfile(member).read().decode()
+    line = next(x for x in source.splitlines() if x.startswith("from stable_baselines3.common.buffers import"))
+    return source.replace(line, line + "\nfrom mmreplay.compat.sb3 import DictReplayBuffer, ReplayBuffer", 1)
+
+
+def test_sb3s_own_buffer_tests_pass_against_the_drop_in(tmp_path):
+    import tempfile
+    import xml.etree.ElementTree as ET
+
+    (tmp_path / "test_buffers.py").write_text(_sb3_test_file(os.path.join(tempfile.gettempdir(), "mmreplay-sb3-sdist")))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not this project's configuration
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=report.xml", "test_buffers.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )
+    suite = ET.parse(tmp_path / "report.xml").getroot().find("testsuite")
+    counts = {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")}
+    cuda = 4 if torch.cuda.is_available() else 0  # SB3's tests on the "cuda" device
+    assert counts == {"tests": 83, "failures": 0, "errors": 0, "skipped": 4 - cuda}, out.stdout[-3000:]

@@ -45,7 +45,8 @@ def test_collection_resumed_from_the_store_equals_an_uninterrupted_run(tmp_path,
     path = tmp_path / "b"
     with mr.create(path, spec(pixels), capacity=500, num_envs=4, commit_every=37) as store:
         collect(store, 123, seed=9)
-    with mr.open(path, mode="a") as store:  # a new process would do the same
+    # a new process would do the same; collect restores the envs, so the episodes go on
+    with mr.open(path, mode="a", continue_episodes=True) as store:
         collect(store, 250, seed=9)
     want = reference(250, num_envs=4, seed=9, pixels=pixels)
     with mr.open(path) as store:

@@ -200,8 +200,13 @@ def test_index_survives_reopen_by_readers_and_writers(tmp_path, layout):
         assert spans(writer) == want
         writer.extend(steps(8, 3, 2, {(9, 1): "term"}))
         writer.commit()
-        assert spans(writer)[-2:] == [(1, 5, 9, "terminated"), (1, 10, 10, "open")]
-    assert len(read_index(tmp_path / "b")[1]) == 5
+        # the episodes the last writer left open end at its last step, truncated
+        assert spans(writer) == [
+            (0, 0, 2, "terminated"), (0, 3, 5, "truncated"), (0, 6, 7, "truncated"), (0, 8, 10, "open"),
+            (1, 0, 3, "truncated"), (1, 4, 4, "terminated"), (1, 5, 7, "truncated"), (1, 8, 9, "terminated"),
+            (1, 10, 10, "open"),
+        ]
+    assert [tuple(r) for r in read_index(tmp_path / "b")[1].tolist()][-3:] == [(7, 0, 2), (7, 1, 2), (9, 1, 1)]
 
 
 def test_a_commit_scans_only_the_new_steps(tmp_path):
@@ -230,8 +235,11 @@ def test_records_past_the_committed_end_are_ignored_and_cut(tmp_path, layout):
     with mr.open(tmp_path / "b", "a") as writer:
         writer.extend(steps(6, 4, 1, {(8, 0): "trunc"}))
         writer.commit()
-        assert spans(writer) == [(0, 0, 2, "terminated"), (0, 3, 8, "truncated"), (0, 9, 9, "open")]
-    assert [tuple(r) for r in read_index(tmp_path / "b")[1].tolist()] == [(2, 0, 1), (8, 0, 2)]
+        # the episode the last writer left open ends at its last committed step
+        assert spans(writer) == [
+            (0, 0, 2, "terminated"), (0, 3, 5, "truncated"), (0, 6, 8, "truncated"), (0, 9, 9, "open")
+        ]
+    assert [tuple(r) for r in read_index(tmp_path / "b")[1].tolist()] == [(2, 0, 1), (5, 0, 2), (8, 0, 2)]
 
 
 def test_a_lost_index_is_rebuilt_from_the_role_leaves(tmp_path, layout):

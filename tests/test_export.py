@@ -419,42 +419,6 @@ def test_zarr_export_compressed_chunks_read_back(vector, tmp_path, compression):
         assert g[p].compressors and np.array_equal(g[p][...], w)
 
 
-def test_the_export_benchmark_runs_at_a_small_size(tmp_path):
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(root, "bench", "bench_export.py"),
-            "--gb",
-            "0.01",
-            "--repeats",
-            "1",
-            "--formats",
-            "npz,minari,csv",
-            "--dir",
-            str(tmp_path),
-            "--json",
-            str(tmp_path / "raw.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr
-    assert (
-        "| `cp -r` (baseline) |" in out.stdout
-        and "| npz |" in out.stdout
-        and "| csv (vector store) |" in out.stdout
-    )
-    raw = json.loads((tmp_path / "raw.json").read_text())
-    assert set(raw["runs"]) == {"npz", "minari", "csv"}
-    assert all(r["peak_anon"] > 0 and r["seconds"] > 0 for runs in raw["runs"].values() for r in runs)
-    assert os.listdir(tmp_path) == ["raw.json"]  # the work folder is removed
-
-
 def test_minari_from_a_tf_agents_trajectory_store_takes_final_observations_from_boundary_rows(
     tmp_path, monkeypatch
 ):

@@ -138,7 +138,7 @@ def _random_case(tmp_path_factory, num_envs, k, axis, pad, end, capacity, steps,
     if not small_side and (k == 1 or steps <= capacity):  # nothing dropped: the same window
         _compare_all(full, once)
     once.close()
-    with mr.open(tmp_path / "once", "a") as again:  # a writer reopened takes up the episodes
+    with mr.open(tmp_path / "once", "a", continue_episodes=True) as again:  # a writer reopened takes up the episodes
         _compare_window(full, again, "reopened")
         for _ in range(5):
             step = episodes.step()

@@ -13,25 +13,16 @@ import uuid
 
 import numpy as np
 import pytest
+from conftest import S3_BUCKET
 
 import mmreplay as mr
 
 pytest.importorskip("obstore")
 pytest.importorskip("moto")
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.s3_server import local_s3_server  # noqa: E402
-
-BUCKET = "replays"
+BUCKET = S3_BUCKET
 CAPACITY = 40
 NUM_ENVS = 2
-
-
-@pytest.fixture(scope="session")
-def s3_server():
-    """One moto S3 server for the session (see bench/s3_server.py)."""
-    with local_s3_server(BUCKET) as endpoint:
-        yield endpoint
 
 
 @pytest.fixture
@@ -274,7 +265,7 @@ def test_exports_target_object_storage(tmp_path, s3_server, url):
         assert f["reward"].shape == (20, NUM_ENVS)
     import zarr
 
-    group = zarr.open_group(store=Location(zarr_out.path).zarr_store(), mode="r")
+    group = zarr.open_group(store=zarr.storage.ObjectStore(Location(zarr_out.path).store, read_only=True), mode="r")
     assert group["obs"].shape == (20, NUM_ENVS, 3)
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import h5py
 import numpy as np
@@ -518,3 +519,53 @@ def test_a_failed_create_leaves_no_new_parent_folders(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "ulimit -f" in done.stdout, done.stdout + done.stderr
     assert os.listdir(tmp_path) == []
+
+
+CREATE_RACE = """
+import json, os, sys, time, mmreplay as mr
+root, trials = sys.argv[1], int(sys.argv[2])
+out = []
+for i in range(trials):
+    while not os.path.exists(os.path.join(root, f"go{i}")):  # both processes start together
+        time.sleep(0.0002)
+    try:
+        mr.create(os.path.join(root, f"b{i}"), {"x": mr.ArraySpec((3,), "float32")}, capacity=64,
+                  exist_ok=i % 2 == 1).close()
+        out.append("created or opened")
+    except mr.BufferExistsError:
+        out.append("exists")
+    except mr.LockedError:
+        out.append("locked")  # exist_ok: the other process still writes the one it made
+    except Exception as exc:
+        out.append(f"{type(exc).__name__}: {exc}")
+print(json.dumps(out))
+"""
+
+
+def _create_race(tmp_path, trials: int) -> None:
+    """Two processes create the same buffers at the same moment: the loser is told the
+    buffer exists (or, with exist_ok, opens it), never a raw file-system error."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CREATE_RACE, str(tmp_path), str(trials)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    time.sleep(3)  # both imported mmreplay and wait
+    for i in range(trials):
+        (tmp_path / f"go{i}").touch()
+        time.sleep(0.2)
+    outs = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
+    for i, pair in enumerate(zip(*outs)):
+        assert sorted(pair) in (["created or opened", "exists"], ["created or opened", "created or opened"],
+                                ["created or opened", "locked"]), (i, pair)
+        assert i % 2 == 1 or sorted(pair) == ["created or opened", "exists"], (i, pair)
+        with mr.open(tmp_path / f"b{i}") as store:
+            assert store.capacity == 64
+
+
+def test_two_processes_creating_one_buffer_at_once(tmp_path):
+    _create_race(tmp_path, 16)
+
+
+@pytest.mark.long
+def test_two_processes_creating_one_buffer_at_once_long(tmp_path):
+    _create_race(tmp_path, 400)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
+import threading
 import warnings
 from types import ModuleType
 
@@ -72,3 +74,35 @@ def outside_mmreplay() -> int:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
         frame, level = frame.f_back, level + 1
     return level
+
+
+#: seconds the exit waits for zarr's event-loop thread to end
+ZARR_LOOP_EXIT_SECONDS = 60.0
+
+
+def _end_zarr_loop() -> None:
+    """At exit, after the stores' exit hooks (which may still write through zarr): stop
+    zarr's event loop and wait for its thread, then let zarr release the rest. zarr's own
+    exit hook waits 0.2 s for that thread; on a busy machine it then closes the loop while
+    the thread still runs it, and the exit prints "Cannot close a running event loop"."""
+    sync = sys.modules.get("zarr.core.sync")
+    if sync is None:
+        return
+    loop, thread = sync.loop[0], sync.iothread[0]
+    if loop is not None and thread is not None and thread.is_alive() and not loop.is_closed():
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(ZARR_LOOP_EXIT_SECONDS)
+    sync.cleanup_resources()
+
+
+def _replace_zarr_exit_hook() -> None:
+    """zarr's exit hook gives way to :func:`_end_zarr_loop`. Run as the threads end, before
+    any ``atexit`` hook: zarr registers its own whenever it is first imported, which may
+    be after this module (its hook would then run first)."""
+    sync = sys.modules.get("zarr.core.sync")
+    if sync is not None:
+        atexit.unregister(sync.cleanup_resources)
+
+
+atexit.register(_end_zarr_loop)  # before any store registers its exit hooks: runs after them
+threading._register_atexit(_replace_zarr_exit_hook)  # type: ignore[attr-defined]

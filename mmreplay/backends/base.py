@@ -13,7 +13,6 @@ import ctypes
 import errno
 import mmap
 import os
-import stat
 import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -23,7 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..codecs import LEVELS, Compression, parse
-from ..errors import CorruptBufferError, DiskFullError
+from ..errors import CorruptBufferError, DiskFullError, RemoteError
+from ..files import open_inside
 from ..metadata import LeafInfo
 
 __all__ = [
@@ -223,19 +223,17 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-def map_file(path: str, writable: bool, need: int) -> mmap.mmap | None:
-    """Map a whole data file, checking it holds at least ``need`` bytes."""
+def map_file(folder: str, rel: str, writable: bool, need: int) -> mmap.mmap | None:
+    """Map the whole data file ``folder/rel``, checking it holds at least ``need`` bytes."""
+    path = os.path.join(folder, rel)
     try:
-        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-    except FileNotFoundError:
+        fd = open_inside(folder, rel, os.O_RDWR if writable else os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
         raise CorruptBufferError(f"{path}: data file is missing") from None
     except IsADirectoryError:
         raise CorruptBufferError(f"{path}: expected a data file, found a folder") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptBufferError(f"{path}: expected a data file, found something else (a folder or a device)")
-        size = st.st_size
+        size = os.fstat(fd).st_size
         if size < need:
             raise CorruptBufferError(
                 f"{path}: data file is truncated: expected at least {need} bytes, found {size}"
@@ -468,6 +466,8 @@ class ChunkedLeaf:
                 raise CorruptBufferError(f"{where} holds committed steps but is missing; see `mmreplay verify`")
             try:
                 chunk = self.io.read(k, a, b)
+            except RemoteError:
+                raise  # object storage failed to answer: the chunk may be fine
             except Exception as exc:
                 raise CorruptBufferError(f"{where} cannot be read: {exc}") from exc
             self._keep(k, chunk)

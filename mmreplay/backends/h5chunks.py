@@ -37,6 +37,7 @@ import h5py
 import numpy as np
 
 from ..errors import CorruptBufferError, SpecError
+from ..files import read_inside
 from ..metadata import atomic_write
 from .base import disk_full_as
 
@@ -256,9 +257,10 @@ class Journal:
         self.limits = limits
 
     def load(self) -> Records:
+        # at most every chunk of every leaf, each a record of its path and bytes
+        limit = 16 + sum(n * (_RECORD.size + len(path.encode()) + largest) for path, (n, largest) in self.limits.items())
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
+            raw = read_inside(*os.path.split(self.path), limit, "a chunk journal")
         except FileNotFoundError:
             return {}
         return parse_journal(raw, self.path, self.limits)
@@ -407,11 +409,37 @@ class H5Chunks:
             self._codec = None
 
 
+def leaf_dataset(f: h5py.File, path: str, where: str) -> Any:
+    """The object at ``path`` in the open file (None: nothing there), reached through hard
+    links only; a dataset must hold its data in the file itself.
+
+    HDF5 can link a name to another file (an external link), to another name (a soft
+    link, which can loop), and can keep a dataset's data in other files (external
+    storage, virtual datasets): following any of them reads, or writes, outside the
+    buffer, so each is refused.
+    """
+    node = f
+    for part in path.split("/"):
+        if not isinstance(node, h5py.Group):
+            return None
+        link = node.get(part, getlink=True)
+        if link is None:
+            return None
+        if not isinstance(link, h5py.HardLink):
+            kind = "an external link to another file" if isinstance(link, h5py.ExternalLink) else "a soft link"
+            raise CorruptBufferError(f"{where}: {path!r} is {kind}; a buffer's datasets must be stored in its own file")
+        node = node[part]
+    if isinstance(node, h5py.Dataset) and (node.is_virtual or node.external):
+        kind = "a virtual dataset" if node.is_virtual else "a dataset with external storage"
+        raise CorruptBufferError(f"{where}: {path!r} is {kind}, whose data lies in other files; a buffer's datasets must be stored in its own file")
+    return node
+
+
 def replay(f: h5py.File, journal: Journal) -> Records:
     """Write the journal's chunks back into the file (after a writer died); returns them."""
     records = journal.load()
     for path, chunks in records.items():
-        dset = f.get(path)
+        dset = leaf_dataset(f, path, journal.h5_path)
         if not isinstance(dset, h5py.Dataset) or dset.chunks is None:
             raise CorruptBufferError(f"{journal.path}: holds chunks of {path!r}, which is no chunked dataset in the file")
         tail = (0,) * (dset.ndim - 1)

@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 
 from ..errors import CorruptBufferError, Error, SpecError
+from ..files import checked_inside
 from ..lock import holder_pid
 from ..metadata import LeafInfo, Metadata
 from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, map_file, parse_compression, preallocate
@@ -40,6 +41,7 @@ from .h5chunks import (
     check_filters,
     journal_limits,
     journal_path,
+    leaf_dataset,
     replay,
     require_file_filters,
     require_filters,
@@ -226,8 +228,15 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
     path = os.path.join(folder, DATA_FILE)
     mapped = [leaf for leaf in meta.leaves if leaf.mapped]
     need = max(((leaf.offset or 0) + leaf_nbytes(meta, leaf) for leaf in mapped), default=0)
-    mm = map_file(path, writable, need) if mapped else None
-    handle = _SwmrFile(path, meta, writable) if len(mapped) < len(meta.leaves) else None
+    mm = map_file(folder, DATA_FILE, writable, need) if mapped else None
+    if len(mapped) < len(meta.leaves):
+        try:
+            path = checked_inside(folder, DATA_FILE)  # h5py opens it by name
+        except FileNotFoundError:
+            raise CorruptBufferError(f"{path}: data file is missing") from None
+        handle = _SwmrFile(path, meta, writable)
+    else:
+        handle = None
     out: list[Leaf] = []
     try:
         for leaf in meta.leaves:
@@ -235,11 +244,17 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
                 out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm, syncs_map=leaf is mapped[0]))
                 continue
             assert handle is not None
-            dset = handle.file.get(leaf.path)
+            dset = leaf_dataset(handle.file, leaf.path, path)
             expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
-            if not isinstance(dset, h5py.Dataset) or dset.shape != expected or dset.dtype != leaf.spec.dtype:
-                found = "nothing" if dset is None else f"{getattr(dset, 'shape', '?')} {getattr(dset, 'dtype', '?')}"
-                raise CorruptBufferError(f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype}, found {found}")
+            chunks = (leaf.chunk_steps, *expected[1:])
+            if (
+                not isinstance(dset, h5py.Dataset)
+                or dset.shape != expected
+                or dset.dtype != leaf.spec.dtype
+                or dset.chunks != chunks
+            ):
+                found = "nothing" if dset is None else f"{getattr(dset, 'shape', '?')} {getattr(dset, 'dtype', '?')} in chunks of {getattr(dset, 'chunks', '?')}"
+                raise CorruptBufferError(f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype} in chunks of {chunks}, found {found}")
             check_filters(dset, f"{path}: leaf {leaf.path!r}", writable)
             out.append(ChunkedLeaf(leaf, meta.capacity, H5Chunks(dset, leaf.path, handle.group, writable)))
     except BaseException:
@@ -437,6 +452,7 @@ class _Hdf5State:
     bad_chunks: dict[str, dict[int, str]] = field(default_factory=dict)
     journal: dict = field(default_factory=dict)  # leaf path -> chunk -> (mask, bytes)
     bad_journal: bool = False
+    links_out: str | None = None  # a leaf's dataset is elsewhere: never repaired, never written
 
 
 def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> _Hdf5State:
@@ -495,7 +511,12 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
     with f:
         for leaf in meta.leaves:
             where = f"leaf {leaf.path!r}"
-            dset = f.get(leaf.path)
+            try:
+                dset = leaf_dataset(f, leaf.path, path)
+            except CorruptBufferError as exc:
+                found.unusable = found.links_out = str(exc)
+                problems.append(found.unusable)
+                continue
             expected = leaf_shape(meta, leaf)
             if not isinstance(dset, h5py.Dataset):
                 found.unusable = f"{path}: {where}: no dataset {leaf.path!r}"
@@ -565,6 +586,8 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
     path = os.path.join(folder, DATA_FILE)
     problems: list[str] = []
     found = verify_leaves(folder, meta, True, problems)
+    if found.links_out is not None:
+        raise CorruptBufferError(f"{found.links_out}; recover changes nothing in such a buffer")
     damaged: list[tuple[int, int, str]] = []
     if found.short is not None and found.unusable is None:
         status = hdf5_status(path)

@@ -53,6 +53,7 @@ import numpy as np
 
 from ..codecs import parse
 from ..errors import CorruptBufferError, SpecError
+from ..files import open_inside, read_inside, replace_inside
 from ..metadata import LeafInfo
 from ..spec import is_image
 from . import native_rows
@@ -433,8 +434,8 @@ class _Frames:
         if self.dictionary is not None or not self.codec.dictionary:
             return self.dictionary is not None
         try:
-            with open(self.dictionary_path, "rb") as f:
-                raw = f.read()
+            folder, name = os.path.split(self.dictionary_path)
+            raw = read_inside(folder, name, 2 * DICTIONARY_BYTES, "a zstd dictionary")
         except FileNotFoundError:
             return False
         self._use(self._zstd.ZstdCompressionDict(raw))
@@ -458,10 +459,7 @@ class _Frames:
             dictionary = zstd.train_dictionary(DICTIONARY_BYTES, [r.tobytes() for r in rows], level=self.codec.level)
         except zstd.ZstdError:
             return False
-        tmp = self.dictionary_path + ".partial"
-        with open(tmp, "wb") as f:
-            f.write(dictionary.as_bytes())
-        os.replace(tmp, self.dictionary_path)
+        replace_inside(*os.path.split(self.dictionary_path), dictionary.as_bytes())
         self._use(dictionary)
         return True
 
@@ -593,6 +591,12 @@ def read_shard_index(data: Any, rows: int, where: str, size: int | None = None) 
     return parse_shard_index(data[len(data) - need :], rows, size - need, where)
 
 
+def shard_limit(rows: int, row_bytes: int) -> int:
+    """The largest a shard of ``rows`` frames can be: a frame is at most a little larger
+    than its row (the lz4 and zstd bounds), then the index."""
+    return rows * (row_bytes + row_bytes // 128 + 64) + index_bytes(rows)
+
+
 def index_bytes(rows: int) -> int:
     """Bytes of a shard's index and its CRC: the last bytes of the shard."""
     return rows * 16 + 4
@@ -707,7 +711,7 @@ class RowFrameLeaf:
         staging = os.path.join(folder, STAGING_FILE)
         need = staging_bytes(self.seg, num_envs, self.row_bytes)
         try:
-            fd = os.open(staging, os.O_RDWR if writable else os.O_RDONLY)
+            fd = open_inside(folder, STAGING_FILE, os.O_RDWR if writable else os.O_RDONLY)
         except FileNotFoundError:
             raise CorruptBufferError(f"{staging}: the staging file of {self.where} is missing") from None
         try:
@@ -757,13 +761,18 @@ class RowFrameLeaf:
             path = self.paths[k] = self.shard_path(k)
         return path
 
+    def _open_shard(self, k: int) -> int:
+        """A read-only descriptor of segment ``k``'s shard file (a regular file of the leaf's
+        folder, reached without links)."""
+        return open_inside(self.folder, os.path.relpath(self._path(k), self.folder))
+
     def _open(self, k: int, fd: int | None = None) -> tuple[int, int]:
         """A file descriptor of segment ``k``'s shard (``fd`` if given) and the file's
         size, its index in memory from this very file (read again unless it is)."""
         path = self._path(k)
         try:
             if fd is None:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = self._open_shard(k)
         except FileNotFoundError:
             raise CorruptBufferError(
                 f"{self.where}: shard file {path} (segment {k}) holds committed steps but is missing; "
@@ -961,7 +970,7 @@ class RowFrameLeaf:
             if k in self.indexed or k in self.files:
                 continue
             try:
-                fd = os.open(self._path(k), os.O_RDONLY | os.O_CLOEXEC)
+                fd = self._open_shard(k)
             except FileNotFoundError:
                 continue  # reported when it is read
             early[k] = fd
@@ -1246,10 +1255,17 @@ class RowFrameLeaf:
         """The frames of sealed segment ``k`` (None for rows never written)."""
         path = self.shard_path(k)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            fd = self._open_shard(k)
         except FileNotFoundError:
             return [None] * self.seg_rows
+        try:
+            size = os.fstat(fd).st_size
+            limit = shard_limit(self.seg_rows, self.row_bytes)
+            if size > limit:
+                raise CorruptBufferError(f"{path}: {size} bytes, more than a shard of {self.where} can hold ({limit})")
+            data = os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
         offsets, lengths = read_shard_index(data, self.seg_rows, f"{self.where}: {path}")
         return [None if o < 0 else data[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
 
@@ -1293,15 +1309,11 @@ class RowFrameLeaf:
     def _write_shard_file(self, k: int, frames: list[bytes | None]) -> None:
         """Write then rename: a shard file is never torn."""
         path = self.shard_path(k)
-        tmp = path + ".partial"
         with disk_full_as(
             f"{self.where}: no space left on the file system for segment {k} "
             f"(slots {k * self.seg}..{min((k + 1) * self.seg, self.capacity) - 1}); the last commit is intact"
         ):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(shard_bytes(frames))
-            os.replace(tmp, path)
+            replace_inside(self.folder, os.path.relpath(path, self.folder), shard_bytes(frames))
 
     def flush(self, fsync: bool) -> None:
         # committed rows of the staging segment are durable raw in staging, sealed ones in

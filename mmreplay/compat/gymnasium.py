@@ -24,9 +24,9 @@ its own transitions in time order, and the final observation of an episode is th
 - disabled: envs are reset by ``reset(options={"reset_mask": ...})``; every step is
   a transition.
 
-A ``reset()`` that cuts an episode short (and, on resume, the first ``reset()`` after
-the previous process stopped) marks that episode's last transition ``truncated``, so
-episodes never run into each other.
+A ``reset()`` that cuts an episode short marks that episode's last transition
+``truncated``, so episodes never run into each other; on resume, the store itself ends
+the episodes the previous process left open (see :mod:`mmreplay.episodes`).
 """
 
 from __future__ import annotations
@@ -168,9 +168,7 @@ class _Writer:
         self.num_envs = num_envs
         self.leaf_specs: list[ArraySpec] = flatten(spec)
         self.truncated = leaf_paths(spec).index("truncated")
-        self.terminated = leaf_paths(spec).index("terminated")
         self.queues: list[deque[list[Any]]] = [deque() for _ in range(num_envs)]
-        self.resumed = store.total_steps > 0  # the previous process's open episodes end at the first reset
 
     def leaves(self, transition: dict[str, Any]) -> list[np.ndarray]:
         """Leaves of a batched transition ``[num_envs, ...]`` in spec order."""
@@ -196,10 +194,6 @@ class _Writer:
 
     def end_open_episodes(self, envs: Any, open_: np.ndarray) -> None:
         """Mark the last transition of each env in ``envs`` whose episode is open truncated."""
-        if self.resumed:
-            self.resumed = False
-            self._truncate_written(np.arange(self.num_envs), only_open=True)
-            return
         written = []
         for i in envs:
             if not open_[i]:
@@ -209,9 +203,9 @@ class _Writer:
             else:
                 written.append(i)
         if written:
-            self._truncate_written(np.array(written), only_open=False)
+            self._truncate_written(np.array(written))
 
-    def _truncate_written(self, envs: np.ndarray, only_open: bool) -> None:
+    def _truncate_written(self, envs: np.ndarray) -> None:
         store = self.store
         if store.total_steps == 0:
             return
@@ -220,12 +214,7 @@ class _Writer:
         if index < 0:
             return
         step = flatten(store.get(index))
-        trunc, term = step[self.truncated], step[self.terminated]
-        if only_open:
-            envs = envs[~(trunc[envs] | term[envs])]
-        if len(envs) == 0:
-            return
-        trunc[envs] = True
+        step[self.truncated][envs] = True
         store.set(index, unflatten(self.spec, step))
         store.commit()
 

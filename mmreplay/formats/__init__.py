@@ -10,37 +10,11 @@ as ``[steps, num_envs, *shape]`` arrays keyed by leaf path, in time order (the l
 skrl's ``Memory.save`` uses). Both kinds read the store in bounded blocks, so a store
 larger than RAM exports in bounded memory.
 
-Imports offline datasets into a new store: Minari, D4RL-style HDF5, npz, and every
-export mmreplay writes (npz, hdf5, zarr, parquet, d3rlpy, pt, csv).
-
-- Minari (a datasets root holding one dataset, a dataset folder ``<root>/<id>`` or its
-  ``data`` folder, HDF5 format): one env, episodes one after another, leaves
-  ``observation``, ``action``, ``reward``, ``terminated``, ``truncated`` and
-  ``next_observation`` (the observation after each step), plus the episodes' ``infos``
-  under ``infos/``. Spaces come from ``metadata.json`` (read as JSON; gymnasium is not
-  needed) and are kept in the store's attrs, dtypes from the arrays themselves.
-- D4RL-style HDF5: one env, every top-level dataset of length T as a leaf under its own
-  name (``observations``, ``actions``, ``rewards``, ``terminals``, ``timeouts``,
-  ``next_observations``, ``infos/...``), so the roles are inferred from the names.
-- d3rlpy (``ReplayBuffer.dump`` HDF5): one env, leaves ``observation`` (a tuple for
-  tuple observations), ``action``, ``reward``, ``terminated``, ``truncated``.
-- parquet exports of mmreplay: one env, episodes one after another, every leaf of the
-  source spec with its dtype and shape (from the schema's metadata).
-- npz: arrays keyed by leaf path (``/`` nests them). An npz written by ``mmreplay
-  export`` carries its spec, roles and env count, and comes back exactly, as do its
-  hdf5 and zarr exports: the same global step ids and each episode's status (an episode
-  whose start the ring had overwritten stays ``"open"``). Any other npz is read as
-  ``[T, *shape]`` arrays of one env, or ``[T, num_envs, *shape]`` when ``num_envs`` is
-  given.
-- pt (``torch.load(weights_only=True)``, which loads tensors and never arbitrary
-  objects): ``[T, num_envs, *shape]`` tensors keyed by leaf path.
-- csv exports: ``step`` and ``env`` give the layout; columns ``<leaf>`` / ``<leaf>.<i>``
-  become scalar / vector leaves. CSV keeps no dtypes: integer columns come back int64,
-  others float64, and leaves of two or more dimensions come back flat.
-
-Data is read and written in blocks, so a dataset larger than RAM imports in bounded
-memory (except pt and csv, which are read whole). A failed import removes the store it
-was creating. Nothing is unpickled.
+Imports make a new store from any export mmreplay writes (npz, hdf5 and zarr come back
+exactly: step ids, episode statuses) and from Minari, D4RL-style HDF5, d3rlpy, LeRobot
+v3.0 and plain npz datasets, in bounded blocks (pt and csv are read whole); a failed
+import removes the store it was making, and nothing is unpickled. What each format
+keeps and how it comes back: docs/offline-datasets.md.
 """
 
 from __future__ import annotations
@@ -206,7 +180,7 @@ def export(
     joined = getattr(store, "joined", None)
     if callable(joined):  # a group: its shards' steps one after another, as one dataset
         store = joined()
-    elif store.mode == "a":  # a writer commits first: what is exported is durable and seen by readers
+    elif store.mode == "a" and not store.closed:  # a writer commits first: what is exported is durable
         store.commit()
     module = get(format)
     name = str(format).lower()
