@@ -140,7 +140,8 @@ def export(
     """Export a store's retained committed data to an offline format.
 
     Args:
-        store: an open store (readers are fine, also while a writer runs), or an open
+        store: an open store (readers are fine, also while a writer runs; a writer
+            commits first, so the export holds what is durable), or an open
             :class:`mmreplay.Group`: every shard's steps, one shard after another, as one
             dataset (episodes stay within their shard; step-major formats record where
             each shard begins, see :class:`mmreplay.joined.JoinedShards`).
@@ -180,7 +181,7 @@ def export(
     joined = getattr(store, "joined", None)
     if callable(joined):  # a group: its shards' steps one after another, as one dataset
         store = joined()
-    elif store.mode == "a" and not store.closed:  # a writer commits first: what is exported is durable
+    elif getattr(store, "mode", "r") == "a" and not store.closed:  # a writer commits first: what it exports is durable
         store.commit()
     module = get(format)
     name = str(format).lower()
