@@ -90,7 +90,7 @@ def child(fmt: str, path: str, out: str) -> None:
         before = _status()["RssAnon"]
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        got = interleaved({"export": lambda: store.export(out, format=fmt)}, 1, warmup=0)["export"]
+        got = interleaved({"export": lambda: mr.export(store, out, format=fmt)}, 1, warmup=0)["export"]
         stop.set()
         watcher.join()
     end = _status()

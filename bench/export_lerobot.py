@@ -60,7 +60,7 @@ def psnr(out: str, store: mr.Store) -> float:
 
 
 def run(args: argparse.Namespace) -> None:
-    from mmreplay.importers import import_dataset
+    from mmreplay import import_dataset
 
     data = rollout(args.steps, args.envs, args.episode)
     spec = {"obs": mr.ArraySpec(data["obs"].shape[2:], "uint8"), "terminated": mr.ArraySpec((), "bool")}
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> None:
             exported = interleaved(
                 {
                     "x": Timed(
-                        lambda o=options: store.export(out, format="lerobot", fps=15, **o), before=clear
+                        lambda o=options: mr.export(store, out, format="lerobot", fps=15, **o), before=clear
                     )
                 },
                 args.repeats,

@@ -21,6 +21,7 @@ from .errors import (
     TargetError,
     UnsupportedFormatError,
 )
+from .formats import export, import_dataset
 from .frames import Frames
 from .group import Group, GroupSampleInfo, create_group, open_group, open_shard
 from .sizes import SizeEstimate, estimate
@@ -35,6 +36,8 @@ __all__ = [
     "Store",
     "create",
     "open",
+    "export",
+    "import_dataset",
     "push",
     "pull",
     "Group",

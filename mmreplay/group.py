@@ -541,8 +541,8 @@ class Group:
 
     def export(self, out: str | os.PathLike, format: str | None = None, **options: Any) -> Any:  # noqa: A002
         """Export every shard's retained committed steps as one dataset
-        (:func:`mmreplay.export.export` of :meth:`joined`; the same options)."""
-        from .export import export
+        (:func:`mmreplay.export` of :meth:`joined`; the same options)."""
+        from .formats import export
 
         return export(self.joined(), out, format=format, **options)
 

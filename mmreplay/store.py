@@ -935,23 +935,6 @@ class Store:
         """
         return _episodes.to_arrays(self)
 
-    def export(self, out: str | os.PathLike, format: str | None = None, **options: Any) -> Any:  # noqa: A002
-        """Export the retained committed data to an offline format; see :func:`mmreplay.export.export`.
-
-        Formats: minari, d4rl, d3rlpy, parquet, npz, csv, pt, zarr, hdf5, lerobot; None: the one
-        ``out``'s name ends with (``.npz``, ``.parquet``, ``.csv``, ``.pt``, ``.zarr``), else
-        minari. Options: ``compression``, ``complete_only``, ``force``, ``progress``,
-        ``dataset_id`` (minari).
-        Returns an :class:`mmreplay.export.ExportResult`. A writer commits first, so
-        what is exported is what is durable and what readers see.
-        """
-        from .export import export
-
-        if self.mode == "a" and not self._closed:
-            self._commit()
-
-        return export(self, out, format=format, **options)
-
     def push(self, url: str, storage_options: dict[str, Any] | None = None) -> Any:
         """Publish the committed state to object storage (``s3://bucket/prefix``) as a
         consistent snapshot, sending only what changed since the last push; see

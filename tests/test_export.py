@@ -13,8 +13,8 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
-from mmreplay.export import FORMATS, export
-from mmreplay.export.parquet import decode_image
+from mmreplay.formats import FORMATS, export
+from mmreplay.formats.parquet import decode_image
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 # a TF-Agents trajectory store's leaves: no next observation, boundary rows instead
@@ -382,7 +382,7 @@ def test_store_export_method_and_a_reader_while_a_writer_holds_the_store(tmp_pat
     collect(writer, 50, seed=3)
     writer.commit()
     with mr.open(path, mode="r") as reader:
-        result = reader.export(tmp_path / "x.npz", format="npz")
+        result = mr.export(reader, tmp_path / "x.npz", format="npz")
         collect(writer, 80, seed=3)  # the writer goes on; the reader's export was of its snapshot
     assert result.steps == 50 * 2
     with np.load(tmp_path / "x.npz") as z:

@@ -47,8 +47,8 @@ except ImportError as exc:  # pragma: no cover - gymnasium is an install extra
     raise ImportError("mmreplay.compat.gymnasium needs gymnasium: pip install 'mmreplay[gymnasium]'") from exc
 
 from ..errors import SpecMismatchError
-from ..export.minari import SPACES_ATTR
 from ..metadata import METADATA_FILE
+from ..spaces import SPACES_ATTR, space_to_json
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ..store import open as open_store
@@ -98,41 +98,6 @@ def spec_from_spaces(
         "next_observation": obs,
     }
     return spec, dict(TRANSITION_ROLES)
-
-
-def space_to_json(space: gymnasium.spaces.Space) -> dict[str, Any]:
-    """A space as the JSON object ``minari.serialization.serialize_space`` writes.
-
-    Minari reads it back with ``deserialize_space``; no pickle is involved.
-    """
-    spaces = gymnasium.spaces
-    if isinstance(space, spaces.Box):
-        return {
-            "type": "Box",
-            "dtype": str(space.dtype),
-            "shape": list(space.shape),
-            "low": space.low.tolist(),
-            "high": space.high.tolist(),
-        }
-    if isinstance(space, spaces.Discrete):
-        return {"type": "Discrete", "dtype": "int64", "start": int(space.start), "n": int(space.n)}
-    if isinstance(space, spaces.MultiDiscrete):
-        return {
-            "type": "MultiDiscrete",
-            "dtype": str(space.dtype),
-            "nvec": space.nvec.tolist(),
-            "start": space.start.tolist(),
-        }
-    if isinstance(space, spaces.MultiBinary):
-        n = space.n
-        shaped = isinstance(n, (tuple, list, np.ndarray))
-        return {"type": "MultiBinary", "n": [int(k) for k in n] if shaped else int(n)}
-    if isinstance(space, spaces.Dict):
-        return {"type": "Dict", "subspaces": {k: space_to_json(v) for k, v in space.spaces.items()}}
-    if isinstance(space, spaces.Tuple):
-        return {"type": "Tuple", "subspaces": [space_to_json(v) for v in space.spaces]}
-    raise TypeError(f"cannot describe {type(space).__name__} as JSON (Box, Discrete, MultiDiscrete, "
-                    "MultiBinary, Dict and Tuple can)")
 
 
 def record_spaces(store: Store, observation_space: Any, action_space: Any, env_spec: Any = None) -> None:

@@ -14,7 +14,7 @@ skrl's physical rows map onto global steps by :class:`~mmreplay.samplers.torch_r
 are drawn by skrl's torch calls (:class:`~mmreplay.samplers.torch_rule.TorchDrawRule`) or
 the store's sampler and read through the store's fetch path. A tensor declared after data
 rebuilds the store with :func:`mmreplay.convert.convert`; ``save`` / ``load`` are
-:func:`mmreplay.export.export` / :func:`mmreplay.importers.import_dataset`. What differs
+:func:`mmreplay.export` / :func:`mmreplay.import_dataset`. What differs
 from skrl, and why: docs/skrl.md.
 """
 
@@ -38,8 +38,7 @@ except ImportError as exc:  # pragma: no cover - torch is an install extra
 
 from ..convert import convert
 from ..errors import SpecError, SpecMismatchError
-from ..export import export
-from ..importers import import_dataset
+from ..formats import export, import_dataset
 from ..metadata import METADATA_FILE
 from ..reads import sample as sample_store
 from ..samplers.torch_rule import MemoryEmptyError, PhysicalRows, TorchDrawRule
@@ -554,7 +553,7 @@ class Memory(StoreShell):
 
     def save(self, directory: str = "", format: str = "pt") -> str:  # noqa: A002 - skrl's name
         """Export the complete steps the memory holds, oldest first, to
-        ``<directory>/memories/<time>_memory_<id>.<format>`` (:func:`mmreplay.export.export`:
+        ``<directory>/memories/<time>_memory_<id>.<format>`` (:func:`mmreplay.export`:
         ``[steps, num_envs, *size]`` per tensor). Returns the file's path."""
         fmt = "npz" if format == "np" else format
         if fmt not in FORMATS:
@@ -570,7 +569,7 @@ class Memory(StoreShell):
 
     def load(self, path: str) -> None:
         """Replace the memory with a file :meth:`save` (or ``mmreplay export``) wrote, read by
-        :func:`mmreplay.importers.import_dataset`: its steps become the memory's, oldest
+        :func:`mmreplay.import_dataset`: its steps become the memory's, oldest
         first, its tensors (dtypes as the file keeps them) the memory's; tensors declared
         and not in the file read unwritten.
 

@@ -39,32 +39,35 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
-from ..errors import BadInputError, UnsupportedFormatError
+from ..errors import BadInputError, CorruptBufferError, UnsupportedFormatError
 from ..joined import JoinedShards
+from ..roles import subtree
+from ..spaces import SPACES_ATTR, spec_from_space_json, spec_to_space_json
 from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
-from ._base import (
+from .base import (
+    Episodes,
+    ExportOptions,
     ExportResult,
     Roles,
+    Source,
     Target,
-    Ticker,
+    block_steps,
     disk_usage,
     episode_flags,
-    episode_total,
-    episodes,
-    part,
+    grouped,
+    nest,
 )
-from .hdf5 import dataset_options, hdf5_output
+from .hdf5 import array_options, datasets, hdf5_output
 
 log = logging.getLogger(__name__)
 
 COMPRESSIONS = ("gzip", "lzf")
-#: the store attribute :func:`mmreplay.compat.gymnasium.record_spaces` fills
-SPACES_ATTR = "gymnasium"
 #: Minari's dataset id, ``[namespace/]name-v<N>`` (minari.dataset.minari_dataset's
 #: DATASET_ID_RE; nested namespaces are folders), with the version required: an id
 #: without one breaks ``minari.list_local_datasets()`` for the whole root
@@ -99,43 +102,6 @@ def check_dataset_id(dataset_id: Any) -> tuple[str, ...]:
             "(letters, digits, '-', '_'; namespaces separated by '/'; e.g. 'mmreplay/pointmass-v0')"
         )
     return parts
-
-
-# --- spaces, in minari.serialization's JSON -----------------------------------------
-
-
-def _box(spec: ArraySpec) -> dict[str, Any]:
-    dtype = spec.dtype
-    if dtype.kind == "f":
-        low, high = float("-inf"), float("inf")
-    elif dtype.kind == "b":
-        low, high = 0, 1
-    elif dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        low, high = int(info.min), int(info.max)
-    else:
-        raise BadInputError(f"minari export: dtype {dtype} has no gymnasium space")
-    # full arrays: gymnasium's Box refuses a 0-d low / high for a shaped space
-    return {
-        "type": "Box",
-        "dtype": dtype.name,
-        "shape": list(spec.shape),
-        "low": np.full(spec.shape, low, dtype=object).tolist(),
-        "high": np.full(spec.shape, high, dtype=object).tolist(),
-    }
-
-
-def space_json(spec: Any) -> dict[str, Any]:
-    """A gymnasium space for a spec nest, as ``minari.serialization.serialize_space`` writes it."""
-    if isinstance(spec, ArraySpec):
-        return _box(spec)
-    if isinstance(spec, Mapping):
-        return {"type": "Dict", "subspaces": {k: space_json(v) for k, v in spec.items()}}
-    if is_namedtuple(spec):
-        return {"type": "Dict", "subspaces": {k: space_json(v) for k, v in zip(spec._fields, spec)}}
-    if isinstance(spec, (tuple, list)):
-        return {"type": "Tuple", "subspaces": [space_json(v) for v in spec]}
-    raise BadInputError(f"minari export: cannot describe {spec!r:.80} as a gymnasium space")
 
 
 def looks_like_image(spec: Any) -> bool:
@@ -220,20 +186,22 @@ def _spaces(store: Any, obs_spec: Any, act_spec: Any) -> dict[str, str]:
     :func:`mmreplay.compat.gymnasium.record_spaces`) win; otherwise each leaf gets the
     tightest Box its dtype allows.
     """
-    out = {
-        "observation_space": json.dumps(space_json(obs_spec)),
-        "action_space": json.dumps(space_json(act_spec)),
-    }
+    try:
+        out = {
+            "observation_space": json.dumps(spec_to_space_json(obs_spec)),
+            "action_space": json.dumps(spec_to_space_json(act_spec)),
+        }
+    except BadInputError as exc:
+        raise BadInputError(f"minari export: {exc}") from None
     recorded = store.attrs.get(SPACES_ATTR)
     if not isinstance(recorded, dict):
         return out
-    from ..importers import space_spec
     for key, spec in (("observation_space", obs_spec), ("action_space", act_spec)):
         text = recorded.get(key)
         if not isinstance(text, str):
             continue
         try:
-            shapes = [s.shape for s in flatten(space_spec(text, key))]
+            shapes = [s.shape for s in flatten(spec_from_space_json(text, key))]
         except (ValueError, KeyError, TypeError, UnsupportedFormatError):
             shapes = None
         if shapes != [s.shape for s in flatten(spec)]:
@@ -265,23 +233,11 @@ def _final_observation(obs: Any, act: Any, rew: np.ndarray, term: np.ndarray, tr
     return last, obs, act, rew[:-1], np.zeros(n, bool), trunc
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-    dataset_id: str | None = None,
-) -> ExportResult:
-    comp = compression
+def write(store: Any, out: str, options: ExportOptions, dataset_id: str | None = None) -> ExportResult:
     roles = Roles.of(store)
-    obs_path = roles.need("observation", "minari")
+    obs_path, act_path, rew_path = roles.need("minari", "observation", "action", "reward")
     next_path = roles.get("next_observation")
     step_type = roles.get("step_type")
-    act_path = roles.need("action", "minari")
-    rew_path = roles.need("reward", "minari")
     obs_spec, act_spec = roles.spec_of(obs_path), roles.spec_of(act_path)
     final = _FinalObservation(store, roles, obs_path, step_type) if next_path is None and step_type else None
     if next_path is not None and roles.spec_of(next_path) != obs_spec:
@@ -306,30 +262,25 @@ def write(
             f"minari export: the datasets root {root} is a symbolic link; give the folder it names"
         )
     _check_inside(root, parts)
-    n_episodes, n_steps = episode_total(store, complete_only)
-    ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
+    episodes = Episodes(store, options)
 
     def opts(arr: np.ndarray) -> dict[str, Any]:
-        if comp is None or arr.ndim == 0 or arr.size == 0:
-            return {}
-        return dataset_options(comp, None)
+        return array_options(options.compression, arr)
 
-    with Target(os.path.join(root, *parts), "folder", force, fmt="minari", source=store.path, parents=True) as target:
+    dataset = os.path.join(root, *parts)
+    with Target(dataset, "folder", options.force, fmt="minari", source=store.path, parents=True) as target:
         _check_inside(root, parts)
-        data_dir = target.path("data")
-        os.mkdir(data_dir)
+        folder = target.path("data")
+        os.mkdir(folder)
         count = steps = 0
-        with hdf5_output(os.path.join(data_dir, "main_data.hdf5"), track_order=True) as f:
-            for ep in episodes(store, complete_only):
-                ticker.advance(ep.length)
+        with hdf5_output(os.path.join(folder, "main_data.hdf5"), track_order=True) as f:
+            for ep in episodes:
                 n = ep.length
-                if n == 0:
-                    continue
-                obs, act = part(ep.data, obs_path), part(ep.data, act_path)
-                rew = np.asarray(part(ep.data, rew_path)).reshape(n)
+                obs, act = subtree(ep.data, obs_path), subtree(ep.data, act_path)
+                rew = np.asarray(subtree(ep.data, rew_path)).reshape(n)
                 term, trunc = episode_flags(ep, roles.get("truncated"))
                 if next_path is not None:
-                    last = map_structure(lambda x: x[-1:], part(ep.data, next_path))
+                    last = map_structure(lambda x: x[-1:], subtree(ep.data, next_path))
                 else:
                     last = final.after(ep) if final is not None else None
                     if last is None:
@@ -349,7 +300,7 @@ def write(
                 if extras:
                     infos = g.create_group("infos")
                     for p in extras:
-                        _write_leaf(infos, p, np.asarray(part(ep.data, p))[:n], opts)
+                        _write_leaf(infos, p, np.asarray(subtree(ep.data, p))[:n], opts)
                 count += 1
                 steps += n
         image = looks_like_image(obs_spec) or looks_like_image(act_spec)
@@ -363,9 +314,9 @@ def write(
             "jpeg_encoding": False,
             "algorithm_name": "mmreplay export",
             "description": f"Exported by mmreplay from {os.path.abspath(store.path)}",
-            "dataset_size": round(disk_usage(data_dir) / 2**20, 1),
+            "dataset_size": round(disk_usage(folder) / 2**20, 1),
         }
-        with open(os.path.join(data_dir, "metadata.json"), "w") as fm:
+        with open(os.path.join(folder, "metadata.json"), "w") as fm:
             json.dump(metadata, fm, indent=1)
         path = target.commit()
     data = os.path.join(path, "data")
@@ -375,7 +326,7 @@ def write(
         count,
         steps,
         disk_usage(data),
-        {"dataset_id": dataset_id, "root": root, "planned": n_episodes},
+        {"dataset_id": dataset_id, "root": root, "planned": episodes.count},
     )
 
 
@@ -396,3 +347,164 @@ def _check_inside(root: str, parts: tuple[str, ...]) -> None:
             f"minari export: {os.path.join(root, *parts)} resolves to {where}, "
             f"outside the datasets root {root}"
         )
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def _is_data_dir(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "metadata.json")) and os.path.isfile(
+        os.path.join(folder, "main_data.hdf5")
+    )
+
+
+def data_dir(src: str) -> str | None:
+    """The ``data`` folder of the Minari dataset at ``src``: the data folder itself, a
+    dataset folder, or a datasets root holding exactly one dataset (an ``export -f
+    minari`` target). A root with several datasets is refused with their ids."""
+    for cand in (os.path.join(src, "data"), src):
+        if _is_data_dir(cand):
+            return cand
+    found = []
+    for folder, dirs, _ in os.walk(src):
+        dirs.sort()
+        if os.path.basename(folder) == "data" and _is_data_dir(folder):
+            found.append(folder)
+            dirs.clear()
+        elif len(found) > 1:
+            break
+    if len(found) > 1:
+        ids = ", ".join(os.path.relpath(os.path.dirname(f), src) for f in found[:5])
+        raise BadInputError(
+            f"{src}: a Minari datasets root holding several datasets ({ids}); give the dataset's folder"
+        )
+    return found[0] if found else None
+
+
+def _read_nest(node: Any, spec: Any, jpeg: bool, where: str) -> Any:
+    if isinstance(spec, dict):
+        return {k: _read_nest(node[k], s, jpeg, f"{where}/{k}") for k, s in spec.items()}
+    if isinstance(spec, tuple):
+        return tuple(_read_nest(node[f"_index_{i}"], s, jpeg, f"{where}/{i}") for i, s in enumerate(spec))
+    arr = node[()]
+    if jpeg and (arr.dtype == object or arr.ndim != len(spec.shape) + 1):
+        arr = _decode_jpeg(arr, where)
+    return arr
+
+
+def _decode_jpeg(frames: Any, where: str) -> np.ndarray:
+    try:
+        import io
+
+        from PIL import Image
+    except ImportError as exc:
+        raise ImportError(
+            f"{where}: JPEG-encoded Minari images need Pillow: pip install 'mmreplay[export]'"
+        ) from exc
+    return np.stack([np.array(Image.open(io.BytesIO(bytes(np.asarray(b))))) for b in frames])
+
+
+def read(src: str, files: ExitStack) -> Source:
+    import h5py
+
+    data = data_dir(src)
+    if data is None:
+        raise UnsupportedFormatError(f"{src}: not a Minari dataset folder")
+    with open(os.path.join(data, "metadata.json")) as fm:
+        meta = json.load(fm)
+    if meta.get("data_format", "hdf5") != "hdf5":
+        raise UnsupportedFormatError(
+            f"{src}: Minari data_format {meta.get('data_format')!r}; only 'hdf5' imports"
+        )
+    for key in ("observation_space", "action_space"):
+        if key not in meta:
+            raise UnsupportedFormatError(
+                f"{src}: metadata.json has no {key} (datasets that need gym.make are not read)"
+            )
+    obs_spec = spec_from_space_json(meta["observation_space"], "observation")
+    act_spec = spec_from_space_json(meta["action_space"], "action")
+    jpeg = bool(meta.get("jpeg_encoding", True))
+    f = files.enter_context(h5py.File(os.path.join(data, "main_data.hdf5"), "r"))
+    names = sorted((k for k in f if k.startswith("episode_")), key=lambda k: int(k.split("_", 1)[1]))
+    if not names:
+        raise BadInputError(f"{src}: the dataset holds no episodes")
+    first = f[names[0]]
+    # the arrays' own dtypes win over the spaces' (rewards are often float64)
+    obs0 = _read_nest(first["observations"], obs_spec, jpeg, "observations")
+    act0 = _read_nest(first["actions"], act_spec, jpeg, "actions")
+    obs_spec = unflatten(obs_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(obs0)])
+    act_spec = unflatten(act_spec, [ArraySpec(a.shape[1:], a.dtype) for a in flatten(act0)])
+    rew_dtype = first["rewards"].dtype
+    n0 = int(first["rewards"].shape[0])
+    info_paths = [
+        p
+        for p, d in datasets(first["infos"]).items()
+        if d.ndim >= 1 and d.shape[0] in (n0, n0 + 1) and d.dtype.kind in "biuf"
+    ] if "infos" in first else []
+    spec = {
+        "observation": obs_spec,
+        "action": act_spec,
+        "reward": ArraySpec((), rew_dtype),
+        "terminated": ArraySpec((), "bool"),
+        "truncated": ArraySpec((), "bool"),
+        "next_observation": obs_spec,
+    }
+    if info_paths:
+        infos = first["infos"]
+        specs_of = [ArraySpec(infos[p].shape[1:], infos[p].dtype) for p in info_paths]
+        spec["infos"] = nest(info_paths, specs_of)
+    steps = sum(int(f[n]["rewards"].shape[0]) for n in names)
+    specs = flatten(spec)
+    k = block_steps(sum(s.nbytes for s in specs))
+
+    def episode_steps(name: str) -> list[np.ndarray]:
+        g = f[name]
+        obs = _read_nest(g["observations"], obs_spec, jpeg, f"{name}/observations")
+        act = _read_nest(g["actions"], act_spec, jpeg, f"{name}/actions")
+        rew = np.asarray(g["rewards"][()]).reshape(-1)
+        n = len(rew)
+        term = np.asarray(g["terminations"][()], bool).reshape(n)
+        trunc = np.asarray(g["truncations"][()], bool).reshape(n)
+        for a in flatten(obs):
+            if len(a) != n + 1:
+                raise CorruptBufferError(
+                    f"{src}: {name} has {len(a)} observations for {n} steps, expected {n + 1}"
+                )
+        if n and not (term[-1] or trunc[-1]):
+            log.warning("%s: %s ends with neither flag; imported as truncated", src, name)
+            trunc = trunc.copy()
+            trunc[-1] = True
+        step = {
+            "observation": unflatten(obs_spec, [a[:n] for a in flatten(obs)]),
+            "action": act,
+            "reward": rew,
+            "terminated": term,
+            "truncated": trunc,
+            "next_observation": unflatten(obs_spec, [a[1:] for a in flatten(obs)]),
+        }
+        if info_paths:
+            # one row per step: Minari's DataCollector adds the reset's info in front,
+            # so row i is the info that came with observation i
+            step["infos"] = nest(info_paths, [_info_rows(g, p, n, name) for p in info_paths])
+        return [np.asarray(a).reshape(n, 1, *s.shape) for a, s in zip(flatten(step), specs)]
+
+    def blocks() -> Iterator[list[np.ndarray]]:
+        return grouped((episode_steps(name) for name in names), k)
+
+    attrs = {
+        SPACES_ATTR: {
+            key: meta[key] if isinstance(meta[key], str) else json.dumps(meta[key])
+            for key in ("observation_space", "action_space", "env_spec")
+            if meta.get(key) is not None
+        }
+    }
+    return Source(spec, 1, steps, blocks, None, len(names), attrs=attrs)
+
+
+def _info_rows(group: Any, path: str, n: int, where: str) -> np.ndarray:
+    if "infos" not in group or path not in group["infos"]:
+        raise CorruptBufferError(f"{where}: infos/{path} is missing (the first episode has it)")
+    values = np.asarray(group["infos"][path][()])
+    if values.shape[0] not in (n, n + 1):
+        raise CorruptBufferError(f"{where}: infos/{path} has {values.shape[0]} rows for {n} steps")
+    return values[:n]

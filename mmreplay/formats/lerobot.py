@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
-import importlib
 import json
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -25,9 +25,21 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
-from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
-from ..view import Layout
-from ._base import ExportResult, Roles, Target, Ticker, disk_usage, episode_flags, episode_total, episodes
+from ..spec import ArraySpec, Layout, flatten, leaf_paths, spec_from_json, spec_to_json
+from .base import (
+    Episodes,
+    ExportOptions,
+    ExportResult,
+    Roles,
+    Source,
+    Target,
+    disk_usage,
+    episode_flags,
+    episodes_source,
+    need,
+    nest,
+    pyarrow,
+)
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "none")
 CODEBASE_VERSION = "v3.0"
@@ -55,20 +67,13 @@ DEFAULT_CODEC, DEFAULT_CRF, GOP, SVTAV1_PRESET = "libsvtav1", 30, 2, 12
 LOSSLESS_CODEC = "libx264rgb"
 
 
-def _need(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"the lerobot format needs {module}: pip install 'mmreplay[lerobot]'") from exc
-
-
 def _pyarrow() -> tuple[Any, Any]:
-    return _need("pyarrow"), _need("pyarrow.parquet")
+    return pyarrow("the lerobot format", "lerobot")
 
 
 def _av() -> Any:
     os.environ.setdefault("SVT_LOG", "1")  # else SVT-AV1 prints its settings for every file
-    return _need("av")
+    return need("av", "the lerobot format", "lerobot")
 
 
 # --- files that roll over: chunk-XXX/file-XXX ------------------------------------------------
@@ -410,11 +415,7 @@ def _positive(**values: Any) -> None:
 def write(
     store: Any,
     out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
+    options: ExportOptions,
     fps: int = 30,
     task: str | None = None,
     codec: str | None = None,
@@ -437,8 +438,8 @@ def write(
         if c.stacks[0] > 1 and layout is not None and layout.stacked:
             c.pad = layout.pad  # the store checked its stacks as they came
     encoder = video_encoder(codec, crf, preset, lossless) if videos else None
-    n_episodes, n_steps = episode_total(store, complete_only)
-    if not n_episodes:
+    episodes = Episodes(store, options)
+    if not episodes.count:
         raise NotEnoughDataError(f"{store.path}: no episodes to export (a LeRobot dataset holds episodes)")
     flag = {"dtype": "bool", "shape": [1], "names": None}
     features = {c.name: c.feature() for c in columns} | {DONE: flag, TRUNCATED: dict(flag)}
@@ -447,88 +448,70 @@ def write(
     empty = {k: np.zeros((0, *features[k]["shape"]), features[k]["dtype"]) for k in tabular}
     schema = pa.schema([(k, _arrow_column(pa, empty[k], features[k]).type) for k in tabular])
     index = {p: i for i, p in enumerate(roles.paths)}
-    target = Target(out, "folder", force, fmt="lerobot", source=store.path, recognise=_recognise)
+    target = Target(out, "folder", options.force, fmt="lerobot", source=store.path, recognise=_recognise)
     mb = float(1 << 20)
     data = ParquetFiles(
-        target, DATA_PATH, schema, compression or "snappy", data_files_size_in_mb * mb, chunks_size
+        target, DATA_PATH, schema, options.compression or "snappy", data_files_size_in_mb * mb, chunks_size
     )
     sinks = {
         c.name: VideoFiles(target, c.name, fps, encoder, video_files_size_in_mb * mb, chunks_size)
         for c in videos
     }
-    ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
     rows: list[dict[str, Any]] = []
     stats: dict[str, list[dict[str, np.ndarray]]] = {k: [] for k in features}
     count = total = 0
-    try:
-        for ep in episodes(store, complete_only):
-            n = ep.length
-            if n == 0:
-                continue
-            leaves = flatten(ep.data)
-            values: dict[str, np.ndarray] = {}
-            placed: dict[str, Any] = {}
-            for c in columns:
-                x = np.asarray(leaves[index[c.leaf]])
-                if c.layout is None:
-                    values[c.name] = x
-                    continue
-                stacks = c.layout.normalise(x)
-                if stacks.shape[1] > 1:
-                    check_stacks(c, stacks, ep)
-                newest = np.ascontiguousarray(np.broadcast_to(stacks[:, -1], (n, *stacks.shape[2:4], 3)))
-                stats[c.name].append(frame_stats(newest))
-                placed.update(sinks[c.name].add(newest))
-            values[DONE], values[TRUNCATED] = episode_flags(ep, roles.get("truncated"))
-            values["frame_index"] = np.arange(n, dtype=np.int64)
-            values["timestamp"] = (values["frame_index"] / fps).astype(np.float32)
-            values["episode_index"] = np.full(n, count, np.int64)
-            values["index"] = np.arange(total, total + n, dtype=np.int64)
-            values["task_index"] = np.zeros(n, np.int64)
-            table = pa.Table.from_arrays(
-                [_arrow_column(pa, values[k], features[k]) for k in tabular], schema=schema
-            )
-            chunk, file = data.place(table.nbytes)
-            data.write(table)
-            for k in tabular:
-                stats[k].append(value_stats(values[k].reshape(n, -1), n, (features[k]["shape"][0],)))
-            row = {"episode_index": count, "tasks": [task], "length": n, "data/chunk_index": chunk}
-            row |= {"data/file_index": file, "dataset_from_index": total, "dataset_to_index": total + n}
-            row |= placed | {f"stats/{k}/{s}": v.tolist() for k in features for s, v in stats[k][-1].items()}
-            rows.append(row)
-            count, total = count + 1, total + n
-            ticker.advance(n)
-        for files in [data, *sinks.values()]:
-            files.close()
-        for c in videos:
-            features[c.name]["info"] = sinks[c.name].stream_info()
-        _write_meta(target, store, columns, rows, stats, task, (data_files_size_in_mb * mb, chunks_size))
-        info = {
-            "codebase_version": CODEBASE_VERSION,
-            "fps": fps,
-            "features": features,
-            "total_episodes": count,
-        }
-        info |= {
-            "total_frames": total,
-            "total_tasks": 1,
-            "chunks_size": chunks_size,
-            **sizes,
-            "data_path": DATA_PATH,
-        }
-        info |= {
-            "video_path": VIDEO_PATH if videos else None,
-            "robot_type": None,
-            "splits": {"train": f"0:{count}"},
-        }
-        _write_json(target.path("meta", "info.json"), info)
-        path = target.commit()
-    except BaseException:
-        for files in [data, *sinks.values()]:
-            with contextlib.suppress(Exception):  # a failing flush must not hide the first error
+    with target:
+        try:
+            for ep in episodes:
+                n = ep.length
+                leaves = flatten(ep.data)
+                values: dict[str, np.ndarray] = {}
+                placed: dict[str, Any] = {}
+                for c in columns:
+                    x = np.asarray(leaves[index[c.leaf]])
+                    if c.layout is None:
+                        values[c.name] = x
+                        continue
+                    stacks = c.layout.normalise(x)
+                    if stacks.shape[1] > 1:
+                        check_stacks(c, stacks, ep)
+                    newest = np.ascontiguousarray(np.broadcast_to(stacks[:, -1], (n, *stacks.shape[2:4], 3)))
+                    stats[c.name].append(frame_stats(newest))
+                    placed.update(sinks[c.name].add(newest))
+                values[DONE], values[TRUNCATED] = episode_flags(ep, roles.get("truncated"))
+                values["frame_index"] = np.arange(n, dtype=np.int64)
+                values["timestamp"] = (values["frame_index"] / fps).astype(np.float32)
+                values["episode_index"] = np.full(n, count, np.int64)
+                values["index"] = np.arange(total, total + n, dtype=np.int64)
+                values["task_index"] = np.zeros(n, np.int64)
+                table = pa.Table.from_arrays(
+                    [_arrow_column(pa, values[k], features[k]) for k in tabular], schema=schema
+                )
+                chunk, file = data.place(table.nbytes)
+                data.write(table)
+                for k in tabular:
+                    stats[k].append(value_stats(values[k].reshape(n, -1), n, (features[k]["shape"][0],)))
+                row = {"episode_index": count, "tasks": [task], "length": n, "data/chunk_index": chunk}
+                row |= {"data/file_index": file, "dataset_from_index": total, "dataset_to_index": total + n}
+                row |= placed | {f"stats/{k}/{s}": v.tolist() for k in features for s, v in stats[k][-1].items()}
+                rows.append(row)
+                count, total = count + 1, total + n
+            for files in [data, *sinks.values()]:
                 files.close()
-        target.abort()
-        raise
+            for c in videos:
+                features[c.name]["info"] = sinks[c.name].stream_info()
+            _write_meta(target, store, columns, rows, stats, task, (data_files_size_in_mb * mb, chunks_size))
+            info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features}
+            info |= {"total_episodes": count, "total_frames": total, "total_tasks": 1, "chunks_size": chunks_size}
+            info |= {**sizes, "data_path": DATA_PATH, "video_path": VIDEO_PATH if videos else None}
+            info |= {"robot_type": None, "splits": {"train": f"0:{count}"}}
+            _write_json(target.path("meta", "info.json"), info)
+            path = target.commit()
+        except BaseException:
+            for files in [data, *sinks.values()]:
+                with contextlib.suppress(Exception):  # a failing flush must not hide the first error
+                    files.close()
+            raise
     return ExportResult("lerobot", path, count, total, disk_usage(path), {"fps": fps, "task": task})
 
 
@@ -680,8 +663,6 @@ def _plan_marked(mark: dict[str, Any], features: dict[str, Any]) -> Plan:
 
 
 def _plan_foreign(features: dict[str, Any], where: str) -> Plan:
-    from ..importers import _nest
-
     paths, specs, sources = [], [], {}
     for name, ft in features.items():
         dtype = ft.get("dtype")
@@ -706,7 +687,7 @@ def _plan_foreign(features: dict[str, Any], where: str) -> Plan:
             paths.append(role)
             specs.append(ArraySpec((), "bool"))
             sources[role] = ("", {"leaf": role})
-    spec = _nest(paths, specs)
+    spec = nest(paths, specs)
     roles = {r: r for r in ("observation", "action", "reward", "terminated", "truncated") if r in spec}
     return spec, roles, sources
 
@@ -727,10 +708,8 @@ def _column(table: Any, name: str, spec: ArraySpec, image: bool) -> np.ndarray:
     return np.array(column.to_numpy(zero_copy_only=False), dtype=spec.dtype).reshape(n, *spec.shape)
 
 
-def read_source(src: str) -> tuple[Any, Any]:
+def read(src: str, files: ExitStack) -> Source:
     """The importer's source over a LeRobot v3.0 folder: one env, episode after episode."""
-    from ..importers import _episodes_source
-
     pa, pq = _pyarrow()
     info = _read_json(os.path.join(src, "meta", "info.json"), src)
     version = str(info.get("codebase_version"))
@@ -753,6 +732,8 @@ def read_source(src: str) -> tuple[Any, Any]:
             raise CorruptBufferError(f"{src}: no feature holds the leaf {p!r}")
     video_keys = [n for n, _ in sources.values() if features.get(n, {}).get("dtype") == "video"]
     videos = {n: VideoSource(src, n, fps) for n in video_keys}
+    for video in videos.values():
+        files.callback(video.close)
     if any("/" in n or n.startswith(".") for n in videos):  # LeRobot's feature names have no "/"
         raise CorruptBufferError(f"{src}: a video feature name that is no folder name: {sorted(videos)}")
 
@@ -788,12 +769,8 @@ def read_source(src: str) -> tuple[Any, Any]:
             trunc[-1] = trunc[-1] or not term[-1]
         return out
 
-    def close() -> None:
-        for v in videos.values():
-            v.close()
-
-    source = _episodes_source(spec, [(r, int(r["length"])) for r in rows], load)
+    source = episodes_source(spec, [(r, int(r["length"])) for r in rows], load)
     source.roles = roles
     attrs = dict(mark.get("attrs") or {}) if isinstance(mark, dict) else {}
     source.attrs = attrs | {"lerobot": {"fps": fps, "tasks": tasks, "codebase_version": version}}
-    return source, close
+    return source

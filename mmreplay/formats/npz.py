@@ -12,17 +12,22 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
+from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from ._base import (
+from .base import (
     BLOCK_BYTES,
+    ExportOptions,
     ExportResult,
+    Source,
     StepBlocks,
     Target,
     Ticker,
+    arrays_source,
     read_leaf,
     spec_json,
 )
@@ -31,18 +36,9 @@ META_KEY = "__mmreplay__"
 COMPRESSIONS = ("deflate", "zip")
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    comp = compression
-    with Target(out, "file", force, fmt="npz", source=store.path) as target:
-        rows = write_arrays(store, target.path(), comp is not None, progress)
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    with Target(out, "file", options.force, fmt="npz", source=store.path) as target:
+        rows = write_arrays(store, target.path(), options.compression is not None, options.progress)
         path = target.commit()
     return ExportResult("npz", path, 0, rows, os.path.getsize(path), {"keys": store.leaf_paths})
 
@@ -97,3 +93,63 @@ def _leaf_blocks(store: Any, index: int) -> Any:
     for a in range(first, end, k):
         b = min(end, a + k)
         yield a, read_leaf(store, index, np.arange(a, b))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+class _NpyMember:
+    """One ``.npy`` member of an npz, sliced along its first axis by streaming reads."""
+
+    def __init__(self, zf: zipfile.ZipFile, name: str):
+        self.zf, self.name = zf, name
+        with zf.open(name) as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            self.offset = f.tell()
+        if dtype.hasobject:
+            raise BadInputError(f"npz member {name!r} holds Python objects; refusing to unpickle")
+        if fortran and len(shape) > 1:
+            raise UnsupportedFormatError(f"npz member {name!r} is Fortran-ordered")
+        self.shape, self.dtype = tuple(shape), dtype
+        self.row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        self._f: Any = None
+        self._pos = 0
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        a, b, _ = sl.indices(self.shape[0])
+        if self._f is None or a < self._pos:
+            if self._f is not None:
+                self._f.close()
+            self._f = self.zf.open(self.name)
+            self._f.read(self.offset)
+            self._pos = 0
+        if a > self._pos:
+            self._f.read((a - self._pos) * self.row)
+        data = self._f.read((b - a) * self.row)
+        self._pos = b
+        return np.frombuffer(data, self.dtype).reshape(b - a, *self.shape[1:])
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
+def read(src: str, files: ExitStack, num_envs: int | None = None) -> Source:
+    zf = files.enter_context(zipfile.ZipFile(src))
+    members = {}
+    meta = None
+    for name in zf.namelist():
+        if not name.endswith(".npy"):
+            continue
+        key = name[:-4]
+        if key == "__mmreplay__":
+            arr = np.load(zf.open(name), allow_pickle=False)
+            meta = json.loads(str(arr))
+            continue
+        members[key] = _NpyMember(zf, name)
+        files.callback(members[key].close)
+    return arrays_source(members, meta, num_envs, src)

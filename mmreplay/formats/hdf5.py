@@ -11,20 +11,24 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
-from ..spec import flatten
-from ._base import EXPORT_MARK, ExportResult, StepBlocks, Target, spec_json
+import numpy as np
+
+from ..spec import flatten, leaf_paths, spec_from_json
+from .base import (
+    EXPORT_MARK,
+    ExportOptions,
+    ExportResult,
+    Source,
+    StepBlocks,
+    Target,
+    arrays_source,
+    spec_json,
+)
 
 COMPRESSIONS = ("gzip", "lzf")
-
-
-def h5py_module() -> Any:
-    try:
-        import h5py
-    except ImportError as exc:  # h5py is a core dependency; this is a broken install
-        raise ImportError("the hdf5 export needs h5py: pip install h5py") from exc
-    return h5py
 
 
 @contextlib.contextmanager
@@ -34,7 +38,9 @@ def hdf5_output(path: str, **options: Any) -> Iterator[Any]:
     holds (``Can't decrement id ref count``), and the process dies of a segmentation fault
     when the file's objects are released later. The export is abandoned then, so the
     file's descriptor is pointed at /dev/null first: the close writes there and ends."""
-    f = h5py_module().File(path, "w", **options)
+    import h5py
+
+    f = h5py.File(path, "w", **options)
     try:
         yield f
         f.flush()
@@ -65,17 +71,14 @@ def dataset_options(compression: str | None, chunks: tuple[int, ...] | None) -> 
     return opts
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    comp = compression
-    with Target(out, "file", force, fmt="hdf5", source=store.path) as target:
+def array_options(compression: str | None, arr: np.ndarray) -> dict[str, Any]:
+    """:func:`dataset_options` for a dataset made from ``arr`` (HDF5 filters need a
+    chunked dataset: none for a scalar or an empty array)."""
+    return dataset_options(compression, None) if arr.ndim and arr.size else {}
+
+
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    with Target(out, "file", options.force, fmt="hdf5", source=store.path) as target:
         blocks = StepBlocks(store)
         specs = flatten(store.spec)
         with hdf5_output(target.path()) as f:
@@ -86,12 +89,38 @@ def write(
                 shape = (blocks.steps, store.num_envs, *spec.shape)
                 chunk = (max(1, min(blocks.block, blocks.steps)), store.num_envs, *spec.shape)
                 dsets.append(
-                    f.create_dataset(path, shape=shape, dtype=spec.dtype, **dataset_options(comp, chunk))
+                    f.create_dataset(path, shape=shape, dtype=spec.dtype, **dataset_options(options.compression, chunk))
                 )
             for a, leaves in blocks:
                 lo = a - blocks.first
                 for dset, values in zip(dsets, leaves):
                     dset[lo : lo + len(values)] = values
-                progress(len(leaves[0]) * store.num_envs)
+                options.progress(len(leaves[0]) * store.num_envs)
         path = target.commit()
     return ExportResult("hdf5", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str, files: ExitStack) -> Source:
+    import h5py
+
+    f = files.enter_context(h5py.File(src, "r"))
+    meta = json.loads(f.attrs["mmreplay"])
+    arrays = {p: f[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in f}
+    return arrays_source(arrays, meta, None, src)
+
+
+def datasets(group: Any, prefix: str = "") -> dict[str, Any]:
+    import h5py
+
+    out = {}
+    for key in group:
+        item = group[key]
+        name = f"{prefix}{key}"
+        if isinstance(item, h5py.Dataset):
+            out[name] = item
+        elif isinstance(item, h5py.Group):
+            out.update(datasets(item, name + "/"))
+    return out

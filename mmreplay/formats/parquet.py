@@ -19,22 +19,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
-from ..errors import BadInputError
-from ..spec import ArraySpec, flatten, leaf_paths
-from ._base import (
+from ..errors import BadInputError, UnsupportedFormatError
+from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json
+from .base import (
     BLOCK_BYTES,
+    Episodes,
+    ExportOptions,
     ExportResult,
     Roles,
+    Source,
     Target,
-    Ticker,
     disk_usage,
     episode_flags,
-    episode_total,
-    episodes,
+    episodes_source,
+    pyarrow,
     spec_json,
 )
 
@@ -42,15 +45,6 @@ COMPRESSIONS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
 FIRST_FILE = "part-00000.parquet"
 #: raw bytes of data per file before the next part file starts
 FILE_BYTES = 1 << 30
-
-
-def _pyarrow() -> tuple[Any, Any]:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise ImportError("the parquet export needs pyarrow: pip install 'mmreplay[export]'") from exc
-    return pa, pq
 
 
 def role_columns(roles: Roles) -> list[tuple[str, str, ArraySpec]]:
@@ -144,23 +138,9 @@ def _field(pa: Any, name: str, spec: ArraySpec) -> Any:
     return pa.field(name, typ, metadata=meta)
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-    file_bytes: int = FILE_BYTES,
-) -> ExportResult:
-    codec = (
-        "snappy"
-        if compression is None
-        else (compression or "none")
-    )
-    name, _, level = codec.partition(":")
-    pa, pq = _pyarrow()
+def write(store: Any, out: str, options: ExportOptions, file_bytes: int = FILE_BYTES) -> ExportResult:
+    name, _, level = (options.compression or "snappy").partition(":")
+    pa, pq = pyarrow("the parquet format", "export")
     roles = Roles.of(store)
     columns = role_columns(roles)
     index = {p: i for i, p in enumerate(roles.paths)}
@@ -181,15 +161,13 @@ def write(
         for f in fields
         if not (pa.types.is_fixed_size_list(f.type) or pa.types.is_fixed_size_binary(f.type))
     ]
-    _, n_steps = episode_total(store, complete_only)
-    ticker = Ticker(progress, len(store) * store.num_envs, max(1, n_steps))
     files: list[str] = []
     writer = None
     file_raw = 0
     pending: list[tuple[Any, int]] = []
     pending_bytes = 0
 
-    target = Target(out, "folder", force, fmt="parquet", source=store.path)
+    target = Target(out, "folder", options.force, fmt="parquet", source=store.path)
 
     def open_writer() -> Any:
         path = target.path(f"part-{len(files):05d}.parquet")
@@ -222,10 +200,8 @@ def write(
     with target:
         try:
             count = steps = 0
-            for ep in episodes(store, complete_only):
+            for ep in Episodes(store, options):
                 n = ep.length
-                if n == 0:
-                    continue
                 leaves = flatten(ep.data)
                 term, trunc = episode_flags(ep, roles.get("truncated"))
                 step = np.arange(n, dtype=np.int64)
@@ -245,7 +221,6 @@ def write(
                     flush()
                 count += 1
                 steps += n
-                ticker.advance(n)
             flush()
             if writer is None:  # no episodes: still a readable (empty) dataset
                 writer = open_writer()
@@ -260,3 +235,55 @@ def write(
             raise
     names = [os.path.join(path, os.path.basename(f)) for f in files]
     return ExportResult("parquet", path, count, steps, disk_usage(path), {"files": names})
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def parquet_files(src: str) -> list[str]:
+    return sorted(
+        os.path.join(src, n) for n in os.listdir(src) if n.endswith(".parquet") and not n.startswith(".")
+    )
+
+
+def read(src: str, files: ExitStack) -> Source:
+    pa, pq = pyarrow("the parquet format", "export")
+    files = parquet_files(src)
+    schema = pq.read_schema(files[0])
+    raw = (schema.metadata or {}).get(b"mmreplay")
+    if raw is None:
+        raise UnsupportedFormatError(f"{src}: parquet files without mmreplay's metadata (not its export)")
+    meta = json.loads(raw)
+    spec = spec_from_json(meta["spec"])
+    roles = meta.get("roles") or {}
+    columns = {p: c for c, p in meta["columns"].items()}
+    flags = {roles.get("terminated"): "terminated", roles.get("truncated"): "truncated"}
+    paths = leaf_paths(spec)
+    specs = flatten(spec)
+    missing = [p for p in paths if p not in columns and p not in flags]
+    if missing:
+        raise UnsupportedFormatError(f"{src}: no column holds the leaves {missing}")
+    table = pq.read_table(files, columns=["episode_index"])
+    ep_index = table.column("episode_index").to_numpy()
+    bounds = np.flatnonzero(np.r_[True, ep_index[1:] != ep_index[:-1], True])
+    episodes = [((int(a), int(b)), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
+    dataset = pq.ParquetFile(files[0]) if len(files) == 1 else None
+    whole = pq.read_table(files) if dataset is None else dataset.read()
+
+    def load(rows: tuple[int, int]) -> list[np.ndarray]:
+        part = whole.slice(rows[0], rows[1] - rows[0])
+        out = []
+        for p, s in zip(paths, specs):
+            column = part.column(columns[p] if p in columns else flags[p])
+            if p in columns and is_image(s):
+                values = decode_image(column, s.shape, s.dtype)
+            elif s.shape:
+                values = np.asarray(column.combine_chunks().flatten().to_numpy(zero_copy_only=False))
+            else:
+                values = column.to_numpy()
+            out.append(np.asarray(values).astype(s.dtype, copy=False).reshape(-1, *s.shape))
+        return out
+
+    source = episodes_source(spec, episodes, load)
+    source.roles = roles
+    return source

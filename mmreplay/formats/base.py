@@ -1,4 +1,5 @@
-"""What every exporter shares: the target path, the role view of episodes, step blocks.
+"""What every format shares: the target path, the role view of episodes, step blocks,
+and the source an import reads (a spec, roles, and blocks of steps).
 
 Exports are written under a temporary name beside the target and renamed into place when
 complete (:class:`mmreplay.files.AtomicOutput`), so an interrupted export leaves nothing
@@ -12,11 +13,12 @@ folder: names that come from the store (leaf paths, dataset ids) are validated f
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import os
 import re
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,17 +26,19 @@ import numpy as np
 
 from ..codecs import LEVELS, parse
 from ..episodes import fresh_envs
-from ..errors import BadInputError, NotEnoughDataError
+from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
 from ..files import (
     AtomicOutput,
     check_target,
     disk_usage,  # noqa: F401 - the exporters take it from here
 )
 from ..roles import subtree
-from ..spec import ArraySpec, flatten, leaf_paths, spec_to_json
+from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
 
 __all__ = [
+    "ExportOptions",
     "ExportResult",
+    "Episodes",
     "Roles",
     "StepBlocks",
     "RECOGNISERS",
@@ -45,8 +49,42 @@ __all__ = [
 
 #: bytes of store data read per block by the step-major exporters
 BLOCK_BYTES = 32 << 20
+#: what a step-major export records in its ``mmreplay`` metadata (:func:`spec_json`)
+ARRAYS_FORMAT = "mmreplay-arrays/1"
 
 Progress = Callable[[int], Any]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What every writer takes; a format's own options are keywords of its ``write``.
+
+    Attributes:
+        compression: ``CODEC[:LEVEL]``, one the format's ``COMPRESSIONS`` allow, or None.
+        complete_only: leave out episodes still open at the end of an env's stream.
+        force: replace an existing target that is an earlier export of this format.
+        progress: called with the rows (steps x envs) written as the export goes.
+    """
+
+    compression: str | None = None
+    complete_only: bool = False
+    force: bool = False
+    progress: Progress = lambda rows: None
+
+
+def need(module: str, what: str, extra: str) -> Any:
+    """An optional dependency, imported when used, or an ImportError naming the extra
+    that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        name = module.split(".")[0]
+        raise ImportError(f"{what} needs {name}: pip install 'mmreplay[{extra}]' ({exc})") from exc
+
+
+def pyarrow(what: str, extra: str) -> tuple[Any, Any]:
+    """``pyarrow`` and ``pyarrow.parquet`` (:func:`need`)."""
+    return need("pyarrow", what, extra), need("pyarrow.parquet", what, extra)
 
 
 @dataclass(frozen=True)
@@ -267,15 +305,16 @@ class Roles:
     def get(self, role: str) -> str | None:
         return self.roles.get(role)
 
-    def need(self, role: str, fmt: str) -> str:
-        path = self.roles.get(role)
-        if path is None:
-            known = ", ".join(f"{r}={p}" for r, p in sorted(self.roles.items())) or "none"
-            raise BadInputError(
-                f"{fmt} export needs a {role} leaf, and the store has none (its roles: {known}); "
-                "give roles= when creating the store"
-            )
-        return path
+    def need(self, fmt: str, *roles: str) -> list[str]:
+        """The paths of roles a format cannot do without."""
+        for role in roles:
+            if role not in self.roles:
+                known = ", ".join(f"{r}={p}" for r, p in sorted(self.roles.items())) or "none"
+                raise BadInputError(
+                    f"{fmt} export needs a {role} leaf, and the store has none (its roles: {known}); "
+                    "give roles= when creating the store"
+                )
+        return [self.roles[role] for role in roles]
 
     def spec_of(self, path: str) -> Any:
         return subtree(self.spec, path)
@@ -294,9 +333,12 @@ class Roles:
         return [p for p in self.paths if p not in taken]
 
 
-def part(data: Any, path: str) -> Any:
-    """The node of an episode's data nest at a role path."""
-    return subtree(data, path)
+def nest_leaves(name: str, spec: Any, value: Any) -> Iterator[tuple[str, ArraySpec, Any]]:
+    """``(name/<leaf path>, leaf spec, leaf value)`` for each leaf of a nest; ``name``
+    alone for a leaf."""
+    if isinstance(spec, ArraySpec):
+        return iter([(name, spec, value)])
+    return zip([f"{name}/{p}" for p in leaf_paths(spec)], flatten(spec), flatten(value))
 
 
 def episode_flags(episode: Any, truncated: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -321,15 +363,23 @@ def episode_flags(episode: Any, truncated: str | None = None) -> tuple[np.ndarra
     return term, trunc
 
 
-def episodes(store: Any, complete_only: bool) -> Iterator[Any]:
-    """The store's episodes (env by env, time order), ``complete_only`` as asked."""
-    return iter(store.episodes(complete_only=complete_only))
+class Episodes:
+    """The episodes an episode format writes, env by env in time order (``complete_only``
+    as asked, empty ones left out), with their count and steps from the episode index.
+    Iterating reports progress as each episode is done."""
 
+    def __init__(self, store: Any, options: ExportOptions):
+        self.store, self.options = store, options
+        spans = store.episode_index(complete_only=options.complete_only)
+        self.count, self.steps = len(spans), sum(int(s.length) for s in spans)
 
-def episode_total(store: Any, complete_only: bool) -> tuple[int, int]:
-    """(episodes, steps) an episode export will write, from the episode index."""
-    spans = store.episode_index(complete_only=complete_only)
-    return len(spans), sum(int(s.length) for s in spans)
+    def __iter__(self) -> Iterator[Any]:
+        store = self.store
+        ticker = Ticker(self.options.progress, len(store) * store.num_envs, max(1, self.steps))
+        for ep in store.episodes(complete_only=self.options.complete_only):
+            if ep.length:
+                yield ep
+            ticker.advance(ep.length)
 
 
 # --- step-major reading --------------------------------------------------------------
@@ -379,7 +429,7 @@ def reject_complete_only(fmt: str, complete_only: bool) -> None:
 def spec_json(store: Any) -> dict[str, Any]:
     """What a step-major export records about its source, enough to import it back."""
     return {
-        "format": "mmreplay-arrays/1",
+        "format": ARRAYS_FORMAT,
         "spec": spec_to_json(store.spec),
         "roles": dict(store.roles),
         "num_envs": int(store.num_envs),
@@ -415,3 +465,122 @@ class Ticker:
         if rows > self.reported:
             self.progress(rows - self.reported)
             self.reported = rows
+
+
+# --- sources: a spec, roles, env count, step count, and blocks of steps ----------------------
+
+
+@dataclass
+class Source:
+    spec: Any
+    num_envs: int
+    steps: int
+    blocks: Callable[[], Iterator[list[np.ndarray]]]  # leaves [k, num_envs, *shape], flatten order
+    roles: dict[str, str] | None = None
+    episodes: int | None = None
+    first_step: int = 0  # the global step id of the first step (continues the source's)
+    fresh: list[int] | None = None  # envs whose first episode starts whole (None: all)
+    attrs: dict[str, Any] | None = None
+
+
+def nest(paths: list[str], specs: list[ArraySpec]) -> dict[str, Any]:
+    """A dict nest from ``/``-joined leaf paths."""
+    root: dict[str, Any] = {}
+    for path, spec in zip(paths, specs):
+        node = root
+        parts = path.split("/")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise BadInputError(f"leaf {path!r} nests under {part!r}, which is itself a leaf")
+            node = nxt
+        if parts[-1] in node:
+            raise BadInputError(f"leaf {path!r} appears twice")
+        node[parts[-1]] = spec
+    return root
+
+
+def block_steps(step_bytes: int) -> int:
+    return max(1, BLOCK_BYTES // max(1, step_bytes))
+
+
+def arrays_source(
+    arrays: Mapping[str, Any], meta: dict[str, Any] | None, num_envs: int | None, where: str
+) -> Source:
+    """A source over arrays ``[T, (num_envs,) *shape]`` keyed by leaf path."""
+    if meta is not None:
+        if meta.get("format") != ARRAYS_FORMAT:
+            raise UnsupportedFormatError(
+                f"{where}: written as {meta.get('format')!r}, expected {ARRAYS_FORMAT!r}"
+            )
+        spec = spec_from_json(meta["spec"])
+        paths = leaf_paths(spec)
+        missing = [p for p in paths if p not in arrays]
+        if missing:
+            raise CorruptBufferError(f"{where}: arrays missing for leaves {missing}")
+        envs = int(meta["num_envs"])
+        roles = meta.get("roles")
+        first_step = int(meta.get("first_step", 0))
+        # older exports do not say which episodes start whole: only from step 0 on
+        fresh = meta.get("fresh_envs", None if first_step == 0 else [])
+    else:
+        paths = sorted(k for k in arrays if not k.startswith("__"))
+        if not paths:
+            raise BadInputError(f"{where}: holds no arrays")
+        envs = num_envs or 1
+        lead = 2 if num_envs else 1
+        specs = []
+        for p in paths:
+            a = arrays[p]
+            if len(a.shape) < lead or (num_envs and a.shape[1] != num_envs):
+                want = "[T, num_envs, ...]" if num_envs else "[T, ...]"
+                raise BadInputError(f"{where}: array {p!r} has shape {tuple(a.shape)}, expected {want}")
+            specs.append(ArraySpec(a.shape[lead:], a.dtype))
+        spec = nest(paths, specs)
+        paths = leaf_paths(spec)
+        roles = None
+        first_step, fresh = 0, None
+    lengths = {p: int(arrays[p].shape[0]) for p in paths}
+    if len(set(lengths.values())) > 1:
+        raise BadInputError(f"{where}: arrays differ in length: {lengths}")
+    steps = next(iter(lengths.values()))
+    specs = flatten(spec)
+    k = block_steps(envs * sum(s.nbytes for s in specs))
+
+    def blocks() -> Iterator[list[np.ndarray]]:
+        for a in range(0, steps, k):
+            b = min(steps, a + k)
+            out = []
+            for p, s in zip(paths, specs):
+                v = np.asarray(arrays[p][a:b])
+                out.append(v.reshape(b - a, envs, *s.shape))
+            yield out
+
+    return Source(spec, envs, steps, blocks, roles, first_step=first_step, fresh=fresh)
+
+
+def episodes_source(spec: Any, episodes: list[Any], load: Callable[[Any], list[np.ndarray]]) -> Source:
+    """One env, episodes one after another; ``load(episode)`` gives its leaves ``[n, *shape]``."""
+    specs = flatten(spec)
+    k = block_steps(sum(s.nbytes for s in specs))
+    steps = sum(int(n) for _, n in episodes)
+
+    def blocks() -> Iterator[list[np.ndarray]]:
+        rows = ([np.asarray(a).reshape(-1, 1, *s.shape) for a, s in zip(load(e), specs)] for e, _ in episodes)
+        return grouped(rows, k)
+
+    return Source(spec, 1, steps, blocks, None, len(episodes))
+
+
+def grouped(episodes: Iterator[list[np.ndarray]], k: int) -> Iterator[list[np.ndarray]]:
+    """Episodes' leaves ``[n, 1, *shape]`` joined into blocks of about ``k`` steps."""
+    pending: list[list[np.ndarray]] = []
+    count = 0
+    for leaves in episodes:
+        pending.append(leaves)
+        count += len(leaves[0])
+        if count >= k:
+            yield [np.concatenate(parts) for parts in zip(*pending)]
+            pending, count = [], 0
+    if pending:
+        yield [np.concatenate(parts) for parts in zip(*pending)]

@@ -16,13 +16,22 @@ import gzip
 import io
 import math
 import os
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
-from ..errors import BadInputError
+from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from ._base import ExportResult, StepBlocks, Target, first_line_is
+from .base import (
+    ExportOptions,
+    ExportResult,
+    Source,
+    StepBlocks,
+    Target,
+    arrays_source,
+    first_line_is,
+)
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
@@ -52,21 +61,13 @@ def target_name(out: str, compression: str | None) -> str:
     return out + ".gz" if compression and not out.endswith(".gz") else out
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    comp = compression or ("gzip" if out.endswith(".gz") else None)
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    comp = options.compression or ("gzip" if out.endswith(".gz") else None)
     specs = flatten(store.spec)
     paths = store.leaf_paths
     fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]
     with Target(
-        target_name(out, comp), "file", force, fmt="csv", source=store.path,
+        target_name(out, comp), "file", options.force, fmt="csv", source=store.path,
         recognise=first_line_is(",".join([*INDEX_COLUMNS, *header(paths, specs)])),
     ) as target:
         blocks = StepBlocks(store, block_bytes=4 << 20)
@@ -92,7 +93,7 @@ def write(
                         flat = flat.astype(np.int8)
                     cols.extend(flat.T.tolist())
                 text.write("".join(line % row for row in zip(*cols)))
-                progress(rows)
+                options.progress(rows)
             text.flush()
             text.detach()
         finally:
@@ -101,3 +102,44 @@ def write(
             raw.close()
         path = target.commit()
     return ExportResult("csv", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str, files: ExitStack) -> Source:
+    import csv
+    import gzip
+
+    opener = gzip.open if _is_gzip(src) else open
+    with opener(src, "rt", newline="") as f:
+        reader = csv.reader(f)
+        head = next(reader, None)
+        rows = np.array([[float(x) for x in r] for r in reader], np.float64).reshape(-1, len(head or []))
+    if not head or head[:2] != ["step", "env"]:
+        raise UnsupportedFormatError(f"{src}: a csv without the step and env columns mmreplay writes")
+    envs = int(rows[:, 1].max()) + 1 if len(rows) else 1
+    steps = len(rows) // envs
+    if steps * envs != len(rows) or not np.array_equal(rows[:, 1], np.tile(np.arange(envs), steps)):
+        raise BadInputError(f"{src}: rows are not one per (step, env), step-major")
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(head[2:], start=2):
+        leaf, dot, idx = name.rpartition(".")
+        key = leaf if dot and idx.isdigit() else name
+        groups.setdefault(key, []).append(i)
+    arrays = {}
+    for name, cols in groups.items():
+        values = rows[:, cols]
+        if np.all(np.isfinite(values)) and np.all(values == np.round(values)) and len(values):
+            values = values.astype(np.int64)
+        vector = len(cols) > 1 or head[cols[0]] != name
+        arrays[name] = values.reshape(steps, envs, *((len(cols),) if vector else ()))
+    source = arrays_source(arrays, None, envs, src)
+    first = int(rows[0, 0]) if len(rows) else 0
+    fresh = None if first == 0 else []  # csv does not say which episodes start whole
+    return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh)
+
+
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"

@@ -16,21 +16,14 @@ import mmap
 import os
 import struct
 import zipfile
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptBufferError
+from ..errors import BadInputError, CorruptBufferError
 from ..spec import flatten
-from ._base import EXPORT_MARK, ExportResult, StepBlocks, Target
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError("the pt export needs PyTorch: pip install 'mmreplay[torch]'") from exc
-    return torch
+from .base import EXPORT_MARK, ExportOptions, ExportResult, Source, StepBlocks, Target, arrays_source, need
 
 
 def _placeholder(torch: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
@@ -59,17 +52,10 @@ def _record_offsets(path: str) -> dict[str, tuple[int, int]]:
 COMPRESSIONS: tuple[str, ...] = ()  # torch.save writes an uncompressed zip
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    with Target(out, "file", force, fmt="pt", source=store.path) as target:  # a refusal needs no torch import
-        torch = _torch()
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    progress = options.progress
+    with Target(out, "file", options.force, fmt="pt", source=store.path) as target:  # a refusal needs no torch
+        torch = need("torch", "the pt format", "torch")
         keep = []
         try:
             blocks = StepBlocks(store)
@@ -157,3 +143,24 @@ def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
         n = os.pwrite(fd, view, offset)
         view = view[n:]
         offset += n
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str, files: ExitStack) -> Source:
+    torch = need("torch", "the pt format", "torch")
+    try:
+        data = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch's restricted loader refuses anything but tensors
+        raise BadInputError(f"{src}: not tensors that torch.load(weights_only=True) reads: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise BadInputError(f"{src}: expected a dict of leaf path -> [steps, num_envs, ...] tensors")
+    arrays = {k: v.numpy() for k, v in data.items()}
+    shapes = {k: a.shape for k, a in arrays.items()}
+    if not arrays or any(len(s) < 2 for s in shapes.values()):
+        raise BadInputError(f"{src}: expected [steps, num_envs, ...] tensors, got shapes {shapes}")
+    envs = {s[1] for s in shapes.values()}
+    if len(envs) != 1:
+        raise BadInputError(f"{src}: tensors differ in num_envs: {shapes}")
+    return arrays_source(arrays, None, envs.pop(), src)

@@ -8,17 +8,23 @@ and the group's ``mmreplay`` attribute holds the spec and roles. Read it with
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
+from ..errors import UnsupportedFormatError
 from ..files import interrupts_deferred
-from ..spec import flatten
-from ._base import (
+from ..spec import flatten, leaf_paths, spec_from_json
+from .base import (
+    ExportOptions,
     ExportResult,
+    Source,
     StepBlocks,
     Target,
+    arrays_source,
     disk_usage,
+    need,
     spec_json,
 )
 
@@ -100,24 +106,12 @@ class _LeafWriter:
         self.k += 1
 
 
-def write(
-    store: Any,
-    out: str,
-    *,
-    compression: str | None,
-    complete_only: bool,
-    force: bool,
-    progress: Any,
-) -> ExportResult:
-    comp = compression
-    try:
-        import zarr
-    except ImportError as exc:
-        raise ImportError("the zarr export needs zarr-python 3: pip install 'mmreplay[zarr]'") from exc
-    with Target(out, "folder", force, fmt="zarr", source=store.path) as target:
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    zarr = need("zarr", "the zarr format", "zarr")
+    with Target(out, "folder", options.force, fmt="zarr", source=store.path) as target:
         specs = flatten(store.spec)
         blocks = StepBlocks(store)
-        codec = _codec(comp)
+        codec = _codec(options.compression)
         writers = []
         with interrupts_deferred():  # (zarr-python writes on its own thread, see _LeafWriter)
             root = zarr.open_group(target.path(), mode="w", zarr_format=3)
@@ -137,8 +131,22 @@ def write(
         for _, leaves in blocks:
             for w, values in zip(writers, leaves):
                 w.add(values)
-            progress(len(leaves[0]) * store.num_envs)
+            options.progress(len(leaves[0]) * store.num_envs)
         for w in writers:
             w.finish()
         path = target.commit()
     return ExportResult("zarr", path, 0, blocks.steps * store.num_envs, disk_usage(path))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str, files: ExitStack) -> Source:
+    g = need("zarr", "the zarr format", "zarr").open_group(src, mode="r")
+    meta = dict(g.attrs).get("mmreplay")
+    if not isinstance(meta, dict):
+        raise UnsupportedFormatError(
+            f"{src}: a zarr group that is not an mmreplay export (no 'mmreplay' attribute)"
+        )
+    arrays = {p: g[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in g}
+    return arrays_source(arrays, meta, None, src)
