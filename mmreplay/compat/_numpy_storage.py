@@ -119,7 +119,7 @@ class NumpyStorage(StoreShell):
         self._leaf_specs: list[ArraySpec] = flatten(self._spec)
         self._validator = StepValidator(self._spec, 1)
         options = StoreOptions(backend=backend, compression=compression, commit_every=1)
-        self.store, _ = attach_store(self, path, self._spec, self._capacity, 1, options, what="NumpyStorage")
+        self.store = attach_store(self, path, self._spec, self._capacity, 1, options, what="NumpyStorage")
 
     @property
     def capacity(self) -> int:

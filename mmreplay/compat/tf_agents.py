@@ -168,10 +168,10 @@ class UniformReplayBuffer(StoreShell):
         self._rng = np.random.default_rng(seed)
         options = StoreOptions(
             backend=backend, compression=compression, commit_every=commit_every, durability=durability,
-            sampler=sampler, sampler_options=None if alpha is None else {"alpha": alpha},
+            sampler=sampler, sampler_options={} if alpha is None else {"alpha": alpha},
         )  # fmt: skip
         self.last_sample: SampleInfo | None = None  # the store's info of the last get_next
-        self.store, _ = attach_store(
+        self.store = attach_store(
             self, path, self._spec, self._max_length, self._batch_size, options,
             what="UniformReplayBuffer", window_name="max_length",
         )  # fmt: skip
