@@ -43,11 +43,6 @@ def parse_device(device: str | torch.device | None) -> torch.device:
     return parsed
 
 
-def unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """What rows never written read as: NaN for floating tensors, zero / False otherwise."""
-    return np.full(shape, np.nan if dtype.kind in "fc" else 0, dtype)
-
-
 def space_size(space: Any, keep_dimensions: bool) -> tuple[int, ...]:
     """The per-row shape of a size given as an int, a sequence or a gymnasium space."""
     if isinstance(space, (int, float, np.integer)) and not isinstance(space, bool):

@@ -23,7 +23,7 @@ try:
 except ImportError as exc:  # pragma: no cover - torch is an install extra
     raise ImportError("mmreplay.compat.skrl needs torch: pip install 'mmreplay[torch]'") from exc
 
-from ..convert import convert
+from ..convert import convert, unwritten
 from ..export import export
 from ..importers import import_dataset
 from ..metadata import METADATA_FILE
@@ -180,7 +180,7 @@ class Memory(StoreShell):
         self.store.commit()
         self._rebuild(self.store.path, {name: spec})
         if env_index:
-            self._write_ahead({**ahead, name: skrl_args.unwritten((self.num_envs, *spec.shape), spec.dtype)}, env_index)
+            self._write_ahead({**ahead, name: unwritten((self.num_envs, *spec.shape), spec.dtype)}, env_index)
         return True
 
     def get_tensor_by_name(self, name: str, keepdim: bool = True) -> torch.Tensor:
@@ -249,7 +249,7 @@ class Memory(StoreShell):
 
     def _complete(self, arrays: dict[str, np.ndarray], lead: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
         """A whole step (or steps): tensors not given read unwritten (NaN / zero)."""
-        return {name: arrays[name] if name in arrays else skrl_args.unwritten((*lead, self.num_envs, *s.shape), s.dtype)
+        return {name: arrays[name] if name in arrays else unwritten((*lead, self.num_envs, *s.shape), s.dtype)
                 for name, s in self._tensors.items()}  # fmt: skip
 
     def _write_ahead(self, step: dict[str, np.ndarray], env_index: int) -> None:
@@ -272,7 +272,7 @@ class Memory(StoreShell):
         stored = holds & ~ahead
         if stored.all() and names and store is not None:  # the common case: every row is a stored one
             return dict(zip(store.leaf_paths, read_rows(store, steps, envs)))  # type: ignore[arg-type]
-        out = {n: skrl_args.unwritten((*flat.shape, *self._tensors[n].shape), self._tensors[n].dtype) for n in names}
+        out = {n: unwritten((*flat.shape, *self._tensors[n].shape), self._tensors[n].dtype) for n in names}
         if stored.any():
             by_name = dict(zip(store.leaf_paths, read_rows(store, steps[stored], envs[stored])))  # type: ignore[union-attr,arg-type]
             for name in names:
@@ -395,15 +395,11 @@ class RandomMemory(Memory):
             self.store, batch_size, None if sequence_length == 1 else sequence_length, self._replacement,
             return_info=True, window=self._rows.window(), sampler=self._rule if uniform else None,
         )  # fmt: skip
-        if uniform:
-            self.sampling_indexes = self._rule.last_indexes
-        else:
-            rows = (info.step - self._rows.origin)[:, None] + np.arange(sequence_length)
-            flat = (rows % self.memory_size) * self.num_envs + info.env[:, None]
-            self.sampling_indexes = torch.from_numpy(flat.reshape(-1))
-        self.sampling_info = info
-        rows = {n: a.reshape(-1, *self._tensors[n].shape) for n, a in nest.items() if n in self._tensors}
-        return self._batches(names, rows, mini_batches)
+        rows = (info.step - self._rows.origin)[:, None] + np.arange(sequence_length)  # skrl's physical rows
+        flat = (rows % self.memory_size) * self.num_envs + info.env[:, None]
+        self.sampling_indexes, self.sampling_info = torch.from_numpy(flat.reshape(-1)), info
+        batch = {n: a.reshape(-1, *self._tensors[n].shape) for n, a in nest.items() if n in self._tensors}
+        return self._batches(names, batch, mini_batches)
 
 
 class _TensorCopies(Mapping):
