@@ -28,6 +28,7 @@ from ..store import Store, create, open
 __all__ = [
     "StoreShell",
     "StoreOptions",
+    "positive",
     "ring_capacity",
     "create_store",
     "attach_store",
@@ -40,6 +41,12 @@ __all__ = [
     "read_origin",
     "write_origin",
 ]
+
+
+def positive(name: str, value: Any) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
 
 
 def ring_capacity(n: int, commit_every: int) -> int:

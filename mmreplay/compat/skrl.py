@@ -38,6 +38,7 @@ from ._shared import (
     StoreShell,
     check_same,
     create_store,
+    positive,
     read_origin,
     read_rows,
     ring_capacity,
@@ -60,10 +61,7 @@ class Memory(StoreShell):
                  export: bool = False, export_format: str = "pt", export_directory: str = "",
                  path: str | os.PathLike | None = None, *, commit_every: int = DEFAULT_COMMIT_EVERY,
                  alpha: float | None = None, **store_options: Any):  # fmt: skip
-        for name, value in (("memory_size", memory_size), ("num_envs", num_envs)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.memory_size, self.num_envs = M, E = int(memory_size), int(num_envs)
+        self.memory_size, self.num_envs = M, E = positive("memory_size", memory_size), positive("num_envs", num_envs)
         self.device = skrl_args.parse_device(device)
         self.export, self.export_directory = bool(export), export_directory
         self.export_format = skrl_args.file_format(export_format, f"Export format not supported ({export_format})")

@@ -29,8 +29,8 @@ from ..errors import BadInputError, Error, NotEnoughDataError
 from ..reads import SampleInfo
 from ..spec import ArraySpec, flatten, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
-from ._numpy_storage import NumpyStorage, broadcast_leaves, positive
-from ._shared import StoreOptions, StoreShell, attach_store, read_origin, write_origin
+from ._numpy_storage import NumpyStorage, broadcast_leaves
+from ._shared import StoreOptions, StoreShell, attach_store, positive, read_origin, write_origin
 
 __all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo", "BufferCheckpointError"]
 
