@@ -12,7 +12,7 @@ from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..values import StepValidator
 from ._shared import StoreOptions, StoreShell, attach_store, flatten_like, positive
 
-__all__ = ["NumpyStorage", "broadcast_leaves", "positive"]
+__all__ = ["NumpyStorage", "broadcast_leaves"]
 
 
 def _is_array_spec(x: Any) -> bool:

@@ -216,7 +216,8 @@ def flatten_like(spec: Any, value: Any) -> list[Any] | None:
 
 
 def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:
-    """Leaf arrays (flatten order) of the rows ``(steps, envs)``, broadcast together."""
+    """Leaf arrays (flatten order) of the rows ``(steps, envs)``, broadcast together; a
+    writer reads its uncommitted rows too."""
     return [np.asarray(x) for x in flatten(reads.read_rows(store, steps, envs))]
 
 
