@@ -121,9 +121,8 @@ class Memory(StoreShell):
         self._attach(open_store(path, "a"))
 
     # skrl's cursor, settable as in skrl: every row keeps what it reads (docs/skrl.md)
-    memory_index = property(lambda self: self._rows.memory_index,
-                            lambda self, i: self._move_cursor(skrl_args.index_arg("memory_index", i, self.memory_size), self.filled))  # fmt: skip
-    filled = property(lambda self: self._rows.filled, lambda self, v: self._move_cursor(self.memory_index, bool(v)))
+    def _set_memory_index(self, value: int) -> None:
+        self._move_cursor(skrl_args.index_arg("memory_index", value, self.memory_size), self.filled)
 
     def _set_env_index(self, value: int) -> None:
         index = skrl_args.index_arg("env_index", value, self.num_envs)
@@ -132,7 +131,9 @@ class Memory(StoreShell):
             self._write_ahead(self._gather(self.get_tensor_names(), row), index)
         self._rows.env_index = index
 
+    memory_index = property(lambda self: self._rows.memory_index, _set_memory_index)
     env_index = property(lambda self: self._rows.env_index, _set_env_index)
+    filled = property(lambda self: self._rows.filled, lambda self, v: self._move_cursor(self.memory_index, bool(v)))
 
     def _move_cursor(self, index: int, filled: bool) -> None:
         """Rewrite the store with rows ``index..M-1, 0..index-1`` (filled) or ``0..index-1``
@@ -219,7 +220,7 @@ class Memory(StoreShell):
         first tensor (:func:`~._skrl_args.envs_added`); a refused add changes nothing."""
         given = {k: v for k, v in tensors.items() if v is not None}
         if not given:
-            raise ValueError("No samples to be recorded in memory. Pass samples as key-value arguments")
+            raise ValueError("No samples to be recorded in memory. Pass samples as key-value arguments (where key is the tensor name)")
         ref_name = next((k for k in ("observations", "states") if k in given), next(iter(given)))
         ref, shape = self._tensors.get(ref_name), tuple(given[ref_name].shape)
         ndim, E, ei = 1 if ref is None else len(ref.shape), self.num_envs, self._rows.env_index
