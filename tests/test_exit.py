@@ -98,6 +98,30 @@ def total(obj):
     return obj.store.total_steps
 """
 
+SB3 = """
+import numpy as np, gymnasium
+from mmreplay.compat.sb3 import ReplayBuffer
+box = gymnasium.spaces.Box(-1e9, 1e9, (3,), np.float32)
+obj = ReplayBuffer(10_000, box, gymnasium.spaces.Discrete(3), "cpu", n_envs=2, path=PATH, commit_every={never})
+def add(obj, t):
+    obs = np.full((2, 3), t, np.float32)
+    obj.add(obs, obs + 1, np.array([t % 3, 1]), np.ones(2, np.float32), np.array([t % 7 == 6] * 2), [{{}}, {{}}])
+def total(obj):
+    return obj.store.total_steps
+"""
+
+TORCHRL = """
+import torch
+from tensordict import TensorDict
+from torchrl.data import TensorDictReplayBuffer
+from mmreplay.compat.torchrl import MMReplayStorage
+obj = TensorDictReplayBuffer(storage=MMReplayStorage(PATH, max_size=10_000, commit_every={never}))
+def add(obj, t):
+    obj.extend(TensorDict({{"x": torch.full((1, 3), float(t))}}, [1]))
+def total(obj):
+    return obj.storage.store.total_steps
+"""
+
 ENDING = {
     # the script just ends: no close()
     "normal": """
@@ -183,6 +207,22 @@ def test_a_store_left_open_commits_every_step(tmp_path, ending, backend, compres
 
 
 LAYERS = {"torch": TORCH, "skrl": SKRL, "tf_agents": TF_AGENTS, "gymnasium": GYM, "gymnasium-vector": GYM_VECTOR}
+#: the leaf whose env 0 holds ``t`` at step ``t`` (the gymnasium recorders are checked by their chain)
+STEP_LEAF = {"torch": "x", "skrl": "states", "tf_agents": "x", "sb3": "observation", "torchrl": "x"}
+
+
+def check_every_step(store: mr.Store, name: str, steps: int) -> None:
+    """The reopened buffer holds the ``steps`` steps the layer added, each one in place."""
+    assert (store.first_step, store.committed_steps) == (0, steps), name
+    got = store.get(slice(None))
+    if name in STEP_LEAF:
+        values = got[STEP_LEAF[name]].reshape(steps, store.num_envs, -1)[:, 0, 0]
+        assert values.tolist() == list(range(steps)), name
+        return
+    # a transition's next observation is the next one's observation unless an episode ended
+    ended = got["terminated"] | got["truncated"]
+    same = (got["next_observation"][:-1] == got["observation"][1:]).all(axis=-1)
+    assert (same | ended[:-1]).all(), name
 
 # Every layer open at once in one script, each in its own namespace and folder, so that one
 # process per ending shows each of them committing (and all of them side by side).
@@ -216,7 +256,21 @@ def test_every_layer_left_open_commits_every_step(tmp_path, ending):
     assert len(added) == len(LAYERS)
     for name, steps in zip(LAYERS, added):
         with mr.open(f"{path}-{name}") as store:
-            assert store.committed_steps == steps, name
+            check_every_step(store, name, steps)
+
+
+def test_sb3_and_torchrl_left_open_commit_every_step_at_a_normal_end(tmp_path):
+    """Apart from the other layers, and only to a normal end: importing torchrl (and the ray
+    it imports when installed) takes seconds, and ray ends a program that Ctrl-C stopped
+    with status 1 instead of by SIGINT."""
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("torchrl")
+    code = {name: textwrap.dedent(setup).format(never=NEVER) for name, setup in (("sb3", SB3), ("torchrl", TORCHRL))}
+    path = str(tmp_path / "b")
+    added = run_script(ALL_LAYERS.format(code=code), "normal", path)
+    for name, steps in zip(code, added):
+        with mr.open(f"{path}-{name}") as store:
+            check_every_step(store, name, steps)
 
 
 def test_closed_writers_leave_no_exit_hooks_behind(tmp_path):

@@ -29,8 +29,8 @@ from ..errors import BadInputError, Error, NotEnoughDataError
 from ..reads import SampleInfo
 from ..spec import ArraySpec, flatten, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
-from ._numpy_storage import NumpyStorage, broadcast_leaves, positive
-from ._shared import StoreOptions, StoreShell, attach_store, read_origin, write_origin
+from ._numpy_storage import NumpyStorage, broadcast_leaves
+from ._shared import StoreOptions, StoreShell, attach_store, positive, read_origin, write_origin
 
 __all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo", "BufferCheckpointError"]
 
@@ -168,10 +168,10 @@ class UniformReplayBuffer(StoreShell):
         self._rng = np.random.default_rng(seed)
         options = StoreOptions(
             backend=backend, compression=compression, commit_every=commit_every, durability=durability,
-            sampler=sampler, sampler_options=None if alpha is None else {"alpha": alpha},
+            sampler=sampler, sampler_options={} if alpha is None else {"alpha": alpha},
         )  # fmt: skip
         self.last_sample: SampleInfo | None = None  # the store's info of the last get_next
-        self.store, _ = attach_store(
+        self.store = attach_store(
             self, path, self._spec, self._max_length, self._batch_size, options,
             what="UniformReplayBuffer", window_name="max_length",
         )  # fmt: skip
