@@ -7,7 +7,7 @@ reader and once as a writer (``populate=False``), the ``.npy`` files once with
 ``np.load(mmap_mode="r")``; every system gathers the same rows (``rng=i`` for batch
 ``i``, which draws ``integers(0, steps * envs, 256)``; numpy ``take(mode="wrap")`` of the
 same draw), allocating its batch. The stores run in several page-cache modes, set with
-``mmreplay.reads.set_prefetch``:
+``mmreplay.read.set_prefetch``:
 
 - ``default``: what a store does when nobody sets anything;
 - ``no prefetch``: ``set_prefetch(store, False)``: no ``MADV_WILLNEED`` (readers advise
@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import mmreplay as mr
-from mmreplay import reads
+from mmreplay import read
 
 from .bench_sampling import conditions, data_files, drop_cache, finish
 
@@ -172,10 +172,10 @@ def set_mode(system: System, mode: str | None) -> None:
     would have seen)."""
     if mode is None or mode == system.mode:
         return
-    reader = reads.reader_for(system.store)
+    reader = read.gather.reader_for(system.store)
     system.decisions[system.mode] = reader.disk_reads
     enabled, advise = MODES[mode]
-    reads.set_prefetch(system.store, enabled, advise=advise)
+    read.set_prefetch(system.store, enabled, advise=advise)
     if mode in system.decisions:
         reader.disk_reads = system.decisions[mode]
     system.mode = mode
@@ -188,7 +188,7 @@ def label(system: System, mode: str | None) -> str:
 def prefetched(system: System) -> int:
     """Batches the store's per-batch decision has sent to the prefetch so far (0 when
     it has none: a mode other than the default)."""
-    decide = reads.reader_for(system.store).disk_reads if system.store is not None else None
+    decide = read.gather.reader_for(system.store).disk_reads if system.store is not None else None
     return 0 if decide is None else decide.prefetched
 
 
@@ -240,7 +240,7 @@ def decision_cost(pairs: list[tuple[System, str | None]]) -> float:
     batch makes besides its gather, timed alone: min of 5 runs of 100,000)."""
     system = pairs[0][0]
     set_mode(system, "default")
-    reader = reads.reader_for(system.store)
+    reader = read.gather.reader_for(system.store)
     rows = np.arange(BATCH)
     runs = timeit.repeat(lambda: reader.willneed_if_cold(rows), number=100_000, repeat=5)
     if reader.disk_reads.prefetched > 1:

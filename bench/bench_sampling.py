@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 import mmreplay as mr
-from mmreplay import reads
+from mmreplay import read
 
 NUM_ENVS = 8
 
@@ -265,7 +265,7 @@ def cold(workload: str, steps: int, batches: int, root: str) -> dict:
             for mode, (prefetch, advise) in modes.items():
                 drop_cache(files)
                 with mr.open(path, populate=False) as store:  # the data as if larger than memory
-                    reads.set_prefetch(store, prefetch, advise=advise)
+                    read.set_prefetch(store, prefetch, advise=advise)
                     t0 = time.perf_counter()
                     _, info = store.sample(256, rng=i, return_info=True)
                     times[mode].append(time.perf_counter() - t0)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 import mmreplay as mr
-from mmreplay import reads
+from mmreplay import read
 
 from .bench_sample_out import (
     BATCH,
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             store = stores[name] = mr.open(os.path.join(root, backend), mode, populate=True)
             store._populator.wait()
-        reads.set_prefetch(stores["hdf5 reader, no advice"], False, advise=False)
+        read.set_prefetch(stores["hdf5 reader, no advice"], False, advise=False)
         writer = stores["hdf5 writer"]
 
         def sampling(store: Any) -> Callable[[np.random.Generator, Any], Any]:
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
                 fn, pool = fns[name], pools[name]
                 if name == ADVISED:
-                    reads.set_prefetch(writer, False, advise=True)
+                    read.set_prefetch(writer, False, advise=True)
                 g = np.random.default_rng(r)
                 f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
                 t0, c0 = time.perf_counter(), time.thread_time()
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 c1, t1 = time.thread_time(), time.perf_counter()
                 faults[name].append((resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0) / CALLS)
                 if name == ADVISED:
-                    reads.set_prefetch(writer, False, advise=False)
+                    read.set_prefetch(writer, False, advise=False)
                 wall[name].append((t1 - t0) / CALLS)
                 cpu[name].append((c1 - c0) / CALLS)
         print(

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import mmreplay as mr
-from mmreplay import reads
+from mmreplay import read
 
 from . import report
 from .systems import SYSTEMS, NumpyRAM, System, Unsupported, available, du, version
@@ -475,7 +475,7 @@ def bench_out_of_memory(ctx: Context) -> dict[str, Any]:
                 # what the store does by itself once its leaves exceed the memory it may use:
                 # per-batch prefetch, and no populating at open
                 with mr.open(path, populate=False) as store:
-                    reads.set_prefetch(store, True)
+                    read.set_prefetch(store, True)
                     t0 = time.perf_counter()
                     _, info = store.sample(BATCH, rng=rng, return_info=True)
                     times.append(time.perf_counter() - t0)

@@ -16,8 +16,12 @@ LAYERS = [
     {"spec"},
     {"roles", "values"},
     {"metadata", "lock", "files", "statefile"},
+    {"read"},
     {"backends"},
-    {"store", "sampling", "episodes", "reads", "objstore"},
+    {"hooks", "priorities", "sumtree"},
+    {"episodes"},
+    {"samplers"},
+    {"store", "objstore"},
     {"snapshots", "export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images", "group", "ray", "rerun"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
@@ -73,7 +77,7 @@ def test_core_modules_import_only_earlier_layers():
 
 
 def test_only_backends_import_zarr_and_h5py_in_the_core():
-    core = {"errors", "spec", "roles", "values", "metadata", "lock", "store", "sampling", "episodes", "reads"}
+    core = {"errors", "spec", "roles", "values", "metadata", "lock", "store", "read", "samplers", "episodes"}
     problems = [
         f"{path.relative_to(ROOT)}:{line} imports {name}"
         for path, top in modules()

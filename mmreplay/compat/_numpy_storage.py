@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..read.request import positive
 from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..values import StepValidator
 from ._shared import StoreOptions, StoreShell, attach_store, flatten_like
@@ -180,8 +181,3 @@ class NumpyStorage(StoreShell):
     def __repr__(self) -> str:
         return f"<mmreplay.compat.tf_agents.NumpyStorage capacity={self._capacity} store={self.store!r}>"
 
-
-def positive(name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import reads
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
+from ..read import gather
 from ..roles import infer_roles, validate_roles
 from ..spec import flatten, is_namedtuple, leaf_paths
 from ..store import Store, create, open
@@ -282,5 +282,5 @@ def write_origin(store: Store, origin: int) -> None:
 
 def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:
     """Leaf arrays (flatten order) of the rows ``(steps[i...], envs[i...])``, broadcast
-    together (:func:`mmreplay.reads.read_rows`; a writer reads its uncommitted rows too)."""
-    return [np.asarray(x) for x in flatten(reads.read_rows(store, steps, envs))]
+    together (:func:`mmreplay.read.read_rows`; a writer reads its uncommitted rows too)."""
+    return [np.asarray(x) for x in flatten(gather.read_rows(store, steps, envs))]

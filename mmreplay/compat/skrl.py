@@ -41,7 +41,8 @@ from ..errors import SpecError, SpecMismatchError
 from ..export import export
 from ..importers import import_dataset
 from ..metadata import METADATA_FILE
-from ..reads import sample as sample_store
+from ..read import SampleRequest
+from ..read import sample as sample_store
 from ..samplers.torch_rule import MemoryEmptyError, PhysicalRows, TorchDrawRule
 from ..spec import ArraySpec
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
@@ -666,10 +667,11 @@ class RandomMemory(Memory):
             self.sampling_indexes, self.sampling_info = draw, None
             return self.sample_by_index(names, draw, mini_batches)
         uniform = self.store.sampler.name == "uniform"  # else the store's own (prioritized...)
-        nest, info = sample_store(
-            self.store, batch_size, None if sequence_length == 1 else sequence_length, self._replacement,
+        request = SampleRequest.build(
+            batch_size, None if sequence_length == 1 else sequence_length, self._replacement,
             return_info=True, window=self._rows.window(), sampler=self._rule if uniform else None,
         )  # fmt: skip
+        nest, info = sample_store(self.store, request)
         if uniform:
             self.sampling_indexes = self._rule.last_indexes
         else:
