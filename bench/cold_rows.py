@@ -10,7 +10,7 @@ the page cache can drop it. Every system gathers the same rows (``rng=i`` for ba
    mapping (``MADV_DONTNEED``) and from the page cache (``posix_fadvise(DONTNEED)``),
    untimed; the stores stay open, as a long-running process's do; systems take turns
    batch by batch. The stores run in each page-cache mode of ``--modes``
-   (``mmreplay.reads.set_prefetch``: ``default`` sets nothing; ``no-prefetch`` no
+   (``mmreplay.read.set_prefetch``: ``default`` sets nothing; ``no-prefetch`` no
    ``MADV_WILLNEED``; ``prefetch`` one before every batch; ``readahead``, readers only,
    the kernel's readahead as numpy's mapping gets it), beside numpy's
    ``np.load(mmap_mode="r")`` and ``os.pread`` of the same rows (one call per row and
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 import mmreplay as mr
-from mmreplay import reads
+from mmreplay import read
 
 from .data import NUM_ENVS, steps
 from .sampling import BATCH, MODES, spec_of
@@ -88,16 +88,16 @@ class Store:
     def switch(self, mode: str) -> None:
         if mode == self.mode:
             return
-        reader = reads.reader_for(self.store)
+        reader = read.gather.reader_for(self.store)
         self.decisions[self.mode] = reader.disk_reads
-        reads.set_prefetch(self.store, *MODES[mode])
+        read.set_prefetch(self.store, *MODES[mode])
         if mode in self.decisions:
             reader.disk_reads = self.decisions[mode]
         self.mode = mode
 
     def prefetched(self, mode: str) -> int:
         """Batches the per-batch decision of ``mode`` has sent to the prefetch so far."""
-        decide = reads.reader_for(self.store).disk_reads if mode == self.mode else self.decisions.get(mode)
+        decide = read.gather.reader_for(self.store).disk_reads if mode == self.mode else self.decisions.get(mode)
         return 0 if decide is None else decide.prefetched
 
 

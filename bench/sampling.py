@@ -16,7 +16,7 @@ made (a loader's queue); ``seq``, ``sample(32, num_steps=64)``, allocating, drop
 
 Systems: the writer (mode "a") and the reader (mode "r", which also re-reads the
 committed state after each batch and advises ``MADV_RANDOM``) of each store, in each
-page-cache mode of ``--modes`` (``mmreplay.reads.set_prefetch``); numpy from RAM, and
+page-cache mode of ``--modes`` (``mmreplay.read.set_prefetch``); numpy from RAM, and
 with ``--numpy`` also from RAM in 4 KiB pages (no transparent huge pages) and from
 ``.npy`` files mapped with ``np.load(mmap_mode="r")``: a store's gather from its mapped
 file can at best match the last. Each row gives the minor page faults per batch and the
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 import mmreplay as mr
-from mmreplay import reads
+from mmreplay import read
 
 from .data import NUM_ENVS, pixel_spec, steps, vector_spec
 from .timing import Timed, cell, interleaved, ratio, table
@@ -84,7 +84,7 @@ def write_store(path: str, spec: dict[str, Any], data: dict[str, np.ndarray], **
 
 
 def set_mode(store: Any, mode: str) -> None:
-    reads.set_prefetch(store, *MODES[mode])
+    read.set_prefetch(store, *MODES[mode])
 
 
 def numpy_sources(root: str, data: dict[str, np.ndarray], kinds: list[str]) -> dict[str, list[np.ndarray]]:

@@ -1001,7 +1001,7 @@ def open_url(url: str, mode: str = "r", storage_options: dict[str, Any] | None =
     meta = location.read_metadata()
     sampler = None
     if meta.sampler is not None and meta.sampler.get("name") == "prioritized":
-        from .samplers.base import make_sampler
+        from .samplers.registry import make_sampler
 
         warnings.warn(
             f"{location.url}: its priorities stay in the pushed folder; sampling from object storage "

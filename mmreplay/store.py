@@ -34,7 +34,6 @@ import numpy as np
 from . import backends
 from . import episodes as _episodes
 from . import frames as _frames
-from . import reads as _reads
 from .errors import (
     BadInputError,
     ClosedError,
@@ -62,8 +61,13 @@ from .metadata import (
     write_buffer,
     write_metadata,
 )
+from .read import advice as _advice
+from .read import gather as _gather
+from .read import passes as _passes
+from .read.request import SampleRequest
 from .roles import validate_roles
-from .samplers.base import Sampler, Window, make_sampler, sampler_from_json
+from .samplers.base import Sampler, Window
+from .samplers.registry import make_sampler, sampler_from_json
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
 from .statefile import oldest_retained, slot_ranges
 from .values import StepValidator
@@ -190,7 +194,7 @@ class Store:
         self._ahead = max(1, min(meta.commit_every, capacity // 8))
         self._dirty = False
         self._parts: dict[str, Any] = {}  # see part(): the read path, the episode index...
-        self._populator: Any = None  # mmreplay.reads.Populator, started by open()
+        self._populator: Any = None  # mmreplay.read.advice.Populator, started by open()
         self._hooks: list[WriteHook] = []
         self._on_add: list[Any] = []  # bound on_add of the hooks that override it
         try:
@@ -437,7 +441,8 @@ class Store:
         if overrides(hook, "on_add"):
             self._on_add.append(hook.on_add)
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise :class:`~mmreplay.ClosedError` once the store is closed."""
         if self._closed:
             raise ClosedError(f"{self.path}: store is closed")
 
@@ -714,7 +719,7 @@ class Store:
         that handle one leaf at a time. Raises :class:`~mmreplay.NotEnoughDataError` when
         a step is not retained or was overwritten by the writer while it was read.
         """
-        self._check_open()
+        self.check_open()
         slots = np.asarray(steps, dtype=np.int64) % self.capacity
         chosen = self._read_leaves if leaves is None else [self._read_leaves[i] for i in leaves]
         out = [np.array(leaf.read(slots)) for leaf in chosen]
@@ -738,7 +743,7 @@ class Store:
         An int gives the nest of ``[num_envs, *shape]`` arrays; a slice or an index array
         gives ``[k, num_envs, *shape]``. The arrays are copies.
         """
-        self._check_open()
+        self.check_open()
         steps, _ = self._steps_for(index)
         return unflatten(self.spec, self.read_steps(steps))
 
@@ -771,7 +776,7 @@ class Store:
         for hook in self._hooks:
             hook.on_set(changed)
 
-    # --- sampling, passes, episodes (mmreplay.reads, mmreplay.episodes) ----------------
+    # --- sampling, passes, episodes (mmreplay.read, mmreplay.episodes) -----------------
 
     def sample(
         self,
@@ -798,7 +803,7 @@ class Store:
             rng: an int seed, a ``numpy.random.Generator``, or None (the store's own).
             within_episodes: sequences also never cross an episode end (None: the
                 sampler's default, off for the uniform sampler).
-            return_info: also return a :class:`mmreplay.reads.SampleInfo` (global step id
+            return_info: also return a :class:`mmreplay.read.SampleInfo` (global step id
                 and slot of each item's first step, its env, its probability, and the
                 importance weight from a prioritized sampler).
             window: ``(first, end)`` global step ids: draw only from these steps (within
@@ -828,19 +833,12 @@ class Store:
             >>> store.sample(4, num_steps=3, rng=0)["x"].shape
             (4, 3)
         """
-        if within_episodes is not None:
-            options["within_episodes"] = within_episodes
-        return _reads.sample(self, batch_size, num_steps, replacement, rng, return_info, options, window, out=out)
-
-    def empty_batch(self, batch_size: int, num_steps: int | None = None) -> Any:
-        """A batch for ``sample(batch_size, num_steps, out=...)`` to gather into: the
-        spec's nest of uninitialised arrays ``[batch_size, *shape]`` (or
-        ``[batch_size, num_steps, *shape]``; None: the sampler's ``num_steps``).
-
-        Reusing a few batches spares allocating, and faulting in, fresh memory for every
-        batch: pixel batches of several MB are returned to the OS when dropped.
-        """
-        return _reads.empty_batch(self, batch_size, num_steps)
+        if self._closed:  # before the arguments, as every method does
+            self.check_open()
+        request = SampleRequest.build(
+            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options
+        )
+        return _gather.sample(self, request)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
         """New priorities for sampled items (``info.step``, ``info.env`` of
@@ -850,52 +848,12 @@ class Store:
         another process can update them. Items whose step the ring has dropped since
         they were sampled are skipped; returns how many were applied.
         """
-        self._check_open()
+        self.check_open()
         return self._sampler.update_priorities(step, env, priorities)
 
-    def iterate(
-        self,
-        batch_size: int | None = None,
-        num_steps: int | None = None,
-        window_shift: int | None = None,
-        drop_remainder: bool = False,
-        shuffle: bool = False,
-        rng: Any = None,
-        *,
-        window: tuple[int, int] | None = None,
-        group_envs: bool = False,
-        return_steps: bool = False,
-    ) -> Iterator[Any]:
-        """One deterministic pass over every committed row, env by env in time order.
-
-        The window is read when this is called. Items are windows of ``num_steps``
-        starting every ``window_shift`` steps (default ``num_steps``) within one env's
-        stream; the shorter windows at the end of a stream are kept unless
-        ``drop_remainder``. With ``batch_size``, windows are stacked: full windows
-        first, then the shorter ones grouped by length; a last smaller batch is kept
-        unless ``drop_remainder``. ``shuffle`` permutes the windows with ``rng``.
-        ``window=(first, end)`` limits the pass to those global step ids (within
-        :attr:`window`). ``group_envs`` makes each batch the same window of
-        ``batch_size`` consecutive envs, env group by env group, each in time order
-        (TF-Agents' order; a last smaller group is kept unless ``drop_remainder``, and
-        a pass that drops everything yields nothing instead of raising).
-        ``return_steps`` yields ``(batch, steps)``: the global step ids of the batch's
-        rows, shaped as its outer axes.
-
-        Yields:
-            Nests of ``[*shape]`` (no sizes), ``[n, *shape]`` (``num_steps`` or
-            ``batch_size``), or ``[batch, n, *shape]`` (both).
-
-        Example:
-            >>> import mmreplay as mr, numpy as np, tempfile
-            >>> store = mr.create(tempfile.mkdtemp() + "/b", {"x": mr.ArraySpec((), "int64")}, 5)
-            >>> store.extend({"x": np.arange(5).reshape(5, 1)}); store.commit()
-            >>> [b["x"].tolist() for b in store.iterate(num_steps=2)]
-            [[0, 1], [2, 3], [4]]
-        """
-        return _reads.iterate(
-            self, batch_size, num_steps, window_shift, drop_remainder, shuffle, rng, window, group_envs, return_steps
-        )
+    # the read path's own functions, with this store as their first argument
+    empty_batch = _gather.empty_batch
+    iterate = _passes.iterate
 
     def episodes(self, env: int | None = None, complete_only: bool = False) -> Iterator[Any]:
         """Each episode of the committed window with its data, env by env, in time order.
@@ -941,7 +899,7 @@ class Store:
         :func:`mmreplay.snapshots.push`. A writer commits first."""
         from .snapshots import push
 
-        self._check_open()
+        self.check_open()
         return push(self, url, storage_options)
 
     def view(self, out: str | os.PathLike | None = None, **options: Any) -> Any:
@@ -980,7 +938,7 @@ class Store:
 
     def refresh(self) -> bool:
         """Pick up the writer's newer commits (readers); True if the state changed."""
-        self._check_open()
+        self.check_open()
         if self.mode == "a":
             return False
         old = self._state
@@ -1417,5 +1375,5 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
     store = Store(path, meta, mode, lock)
     if not continue_episodes:  # the writer's first step ends the open episodes (_before_write)
         store._writable = False
-    store._populator = _reads.populate_at_open(store, populate)
+    store._populator = _advice.populate_at_open(store, populate)
     return store

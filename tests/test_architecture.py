@@ -16,8 +16,12 @@ LAYERS = [
     {"spec"},
     {"roles", "values", "spaces"},
     {"metadata", "lock", "files", "statefile"},
+    {"read"},
     {"backends"},
-    {"store", "sampling", "episodes", "reads", "objstore", "joined"},
+    {"hooks", "priorities", "sumtree"},
+    {"episodes"},
+    {"samplers"},
+    {"store", "objstore", "joined"},
     {"convert"},
     {"formats"},
     {"snapshots", "compat", "verify", "torture", "demo", "view", "sizes", "terminal_images", "group", "ray", "rerun"},
@@ -78,7 +82,7 @@ def test_core_modules_import_only_earlier_layers():
 
 
 def test_only_backends_import_zarr_and_h5py_in_the_core():
-    core = {"errors", "spec", "roles", "values", "metadata", "lock", "store", "sampling", "episodes", "reads"}
+    core = {"errors", "spec", "roles", "values", "metadata", "lock", "store", "read", "samplers", "episodes"}
     problems = [
         f"{path.relative_to(ROOT)}:{line} imports {name}"
         for path, top in modules()

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmreplay as mr
-from mmreplay.reads import read_rows
+from mmreplay.read import read_rows
 
 FRAME = (5, 6)
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.reads import sample as sample_store
-from mmreplay.samplers import Sampler
-from mmreplay.sampling import Draw
+from mmreplay.read import SampleRequest
+from mmreplay.read import sample as sample_store
+from mmreplay.samplers import Draw, Sampler
 
 SPEC = {"x": mr.ArraySpec((2,), "float32"), "n": mr.ArraySpec((), "int64")}
 
@@ -37,7 +37,7 @@ def test_rows_written_ahead_are_read_by_the_writer_but_not_counted_or_committed(
         assert (len(store), store.total_steps, store.committed_steps) == (2, 2, 2)
         n, x = store.read_steps([2])  # leaves in flatten order
         assert n.tolist() == [[7] * 3] and x.tolist() == [[[7, 7]] * 3]
-        got = sample_store(store, 3, sampler=NextStep())  # the fetch path reads them too
+        got = sample_store(store, SampleRequest.build(3, sampler=NextStep()))  # the fetch path reads them too
         assert got["n"].tolist() == [7, 7, 7]
         with mr.open(path, "r") as reader:
             assert reader.committed_steps == 2 and len(reader) == 2

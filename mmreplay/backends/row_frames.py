@@ -55,6 +55,7 @@ from ..codecs import parse
 from ..errors import CorruptBufferError, SpecError
 from ..files import open_inside, read_inside, replace_inside
 from ..metadata import LeafInfo
+from ..read.advice import DiskReads
 from ..spec import is_image
 from . import native_rows
 from .base import disk_full_as, fsync_files, preallocate
@@ -702,8 +703,6 @@ class RowFrameLeaf:
         self.paths: dict[int, str] = {}  # segment -> shard file, worked out when first read
         #: segment -> file descriptor of shards read with pread, kept open (OPEN_SHARDS)
         self.files: dict[int, int] = {}
-        from ..reads import DiskReads  # a later layer than the backends: imported at use
-
         #: whether a batch's frames are likely out of memory (a cold batch reads a page
         #: per frame at least): then their pages are asked for together before decoding
         self.disk_reads = DiskReads(mmap.PAGESIZE)

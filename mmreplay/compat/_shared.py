@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import reads
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
+from ..read import gather
+from ..read.request import positive
 from ..roles import infer_roles, validate_roles
 from ..spec import flatten, is_namedtuple, leaf_paths
 from ..store import Store, create, open
@@ -41,12 +42,6 @@ __all__ = [
     "read_origin",
     "write_origin",
 ]
-
-
-def positive(name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def ring_capacity(n: int, commit_every: int) -> int:
@@ -218,7 +213,7 @@ def flatten_like(spec: Any, value: Any) -> list[Any] | None:
 def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:
     """Leaf arrays (flatten order) of the rows ``(steps, envs)``, broadcast together; a
     writer reads its uncommitted rows too."""
-    return [np.asarray(x) for x in flatten(reads.read_rows(store, steps, envs))]
+    return [np.asarray(x) for x in flatten(gather.read_rows(store, steps, envs))]
 
 
 #: the store attribute holding the global step id a layer's own cursor counts from

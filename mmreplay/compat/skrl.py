@@ -26,7 +26,8 @@ except ImportError as exc:  # pragma: no cover - torch is an install extra
 from ..convert import convert, unwritten
 from ..formats import export, import_dataset
 from ..metadata import METADATA_FILE
-from ..reads import sample as sample_store
+from ..read import SampleRequest
+from ..read import sample as sample_store
 from ..samplers.torch_rule import MemoryEmptyError, PhysicalRows, TorchDrawRule
 from ..spec import ArraySpec
 from ..store import DEFAULT_COMMIT_EVERY, Store
@@ -389,10 +390,11 @@ class RandomMemory(Memory):
             self.sampling_indexes, self.sampling_info = draw, None
             return self.sample_by_index(names, draw, mini_batches)
         uniform = self.store.sampler.name == "uniform"  # else the store's own (prioritized...)
-        nest, info = sample_store(
-            self.store, batch_size, None if sequence_length == 1 else sequence_length, self._replacement,
+        request = SampleRequest.build(
+            batch_size, None if sequence_length == 1 else sequence_length, self._replacement,
             return_info=True, window=self._rows.window(), sampler=self._rule if uniform else None,
         )  # fmt: skip
+        nest, info = sample_store(self.store, request)
         rows = (info.step - self._rows.origin)[:, None] + np.arange(sequence_length)  # skrl's physical rows
         flat = (rows % self.memory_size) * self.num_envs + info.env[:, None]
         self.sampling_indexes, self.sampling_info = torch.from_numpy(flat.reshape(-1)), info

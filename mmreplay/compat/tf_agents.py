@@ -26,7 +26,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadInputError, Error, NotEnoughDataError
-from ..reads import SampleInfo
+from ..read import SampleInfo, SampleRequest
+from ..read import sample as sample_store
 from ..spec import ArraySpec, flatten, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
 from ._numpy_storage import NumpyStorage, broadcast_leaves
@@ -298,7 +299,8 @@ class UniformReplayBuffer(StoreShell):
         if hi - lo - T + 1 <= 0:
             short = f" It holds {hi - lo} frames per segment, too short for num_steps={T}." if hi > lo else ""
             raise _not_enough(_EMPTY + short)
-        nest, info = self.store.sample(S, num_steps=T, rng=self._rng, window=(lo, hi), return_info=True)
+        request = SampleRequest.build(S, T, rng=self._rng, window=(lo, hi), return_info=True)
+        nest, info = sample_store(self.store, request)
         self.last_sample = info
         leaves = flatten(nest)  # [S, T, ...], reshaped to the requested layout
         ids = info.step[:, None] + np.arange(T) - self._origin

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotEnoughDataError
-from ..sampling import Draw
-from .base import Sampler, Window
+from .base import Draw, Sampler, Window
 
 __all__ = ["MemoryEmptyError", "PhysicalRows", "TorchDrawRule"]
 

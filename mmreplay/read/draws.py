@@ -1,35 +1,40 @@
-"""Indices for sampling and deterministic passes: sizes, a window and an rng in, ids out.
+"""The index math of a draw: a window, sizes and an rng in, row ids out.
 
-Nothing here touches a file. The store hands in its committed window (the oldest
-retained global step id ``first`` and the committed end ``end``), ``num_envs``,
-``capacity`` and, for episode-aware sampling, the episode spans; these functions return
-global step ids, env ids and the flat row ids ``slot * num_envs + env`` that the leaves
-gather with one ``take`` each.
+Nothing here touches a file. A sampler is handed the store's committed :class:`Window`
+(the oldest retained global step id ``first``, the end ``end``, ``num_envs``,
+``capacity``) and, to stay inside episodes, the episode spans; it returns a
+:class:`Draw`, from which the gather takes the flat row ids ``slot * num_envs + env``
+that every leaf reads with one ``take``.
 
-Sampling is uniform over the valid *starts*: a start is a (step, env) pair whose
+Uniform draws are uniform over the valid *starts*: a start is a (step, env) pair whose
 ``num_steps`` window stays inside the window (and, with episodes, inside one span), so
 every valid sequence is equally likely and, for ``num_steps=1``, every row is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 
-from .errors import NotEnoughDataError
+from ..errors import NotEnoughDataError
 
-__all__ = [
-    "Draw",
-    "as_generator",
-    "check_sizes",
-    "draw_uniform",
-    "draw_in_spans",
-    "rows_of",
-    "pass_windows",
-    "pass_batches",
-]
+__all__ = ["Draw", "Window", "draw_in_spans", "draw_uniform", "rows_of"]
+
+
+class Window(NamedTuple):
+    """The steps a draw may use: global ids ``[first, end)`` of ``num_envs`` envs each,
+    stored in a ring of ``capacity`` slots."""
+
+    first: int
+    end: int
+    num_envs: int
+    capacity: int
+
+    @property
+    def steps(self) -> int:
+        """Steps in the window."""
+        return max(0, self.end - self.first)
 
 
 class Draw:
@@ -82,33 +87,6 @@ class Draw:
 
     def __len__(self) -> int:
         return len(self.start)
-
-
-def as_generator(rng: Any) -> np.random.Generator:
-    """A numpy Generator from an int seed, a Generator, or None (fresh OS entropy)."""
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
-        return np.random.default_rng(rng)
-    raise TypeError(f"rng must be an int seed, None or a numpy.random.Generator, got {type(rng).__name__}")
-
-
-def _positive(name: str, value: Any, allow_none: bool = True) -> int | None:
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
-    return int(value)
-
-
-def check_sizes(batch_size: Any, num_steps: Any, window_shift: Any = None) -> tuple[Any, Any, Any]:
-    """Validated ``(batch_size, num_steps, window_shift)``; only batch_size may not be None
-    when sampling, which the caller checks."""
-    return (
-        _positive("batch_size", batch_size),
-        _positive("num_steps", num_steps),
-        _positive("window_shift", window_shift),
-    )
 
 
 def _pick(n: int, batch_size: int, replacement: bool, gen: np.random.Generator) -> np.ndarray:
@@ -195,78 +173,3 @@ def rows_of(start: np.ndarray, num_steps: int | None, num_envs: int) -> np.ndarr
     if num_steps is None:
         return start
     return start[:, None] + np.arange(0, num_steps * num_envs, num_envs, dtype=np.int64)
-
-
-# --- deterministic passes -----------------------------------------------------------
-
-
-def pass_windows(
-    first: int,
-    end: int,
-    num_envs: int,
-    num_steps: int | None,
-    window_shift: int | None,
-    drop_remainder: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Windows ``(env, start, length)`` of one pass, env by env, each env in time order.
-
-    Windows of ``num_steps`` start every ``window_shift`` steps (default ``num_steps``);
-    the shorter windows at the end of each env's stream are kept unless
-    ``drop_remainder``. Without ``num_steps`` every row is a window of one step.
-    """
-    stored = max(0, end - first)
-    size = 1 if num_steps is None else num_steps
-    shift = size if window_shift is None else window_shift
-    offsets = np.arange(0, stored, shift, dtype=np.int64)
-    lengths = np.minimum(size, stored - offsets)
-    if drop_remainder:
-        keep = lengths == size
-        offsets, lengths = offsets[keep], lengths[keep]
-    per_env = len(offsets)
-    env = np.repeat(np.arange(num_envs, dtype=np.int64), per_env)
-    return env, np.tile(first + offsets, num_envs), np.tile(lengths, num_envs)
-
-
-def pass_batches(
-    lengths: np.ndarray,
-    batch_size: int | None,
-    drop_remainder: bool,
-    gen: np.random.Generator | None,
-) -> Iterator[np.ndarray]:
-    """Groups of window indices, one group per yielded batch.
-
-    Windows of equal length are batched together: first the full windows in pass order
-    (or shuffled with ``gen``), then the shorter end-of-stream windows grouped by length,
-    longest first. A last smaller batch of each group is kept unless ``drop_remainder``.
-    Without ``batch_size`` each window is its own group, in pass order or shuffled.
-    """
-    n = len(lengths)
-    if batch_size is None:
-        order = gen.permutation(n) if gen is not None else np.arange(n)
-        for i in order:
-            yield np.array([i])
-        return
-    if n == 0:
-        return
-    for length in np.unique(lengths)[::-1]:
-        group = np.flatnonzero(lengths == length)
-        if gen is not None:
-            group = gen.permutation(group)
-        stop = len(group) - len(group) % batch_size if drop_remainder else len(group)
-        for i in range(0, stop, batch_size):
-            yield group[i : i + batch_size]
-
-
-def env_group_batches(num_envs: int, per_env: int, group_size: int | None, drop_remainder: bool) -> Iterator[np.ndarray]:
-    """Groups of window indices (as :func:`pass_windows` orders them) for a pass that
-    stacks the same window of ``group_size`` consecutive envs: env group by env group,
-    each in time order (TF-Agents' deterministic pass). A last smaller env group is kept
-    unless ``drop_remainder``; without ``group_size`` each env is its own group.
-    """
-    size = 1 if group_size is None else group_size
-    for lo in range(0, num_envs, size):
-        envs = np.arange(lo, min(lo + size, num_envs), dtype=np.int64)
-        if drop_remainder and len(envs) < size:
-            continue
-        for w in range(per_env):
-            yield envs * per_env + w
