@@ -63,6 +63,7 @@ __all__ = [
     "EpisodeIndex",
     "INDEX_FILE",
     "index_for",
+    "episode_bounds",
     "episode_index",
     "episodes",
     "to_arrays",
@@ -684,6 +685,25 @@ def episode_index(store: Any, env: int | None = None, complete_only: bool = Fals
         )
         for i in range(len(spans))
     ]
+
+
+def episode_bounds(store: Any, steps: np.ndarray, envs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(first, last, complete)`` of the episode each row ``(steps[i], envs[i])`` of the
+    window lies in: its first and last retained step, and whether it ended and its start
+    is retained. A row in no episode (a TF-Agents boundary row) is its own one-step
+    episode, not complete."""
+    spans = index_for(store).spans(store)
+    steps = np.asarray(steps, np.int64)
+    envs = np.asarray(envs, np.int64)
+    if not len(spans):
+        return steps.copy(), steps.copy(), np.zeros(steps.shape, bool)
+    stride = max(int(store.window.end), 1)  # spans are ordered by (env, first): one sorted key
+    i = np.searchsorted(spans.env * stride + spans.first, envs * stride + steps, side="right") - 1
+    j = np.maximum(i, 0)
+    inside = (i >= 0) & (spans.env[j] == envs) & (spans.last[j] >= steps)
+    first = np.where(inside, spans.first[j], steps)
+    last = np.where(inside, spans.last[j], steps)
+    return first, last, inside & spans.complete[j]
 
 
 def _rows(first: np.ndarray, last: np.ndarray, env: np.ndarray, capacity: int, num_envs: int) -> np.ndarray:

@@ -35,7 +35,7 @@ from ..spec import ArraySpec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ._shared import StoreShell, read_origin, temporary, write_origin
 
-__all__ = ["ReplayBuffer", "DictReplayBuffer", "MANIFEST_KIND"]
+__all__ = ["ReplayBuffer", "DictReplayBuffer", "HerReplayBuffer", "MANIFEST_KIND"]
 
 #: the store attribute recording the spaces a buffer was made for
 SPACES_ATTR = "sb3_spaces"
@@ -451,3 +451,6 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
 
 class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
     """SB3's ``DictReplayBuffer`` (``Dict`` observation spaces) over a store; see :class:`ReplayBuffer`."""
+
+
+from ._sb3_her import HerReplayBuffer  # noqa: E402 - it subclasses DictReplayBuffer
