@@ -788,6 +788,7 @@ class Store:
         return_info: bool = False,
         window: tuple[int, int] | None = None,
         out: Any = None,
+        transform: Any = None,
         **options: Any,
     ) -> Any:
         """A random batch of rows, drawn through :attr:`sampler` (by default uniform over
@@ -816,6 +817,8 @@ class Store:
                 replacement and fewer items than asked: views of its first rows). A batch
                 that does not fit raises :class:`~mmreplay.BadInputError` before anything
                 is drawn or written into it.
+            transform: fields computed over the drawn batch, such as
+                n-step returns (:mod:`mmreplay.read.transform`).
             options: passed to the sampler's ``draw`` (such as ``beta`` for the
                 prioritized sampler).
 
@@ -836,7 +839,8 @@ class Store:
         if self._closed:  # before the arguments, as every method does
             self.check_open()
         request = SampleRequest.build(
-            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options
+            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options,
+            transform=transform,
         )
         return _gather.sample(self, request)
 

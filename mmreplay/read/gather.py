@@ -7,9 +7,10 @@ or takes the draw made ahead for an equal request, (3) advises the page cache
 (:mod:`mmreplay.read.advice`), (4) gathers each leaf's rows with one ``take`` (on the
 memory map, into ``out``, or chunk-grouped through the LRU of compressed leaves),
 (5) in readers, checks that the rows were still retained after reading them (the
-seqlock of DESIGN.md) and draws and reads again the items the writer overwrote, and
-(6) packs the spec's nest. After (5) the draw and the rows are final: a transform over
-the drawn batch (n-step returns, goal relabelling) reads them there, before packing.
+seqlock of DESIGN.md) and draws and reads again the items the writer overwrote,
+(6) runs the request's transform over the final draw and its rows
+(:mod:`mmreplay.read.transform`: n-step returns, goal relabelling), and (7) packs the
+nest.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from ..errors import BadInputError, NotEnoughDataError
 from ..spec import ArraySpec, leaf_paths, unflatten
 from ..values import flatten_value
 from .advice import PageCache
-from .draws import Draw, rows_of
+from .draws import Draw, Window, rows_of
 from .readable import Drawing, Readable
 from .request import SampleRequest
+from .transform import DrawnBatch, Transform
 
 __all__ = [
     "Reader",
@@ -100,8 +102,17 @@ class Reader(PageCache):
         self.dtypes = [np.dtype(leaf.info.spec.dtype) for leaf in leaves]
         self.shapes = [tuple(leaf.info.spec.shape) for leaf in leaves]
         self.gen: np.random.Generator | None = None
+        self.batch_specs: dict[Any, tuple[Any, list[str]]] = {}
         if store.location is not None:  # object storage: every leaf's range requests in flight together
             self.take = partial(store.location.take_leaves, leaves)  # type: ignore[method-assign]
+
+    def batch_spec(self, transform: Transform, store: Readable) -> tuple[Any, list[str]]:
+        """The spec of ``transform``'s batches and its leaf paths, checked once per transform."""
+        known = self.batch_specs.get(transform)
+        if known is None:
+            spec = transform.batch_spec(store.spec, store.roles)
+            known = self.batch_specs[transform] = (spec, leaf_paths(spec))
+        return known
 
     def own_gen(self) -> np.random.Generator:
         if self.gen is None:
@@ -213,6 +224,11 @@ def sample(store: Readable, request: SampleRequest) -> Any:
     num_steps = sampler.num_steps if request.num_steps is None else request.num_steps
     steps = 1 if num_steps is None else num_steps
     out = request.out
+    transform = request.transform
+    if transform is not None:  # checked before anything is drawn
+        if out is not None:
+            raise BadInputError("sample: out= and a transform cannot be combined; sample without out=")
+        batch_spec, batch_paths = reader.batch_spec(transform, store)
     if out is not None:  # checked before anything is drawn: a refused batch is left as it was
         arrays = reader.out_leaves(out, (batch_size,) if num_steps is None else (batch_size, num_steps))
     gen = request.rng
@@ -252,11 +268,15 @@ def sample(store: Readable, request: SampleRequest) -> Any:
         got = arrays
     if reader.is_reader and store.live_first() > store.window.first:  # some may be overwritten
         draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen)
+    if transform is not None:
+        got, draw = _transformed(store, reader, sampler, request, draw, got, steps, num_steps, gen)
+        nest = unflatten(batch_spec, [got[path] for path in batch_paths])
     if key is not None:  # the next batch of an equal request: draw it now, prefetch its pages
         ahead = _draw(store, sampler, request, batch_size, steps, gen)
         reader.pending = (key, ahead)
         reader.prefetch_later(rows_of(ahead.start, num_steps, reader.num_envs))
-    nest = out if out is not None and len(rows) == batch_size else reader.pack(got)
+    if transform is None:
+        nest = out if out is not None and len(rows) == batch_size else reader.pack(got)
     if request.return_info:
         step = draw.step
         return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability, draw.weight)
@@ -267,11 +287,46 @@ def _draw(
     store: Readable, sampler: Drawing, request: SampleRequest, n: int, steps: int, gen: np.random.Generator
 ) -> Draw:
     """``n`` items drawn from the store's window (narrowed to ``request.window``)."""
+    return sampler.draw(n, _window(store, request), gen, steps, request.replacement, **request.draw_options())
+
+
+def _window(store: Readable, request: SampleRequest) -> Window:
+    """The store's window, narrowed to ``request.window``."""
     window = store.window
     if request.window is not None:  # a caller's narrower window (framework layers' own views)
         first, end = request.window
         window = window._replace(first=max(window.first, first), end=min(window.end, end))
-    return sampler.draw(n, window, gen, steps, request.replacement, **request.draw_options())
+    return window
+
+
+def _transformed(
+    store: Readable,
+    reader: Reader,
+    sampler: Drawing,
+    request: SampleRequest,
+    draw: Draw,
+    got: list[np.ndarray],
+    steps: int,
+    num_steps: int | None,
+    gen: np.random.Generator,
+) -> tuple[dict[str, np.ndarray], Draw]:
+    """The batch's leaves by path after ``request.transform``, and the final draw.
+
+    In readers the transform's reads are checked as the drawn rows are: when the writer
+    has since dropped a step it read, the reader moves to the writer's window, redraws
+    the items that start before it and runs the transform again.
+    """
+    for _ in range(MAX_RESAMPLES):
+        batch = DrawnBatch(store, _window(store, request), draw, num_steps, reader.paths, got, reader.takes)
+        leaves = {**batch.rows, **request.transform(batch)}
+        if not reader.is_reader or store.live_first() <= batch.lowest:
+            return leaves, draw
+        store.refresh()
+        draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen)
+    raise NotEnoughDataError(
+        f"{store.path}: the writer overwrote the rows a transform read {MAX_RESAMPLES} times in a row; "
+        "the ring is too small for this reader"
+    )
 
 
 def _redraw_overwritten(

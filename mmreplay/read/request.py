@@ -44,9 +44,9 @@ class SampleRequest:
     through instead of the store's (a framework's draw rule, such as skrl's).
 
     Two requests that draw alike are equal (``rng``, ``out`` and ``return_info`` aside):
-    a batch drawn ahead for one serves the next. A transform over the drawn batch
-    (n-step returns, goal relabelling) is asked here too, beside ``options``, and runs
-    where :func:`mmreplay.read.gather.sample` holds the final draw and its rows.
+    a batch drawn ahead for one serves the next. ``transform`` computes fields over the
+    drawn batch (n-step returns, goal relabelling: :class:`mmreplay.read.transform.Transform`);
+    it runs where :func:`mmreplay.read.gather.sample` holds the final draw and its rows.
     """
 
     batch_size: int
@@ -59,6 +59,7 @@ class SampleRequest:
     sampler: Any = None
     out: Any = field(default=None, compare=False)
     return_info: bool = field(default=False, compare=False)
+    transform: Any = None
 
     @classmethod
     def build(
@@ -73,6 +74,7 @@ class SampleRequest:
         out: Any = None,
         options: Mapping[str, Any] | None = None,
         sampler: Any = None,
+        transform: Any = None,
     ) -> SampleRequest:
         """The request, checked: ``batch_size`` and ``num_steps`` positive ints (ValueError
         naming the argument), ``rng`` an int seed, a Generator or None (TypeError)."""
@@ -97,6 +99,7 @@ class SampleRequest:
             sampler=sampler,
             out=out,
             return_info=return_info,
+            transform=transform,
         )
         return request
 
