@@ -1,107 +1,219 @@
-"""Hindsight goal relabelling: over the store's episode index, and SB3's HerReplayBuffer
-over a store against SB3's own."""
+"""Hindsight goal relabelling over a drawn batch, with episode bounds from the store's
+episode index: on a wrapped ring, across a kill and a resume, for episodes still open."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
+from conftest import folder_digest, make_step
 
-sb3 = pytest.importorskip(
-    "stable_baselines3", reason="stable-baselines3 is not installed (pip install 'mmreplay[sb3]')"
-)
-gym = pytest.importorskip("gymnasium")
-torch = pytest.importorskip("torch")
+import mmreplay as mr
 
-from stable_baselines3.common.envs import BitFlippingEnv  # noqa: E402
-from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
-from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerReplayBuffer  # noqa: E402
-
-from mmreplay.compat.sb3 import HerReplayBuffer  # noqa: E402
-
-N_BITS = 4
-
-
-def _vec_env(n_envs: int = 1) -> DummyVecEnv:
-    return DummyVecEnv([lambda: BitFlippingEnv(n_bits=N_BITS, continuous=True)] * n_envs)
+#: a goal-conditioned spec whose next achieved goal at step t of env e is [t, e]
+GOAL = mr.ArraySpec((2,), "float32")
+OBS = {"achieved_goal": GOAL, "desired_goal": GOAL, "observation": mr.ArraySpec((3,), "float32")}
+SPEC = {
+    "observation": OBS,
+    "next_observation": OBS,
+    "action": mr.ArraySpec((), "int64"),
+    "reward": mr.ArraySpec((), "float32"),
+    "terminated": mr.ArraySpec((), "bool"),
+    "truncated": mr.ArraySpec((), "bool"),
+}
+STORED_REWARD = 7.0
 
 
-def _goal_step(rng: np.random.Generator, n_envs: int):
-    """One random goal-env step of ``n_envs`` envs: SB3's ``add`` arguments."""
-
-    def obs():
-        return {k: rng.integers(0, 2, (n_envs, N_BITS)).astype(np.int8) for k in ("achieved_goal", "desired_goal", "observation")}
-
-    done = rng.random(n_envs) < 0.25
-    infos = [{"TimeLimit.truncated": bool(d and rng.random() < 0.5)} for d in done]
-    action = rng.uniform(-1, 1, (n_envs, N_BITS)).astype(np.float32)
-    return obs(), obs(), action, -rng.integers(0, 2, n_envs).astype(np.float32), done, infos
+def compute_reward(achieved: np.ndarray, desired: np.ndarray, infos: list) -> np.ndarray:
+    """A goal env's reward, vectorised: 0 where the goal is reached, -1 elsewhere."""
+    assert len(infos) == len(achieved)
+    return -(np.abs(achieved - desired).sum(-1) > 0).astype(np.float32)
 
 
-def _her_pair(tmp_path, n_envs: int, size: int, strategy: str = "future", n_sampled_goal: int = 4, **kw):
-    env = _vec_env(n_envs)
-    args = (size, env.observation_space, env.action_space, env)
-    options = dict(device="cpu", n_envs=n_envs, goal_selection_strategy=strategy, n_sampled_goal=n_sampled_goal, **kw)
-    theirs = SB3HerReplayBuffer(*args, **options)
-    ours = HerReplayBuffer(*args, **options, path=tmp_path / "buf", commit_every=3)
-    return theirs, ours
+def goal_step(t: int, num_envs: int, ends: np.ndarray) -> dict:
+    """Step ``t``: the goals say which step and env they were achieved at; ``ends`` is
+    0 (running), 1 (terminated) or 2 (truncated) per env."""
+    envs = np.arange(num_envs, dtype=np.float32)
+
+    def obs(s: int) -> dict:
+        goal = np.stack([np.full(num_envs, s, np.float32), envs], 1)
+        return {"achieved_goal": goal, "desired_goal": np.full((num_envs, 2), -1, np.float32), "observation": np.zeros((num_envs, 3), np.float32)}
+
+    return {
+        "observation": obs(t - 1),
+        "next_observation": obs(t),
+        "action": np.zeros(num_envs, np.int64),
+        "reward": np.full(num_envs, STORED_REWARD, np.float32),
+        "terminated": ends == 1,
+        "truncated": ends == 2,
+    }
 
 
-def _assert_same(a, b) -> None:
-    assert type(a) is type(b)
-    for name in a._fields:
-        x, y = getattr(a, name), getattr(b, name)
-        if x is None:  # discounts, set by n-step buffers only
-            assert y is None, name
-            continue
-        pairs = [(f"{name}/{k}", x[k], y[k]) for k in x] if isinstance(x, dict) else [(name, x, y)]
-        if isinstance(x, dict):
-            assert x.keys() == y.keys()
-        for what, u, v in pairs:
-            assert u.dtype == v.dtype and u.shape == v.shape, what
-            assert torch.equal(u, v), what
+def ends_at(t: int, num_envs: int) -> np.ndarray:
+    """Env e's episodes last 3 + e steps; every other one is cut by a time limit."""
+    length = 3 + np.arange(num_envs)
+    done = (t + 1) % length == 0
+    return np.where(done, np.where(((t + 1) // length) % 2 == 0, 2, 1), 0)
 
 
-def _assert_same_episodes(theirs, ours) -> None:
-    """SB3's episode arrays where an episode can be drawn (SB3 leaves stale starts elsewhere)."""
-    np.testing.assert_array_equal(ours.ep_length, theirs.ep_length)
-    valid = theirs.ep_length > 0
-    np.testing.assert_array_equal(ours.ep_start[valid], theirs.ep_start[valid])
+def fill(store, steps: range) -> None:
+    for t in steps:
+        store.add(goal_step(t, store.num_envs, ends_at(t, store.num_envs)))
+
+
+def check_relabelled(store, batch, info, strategy: str) -> np.ndarray:
+    """Every item is as stored or relabelled with a goal of its own env and episode that
+    the strategy allows, with the reward ``compute_reward`` gives; returns the mask of
+    relabelled items."""
+    desired = batch["observation"]["desired_goal"]
+    np.testing.assert_array_equal(batch["next_observation"]["desired_goal"], desired)
+    relabelled = desired[:, 0] >= 0
+    kept = ~relabelled
+    np.testing.assert_array_equal(desired[kept], -1)
+    np.testing.assert_array_equal(batch["reward"][kept], STORED_REWARD)
+    goal_at = desired[relabelled, 0].astype(np.int64)
+    step, env = info.step[relabelled], info.env[relabelled]
+    np.testing.assert_array_equal(desired[relabelled, 1], env)
+    first, last, _ = store.episode_bounds(step, env)
+    low = {"future": step, "final": last, "episode": first}[strategy]
+    assert (goal_at >= low).all() and (goal_at <= last).all()
+    assert (goal_at >= store.first_step).all()
+    np.testing.assert_array_equal(batch["reward"][relabelled], np.where(goal_at == step, 0.0, -1.0))
+    return relabelled
 
 
 @pytest.mark.parametrize("strategy", ["future", "final", "episode"])
-@pytest.mark.parametrize("n_envs", [1, 3])
-def test_her_samples_equal_sb3s_for_the_same_adds_and_seed(tmp_path, strategy, n_envs):
-    theirs, ours = _her_pair(tmp_path, n_envs, size=17 * n_envs, strategy=strategy)
-    rng = np.random.default_rng(0)
-    sampled = 0
-    for t in range(4 * theirs.buffer_size):  # the ring wraps three times, mid-episode
-        step = _goal_step(rng, n_envs)
-        theirs.add(*step)
-        ours.add(*step)
-        assert (ours.pos, ours.full) == (theirs.pos, theirs.full)
-        if (theirs.ep_length > 0).any() and t % 3 == 0:
-            _assert_same_episodes(theirs, ours)
-            np.random.seed(t)
-            expected = theirs.sample(64)
-            np.random.seed(t)
-            _assert_same(expected, ours.sample(64))
-            sampled += 1
-    assert sampled > 10
-    ours.close()
+def test_relabelled_goals_come_from_the_same_episode_by_the_strategy(tmp_path, strategy):
+    with mr.create(tmp_path / "b", SPEC, capacity=200, num_envs=3) as store:
+        fill(store, range(120))
+        batch, info = store.sample(
+            2000, rng=0, return_info=True, transform=mr.Hindsight(compute_reward, strategy, fraction=0.5)
+        )
+        relabelled = check_relabelled(store, batch, info, strategy)
+        assert 0.4 < relabelled.mean() < 0.6
+        # what was drawn is what a sample without the transform draws
+        plain, plain_info = store.sample(2000, rng=0, return_info=True)
+        np.testing.assert_array_equal(plain_info.step, info.step)
+        np.testing.assert_array_equal(plain["action"], batch["action"])
 
 
-@pytest.mark.parametrize("n_sampled_goal", [0, 1])
-def test_her_ratio_and_timeouts_are_sb3s(tmp_path, n_sampled_goal):
-    theirs, ours = _her_pair(tmp_path, 2, size=40, n_sampled_goal=n_sampled_goal, handle_timeout_termination=False)
-    rng = np.random.default_rng(1)
-    for _ in range(50):
-        step = _goal_step(rng, 2)
-        theirs.add(*step)
-        ours.add(*step)
-    assert ours.her_ratio == theirs.her_ratio
-    np.random.seed(3)
-    expected = theirs.sample(33)
-    np.random.seed(3)
-    _assert_same(expected, ours.sample(33))
-    assert np.random.rand() == (np.random.seed(3), theirs.sample(33), np.random.rand())[2]  # same draws used
-    ours.close()
+def test_the_fraction_relabels_none_or_every_transition(tmp_path):
+    with mr.create(tmp_path / "b", SPEC, capacity=50, num_envs=2) as store:
+        fill(store, range(30))
+        none = store.sample(100, rng=1, transform=mr.Hindsight(compute_reward, fraction=0.0))
+        every = store.sample(100, rng=1, transform=mr.Hindsight(compute_reward, fraction=1.0))
+    assert (none["observation"]["desired_goal"] == -1).all() and (none["reward"] == STORED_REWARD).all()
+    assert (every["observation"]["desired_goal"] >= 0).all() and (every["reward"] <= 0).all()
+
+
+def test_a_wrapped_ring_relabels_from_retained_steps_of_the_same_episode(tmp_path):
+    with mr.create(tmp_path / "b", SPEC, capacity=23, num_envs=3, commit_every=4) as store:
+        fill(store, range(100))  # wrapped four times; the oldest episodes lost their start
+        assert store.first_step > 70
+        for strategy in ("future", "final", "episode"):
+            batch, info = store.sample(
+                3000, rng=2, return_info=True, transform=mr.Hindsight(compute_reward, strategy, 1.0)
+            )
+            check_relabelled(store, batch, info, strategy)
+        goals = batch["observation"]["desired_goal"][:, 0]  # "episode": from the episode's first retained step
+        first, _, complete = store.episode_bounds(info.step, info.env)
+        cut = ~complete & (first == store.first_step)
+        assert cut.any() and (goals[cut] >= store.first_step).all()
+
+
+def test_an_open_episode_relabels_with_the_goals_it_has_reached_so_far(tmp_path):
+    with mr.create(tmp_path / "b", SPEC, capacity=40, num_envs=1) as store:
+        fill(store, range(3))  # one episode of 3 steps (truncated), then one still running
+        store.add(goal_step(3, 1, np.zeros(1)))
+        store.add(goal_step(4, 1, np.zeros(1)))
+        batch, info = store.sample(200, rng=3, return_info=True, transform=mr.Hindsight(compute_reward, "final", 1.0))
+        goals = batch["observation"]["desired_goal"][:, 0]
+        np.testing.assert_array_equal(goals, np.where(info.step < 3, 2, 4))  # the open one's newest step
+        assert store.episode_bounds(info.step, info.env)[2].tolist() == (info.step < 3).tolist()
+
+
+def test_a_reader_relabels_what_the_writer_committed(tmp_path):
+    with mr.create(tmp_path / "b", SPEC, capacity=30, num_envs=2, commit_every=1) as store:
+        fill(store, range(20))
+        reader = mr.open(tmp_path / "b")
+        fill(store, range(20, 45))  # the writer moves on and wraps; the reader refreshes
+        reader.refresh()
+        batch, info = reader.sample(500, rng=4, return_info=True, transform=mr.Hindsight(compute_reward, "episode", 1.0))
+        check_relabelled(reader, batch, info, "episode")
+        reader.close()
+
+
+def test_a_group_relabels_in_each_shard(tmp_path):
+    group = mr.create_group(tmp_path / "g", SPEC, shards=2, capacity=40, num_envs=2)
+    for i in range(2):
+        with mr.open_shard(tmp_path / "g", i) as shard:
+            fill(shard, range(25 + i))
+    group.refresh()
+    batch, info = group.sample(300, rng=5, return_info=True, transform=mr.Hindsight(compute_reward, "future", 1.0))
+    assert set(info.shard.tolist()) == {0, 1}
+    assert (batch["observation"]["desired_goal"][:, 1] == info.env).all()
+    assert (batch["observation"]["desired_goal"][:, 0] >= info.step).all()
+    group.close()
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, numpy as np, mmreplay as mr
+    sys.path.insert(0, {tests!r})
+    from test_her import SPEC, goal_step, ends_at
+    store = mr.create({path!r}, SPEC, capacity=500, num_envs=2, commit_every=1)
+    for t in range(40):
+        ends = ends_at(t, 2)
+        if t >= 30:
+            ends[:] = 0  # both envs mid-episode when killed
+        store.add(goal_step(t, 2, ends))
+    print("written", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_after_a_kill_and_a_resume_goals_stay_in_the_episode_the_killed_writer_left(tmp_path):
+    path = str(tmp_path / "b")
+    code = WRITER.format(tests=os.path.dirname(__file__), path=path)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "written"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with mr.open(path, "a") as store:
+        assert store.total_steps == 40
+        fill(store, range(40, 60))  # the resumed writer's own episodes; the killed ones end at step 39
+        spans = {(s.env, s.first_step): s for s in store.episode_index()}
+        assert all(spans[(e, 30 - 30 % (3 + e))].last_step == 39 for e in (0, 1))
+        batch, info = store.sample(3000, rng=6, return_info=True, transform=mr.Hindsight(compute_reward, "future", 1.0))
+        check_relabelled(store, batch, info, "future")
+        goals = batch["observation"]["desired_goal"][:, 0]
+        before = info.step < 40
+        assert (goals[before] < 40).all() and (goals[~before] >= 40).all()
+
+
+def test_bad_input_is_refused_with_one_clear_error_and_nothing_written(tmp_path):
+    with pytest.raises(mr.BadInputError, match="compute_reward"):
+        mr.Hindsight(object())
+    with pytest.raises(mr.BadInputError, match="one of future, final, episode; got 'next'"):
+        mr.Hindsight(compute_reward, "next")
+    with pytest.raises(mr.BadInputError, match=r"in \[0, 1\]; got 1.5"):
+        mr.Hindsight(compute_reward, fraction=1.5)
+    no_goal = {**SPEC, "next_observation": {"observation": mr.ArraySpec((3,), "float32")}}
+    with mr.create(tmp_path / "b", no_goal, capacity=10) as store:
+        for t in range(3):
+            store.add(make_step(no_goal, 1, t))
+        store.commit()
+        before = folder_digest(tmp_path / "b")
+        with pytest.raises(mr.BadInputError, match="the spec has no 'next_observation/desired_goal', 'next_observation/achieved_goal'"):
+            store.sample(4, transform=mr.Hindsight(compute_reward))
+        assert folder_digest(tmp_path / "b") == before
+    with mr.create(tmp_path / "c", SPEC, capacity=10) as store:
+        fill(store, range(5))
+        with pytest.raises(mr.BadInputError, match="relabels transitions"):
+            store.sample(4, num_steps=2, transform=mr.Hindsight(compute_reward))

@@ -20,7 +20,7 @@ from stable_baselines3.common.type_aliases import DictReplayBufferSamples
 from stable_baselines3.her import her_replay_buffer as sb3_her
 from stable_baselines3.her.goal_selection_strategy import KEY_TO_GOAL_STRATEGY
 
-from ..episodes import episode_bounds, index_for
+from ..episodes import index_for
 from ..errors import BadInputError, NotEnoughDataError
 from ..read.hindsight import check_strategy, goal_leaves, goal_steps, relabel, reward_function
 from ..spec import unflatten
@@ -164,15 +164,15 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
         steps = self._steps_of(inds)
         leaves = [leaf.take((steps % self.buffer_size) * self.n_envs + envs) for leaf in store.leaves]
         virtual = np.arange(batch_size - nb_virtual, batch_size)
-        self._relabel(store, leaves, virtual, steps[virtual], envs[virtual])  # SB3 draws even for none
+        self._relabel(store, dict(zip(store.leaf_paths, leaves)), virtual, steps[virtual], envs[virtual])
         return self._to_samples(unflatten(store.spec, leaves), env)
 
-    def _relabel(self, store: Any, leaves: list[np.ndarray], items: np.ndarray, steps: np.ndarray, envs: np.ndarray) -> None:
-        first, last, _ = episode_bounds(store, steps, envs)
-        strategy = self.goal_selection_strategy.name.lower()
+    def _relabel(self, store: Any, leaves: dict[str, np.ndarray], items: np.ndarray, steps: np.ndarray, envs: np.ndarray) -> None:
+        """Relabel the batch's ``items`` as SB3 does (its draws even when there are none)."""
+        first, last, _ = store.episode_bounds(steps, envs)
         goal = goal_leaves(store.spec, store.roles)
-        goal_at = goal_steps(strategy, steps, first, last, np.random.randint)
-        goals = store.leaves[goal.next_achieved].take((goal_at % self.buffer_size) * self.n_envs + envs)
+        goal_at = goal_steps(self.goal_selection_strategy.name.lower(), steps, first, last, np.random.randint)
+        goals = store.leaves[store.leaf_paths.index(goal.next_achieved)].take((goal_at % self.buffer_size) * self.n_envs + envs)
         relabel(leaves, goal, items, goals, self._reward_fn)
 
     # --- pickling: the manifest leaves the env out, as SB3's does ------------------------------

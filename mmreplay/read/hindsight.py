@@ -26,8 +26,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import BadInputError, SpecMismatchError
+from ..errors import BadInputError
 from ..spec import flatten, leaf_paths
+from .transform import DrawnBatch
 
 __all__ = ["STRATEGIES", "GoalLeaves", "Hindsight", "goal_leaves", "goal_steps", "relabel", "reward_function"]
 
@@ -84,36 +85,36 @@ def check_fraction(fraction: Any) -> float:
 
 
 class GoalLeaves(NamedTuple):
-    """Where the goals and the reward are among a batch's leaves (flatten order)."""
+    """The leaf paths relabelling reads and writes."""
 
-    desired: int  # observation/desired_goal
-    next_desired: int  # next_observation/desired_goal
-    next_achieved: int  # next_observation/achieved_goal: the goals relabelling draws from
-    reward: int
+    desired: str  # observation/desired_goal
+    next_desired: str  # next_observation/desired_goal
+    next_achieved: str  # next_observation/achieved_goal: the goals relabelling draws from
+    reward: str
 
 
 def goal_leaves(spec: Any, roles: Mapping[str, str]) -> GoalLeaves:
     """The goal and reward leaves of a goal-conditioned spec, found through its roles.
 
     Raises:
-        SpecMismatchError: a leaf is missing, or the goals differ in shape.
+        BadInputError: a leaf is missing, or the goals differ in shape.
     """
     obs = roles.get("observation", "observation")
     nxt = roles.get("next_observation", "next_observation")
-    wanted = GoalLeaves(f"{obs}/desired_goal", f"{nxt}/desired_goal", f"{nxt}/achieved_goal", roles.get("reward", "reward"))
+    goal = GoalLeaves(f"{obs}/desired_goal", f"{nxt}/desired_goal", f"{nxt}/achieved_goal", roles.get("reward", "reward"))
     paths = leaf_paths(spec)
-    missing = [p for p in wanted if p not in paths]
+    missing = [p for p in goal if p not in paths]
     if missing:
-        raise SpecMismatchError(
-            f"hindsight relabelling needs the leaves {', '.join(map(repr, wanted))} (an observation and a next "
+        raise BadInputError(
+            f"hindsight relabelling needs the leaves {', '.join(map(repr, goal))} (an observation and a next "
             f"observation holding achieved_goal and desired_goal, and a reward); the spec has no "
             f"{', '.join(map(repr, missing))} (its leaves: {', '.join(paths)})"
         )
     leaves = dict(zip(paths, flatten(spec)))
-    shapes = {p: leaves[p].shape for p in wanted[:3]}
+    shapes = {p: leaves[p].shape for p in goal[:3]}
     if len(set(shapes.values())) != 1:
-        raise SpecMismatchError(f"hindsight relabelling needs goals of one shape; got {shapes}")
-    return GoalLeaves(*(paths.index(p) for p in wanted))
+        raise BadInputError(f"hindsight relabelling needs goals of one shape; got {shapes}")
+    return goal
 
 
 def goal_steps(
@@ -134,7 +135,11 @@ def goal_steps(
 
 
 def relabel(
-    leaves: list[np.ndarray], goal: GoalLeaves, items: np.ndarray, goals: np.ndarray, reward_fn: RewardFunction
+    leaves: Mapping[str, np.ndarray],
+    goal: GoalLeaves,
+    items: np.ndarray,
+    goals: np.ndarray,
+    reward_fn: RewardFunction,
 ) -> None:
     """Give the batch's ``items`` the desired goal ``goals`` (observation and next
     observation) and the reward ``reward_fn`` computes for it, in place."""
@@ -148,17 +153,25 @@ def relabel(
 
 @dataclass(frozen=True)
 class Hindsight:
-    """Relabel a fraction of each drawn batch with goals achieved later in its episodes.
+    """Goal relabelling over a sample: ``store.sample(256, transform=mr.Hindsight(env))``.
+
+    Each drawn transition is relabelled with probability ``fraction``: its desired goal
+    (observation and next observation) becomes the goal achieved at a step of its episode
+    picked by ``strategy``, its reward what ``compute_reward`` gives for it. The others
+    are the stored transitions.
 
     Args:
-        env: what gives the rewards: a gymnasium goal env, an SB3 ``VecEnv``, or
-            ``compute_reward(achieved_goal, desired_goal, infos)`` itself (vectorised).
-        strategy: ``"future"`` (default), ``"final"`` or ``"episode"``.
-        fraction: the share of transitions relabelled, each drawn with this probability
-            (SB3's ``n_sampled_goal=4`` is 0.8, the default).
+        env: what gives the rewards: a gymnasium goal env (wrapped or not), an SB3
+            ``VecEnv`` of them, or ``compute_reward(achieved_goal, desired_goal, infos)``
+            itself (vectorised).
+        strategy: ``"future"`` (the default), ``"final"`` or ``"episode"``.
+        fraction: the probability that a transition is relabelled, in [0, 1] (0.8, SB3's
+            ``n_sampled_goal=4``, by default).
 
     Raises:
-        BadInputError: no ``compute_reward``, an unknown strategy, a fraction outside [0, 1].
+        BadInputError: no ``compute_reward``, an unknown strategy, a fraction outside
+            [0, 1]; at sampling, a spec without the goal leaves, or sequences
+            (``num_steps``): it relabels transitions.
     """
 
     env: Any = field(compare=False)
@@ -170,3 +183,26 @@ class Hindsight:
         object.__setattr__(self, "strategy", check_strategy(self.strategy))
         object.__setattr__(self, "fraction", check_fraction(self.fraction))
         object.__setattr__(self, "reward_fn", reward_function(self.env))
+
+    def batch_spec(self, spec: Any, roles: Mapping[str, str]) -> Any:
+        """The store's spec (relabelling changes values, not leaves), once its goal leaves are checked."""
+        goal_leaves(spec, roles)
+        return spec
+
+    def __call__(self, batch: DrawnBatch) -> dict[str, np.ndarray]:
+        step, env = batch.step, batch.env
+        if step.ndim != 1:
+            raise BadInputError("hindsight relabelling relabels transitions: sample without num_steps")
+        goal = goal_leaves(batch.store.spec, batch.store.roles)
+        # the drawn rows stay as drawn (a reader may run this again over them)
+        leaves = {path: batch.rows[path].copy() for path in (goal.desired, goal.next_desired, goal.reward)}
+        leaves[goal.next_achieved] = batch.rows[goal.next_achieved]
+        items = np.flatnonzero(batch.rng.random(len(step)) < self.fraction)
+        steps, envs = step[items], env[items]
+        first, last, _ = batch.store.episode_bounds(steps, envs)
+        first = np.maximum(first, batch.window.first)  # a caller's narrower window
+        last = np.minimum(last, batch.window.end - 1)
+        goal_at = goal_steps(self.strategy, steps, first, last, batch.rng.integers)
+        relabel(leaves, goal, items, batch.read(goal.next_achieved, goal_at, envs), self.reward_fn)
+        del leaves[goal.next_achieved]
+        return leaves
