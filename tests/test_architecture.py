@@ -17,7 +17,7 @@ LAYERS = [
     {"roles", "values"},
     {"metadata", "lock", "files", "statefile"},
     {"backends"},
-    {"store", "sampling", "episodes", "reads", "objstore"},
+    {"store", "exits", "sampling", "episodes", "reads", "objstore"},
     {"snapshots", "export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images", "group", "ray"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}

@@ -232,7 +232,7 @@ def test_closed_writers_leave_no_exit_hooks_behind(tmp_path):
             store.add({{"x": np.ones(1, "int64")}})
             store.close()
         after = atexit._ncallbacks(), len(threading._threading_atexits)
-        print(before == after, len(mr.store._open_writers))
+        print(before == after, mr.exits.open_writers())
         """
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
