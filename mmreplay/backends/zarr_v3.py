@@ -28,7 +28,16 @@ from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipC
 
 from ..errors import CorruptBufferError, SpecError
 from ..metadata import LeafInfo, Metadata, little_endian
-from .base import ChunkedLeaf, Leaf, MappedLeaf, fsync_files, map_file, parse_compression, preallocate
+from .base import (
+    ChunkedLeaf,
+    Leaf,
+    MappedLeaf,
+    fsync_files,
+    map_file,
+    parse_compression,
+    preallocate,
+    shutdown_error,
+)
 from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
 from .row_frames import (
     STAGING_FILE,
@@ -234,7 +243,8 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
                     store=zarr.storage.LocalStore(path, read_only=not writable), mode="r+" if writable else "r"
                 )
         except Exception as exc:
-            raise CorruptBufferError(f"{path}: cannot open zarr array for leaf {leaf.path!r}: {exc}") from None
+            where = f"{path}: cannot open zarr array for leaf {leaf.path!r}"
+            raise shutdown_error(exc, where) or CorruptBufferError(f"{where}: {exc}") from None
         if is_row_compression(leaf.compression):
             out.append(_row_leaf(path, arr, leaf, meta, writable))
             continue
@@ -290,8 +300,8 @@ class ZarrChunks:
         return np.asarray(self.arr[a:b])
 
     def write(self, k: int, a: int, b: int, chunk: np.ndarray) -> None:
+        self.written.add(k)  # first: a write cut short is synced at the next flush too
         self.arr[a:b] = chunk
-        self.written.add(k)
 
     def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
         for k, chunk in staged.items():
