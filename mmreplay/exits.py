@@ -33,6 +33,8 @@ import time
 import weakref
 from typing import Any
 
+from .errors import Error
+
 __all__ = ["WRITER_WAIT", "STOP_SIGNALS", "close_when_dropped", "forget", "open_writers"]
 
 log = logging.getLogger("mmreplay.store")
@@ -85,6 +87,12 @@ def _close_parts(cls: type, parts: dict[str, Any]) -> None:
     shell.__dict__ = parts
     try:
         shell.close()
+    except Error as exc:  # says what happened (a full disk...): no traceback
+        log.error(
+            "%s: closing the store left open failed (%s); steps added since its last commit are lost",
+            parts.get("path"),
+            exc,
+        )
     except Exception:
         log.exception(
             "%s: closing the store left open failed; steps added since its last commit are lost",
@@ -115,7 +123,8 @@ def _close_open_writers(before_threads_end: bool = False) -> None:
                 "%s: a thread was still writing to the store %.0f s after the program ended; it is not "
                 "committed again, and the steps added since its last commit are lost (join the thread, or "
                 "close the store, before the program ends)",
-                parts.get("path"), WRITER_WAIT,
+                parts.get("path"),
+                WRITER_WAIT,
             )
             continue
         finalizer()
@@ -193,6 +202,8 @@ def _stop(signum: int, frame: Any) -> None:
     if _exiting:  # the program is ending already, and committing
         return
     log.warning(
-        "%s: ending the program; %d open store(s) commit first", signal.Signals(signum).name, len(_open_writers)
+        "%s: ending the program; %d open store(s) commit first",
+        signal.Signals(signum).name,
+        len(_open_writers),
     )
     raise SystemExit(128 + signum)
