@@ -134,8 +134,9 @@ def test_disk_full_while_preallocating_is_an_error_and_leaves_nothing(tmpfs, bac
     assert os.listdir(fs) == []
 
 
-FILL_UNTIL_FULL = """
-import json, sys, numpy as np, mmreplay as mr
+#: a writer that collects until a write is refused (``error``), committing every 12 steps
+FILL_LOOP = """
+import json, os, sys, numpy as np, mmreplay as mr
 from mmreplay.spec import flatten, unflatten
 from mmreplay.torture import SPEC, step_values
 store = mr.open({path!r}, "a")
@@ -148,6 +149,9 @@ try:
             store.commit()
 except Exception as exc:
     error = exc
+"""
+
+FILL_UNTIL_FULL = FILL_LOOP + """
 print(json.dumps({{"committed": store.committed_steps, "error": type(error).__name__, "message": str(error),
                   "mro": [c.__name__ for c in type(error).__mro__]}}))
 """
@@ -908,20 +912,7 @@ def test_cli_verify_on_a_folder_that_is_no_buffer(tmp_path):
 
 # --- after a full disk, a commit covers only rows that reached the files ---------------------
 
-FULL_THEN_ROOM = """
-import json, os, numpy as np, mmreplay as mr
-from mmreplay.spec import flatten, unflatten
-from mmreplay.torture import SPEC, step_values
-store = mr.open({path!r}, "a")
-g, error = store.total_steps, None
-try:
-    while True:
-        store.extend(unflatten(SPEC, step_values(flatten(SPEC), {envs}, np.arange(g, g + 3))))
-        g += 3
-        if g % 12 == 0:
-            store.commit()
-except mr.Error as exc:
-    error = exc
+FULL_THEN_ROOM = FILL_LOOP + """
 report = {{"error": type(error).__name__, "message": str(error), "committed": store.committed_steps}}
 os.remove({filler!r})  # room again
 if {close!r}:
