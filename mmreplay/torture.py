@@ -784,12 +784,22 @@ def _run_writer(
     return killed and ending == "kill", aimed
 
 
+#: where a full disk refused a write, by words of the DiskFullError's message
+_REFUSED_AT = (
+    ("episode ends", "episode index (append)"),
+    ("episodes.idx", "episode index (rewrite)"),
+    ("journal", "HDF5 chunk journal"),
+    ("segment", "row-frame segment"),
+    ("for a flush", "chunk at a commit"),
+    ("for chunk", "chunk the head left"),
+    ("compressed chunks", "HDF5 chunks at a commit"),
+    ("extend", "HDF5 file end at open"),
+)
+
+
 def _where_refused(message: str) -> str:
-    """Where a full disk refused a write, in a word or two, from the error's message."""
-    for words in ("chunk", "segment", "episode ends", "flush", "journal", "compressed chunks", "extend"):
-        if words in message:
-            return words
-    return message[:60]
+    """Where a full disk refused a write, in a few words, from the error's message."""
+    return next((label for words, label in _REFUSED_AT if words in message), message[:60])
 
 
 def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
