@@ -3,6 +3,13 @@ its episodes from the store's index across a kill and a resume."""
 
 from __future__ import annotations
 
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -16,7 +23,10 @@ from stable_baselines3.common.envs import BitFlippingEnv  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerReplayBuffer  # noqa: E402
 
+import mmreplay as mr  # noqa: E402
 from mmreplay.compat.sb3 import HerReplayBuffer  # noqa: E402
+
+spaces = gym.spaces
 
 N_BITS = 4
 
@@ -119,3 +129,119 @@ def test_her_ratio_timeouts_and_draws_are_sb3s(tmp_path, n_sampled_goal):
     _assert_same(expected, ours.sample(33))
     assert np.random.rand() == after  # as many np.random draws as SB3's
     ours.close()
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import pickle, sys
+    sys.path.insert(0, {tests!r})
+    from test_compat_sb3_her import GoalSteps, _vec_env
+    from mmreplay.compat.sb3 import HerReplayBuffer
+    env = _vec_env(2)
+    rb = HerReplayBuffer(60, env.observation_space, env.action_space, env, "cpu", n_envs=2, path={path!r}, commit_every=1)
+    with open({manifest!r}, "wb") as f:
+        pickle.dump(rb, f)
+    steps = GoalSteps(2, seed=5)
+    for _ in range({count}):
+        rb.add(*steps())
+    print("written", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_buffer_killed_mid_episode_resumes_as_sb3s_truncated_one(tmp_path):
+    path, manifest, count = str(tmp_path / "buf"), str(tmp_path / "rb.pkl"), 23
+    code = KILLED_WRITER.format(tests=os.path.dirname(__file__), path=path, manifest=manifest, count=count)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "written"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    theirs = SB3HerReplayBuffer(60, *_spaces(2), _vec_env(2), "cpu", n_envs=2)
+    steps = GoalSteps(2, seed=5)
+    for _ in range(count):
+        theirs.add(*steps())
+    assert (theirs._current_ep_start != theirs.pos).all()  # both envs were mid-episode
+    with open(manifest, "rb") as f:
+        ours = pickle.load(f)  # what load_replay_buffer does: then set_env and truncate
+    assert ours.env is None and ours.pos == count
+    for rb in (theirs, ours):
+        if rb is ours:
+            rb.set_env(_vec_env(2))
+        with pytest.warns(UserWarning, match="will be truncated"):
+            rb.truncate_last_trajectory()
+    _assert_same_episodes(theirs, ours)
+    for t in range(30):  # the resumed run's episodes, over a wrapping ring
+        step = steps()
+        theirs.add(*step)
+        ours.add(*step)
+        _assert_same_episodes(theirs, ours)
+        np.random.seed(t)
+        expected = theirs.sample(32)
+        np.random.seed(t)
+        _assert_same(expected, ours.sample(32))
+    ours.close()
+
+
+def _spaces(n_envs: int):
+    env = _vec_env(n_envs)
+    return env.observation_space, env.action_space
+
+
+def test_save_replay_buffer_writes_a_small_manifest_without_the_env(tmp_path):
+    env = _vec_env(1)
+    rb = HerReplayBuffer(100_000, *_spaces(1), env, "cpu", path=tmp_path / "buf")
+    steps = GoalSteps(1, seed=2)
+    for _ in range(50):
+        rb.add(*steps())
+    blob = pickle.dumps(rb)
+    assert len(blob) < 4_000 and b"BitFlipping" not in blob
+    restored = pickle.loads(blob)
+    with pytest.raises(mr.BadInputError, match="set_env"):
+        restored.sample(8)
+    restored.set_env(env)
+    assert restored.sample(8).rewards.shape == (8, 1)
+    with pytest.raises(ValueError, match="already initialized"):
+        restored.set_env(env)
+    restored.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(goal_selection_strategy="next"), "one of future, final, episode; got 'next'"),
+        (dict(n_sampled_goal=-1), "n_sampled_goal must be an int >= 0"),
+        (dict(copy_info_dict=True), "copy_info_dict=True"),
+        (dict(env=gym.make("CartPole-v1")), "has no compute_reward"),
+        (dict(observation_space=spaces.Box(0, 1, (3,))), "'achieved_goal' and 'desired_goal'"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_created(tmp_path, kwargs, match):
+    obs, action = _spaces(1)
+    args = {**dict(observation_space=obs, action_space=action, env=_vec_env(1)), **kwargs}
+    with pytest.raises(mr.BadInputError, match=match):
+        HerReplayBuffer(10, **args, path=tmp_path / "buf")
+    assert not (tmp_path / "buf").exists()
+
+
+def test_the_bitflip_example_learns_is_killed_resumes_and_keeps_learning(tmp_path):
+    run = tmp_path / "run"
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sb3_her_bitflip.py")
+    args = [sys.executable, example, "--run", str(run), "--steps", "900", "--every", "300", "--bits", "5", "--eval-episodes", "20"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torch's threads only slow a small net down
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+    untrained = float(proc.stdout.readline().split("success")[1])
+    assert proc.stdout.readline().startswith("checkpoint: step 300")
+    proc.send_signal(signal.SIGKILL)  # while it learns on towards the next checkpoint
+    proc.wait()
+    with mr.open(run / "buffer") as store:
+        committed = store.committed_steps
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"start: step 300, buffer {committed} steps") and committed >= 300
+    assert lines[-1].startswith("checkpoint: step 900") and float(lines[-1].split("success")[1]) >= 0.9 > untrained
+    with mr.open(run / "buffer") as store:
+        assert store.total_steps >= committed + 600
+        killed = [s for s in store.episode_index() if s.first_step < committed <= s.last_step + 1]
+        assert [(s.last_step, s.status) for s in killed] in ([(committed - 1, "truncated")], [(committed - 1, "terminated")])
