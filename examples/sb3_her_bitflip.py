@@ -80,7 +80,9 @@ def make_or_resume(run: str, n_bits: int, seed: int) -> DQN:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="folder of the model, the buffer and its manifest")
-    parser.add_argument("--steps", type=int, default=20_000, help="environment steps in all, over every resume")
+    parser.add_argument(
+        "--steps", type=int, default=20_000, help="environment steps in all, over every resume"
+    )
     parser.add_argument("--every", type=int, default=2_000, help="steps between checkpoints")
     parser.add_argument("--bits", type=int, default=10)
     parser.add_argument("--eval-episodes", type=int, default=50)
@@ -89,7 +91,10 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(args.run, exist_ok=True)
     model = make_or_resume(args.run, args.bits, args.seed)
     rate = success_rate(model, args.bits, args.eval_episodes, seed=args.seed)
-    print(f"start: step {model.num_timesteps}, buffer {model.replay_buffer.store.total_steps} steps, success {rate:.2f}", flush=True)
+    print(
+        f"start: step {model.num_timesteps}, buffer {model.replay_buffer.store.total_steps} steps, success {rate:.2f}",
+        flush=True,
+    )
     while model.num_timesteps < args.steps:
         model.learn(min(args.every, args.steps - model.num_timesteps), reset_num_timesteps=False)
         model.save(os.path.join(args.run, "model.zip"))

@@ -64,7 +64,9 @@ class GoalSteps:
 def _her_pair(tmp_path, n_envs: int, size: int, strategy: str = "future", n_sampled_goal: int = 4, **kw):
     env = _vec_env(n_envs)
     args = (size, env.observation_space, env.action_space, env)
-    options = dict(device="cpu", n_envs=n_envs, goal_selection_strategy=strategy, n_sampled_goal=n_sampled_goal, **kw)
+    options = dict(
+        device="cpu", n_envs=n_envs, goal_selection_strategy=strategy, n_sampled_goal=n_sampled_goal, **kw
+    )
     theirs = SB3HerReplayBuffer(*args, **options)
     ours = HerReplayBuffer(*args, **options, path=tmp_path / "buf", commit_every=3)
     return theirs, ours
@@ -116,7 +118,9 @@ def test_her_samples_equal_sb3s_for_the_same_adds_and_seed(tmp_path, strategy, n
 
 @pytest.mark.parametrize("n_sampled_goal", [1, 2])
 def test_her_ratio_timeouts_and_draws_are_sb3s(tmp_path, n_sampled_goal):
-    theirs, ours = _her_pair(tmp_path, 2, size=40, n_sampled_goal=n_sampled_goal, handle_timeout_termination=False)
+    theirs, ours = _her_pair(
+        tmp_path, 2, size=40, n_sampled_goal=n_sampled_goal, handle_timeout_termination=False
+    )
     steps = GoalSteps(2, seed=1)
     for _ in range(50):
         step = steps()
@@ -153,7 +157,9 @@ KILLED_WRITER = textwrap.dedent(
 def test_a_buffer_killed_mid_episode_resumes_as_sb3s_truncated_one(tmp_path):
     path, manifest, count = str(tmp_path / "buf"), str(tmp_path / "rb.pkl"), 23
     code = KILLED_WRITER.format(tests=os.path.dirname(__file__), path=path, manifest=manifest, count=count)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "written"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -226,8 +232,23 @@ def test_bad_arguments_are_refused_before_anything_is_created(tmp_path, kwargs, 
 
 def test_the_bitflip_example_learns_is_killed_resumes_and_keeps_learning(tmp_path):
     run = tmp_path / "run"
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sb3_her_bitflip.py")
-    args = [sys.executable, example, "--run", str(run), "--steps", "900", "--every", "300", "--bits", "5", "--eval-episodes", "20"]
+    example = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sb3_her_bitflip.py"
+    )
+    args = [
+        sys.executable,
+        example,
+        "--run",
+        str(run),
+        "--steps",
+        "900",
+        "--every",
+        "300",
+        "--bits",
+        "5",
+        "--eval-episodes",
+        "20",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torch's threads only slow a small net down
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
     untrained = float(proc.stdout.readline().split("success")[1])
@@ -240,8 +261,14 @@ def test_the_bitflip_example_learns_is_killed_resumes_and_keeps_learning(tmp_pat
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[0].startswith(f"start: step 300, buffer {committed} steps") and committed >= 300
-    assert lines[-1].startswith("checkpoint: step 900") and float(lines[-1].split("success")[1]) >= 0.9 > untrained
+    assert (
+        lines[-1].startswith("checkpoint: step 900")
+        and float(lines[-1].split("success")[1]) >= 0.9 > untrained
+    )
     with mr.open(run / "buffer") as store:
         assert store.total_steps >= committed + 600
         killed = [s for s in store.episode_index() if s.first_step < committed <= s.last_step + 1]
-        assert [(s.last_step, s.status) for s in killed] in ([(committed - 1, "truncated")], [(committed - 1, "terminated")])
+        assert [(s.last_step, s.status) for s in killed] in (
+            [(committed - 1, "truncated")],
+            [(committed - 1, "terminated")],
+        )

@@ -42,7 +42,11 @@ def goal_step(t: int, num_envs: int, ends: np.ndarray) -> dict:
 
     def obs(s: int) -> dict:
         goal = np.stack([np.full(num_envs, s, np.float32), envs], 1)
-        return {"achieved_goal": goal, "desired_goal": np.full((num_envs, 2), -1, np.float32), "observation": np.zeros((num_envs, 3), np.float32)}
+        return {
+            "achieved_goal": goal,
+            "desired_goal": np.full((num_envs, 2), -1, np.float32),
+            "observation": np.zeros((num_envs, 3), np.float32),
+        }
 
     return {
         "observation": obs(t - 1),
@@ -120,7 +124,8 @@ def test_a_wrapped_ring_relabels_from_retained_steps_of_the_same_episode(tmp_pat
                 3000, rng=2, return_info=True, transform=mr.Hindsight(compute_reward, strategy, 1.0)
             )
             check_relabelled(store, batch, info, strategy)
-        goals = batch["observation"]["desired_goal"][:, 0]  # "episode": from the episode's first retained step
+        # "episode" goals of an episode the ring cut come from its first retained step on
+        goals = batch["observation"]["desired_goal"][:, 0]
         first, _, complete = store.episode_bounds(info.step, info.env)
         cut = ~complete & (first == store.first_step)
         assert cut.any() and (goals[cut] >= store.first_step).all()
@@ -131,7 +136,9 @@ def test_an_open_episode_relabels_with_the_goals_it_has_reached_so_far(tmp_path)
         fill(store, range(3))  # one episode of 3 steps (truncated), then one still running
         store.add(goal_step(3, 1, np.zeros(1)))
         store.add(goal_step(4, 1, np.zeros(1)))
-        batch, info = store.sample(200, rng=3, return_info=True, transform=mr.Hindsight(compute_reward, "final", 1.0))
+        batch, info = store.sample(
+            200, rng=3, return_info=True, transform=mr.Hindsight(compute_reward, "final", 1.0)
+        )
         goals = batch["observation"]["desired_goal"][:, 0]
         np.testing.assert_array_equal(goals, np.where(info.step < 3, 2, 4))  # the open one's newest step
         assert store.episode_bounds(info.step, info.env)[2].tolist() == (info.step < 3).tolist()
@@ -143,7 +150,9 @@ def test_a_reader_relabels_what_the_writer_committed(tmp_path):
         reader = mr.open(tmp_path / "b")
         fill(store, range(20, 45))  # the writer moves on and wraps; the reader refreshes
         reader.refresh()
-        batch, info = reader.sample(500, rng=4, return_info=True, transform=mr.Hindsight(compute_reward, "episode", 1.0))
+        batch, info = reader.sample(
+            500, rng=4, return_info=True, transform=mr.Hindsight(compute_reward, "episode", 1.0)
+        )
         check_relabelled(reader, batch, info, "episode")
         reader.close()
 
@@ -154,7 +163,9 @@ def test_a_group_relabels_in_each_shard(tmp_path):
         with mr.open_shard(tmp_path / "g", i) as shard:
             fill(shard, range(25 + i))
     group.refresh()
-    batch, info = group.sample(300, rng=5, return_info=True, transform=mr.Hindsight(compute_reward, "future", 1.0))
+    batch, info = group.sample(
+        300, rng=5, return_info=True, transform=mr.Hindsight(compute_reward, "future", 1.0)
+    )
     assert set(info.shard.tolist()) == {0, 1}
     assert (batch["observation"]["desired_goal"][:, 1] == info.env).all()
     assert (batch["observation"]["desired_goal"][:, 0] >= info.step).all()
@@ -181,7 +192,9 @@ WRITER = textwrap.dedent(
 def test_after_a_kill_and_a_resume_goals_stay_in_the_episode_the_killed_writer_left(tmp_path):
     path = str(tmp_path / "b")
     code = WRITER.format(tests=os.path.dirname(__file__), path=path)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "written"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -190,7 +203,9 @@ def test_after_a_kill_and_a_resume_goals_stay_in_the_episode_the_killed_writer_l
         fill(store, range(40, 60))  # the resumed writer's own episodes; the killed ones end at step 39
         spans = {(s.env, s.first_step): s for s in store.episode_index()}
         assert all(spans[(e, 30 - 30 % (3 + e))].last_step == 39 for e in (0, 1))
-        batch, info = store.sample(3000, rng=6, return_info=True, transform=mr.Hindsight(compute_reward, "future", 1.0))
+        batch, info = store.sample(
+            3000, rng=6, return_info=True, transform=mr.Hindsight(compute_reward, "future", 1.0)
+        )
         check_relabelled(store, batch, info, "future")
         goals = batch["observation"]["desired_goal"][:, 0]
         before = info.step < 40
@@ -210,7 +225,10 @@ def test_bad_input_is_refused_with_one_clear_error_and_nothing_written(tmp_path)
             store.add(make_step(no_goal, 1, t))
         store.commit()
         before = folder_digest(tmp_path / "b")
-        with pytest.raises(mr.BadInputError, match="the spec has no 'next_observation/desired_goal', 'next_observation/achieved_goal'"):
+        with pytest.raises(
+            mr.BadInputError,
+            match="the spec has no 'next_observation/desired_goal', 'next_observation/achieved_goal'",
+        ):
             store.sample(4, transform=mr.Hindsight(compute_reward))
         assert folder_digest(tmp_path / "b") == before
     with mr.create(tmp_path / "c", SPEC, capacity=10) as store:

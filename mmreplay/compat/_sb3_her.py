@@ -64,7 +64,11 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
         **store_options: Any,
     ):
         strategy = check_strategy(goal_selection_strategy)
-        if not isinstance(n_sampled_goal, (int, np.integer)) or isinstance(n_sampled_goal, bool) or n_sampled_goal < 0:
+        if (
+            not isinstance(n_sampled_goal, (int, np.integer))
+            or isinstance(n_sampled_goal, bool)
+            or n_sampled_goal < 0
+        ):
             raise BadInputError(f"n_sampled_goal must be an int >= 0, got {n_sampled_goal!r}")
         if copy_info_dict:
             raise BadInputError(
@@ -167,12 +171,21 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
         self._relabel(store, dict(zip(store.leaf_paths, leaves)), virtual, steps[virtual], envs[virtual])
         return self._to_samples(unflatten(store.spec, leaves), env)
 
-    def _relabel(self, store: Any, leaves: dict[str, np.ndarray], items: np.ndarray, steps: np.ndarray, envs: np.ndarray) -> None:
+    def _relabel(
+        self,
+        store: Any,
+        leaves: dict[str, np.ndarray],
+        items: np.ndarray,
+        steps: np.ndarray,
+        envs: np.ndarray,
+    ) -> None:
         """Relabel the batch's ``items`` as SB3 does (its draws even when there are none)."""
         first, last, _ = store.episode_bounds(steps, envs)
         goal = goal_leaves(store.spec, store.roles)
         goal_at = goal_steps(self.goal_selection_strategy.name.lower(), steps, first, last, np.random.randint)
-        goals = store.leaves[store.leaf_paths.index(goal.next_achieved)].take((goal_at % self.buffer_size) * self.n_envs + envs)
+        goals = store.leaves[store.leaf_paths.index(goal.next_achieved)].take(
+            (goal_at % self.buffer_size) * self.n_envs + envs
+        )
         relabel(leaves, goal, items, goals, self._reward_fn)
 
     # --- pickling: the manifest leaves the env out, as SB3's does ------------------------------

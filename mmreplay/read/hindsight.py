@@ -81,7 +81,9 @@ def check_fraction(fraction: Any) -> float:
     if isinstance(fraction, (int, float, np.integer, np.floating)) and not isinstance(fraction, bool):
         if 0.0 <= float(fraction) <= 1.0:
             return float(fraction)
-    raise BadInputError(f"the fraction of transitions to relabel must be a number in [0, 1]; got {fraction!r}")
+    raise BadInputError(
+        f"the fraction of transitions to relabel must be a number in [0, 1]; got {fraction!r}"
+    )
 
 
 class GoalLeaves(NamedTuple):
@@ -101,7 +103,9 @@ def goal_leaves(spec: Any, roles: Mapping[str, str]) -> GoalLeaves:
     """
     obs = roles.get("observation", "observation")
     nxt = roles.get("next_observation", "next_observation")
-    goal = GoalLeaves(f"{obs}/desired_goal", f"{nxt}/desired_goal", f"{nxt}/achieved_goal", roles.get("reward", "reward"))
+    goal = GoalLeaves(
+        f"{obs}/desired_goal", f"{nxt}/desired_goal", f"{nxt}/achieved_goal", roles.get("reward", "reward")
+    )
     paths = leaf_paths(spec)
     missing = [p for p in goal if p not in paths]
     if missing:
