@@ -20,7 +20,7 @@ from stable_baselines3.common.type_aliases import DictReplayBufferSamples
 from stable_baselines3.her import her_replay_buffer as sb3_her
 from stable_baselines3.her.goal_selection_strategy import KEY_TO_GOAL_STRATEGY
 
-from ..episodes import index_for
+from ..episodes import complete_spans, index_for
 from ..errors import BadInputError, NotEnoughDataError
 from ..read.hindsight import check_strategy, goal_leaves, goal_steps, relabel, reward_function
 from ..spec import unflatten
@@ -129,6 +129,35 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
     ep_start = property(lambda self: self._episode_arrays()[0])  # type: ignore[assignment]
     ep_length = property(lambda self: self._episode_arrays()[1])  # type: ignore[assignment]
 
+    def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """SB3's draw, ``np.random.choice(np.flatnonzero(ep_length > 0), batch_size)``
+        unravelled to (index, env), without an array the size of the buffer: ``choice``
+        is ``valid[np.random.randint(0, len(valid), batch_size)]``, and SB3's sorted
+        ``valid`` is read off each env's one or two ranges of indices (its finished
+        episodes, :func:`mmreplay.episodes.complete_spans`). None before any episode ends."""
+        bs = self.buffer_size
+        envs, first, last = complete_spans(self._live())
+        start, stop = (first - self._origin) % bs, (first - self._origin) % bs + last - first + 1
+        lo = np.concatenate((start, np.zeros_like(start)))
+        hi = np.concatenate((np.minimum(stop, bs), np.maximum(stop - bs, 0)))
+        env = np.concatenate((envs, envs))
+        lo, hi, env = lo[hi > lo], hi[hi > lo], env[hi > lo]
+        if not len(env):
+            return None
+        # between consecutive cuts the same envs are valid at every index: segments of
+        # `width` envs each, `count` (index, env) pairs in all before each
+        cuts = np.unique(np.concatenate((lo, hi)))
+        seg, k = np.nonzero((lo <= cuts[:-1, None]) & (cuts[:-1, None] < hi))
+        valid = np.zeros((len(cuts) - 1, self.n_envs), bool)
+        valid[seg, env[k]] = True
+        width = valid.sum(1)
+        count = np.concatenate(([0], np.cumsum((cuts[1:] - cuts[:-1]) * width)))
+        ordinal = np.random.randint(0, count[-1], size=batch_size)  # what np.random.choice draws
+        j = np.searchsorted(count, ordinal, side="right") - 1
+        offset = ordinal - count[j]
+        ranked = np.argsort(~valid, axis=1, kind="stable")  # each segment's valid envs first, in order
+        return cuts[j] + offset // width[j], ranked[j, offset % width[j]]
+
     def truncate_last_trajectory(self) -> None:
         """As SB3's: the episode each env is in ends at the newest step (marked truncated)."""
         store = self._live()
@@ -153,18 +182,19 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
         ones, drawn with ``np.random`` as SB3 draws them, from finished episodes only."""
         store = self._live()
         self._count_retained()
-        valid = np.flatnonzero(self.ep_length > 0)
-        if not valid.size:
+        if self._reward_fn is None:
+            raise BadInputError("HerReplayBuffer has no env to compute rewards: call set_env(env) first")
+        drawn = self._draw(batch_size)
+        if drawn is None:
             raise NotEnoughDataError(
                 f"{store.path}: unable to sample before the end of the first episode. We recommend choosing "
                 "a value for learning_starts that is greater than the maximum number of timesteps in the environment."
             )
-        if self._reward_fn is None:
-            raise BadInputError("HerReplayBuffer has no env to compute rewards: call set_env(env) first")
-        flat = np.random.choice(valid, size=batch_size, replace=True)
         nb_virtual = int(self.her_ratio * batch_size)
-        flat = np.concatenate([flat[nb_virtual:], flat[:nb_virtual]])  # SB3 returns the real ones first
-        inds, envs = np.unravel_index(flat, (self.buffer_size, self.n_envs))
+        order = np.concatenate(
+            (np.arange(nb_virtual, batch_size), np.arange(nb_virtual))
+        )  # real ones first, as SB3
+        inds, envs = drawn[0][order], drawn[1][order]
         steps = self._steps_of(inds)
         leaves = [leaf.take((steps % self.buffer_size) * self.n_envs + envs) for leaf in store.leaves]
         virtual = np.arange(batch_size - nb_virtual, batch_size)
