@@ -7,9 +7,6 @@ The numbered comments refer to the conformance checks of the reference semantics
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -532,18 +529,9 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_memory_survives_sigkill(tmp_path):
+def test_memory_survives_sigkill(tmp_path, writers):
     path = tmp_path / "m"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stdout:
-            if int(line) >= 45:
-                break
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    writers.kill_when(writers.start(WRITER, path), lambda line: int(line) >= 45)
     with RandomMemory(20, 3, device="cpu", path=path) as m:
         assert m.filled and len(m) == 60 and m.env_index == 0
         obs = m.get_tensor_by_name("observations")
