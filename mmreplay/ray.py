@@ -36,13 +36,14 @@ try:
 except ImportError as exc:  # ray is an install extra
     raise ImportError("mmreplay.ray needs ray: pip install 'mmreplay[ray]'") from exc
 
+from .creation import create
 from .errors import NotEnoughDataError
 from .group import join_parts, open_group, shard_name, split_batch
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .samplers import Mass
 from .spec import flatten, unflatten
-from .store import Store, create
+from .store import Store
 from .store import open as open_store
 
 log = logging.getLogger(__name__)

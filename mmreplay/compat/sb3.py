@@ -27,12 +27,13 @@ try:
 except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install extra
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
+from ..creation import create
 from ..errors import BadInputError, NotEnoughDataError, SpecMismatchError
 from ..frames_layout import Frames
 from ..read import SampleRequest
 from ..read import sample as sample_store
 from ..spec import ArraySpec, unflatten
-from ..store import DEFAULT_COMMIT_EVERY, Store, create
+from ..store import DEFAULT_COMMIT_EVERY, Store
 from ._shared import StoreShell, read_origin, temporary, write_origin
 
 __all__ = ["ReplayBuffer", "DictReplayBuffer", "MANIFEST_KIND"]
