@@ -418,7 +418,9 @@ class EpisodeIndex:
             return
         if self.fd is None:
             self._open_writer(old_end, first)
-        lo = max(old_end, new_end - self.capacity)
+        # steps before `first` are not retained (the ring or an extend cut short reused
+        # their slots): their rows are another step's, so they have no ends to record
+        lo = max(old_end, new_end - self.capacity, first)
         if self.n and self.buf["step"][self.n - 1] >= lo:
             # an earlier commit appended these steps, then failed before its state write
             keep = self.records[self.records["step"] < lo]
