@@ -58,6 +58,7 @@ from .metadata import (
     write_buffer,
     write_metadata,
 )
+from .backends import native_rows
 from .read import advice as _advice
 from .read import gather as _gather
 from .read import passes as _passes
@@ -115,6 +116,7 @@ class Store:
         self._set_state(meta.state)
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._leaves: list[Any] = []
+        self._decode_setting: int | None = None  # set_decode_threads
         self._closers: list[Any] = []
         self._closed = False
         # one check on the hot path: False once closed, and in a writer that reopened
@@ -585,6 +587,23 @@ class Store:
         for leaf in self._leaves:
             if hasattr(leaf, "set_cache_bytes"):
                 leaf.set_cache_bytes(int(nbytes))
+
+    def set_decode_threads(self, threads: int | None) -> None:
+        """Threads a batch of each row-frame leaf (``rows:...``) decodes on: an int uses
+        that many whatever the machine's load; None (the default) one per idle core, by the
+        1-minute load average (:attr:`decode_threads` says what it chose)."""
+        setting = native_rows.check_decode_threads(threads)
+        self._decode_setting = setting
+        for leaf in self._storage:
+            frames = getattr(leaf, "frames", None)
+            if hasattr(frames, "threads"):
+                frames.threads = setting
+
+    @property
+    def decode_threads(self) -> native_rows.DecodeThreads:
+        """The threads the next batch of a row-frame leaf decodes on, the setting
+        (:meth:`set_decode_threads`) and the load it was chosen by; ``str()`` says it."""
+        return native_rows.decode_threads(self._decode_setting)
 
     def write_next(self, step: Any) -> None:
         """Write the rows of the next step ahead of its :meth:`add`: every leaf ``[num_envs, *shape]``.

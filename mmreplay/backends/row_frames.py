@@ -415,10 +415,11 @@ def _lz4_encoder() -> Any:
 class _Frames:
     """Encode one row, decode a batch of rows into an output array."""
 
-    def __init__(self, codec: RowCodec, row_bytes: int, threads: int, dictionary_path: str = ""):
+    def __init__(self, codec: RowCodec, row_bytes: int, threads: int | None, dictionary_path: str = ""):
         self.codec = codec
         self.row_bytes = row_bytes
-        self.threads = max(1, threads)
+        #: ``Store.set_decode_threads``: a number, or None for one per idle core
+        self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self.dictionary_path = dictionary_path
         self.dictionary: Any = None
@@ -505,8 +506,9 @@ class _Frames:
     def decode(self, batch: native_rows.FrameBatch, out: np.ndarray) -> None:
         """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8)."""
         self.load_dictionary()  # a reader: the writer may have trained it since
+        threads = native_rows.decode_threads(self.threads).threads
         if self.native is not None:
-            self.native.decode(batch, out, self.row_bytes, self.threads, self._native_dictionary, self.verify)
+            self.native.decode(batch, out, self.row_bytes, threads, self._native_dictionary, self.verify)
             return
         # the Python decoders take the frames grouped by buffer
         order = np.argsort(batch.which, kind="stable")
@@ -516,11 +518,13 @@ class _Frames:
             for g in np.split(order, cuts)
         ]
         if self.codec.codec == "zstd":
-            self._decode_zstd(sources, out)
+            self._decode_zstd(sources, out, threads)
         else:
-            self._decode_lz4(sources, out)
+            self._decode_lz4(sources, out, threads)
 
-    def _decode_zstd(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+    def _decode_zstd(
+        self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray, threads: int
+    ) -> None:
         zstd = self._zstd
         buffers = []
         for buf, _, offsets, lengths in sources:
@@ -532,7 +536,7 @@ class _Frames:
         # (Each frame records its size; zstandard 0.25 refuses ``decompressed_sizes`` with
         # more than one buffer.)
         decoded = self._decompressor.multi_decompress_to_buffer(
-            zstd.BufferWithSegmentsCollection(*buffers), threads=self.threads
+            zstd.BufferWithSegmentsCollection(*buffers), threads=threads
         )
         where = np.concatenate([s[1] for s in sources])
         pos = 0
@@ -541,7 +545,9 @@ class _Frames:
             out[where[pos : pos + len(part)]] = part
             pos += len(part)
 
-    def _decode_lz4(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+    def _decode_lz4(
+        self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray, threads: int
+    ) -> None:
         rb = self.row_bytes
         jobs = [
             (memoryview(buf), (where * rb).tolist(), (offsets + 4).tolist(), (offsets + lengths).tolist())
@@ -556,12 +562,14 @@ class _Frames:
                 for w, a, b in zip(places, starts, stops):
                     decode_into(view[a:b], target[w : w + rb])
 
-        if self.threads == 1 or total < 64 or len(jobs) < 2:
+        if threads == 1 or total < 64 or len(jobs) < 2:
             run(jobs)
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmreplay-lz4")
-        parts = [jobs[i :: self.threads] for i in range(self.threads)]
+        if self._pool is None or self._pool._max_workers < threads:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mmreplay-lz4")
+        parts = [jobs[i::threads] for i in range(threads)]
         for f in [self._pool.submit(run, p) for p in parts if p]:
             f.result()
 
@@ -693,9 +701,7 @@ class RowFrameLeaf:
         self.tail = tuple(info.spec.shape)
         self.row_bytes = info.spec.nbytes
         self.seg_rows = self.seg * num_envs
-        self.frames = _Frames(
-            self.codec, self.row_bytes, threads or os.cpu_count() or 1, os.path.join(folder, DICTIONARY_FILE)
-        )
+        self.frames = _Frames(self.codec, self.row_bytes, threads, os.path.join(folder, DICTIONARY_FILE))
         self.where = f"leaf {info.path!r}"
         # the in-memory shard index: offset and length of every row's frame (-1: unknown)
         self.offsets = np.full(capacity * num_envs, -1, np.int64)
