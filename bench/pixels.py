@@ -220,6 +220,10 @@ class Store(System):
     def sample(self, n: int, num_steps: int | None = None) -> Any:
         return self.store.sample(n, num_steps=num_steps, rng=self.rng)
 
+    def model_batch(self, n: int, num_steps: int | None = None) -> dict[str, Any]:
+        """The store writes each row in the model's layout as it gathers it."""
+        return self.store.sample(n, num_steps=num_steps, rng=self.rng, layout=self.layout)
+
     def settle(self) -> None:
         self.store.commit()
 

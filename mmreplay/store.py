@@ -31,6 +31,7 @@ import numpy as np
 from . import backends, exits
 from . import episodes as _episodes
 from . import frames as _frames
+from .backends import native_rows
 from .errors import (
     BadInputError,
     ClosedError,
@@ -58,7 +59,6 @@ from .metadata import (
     write_buffer,
     write_metadata,
 )
-from .backends import native_rows
 from .read import advice as _advice
 from .read import gather as _gather
 from .read import passes as _passes
@@ -843,6 +843,7 @@ class Store:
         return_info: bool = False,
         window: tuple[int, int] | None = None,
         out: Any = None,
+        layout: str | None = None,
         **options: Any,
     ) -> Any:
         """A random batch of rows, drawn through :attr:`sampler` (by default uniform over
@@ -870,7 +871,11 @@ class Store:
                 (compressed leaves decode, then copy). Returns ``out`` itself (without
                 replacement and fewer items than asked: views of its first rows). A batch
                 that does not fit raises :class:`~mmreplay.BadInputError` before anything
-                is drawn or written into it.
+                is drawn or written into it. CPU torch tensors (pinned or not) are
+                filled in place too.
+            layout: ``"NCHW"`` or ``"NHWC"``: picture leaves (``[84, 84, 4]``,
+                ``[3, 64, 64]``...) channels first or last, contiguous, each row written
+                so as it is gathered (:mod:`mmreplay.read.layout`); None: as stored.
             options: passed to the sampler's ``draw`` (such as ``beta`` for the
                 prioritized sampler).
 
@@ -891,7 +896,8 @@ class Store:
         if self._closed:  # before the arguments, as every method does
             self.check_open()
         request = SampleRequest.build(
-            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options
+            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options,
+            layout=layout,
         )
         return _gather.sample(self, request)
 

@@ -503,12 +503,22 @@ class _Frames:
             return self._lz4.encode(row)
         return bytes(self._cramjam.lz4.compress_block(row, store_size=True))
 
-    def decode(self, batch: native_rows.FrameBatch, out: np.ndarray) -> None:
-        """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8)."""
+    def decode(
+        self, batch: native_rows.FrameBatch, out: np.ndarray, permute: tuple[int, int, int] | None = None
+    ) -> None:
+        """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8), each row written
+        transposed as ``permute`` says (:func:`.native_rows.gather_rows`)."""
         self.load_dictionary()  # a reader: the writer may have trained it since
         threads = native_rows.decode_threads(self.threads).threads
         if self.native is not None:
-            self.native.decode(batch, out, self.row_bytes, threads, self._native_dictionary, self.verify)
+            self.native.decode(batch, out, self.row_bytes, threads, self._native_dictionary, self.verify, permute)
+            return
+        if permute is not None and permute[0] > 1:  # decoded, then laid out
+            decoded = np.empty_like(out)
+            self.decode(batch, decoded)
+            laid_out = np.empty((len(batch.where), self.row_bytes), np.uint8)
+            native_rows.gather_rows(decoded, self.row_bytes, 0, batch.where, laid_out, *permute)
+            out[batch.where] = laid_out
             return
         # the Python decoders take the frames grouped by buffer
         order = np.argsort(batch.which, kind="stable")
@@ -845,18 +855,32 @@ class RowFrameLeaf:
         """Rows by flat id ``slot * num_envs + env`` (ids past the ring's end wrap), as a
         new array: rows of the staging segment are copied raw, the others decoded."""
         rows = np.asarray(rows, np.int64)
-        flat = rows.reshape(-1) % (self.capacity * self.num_envs)
-        out = np.empty((flat.size, self.row_bytes), np.uint8)
+        out = np.empty((rows.size, self.row_bytes), np.uint8)
+        self.take_into(rows, out)
+        return out.view(self.dtype).reshape(rows.shape + self.tail)
+
+    def take_into(self, rows: np.ndarray, out: np.ndarray, permute: tuple[int, int, int] | None = None) -> None:
+        """:meth:`take` into ``out`` (uint8 ``[rows.size, row_bytes]``, C-contiguous), each
+        row written transposed as ``permute`` says (:func:`.native_rows.gather_rows`)."""
+        flat = np.asarray(rows, np.int64).reshape(-1) % (self.capacity * self.num_envs)
         if flat.size:
             for _ in range(100):
-                seq = self._gather(flat, out)
+                seq = self._gather(flat, out, permute)
                 if seq == int(self.header[0]):  # staging did not move on while read
                     break
             else:
                 raise CorruptBufferError(f"{self.where}: the staging segment kept changing while read")
-        return out.view(self.dtype).reshape(rows.shape + self.tail)
 
-    def _gather(self, flat: np.ndarray, out: np.ndarray) -> int:
+    def _put_raw(self, out: np.ndarray, mask: np.ndarray, source: np.ndarray, permute: tuple[int, int, int] | None) -> None:
+        """Rows ``mask`` of ``out`` from raw rows ``source`` (staged or written ahead)."""
+        if permute is None or permute[0] == 1:
+            out[mask] = source
+            return
+        laid_out = np.empty_like(source)
+        native_rows.gather_rows(source, self.row_bytes, 0, np.arange(len(source)), laid_out, *permute)
+        out[mask] = laid_out
+
+    def _gather(self, flat: np.ndarray, out: np.ndarray, permute: tuple[int, int, int] | None = None) -> int:
         seq, segment, base, filled = self._header()
         if (seq, segment) != self.seen:
             # the segment staged before may have been sealed since: its shard is new
@@ -869,13 +893,13 @@ class RowFrameLeaf:
             first = segment * self.seg_rows
             staged = (flat >= first + base * self.num_envs) & (flat < first + filled * self.num_envs)
             if staged.any():
-                out[staged] = self.staged[flat[staged] - first]
+                self._put_raw(out, staged, self.staged[flat[staged] - first], permute)
                 raw = staged
         if self.ahead_segment >= 0:
             first = self.ahead_segment * self.seg_rows
             ahead = (flat >= first) & (flat < first + self.ahead_filled * self.num_envs)
             if ahead.any():
-                out[ahead] = self.ahead[flat[ahead] - first]  # type: ignore[index]
+                self._put_raw(out, ahead, self.ahead[flat[ahead] - first], permute)  # type: ignore[index]
                 raw = ahead if raw is None else raw | ahead
         if raw is not None:
             where = np.flatnonzero(~raw)
@@ -912,7 +936,7 @@ class RowFrameLeaf:
         if where is None:
             where = np.arange(flat.size)
         try:
-            self.frames.decode(native_rows.FrameBatch(self.buffers, which, where, offsets, lengths), out)
+            self.frames.decode(native_rows.FrameBatch(self.buffers, which, where, offsets, lengths), out, permute)
         except CorruptBufferError:
             raise
         except Exception as exc:
