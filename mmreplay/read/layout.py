@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import native_rows
 from ..spec import frame_layout
 
 __all__ = ["LAYOUTS", "LeafPlan", "check_layout", "plans", "shape_in"]
@@ -83,6 +82,8 @@ def plans(leaves: list[Any], layout: str) -> list[LeafPlan]:
 
 
 def _into(leaf: Any, a: int, b: int, item: int) -> Any:
+    from ..backends import native_rows  # the backends' layer is above this one
+
     row_bytes = a * b * item
     if leaf.mappable:  # from the memory map, each row straight to its place
         flat = leaf.flat
