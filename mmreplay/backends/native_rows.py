@@ -170,6 +170,16 @@ def decode_threads(setting: int | None) -> DecodeThreads:
     return DecodeThreads(threads, None, cpus, _load_seen[2])
 
 
+def encode_threads() -> int:
+    """Native threads a writer's row frames encode on: one per core this process may run
+    on, at most 8 (a writer that adds faster than they encode waits at the segment's end)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
 def check_decode_threads(threads: Any) -> int | None:
     """``threads`` as an int >= 1 (at most the extension's pool) or None; ValueError else."""
     if threads is None:

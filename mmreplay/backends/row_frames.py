@@ -265,8 +265,9 @@ class _Encoder:
     handed over ``ENCODE_BATCH_ROWS`` at a time over all leaves, so a step's rows of every
     leaf go together.
 
-    Leaves with a native encoder hand their rows to one native thread (the C extension's),
-    which never takes the GIL; the frames are put in place by the writer's thread when it
+    Leaves with a native encoder hand their rows to native threads (the C extension's: one
+    per core, at most 8, each batch to the next in turn, each with its own encoder of each
+    leaf), which never take the GIL; the frames are put in place by the writer's thread when it
     checks (each add) or waits (seal, commit). A Python thread waiting for the GIL gets it
     only when the writer lets go, up to the interpreter's switch interval (5 ms) later,
     before and after each batch: it falls behind a writer that runs Python code. Leaves
@@ -277,7 +278,11 @@ class _Encoder:
     for them. Used from the writer's thread only."""
 
     def __init__(self) -> None:
-        self.worker: Any = None  # the native thread, made at the first native batch
+        #: native threads, started as batches come, up to one per core: jobs go to them in
+        #: turn, each thread with its own encoder of each leaf
+        self.workers: list[Any] = []
+        self.size = native_rows.encode_threads()
+        self.turn = 0
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the Python thread's
         self.thread: threading.Thread | None = None
         self.parts: list[list[Any]] = []  # [leaf, frames, lo, hi, source]: rows not handed over yet
@@ -339,13 +344,15 @@ class _Encoder:
         encodes them twice, never not at all."""
         in_python = []
         for leaf, frames, lo, hi, source in list(self.parts):
-            native = leaf.frames.native_encoder()
+            slot = self.turn % self.size
+            native = leaf.frames.native_encoder(slot)
             if native is None:
                 in_python.append((leaf, frames, lo, hi, source))
                 continue
-            if self.worker is None:
-                self.worker = native.worker()
-            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.worker, source[lo:hi]))
+            if slot == len(self.workers):
+                self.workers.append(native.worker())
+            self.turn = slot + 1
+            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.workers[slot], source[lo:hi]))
         if in_python:
             self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python), [p[0] for p in in_python]))
         self.parts, self.rows = [], 0
@@ -384,7 +391,7 @@ class _Encoder:
         if self.users > 0:
             return
         self.handed.clear()
-        self.worker = None  # its thread ends once its last job is dropped
+        self.workers = []  # each thread ends once its last job is dropped
         if self.thread is not None:
             self.jobs.put(None)
             self.thread.join()
@@ -429,7 +436,9 @@ class _Frames:
         # one native call per batch where the C extension and a codec library are there
         self.native = native_rows.decoder(codec.codec)
         self._native_dictionary: Any = None
-        self._native_encoder: Any = None  # made at the first encode (readers never encode)
+        #: one per encoding thread (a zstd context serves one thread at a time), made at the
+        #: first encode (readers never encode); slot 0 is the writer thread's too
+        self._native_encoders: dict[int, native_rows.NativeEncoder] = {}
         self._native_encodes = not native_rows.disabled()
         if codec.codec == "zstd":
             zstd = _require("zstandard")
@@ -461,7 +470,7 @@ class _Frames:
         self._decompressor = zstd.ZstdDecompressor(dict_data=dictionary)
         if self.native is not None:
             self._native_dictionary = self.native.dictionary(dictionary.as_bytes())
-        self._native_encoder = None  # made again with the dictionary
+        self._native_encoders = {}  # made again with the dictionary
 
     def train(self, rows: np.ndarray) -> bool:
         """Train the dictionary on ``rows`` and store it (write then rename); False when
@@ -485,14 +494,17 @@ class _Frames:
             return native.encode(np.ascontiguousarray(rows, np.uint8))
         return [self.encode(r) for r in rows]
 
-    def native_encoder(self) -> native_rows.NativeEncoder | None:
-        """The native encoder of these frames (with the dictionary once there is one), or
-        None where rows encode in Python."""
-        if self._native_encodes and self._native_encoder is None:
+    def native_encoder(self, slot: int = 0) -> native_rows.NativeEncoder | None:
+        """The native encoder of these frames for encoding thread ``slot`` (with the
+        dictionary once there is one), or None where rows encode in Python."""
+        found = self._native_encoders.get(slot)
+        if found is None and self._native_encodes:
             dictionary = None if self.dictionary is None else self.dictionary.as_bytes()
-            self._native_encoder = native_rows.encoder(self.codec.codec, self.codec.level, dictionary)
-            self._native_encodes = self._native_encoder is not None
-        return self._native_encoder
+            found = native_rows.encoder(self.codec.codec, self.codec.level, dictionary)
+            self._native_encodes = found is not None
+            if found is not None:
+                self._native_encoders[slot] = found
+        return found
 
     def encode(self, row: np.ndarray) -> bytes:
         """One row's frame, in Python."""
