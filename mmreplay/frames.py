@@ -42,6 +42,7 @@ import numpy as np
 
 from .errors import BadInputError, CorruptBufferError
 from .frames_layout import DEPTH_LEAF, NEXT_LEAF, PREFIX, SIDE_DIR, Frames, FramesLayout, Pair
+from .read.layout import gather_rows
 from .roles import subtree
 from .spec import ArraySpec, flatten, leaf_paths
 
@@ -150,9 +151,7 @@ class _Gather:
     def read_into(self, rows: np.ndarray, is_next: bool, out: np.ndarray, permute: tuple[int, int, int]) -> None:
         """:meth:`read` into ``out`` (uint8 ``[rows.size, row bytes]``), each observation
         (in the spec's layout) written transposed as ``permute`` says
-        (:func:`.backends.native_rows.gather_rows`): straight from the gathered frames."""
-        from .backends.native_rows import gather_rows
-
+        (:func:`.read.layout.gather_rows`): straight from the gathered frames."""
         g, lo = self._frames_of(rows, is_next)
         k, n = self.parts.layout.frame_stack, len(g)
         a, b, item = permute

@@ -36,7 +36,6 @@ __all__ = [
     "encoder",
     "encoding_status",
     "extension",
-    "gather_rows",
     "status",
 ]
 
@@ -219,7 +218,7 @@ class NativeDecoder:
     ) -> None:
         """Decode ``batch`` into ``out`` (rows of ``row_bytes`` bytes) on up to ``threads``
         threads (:func:`decode_threads`), each row written transposed as ``permute`` says
-        (:func:`gather_rows`). ``verify=False`` skips zstd's content checksums (see
+        (:func:`mmreplay.read.layout.gather_rows`). ``verify=False`` skips zstd's content checksums (see
         :meth:`skips_checksums`). ValueError naming the first frame that does not decode."""
         self._ext.decode_rows(
             self.codec,
@@ -240,24 +239,6 @@ class NativeDecoder:
         """Whether ``verify=False`` skips zstd's content checksums here: the library takes
         ``ZSTD_d_forceIgnoreChecksum`` (zstd 1.4.7 and later). lz4 blocks have none."""
         return self.codec == "zstd" and bool(self._ext.zstd_skips_checksums())
-
-
-def gather_rows(
-    src: Any, stride: int, offset: int, rows: np.ndarray, out: np.ndarray, a: int, b: int, item: int
-) -> None:
-    """Row ``i`` of ``out`` (uint8 ``[len(rows), a * b * item]``, C-contiguous) = the
-    ``[a, b]`` matrix of ``item``-byte values at byte ``offset + rows[i] * stride`` of
-    ``src``, transposed (``a == 1``: as it is): HWC -> CHW is ``a = H * W, b = C``. One
-    pass without the GIL in the C extension, else numpy."""
-    rows = np.ascontiguousarray(rows, np.int64)
-    ext = None if disabled() else extension()
-    if ext is not None and hasattr(ext, "gather_rows"):
-        ext.gather_rows(src, stride, offset, rows, out, a, b, item)
-        return
-    data = np.frombuffer(src, np.uint8)
-    count = (len(data) - offset - a * b * item) // stride + 1 if stride else 1
-    matrices = np.ndarray((count, a, b, item), np.uint8, data, offset, (stride, b * item, item, 1))
-    np.copyto(out.reshape(len(rows), b, a, item), matrices[rows].transpose(0, 2, 1, 3))
 
 
 def decoder(codec: str) -> NativeDecoder | None:

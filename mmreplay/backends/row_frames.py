@@ -56,6 +56,7 @@ from ..errors import CorruptBufferError, Error, SpecError
 from ..files import open_inside, read_inside, replace_inside
 from ..metadata import LeafInfo
 from ..read.advice import DiskReads
+from ..read.layout import gather_rows
 from ..spec import is_image
 from . import native_rows
 from .base import disk_full_as, fsync_files, preallocate
@@ -519,7 +520,7 @@ class _Frames:
         self, batch: native_rows.FrameBatch, out: np.ndarray, permute: tuple[int, int, int] | None = None
     ) -> None:
         """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8), each row written
-        transposed as ``permute`` says (:func:`.native_rows.gather_rows`)."""
+        transposed as ``permute`` says (:func:`mmreplay.read.layout.gather_rows`)."""
         self.load_dictionary()  # a reader: the writer may have trained it since
         threads = native_rows.decode_threads(self.threads).threads
         if self.native is not None:
@@ -529,7 +530,7 @@ class _Frames:
             decoded = np.empty_like(out)
             self.decode(batch, decoded)
             laid_out = np.empty((len(batch.where), self.row_bytes), np.uint8)
-            native_rows.gather_rows(decoded, self.row_bytes, 0, batch.where, laid_out, *permute)
+            gather_rows(decoded, self.row_bytes, 0, batch.where, laid_out, *permute)
             out[batch.where] = laid_out
             return
         # the Python decoders take the frames grouped by buffer
@@ -873,7 +874,7 @@ class RowFrameLeaf:
 
     def take_into(self, rows: np.ndarray, out: np.ndarray, permute: tuple[int, int, int] | None = None) -> None:
         """:meth:`take` into ``out`` (uint8 ``[rows.size, row_bytes]``, C-contiguous), each
-        row written transposed as ``permute`` says (:func:`.native_rows.gather_rows`)."""
+        row written transposed as ``permute`` says (:func:`mmreplay.read.layout.gather_rows`)."""
         flat = np.asarray(rows, np.int64).reshape(-1) % (self.capacity * self.num_envs)
         if flat.size:
             for _ in range(100):
@@ -889,7 +890,7 @@ class RowFrameLeaf:
             out[mask] = source
             return
         laid_out = np.empty_like(source)
-        native_rows.gather_rows(source, self.row_bytes, 0, np.arange(len(source)), laid_out, *permute)
+        gather_rows(source, self.row_bytes, 0, np.arange(len(source)), laid_out, *permute)
         out[mask] = laid_out
 
     def _gather(self, flat: np.ndarray, out: np.ndarray, permute: tuple[int, int, int] | None = None) -> int:

@@ -3,7 +3,7 @@
 A conv net takes ``[N, C, H, W]`` (PyTorch) or ``[N, H, W, C]`` (TensorFlow, JAX)
 stacks in contiguous memory. Transposing a returned batch costs a second pass over it,
 more than the sample itself; with ``layout=`` every leaf's gather writes each row
-already transposed into the batch (:func:`mmreplay.backends.native_rows.gather_rows`:
+already transposed into the batch (:func:`gather_rows`:
 the memory map's rows, a row frame as it is decoded, a frames-once stack from its
 frames), one pass.
 
@@ -14,7 +14,9 @@ stored, contiguous.
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..spec import frame_layout
 
-__all__ = ["LAYOUTS", "LeafPlan", "check_layout", "plans", "shape_in"]
+__all__ = ["LAYOUTS", "LeafPlan", "check_layout", "gather_rows", "plans", "shape_in"]
 
 #: what ``layout=`` takes: ``N`` the batch's items (and steps), ``C`` channels or stacked frames
 LAYOUTS = ("NCHW", "NHWC")
@@ -82,15 +84,13 @@ def plans(leaves: list[Any], layout: str) -> list[LeafPlan]:
 
 
 def _into(leaf: Any, a: int, b: int, item: int) -> Any:
-    from ..backends import native_rows  # the backends' layer is above this one
-
     row_bytes = a * b * item
     if leaf.mappable:  # from the memory map, each row straight to its place
         flat = leaf.flat
         total = len(flat)
 
         def mapped(rows: np.ndarray, out: np.ndarray) -> None:
-            native_rows.gather_rows(flat, row_bytes, 0, np.remainder(rows, total), out, a, b, item)
+            gather_rows(flat, row_bytes, 0, np.remainder(rows, total), out, a, b, item)
 
         return mapped
     if hasattr(leaf, "take_into"):  # row frames and frames once: written as they are decoded or gathered
@@ -98,6 +98,35 @@ def _into(leaf: Any, a: int, b: int, item: int) -> Any:
 
     def decoded(rows: np.ndarray, out: np.ndarray) -> None:  # other compressed leaves: decoded, then laid out
         got = np.ascontiguousarray(leaf.take(rows))
-        native_rows.gather_rows(got, row_bytes, 0, np.arange(len(rows), dtype=np.int64), out, a, b, item)
+        gather_rows(got, row_bytes, 0, np.arange(len(rows), dtype=np.int64), out, a, b, item)
 
     return decoded
+
+
+def _extension() -> Any:
+    """The C extension ``mmreplay._rowdecode``, or None where it is not built or
+    ``MMREPLAY_NATIVE=0`` is set (as for decoding)."""
+    if os.environ.get("MMREPLAY_NATIVE", "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        return importlib.import_module("mmreplay._rowdecode")
+    except ImportError:
+        return None
+
+
+def gather_rows(
+    src: Any, stride: int, offset: int, rows: np.ndarray, out: np.ndarray, a: int, b: int, item: int
+) -> None:
+    """Row ``i`` of ``out`` (uint8 ``[len(rows), a * b * item]``, C-contiguous) = the
+    ``[a, b]`` matrix of ``item``-byte values at byte ``offset + rows[i] * stride`` of
+    ``src``, transposed (``a == 1``: as it is): HWC -> CHW is ``a = H * W, b = C``. One
+    pass without the GIL in the C extension, else numpy."""
+    rows = np.ascontiguousarray(rows, np.int64)
+    ext = _extension()
+    if ext is not None and hasattr(ext, "gather_rows"):
+        ext.gather_rows(src, stride, offset, rows, out, a, b, item)
+        return
+    data = np.frombuffer(src, np.uint8)
+    count = (len(data) - offset - a * b * item) // stride + 1 if stride else 1
+    matrices = np.ndarray((count, a, b, item), np.uint8, data, offset, (stride, b * item, item, 1))
+    np.copyto(out.reshape(len(rows), b, a, item), matrices[rows].transpose(0, 2, 1, 3))
