@@ -767,7 +767,7 @@ class RemoteRowFrameLeaf(RemoteLeaf):
         self.array_key = f"data.zarr/{info.path}"
         self.staging_key = f"{self.array_key}/{rf.STAGING_FILE}"
         self.where = f"leaf {info.path!r}"
-        self.frames = rf._Frames(rf.parse_row_compression(info.compression or ""), self.row_bytes, os.cpu_count() or 1)
+        self.frames = rf._Frames(rf.parse_row_compression(info.compression or ""), self.row_bytes, None)
         #: segment -> (ETag, offsets, lengths) of its shard object
         self.indexes: dict[int, tuple[str | None, np.ndarray, np.ndarray]] = {}
 

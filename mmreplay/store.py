@@ -28,6 +28,7 @@ import numpy as np
 from . import backends, exits, frames_layout
 from . import episodes as _episodes
 from . import frames as _frames
+from .backends import native_rows
 from .errors import (
     BadInputError,
     ClosedError,
@@ -102,6 +103,7 @@ class Store:
         self._set_state(meta.state)
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._leaves: list[Any] = []
+        self._decode_setting: int | None = None  # set_decode_threads
         self._closers: list[Any] = []
         self._closed = False
         # one check on the hot path: False once closed, and in a writer that reopened
@@ -573,6 +575,23 @@ class Store:
             if hasattr(leaf, "set_cache_bytes"):
                 leaf.set_cache_bytes(int(nbytes))
 
+    def set_decode_threads(self, threads: int | None) -> None:
+        """Threads a batch of each row-frame leaf (``rows:...``) decodes on: an int uses
+        that many whatever the machine's load; None (the default) one per idle core, by the
+        1-minute load average (:attr:`decode_threads` says what it chose)."""
+        setting = native_rows.check_decode_threads(threads)
+        self._decode_setting = setting
+        for leaf in self._storage:
+            frames = getattr(leaf, "frames", None)
+            if hasattr(frames, "threads"):
+                frames.threads = setting
+
+    @property
+    def decode_threads(self) -> native_rows.DecodeThreads:
+        """The threads the next batch of a row-frame leaf decodes on, the setting
+        (:meth:`set_decode_threads`) and the load it was chosen by; ``str()`` says it."""
+        return native_rows.decode_threads(self._decode_setting)
+
     def write_next(self, step: Any) -> None:
         """Write the rows of the next step ahead of its :meth:`add`: every leaf ``[num_envs, *shape]``.
 
@@ -811,6 +830,7 @@ class Store:
         return_info: bool = False,
         window: tuple[int, int] | None = None,
         out: Any = None,
+        layout: str | None = None,
         **options: Any,
     ) -> Any:
         """A random batch of rows, drawn through :attr:`sampler` (by default uniform over
@@ -838,7 +858,11 @@ class Store:
                 (compressed leaves decode, then copy). Returns ``out`` itself (without
                 replacement and fewer items than asked: views of its first rows). A batch
                 that does not fit raises :class:`~mmreplay.BadInputError` before anything
-                is drawn or written into it.
+                is drawn or written into it. CPU torch tensors (pinned or not) are
+                filled in place too.
+            layout: ``"NCHW"`` or ``"NHWC"``: picture leaves (``[84, 84, 4]``,
+                ``[3, 64, 64]``...) channels first or last, contiguous, each row written
+                so as it is gathered (:mod:`mmreplay.read.layout`); None: as stored.
             options: passed to the sampler's ``draw`` (such as ``beta`` for the
                 prioritized sampler).
 
@@ -859,7 +883,8 @@ class Store:
         if self._closed:  # before the arguments, as every method does
             self.check_open()
         request = SampleRequest.build(
-            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options
+            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options,
+            layout=layout,
         )
         return _gather.sample(self, request)
 

@@ -26,6 +26,7 @@ from ..spec import ArraySpec, leaf_paths, unflatten
 from ..values import flatten_value
 from .advice import PageCache
 from .draws import Draw, rows_of
+from .layout import LeafPlan, plans
 from .readable import Drawing, Readable
 from .request import SampleRequest
 
@@ -81,7 +82,7 @@ class Reader(PageCache):
 
     def __init__(self, store: Readable):
         super().__init__(store)
-        leaves = store.leaves
+        self.leaves = leaves = store.leaves
         # One gather per leaf: ``take`` on the mapping's flat rows, bound once.
         self.takes = [
             partial(leaf.flat.take, axis=0, mode="wrap") if leaf.mappable else leaf.take for leaf in leaves
@@ -100,6 +101,7 @@ class Reader(PageCache):
         self.dtypes = [np.dtype(leaf.info.spec.dtype) for leaf in leaves]
         self.shapes = [tuple(leaf.info.spec.shape) for leaf in leaves]
         self.gen: np.random.Generator | None = None
+        self.layouts: dict[str, list[LeafPlan]] = {}  # layout -> each leaf's gather in it
         if store.location is not None:  # object storage: every leaf's range requests in flight together
             self.take = partial(store.location.take_leaves, leaves)  # type: ignore[method-assign]
 
@@ -111,9 +113,19 @@ class Reader(PageCache):
     def take(self, rows: np.ndarray) -> list[np.ndarray]:
         return [take(rows) for take in self.takes]
 
-    def out_leaves(self, out: Any, items: tuple[int, ...]) -> list[np.ndarray]:
+    def plans(self, layout: str) -> list[LeafPlan]:
+        """Each leaf's gather in ``layout`` (:mod:`mmreplay.read.layout`), made once."""
+        found = self.layouts.get(layout)
+        if found is None:
+            found = self.layouts[layout] = plans(self.leaves, layout)
+        return found
+
+    def out_leaves(
+        self, out: Any, items: tuple[int, ...], shapes: list[tuple[int, ...]] | None = None
+    ) -> list[np.ndarray]:
         """The leaf arrays of a caller's batch ``out``, in flatten order, each checked to be
-        a writeable numpy array ``[*items, *leaf shape]`` of the leaf's dtype.
+        a writeable numpy array (or CPU torch tensor, as a view) ``[*items, *leaf shape]``
+        (``shapes``: the shapes of a layout, in C-contiguous memory) of the leaf's dtype.
 
         Raises:
             BadInputError: naming the leaf, what was expected and what came.
@@ -126,16 +138,35 @@ class Reader(PageCache):
                 arrays = flatten_value(self.spec, out, "out")
         else:
             arrays = flatten_value(self.spec, out, "out")
-        for arr, path, dtype, shape in zip(arrays, self.paths, self.dtypes, self.shapes):
+        arrays = [_torch_as_numpy(arr, path) for arr, path in zip(arrays, self.paths)]
+        for arr, path, dtype, shape in zip(arrays, self.paths, self.dtypes, shapes or self.shapes):
             if type(arr) is not np.ndarray or arr.dtype != dtype or arr.shape != items + shape:
                 _refuse_out(arr, path, dtype, items + shape)
             if not arr.flags.writeable:
                 raise BadInputError(f"out leaf {path!r}: the array is read-only; pass a writeable array")
+            if shapes is not None and not arr.flags.c_contiguous:
+                raise BadInputError(
+                    f"out leaf {path!r}: a batch in a layout is written in contiguous memory; the array "
+                    "is a strided view (make one with store.empty_batch(batch_size, layout=...))"
+                )
         return arrays
 
     def close(self) -> None:
         super().close()
         self.takes = []
+        self.leaves, self.layouts = [], {}
+
+
+def _torch_as_numpy(arr: Any, path: str) -> Any:
+    """A CPU torch tensor (pinned or not) as a numpy view of its memory, else ``arr``."""
+    if type(arr).__module__.split(".")[0] != "torch":
+        return arr
+    if arr.device.type != "cpu":
+        raise BadInputError(
+            f"out leaf {path!r}: a tensor on {arr.device} cannot be written in place; pass a CPU tensor "
+            "(pinned with .pin_memory() to copy it to the GPU without blocking)"
+        )
+    return arr.detach().numpy()
 
 
 def _copy_into(take: Any, rows: np.ndarray, out: np.ndarray) -> None:
@@ -159,20 +190,24 @@ def reader_for(store: Readable) -> Reader:
     return store.part("reads", Reader)
 
 
-def empty_batch(store: Readable, batch_size: int, num_steps: int | None = None) -> Any:
-    """A batch for ``sample(batch_size, num_steps, out=...)`` to gather into: the
-    spec's nest of uninitialised arrays ``[batch_size, *shape]`` (or
-    ``[batch_size, num_steps, *shape]``; None: the sampler's ``num_steps``).
+def empty_batch(
+    store: Readable, batch_size: int, num_steps: int | None = None, layout: str | None = None
+) -> Any:
+    """A batch for ``sample(batch_size, num_steps, out=..., layout=...)`` to gather into:
+    the spec's nest of uninitialised arrays ``[batch_size, *shape]`` (or
+    ``[batch_size, num_steps, *shape]``; None: the sampler's ``num_steps``), pictures in
+    ``layout`` (:mod:`mmreplay.read.layout`).
 
     Reusing a few batches spares allocating, and faulting in, fresh memory for every
     batch: pixel batches of several MB are returned to the OS when dropped.
     """
     store.check_open()
-    request = SampleRequest.build(batch_size, num_steps)
+    request = SampleRequest.build(batch_size, num_steps, layout=layout)
     num_steps = store.sampler.num_steps if request.num_steps is None else request.num_steps
     items = (request.batch_size,) if num_steps is None else (request.batch_size, num_steps)
     reader = reader_for(store)
-    return reader.pack([np.empty(items + shape, dtype) for shape, dtype in zip(reader.shapes, reader.dtypes)])
+    shapes = reader.shapes if layout is None else [plan.shape for plan in reader.plans(layout)]
+    return reader.pack([np.empty(items + shape, dtype) for shape, dtype in zip(shapes, reader.dtypes)])
 
 
 def set_prefetch(store: Readable, enabled: bool | None, advise: bool | None = None) -> None:
@@ -213,8 +248,10 @@ def sample(store: Readable, request: SampleRequest) -> Any:
     num_steps = sampler.num_steps if request.num_steps is None else request.num_steps
     steps = 1 if num_steps is None else num_steps
     out = request.out
+    items = (batch_size,) if num_steps is None else (batch_size, num_steps)
+    plans = None if request.layout is None else reader.plans(request.layout)
     if out is not None:  # checked before anything is drawn: a refused batch is left as it was
-        arrays = reader.out_leaves(out, (batch_size,) if num_steps is None else (batch_size, num_steps))
+        arrays = reader.out_leaves(out, items, None if plans is None else [plan.shape for plan in plans])
     gen = request.rng
     draw = key = None
     if gen is None:
@@ -242,7 +279,13 @@ def sample(store: Readable, request: SampleRequest) -> Any:
             reader.willneed(rows)
     elif num_steps is None and reader.disk_reads is not None:
         reader.willneed_if_cold(rows)
-    if out is None:
+    if plans is not None:  # each leaf written in the layout as it is gathered
+        got = [np.empty(rows.shape + plan.shape, plan.dtype) for plan in plans] if out is None else arrays
+        if out is not None and len(rows) < batch_size:
+            got = [arr[: len(rows)] for arr in got]
+        for plan, arr in zip(plans, got):
+            plan.fill(rows, arr)
+    elif out is None:
         got = [take(rows) for take in reader.takes]
     else:
         if len(rows) < batch_size:  # without replacement, fewer items than asked
@@ -251,7 +294,8 @@ def sample(store: Readable, request: SampleRequest) -> Any:
             take(rows, out=arr)
         got = arrays
     if reader.is_reader and store.live_first() > store.window.first:  # some may be overwritten
-        draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen)
+        takes = reader.takes if plans is None else [plan.take for plan in plans]
+        draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen, takes)
     if key is not None:  # the next batch of an equal request: draw it now, prefetch its pages
         ahead = _draw(store, sampler, request, batch_size, steps, gen)
         reader.pending = (key, ahead)
@@ -284,9 +328,10 @@ def _redraw_overwritten(
     steps: int,
     num_steps: int | None,
     gen: np.random.Generator,
+    takes: list[Any],
 ) -> Draw:
-    """Seqlock for readers: redraw (and read again) the items the writer overwrote while
-    they were read, from the reader's window moved forward to the writer's."""
+    """Seqlock for readers: redraw (and read again, with ``takes``) the items the writer
+    overwrote while they were read, from the reader's window moved forward to the writer's."""
     num_envs = reader.num_envs
     replacement = request.replacement
     for _ in range(MAX_RESAMPLES):
@@ -303,7 +348,7 @@ def _redraw_overwritten(
                 f"{store.path}: fewer rows are retained now than were sampled; sample again"
             )
         fresh_rows = rows_of(fresh.start, num_steps, num_envs)
-        for arr, take in zip(out, reader.takes):
+        for arr, take in zip(out, takes):
             arr[bad] = take(fresh_rows)
         flat, start, prob = draw.flat.copy(), draw.start.copy(), np.array(draw.probability)
         flat[bad], start[bad], prob[bad] = fresh.flat, fresh.start, fresh.probability
