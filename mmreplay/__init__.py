@@ -24,6 +24,7 @@ from .errors import (
 from .formats import export, import_dataset
 from .frames import Frames
 from .group import Group, GroupSampleInfo, create_group, open_group, open_shard
+from .read import NStep
 from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
 from .store import BufferExistsError, Store, create, open
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArraySpec",
     "Frames",
+    "NStep",
     "Store",
     "create",
     "open",

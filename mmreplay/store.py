@@ -818,7 +818,7 @@ class Store:
                 that does not fit raises :class:`~mmreplay.BadInputError` before anything
                 is drawn or written into it.
             transform: fields computed over the drawn batch, such as
-                n-step returns (:mod:`mmreplay.read.transform`).
+                ``mr.NStep(3, gamma=0.99)`` returns (:mod:`mmreplay.read.nstep`).
             options: passed to the sampler's ``draw`` (such as ``beta`` for the
                 prioritized sampler).
 
