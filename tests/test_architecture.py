@@ -21,7 +21,7 @@ LAYERS = [
     {"hooks", "priorities", "sumtree"},
     {"episodes"},
     {"samplers"},
-    {"store", "objstore", "joined"},
+    {"store", "exits", "objstore", "joined"},
     {"convert"},
     {"formats"},
     {"snapshots", "compat", "verify", "torture", "demo", "view", "sizes", "terminal_images", "group", "ray", "rerun"},

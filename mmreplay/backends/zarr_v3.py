@@ -33,7 +33,16 @@ from zarr.core.buffer import default_buffer_prototype
 from ..errors import CorruptBufferError, SpecError
 from ..files import open_inside, read_inside, replace_inside
 from ..metadata import LeafInfo, Metadata, little_endian
-from .base import ChunkedLeaf, Leaf, MappedLeaf, fsync_files, map_file, parse_compression, preallocate
+from .base import (
+    ChunkedLeaf,
+    Leaf,
+    MappedLeaf,
+    fsync_files,
+    map_file,
+    parse_compression,
+    preallocate,
+    shutdown_error,
+)
 from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
 from .row_frames import (
     STAGING_FILE,
@@ -364,7 +373,8 @@ def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
         except CorruptBufferError:
             raise
         except Exception as exc:
-            raise CorruptBufferError(f"{path}: cannot open zarr array for leaf {leaf.path!r}: {exc}") from None
+            where = f"{path}: cannot open zarr array for leaf {leaf.path!r}"
+            raise shutdown_error(exc, where) or CorruptBufferError(f"{where}: {exc}") from None
         if is_row_compression(leaf.compression):
             out.append(_row_leaf(path, arr, leaf, meta, writable))
             continue
@@ -419,8 +429,8 @@ class ZarrChunks:
         return np.asarray(self.arr[a:b])
 
     def write(self, k: int, a: int, b: int, chunk: np.ndarray) -> None:
+        self.written.add(k)  # first: a write cut short is synced at the next flush too
         self.arr[a:b] = chunk
-        self.written.add(k)
 
     def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
         for k, chunk in staged.items():
