@@ -47,10 +47,11 @@ def steps_of(t0: int, n: int, num_envs: int, rng: np.random.Generator, end: floa
 
 
 def expected(store: mr.Store, step: np.ndarray, env: np.ndarray, n: int, gamma: float) -> dict:
-    """The n-step fields of each row, step by step from the store's rows (the model)."""
-    rows = store.get(slice(None))  # [steps, num_envs, ...] of the window, oldest first
+    """The n-step fields of each row, step by step from the store's rows (the model), by role."""
+    roles = store.roles
+    rows = {role: store.get(slice(None))[path] for role, path in roles.items()}  # [steps, envs, ...]
     first, end = store.window[:2]
-    out = {k: [] for k in ("reward", "next_obs", "terminated", "truncated", "discount")}
+    out = {k: [] for k in ("reward", "next_observation", "terminated", "truncated", "discount")}
     for s, e in zip(step.reshape(-1), env.reshape(-1)):
         ret, k = 0.0, 0
         while True:
@@ -60,10 +61,9 @@ def expected(store: mr.Store, step: np.ndarray, env: np.ndarray, n: int, gamma: 
             ended = rows["terminated"][i, e] or rows["truncated"][i, e]
             if ended or k == n or s + k == end:
                 break
+        for role in ("next_observation", "terminated", "truncated"):
+            out[role].append(rows[role][i, e])
         out["reward"].append(ret)
-        out["next_obs"].append(rows["next_obs"][i, e])
-        out["terminated"].append(rows["terminated"][i, e])
-        out["truncated"].append(rows["truncated"][i, e])
         out["discount"].append(gamma**k)
     return {key: np.array(v).reshape(step.shape + np.shape(v[0])) for key, v in out.items()}
 
@@ -72,7 +72,7 @@ def check(store: mr.Store, batch: dict, step: np.ndarray, env: np.ndarray, n: in
     want = expected(store, step, env, n, gamma)
     np.testing.assert_array_equal(batch["obs"][..., 0], step)  # the start is the row drawn
     np.testing.assert_array_equal(batch["action"], step)
-    np.testing.assert_array_equal(batch["next_obs"], want["next_obs"])
+    np.testing.assert_array_equal(batch["next_obs"], want["next_observation"])
     np.testing.assert_array_equal(batch["terminated"], want["terminated"])
     np.testing.assert_array_equal(batch["truncated"], want["truncated"])
     np.testing.assert_allclose(batch["reward"], want["reward"], rtol=1e-5, atol=1e-6)

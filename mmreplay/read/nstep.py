@@ -22,7 +22,7 @@ bit for bit on the same rows.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,8 @@ class NStep:
         n: steps summed at most, ``>= 1`` (1 gives the stored transitions, with ``discount``
             ``gamma``).
         gamma: the discount factor, in ``(0, 1]``.
+        reward_map: applied to the rewards of each window before they are summed (such as
+            a ``VecNormalize``'s ``normalize_reward``); None: the stored rewards.
 
     Raises:
         BadInputError: ``n`` or ``gamma`` out of range; at sampling, a store without the
@@ -57,6 +59,7 @@ class NStep:
 
     n: int
     gamma: float
+    reward_map: Callable[[np.ndarray], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         n, gamma = self.n, self.gamma
@@ -114,7 +117,9 @@ class NStep:
         kept = offsets <= last[..., None]
         # as SB3's NStepReplayBuffer: float32 gamma**i weights, a masked sum along the window
         rewards = column("reward")
-        dtype = _return_dtype(rewards.dtype)
+        if self.reward_map is not None:
+            rewards = np.asarray(self.reward_map(rewards))
+        dtype = _return_dtype(batch.rows[roles["reward"]].dtype)
         weights = self.gamma ** np.arange(n, dtype=dtype)
         returns = (rewards.astype(dtype, copy=False) * weights * kept).sum(-1)
         last_step = step + last
