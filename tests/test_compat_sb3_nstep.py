@@ -19,7 +19,7 @@ gym = pytest.importorskip("gymnasium")
 
 from conftest import run_their_tests  # noqa: E402
 from stable_baselines3.common import buffers as sb3_buffers  # noqa: E402
-from test_compat_sb3 import BOX, _assert_same, _random_step, _sb3_test_file  # noqa: E402
+from test_compat_sb3 import BOX, _assert_same, _random_step, _sb3_test_file, _Trajectories  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 from mmreplay.compat.sb3 import NStepReplayBuffer  # noqa: E402
@@ -58,6 +58,25 @@ def test_same_adds_give_the_same_samples_as_sb3(tmp_path, n_envs, n_steps, handl
             inds = rng.integers(0, theirs.size(), 60)
             _assert_same(_seeded(t, theirs._get_samples, inds), _seeded(t, ours._get_samples, inds))
             _assert_same(_seeded(t, theirs.sample, 32), _seeded(t, ours.sample, 32))
+    ours.close()
+
+
+def test_frames_stored_once_give_the_samples_of_sb3s_full_memory_buffer(tmp_path):
+    """SB3's class refuses ``optimize_memory_usage``; the drop-in stores each observation once."""
+    theirs = sb3_buffers.NStepReplayBuffer(14, BOX, ACTIONS, "cpu", n_envs=2, n_steps=3, gamma=0.9)
+    ours = NStepReplayBuffer(
+        14, BOX, ACTIONS, "cpu", n_envs=2, n_steps=3, gamma=0.9, optimize_memory_usage=True,
+        path=tmp_path / "buf", final_slots=200,
+    )  # fmt: skip
+    steps = _Trajectories(2, seed=0)
+    for t in range(3 * theirs.buffer_size + 2):
+        step = steps.step()
+        theirs.add(*step)
+        ours.add(*step)
+        if t % 4 == 3:
+            valid = [i for i in range(theirs.size()) if not (theirs.full and i == theirs.pos)]  # SB3's rule
+            inds = np.array(valid)
+            _assert_same(_seeded(t, theirs._get_samples, inds), _seeded(t, ours._get_samples, inds))
     ours.close()
 
 

@@ -139,6 +139,24 @@ def test_termination_is_done_truncation_and_the_newest_step_bootstrap(tmp_path):
             assert got["discount"][i] == disc
 
 
+def test_rewards_of_shape_one_give_returns_and_discounts_of_that_shape(tmp_path):
+    """As skrl's memories store them: ``[1]`` rewards and ends."""
+    shaped = {**SPEC, **{k: mr.ArraySpec((1,), SPEC[k].dtype) for k in ("reward", "terminated", "truncated")}}
+    rows = steps_of(0, 30, 2, np.random.default_rng(9))
+    with make(tmp_path, 40, 2, 0) as flat, mr.create(tmp_path / "shaped", shaped, 40, num_envs=2) as store:
+        flat.extend(rows)
+        store.extend(
+            {k: v[..., None] if k in ("reward", "terminated", "truncated") else v for k, v in rows.items()}
+        )
+        a = flat.sample(50, rng=0, transform=mr.NStep(3, 0.9))
+        b = store.sample(50, rng=0, transform=mr.NStep(3, 0.9))
+        for key in a:
+            assert b[key].shape == a[key].shape + (
+                (1,) if key in ("reward", "terminated", "truncated", "discount") else ()
+            )
+            np.testing.assert_array_equal(b[key].reshape(a[key].shape), a[key], err_msg=key)
+
+
 def test_a_wrapped_ring_is_never_read_across_its_write_cursor(tmp_path):
     with make(tmp_path, 10, 1, 25, seed=3) as store:  # slots hold steps 15..24; 24 is next to 15
         store.extend({**steps_of(25, 1, 1, np.random.default_rng(4), end=0.0)})

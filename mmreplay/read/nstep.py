@@ -10,8 +10,8 @@ first step that terminated or was truncated, at the newest retained step, or aft
 - ``terminated``: whether the window ended by termination (no bootstrap);
 - ``truncated``: whether it ended by truncation;
 
-and one field more, ``discount``: ``gamma**k`` (float32), the discount the bootstrap
-takes. So ``target = reward + discount * (1 - terminated) * Q(next_observation)`` holds
+and one field more, ``discount``: ``gamma**k`` (float32, shaped as the reward), the
+discount the bootstrap takes. So ``target = reward + discount * (1 - terminated) * Q(next_observation)`` holds
 for every row: a window that ended by truncation or at the newest step bootstraps.
 
 The sums and discounts are computed as Stable-Baselines3's ``NStepReplayBuffer``
@@ -92,7 +92,7 @@ class NStep:
             raise BadInputError(f"n-step returns add a {DISCOUNT!r} field; the store's spec has one already")
         reward = subtree(spec, roles["reward"])
         out = _replaced(dict(spec), roles["reward"], ArraySpec(reward.shape, _return_dtype(reward.dtype)))
-        out[DISCOUNT] = ArraySpec((), "float32")
+        out[DISCOUNT] = ArraySpec(reward.shape, "float32")  # () or (1,), as the reward: they broadcast alike
         return out
 
     def __call__(self, batch: DrawnBatch) -> dict[str, np.ndarray]:
@@ -132,7 +132,7 @@ class NStep:
         out |= {
             roles["reward"]: returns.reshape(rows[roles["reward"]].shape),
             roles["terminated"]: _like(np.take_along_axis(terminated, pick, -1), rows[roles["terminated"]]),
-            DISCOUNT: self.gamma ** (last + 1).astype(np.float32),
+            DISCOUNT: (self.gamma ** (last + 1).astype(np.float32)).reshape(rows[roles["reward"]].shape),
         }
         if truncated_path is not None:
             out[truncated_path] = _like(np.take_along_axis(truncated, pick, -1), rows[truncated_path])
