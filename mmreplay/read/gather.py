@@ -15,7 +15,7 @@ nest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -102,17 +102,23 @@ class Reader(PageCache):
         self.dtypes = [np.dtype(leaf.info.spec.dtype) for leaf in leaves]
         self.shapes = [tuple(leaf.info.spec.shape) for leaf in leaves]
         self.gen: np.random.Generator | None = None
-        self.batch_specs: dict[Any, tuple[Any, list[str]]] = {}
+        self.packers: dict[Any, Callable[[dict[str, np.ndarray]], Any]] = {}
         if store.location is not None:  # object storage: every leaf's range requests in flight together
             self.take = partial(store.location.take_leaves, leaves)  # type: ignore[method-assign]
 
-    def batch_spec(self, transform: Transform, store: Readable) -> tuple[Any, list[str]]:
-        """The spec of ``transform``'s batches and its leaf paths, checked once per transform."""
-        known = self.batch_specs.get(transform)
-        if known is None:
+    def packer(self, transform: Transform, store: Readable) -> Callable[[dict[str, np.ndarray]], Any]:
+        """What packs ``transform``'s leaves (by path) into its batch spec's nest, made once
+        per transform (its ``batch_spec`` refuses a store it cannot serve)."""
+        pack = self.packers.get(transform)
+        if pack is None:
             spec = transform.batch_spec(store.spec, store.roles)
-            known = self.batch_specs[transform] = (spec, leaf_paths(spec))
-        return known
+            keys, paths = _flat_keys(spec), leaf_paths(spec)
+            if keys is not None:  # a flat dict of leaves: its keys are its paths
+                pack = lambda leaves: {k: leaves[k] for k in keys}  # noqa: E731
+            else:
+                pack = lambda leaves: unflatten(spec, [leaves[p] for p in paths])  # noqa: E731
+            self.packers[transform] = pack
+        return pack
 
     def own_gen(self) -> np.random.Generator:
         if self.gen is None:
@@ -228,7 +234,7 @@ def sample(store: Readable, request: SampleRequest) -> Any:
     if transform is not None:  # checked before anything is drawn
         if out is not None:
             raise BadInputError("sample: out= and a transform cannot be combined; sample without out=")
-        batch_spec, batch_paths = reader.batch_spec(transform, store)
+        pack = reader.packer(transform, store)
     if out is not None:  # checked before anything is drawn: a refused batch is left as it was
         arrays = reader.out_leaves(out, (batch_size,) if num_steps is None else (batch_size, num_steps))
     gen = request.rng
@@ -270,7 +276,7 @@ def sample(store: Readable, request: SampleRequest) -> Any:
         draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen)
     if transform is not None:
         got, draw = _transformed(store, reader, sampler, request, draw, got, steps, num_steps, gen)
-        nest = unflatten(batch_spec, [got[path] for path in batch_paths])
+        nest = pack(got)
     if key is not None:  # the next batch of an equal request: draw it now, prefetch its pages
         ahead = _draw(store, sampler, request, batch_size, steps, gen)
         reader.pending = (key, ahead)

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..errors import BadInputError
 from ..roles import subtree
-from ..spec import ArraySpec, leaf_paths
+from ..spec import ArraySpec
 from .transform import DrawnBatch
 
 __all__ = ["NStep"]
@@ -60,6 +60,10 @@ class NStep:
     n: int
     gamma: float
     reward_map: Callable[[np.ndarray], np.ndarray] | None = None
+    # made once: the window's offsets, and gamma**i / gamma**k as SB3 computes them (float32)
+    _offsets: np.ndarray = field(init=False, compare=False, repr=False)
+    _weights: np.ndarray = field(init=False, compare=False, repr=False)
+    _discounts: np.ndarray = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         n, gamma = self.n, self.gamma
@@ -74,6 +78,9 @@ class NStep:
             raise BadInputError(f"NStep: gamma must be a number in (0, 1], got {gamma!r}")
         object.__setattr__(self, "n", int(n))
         object.__setattr__(self, "gamma", float(gamma))
+        object.__setattr__(self, "_offsets", np.arange(self.n, dtype=np.int64))
+        object.__setattr__(self, "_weights", self.gamma ** np.arange(self.n, dtype=np.float32))
+        object.__setattr__(self, "_discounts", self.gamma ** np.arange(1, self.n + 1, dtype=np.float32))
 
     def batch_spec(self, spec: Any, roles: Mapping[str, str]) -> Any:
         """The store's spec with ``discount`` added and the reward as a float."""
@@ -96,64 +103,52 @@ class NStep:
         return out
 
     def __call__(self, batch: DrawnBatch) -> dict[str, np.ndarray]:
-        roles = batch.store.roles
+        roles, rows = batch.store.roles, batch.rows
         step, env = batch.step, batch.env
         n, lead = self.n, step.shape
-        offsets = np.arange(n, dtype=np.int64)
         newest = batch.window.end - 1
-        window = np.minimum(step[..., None] + offsets, newest)  # [*lead, n], never past the window
-        envs = env[..., None]
+        window = step[..., None] + self._offsets
+        np.minimum(window, newest, out=window)  # [*lead, n], never past the window
+        ids = batch.row_ids(window, env[..., None])
 
-        def column(role: str) -> np.ndarray:
-            return batch.read(roles[role], window, envs).reshape(*lead, n)
+        def column(path: str) -> np.ndarray:
+            return batch.take(path, ids).reshape(*lead, n)
 
-        terminated = column("terminated") != 0
-        ended = terminated | (window == newest)  # the newest step ends the window as a truncation
+        ended = _flags(column(roles["terminated"])) | (window == newest)  # the newest step ends it too
         truncated_path = roles.get("truncated")
         if truncated_path is not None:
-            truncated = column("truncated") != 0
-            ended |= truncated
-        last = np.where(ended.any(-1), ended.argmax(-1), n - 1)  # the window's last offset
-        kept = offsets <= last[..., None]
+            ended |= _flags(column(truncated_path))
+        ended[..., -1] = True  # or its n-th step
+        last = ended.argmax(-1)  # the offset of the window's last step
         # as SB3's NStepReplayBuffer: float32 gamma**i weights, a masked sum along the window
-        rewards = column("reward")
+        reward = rows[roles["reward"]]
+        rewards = column(roles["reward"])
         if self.reward_map is not None:
             rewards = np.asarray(self.reward_map(rewards))
-        dtype = _return_dtype(batch.rows[roles["reward"]].dtype)
-        weights = self.gamma ** np.arange(n, dtype=dtype)
-        returns = (rewards.astype(dtype, copy=False) * weights * kept).sum(-1)
-        last_step = step + last
-        pick = last[..., None]
-        rows = batch.rows
-        out = {
-            path: batch.read(path, last_step, env)
-            for path in _leaves_under(batch.store.spec, roles["next_observation"])
-        }
-        out |= {
-            roles["reward"]: returns.reshape(rows[roles["reward"]].shape),
-            roles["terminated"]: _like(np.take_along_axis(terminated, pick, -1), rows[roles["terminated"]]),
-            DISCOUNT: (self.gamma ** (last + 1).astype(np.float32)).reshape(rows[roles["reward"]].shape),
-        }
+        dtype = _return_dtype(reward.dtype)
+        weights = self._weights if dtype == np.float32 else self.gamma ** self._offsets.astype(dtype)
+        returns = (rewards.astype(dtype, copy=False) * weights * (self._offsets <= last[..., None])).sum(-1)
+        # the next observation and the ends of each window's last step
+        nxt = roles["next_observation"]
+        last_ids = batch.row_ids(step + last, env)
+        out = {path: batch.take(path, last_ids) for path in rows if path == nxt or path.startswith(nxt + "/")}
+        out[roles["terminated"]] = batch.take(roles["terminated"], last_ids)
         if truncated_path is not None:
-            out[truncated_path] = _like(np.take_along_axis(truncated, pick, -1), rows[truncated_path])
+            out[truncated_path] = batch.take(truncated_path, last_ids)
+        out[roles["reward"]] = returns.reshape(reward.shape)
+        out[DISCOUNT] = self._discounts[last].reshape(reward.shape)
         return out
+
+
+def _flags(column: np.ndarray) -> np.ndarray:
+    """End flags as bools (a float ``done`` leaf too)."""
+    return column if column.dtype == np.bool_ else column != 0
 
 
 def _return_dtype(dtype: Any) -> np.dtype:
     """Returns are float: the reward's own float type, float32 for int or bool rewards."""
     dtype = np.dtype(dtype)
     return dtype if dtype.kind == "f" else np.dtype(np.result_type(dtype, np.float32))
-
-
-def _leaves_under(spec: Any, path: str) -> list[str]:
-    """The leaf paths of the role at ``path`` (a leaf, or a subtree such as a dict observation)."""
-    node = subtree(spec, path)
-    return [path] if isinstance(node, ArraySpec) else [f"{path}/{p}" for p in leaf_paths(node)]
-
-
-def _like(flags: np.ndarray, drawn: np.ndarray) -> np.ndarray:
-    """End flags in the drawn leaf's dtype and shape."""
-    return flags.astype(drawn.dtype).reshape(drawn.shape)
 
 
 def _replaced(spec: dict[str, Any], path: str, leaf: ArraySpec) -> dict[str, Any]:

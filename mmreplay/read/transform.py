@@ -76,23 +76,38 @@ class DrawnBatch:
         self.rows = dict(zip(paths, got))
         self._takes = dict(zip(paths, takes))
         self.lowest = int(step.min()) if step.size else window.end
+        self._fold = (
+            window.first - window.first % window.capacity
+        )  # a step in the window, less this, is < 2 * capacity
 
     def read(self, path: str, step: np.ndarray, env: np.ndarray) -> np.ndarray:
-        """One leaf's rows ``(step, env)`` (global step ids and env indices, broadcast
-        together): ``[*shape of the ids, *leaf shape]``.
+        """One leaf's rows ``(step, env)``: global step ids and env indices (int arrays,
+        broadcast together), ``[*shape of the ids, *leaf shape]``.
 
         Raises:
             NotEnoughDataError: a step lies outside :attr:`window`.
         """
-        step, env = np.broadcast_arrays(np.asarray(step, np.int64), np.asarray(env, np.int64))
+        return self.take(path, self.row_ids(step, env))
+
+    def row_ids(self, step: np.ndarray, env: np.ndarray) -> np.ndarray:
+        """The ids of the rows ``(step, env)``, checked to lie in :attr:`window`, for
+        :meth:`take` to read from several leaves.
+
+        Raises:
+            NotEnoughDataError: a step lies outside :attr:`window`.
+        """
+        step = np.asarray(step)
         if step.size:
             lo, hi = int(step.min()), int(step.max())
             first, end = self.window[:2]
             if lo < first or hi >= end:
                 raise NotEnoughDataError(
-                    f"{self.store.path}: leaf {path!r}: steps [{lo}, {hi}] asked, the window drawn "
-                    f"from is [{first}, {end})"
+                    f"{self.store.path}: steps [{lo}, {hi}] asked, the window drawn from is [{first}, {end})"
                 )
             self.lowest = min(self.lowest, lo)
-        store = self.store
-        return self._takes[path]((step % store.capacity) * store.num_envs + env)
+        # not folded into the ring, as a draw's rows: the gathers wrap those below 2 * capacity
+        return (step - self._fold) * self.window.num_envs + np.asarray(env)
+
+    def take(self, path: str, row_ids: np.ndarray) -> np.ndarray:
+        """One leaf's rows by :meth:`row_ids`."""
+        return self._takes[path](row_ids)
