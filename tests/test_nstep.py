@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import folder_digest
+from conftest import WITH_ROWS, WITH_ROWS_IDS, folder_digest
 
 import mmreplay as mr
 
@@ -103,6 +103,13 @@ def test_each_row_holds_the_discounted_sum_up_to_an_end_or_the_newest_step(
         with mr.open(tmp_path / "b", "r") as reader:  # a reader: the same over the committed window
             batch, info = reader.sample(300, rng=2, transform=mr.NStep(n, gamma=0.9), return_info=True)
             check(reader, batch, info.step, info.env, n, 0.9)
+
+
+@pytest.mark.parametrize("backend, compression", WITH_ROWS, ids=WITH_ROWS_IDS)
+def test_every_backend_and_compression_reads_the_same_windows(tmp_path, backend, compression):
+    with make(tmp_path, 16, 2, 40, seed=11, backend=backend, compression=compression) as store:  # wrapped
+        batch, info = store.sample(200, rng=0, transform=mr.NStep(4, gamma=0.9), return_info=True)
+        check(store, batch, info.step, info.env, 4, 0.9)
 
 
 def test_termination_is_done_truncation_and_the_newest_step_bootstrap(tmp_path):
