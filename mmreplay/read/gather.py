@@ -26,7 +26,7 @@ from ..errors import BadInputError, NotEnoughDataError
 from ..spec import ArraySpec, leaf_paths, unflatten
 from ..values import flatten_value
 from .advice import PageCache
-from .draws import Draw, Window, rows_of
+from .draws import Draw, Window, check_steps, rows_of
 from .readable import Drawing, Readable
 from .request import SampleRequest
 from .transform import DrawnBatch, Transform
@@ -390,12 +390,7 @@ def read_rows(store: Readable, steps: Any, envs: Any) -> Any:
     store.check_open()
     steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
     if steps.size:
-        lo, hi = int(steps.min()), int(steps.max())
-        first, end = store.window[:2]
-        if lo < first or hi >= end:
-            raise NotEnoughDataError(
-                f"{store.path}: steps [{lo}, {hi}] asked, the steps retained are [{first}, {end})"
-            )
+        check_steps(steps, *store.window[:2], store.path, "the steps retained are")
         if envs.min() < 0 or envs.max() >= store.num_envs:
             raise IndexError(f"{store.path}: env index out of range for {store.num_envs} envs")
     reader = reader_for(store)

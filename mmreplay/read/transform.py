@@ -18,8 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import NotEnoughDataError
-from .draws import Draw, Window
+from .draws import Draw, Window, check_steps
 from .readable import Readable
 
 __all__ = ["DrawnBatch", "Transform"]
@@ -97,14 +96,8 @@ class DrawnBatch:
             NotEnoughDataError: a step lies outside :attr:`window`.
         """
         step = np.asarray(step)
-        if step.size:
-            lo, hi = int(step.min()), int(step.max())
-            first, end = self.window[:2]
-            if lo < first or hi >= end:
-                raise NotEnoughDataError(
-                    f"{self.store.path}: steps [{lo}, {hi}] asked, the window drawn from is [{first}, {end})"
-                )
-            self.lowest = min(self.lowest, lo)
+        lo = check_steps(step, *self.window[:2], self.store.path, "the window drawn from is")
+        self.lowest = min(self.lowest, lo)
         # not folded into the ring, as a draw's rows: the gathers wrap those below 2 * capacity
         return (step - self._fold) * self.window.num_envs + np.asarray(env)
 
