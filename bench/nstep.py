@@ -26,7 +26,12 @@ from .timing import Timed, fill, interleaved, ratio, table
 
 SMOKE = {"size": 2000, "calls": 5, "repeats": 1, "train_steps": 300, "train_repeats": 1}
 N, GAMMA = 3, 0.99
-SB3, OURS, STORE, CPPRB = "SB3 NStepReplayBuffer (RAM)", "mmreplay drop-in", "mmreplay store.sample", "cpprb Nstep"
+SB3, OURS, STORE, CPPRB = (
+    "SB3 NStepReplayBuffer (RAM)",
+    "mmreplay drop-in",
+    "mmreplay store.sample",
+    "cpprb Nstep",
+)
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -62,16 +67,24 @@ def run(args: argparse.Namespace) -> None:
     box, actions = gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2)
     data = transitions(args.size)
     theirs = buffers.NStepReplayBuffer(args.size, box, actions, "cpu", n_steps=N, gamma=GAMMA)
-    ours = NStepReplayBuffer(args.size, box, actions, "cpu", n_steps=N, gamma=GAMMA, path=os.path.join(args.root, "b"))
+    ours = NStepReplayBuffer(
+        args.size, box, actions, "cpu", n_steps=N, gamma=GAMMA, path=os.path.join(args.root, "b")
+    )
     feeds = {SB3: iter(data), OURS: iter(data)}
-    fill({k: lambda b=b, f=feeds[k]: b.add(*next(f)) for k, b in ((SB3, theirs), (OURS, ours))}, args.size, 1000)
+    fill(
+        {k: lambda b=b, f=feeds[k]: b.add(*next(f)) for k, b in ((SB3, theirs), (OURS, ours))},
+        args.size,
+        1000,
+    )
     nstep = mr.NStep(N, GAMMA)
     variants: dict[str, Any] = {
         SB3: lambda: theirs.sample(256),
         OURS: lambda: ours.sample(256),
         STORE: lambda: ours.store.sample(256, transform=nstep),
     }
-    notes = [f"medians of {args.repeats} blocks of {args.calls} calls, taking turns; {args.size:,} steps, n = {N}"]
+    notes = [
+        f"medians of {args.repeats} blocks of {args.calls} calls, taking turns; {args.size:,} steps, n = {N}"
+    ]
     try:
         variants[CPPRB] = cpprb_sample(data)
     except ImportError:
@@ -79,7 +92,12 @@ def run(args: argparse.Namespace) -> None:
     got = interleaved({k: Timed(f, args.calls) for k, f in variants.items()}, args.repeats)
     base = got[SB3].median * 1e6
     body = [[name, s.median * 1e6, ratio(s.median * 1e6, base)] for name, s in got.items()]
-    table("n-step `sample(256)`, CartPole-sized transitions (µs, median)", ["buffer", "µs", "× SB3's time"], body, notes)
+    table(
+        "n-step `sample(256)`, CartPole-sized transitions (µs, median)",
+        ["buffer", "µs", "× SB3's time"],
+        body,
+        notes,
+    )
     ours.close()
     train(args)
 
@@ -90,7 +108,13 @@ def cpprb_sample(data: list[tuple]) -> Any:
 
     rb = ReplayBuffer(
         len(data),
-        {"obs": {"shape": 4}, "act": {"shape": 1, "dtype": np.int64}, "rew": {}, "next_obs": {"shape": 4}, "done": {}},
+        {
+            "obs": {"shape": 4},
+            "act": {"shape": 1, "dtype": np.int64},
+            "rew": {},
+            "next_obs": {"shape": 4},
+            "done": {},
+        },
         Nstep={"size": N, "gamma": GAMMA, "rew": "rew", "next": "next_obs"},
     )
     for obs, nxt, act, rew, done, _ in data:
@@ -127,7 +151,9 @@ def train(args: argparse.Namespace) -> None:
         models[name] = model
 
     runs = {
-        name: Timed(lambda name=name: models[name].learn(args.train_steps), before=lambda name=name: make(name))
+        name: Timed(
+            lambda name=name: models[name].learn(args.train_steps), before=lambda name=name: make(name)
+        )
         for name in classes
     }
     got = interleaved(runs, args.train_repeats, warmup=0)

@@ -11,8 +11,9 @@ first step that terminated or was truncated, at the newest retained step, or aft
 - ``truncated``: whether it ended by truncation;
 
 and one field more, ``discount``: ``gamma**k`` (float32, shaped as the reward), the
-discount the bootstrap takes. So ``target = reward + discount * (1 - terminated) * Q(next_observation)`` holds
-for every row: a window that ended by truncation or at the newest step bootstraps.
+discount the bootstrap takes. So for every row
+``target = reward + discount * (1 - terminated) * Q(next_observation)``: a window that
+ended by truncation or at the newest step bootstraps.
 
 The sums and discounts are computed as Stable-Baselines3's ``NStepReplayBuffer``
 computes them (float32 ``gamma**i`` weights, summed along the window), so the two agree

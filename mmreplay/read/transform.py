@@ -25,8 +25,9 @@ __all__ = ["DrawnBatch", "Transform"]
 
 
 class Transform(Protocol):
-    """What a request's ``transform`` is. It must compare equal to an equal transform
-    (a frozen dataclass does): equal requests share a draw made ahead."""
+    """What a request's ``transform`` is. It must be hashable and equal to an equal
+    transform (a frozen dataclass is): the read path keeps its batch spec by it, and equal
+    requests share a draw made ahead."""
 
     def batch_spec(self, spec: Any, roles: Mapping[str, str]) -> Any:
         """The spec of the batches it returns, given the store's spec and roles.
@@ -75,9 +76,8 @@ class DrawnBatch:
         self.rows = dict(zip(paths, got))
         self._takes = dict(zip(paths, takes))
         self.lowest = int(step.min()) if step.size else window.end
-        self._fold = (
-            window.first - window.first % window.capacity
-        )  # a step in the window, less this, is < 2 * capacity
+        # a step of the window less this is below 2 * capacity: the row ids the gathers wrap
+        self._fold = window.first - window.first % window.capacity
 
     def read(self, path: str, step: np.ndarray, env: np.ndarray) -> np.ndarray:
         """One leaf's rows ``(step, env)``: global step ids and env indices (int arrays,
@@ -98,7 +98,6 @@ class DrawnBatch:
         step = np.asarray(step)
         lo = check_steps(step, *self.window[:2], self.store.path, "the window drawn from is")
         self.lowest = min(self.lowest, lo)
-        # not folded into the ring, as a draw's rows: the gathers wrap those below 2 * capacity
         return (step - self._fold) * self.window.num_envs + np.asarray(env)
 
     def take(self, path: str, row_ids: np.ndarray) -> np.ndarray:
