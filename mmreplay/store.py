@@ -831,6 +831,7 @@ class Store:
         window: tuple[int, int] | None = None,
         out: Any = None,
         layout: str | None = None,
+        transform: Any = None,
         **options: Any,
     ) -> Any:
         """A random batch of rows, drawn through :attr:`sampler` (by default uniform over
@@ -863,6 +864,8 @@ class Store:
             layout: ``"NCHW"`` or ``"NHWC"``: picture leaves (``[84, 84, 4]``,
                 ``[3, 64, 64]``...) channels first or last, contiguous, each row written
                 so as it is gathered (:mod:`mmreplay.read.layout`); None: as stored.
+            transform: fields computed over the drawn batch, such as
+                ``mr.NStep(3, gamma=0.99)`` returns (:mod:`mmreplay.read.nstep`).
             options: passed to the sampler's ``draw`` (such as ``beta`` for the
                 prioritized sampler).
 
@@ -885,6 +888,7 @@ class Store:
         request = SampleRequest.build(
             batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options,
             layout=layout,
+            transform=transform,
         )
         return _gather.sample(self, request)
 

@@ -44,6 +44,7 @@ EXPECTED = {
     "compat": ["TF-Agents add_batch", "skrl RandomMemory.sample"],
     "sb3": ["save_replay_buffer"],
     "torchrl": ["SliceSampler"],
+    "nstep": ["n-step `sample(256)`", "| mmreplay store.sample |", "SB3 DQN on CartPole"],
 }
 
 

@@ -7,14 +7,15 @@ or takes the draw made ahead for an equal request, (3) advises the page cache
 (:mod:`mmreplay.read.advice`), (4) gathers each leaf's rows with one ``take`` (on the
 memory map, into ``out``, or chunk-grouped through the LRU of compressed leaves),
 (5) in readers, checks that the rows were still retained after reading them (the
-seqlock of DESIGN.md) and draws and reads again the items the writer overwrote, and
-(6) packs the spec's nest. After (5) the draw and the rows are final: a transform over
-the drawn batch (n-step returns, goal relabelling) reads them there, before packing.
+seqlock of DESIGN.md) and draws and reads again the items the writer overwrote,
+(6) runs the request's transform over the final draw and its rows
+(:mod:`mmreplay.read.transform`: n-step returns, goal relabelling), and (7) packs the
+nest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -25,10 +26,11 @@ from ..errors import BadInputError, NotEnoughDataError
 from ..spec import ArraySpec, leaf_paths, unflatten
 from ..values import flatten_value
 from .advice import PageCache
-from .draws import Draw, rows_of
+from .draws import Draw, Window, check_steps, rows_of
 from .layout import LeafPlan, plans
 from .readable import Drawing, Readable
 from .request import SampleRequest
+from .transform import DrawnBatch, Transform
 
 __all__ = [
     "Reader",
@@ -102,8 +104,23 @@ class Reader(PageCache):
         self.shapes = [tuple(leaf.info.spec.shape) for leaf in leaves]
         self.gen: np.random.Generator | None = None
         self.layouts: dict[str, list[LeafPlan]] = {}  # layout -> each leaf's gather in it
+        self.packers: dict[Any, Callable[[dict[str, np.ndarray]], Any]] = {}
         if store.location is not None:  # object storage: every leaf's range requests in flight together
             self.take = partial(store.location.take_leaves, leaves)  # type: ignore[method-assign]
+
+    def packer(self, transform: Transform, store: Readable) -> Callable[[dict[str, np.ndarray]], Any]:
+        """What packs ``transform``'s leaves (by path) into its batch spec's nest, made once
+        per transform (its ``batch_spec`` refuses a store it cannot serve)."""
+        pack = self.packers.get(transform)
+        if pack is None:
+            spec = transform.batch_spec(store.spec, store.roles)
+            keys, paths = _flat_keys(spec), leaf_paths(spec)
+            if keys is not None:  # a flat dict of leaves: its keys are its paths
+                pack = lambda leaves: {k: leaves[k] for k in keys}  # noqa: E731
+            else:
+                pack = lambda leaves: unflatten(spec, [leaves[p] for p in paths])  # noqa: E731
+            self.packers[transform] = pack
+        return pack
 
     def own_gen(self) -> np.random.Generator:
         if self.gen is None:
@@ -250,6 +267,13 @@ def sample(store: Readable, request: SampleRequest) -> Any:
     out = request.out
     items = (batch_size,) if num_steps is None else (batch_size, num_steps)
     plans = None if request.layout is None else reader.plans(request.layout)
+    transform = request.transform
+    if transform is not None:  # checked before anything is drawn
+        if out is not None or plans is not None:
+            raise BadInputError(
+                "sample: a transform cannot be combined with out= or layout=; sample without them"
+            )
+        pack = reader.packer(transform, store)
     if out is not None:  # checked before anything is drawn: a refused batch is left as it was
         arrays = reader.out_leaves(out, items, None if plans is None else [plan.shape for plan in plans])
     gen = request.rng
@@ -296,11 +320,15 @@ def sample(store: Readable, request: SampleRequest) -> Any:
     if reader.is_reader and store.live_first() > store.window.first:  # some may be overwritten
         takes = reader.takes if plans is None else [plan.take for plan in plans]
         draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen, takes)
+    if transform is not None:
+        got, draw = _transformed(store, reader, sampler, request, draw, got, steps, num_steps, gen)
+        nest = pack(got)
     if key is not None:  # the next batch of an equal request: draw it now, prefetch its pages
         ahead = _draw(store, sampler, request, batch_size, steps, gen)
         reader.pending = (key, ahead)
         reader.prefetch_later(rows_of(ahead.start, num_steps, reader.num_envs))
-    nest = out if out is not None and len(rows) == batch_size else reader.pack(got)
+    if transform is None:
+        nest = out if out is not None and len(rows) == batch_size else reader.pack(got)
     if request.return_info:
         step = draw.step
         return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability, draw.weight)
@@ -311,11 +339,46 @@ def _draw(
     store: Readable, sampler: Drawing, request: SampleRequest, n: int, steps: int, gen: np.random.Generator
 ) -> Draw:
     """``n`` items drawn from the store's window (narrowed to ``request.window``)."""
+    return sampler.draw(n, _window(store, request), gen, steps, request.replacement, **request.draw_options())
+
+
+def _window(store: Readable, request: SampleRequest) -> Window:
+    """The store's window, narrowed to ``request.window``."""
     window = store.window
     if request.window is not None:  # a caller's narrower window (framework layers' own views)
         first, end = request.window
         window = window._replace(first=max(window.first, first), end=min(window.end, end))
-    return sampler.draw(n, window, gen, steps, request.replacement, **request.draw_options())
+    return window
+
+
+def _transformed(
+    store: Readable,
+    reader: Reader,
+    sampler: Drawing,
+    request: SampleRequest,
+    draw: Draw,
+    got: list[np.ndarray],
+    steps: int,
+    num_steps: int | None,
+    gen: np.random.Generator,
+) -> tuple[dict[str, np.ndarray], Draw]:
+    """The batch's leaves by path after ``request.transform``, and the final draw.
+
+    In readers the transform's reads are checked as the drawn rows are: when the writer
+    has since dropped a step it read, the reader moves to the writer's window, redraws
+    the items that start before it and runs the transform again.
+    """
+    for _ in range(MAX_RESAMPLES):
+        batch = DrawnBatch(store, _window(store, request), draw, num_steps, reader.paths, got, reader.takes)
+        leaves = {**batch.rows, **request.transform(batch)}
+        if not reader.is_reader or store.live_first() <= batch.lowest:
+            return leaves, draw
+        store.refresh()
+        draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen, reader.takes)
+    raise NotEnoughDataError(
+        f"{store.path}: the writer overwrote the rows a transform read {MAX_RESAMPLES} times in a row; "
+        "the ring is too small for this reader"
+    )
 
 
 def _redraw_overwritten(
@@ -374,12 +437,7 @@ def read_rows(store: Readable, steps: Any, envs: Any) -> Any:
     store.check_open()
     steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
     if steps.size:
-        lo, hi = int(steps.min()), int(steps.max())
-        first, end = store.window[:2]
-        if lo < first or hi >= end:
-            raise NotEnoughDataError(
-                f"{store.path}: steps [{lo}, {hi}] asked, the steps retained are [{first}, {end})"
-            )
+        check_steps(steps, *store.window[:2], store.path, "the steps retained are")
         if envs.min() < 0 or envs.max() >= store.num_envs:
             raise IndexError(f"{store.path}: env index out of range for {store.num_envs} envs")
     reader = reader_for(store)

@@ -47,9 +47,9 @@ class SampleRequest:
     as a model takes them (:mod:`mmreplay.read.layout`).
 
     Two requests that draw alike are equal (``rng``, ``out``, ``layout`` and ``return_info`` aside):
-    a batch drawn ahead for one serves the next. A transform over the drawn batch
-    (n-step returns, goal relabelling) is asked here too, beside ``options``, and runs
-    where :func:`mmreplay.read.gather.sample` holds the final draw and its rows.
+    a batch drawn ahead for one serves the next. ``transform`` computes fields over the
+    drawn batch (n-step returns, goal relabelling: :class:`mmreplay.read.transform.Transform`);
+    it runs where :func:`mmreplay.read.gather.sample` holds the final draw and its rows.
     """
 
     batch_size: int
@@ -63,6 +63,7 @@ class SampleRequest:
     out: Any = field(default=None, compare=False)
     return_info: bool = field(default=False, compare=False)
     layout: str | None = field(default=None, compare=False)
+    transform: Any = None
 
     @classmethod
     def build(
@@ -78,6 +79,7 @@ class SampleRequest:
         options: Mapping[str, Any] | None = None,
         sampler: Any = None,
         layout: str | None = None,
+        transform: Any = None,
     ) -> SampleRequest:
         """The request, checked: ``batch_size`` and ``num_steps`` positive ints (ValueError
         naming the argument), ``rng`` an int seed, a Generator or None (TypeError),
@@ -108,6 +110,7 @@ class SampleRequest:
             out=out,
             return_info=return_info,
             layout=layout,
+            transform=transform,
         )
         return request
 
