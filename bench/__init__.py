@@ -34,6 +34,7 @@ BENCHMARKS = {
     "sb3": "compat_sb3",
     "her": "her",
     "torchrl": "compat_torchrl",
+    "nstep": "nstep",
 }
 
 

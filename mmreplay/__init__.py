@@ -1,5 +1,6 @@
 """mmreplay: a disk-persistent, memory-mapped replay store for reinforcement learning."""
 
+from .creation import create
 from .errors import (
     BadInputError,
     ClosedError,
@@ -23,12 +24,13 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .formats import export, import_dataset
-from .frames import Frames
+from .frames_layout import Frames
 from .group import Group, GroupSampleInfo, create_group, open_group, open_shard
-from .read.hindsight import Hindsight
+from .pictures import view
+from .read import Hindsight, NStep
 from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
-from .store import BufferExistsError, Store, create, open
+from .store import BufferExistsError, Store, open
 
 __version__ = "0.1.0"
 
@@ -36,11 +38,13 @@ __all__ = [
     "ArraySpec",
     "Frames",
     "Hindsight",
+    "NStep",
     "Store",
     "create",
     "open",
     "export",
     "import_dataset",
+    "view",
     "push",
     "pull",
     "Group",

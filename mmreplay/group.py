@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .creation import create as create_store
 from .errors import (
     BadInputError,
     ClosedError,
@@ -43,7 +44,6 @@ from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .spec import flatten, spec_to_json, unflatten
 from .store import MODES, BufferExistsError, Store
-from .store import create as create_store
 from .store import open as open_store
 
 __all__ = [

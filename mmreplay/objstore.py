@@ -767,7 +767,7 @@ class RemoteRowFrameLeaf(RemoteLeaf):
         self.array_key = f"data.zarr/{info.path}"
         self.staging_key = f"{self.array_key}/{rf.STAGING_FILE}"
         self.where = f"leaf {info.path!r}"
-        self.frames = rf._Frames(rf.parse_row_compression(info.compression or ""), self.row_bytes, os.cpu_count() or 1)
+        self.frames = rf._Frames(rf.parse_row_compression(info.compression or ""), self.row_bytes, None)
         #: segment -> (ETag, offsets, lengths) of its shard object
         self.indexes: dict[int, tuple[str | None, np.ndarray, np.ndarray]] = {}
 
@@ -1082,7 +1082,7 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
     and each compressed leaf's chunk objects that hold committed steps (``deep``: they
     decode too); the same of the side ring of a store that keeps each frame once, over
     the slots written so far."""
-    from . import frames
+    from . import frames_layout as frames
     from .verify import _only_ref, _side_state
 
     location = Location(url, storage_options)

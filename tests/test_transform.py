@@ -11,12 +11,20 @@ import pytest
 import mmreplay as mr
 from mmreplay.read.transform import DrawnBatch
 
-SPEC = {"step": mr.ArraySpec((), "int64"), "env": mr.ArraySpec((), "int32"), "terminated": mr.ArraySpec((), "bool")}
+SPEC = {
+    "step": mr.ArraySpec((), "int64"),
+    "env": mr.ArraySpec((), "int32"),
+    "terminated": mr.ArraySpec((), "bool"),
+}
 
 
 def steps_of(t0: int, n: int, num_envs: int) -> dict:
     t = np.arange(t0, t0 + n)[:, None] + np.zeros((1, num_envs), np.int64)
-    return {"step": t, "env": np.broadcast_to(np.arange(num_envs, dtype=np.int32), t.shape), "terminated": t % 5 == 4}
+    return {
+        "step": t,
+        "env": np.broadcast_to(np.arange(num_envs, dtype=np.int32), t.shape),
+        "terminated": t % 5 == 4,
+    }
 
 
 @dataclass(frozen=True)

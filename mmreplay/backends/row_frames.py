@@ -56,6 +56,7 @@ from ..errors import CorruptBufferError, Error, SpecError
 from ..files import open_inside, read_inside, replace_inside
 from ..metadata import LeafInfo
 from ..read.advice import DiskReads
+from ..read.layout import gather_rows
 from ..spec import is_image
 from . import native_rows
 from .base import disk_full_as, fsync_files, preallocate
@@ -265,8 +266,9 @@ class _Encoder:
     handed over ``ENCODE_BATCH_ROWS`` at a time over all leaves, so a step's rows of every
     leaf go together.
 
-    Leaves with a native encoder hand their rows to one native thread (the C extension's),
-    which never takes the GIL; the frames are put in place by the writer's thread when it
+    Leaves with a native encoder hand their rows to native threads (the C extension's: one
+    per core, at most 8, each batch to the next in turn, each with its own encoder of each
+    leaf), which never take the GIL; the frames are put in place by the writer's thread when it
     checks (each add) or waits (seal, commit). A Python thread waiting for the GIL gets it
     only when the writer lets go, up to the interpreter's switch interval (5 ms) later,
     before and after each batch: it falls behind a writer that runs Python code. Leaves
@@ -277,7 +279,11 @@ class _Encoder:
     for them. Used from the writer's thread only."""
 
     def __init__(self) -> None:
-        self.worker: Any = None  # the native thread, made at the first native batch
+        #: native threads, started as batches come, up to one per core: jobs go to them in
+        #: turn, each thread with its own encoder of each leaf
+        self.workers: list[Any] = []
+        self.size = native_rows.encode_threads()
+        self.turn = 0
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the Python thread's
         self.thread: threading.Thread | None = None
         self.parts: list[list[Any]] = []  # [leaf, frames, lo, hi, source]: rows not handed over yet
@@ -339,13 +345,15 @@ class _Encoder:
         encodes them twice, never not at all."""
         in_python = []
         for leaf, frames, lo, hi, source in list(self.parts):
-            native = leaf.frames.native_encoder()
+            slot = self.turn % self.size
+            native = leaf.frames.native_encoder(slot)
             if native is None:
                 in_python.append((leaf, frames, lo, hi, source))
                 continue
-            if self.worker is None:
-                self.worker = native.worker()
-            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.worker, source[lo:hi]))
+            if slot == len(self.workers):
+                self.workers.append(native.worker())
+            self.turn = slot + 1
+            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.workers[slot], source[lo:hi]))
         if in_python:
             self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python), [p[0] for p in in_python]))
         self.parts, self.rows = [], 0
@@ -384,7 +392,7 @@ class _Encoder:
         if self.users > 0:
             return
         self.handed.clear()
-        self.worker = None  # its thread ends once its last job is dropped
+        self.workers = []  # each thread ends once its last job is dropped
         if self.thread is not None:
             self.jobs.put(None)
             self.thread.join()
@@ -415,10 +423,11 @@ def _lz4_encoder() -> Any:
 class _Frames:
     """Encode one row, decode a batch of rows into an output array."""
 
-    def __init__(self, codec: RowCodec, row_bytes: int, threads: int, dictionary_path: str = ""):
+    def __init__(self, codec: RowCodec, row_bytes: int, threads: int | None, dictionary_path: str = ""):
         self.codec = codec
         self.row_bytes = row_bytes
-        self.threads = max(1, threads)
+        #: ``Store.set_decode_threads``: a number, or None for one per idle core
+        self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self.dictionary_path = dictionary_path
         self.dictionary: Any = None
@@ -428,7 +437,9 @@ class _Frames:
         # one native call per batch where the C extension and a codec library are there
         self.native = native_rows.decoder(codec.codec)
         self._native_dictionary: Any = None
-        self._native_encoder: Any = None  # made at the first encode (readers never encode)
+        #: one per encoding thread (a zstd context serves one thread at a time), made at the
+        #: first encode (readers never encode); slot 0 is the writer thread's too
+        self._native_encoders: dict[int, native_rows.NativeEncoder] = {}
         self._native_encodes = not native_rows.disabled()
         if codec.codec == "zstd":
             zstd = _require("zstandard")
@@ -460,7 +471,7 @@ class _Frames:
         self._decompressor = zstd.ZstdDecompressor(dict_data=dictionary)
         if self.native is not None:
             self._native_dictionary = self.native.dictionary(dictionary.as_bytes())
-        self._native_encoder = None  # made again with the dictionary
+        self._native_encoders = {}  # made again with the dictionary
 
     def train(self, rows: np.ndarray) -> bool:
         """Train the dictionary on ``rows`` and store it (write then rename); False when
@@ -484,14 +495,17 @@ class _Frames:
             return native.encode(np.ascontiguousarray(rows, np.uint8))
         return [self.encode(r) for r in rows]
 
-    def native_encoder(self) -> native_rows.NativeEncoder | None:
-        """The native encoder of these frames (with the dictionary once there is one), or
-        None where rows encode in Python."""
-        if self._native_encodes and self._native_encoder is None:
+    def native_encoder(self, slot: int = 0) -> native_rows.NativeEncoder | None:
+        """The native encoder of these frames for encoding thread ``slot`` (with the
+        dictionary once there is one), or None where rows encode in Python."""
+        found = self._native_encoders.get(slot)
+        if found is None and self._native_encodes:
             dictionary = None if self.dictionary is None else self.dictionary.as_bytes()
-            self._native_encoder = native_rows.encoder(self.codec.codec, self.codec.level, dictionary)
-            self._native_encodes = self._native_encoder is not None
-        return self._native_encoder
+            found = native_rows.encoder(self.codec.codec, self.codec.level, dictionary)
+            self._native_encodes = found is not None
+            if found is not None:
+                self._native_encoders[slot] = found
+        return found
 
     def encode(self, row: np.ndarray) -> bytes:
         """One row's frame, in Python."""
@@ -502,11 +516,22 @@ class _Frames:
             return self._lz4.encode(row)
         return bytes(self._cramjam.lz4.compress_block(row, store_size=True))
 
-    def decode(self, batch: native_rows.FrameBatch, out: np.ndarray) -> None:
-        """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8)."""
+    def decode(
+        self, batch: native_rows.FrameBatch, out: np.ndarray, permute: tuple[int, int, int] | None = None
+    ) -> None:
+        """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8), each row written
+        transposed as ``permute`` says (:func:`mmreplay.read.layout.gather_rows`)."""
         self.load_dictionary()  # a reader: the writer may have trained it since
+        threads = native_rows.decode_threads(self.threads).threads
         if self.native is not None:
-            self.native.decode(batch, out, self.row_bytes, self.threads, self._native_dictionary, self.verify)
+            self.native.decode(batch, out, self.row_bytes, threads, self._native_dictionary, self.verify, permute)
+            return
+        if permute is not None and permute[0] > 1:  # decoded, then laid out
+            decoded = np.empty_like(out)
+            self.decode(batch, decoded)
+            laid_out = np.empty((len(batch.where), self.row_bytes), np.uint8)
+            gather_rows(decoded, self.row_bytes, 0, batch.where, laid_out, *permute)
+            out[batch.where] = laid_out
             return
         # the Python decoders take the frames grouped by buffer
         order = np.argsort(batch.which, kind="stable")
@@ -516,11 +541,13 @@ class _Frames:
             for g in np.split(order, cuts)
         ]
         if self.codec.codec == "zstd":
-            self._decode_zstd(sources, out)
+            self._decode_zstd(sources, out, threads)
         else:
-            self._decode_lz4(sources, out)
+            self._decode_lz4(sources, out, threads)
 
-    def _decode_zstd(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+    def _decode_zstd(
+        self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray, threads: int
+    ) -> None:
         zstd = self._zstd
         buffers = []
         for buf, _, offsets, lengths in sources:
@@ -532,7 +559,7 @@ class _Frames:
         # (Each frame records its size; zstandard 0.25 refuses ``decompressed_sizes`` with
         # more than one buffer.)
         decoded = self._decompressor.multi_decompress_to_buffer(
-            zstd.BufferWithSegmentsCollection(*buffers), threads=self.threads
+            zstd.BufferWithSegmentsCollection(*buffers), threads=threads
         )
         where = np.concatenate([s[1] for s in sources])
         pos = 0
@@ -541,7 +568,9 @@ class _Frames:
             out[where[pos : pos + len(part)]] = part
             pos += len(part)
 
-    def _decode_lz4(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+    def _decode_lz4(
+        self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray, threads: int
+    ) -> None:
         rb = self.row_bytes
         jobs = [
             (memoryview(buf), (where * rb).tolist(), (offsets + 4).tolist(), (offsets + lengths).tolist())
@@ -556,12 +585,14 @@ class _Frames:
                 for w, a, b in zip(places, starts, stops):
                     decode_into(view[a:b], target[w : w + rb])
 
-        if self.threads == 1 or total < 64 or len(jobs) < 2:
+        if threads == 1 or total < 64 or len(jobs) < 2:
             run(jobs)
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmreplay-lz4")
-        parts = [jobs[i :: self.threads] for i in range(self.threads)]
+        if self._pool is None or self._pool._max_workers < threads:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mmreplay-lz4")
+        parts = [jobs[i::threads] for i in range(threads)]
         for f in [self._pool.submit(run, p) for p in parts if p]:
             f.result()
 
@@ -693,9 +724,7 @@ class RowFrameLeaf:
         self.tail = tuple(info.spec.shape)
         self.row_bytes = info.spec.nbytes
         self.seg_rows = self.seg * num_envs
-        self.frames = _Frames(
-            self.codec, self.row_bytes, threads or os.cpu_count() or 1, os.path.join(folder, DICTIONARY_FILE)
-        )
+        self.frames = _Frames(self.codec, self.row_bytes, threads, os.path.join(folder, DICTIONARY_FILE))
         self.where = f"leaf {info.path!r}"
         # the in-memory shard index: offset and length of every row's frame (-1: unknown)
         self.offsets = np.full(capacity * num_envs, -1, np.int64)
@@ -839,18 +868,32 @@ class RowFrameLeaf:
         """Rows by flat id ``slot * num_envs + env`` (ids past the ring's end wrap), as a
         new array: rows of the staging segment are copied raw, the others decoded."""
         rows = np.asarray(rows, np.int64)
-        flat = rows.reshape(-1) % (self.capacity * self.num_envs)
-        out = np.empty((flat.size, self.row_bytes), np.uint8)
+        out = np.empty((rows.size, self.row_bytes), np.uint8)
+        self.take_into(rows, out)
+        return out.view(self.dtype).reshape(rows.shape + self.tail)
+
+    def take_into(self, rows: np.ndarray, out: np.ndarray, permute: tuple[int, int, int] | None = None) -> None:
+        """:meth:`take` into ``out`` (uint8 ``[rows.size, row_bytes]``, C-contiguous), each
+        row written transposed as ``permute`` says (:func:`mmreplay.read.layout.gather_rows`)."""
+        flat = np.asarray(rows, np.int64).reshape(-1) % (self.capacity * self.num_envs)
         if flat.size:
             for _ in range(100):
-                seq = self._gather(flat, out)
+                seq = self._gather(flat, out, permute)
                 if seq == int(self.header[0]):  # staging did not move on while read
                     break
             else:
                 raise CorruptBufferError(f"{self.where}: the staging segment kept changing while read")
-        return out.view(self.dtype).reshape(rows.shape + self.tail)
 
-    def _gather(self, flat: np.ndarray, out: np.ndarray) -> int:
+    def _put_raw(self, out: np.ndarray, mask: np.ndarray, source: np.ndarray, permute: tuple[int, int, int] | None) -> None:
+        """Rows ``mask`` of ``out`` from raw rows ``source`` (staged or written ahead)."""
+        if permute is None or permute[0] == 1:
+            out[mask] = source
+            return
+        laid_out = np.empty_like(source)
+        gather_rows(source, self.row_bytes, 0, np.arange(len(source)), laid_out, *permute)
+        out[mask] = laid_out
+
+    def _gather(self, flat: np.ndarray, out: np.ndarray, permute: tuple[int, int, int] | None = None) -> int:
         seq, segment, base, filled = self._header()
         if (seq, segment) != self.seen:
             # the segment staged before may have been sealed since: its shard is new
@@ -863,13 +906,13 @@ class RowFrameLeaf:
             first = segment * self.seg_rows
             staged = (flat >= first + base * self.num_envs) & (flat < first + filled * self.num_envs)
             if staged.any():
-                out[staged] = self.staged[flat[staged] - first]
+                self._put_raw(out, staged, self.staged[flat[staged] - first], permute)
                 raw = staged
         if self.ahead_segment >= 0:
             first = self.ahead_segment * self.seg_rows
             ahead = (flat >= first) & (flat < first + self.ahead_filled * self.num_envs)
             if ahead.any():
-                out[ahead] = self.ahead[flat[ahead] - first]  # type: ignore[index]
+                self._put_raw(out, ahead, self.ahead[flat[ahead] - first], permute)  # type: ignore[index]
                 raw = ahead if raw is None else raw | ahead
         if raw is not None:
             where = np.flatnonzero(~raw)
@@ -906,7 +949,7 @@ class RowFrameLeaf:
         if where is None:
             where = np.arange(flat.size)
         try:
-            self.frames.decode(native_rows.FrameBatch(self.buffers, which, where, offsets, lengths), out)
+            self.frames.decode(native_rows.FrameBatch(self.buffers, which, where, offsets, lengths), out, permute)
         except CorruptBufferError:
             raise
         except Exception as exc:

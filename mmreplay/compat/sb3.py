@@ -27,15 +27,16 @@ try:
 except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install extra
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
+from ..creation import create
 from ..errors import BadInputError, NotEnoughDataError, SpecMismatchError
-from ..frames import Frames
+from ..frames_layout import Frames
 from ..read import SampleRequest
 from ..read import sample as sample_store
 from ..spec import ArraySpec, unflatten
-from ..store import DEFAULT_COMMIT_EVERY, Store, create
+from ..store import DEFAULT_COMMIT_EVERY, Store
 from ._shared import StoreShell, read_origin, temporary, write_origin
 
-__all__ = ["ReplayBuffer", "DictReplayBuffer", "HerReplayBuffer", "MANIFEST_KIND"]
+__all__ = ["ReplayBuffer", "DictReplayBuffer", "NStepReplayBuffer", "HerReplayBuffer", "MANIFEST_KIND"]
 
 #: the store attribute recording the spaces a buffer was made for
 SPACES_ATTR = "sb3_spaces"
@@ -323,9 +324,14 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             return super().sample(batch_size, env)  # SB3's draw, then _get_samples
         if self._rng is None:
             self._rng = np.random.default_rng(np.random.randint(0, 2**32, size=4, dtype=np.uint64))
-        request = SampleRequest.build(batch_size, rng=self._rng, return_info=True, options=options)
+        request = SampleRequest.build(
+            batch_size, rng=self._rng, return_info=True, options=options, transform=self._transform(env)
+        )
         batch, self.last_info = sample_store(store, request)
         return self._to_samples(batch, env)
+
+    def _transform(self, env: Any) -> Any:
+        return None  # what a batch computes over its rows: n-step returns (_sb3_nstep)
 
     def update_priorities(self, priorities: Any, info: Any = None) -> int:
         """New priorities (such as ``|TD error|``) for the rows of a prioritized
@@ -454,3 +460,4 @@ class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
 
 
 from ._sb3_her import HerReplayBuffer  # noqa: E402 - it subclasses DictReplayBuffer
+from ._sb3_nstep import NStepReplayBuffer  # noqa: E402 - it subclasses ReplayBuffer

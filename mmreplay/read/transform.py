@@ -18,16 +18,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import NotEnoughDataError
-from .draws import Draw, Window
+from .draws import Draw, Window, check_steps
 from .readable import Readable
 
 __all__ = ["DrawnBatch", "Transform"]
 
 
 class Transform(Protocol):
-    """What a request's ``transform`` is. It must compare equal to an equal transform
-    (a frozen dataclass does): equal requests share a draw made ahead."""
+    """What a request's ``transform`` is. It must be hashable and equal to an equal
+    transform (a frozen dataclass is): the read path keeps its batch spec by it, and equal
+    requests share a draw made ahead."""
 
     def batch_spec(self, spec: Any, roles: Mapping[str, str]) -> Any:
         """The spec of the batches it returns, given the store's spec and roles.
@@ -79,23 +79,30 @@ class DrawnBatch:
         self.rows = dict(zip(paths, got))
         self._takes = dict(zip(paths, takes))
         self.lowest = int(step.min()) if step.size else window.end
+        # a step of the window less this is below 2 * capacity: the row ids the gathers wrap
+        self._fold = window.first - window.first % window.capacity
 
     def read(self, path: str, step: np.ndarray, env: np.ndarray) -> np.ndarray:
-        """One leaf's rows ``(step, env)`` (global step ids and env indices, broadcast
-        together): ``[*shape of the ids, *leaf shape]``.
+        """One leaf's rows ``(step, env)``: global step ids and env indices (int arrays,
+        broadcast together), ``[*shape of the ids, *leaf shape]``.
 
         Raises:
             NotEnoughDataError: a step lies outside :attr:`window`.
         """
-        step, env = np.broadcast_arrays(np.asarray(step, np.int64), np.asarray(env, np.int64))
-        if step.size:
-            lo, hi = int(step.min()), int(step.max())
-            first, end = self.window[:2]
-            if lo < first or hi >= end:
-                raise NotEnoughDataError(
-                    f"{self.store.path}: leaf {path!r}: steps [{lo}, {hi}] asked, the window drawn "
-                    f"from is [{first}, {end})"
-                )
-            self.lowest = min(self.lowest, lo)
-        store = self.store
-        return self._takes[path]((step % store.capacity) * store.num_envs + env)
+        return self.take(path, self.row_ids(step, env))
+
+    def row_ids(self, step: np.ndarray, env: np.ndarray) -> np.ndarray:
+        """The ids of the rows ``(step, env)``, checked to lie in :attr:`window`, for
+        :meth:`take` to read from several leaves.
+
+        Raises:
+            NotEnoughDataError: a step lies outside :attr:`window`.
+        """
+        step = np.asarray(step)
+        lo = check_steps(step, *self.window[:2], self.store.path, "the window drawn from is")
+        self.lowest = min(self.lowest, lo)
+        return (step - self._fold) * self.window.num_envs + np.asarray(env)
+
+    def take(self, path: str, row_ids: np.ndarray) -> np.ndarray:
+        """One leaf's rows by :meth:`row_ids`."""
+        return self._takes[path](row_ids)
