@@ -22,7 +22,7 @@ from stable_baselines3.her.goal_selection_strategy import KEY_TO_GOAL_STRATEGY
 
 from ..episodes import complete_spans, index_for
 from ..errors import BadInputError, NotEnoughDataError
-from ..read.hindsight import check_strategy, goal_leaves, goal_steps, relabel, reward_function
+from ..read.hindsight import check_strategy, goal_paths, goal_steps, relabel, reward_function
 from ..spec import unflatten
 from .sb3 import DictReplayBuffer
 
@@ -211,7 +211,7 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
     ) -> None:
         """Relabel the batch's ``items`` as SB3 does (its draws even when there are none)."""
         first, last, _ = store.episode_bounds(steps, envs)
-        goal = goal_leaves(store.spec, store.roles)
+        goal = goal_paths(store.roles)  # the leaves this class creates
         goal_at = goal_steps(self.goal_selection_strategy.name.lower(), steps, first, last, np.random.randint)
         goals = store.leaves[store.leaf_paths.index(goal.next_achieved)].take(
             (goal_at % self.buffer_size) * self.n_envs + envs

@@ -30,7 +30,16 @@ from ..errors import BadInputError
 from ..spec import flatten, leaf_paths
 from .transform import DrawnBatch
 
-__all__ = ["STRATEGIES", "GoalLeaves", "Hindsight", "goal_leaves", "goal_steps", "relabel", "reward_function"]
+__all__ = [
+    "STRATEGIES",
+    "GoalLeaves",
+    "Hindsight",
+    "goal_leaves",
+    "goal_paths",
+    "goal_steps",
+    "relabel",
+    "reward_function",
+]
 
 STRATEGIES = ("future", "final", "episode")
 
@@ -95,17 +104,22 @@ class GoalLeaves(NamedTuple):
     reward: str
 
 
+def goal_paths(roles: Mapping[str, str]) -> GoalLeaves:
+    """Where a goal-conditioned spec with these roles keeps its goals and reward."""
+    obs = roles.get("observation", "observation")
+    nxt = roles.get("next_observation", "next_observation")
+    return GoalLeaves(
+        f"{obs}/desired_goal", f"{nxt}/desired_goal", f"{nxt}/achieved_goal", roles.get("reward", "reward")
+    )
+
+
 def goal_leaves(spec: Any, roles: Mapping[str, str]) -> GoalLeaves:
     """The goal and reward leaves of a goal-conditioned spec, found through its roles.
 
     Raises:
         BadInputError: a leaf is missing, or the goals differ in shape.
     """
-    obs = roles.get("observation", "observation")
-    nxt = roles.get("next_observation", "next_observation")
-    goal = GoalLeaves(
-        f"{obs}/desired_goal", f"{nxt}/desired_goal", f"{nxt}/achieved_goal", roles.get("reward", "reward")
-    )
+    goal = goal_paths(roles)
     paths = leaf_paths(spec)
     missing = [p for p in goal if p not in paths]
     if missing:
@@ -197,7 +211,7 @@ class Hindsight:
         step, env = batch.step, batch.env
         if step.ndim != 1:
             raise BadInputError("hindsight relabelling relabels transitions: sample without num_steps")
-        goal = goal_leaves(batch.store.spec, batch.store.roles)
+        goal = goal_paths(batch.store.roles)  # checked by batch_spec
         # the drawn rows stay as drawn (a reader may run this again over them)
         leaves = {path: batch.rows[path].copy() for path in (goal.desired, goal.next_desired, goal.reward)}
         leaves[goal.next_achieved] = batch.rows[goal.next_achieved]
