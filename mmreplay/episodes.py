@@ -843,6 +843,8 @@ def episode_bounds(store: Any, steps: np.ndarray, envs: np.ndarray) -> tuple[np.
     spans = index_for(store).spans(store)
     steps = np.asarray(steps, np.int64)
     envs = np.asarray(envs, np.int64)
+    if not len(spans):
+        return steps.copy(), steps.copy(), np.zeros(steps.shape, bool)
     blocks = np.searchsorted(spans.env, np.arange(store.num_envs + 1))  # env e's spans: blocks[e]:blocks[e + 1]
     i = np.full(steps.shape, -1, np.int64)
     for env in np.unique(envs).tolist():
@@ -851,9 +853,7 @@ def episode_bounds(store: Any, steps: np.ndarray, envs: np.ndarray) -> tuple[np.
         found = np.searchsorted(spans.first[a:b], steps[rows], side="right") - 1
         i[rows] = np.where(found >= 0, a + found, -1)
     j = np.maximum(i, 0)
-    inside = (i >= 0) & (spans.last[j] >= steps) if len(spans) else np.zeros(steps.shape, bool)
-    if not len(spans):
-        return steps.copy(), steps.copy(), inside
+    inside = (i >= 0) & (spans.last[j] >= steps)
     first = np.where(inside, spans.first[j], steps)
     last = np.where(inside, spans.last[j], steps)
     return first, last, inside & (spans.code[j] > 0) & ~spans.cut[j]

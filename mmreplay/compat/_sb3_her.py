@@ -191,9 +191,8 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
                 "a value for learning_starts that is greater than the maximum number of timesteps in the environment."
             )
         nb_virtual = int(self.her_ratio * batch_size)
-        order = np.concatenate(
-            (np.arange(nb_virtual, batch_size), np.arange(nb_virtual))
-        )  # real ones first, as SB3
+        # SB3 relabels the first nb_virtual drawn and returns the others first
+        order = np.concatenate((np.arange(nb_virtual, batch_size), np.arange(nb_virtual)))
         inds, envs = drawn[0][order], drawn[1][order]
         steps = self._steps_of(inds)
         leaves = [leaf.take((steps % self.buffer_size) * self.n_envs + envs) for leaf in store.leaves]

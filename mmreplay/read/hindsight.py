@@ -34,6 +34,7 @@ __all__ = [
     "STRATEGIES",
     "GoalLeaves",
     "Hindsight",
+    "check_strategy",
     "goal_leaves",
     "goal_paths",
     "goal_steps",
