@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap
@@ -154,15 +153,10 @@ KILLED_WRITER = textwrap.dedent(
 )
 
 
-def test_a_buffer_killed_mid_episode_resumes_as_sb3s_truncated_one(tmp_path):
+def test_a_buffer_killed_mid_episode_resumes_as_sb3s_truncated_one(tmp_path, writers):
     path, manifest, count = str(tmp_path / "buf"), str(tmp_path / "rb.pkl"), 23
     code = KILLED_WRITER.format(tests=os.path.dirname(__file__), path=path, manifest=manifest, count=count)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout.readline().strip() == "written"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    writers.kill_when(writers.start(code, stdin=subprocess.PIPE), lambda line: line.strip() == "written")
     theirs = SB3HerReplayBuffer(60, *_spaces(2), _vec_env(2), "cpu", n_envs=2)
     steps = GoalSteps(2, seed=5)
     for _ in range(count):
@@ -230,34 +224,23 @@ def test_bad_arguments_are_refused_before_anything_is_created(tmp_path, kwargs, 
     assert not (tmp_path / "buf").exists()
 
 
-def test_the_bitflip_example_learns_is_killed_resumes_and_keeps_learning(tmp_path):
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sb3_her_bitflip.py")
+#: the example run as a script, its arguments after the code
+RUN_EXAMPLE = f"import runpy, sys; sys.argv[0] = {EXAMPLE!r}; runpy.run_path({EXAMPLE!r}, run_name='__main__')"
+
+
+def test_the_bitflip_example_learns_is_killed_resumes_and_keeps_learning(tmp_path, writers):
     run = tmp_path / "run"
-    example = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sb3_her_bitflip.py"
-    )
-    args = [
-        sys.executable,
-        example,
-        "--run",
-        str(run),
-        "--steps",
-        "900",
-        "--every",
-        "300",
-        "--bits",
-        "5",
-        "--eval-episodes",
-        "20",
-    ]
+    args = ["--run", run, "--steps", 900, "--every", 300, "--bits", 5, "--eval-episodes", 20]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torch's threads only slow a small net down
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+    proc = writers.start(RUN_EXAMPLE, *args, env=env)
     untrained = float(proc.stdout.readline().split("success")[1])
-    assert proc.stdout.readline().startswith("checkpoint: step 300")
-    proc.send_signal(signal.SIGKILL)  # while it learns on towards the next checkpoint
-    proc.wait()
+    writers.kill_when(proc, lambda line: line.startswith("checkpoint: step 300"))  # as it learns on
     with mr.open(run / "buffer") as store:
         committed = store.committed_steps
-    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", RUN_EXAMPLE, *map(str, args)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[0].startswith(f"start: step 300, buffer {committed} steps") and committed >= 300

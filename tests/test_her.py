@@ -4,9 +4,7 @@ episode index: on a wrapped ring, across a kill and a resume, for episodes still
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -189,15 +187,10 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_after_a_kill_and_a_resume_goals_stay_in_the_episode_the_killed_writer_left(tmp_path):
+def test_after_a_kill_and_a_resume_goals_stay_in_the_episode_the_killed_writer_left(tmp_path, writers):
     path = str(tmp_path / "b")
-    code = WRITER.format(tests=os.path.dirname(__file__), path=path)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout.readline().strip() == "written"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc = writers.start(WRITER.format(tests=os.path.dirname(__file__), path=path), stdin=subprocess.PIPE)
+    writers.kill_when(proc, lambda line: line.strip() == "written")
     with mr.open(path, "a") as store:
         assert store.total_steps == 40
         fill(store, range(40, 60))  # the resumed writer's own episodes; the killed ones end at step 39
