@@ -134,6 +134,29 @@ def test_her_ratio_timeouts_and_draws_are_sb3s(tmp_path, n_sampled_goal):
     ours.close()
 
 
+def test_the_stores_own_relabelling_takes_an_sb3_vec_env_and_pickles(tmp_path):
+    theirs, ours = _her_pair(tmp_path, 2, size=40)
+    steps = GoalSteps(2, seed=4)
+    for _ in range(30):
+        ours.add(*steps())
+    her = mr.Hindsight(ours.env, "episode", 1.0)
+    again = pickle.loads(pickle.dumps(her))  # as a request travels to a Ray actor
+    one, two = (ours.store.sample(64, rng=7, transform=t) for t in (her, again))
+    for path in ("observation", "next_observation"):
+        np.testing.assert_array_equal(one[path]["desired_goal"], two[path]["desired_goal"])
+    np.testing.assert_array_equal(one["reward"], two["reward"])
+    # the rewards are the env's for the new goals, computed as SB3 computes them
+    expected = ours.env.env_method(
+        "compute_reward",
+        one["next_observation"]["achieved_goal"],
+        one["observation"]["desired_goal"],
+        [{}] * 64,
+        indices=[0],
+    )[0]
+    np.testing.assert_array_equal(one["reward"], expected)
+    ours.close()
+
+
 KILLED_WRITER = textwrap.dedent(
     """
     import pickle, sys
@@ -224,9 +247,13 @@ def test_bad_arguments_are_refused_before_anything_is_created(tmp_path, kwargs, 
     assert not (tmp_path / "buf").exists()
 
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sb3_her_bitflip.py")
+EXAMPLE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sb3_her_bitflip.py"
+)
 #: the example run as a script, its arguments after the code
-RUN_EXAMPLE = f"import runpy, sys; sys.argv[0] = {EXAMPLE!r}; runpy.run_path({EXAMPLE!r}, run_name='__main__')"
+RUN_EXAMPLE = (
+    f"import runpy, sys; sys.argv[0] = {EXAMPLE!r}; runpy.run_path({EXAMPLE!r}, run_name='__main__')"
+)
 
 
 def test_the_bitflip_example_learns_is_killed_resumes_and_keeps_learning(tmp_path, writers):
@@ -239,7 +266,11 @@ def test_the_bitflip_example_learns_is_killed_resumes_and_keeps_learning(tmp_pat
     with mr.open(run / "buffer") as store:
         committed = store.committed_steps
     out = subprocess.run(
-        [sys.executable, "-c", RUN_EXAMPLE, *map(str, args)], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-c", RUN_EXAMPLE, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()

@@ -203,6 +203,15 @@ class Hindsight:
         object.__setattr__(self, "fraction", check_fraction(self.fraction))
         object.__setattr__(self, "reward_fn", reward_function(self.env))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to Ray actors, say) without the bound reward function, found again on load."""
+        return {"env": self.env, "strategy": self.strategy, "fraction": self.fraction}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "reward_fn", reward_function(self.env))
+
     def batch_spec(self, spec: Any, roles: Mapping[str, str]) -> Any:
         """The store's spec (relabelling changes values, not leaves), once its goal leaves are checked."""
         goal_leaves(spec, roles)
