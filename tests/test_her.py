@@ -104,6 +104,16 @@ def test_relabelled_goals_come_from_the_same_episode_by_the_strategy(tmp_path, s
         np.testing.assert_array_equal(plain["action"], batch["action"])
 
 
+def test_a_prioritized_store_relabels_the_rows_its_sampler_draws(tmp_path):
+    with mr.create(tmp_path / "b", SPEC, capacity=60, num_envs=2, sampler="prioritized", alpha=1.0) as store:
+        fill(store, range(40))
+        batch, info = store.sample(
+            500, rng=8, return_info=True, transform=mr.Hindsight(compute_reward, "future", 1.0)
+        )
+        assert info.weight is not None
+        check_relabelled(store, batch, info, "future")
+
+
 def test_the_fraction_relabels_none_or_every_transition(tmp_path):
     with mr.create(tmp_path / "b", SPEC, capacity=50, num_envs=2) as store:
         fill(store, range(30))
