@@ -68,8 +68,10 @@ def test_a_store_the_transform_cannot_serve_is_refused_before_drawing(tmp_path):
     with make(tmp_path) as store:
         with pytest.raises(mr.BadInputError, match="needs a 'reward' role"):
             store.sample(4, transform=Ahead(1, role="reward"))
-        with pytest.raises(mr.BadInputError, match="out= and a transform"):
+        with pytest.raises(mr.BadInputError, match="transform cannot be combined with out="):
             store.sample(4, out=store.empty_batch(4), transform=Ahead(1))
+        with pytest.raises(mr.BadInputError, match="or layout="):
+            store.sample(4, layout="NCHW", transform=Ahead(1))
 
 
 def test_reads_outside_the_window_are_refused(tmp_path):

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common import buffers as sb3_buffers
 
-from ..read import NStep, SampleRequest
-from ..read import sample as sample_store
-from ..read.draws import Draw, Window
-from .sb3 import ReplayBuffer
+from ...read import NStep, SampleRequest
+from ...read import sample as sample_store
+from ...read.draws import Draw, Window
+from .buffers import ReplayBuffer
 
 __all__ = ["NStepReplayBuffer"]
 

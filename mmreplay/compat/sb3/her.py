@@ -20,11 +20,11 @@ from stable_baselines3.common.type_aliases import DictReplayBufferSamples
 from stable_baselines3.her import her_replay_buffer as sb3_her
 from stable_baselines3.her.goal_selection_strategy import KEY_TO_GOAL_STRATEGY
 
-from ..episodes import complete_spans, index_for
-from ..errors import BadInputError, NotEnoughDataError
-from ..read.hindsight import check_strategy, goal_paths, goal_steps, relabel, reward_function
-from ..spec import unflatten
-from .sb3 import DictReplayBuffer
+from ...episodes import complete_spans, index_for
+from ...errors import BadInputError, NotEnoughDataError
+from ...read.hindsight import check_strategy, goal_paths, goal_steps, relabel, reward_function
+from ...spec import unflatten
+from .buffers import DictReplayBuffer
 
 __all__ = ["HerReplayBuffer"]
 
