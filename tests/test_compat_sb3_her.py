@@ -135,7 +135,7 @@ def test_her_ratio_timeouts_and_draws_are_sb3s(tmp_path, n_sampled_goal):
 
 
 def test_the_stores_own_relabelling_takes_an_sb3_vec_env_and_pickles(tmp_path):
-    theirs, ours = _her_pair(tmp_path, 2, size=40)
+    _, ours = _her_pair(tmp_path, 2, size=40)
     steps = GoalSteps(2, seed=4)
     for _ in range(30):
         ours.add(*steps())
