@@ -51,8 +51,8 @@ import numpy as np
 
 from .backends.base import disk_full_as
 from .errors import CorruptBufferError, NotEnoughDataError
-from .files import open_inside, read_inside
 from .hooks import WriteHook
+from .io.local import open_inside, read_inside
 from .metadata import atomic_write
 from .roles import subtree
 from .spec import leaf_paths, unflatten

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputError, CorruptBufferError, SpecError
-from .files import folder_inside
+from .io.local import folder_inside
 from .roles import subtree
 from .spec import ArraySpec, flatten, leaf_paths
 

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptBufferError, NotABufferError, UnsupportedFormatError
-from .files import atomic_write, read_inside
+from .files import atomic_write
+from .io.local import read_inside
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json, validate_leaf_path
 from .statefile import STATE_FILE, State, StateFile, write_fresh
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from .backends import zarr_v3
 from .errors import CorruptBufferError, SpecMismatchError, TargetError
-from .files import unsafe_entries
+from .io.local import unsafe_entries
 from .metadata import METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
 from .objstore import UPLOADS_IN_FLIGHT, Location, gather_all, shard_key, shard_layout, split_url
 from .spec import spec_to_json

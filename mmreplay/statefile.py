@@ -29,7 +29,8 @@ import zlib
 from dataclasses import dataclass
 
 from .errors import CorruptBufferError, NotABufferError
-from .files import atomic_write, open_inside
+from .files import atomic_write
+from .io.local import open_inside
 
 __all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "oldest_retained", "salvage", "slot_ranges", "write_fresh"]
 

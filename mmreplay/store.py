@@ -48,6 +48,7 @@ from .errors import (
 )
 from .files import interrupts_deferred, make_folders, remove_dead_scratch, scratch_path
 from .hooks import WriteHook, overrides
+from .io import LocalFolder
 from .lock import WriterLock
 from .metadata import (
     DURABILITIES,
@@ -127,7 +128,7 @@ class Store:
                 self._state_file = location.open_state()
             try:
                 if location is None:
-                    entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
+                    entries = backends.get(meta.backend).open_leaves(LocalFolder(path), meta, mode == "a")
                 else:
                     entries = location.open_leaves(meta)
             except BaseException:
@@ -144,7 +145,7 @@ class Store:
             try:
                 if location is None:
                     side_entries = backends.get(meta.backend).open_leaves(
-                        _frames.side_folder(path), _frames.side_metadata(meta), mode == "a"
+                        LocalFolder(_frames.side_folder(path)), _frames.side_metadata(meta), mode == "a"
                     )
                 else:
                     side_entries = location.child(_frames.SIDE_DIR).open_leaves(_frames.side_metadata(meta))

@@ -43,7 +43,7 @@ from . import backends
 from .backends.checks import Repairs
 from .backends.hdf5 import hdf5_status
 from .errors import CorruptBufferError, Error, NotABufferError, UnsupportedFormatError
-from .files import read_inside, unsafe_entries
+from .io.local import LocalFolder, read_inside, unsafe_entries
 from .lock import WriterLock, holder_pid
 from .metadata import (
     METADATA_FILE,
@@ -164,7 +164,7 @@ def _side_ref(module: Any, side_folder: str, side: Metadata, found: list[str]) -
     if found:
         return None
     try:
-        (leaf,) = module.open_leaves(side_folder, _only_ref(side), False)
+        (leaf,) = module.open_leaves(LocalFolder(side_folder), _only_ref(side), False)
     except Error as exc:
         found.append(f"does not open: {exc}")
         return None
@@ -180,7 +180,7 @@ def _only_ref(side: Metadata) -> Metadata:
 
 
 def _write_ref(module: Any, side_folder: str, side: Metadata, ref: np.ndarray) -> None:
-    (leaf,) = module.open_leaves(side_folder, _only_ref(side), True)
+    (leaf,) = module.open_leaves(LocalFolder(side_folder), _only_ref(side), True)
     try:
         leaf.write_slots(np.arange(len(ref)), ref[:, None])
         leaf.flush(True)
@@ -661,7 +661,7 @@ def _side_entries(folder: str, meta: Metadata, first: int, end: int) -> Any:
 
     if end <= first:
         return
-    leaves = backends.get(meta.backend).open_leaves(folder, meta, False)
+    leaves = backends.get(meta.backend).open_leaves(LocalFolder(folder), meta, False)
     try:
         leaf = next(leaf for leaf in leaves if getattr(leaf, "info", None) and leaf.info.path == NEXT_LEAF)
         for a in range(first, end, BLOCK_STEPS):

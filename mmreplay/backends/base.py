@@ -23,7 +23,6 @@ import numpy as np
 
 from ..codecs import LEVELS, Compression, parse
 from ..errors import CorruptBufferError, DiskFullError, RemoteError
-from ..files import open_inside
 from ..metadata import LeafInfo
 
 __all__ = [
@@ -33,7 +32,6 @@ __all__ = [
     "ChunkIO",
     "Compression",
     "parse_compression",
-    "map_file",
     "preallocate",
 ]
 
@@ -219,28 +217,6 @@ def fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def map_file(folder: str, rel: str, writable: bool, need: int) -> mmap.mmap | None:
-    """Map the whole data file ``folder/rel``, checking it holds at least ``need`` bytes."""
-    path = os.path.join(folder, rel)
-    try:
-        fd = open_inside(folder, rel, os.O_RDWR if writable else os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        raise CorruptBufferError(f"{path}: data file is missing") from None
-    except IsADirectoryError:
-        raise CorruptBufferError(f"{path}: expected a data file, found a folder") from None
-    try:
-        size = os.fstat(fd).st_size
-        if size < need:
-            raise CorruptBufferError(
-                f"{path}: data file is truncated: expected at least {need} bytes, found {size}"
-            )
-        if size == 0:
-            return None
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
     finally:
         os.close(fd)
 

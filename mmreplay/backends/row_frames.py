@@ -53,7 +53,7 @@ import numpy as np
 
 from ..codecs import parse
 from ..errors import CorruptBufferError, SpecError
-from ..files import open_inside, read_inside, replace_inside
+from ..io.local import open_inside, read_inside, replace_inside
 from ..metadata import LeafInfo
 from ..spec import is_image
 from . import native_rows

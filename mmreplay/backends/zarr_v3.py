@@ -31,9 +31,10 @@ from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipC
 from zarr.core.buffer import default_buffer_prototype
 
 from ..errors import CorruptBufferError, SpecError
-from ..files import open_inside, read_inside, replace_inside
+from ..io import ByteSource
+from ..io.local import open_inside, read_inside, replace_inside
 from ..metadata import LeafInfo, Metadata, little_endian
-from .base import ChunkedLeaf, Leaf, MappedLeaf, fsync_files, map_file, parse_compression, preallocate
+from .base import ChunkedLeaf, Leaf, MappedLeaf, fsync_files, parse_compression, preallocate
 from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
 from .row_frames import (
     STAGING_FILE,
@@ -351,12 +352,13 @@ def leaf_nbytes(meta: Metadata, leaf: LeafInfo) -> int:
     return meta.capacity * meta.num_envs * leaf.spec.nbytes
 
 
-def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
+def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf]:
+    folder = source.path
     out: list[Leaf] = []
     for leaf in meta.leaves:
         path = os.path.join(folder, leaf.file or "")
         if leaf.mapped:
-            mm = map_file(folder, leaf.file or "", writable, (leaf.offset or 0) + leaf_nbytes(meta, leaf))
+            mm = source.map(leaf.file or "", writable, (leaf.offset or 0) + leaf_nbytes(meta, leaf))
             out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm))
             continue
         try:

@@ -1,0 +1,153 @@
+"""The byte-source contract: the objects of one store, by key, wherever they are.
+
+A key is a path inside the store with ``/`` between names (``mmreplay.json``,
+``data.zarr/obs/c/0/0/0``). Everything a store reads goes through a :class:`ByteSource`:
+whole objects with a size limit, and the ranged reads of a batch through :class:`Handle`s,
+many at once (:meth:`ByteSource.read_ranges`). A local folder maps and writes its files
+too; an object-store prefix is read-only to a store (``mmreplay.push`` publishes it).
+
+The ranged reads are coroutines, so that an object store keeps every request of a batch
+in flight together. A local folder never waits inside them: its reads run to the end in
+place (:func:`run_now`), without an event loop.
+"""
+
+from __future__ import annotations
+
+import mmap
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Coroutine, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ByteSource", "Handle", "ObjectChanged", "run_now"]
+
+
+class ObjectChanged(Exception):
+    """A handle's object was replaced since the handle first read it (a push): what was
+    read from it may not match what it read before. The reader forgets it and reads again."""
+
+    def __init__(self, handle: Handle):
+        super().__init__(handle.key)
+        self.handle = handle
+
+
+def run_now(coro: Coroutine[Any, Any, Any]) -> Any:
+    """The result of a coroutine that never waits (a local folder's reads), run in place."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a local read waited for an event loop")
+
+
+class Handle(ABC):
+    """One object opened for ranged reads. It reads one version of the object: a local
+    file's descriptor holds its inode; an object's first read pins its ETag, and a later
+    read of a replaced object raises :class:`ObjectChanged`."""
+
+    key: str
+    #: the object's bytes and version (what changes when it is replaced), once known
+    size: int | None = None
+    version: Hashable | None = None
+    #: it holds a file descriptor, of which a process has few
+    scarce = False
+
+    def map(self) -> mmap.mmap | bytes | None:
+        """The object memory-mapped read-only (``b""`` when empty); None where objects
+        cannot be mapped."""
+        return None
+
+    def read_at(self, offset: int, nbytes: int) -> bytes:
+        """Up to ``nbytes`` bytes from ``offset`` (fewer at the end)."""
+        raise NotImplementedError
+
+    def write_at(self, offset: int, data: bytes, sync: bool = False) -> None:
+        """Write ``data`` at ``offset`` (``sync``: to the disk before returning)."""
+        raise NotImplementedError
+
+    def close(self) -> None:  # noqa: B027 (nothing to release for most handles)
+        """Let go of what the handle holds."""
+
+
+#: one ranged read: (handle, start, end); ``start < 0`` reads the last ``-start`` bytes
+Range = tuple[Handle, int, int]
+
+
+class ByteSource(ABC):
+    """The objects of one store.
+
+    Capability flag: ``local``: a folder on this machine, whose files can be mapped and
+    written in place (else an object-store prefix, read-only to a store).
+    """
+
+    local: bool
+    #: the folder's path or the prefix's URL, as messages name the store
+    url: str
+    #: ranges of one object fewer bytes apart than this are read as one, with the bytes between
+    gap_bytes: int
+
+    def where(self, key: str) -> str:
+        """How a message names the object ``key``."""
+        return f"{self.url}/{key}" if key else self.url
+
+    @abstractmethod
+    def child(self, folder: str) -> ByteSource:
+        """The objects under ``folder`` (a store's subfolder)."""
+
+    # --- whole objects ------------------------------------------------------------
+
+    @abstractmethod
+    def read(self, key: str, limit: int, what: str = "the object", start: int = 0, end: int | None = None) -> bytes:
+        """The bytes ``[start, end)`` of ``key`` (``start < 0``: its last ``-start``
+        bytes), refusing more than ``limit`` with a :class:`CorruptBufferError` before
+        reading them (``what`` names the object). FileNotFoundError when there is none."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, under: str = "") -> dict[str, int]:
+        """Key -> size of every object under ``under``."""
+
+    @abstractmethod
+    def replace(self, key: str, data: bytes | memoryview, exclusive: bool = False) -> None:
+        """Write ``key`` whole, atomically: a reader finds the old object or the new one
+        (``exclusive``: only where there is none yet)."""
+
+    def no_store(self) -> Exception:
+        """The error for a source that holds no store (its metadata is missing)."""
+        from ..errors import NotABufferError
+
+        return NotABufferError(f"{self.url}: not an mmreplay store")
+
+    # --- ranged reads -------------------------------------------------------------
+
+    @abstractmethod
+    def handle(self, key: str, writable: bool = False) -> Handle:
+        """A handle of ``key`` for ranged reads (``writable``: and writes, in a local
+        folder). A local file is opened now (FileNotFoundError when there is none); an
+        object is found at its first read."""
+
+    def map(self, key: str, writable: bool, need: int = 0) -> mmap.mmap | None:
+        """The whole file ``key`` memory-mapped (None when it is empty), checked to hold
+        at least ``need`` bytes: a local folder's only."""
+        raise NotImplementedError(f"{self.url}: objects here cannot be memory-mapped")
+
+    @abstractmethod
+    async def read_ranges(
+        self, ranges: Sequence[Range], into: np.ndarray, advise: bool = False
+    ) -> list[int | None]:
+        """Read every range into ``into``, one after the other, each in as many bytes as
+        it asked for; together (an object store sends every request at once and returns
+        once each has ended). The bytes each range got, None for an object that is
+        missing. ``advise``: ask a local disk for every range before reading any."""
+
+    async def together(self, *aws: Awaitable[Any]) -> list[Any]:
+        """Each awaitable's result, in order (an object store runs them concurrently)."""
+        return [await a for a in aws]
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run a coroutine of this source's reads to its end."""
+        return run_now(coro)
