@@ -31,7 +31,12 @@ import time
 import numpy as np
 
 import mmreplay as mr
-from mmreplay.backends import native_rows, row_frames
+from mmreplay.backends import native_rows
+
+try:  # where the budgets are read
+    from mmreplay.backends import row_reads as row_frames
+except ImportError:  # a checkout from before the reads had a module of their own
+    from mmreplay.backends import row_frames  # type: ignore[no-redef]
 
 from .atari_like import frames, stacked
 

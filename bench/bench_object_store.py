@@ -107,7 +107,7 @@ def rows_per_second(store: mr.Store, batches: int) -> dict[str, float]:
 def frame_bytes(folder: str, leaf: str) -> float:
     """The mean bytes of one compressed row's frame: the leaf's sealed shard files (all
     rows written) less their indexes, per row."""
-    from mmreplay.backends.row_frames import index_bytes
+    from mmreplay.backends.row_reads import index_bytes
 
     with mr.open(folder) as store:
         info = store.leaves[store.leaf_paths.index(leaf)].info
@@ -128,11 +128,14 @@ def row_leaf_ab(url: str, leaf: str, batches: int) -> dict[str, float]:
     chunks through zarr's ``ObjectStore`` (how another compressed leaf is read, with no
     decoded chunk kept between batches). Median ms per batch and bytes per batch."""
     from mmreplay.backends.base import ChunkedLeaf
-    from mmreplay.objstore import RemoteChunks
+    from mmreplay.backends.zarr_source import open_array
+    from mmreplay.backends.zarr_v3 import ZarrChunks
 
     with mr.open(url) as store:
         frames = store.leaves[store.leaf_paths.index(leaf)]
-        chunks = ChunkedLeaf(frames.info, store.capacity, RemoteChunks(store.location, frames.info, store.metadata), 0)
+        rel = f"data.zarr/{leaf}"
+        arr = open_array(store.source, rel, frames.info, store.num_envs, store.capacity, False)
+        chunks = ChunkedLeaf(frames.info, store.capacity, ZarrChunks(store.source, rel, arr), 0)
         first, end = store.first_step, store.committed_steps
         rng = np.random.default_rng(0)
         times: dict[str, list[float]] = {"frames": [], "chunks": []}

@@ -55,7 +55,7 @@ def _hdf5_storage(folder: str, leaves: list[Any]) -> dict[str, int]:
 
 def object_sizes(store: mr.Store) -> dict[str, int] | None:
     """Key -> bytes of every object of a store in object storage (None: a local store)."""
-    location = store._location
+    location = store.location
     return None if location is None else location.list()
 
 

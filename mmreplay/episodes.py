@@ -52,7 +52,7 @@ import numpy as np
 from .backends.base import disk_full_as
 from .errors import CorruptBufferError, NotEnoughDataError
 from .hooks import WriteHook
-from .io.local import open_inside, read_inside
+from .io.local import open_inside
 from .metadata import atomic_write
 from .roles import subtree
 from .spec import leaf_paths, unflatten
@@ -267,8 +267,9 @@ class EpisodeIndex:
     """The end records of one store, in memory and (for stores with end roles) on disk."""
 
     def __init__(self, store: Any):
-        self.folder = store.path
-        self.path = os.path.join(store.path, INDEX_FILE)
+        self.folder = store.path  # (a writer's: it writes the file in place)
+        self.source = store.source
+        self.path = self.source.where(INDEX_FILE)
         self.rule = EndRule(store)
         self.writable = store.mode == "a"
         self.capacity = store.capacity
@@ -334,7 +335,7 @@ class EpisodeIndex:
     def _read_file(self) -> tuple[int, bytes, np.ndarray, int] | None:
         """``(origin, generation, records, bytes parsed)`` of the file, None if absent or bad."""
         try:
-            raw = read_inside(self.folder, INDEX_FILE, index_limit(self.capacity, self.num_envs), "an episode index")
+            raw = self.source.read(INDEX_FILE, index_limit(self.capacity, self.num_envs), "an episode index")
         except FileNotFoundError:
             return None
         except CorruptBufferError as exc:  # a link, a FIFO, a file too large: never read
@@ -492,20 +493,22 @@ class EpisodeIndex:
         self.synced = state
 
     def _read_new(self, store: Any) -> None:
+        if not self.source.local:  # an object is replaced whole by each push: read it whole
+            self._reload(store)
+            return
         try:
-            fd = open_inside(self.folder, INDEX_FILE)
+            handle = self.source.handle(INDEX_FILE)
         except (FileNotFoundError, CorruptBufferError):
             self._start_scan_mode(store)
             return
         try:
-            head = os.pread(fd, HEADER_BYTES, 0)
+            head = handle.read_at(0, HEADER_BYTES)
             if self.origin is None or head[16:24] != self.generation or head[:8] != MAGIC:
                 self._reload(store)
                 return
-            size = os.fstat(fd).st_size
-            count = (size - self.parsed) // RECORD.itemsize
+            count = (handle.size - self.parsed) // RECORD.itemsize
             if count > 0:
-                raw = os.pread(fd, count * RECORD.itemsize, self.parsed)
+                raw = handle.read_at(self.parsed, count * RECORD.itemsize)
                 rec = np.frombuffer(raw, RECORD, len(raw) // RECORD.itemsize).copy()
                 if len(rec) and self.n and rec["step"][0] < self.records["step"][-1]:
                     self._reload(store)  # not an append of what we have: read it whole
@@ -513,7 +516,7 @@ class EpisodeIndex:
                 self._append_memory(rec)
                 self.parsed += len(rec) * RECORD.itemsize
         finally:
-            os.close(fd)
+            handle.close()
 
     def _reload(self, store: Any) -> None:
         found = self._read_file()

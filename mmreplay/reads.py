@@ -34,7 +34,6 @@ cache) are read in parallel again while page-cached batches pay no per-row sysca
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -46,24 +45,16 @@ import numpy as np
 
 from . import sampling
 from .errors import BadInputError, NotEnoughDataError
+from .io.local import DiskReads
 from .spec import ArraySpec, leaf_paths, unflatten
 from .statefile import slot_ranges
 from .values import flatten_value
-
-try:
-    import resource
-except ImportError:  # Windows: no rusage, no per-batch decision
-    resource = None  # type: ignore[assignment]
 
 __all__ = ["SampleInfo", "sample", "empty_batch", "iterate", "read_rows", "set_prefetch", "set_rng"]
 
 MAX_RESAMPLES = 16
 POPULATE_PIECE_BYTES = 16 << 20  # a closing store waits for at most one piece
 WRITE_WINDOW_BYTES = 16 << 20  # a writer's slots ahead of its cursor kept on readahead
-# A batch prefetches when the process read from the disk, since the last check, at least
-# this share of what the batch reads when cold (below it: other files, a stray page).
-COLD_SHARE = 8
-WARM_CHECK = 4  # after a batch found warm, the next check is this many batches later
 
 
 @dataclass(frozen=True)
@@ -254,59 +245,6 @@ def empty_batch(store: Any, batch_size: int, num_steps: int | None = None) -> An
     items = (int(batch_size),) if num_steps is None else (int(batch_size), int(num_steps))
     reader = reader_for(store)
     return reader.pack([np.empty(items + shape, dtype) for shape, dtype in zip(reader.shapes, reader.dtypes)])
-
-
-class DiskReads:
-    """Whether the pages of the next random batch are likely out of memory, judged from
-    what the process read from the disk since the previous batch: its major page faults
-    (a page faulted in from the file) and block reads (``ru_inblock``, which counts the
-    reads a ``MADV_WILLNEED`` started too, where a prefetched page then faults as a minor
-    one). A batch prefetches its pages (``MADV_WILLNEED`` per run of pages, about a
-    microsecond per call) only then, and the first batch always: a cold batch of rows of
-    several pages is read in parallel instead of one synchronous page fault at a time
-    under ``MADV_RANDOM``. A cold batch checks again at the next batch; a page-cached one
-    only every ``WARM_CHECK`` batches (one ``getrusage`` each, about a microsecond, which
-    weighs on batches of small rows), so pages evicted meanwhile fault one by one for at
-    most that many batches.
-
-    ``prefetched`` counts the batches it sent to the prefetch."""
-
-    def __init__(self, row_bytes: int):
-        # What a cold batch reads per row, so that a few pages of code or of other files
-        # read meanwhile do not pass for one.
-        self.row_bytes = max(1, row_bytes)
-        self.mark: int | None = None  # bytes read from the disk so far, at the last check
-        self.skip = 0  # batches left until the next check
-        self.prefetched = 0
-
-    @classmethod
-    def for_leaves(cls, mapped: list[Any], prefetch: bool) -> DiskReads | None:
-        """The decision for a store's mapped leaves, or None where every batch prefetches
-        anyway, nothing is mapped, or the OS keeps no rusage (Windows)."""
-        if not mapped or prefetch or resource is None:
-            return None
-        # a page of each leaf at least per row: random rows of small leaves share no page
-        return cls(sum(max(leaf.row_bytes, mmap.PAGESIZE) for leaf in mapped))
-
-    def cold(self, rows: int) -> bool:
-        """True when this batch of ``rows`` rows should prefetch its pages."""
-        if self.skip:
-            self.skip -= 1
-            return False
-        now = disk_bytes_read()
-        last, self.mark = self.mark, now
-        if last is not None and (now - last) * COLD_SHARE < rows * self.row_bytes:
-            self.skip = WARM_CHECK - 1
-            return False
-        self.prefetched += 1
-        return True
-
-
-def disk_bytes_read() -> int:
-    """Bytes the process has read from the disk so far, by page faults and block reads
-    (counted twice where both saw them: it only needs to grow with the reads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_majflt * mmap.PAGESIZE + usage.ru_inblock * 512
 
 
 class _Prefetcher:

@@ -18,8 +18,8 @@ LAYERS = [
     {"io", "files"},
     {"metadata", "lock", "statefile"},
     {"backends"},
-    {"store", "sampling", "episodes", "reads", "objstore"},
-    {"snapshots", "export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images", "group", "ray", "rerun"},
+    {"store", "sampling", "episodes", "reads"},
+    {"snapshots", "objstore", "export", "compat", "importers", "convert", "verify", "torture", "demo", "view", "sizes", "terminal_images", "group", "ray", "rerun"},
 ]
 STORAGE_LIBS = {"zarr", "h5py", "hdf5plugin"}
 OPTIONAL = {"torch", "gymnasium", "minari", "d3rlpy", "pyarrow", "datasets", "tensorflow", "matplotlib", "yaml", "pandas", "PIL", "imageio_ffmpeg", "torchrl", "tensordict", "ray", "av", "rerun"}

@@ -1,5 +1,5 @@
 """Random rows whose pages are out of memory: each batch prefetches its pages when the
-process read from the disk since the previous one (``reads.DiskReads``), and the rows
+process read from the disk since the previous one (``local.DiskReads``), and the rows
 it returns are those of a store that never prefetches."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 
 import mmreplay as mr
 from mmreplay import reads
+from mmreplay.io import local
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_ENVS = 4
@@ -72,9 +73,9 @@ def read_steps(store, n: int) -> None:
 def reads_from_disk(store) -> bool:
     """Whether dropping the pages makes reading them read the disk here (not on tmpfs)."""
     drop_pages(store)
-    before = reads.disk_bytes_read()
+    before = local.disk_bytes_read()
     read_steps(store, 4)
-    return reads.disk_bytes_read() > before
+    return local.disk_bytes_read() > before
 
 
 def check(batch: dict, info) -> None:
@@ -111,32 +112,32 @@ def test_a_batch_prefetches_after_disk_reads_and_not_on_cached_pages(store_path)
         assert decide.prefetched == 1  # the first batch: nothing known yet
         read_steps(store, STEPS)  # every page cached and mapped
         before = decide.prefetched
-        for i in range(3 * reads.WARM_CHECK):
+        for i in range(3 * local.WARM_CHECK):
             store.sample(32, rng=i)
         assert decide.prefetched == before
         if not reads_from_disk(store):
             pytest.skip("this file system keeps its pages in memory (tmpfs): nothing to read from disk")
         # Pages dropped while batches run: a batch that faults from the disk sends the
         # next checked batches to the prefetch, which stays on while they read the disk.
-        for i in range(2 * reads.WARM_CHECK):
+        for i in range(2 * local.WARM_CHECK):
             drop_pages(store)
             batch, info = store.sample(32, rng=100 + i, return_info=True)
             check(batch, info)
-        assert decide.prefetched >= before + reads.WARM_CHECK
+        assert decide.prefetched >= before + local.WARM_CHECK
         # Cached again: the checks go back to one in WARM_CHECK batches, none prefetching.
         read_steps(store, STEPS)
         store.sample(32, rng=0)  # reads nothing; the reads since the last check may still count
         settled = decide.prefetched
-        for i in range(3 * reads.WARM_CHECK):
+        for i in range(3 * local.WARM_CHECK):
             store.sample(32, rng=i)
         assert decide.prefetched == settled
 
 
 def test_the_decision_reads_the_process_disk_reads(tmp_path):
-    decide = reads.DiskReads(1)
+    decide = local.DiskReads(1)
     assert decide.cold(1)  # the first batch
     assert not decide.cold(1)  # nothing read since
-    for _ in range(reads.WARM_CHECK - 1):
+    for _ in range(local.WARM_CHECK - 1):
         assert not decide.cold(1)
     path = tmp_path / "f"
     path.write_bytes(os.urandom(1 << 20))
@@ -144,9 +145,9 @@ def test_the_decision_reads_the_process_disk_reads(tmp_path):
     try:
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        before = reads.disk_bytes_read()
+        before = local.disk_bytes_read()
         os.pread(fd, 1 << 20, 0)
-        if reads.disk_bytes_read() == before:
+        if local.disk_bytes_read() == before:
             pytest.skip("this file system keeps its pages in memory (tmpfs): nothing to read from disk")
     finally:
         os.close(fd)

@@ -30,6 +30,7 @@ __all__ = [
     "MappedLeaf",
     "ChunkedLeaf",
     "ChunkIO",
+    "TakenLeaf",
     "Compression",
     "parse_compression",
     "preallocate",
@@ -359,6 +360,32 @@ class MappedLeaf:
             except BufferError:
                 pass  # a caller still holds a view; the mapping closes with it
             self.mm = None
+
+
+class TakenLeaf:
+    """``read``, ``read_rows`` and the page-cache calls of a leaf read only through
+    ``take`` (frames decoded, rows fetched by range): there is no mapping of rows to advise."""
+
+    capacity: int
+    num_envs: int
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def read(self, slots: Any) -> np.ndarray:
+        if isinstance(slots, slice):
+            slots = np.arange(self.capacity)[slots]
+        idx = np.asarray(slots, np.int64)
+        return self.take((idx % self.capacity)[..., None] * self.num_envs + np.arange(self.num_envs))
+
+    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
+        return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
+
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
+        """Rows are read whole by offset: nothing to advise."""
+
+    def willneed(self, rows: np.ndarray) -> None:
+        """Rows are read on demand: nothing to prefetch."""
 
 
 class ChunkIO(Protocol):

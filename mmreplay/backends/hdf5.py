@@ -47,7 +47,7 @@ from .h5chunks import (
     require_file_filters,
     require_filters,
 )
-from .row_frames import is_row_compression
+from .row_codec import is_row_compression
 
 DATA_FILE = "data.h5"
 

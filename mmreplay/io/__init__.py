@@ -7,12 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import ByteSource, Handle, ObjectChanged, run_now
+from .base import SCHEME, ByteSource, Handle, ObjectChanged, run_now
 from .local import LocalFolder
 
 __all__ = ["ByteSource", "Handle", "LocalFolder", "ObjectChanged", "is_url", "open_source", "run_now"]
-
-SCHEME = "s3://"
 
 
 def is_url(path: Any) -> bool:

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import mmap
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Coroutine, Hashable, Sequence
+from collections.abc import Coroutine, Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ByteSource", "Handle", "ObjectChanged", "run_now"]
+__all__ = ["SCHEME", "ByteSource", "Handle", "ObjectChanged", "Range", "run_now"]
+
+SCHEME = "s3://"
 
 
 class ObjectChanged(Exception):
     """A handle's object was replaced since the handle first read it (a push): what was
-    read from it may not match what it read before. The reader forgets it and reads again."""
+    read before may not match it. The reader forgets the handle and reads again."""
 
     def __init__(self, handle: Handle):
         super().__init__(handle.key)
@@ -42,10 +44,10 @@ def run_now(coro: Coroutine[Any, Any, Any]) -> Any:
     raise RuntimeError("a local read waited for an event loop")
 
 
-class Handle(ABC):
-    """One object opened for ranged reads. It reads one version of the object: a local
-    file's descriptor holds its inode; an object's first read pins its ETag, and a later
-    read of a replaced object raises :class:`ObjectChanged`."""
+class Handle:
+    """One object opened for ranged reads, of one version: a local file's descriptor
+    holds its inode; an object's first ranged read pins its ETag, and a later one of a
+    replaced object raises :class:`ObjectChanged`."""
 
     key: str
     #: the object's bytes and version (what changes when it is replaced), once known
@@ -53,21 +55,22 @@ class Handle(ABC):
     version: Hashable | None = None
     #: it holds a file descriptor, of which a process has few
     scarce = False
+    #: :meth:`map` maps it
+    mappable = False
 
-    def map(self) -> mmap.mmap | bytes | None:
-        """The object memory-mapped read-only (``b""`` when empty); None where objects
-        cannot be mapped."""
-        return None
+    def map(self) -> mmap.mmap | bytes:
+        """The object memory-mapped read-only (``b""`` when empty)."""
+        raise NotImplementedError(f"{self.key}: not a file to map")
 
     def read_at(self, offset: int, nbytes: int) -> bytes:
-        """Up to ``nbytes`` bytes from ``offset`` (fewer at the end)."""
+        """Up to ``nbytes`` bytes from ``offset``, as the object is now."""
         raise NotImplementedError
 
     def write_at(self, offset: int, data: bytes, sync: bool = False) -> None:
         """Write ``data`` at ``offset`` (``sync``: to the disk before returning)."""
         raise NotImplementedError
 
-    def close(self) -> None:  # noqa: B027 (nothing to release for most handles)
+    def close(self) -> None:
         """Let go of what the handle holds."""
 
 
@@ -76,11 +79,8 @@ Range = tuple[Handle, int, int]
 
 
 class ByteSource(ABC):
-    """The objects of one store.
-
-    Capability flag: ``local``: a folder on this machine, whose files can be mapped and
-    written in place (else an object-store prefix, read-only to a store).
-    """
+    """The objects of one store. ``local``: a folder on this machine, whose files are
+    mapped and written in place (else an object-store prefix, read-only to a store)."""
 
     local: bool
     #: the folder's path or the prefix's URL, as messages name the store
@@ -96,7 +96,9 @@ class ByteSource(ABC):
     def child(self, folder: str) -> ByteSource:
         """The objects under ``folder`` (a store's subfolder)."""
 
-    # --- whole objects ------------------------------------------------------------
+    @abstractmethod
+    def no_store(self) -> Exception:
+        """The error that says no store is here (its metadata is missing)."""
 
     @abstractmethod
     def read(self, key: str, limit: int, what: str = "the object", start: int = 0, end: int | None = None) -> bytes:
@@ -108,45 +110,27 @@ class ByteSource(ABC):
     def exists(self, key: str) -> bool: ...
 
     @abstractmethod
-    def list(self, under: str = "") -> dict[str, int]:
-        """Key -> size of every object under ``under``."""
-
-    @abstractmethod
     def replace(self, key: str, data: bytes | memoryview, exclusive: bool = False) -> None:
         """Write ``key`` whole, atomically: a reader finds the old object or the new one
         (``exclusive``: only where there is none yet)."""
 
-    def no_store(self) -> Exception:
-        """The error for a source that holds no store (its metadata is missing)."""
-        from ..errors import NotABufferError
-
-        return NotABufferError(f"{self.url}: not an mmreplay store")
-
-    # --- ranged reads -------------------------------------------------------------
-
     @abstractmethod
     def handle(self, key: str, writable: bool = False) -> Handle:
-        """A handle of ``key`` for ranged reads (``writable``: and writes, in a local
-        folder). A local file is opened now (FileNotFoundError when there is none); an
-        object is found at its first read."""
+        """A handle of ``key`` (``writable``: a local file opened for writing too). A
+        local file is opened now (FileNotFoundError when there is none); an object is
+        found at its first read."""
 
-    def map(self, key: str, writable: bool, need: int = 0) -> mmap.mmap | None:
+    def map(self, key: str, writable: bool, need: int = 0, what: str = "data file") -> mmap.mmap | None:
         """The whole file ``key`` memory-mapped (None when it is empty), checked to hold
-        at least ``need`` bytes: a local folder's only."""
+        at least ``need`` bytes (``what`` names it): a local folder's only."""
         raise NotImplementedError(f"{self.url}: objects here cannot be memory-mapped")
 
     @abstractmethod
-    async def read_ranges(
-        self, ranges: Sequence[Range], into: np.ndarray, advise: bool = False
-    ) -> list[int | None]:
+    async def read_ranges(self, ranges: Sequence[Range], into: np.ndarray, advise: bool = False) -> list[int | None]:
         """Read every range into ``into``, one after the other, each in as many bytes as
-        it asked for; together (an object store sends every request at once and returns
-        once each has ended). The bytes each range got, None for an object that is
-        missing. ``advise``: ask a local disk for every range before reading any."""
-
-    async def together(self, *aws: Awaitable[Any]) -> list[Any]:
-        """Each awaitable's result, in order (an object store runs them concurrently)."""
-        return [await a for a in aws]
+        it asks for, together (an object store sends every request at once, and returns
+        once each has ended). The bytes each range got; None for an object found missing.
+        ``advise``: ask a local disk for every range before reading any."""
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run a coroutine of this source's reads to its end."""

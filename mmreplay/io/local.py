@@ -16,13 +16,20 @@ import os
 import stat
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..errors import CorruptBufferError, NotABufferError
 from .base import ByteSource, Handle, Range
 
+try:
+    import resource
+except ImportError:  # Windows: no rusage, no per-batch decision
+    resource = None  # type: ignore[assignment]
+
 __all__ = [
+    "DiskReads",
     "LocalFolder",
     "checked_inside",
     "folder_inside",
@@ -31,6 +38,11 @@ __all__ = [
     "replace_inside",
     "unsafe_entries",
 ]
+
+# A batch prefetches when the process read from the disk, since the last check, at least
+# this share of what the batch reads when cold (below it: other files, a stray page).
+COLD_SHARE = 8
+WARM_CHECK = 4  # after a batch found warm, the next check is this many batches later
 
 NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | NO_FOLLOW
@@ -207,6 +219,7 @@ class LocalHandle(Handle):
     """A file of the folder, open: its descriptor holds the file it opened."""
 
     scarce = True
+    mappable = True
 
     def __init__(self, key: str, path: str, fd: int):
         self.key, self.path, self.fd = key, path, fd
@@ -215,7 +228,7 @@ class LocalHandle(Handle):
         self.version = (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def map(self) -> mmap.mmap | bytes:
-        return mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ) if self.size else b""
+        return mmap.mmap(self._fd(), 0, access=mmap.ACCESS_READ) if self.size else b""
 
     def read_at(self, offset: int, nbytes: int) -> bytes:
         return os.pread(self._fd(), nbytes, offset)
@@ -280,19 +293,6 @@ class LocalFolder(ByteSource):
     def exists(self, key: str) -> bool:
         return os.path.exists(self.where(key))
 
-    def list(self, under: str = "") -> dict[str, int]:
-        out = {}
-        top = self.where(under)
-        for root, _, files in os.walk(top):
-            for name in files:
-                path = os.path.join(root, name)
-                key = os.path.relpath(path, self.path).replace(os.sep, "/")
-                try:
-                    out[key] = os.lstat(path).st_size
-                except FileNotFoundError:
-                    continue  # removed while listing
-        return out
-
     def replace(self, key: str, data: bytes | memoryview, exclusive: bool = False) -> None:
         replace_inside(self.path, key, data, exclusive)
 
@@ -311,18 +311,18 @@ class LocalFolder(ByteSource):
             os.close(fd)
             raise
 
-    def map(self, key: str, writable: bool, need: int = 0) -> mmap.mmap | None:
+    def map(self, key: str, writable: bool, need: int = 0, what: str = "data file") -> mmap.mmap | None:
         path = self.where(key)
         try:
             fd = open_inside(self.path, key, os.O_RDWR if writable else os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
-            raise CorruptBufferError(f"{path}: data file is missing") from None
+            raise CorruptBufferError(f"{path}: {what} is missing") from None
         except IsADirectoryError:
-            raise CorruptBufferError(f"{path}: expected a data file, found a folder") from None
+            raise CorruptBufferError(f"{path}: expected a {what}, found a folder") from None
         try:
             size = os.fstat(fd).st_size
             if size < need:
-                raise CorruptBufferError(f"{path}: data file is truncated: expected at least {need} bytes, found {size}")
+                raise CorruptBufferError(f"{path}: {what} is truncated: expected at least {need} bytes, found {size}")
             if size == 0:
                 return None
             return mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
@@ -344,3 +344,56 @@ class LocalFolder(ByteSource):
                 _advise(fd, a, b - a)
         view = memoryview(into.reshape(-1))
         return [os.preadv(fd, [view[at : at + b - a]], a) for fd, a, b, at in spans]
+
+
+class DiskReads:
+    """Whether the pages of the next random batch are likely out of memory, judged from
+    what the process read from the disk since the previous batch: its major page faults
+    (a page faulted in from the file) and block reads (``ru_inblock``, which counts the
+    reads a ``MADV_WILLNEED`` started too, where a prefetched page then faults as a minor
+    one). A batch prefetches its pages (``MADV_WILLNEED`` per run of pages, about a
+    microsecond per call) only then, and the first batch always: a cold batch of rows of
+    several pages is read in parallel instead of one synchronous page fault at a time
+    under ``MADV_RANDOM``. A cold batch checks again at the next batch; a page-cached one
+    only every ``WARM_CHECK`` batches (one ``getrusage`` each, about a microsecond, which
+    weighs on batches of small rows), so pages evicted meanwhile fault one by one for at
+    most that many batches.
+
+    ``prefetched`` counts the batches it sent to the prefetch."""
+
+    def __init__(self, row_bytes: int):
+        # What a cold batch reads per row, so that a few pages of code or of other files
+        # read meanwhile do not pass for one.
+        self.row_bytes = max(1, row_bytes)
+        self.mark: int | None = None  # bytes read from the disk so far, at the last check
+        self.skip = 0  # batches left until the next check
+        self.prefetched = 0
+
+    @classmethod
+    def for_leaves(cls, mapped: list[Any], prefetch: bool) -> DiskReads | None:
+        """The decision for a store's mapped leaves, or None where every batch prefetches
+        anyway, nothing is mapped, or the OS keeps no rusage (Windows)."""
+        if not mapped or prefetch or resource is None:
+            return None
+        # a page of each leaf at least per row: random rows of small leaves share no page
+        return cls(sum(max(leaf.row_bytes, mmap.PAGESIZE) for leaf in mapped))
+
+    def cold(self, rows: int) -> bool:
+        """True when this batch of ``rows`` rows should prefetch its pages."""
+        if self.skip:
+            self.skip -= 1
+            return False
+        now = disk_bytes_read()
+        last, self.mark = self.mark, now
+        if last is not None and (now - last) * COLD_SHARE < rows * self.row_bytes:
+            self.skip = WARM_CHECK - 1
+            return False
+        self.prefetched += 1
+        return True
+
+
+def disk_bytes_read() -> int:
+    """Bytes the process has read from the disk so far, by page faults and block reads
+    (counted twice where both saw them: it only needs to grow with the reads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_majflt * mmap.PAGESIZE + usage.ru_inblock * 512
