@@ -1,5 +1,5 @@
-"""``python -m bench``: the comparative benchmark (see bench/run.py)."""
+"""``python -m bench``: list the benchmarks, or run one (see bench/__init__.py)."""
 
-from .run import main
+from . import main
 
 raise SystemExit(main())

@@ -19,31 +19,19 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import shutil
 from typing import Any
 
 import numpy as np
 
 import mmreplay as mr
 
-from .workloads import Workload, nest_from_flat
+from .data import Workload, du, nest_from_flat
 
-__all__ = ["System", "SYSTEMS", "Unsupported", "available", "du"]
+__all__ = ["System", "SYSTEMS", "Unsupported", "available", "version"]
 
 
 class Unsupported(Exception):
     """The library has no way to do this (the figure is reported as n/a, with the reason)."""
-
-
-def du(path: str) -> int:
-    """Bytes the files under ``path`` take on disk (allocated blocks, not apparent size)."""
-    if os.path.isfile(path):
-        return os.stat(path).st_blocks * 512
-    total = 0
-    for folder, _, files in os.walk(path):
-        for f in files:
-            total += os.lstat(os.path.join(folder, f)).st_blocks * 512
-    return total
 
 
 class System:
@@ -181,9 +169,7 @@ class NumpyRAM(System):
     def _take(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         # one take over the [capacity * num_envs] rows of each leaf, ids past the end
         # wrapped by the take itself: numpy's fastest gather, and the one mmreplay does
-        return {
-            p: np.take(a.reshape(-1, *a.shape[2:]), rows, axis=0, mode="wrap") for p, a in self.items
-        }
+        return {p: np.take(a.reshape(-1, *a.shape[2:]), rows, axis=0, mode="wrap") for p, a in self.items}
 
     def _starts(self, num_steps: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
         """Row ids of uniform starts drawn as mmreplay draws them: consecutive ids from
@@ -250,13 +236,9 @@ class Mmreplay(System):
         self.add = self.store.add
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> Any:
-        if not hasattr(self.store, "sample"):
-            raise Unsupported("Store.sample is not available in this mmreplay")
         return self.store.sample(batch_size, rng=rng)
 
     def sample_sequences(self, batch_size: int, num_steps: int, rng: np.random.Generator) -> Any:
-        if not hasattr(self.store, "sample"):
-            raise Unsupported("Store.sample is not available in this mmreplay")
         return self.store.sample(batch_size, num_steps=num_steps, rng=rng)
 
     def rows(self) -> int:
@@ -361,7 +343,9 @@ class TorchRL(System):
             if len(self.rb) < self.capacity * self.num_envs:
                 raise Unsupported("the 2-D view needs the ring full")
             steps = self.rb.storage._storage.reshape(self.capacity, self.num_envs)
-            sampler = SliceSampler(slice_len=num_steps, end_keys=["terminated", "truncated"], strict_length=True)
+            sampler = SliceSampler(
+                slice_len=num_steps, end_keys=["terminated", "truncated"], strict_length=True
+            )
             self.seq_rb = ReplayBuffer(storage=TensorStorage(steps, ndim=2), sampler=sampler)
             self.seq_of = self.rb
         return self.seq_rb.sample(batch_size * num_steps)
@@ -516,7 +500,3 @@ class SB3(System):
 
 
 SYSTEMS: list[type[System]] = [NumpyRAM, MmreplayZarr, MmreplayHDF5, MmreplayZstd, TorchRL, Cpprb, SB3]
-
-
-def clear(folder: str) -> None:
-    shutil.rmtree(folder, ignore_errors=True)

@@ -6,8 +6,8 @@ import time
 
 import click
 
-from mmreplay.export import FORMATS, compressions, export, format_of
-from mmreplay.export import get as get_format
+from mmreplay.formats import FORMATS, compressions, export, format_of
+from mmreplay.formats import get as get_format
 
 from . import open_source
 from .inspect import human_bytes

@@ -8,7 +8,7 @@ import click
 
 from mmreplay.codecs import compression_by_leaf
 from mmreplay.files import disk_usage
-from mmreplay.importers import FORMATS, import_dataset
+from mmreplay.formats import FORMATS, import_dataset
 
 from .create import compression_option
 from .export import LazyBar

@@ -13,7 +13,7 @@ import click
 from mmreplay import NotABufferError
 from mmreplay.lock import holder_pid
 from mmreplay.metadata import METADATA_FILE
-from mmreplay.verify import leftovers, verify
+from mmreplay.verify import checked, leftovers, verify
 
 from . import buffer_folder, is_group_folder
 
@@ -44,6 +44,8 @@ def command(path: str, quick: bool) -> None:
         who = f"process {pid}" if pid > 0 else "a live writer"
         click.echo(f"note: {path} is open for writing by {who}; checking its last commit", err=True)
     problems = verify(path, deep=not quick)
+    for what in checked(path, deep=not quick):
+        click.echo(f"checked: {what}")
     extra = leftovers(path)
     if extra:
         click.echo(

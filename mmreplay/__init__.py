@@ -16,11 +16,13 @@ from .errors import (
     RemoteError,
     RemoteTimeoutError,
     RemoteUnreachableError,
+    ShutdownError,
     SpecError,
     SpecMismatchError,
     TargetError,
     UnsupportedFormatError,
 )
+from .formats import export, import_dataset
 from .frames import Frames
 from .group import Group, GroupSampleInfo, create_group, open_group, open_shard
 from .sizes import SizeEstimate, estimate
@@ -35,6 +37,8 @@ __all__ = [
     "Store",
     "create",
     "open",
+    "export",
+    "import_dataset",
     "push",
     "pull",
     "Group",
@@ -62,6 +66,7 @@ __all__ = [
     "NoSuchBucketError",
     "ObjectNotFoundError",
     "SpecError",
+    "ShutdownError",
     "SpecMismatchError",
     "TargetError",
     "UnsupportedFormatError",

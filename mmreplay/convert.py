@@ -25,7 +25,7 @@ from .statefile import StateFile
 from .store import Store, create
 from .store import open as open_store
 
-__all__ = ["ConvertResult", "convert", "begin_at"]
+__all__ = ["ConvertResult", "convert", "begin_at", "unwritten"]
 
 BLOCK_BYTES = 32 << 20
 
@@ -144,7 +144,7 @@ def convert(
                     steps = unflatten(store.spec, values)
                     if added:
                         steps.update(
-                            {p: _unwritten((b - a, meta.num_envs, *s.shape), s.dtype) for p, s in added.items()}
+                            {p: unwritten((b - a, meta.num_envs, *s.shape), s.dtype) for p, s in added.items()}
                         )
                     dst.extend(steps)
                     if progress is not None:
@@ -155,6 +155,6 @@ def convert(
     return result
 
 
-def _unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Values of rows never written: NaN for floating dtypes, zero otherwise."""
     return np.full(shape, np.nan if dtype.kind in "fc" else 0, dtype)

@@ -290,7 +290,7 @@ def run(
     """
     if echo is None:
         echo = logging.getLogger(__name__).info
-    from . import export as exporter
+    from .formats import export
     from .store import create
     from .store import open as open_store
 
@@ -401,7 +401,7 @@ def run(
         # 6. export to Minari, and load it back
         t = time.perf_counter()
         out = os.path.join(folder, "minari")
-        result = exporter.export(store, out, format="minari", dataset_id="mmreplay/pointchase-v0")
+        result = export(store, out, format="minari", dataset_id="mmreplay/pointchase-v0")
         export_s = time.perf_counter() - t
         echo(
             f"6. exported to Minari in {export_s:.1f} s: {result.episodes:,} episodes, {result.steps:,} steps, "

@@ -667,7 +667,7 @@ def index_for(store: Any) -> EpisodeIndex:
 
 
 def _select(store: Any, env: int | None, complete_only: bool) -> Spans:
-    store._check_open()
+    store.check_open()
     spans = index_for(store).spans(store)
     if env is not None:
         if not isinstance(env, (int, np.integer)) or isinstance(env, bool) or not 0 <= env < store.num_envs:
@@ -698,7 +698,7 @@ def _rows(first: np.ndarray, last: np.ndarray, env: np.ndarray, capacity: int, n
 
 
 def _check_retained(store: Any, lowest: int) -> None:
-    if store.mode == "r" and lowest < store._first_of(store.live_state()):
+    if store.mode == "r" and lowest < store.live_first():
         raise NotEnoughDataError(
             f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
             "call refresh() and read again"
@@ -714,7 +714,7 @@ def episodes(store: Any, env: int | None = None, complete_only: bool = False) ->
         for i in range(len(spans)):
             a, b, e = int(spans.first[i]), int(spans.last[i]), int(spans.env[i])
             rows = (np.arange(a, b + 1, dtype=np.int64) % capacity) * num_envs + e
-            store._check_open()
+            store.check_open()
             data = [leaf.take(rows) for leaf in store.leaves]
             _check_retained(store, a)
             yield Episode(e, a, b, spans.status(i), unflatten(store.spec, data), spans.ended(i))

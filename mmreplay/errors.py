@@ -55,6 +55,11 @@ class DiskFullError(Error, OSError):
     """The file system has no room for the buffer's files."""
 
 
+class ShutdownError(Error, RuntimeError):
+    """The program is ending and can no longer do the I/O asked (a thread still writes
+    after the main thread returned)."""
+
+
 class TargetError(Error, FileExistsError):
     """A path an export, convert or import must not write: an existing file or folder that
     is not an earlier export of the same format, or a path inside (or holding) its source."""

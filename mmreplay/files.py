@@ -264,7 +264,7 @@ class AtomicOutput:
         parents: create missing parent folders (removed again if the output fails).
     """
 
-    def __init__(self, out: str, kind: str, what: str, parents: bool = False):
+    def __init__(self, out: str, kind: str, what: str, parents: bool = True):
         self.out = os.path.abspath(out)
         self.kind = kind
         self.what = what

@@ -546,6 +546,11 @@ class FrameWriter:
         for constant in (self.every_env, self.no_side):
             constant.setflags(write=False)
         self.seq: int | None = None  # side entries ever written (read on first need)
+        # the buffers apply() writes the next step's kept stacks / pending frames into
+        # (swapped in when it is written), and what it changed, for undo_step()
+        self.spare_stacks: list[np.ndarray] | None = None
+        self.spare_pending: list[np.ndarray] | None = None
+        self.before: tuple[Any, ...] | None = None
         # the common step's plan (:meth:`_prepare_common`), where it applies: per pair, its
         # index, its leaves' indices, dtype and stack layout (positions before and bytes
         # after the stack axis); and where each stored frame goes among the stored leaves
@@ -754,9 +759,14 @@ class FrameWriter:
 
     def apply(self, prepared: Any, step: int) -> None:
         """Before the step's rows are written: the previous step's rows whose next frame is
-        not this step's frame get a side entry; then this step's frames become pending."""
+        not this step's frame get a side entry; then this step's frames become pending.
+        What it changes in memory is kept until the next step, for :meth:`undo_step`."""
         frames, nexts, depth, values, continued, newest_same = prepared
         k = self.layout.frame_stack
+        self.before = (
+            self.written, self.stacks, self.spare, self.depth, self.pending, self.has_pending,
+            self.pending_in_side.copy(), self.spare_stacks, self.spare_pending,
+        )
         if self.layout.derived and self.has_pending and step > 0 and continued is not self.every_env:
             check = ~self.pending_in_side
             if continued is not None:  # a stack equal to the next stack has its newest frame
@@ -775,28 +785,46 @@ class FrameWriter:
             if self.layout.derived:  # the check copied them: swap the buffers
                 old = self.stacks or [None] * len(self.spare)
                 self.stacks, self.spare = list(self.spare), old
-            else:
+            else:  # copies of their own, in two sets of buffers used in turn
                 kept = [values[i] for i in self.obs_index]
-                if self.stacks is None:
-                    self.stacks = [np.empty_like(v) for v in kept]
-                for mine, v in zip(self.stacks, kept):
+                spare = self.spare_stacks
+                if spare is None:
+                    spare = [np.empty_like(v) for v in kept]
+                for mine, v in zip(spare, kept):
                     np.copyto(mine, v)
+                self.spare_stacks, self.stacks = self.stacks, spare
             self.depth = depth
         if self.layout.derived:
             if self.layout.stacked:
                 self.pending = [_part(s, axis + 1, k - 1) for s, axis in zip(self.stacks, self.axes)]
-            elif len(self.pending) == len(nexts) and all(p.shape == n.shape for p, n in zip(self.pending, nexts)):
-                for mine, n in zip(self.pending, nexts):  # copies of their own, reused step after step
+            else:  # copies of their own, in two sets of buffers used in turn
+                spare = self.spare_pending
+                if spare is None or len(spare) != len(nexts) or any(p.shape != n.shape for p, n in zip(spare, nexts)):
+                    spare = [np.empty_like(n) for n in nexts]
+                for mine, n in zip(spare, nexts):
                     np.copyto(mine, n)
-            else:
-                self.pending = [np.array(n) for n in nexts]
+                self.spare_pending, self.pending = self.pending or None, spare
             self.has_pending = True
             self.pending_in_side[:] = False
         self.written = step + 1
 
+    def undo_step(self) -> None:
+        """The step :meth:`apply` took in was not written (its add was cut short): back to
+        the frames of the step before. The side entries it wrote stay: they are that
+        step's, and right."""
+        if self.before is None:
+            return
+        (
+            self.written, self.stacks, self.spare, self.depth, self.pending, self.has_pending,
+            self.pending_in_side, self.spare_stacks, self.spare_pending,
+        ) = self.before
+        self.before = None
+
     def before_commit(self, end: int) -> None:
         """The newest step's next frames into the side ring, so that readers of the
         committed prefix never need the slot after it."""
+        if self.written == end + 1:  # the add of step `end` was cut short
+            self.undo_step()
         if not (self.layout.derived and self.has_pending) or end != self.written:
             return
         need = ~self.pending_in_side
@@ -821,8 +849,11 @@ class FrameWriter:
             leaf.write_slots(slots, f[:, None])
         ref = np.stack([seqs + 1, np.full(len(envs), step, np.int64)], axis=1)
         parts.side_ref.write_slots(slots, ref[:, None])
-        self._write_next(step, envs, seqs + 1)
+        # In this order, should Ctrl-C cut in: entries are counted once written (a call cut
+        # short before writes them again), and rows name them once counted (never two rows
+        # one entry).
         self.seq += len(envs)
+        self._write_next(step, envs, seqs + 1)
 
     def _write_next(self, step: int, envs: np.ndarray, values: np.ndarray) -> None:
         """Set the side-ring entries of some envs' rows of one step."""

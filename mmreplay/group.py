@@ -25,12 +25,11 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from . import sampling
 from .errors import (
     BadInputError,
     ClosedError,
@@ -41,6 +40,8 @@ from .errors import (
 )
 from .files import atomic_write
 from .io.local import folder_inside, read_inside
+from .read import SampleInfo, SampleRequest
+from .read import sample as sample_store
 from .spec import flatten, spec_to_json, unflatten
 from .store import MODES, BufferExistsError, Store
 from .store import create as create_store
@@ -70,26 +71,12 @@ def shard_name(index: int) -> str:
 
 
 @dataclass(frozen=True)
-class GroupSampleInfo:
-    """Where each item of a group's batch came from.
-
-    Attributes:
-        shard: shard index of each item, ``[B]``.
-        step: global step id of the item's first step in its shard, ``[B]``.
-        env: env index, ``[B]``.
-        slot: ring slot of the item's first step, ``[B]``.
-        probability: probability of drawing this item in one draw from the whole
-            group, ``[B]``.
-        weight: importance-sampling weight ``(N * P(i)) ** -beta / max_j`` over the
-            whole group, from samplers that give one (prioritized); None otherwise.
-    """
+class GroupSampleInfo(SampleInfo):
+    """Where each item of a group's batch came from: :class:`~mmreplay.read.SampleInfo`
+    in its shard (``shard``, ``[B]``), with ``probability`` and ``weight`` (``(N * P(i))
+    ** -beta / max_j``) over the whole group."""
 
     shard: np.ndarray
-    step: np.ndarray
-    env: np.ndarray
-    slot: np.ndarray
-    probability: np.ndarray
-    weight: np.ndarray | None = None
 
 
 # --- the manifest -----------------------------------------------------------------------
@@ -335,7 +322,7 @@ def join_parts(
         )
         weight = np.power(probability / smallest, -beta).astype(np.float32)
     info = GroupSampleInfo(
-        np.concatenate(shard_ids)[order], joined("step"), joined("env"), joined("slot"), probability, weight
+        joined("step"), joined("env"), joined("slot"), probability, weight, np.concatenate(shard_ids)[order]
     )
     return nest, info
 
@@ -438,6 +425,9 @@ class Group:
         """Each shard's :class:`mmreplay.samplers.Mass` for ``num_steps`` sequences:
         the weights :meth:`sample` splits a batch by."""
         self._check_open()
+        return self._masses(num_steps, options)
+
+    def _masses(self, num_steps: int | None, options: dict[str, Any]) -> list[Any]:
         steps = self._steps(num_steps)
         options = {k: v for k, v in options.items() if v is not None}
         return [store.sampler.mass(store.window, steps, **options) for store in self._shards]
@@ -463,26 +453,22 @@ class Group:
         :class:`GroupSampleInfo` (shard, step, env, probability, weight of each item).
         """
         self._check_open()
-        sampling.check_sizes(batch_size, num_steps)
-        gen = self._own_gen() if rng is None else sampling.as_generator(rng)
-        if within_episodes is not None:
-            options["within_episodes"] = within_episodes
-        masses = self.masses(num_steps, **options)
+        request = SampleRequest.build(batch_size, num_steps, replacement, rng, within_episodes, return_info, options=options)
+        gen = self._own_gen() if request.rng is None else request.rng
+        masses = self._masses(request.num_steps, request.draw_options())
         totals = np.array([m.total for m in masses], np.float64)
         if not totals.sum() > 0:
             raise NotEnoughDataError(
                 f"{self.path}: cannot sample: no shard holds a committed step to draw "
-                f"({self._steps(num_steps)}-step items; call refresh() to see newer commits)"
+                f"({self._steps(request.num_steps)}-step items; call refresh() to see newer commits)"
             )
-        counts = split_batch(batch_size, totals, replacement, gen)
+        counts = split_batch(request.batch_size, totals, request.replacement, gen)
         parts = {
-            int(index): self._shards[index].sample(
-                int(counts[index]), num_steps, replacement, gen, return_info=True, **options
-            )
-            for index in np.flatnonzero(counts)
+            int(i): sample_store(self._shards[i], replace(request, batch_size=int(counts[i]), rng=gen, return_info=True))
+            for i in np.flatnonzero(counts)
         }
-        beta = float(options.get("beta", getattr(self._shards[0].sampler, "beta", 0.0)))
-        return join_parts(self.spec, parts, totals / totals.sum(), masses, beta, gen, return_info)
+        beta = float(request.options.get("beta", getattr(self._shards[0].sampler, "beta", 0.0)))
+        return join_parts(self.spec, parts, totals / totals.sum(), masses, beta, gen, request.return_info)
 
     def _own_gen(self) -> np.random.Generator:
         if self._gen is None:
@@ -542,8 +528,8 @@ class Group:
 
     def export(self, out: str | os.PathLike, format: str | None = None, **options: Any) -> Any:  # noqa: A002
         """Export every shard's retained committed steps as one dataset
-        (:func:`mmreplay.export.export` of :meth:`joined`; the same options)."""
-        from .export import export
+        (:func:`mmreplay.export` of :meth:`joined`; the same options)."""
+        from .formats import export
 
         return export(self.joined(), out, format=format, **options)
 

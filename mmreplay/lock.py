@@ -45,8 +45,11 @@ class WriterLock:
                 f"{os.path.dirname(self.path)}: buffer is open for writing by {who}; "
                 "open it with mode='r' to read, or stop that writer first"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the pid is for messages only: a full disk that refuses it does not stop a writer
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
         self.fd = fd
 
     def release(self) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,10 +36,10 @@ try:
 except ImportError as exc:  # ray is an install extra
     raise ImportError("mmreplay.ray needs ray: pip install 'mmreplay[ray]'") from exc
 
-from . import sampling
 from .errors import NotEnoughDataError
 from .group import join_parts, open_group, shard_name, split_batch
-from .reads import SampleInfo
+from .read import SampleInfo, SampleRequest
+from .read import sample as sample_store
 from .samplers import Mass
 from .spec import flatten, unflatten
 from .store import Store, create
@@ -70,7 +71,6 @@ class ShardWriter:
             self.store: Store = open_store(path, "a")
         else:
             self.store = create(path, spec, capacity, exist_ok=True, **create_options)
-        self.gen = np.random.default_rng()
 
     # --- writes ---------------------------------------------------------------------
 
@@ -105,27 +105,25 @@ class ShardWriter:
     def _committed(self) -> tuple[int, int]:
         return self.store.first_step, self.store.committed_steps
 
-    def mass(self, num_steps: int | None, options: dict) -> tuple[float, float]:
-        """The sampler's mass over the committed steps (see :meth:`Group.masses`)."""
+    def mass(self, request: SampleRequest) -> tuple[float, float]:
+        """The sampler's mass over the committed steps for ``request``'s items (see
+        :meth:`Group.masses`)."""
         store = self.store
         first, end = self._committed()
-        steps = store.sampler.num_steps if num_steps is None else num_steps
+        steps = store.sampler.num_steps if request.num_steps is None else request.num_steps
         window = store.window._replace(first=first, end=end)
-        return tuple(store.sampler.mass(window, 1 if steps is None else steps, **options))
+        return tuple(store.sampler.mass(window, 1 if steps is None else steps, **request.draw_options()))
 
     def sample(
-        self, batch_size: int, num_steps: int | None, replacement: bool, seed: int | None, options: dict
+        self, request: SampleRequest
     ) -> tuple[list[np.ndarray], dict[str, np.ndarray | None], tuple[float, float], float]:
-        """``batch_size`` items from the committed steps: the leaves in flatten order,
-        the sample info as arrays, the mass drawn from and the importance-weight
+        """The items ``request`` asks for, from the committed steps: the leaves in flatten
+        order, the sample info as arrays, the mass drawn from and the importance-weight
         exponent of the draw."""
-        gen = self.gen if seed is None else np.random.default_rng(seed)
-        mass = self.mass(num_steps, options)
-        nest, info = self.store.sample(
-            batch_size, num_steps, replacement, gen, return_info=True, window=self._committed(), **options
-        )
+        mass = self.mass(request)
+        nest, info = sample_store(self.store, replace(request, window=self._committed(), return_info=True))
         fields = {name: getattr(info, name) for name in ("step", "env", "slot", "probability", "weight")}
-        beta = float(options.get("beta", getattr(self.store.sampler, "beta", 0.0)))
+        beta = float(request.options.get("beta", getattr(self.store.sampler, "beta", 0.0)))
         return flatten(nest), fields, mass, beta
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
@@ -212,7 +210,10 @@ class RaySampler:
 
     def masses(self, num_steps: int | None = None, **options: Any) -> list[Mass]:
         """Ask every actor for its mass now (an actor that is down counts as empty)."""
-        replies = _gather([w.mass.remote(num_steps, options) for w in self.writers])
+        return self._masses_of(SampleRequest.build(1, num_steps, options=options))
+
+    def _masses_of(self, request: SampleRequest) -> list[Mass]:
+        replies = _gather([w.mass.remote(request) for w in self.writers])
         return [Mass(*m) if m is not None else EMPTY for m in replies]
 
     def sample(
@@ -231,27 +232,18 @@ class RaySampler:
         answers again: the batch is drawn again from the others, so one actor's crash
         does not stop the learner.
         """
-        sampling.check_sizes(batch_size, num_steps)
-        gen = self._gen if rng is None else sampling.as_generator(rng)
-        key = (num_steps, tuple(sorted(options.items())))
+        request = SampleRequest.build(batch_size, num_steps, replacement, rng, return_info=return_info, options=options)
+        gen = self._gen if request.rng is None else request.rng
+        key = (request.num_steps, request.options)  # what the masses depend on
         if self._masses is None or self._key != key:
-            self._masses, self._key = self.masses(num_steps, **options), key
+            self._masses, self._key = self._masses_of(request), key
         for _ in range(len(self.writers)):  # each retry drops at least one actor that is down
-            batch = self._draw(batch_size, num_steps, replacement, rng, gen, return_info, options)
+            batch = self._draw(request, gen)
             if batch is not None:
                 return batch
         raise NotEnoughDataError("cannot sample: every shard actor with committed steps is down")
 
-    def _draw(
-        self,
-        batch_size: int,
-        num_steps: int | None,
-        replacement: bool,
-        rng: Any,
-        gen: np.random.Generator,
-        return_info: bool,
-        options: dict,
-    ) -> Any:
+    def _draw(self, request: SampleRequest, gen: np.random.Generator) -> Any:
         """One round trip: the batch, or None when an actor that was to draw a part is
         down (its mass is then zero, for the retry)."""
         used = self._masses
@@ -259,15 +251,18 @@ class RaySampler:
         if not totals.sum() > 0:
             self._masses = None  # ask every actor again next time
             raise NotEnoughDataError("cannot sample: no shard actor holds a committed step to draw")
-        counts = split_batch(batch_size, totals, replacement, gen)
+        counts = split_batch(request.batch_size, totals, request.replacement, gen)
         chosen, idle = np.flatnonzero(counts), np.flatnonzero(counts == 0)
-        seeds = gen.integers(0, 2**63, len(chosen)) if rng is not None else [None] * len(chosen)
+        seeded = request.rng is not None  # then each actor draws with a generator seeded from it
+        seeds = gen.integers(0, 2**63, len(chosen)) if seeded else [None] * len(chosen)
         refs = [
-            self.writers[i].sample.remote(int(counts[i]), num_steps, replacement, seed, options)
+            self.writers[i].sample.remote(
+                replace(request, batch_size=int(counts[i]), rng=np.random.default_rng(seed) if seeded else None)
+            )
             for i, seed in zip(chosen, seeds)
         ]
         # the actors that draw nothing are asked their mass in the same round trip
-        replies = _gather(refs + [self.writers[i].mass.remote(num_steps, options) for i in idle])
+        replies = _gather(refs + [self.writers[i].mass.remote(request) for i in idle])
         masses, parts, betas = list(used), {}, [0.0]
         for index, reply in zip(chosen, replies):
             if reply is None:
@@ -282,7 +277,7 @@ class RaySampler:
         self._masses = masses  # the next batch splits by what the actors just reported
         if len(parts) < len(chosen):
             return None
-        return join_parts(self.spec, parts, totals / totals.sum(), used, betas[-1], gen, return_info)
+        return join_parts(self.spec, parts, totals / totals.sum(), used, betas[-1], gen, request.return_info)
 
     def update_priorities(self, shard: Any, step: Any, env: Any, priorities: Any) -> int:
         """Send new priorities to the actors of their shards (``info.shard``...)."""

@@ -1,7 +1,7 @@
 """Episodes in the Rerun viewer: a store's steps written to an ``.rrd`` recording.
 
 Each env is the entity ``env/<i>``, and each leaf an entity under it by its path: frame
-leaves (a layout :class:`mmreplay.view.Layout` recognises; a frame stack as its newest
+leaves (a layout :class:`mmreplay.spec.Layout` recognises; a frame stack as its newest
 frame) as images, every other leaf as scalars (one series per element). Two timelines:
 ``step`` (the global step id) and ``time`` (seconds at ``fps`` steps a second). Episode
 starts and ends are text entries in ``env/<i>/episodes`` (how each ended, its length and
@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
-from .view import READ_BLOCK_FRAMES, Layout, _read_leaf, select, to_uint8
+from .spec import Layout
+from .view import READ_BLOCK_FRAMES, _read_leaf, select, to_uint8
 
 __all__ = ["log_rerun"]
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import collections
 import keyword
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import SpecError
+from .errors import BadInputError, SpecError
 
 __all__ = [
     "ArraySpec",
@@ -38,6 +39,7 @@ __all__ = [
     "validate_leaf_path",
     "is_namedtuple",
     "frame_layout",
+    "Layout",
     "is_image",
 ]
 
@@ -155,6 +157,107 @@ def frame_layout(shape: tuple[int, ...]) -> str | None:
         if big[2] and big[3] and shape[1] in (1, 3, 4):
             return "KCHW"
     return None
+
+
+_AXIS = re.compile(r"\(([HWCK]+)\)|([HWCK])")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a frame's axes are laid out, as letters: ``H`` height, ``W`` width, ``C``
+    channels (1 gray, 3 RGB, 4 RGBA), ``K`` a frame stack; ``(KC)`` is a stack of RGB
+    frames concatenated along one axis (k*3 channels, oldest first).
+
+    Recognised from the shape by :func:`frame_layout` (``KHW`` (4, 84, 84)
+    is the Atari stack). A stack's newest frame is its last.
+    """
+
+    axes: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str, shape: tuple[int, ...], leaf: str = "") -> Layout:
+        spec = text.upper().replace(" ", "")
+        parts = [m.group(1) or m.group(2) for m in _AXIS.finditer(spec)]
+        where = f"leaf {leaf!r}: " if leaf else ""
+        if "".join(m.group(0) for m in _AXIS.finditer(spec)) != spec or not parts:
+            raise BadInputError(
+                f"{where}layout {text!r}: expected letters H, W, C, K, e.g. 'HWC', 'CHW', 'KHW', 'HW(KC)'"
+            )
+        letters = "".join(parts)
+        if (
+            sorted(set(letters)) != sorted(letters)
+            or not {"H", "W"} <= set(letters)
+            or set(letters) - set("HWCK")
+        ):
+            raise BadInputError(f"{where}layout {text!r}: needs H and W once each, and C, K at most once")
+        if any(len(p) > 1 and sorted(p) != ["C", "K"] for p in parts):
+            raise BadInputError(f"{where}layout {text!r}: only K and C can share an axis, as '(KC)'")
+        if len(parts) != len(shape):
+            raise BadInputError(
+                f"{where}layout {text!r} has {len(parts)} axes, the leaf's shape {shape} has {len(shape)}"
+            )
+        layout = cls(tuple(parts))
+        layout.check(shape, where)
+        return layout
+
+    @classmethod
+    def infer(cls, shape: tuple[int, ...], leaf: str = "") -> Layout:
+        """The layout a shape most likely has in RL code (:func:`frame_layout`)."""
+        guess = frame_layout(shape)
+        if guess is None:
+            raise BadInputError(
+                f"leaf {leaf!r}: shape {shape} is not a frame layout mmreplay recognises "
+                "(HW, HWC, CHW, KHW, HWK, KHWC, KCHW with H, W >= 8); name it with layout=/--layout"
+            )
+        return cls.parse(guess, shape, leaf)
+
+    def check(self, shape: tuple[int, ...], where: str) -> None:
+        channels = self.channels(shape)
+        if channels not in (1, 3, 4):
+            raise BadInputError(
+                f"{where}layout {self}: {channels} channels; expected 1 (gray), 3 (RGB) or 4 (RGBA)"
+            )
+
+    def channels(self, shape: tuple[int, ...]) -> int:
+        for part, n in zip(self.axes, shape):
+            if part == "C":
+                return n
+            if len(part) == 2:
+                if n % 3:
+                    raise BadInputError(
+                        f"layout {self}: a ({part}) axis of {n} is no whole number of RGB frames"
+                    )
+                return 3
+        return 1
+
+    def __str__(self) -> str:
+        return "".join(p if len(p) == 1 else f"({p})" for p in self.axes)
+
+    def _split(self, shape: tuple[int, ...]) -> tuple[list[int], list[str]]:
+        """The shape with a ``(KC)`` axis split in two, and each axis' letter (``T`` first)."""
+        sizes: list[int] = [shape[0]]
+        names: list[str] = ["T"]
+        for part, n in zip(self.axes, shape[1:]):
+            if len(part) == 2:
+                split = {"K": n // 3, "C": 3}
+                sizes += [split[p] for p in part]
+                names += list(part)
+            else:
+                sizes.append(n)
+                names.append(part)
+        return sizes, names + [letter for letter in "KC" if letter not in names]
+
+    def normalise(self, x: np.ndarray) -> np.ndarray:
+        """``[T, *shape]`` to ``[T, K, H, W, C]`` (K = 1 without a stack)."""
+        sizes, names = self._split(x.shape)
+        x = x.reshape(sizes + [1] * (len(names) - len(sizes)))
+        return x.transpose([names.index(a) for a in "TKHWC"])
+
+    def denormalise(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """``[T, K, H, W, C]`` back to ``[T, *shape]``: the inverse of :meth:`normalise`."""
+        _, names = self._split((len(x), *shape))
+        order = np.argsort([names.index(a) for a in "TKHWC"])
+        return x.transpose(order).reshape(len(x), *shape)
 
 
 def is_image(spec: ArraySpec) -> bool:

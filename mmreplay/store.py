@@ -4,7 +4,7 @@ The store owns the write cursor, the commit protocol, the open modes and the wri
 lock. Global step ids count every step ever added; step ``g`` lives in slot
 ``g % capacity`` of every leaf.
 
-Commit protocol (DESIGN.md): flush the rows written since the last commit to the files
+Commit protocol (docs/format.md, "Commits"): flush the rows written since the last commit to the files
 (and the disk with ``durability="power"``), then write the new state into the older
 slot of the state file (:mod:`mmreplay.statefile`; one ``pwrite``, and ``fdatasync``
 with ``durability="power"``), and only then count the rows committed. Before the
@@ -14,27 +14,23 @@ past them, so a crash or a reader never sees a torn row as committed.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import json
 import logging
 import os
 import shutil
-import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from . import backends
+from . import backends, exits
 from . import episodes as _episodes
 from . import frames as _frames
-from . import reads as _reads
 from .errors import (
     BadInputError,
     ClosedError,
@@ -63,8 +59,13 @@ from .metadata import (
     write_buffer,
     write_metadata,
 )
+from .read import advice as _advice
+from .read import gather as _gather
+from .read import passes as _passes
+from .read.request import SampleRequest
 from .roles import validate_roles
-from .samplers.base import Sampler, Window, make_sampler, sampler_from_json
+from .samplers.base import Sampler, Window
+from .samplers.registry import make_sampler, sampler_from_json
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
 from .statefile import oldest_retained, slot_ranges
 from .values import StepValidator
@@ -178,11 +179,16 @@ class Store:
         # writer's uncommitted rows (its reservation).
         self._floor = self._state.first(capacity)
         self._written = self._state.end
-        self._next_written = 0  # 1 while rows of the next step are written ahead (write_next)
+        # One past the newest step whose rows this writer began to write (add, write_next):
+        # steps before `_touched - capacity` have a slot it may have overwritten in part,
+        # so no window or commit holds them.
+        self._touched = self._written
+        self._busy = False  # a write is under way (see exits._stop_writes)
+        self._exiting = False  # the program ends: the exit hooks close this writer
         self._ahead = max(1, min(meta.commit_every, capacity // 8))
         self._dirty = False
         self._parts: dict[str, Any] = {}  # see part(): the read path, the episode index...
-        self._populator: Any = None  # mmreplay.reads.Populator, started by open()
+        self._populator: Any = None  # mmreplay.read.advice.Populator, started by open()
         self._hooks: list[WriteHook] = []
         self._on_add: list[Any] = []  # bound on_add of the hooks that override it
         try:
@@ -203,7 +209,7 @@ class Store:
             if lock is not None:
                 lock.release()
             raise
-        self._finalizer = _close_when_dropped(self, at_exit=mode == "a")
+        self._finalizer = exits.close_when_dropped(self, at_exit=mode == "a")
 
     # --- description ---------------------------------------------------------------
 
@@ -261,11 +267,12 @@ class Store:
         except (TypeError, ValueError) as exc:
             raise BadInputError(f"{self.path}: attrs must be JSON values: {exc}") from None
         fsync = self._meta.durability == "power"
-        state = self._state.next(attrs_generation=self._state.generation + 1)
-        new = replace(self._meta, attrs=attrs, attrs_generation=state.generation)
-        write_metadata(self.path, new, fsync, previous=(self._meta.attrs_generation, self._meta.attrs))
-        self._write_state(state, fsync)
-        self._meta = new
+        with self._writing():
+            state = self._state.next(attrs_generation=self._state.generation + 1)
+            new = replace(self._meta, attrs=attrs, attrs_generation=state.generation)
+            write_metadata(self.path, new, fsync, previous=(self._meta.attrs_generation, self._meta.attrs))
+            self._write_state(state, fsync)
+            self._meta = new
 
     @property
     def leaves(self) -> list[Any]:
@@ -335,8 +342,8 @@ class Store:
         """The steps this store retains and reads, global ids ``[first, end)``: in a
         writer every step it added (committed or not), in a reader the committed ones."""
         written = self._written
-        # rows written ahead (write_next) take the slot of the oldest step
-        retained = oldest_retained(self._floor, written, self._capacity - self._next_written)
+        # rows of the next step, written ahead (write_next) or in part, take the oldest step's slot
+        retained = oldest_retained(self._floor, written, self._capacity - (self._touched - written))
         first = self._readable_from(retained, written)
         return _new_window(Window, (first, written, self._num_envs, self._capacity))
 
@@ -381,8 +388,7 @@ class Store:
         """
         if self._closed:
             return
-        self._finalizer.detach()
-        _open_writers.discard(self._finalizer)
+        exits.forget(self._finalizer)
         try:
             if self.mode == "a":
                 self._commit(reserve_to=self._written)
@@ -434,11 +440,17 @@ class Store:
         if overrides(hook, "on_add"):
             self._on_add.append(hook.on_add)
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise :class:`~mmreplay.ClosedError` once the store is closed."""
         if self._closed:
             raise ClosedError(f"{self.path}: store is closed")
 
     def _check_writable(self) -> None:
+        if self._exiting:
+            raise ClosedError(
+                f"{self.path}: the program is ending, and the store was closed for it; a thread that "
+                "writes must be joined (or the store closed) before the program ends"
+            )
         if self._closed:
             raise ClosedError(f"{self.path}: store is closed")
         if self.mode != "a":
@@ -487,32 +499,43 @@ class Store:
         loss). Nothing is checked: a wrong shape may broadcast and a wrong dtype cast
         where :meth:`add` would refuse them.
         """
-        if not self._writable:
-            self._before_write()
-        g = self._written
-        if self._frames is not None:
-            values, prepared = self._frames.prepare(values)
-            if g >= self._reserved:
-                self._commit(reserve_to=g + self._ahead)
-            self._frames.apply(prepared, g)
-        elif g >= self._reserved:
-            self._commit(reserve_to=g + self._ahead)
-        slot = g % self._capacity
-        arrays = self._arrays
-        if arrays is not None:
-            for array, value in zip(arrays, values):
-                array[slot] = value
-        else:
-            for set_row, value in zip(self._setters, values):
-                set_row(slot, value)
-        g += 1
-        self._written = g
-        self._next_written = 0
-        if self._on_add:
-            for on_add in self._on_add:
-                on_add(g - 1, 1)
-        if g >= self._commit_at:
-            self._commit()
+        self._busy = True  # before the check: see exits._stop_writes
+        try:
+            if not self._writable:
+                self._before_write()
+            g = self._written
+            frames = self._frames
+            if frames is not None:
+                if frames.written != g:  # an add of step g was interrupted after it took the frames
+                    frames.undo_step()
+                values, prepared = frames.prepare(values)
+                if g >= self._reserved:
+                    self._commit(reserve_to=g + self._ahead)
+                self._touched = g + 1
+                frames.apply(prepared, g)
+            else:
+                if g >= self._reserved:
+                    self._commit(reserve_to=g + self._ahead)
+                # before the first row: until the step is added, a commit leaves out the
+                # step whose slot it overwrites (an add interrupted here tears that slot)
+                self._touched = g + 1
+            slot = g % self._capacity
+            arrays = self._arrays
+            if arrays is not None:
+                for array, value in zip(arrays, values):
+                    array[slot] = value
+            else:
+                for set_row, value in zip(self._setters, values):
+                    set_row(slot, value)
+            g += 1
+            self._written = g
+            if self._on_add:
+                for on_add in self._on_add:
+                    on_add(g - 1, 1)
+            if g >= self._commit_at:
+                self._commit()
+        finally:
+            self._busy = False
 
     def extend(self, steps: Any) -> None:
         """Write ``T`` steps: every leaf ``[T, num_envs, *shape]``, validated first."""
@@ -526,26 +549,29 @@ class Store:
             for t in range(n):
                 self.add(unflatten(self.spec, [v[t] for v in values]))
             return
-        g = self._written
-        capacity = self._meta.capacity
-        keep = min(n, capacity)  # of more than a ring's worth, only the newest survive
-        first = g + n - keep
-        if g + n > self._state.reserved:
-            self._commit(reserve_to=g + n + self._ahead)
-        pos = first
-        while pos < g + n:
-            slot = pos % capacity
-            count = min(g + n - pos, capacity - slot)
-            lo = pos - g
-            for leaf, value in zip(self._leaves, values):
-                leaf.write(slot, value[lo : lo + count])
-            pos += count
-        self._written = g + n
-        self._next_written = 0
-        for on_add in self._on_add:
-            on_add(g, n)
-        if self._written >= self._commit_at:
-            self._commit()
+        with self._writing():
+            g = self._written
+            capacity = self._meta.capacity
+            keep = min(n, capacity)  # of more than a ring's worth, only the newest survive
+            first = g + n - keep
+            if g + n > self._state.reserved:
+                self._commit(reserve_to=g + n + self._ahead)
+            # before the first row: the steps whose slots these overwrite are gone, as
+            # they are once the steps are added (an extend interrupted here tears them)
+            self._floor = max(self._floor, g + n - capacity)
+            pos = first
+            while pos < g + n:
+                slot = pos % capacity
+                count = min(g + n - pos, capacity - slot)
+                lo = pos - g
+                for leaf, value in zip(self._leaves, values):
+                    leaf.write(slot, value[lo : lo + count])
+                pos += count
+            self._written = g + n
+            for on_add in self._on_add:
+                on_add(g, n)
+            if self._written >= self._commit_at:
+                self._commit()
 
     def set_chunk_cache(self, nbytes: int) -> None:
         """Bytes of decoded chunks each chunk-compressed leaf (``zstd``, ``blosc``, ``gzip``)
@@ -571,31 +597,44 @@ class Store:
         if not self._writable:
             self._check_writable()
         values = self._validator.step(step)
-        if not self._writable:
-            self._before_write()
-        g = self._written
-        if g >= self._reserved:  # the slot may hold a committed step: leave it out first
-            self._commit(reserve_to=g + self._ahead)
-        slot = g % self._capacity
-        for set_row, value in zip(self._setters, values):
-            set_row(slot, value)
-        self._next_written = 1
+        with self._writing():
+            if not self._writable:
+                self._before_write()
+            g = self._written
+            if g >= self._reserved:  # the slot may hold a committed step: leave it out first
+                self._commit(reserve_to=g + self._ahead)
+            self._touched = g + 1
+            slot = g % self._capacity
+            for set_row, value in zip(self._setters, values):
+                set_row(slot, value)
 
     def commit(self) -> None:
         """Make every step added so far durable; cheap when nothing is new."""
-        self._check_writable()
-        self._commit()
+        with self._writing():
+            self._commit()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write under way (not on the per-step path, which inlines it): the exit hooks
+        wait for it, and start none after (see exits._stop_writes)."""
+        self._busy = True
+        try:
+            self._check_writable()
+            yield
+        finally:
+            self._busy = False
 
     def _commit(self, reserve_to: int | None = None) -> None:
         fsync = self._meta.durability == "power"
         written = self._written
-        # This writer has overwritten only slots of steps before `written - capacity`,
-        # and `start` covers what earlier writers may have, so `reserved` may also shrink.
-        reserved = max(written, written + self._ahead if reserve_to is None else reserve_to)
+        # This writer has overwritten only slots of steps before `_touched - capacity`, and
+        # `start` covers what earlier writers and interrupted extends may have, so
+        # `reserved` may also shrink, to no less than `_touched`.
+        reserved = max(self._touched, written + self._ahead if reserve_to is None else reserve_to)
         if written == self._state.end and reserved == self._state.reserved and not self._dirty:
             return
         if self._frames is not None and written > self._state.end:
-            self._frames.before_commit(written)
+            self._frames.before_commit(written)  # (takes back the frames of an add of `written` cut short)
         if written != self._state.end or self._dirty:
             if not self._all_mapped or fsync:
                 for leaf in self._storage:
@@ -603,7 +642,7 @@ class Store:
                 for flush in self._file_flushes:
                     flush(fsync)
         state = self._state.next(
-            start=self._floor,
+            start=min(self._floor, written),
             end=written,
             reserved=reserved,
             commits=self._state.commits + 1,
@@ -618,7 +657,7 @@ class Store:
     def _drop_through(self, step: int) -> None:
         """Drop the retained steps up to ``step`` (its side-ring frame is about to be
         overwritten); committed at once when readers may still read them."""
-        if step < oldest_retained(self._floor, self._written, self._capacity - self._next_written):
+        if step < oldest_retained(self._floor, self._written, self._capacity - (self._touched - self._written)):
             return  # gone already: the ring has overwritten it
         self._floor = min(self._written, step + 1)
         if not self._dropped_early:
@@ -665,24 +704,25 @@ class Store:
         at that slot (the ids skipped hold nothing), so a framework whose own cursor
         restarts at a slot after emptying (TorchRL's writers, at 0) writes where the store does.
         """
-        self._check_writable()
-        if next_slot is not None and not (isinstance(next_slot, (int, np.integer)) and 0 <= next_slot < self.capacity):
-            raise BadInputError(f"{self.path}: next_slot must be a slot in [0, {self.capacity}), got {next_slot!r}")
-        self._commit()
-        if next_slot is not None:
-            self._written += (int(next_slot) - self._written) % self.capacity
-        state = self._state.next(
-            start=self._written,
-            end=self._written,
-            reserved=max(self._state.reserved, self._written),
-            commits=self._state.commits + 1,
-            commit_time=time.time(),
-        )
-        self._write_state(state, self._meta.durability == "power")
-        self._floor = self._written
-        self._next_written = 0
-        for hook in self._hooks:
-            hook.on_clear(self._written)
+        with self._writing():
+            if next_slot is not None and not (
+                isinstance(next_slot, (int, np.integer)) and 0 <= next_slot < self.capacity
+            ):
+                raise BadInputError(f"{self.path}: next_slot must be a slot in [0, {self.capacity}), got {next_slot!r}")
+            self._commit()
+            if next_slot is not None:
+                self._written += (int(next_slot) - self._written) % self.capacity
+            state = self._state.next(
+                start=self._written,
+                end=self._written,
+                reserved=max(self._state.reserved, self._written),
+                commits=self._state.commits + 1,
+                commit_time=time.time(),
+            )
+            self._write_state(state, self._meta.durability == "power")
+            self._floor = self._touched = self._written  # rows written ahead are dropped too
+            for hook in self._hooks:
+                hook.on_clear(self._written)
 
     # --- reads ---------------------------------------------------------------------
 
@@ -711,7 +751,7 @@ class Store:
         that handle one leaf at a time. Raises :class:`~mmreplay.NotEnoughDataError` when
         a step is not retained or was overwritten by the writer while it was read.
         """
-        self._check_open()
+        self.check_open()
         slots = np.asarray(steps, dtype=np.int64) % self.capacity
         chosen = self._read_leaves if leaves is None else [self._read_leaves[i] for i in leaves]
         out = [np.array(leaf.read(slots)) for leaf in chosen]
@@ -735,7 +775,7 @@ class Store:
         An int gives the nest of ``[num_envs, *shape]`` arrays; a slice or an index array
         gives ``[k, num_envs, *shape]``. The arrays are copies.
         """
-        self._check_open()
+        self.check_open()
         steps, _ = self._steps_for(index)
         return unflatten(self.spec, self.read_steps(steps))
 
@@ -760,15 +800,16 @@ class Store:
             leaves = self._frames.settable(slots, values, self._read_leaves, self.path)
         else:
             leaves = self._leaves
-        for leaf, v in zip(leaves, values):
-            if leaf is not None:
-                leaf.write_slots(slots, v)
-        self._dirty = True
-        changed = np.asarray(steps).reshape(-1)
-        for hook in self._hooks:
-            hook.on_set(changed)
+        with self._writing():
+            self._dirty = True  # first: a set cut short is committed as far as it went
+            for leaf, v in zip(leaves, values):
+                if leaf is not None:
+                    leaf.write_slots(slots, v)
+            changed = np.asarray(steps).reshape(-1)
+            for hook in self._hooks:
+                hook.on_set(changed)
 
-    # --- sampling, passes, episodes (mmreplay.reads, mmreplay.episodes) ----------------
+    # --- sampling, passes, episodes (mmreplay.read, mmreplay.episodes) -----------------
 
     def sample(
         self,
@@ -795,7 +836,7 @@ class Store:
             rng: an int seed, a ``numpy.random.Generator``, or None (the store's own).
             within_episodes: sequences also never cross an episode end (None: the
                 sampler's default, off for the uniform sampler).
-            return_info: also return a :class:`mmreplay.reads.SampleInfo` (global step id
+            return_info: also return a :class:`mmreplay.read.SampleInfo` (global step id
                 and slot of each item's first step, its env, its probability, and the
                 importance weight from a prioritized sampler).
             window: ``(first, end)`` global step ids: draw only from these steps (within
@@ -825,19 +866,12 @@ class Store:
             >>> store.sample(4, num_steps=3, rng=0)["x"].shape
             (4, 3)
         """
-        if within_episodes is not None:
-            options["within_episodes"] = within_episodes
-        return _reads.sample(self, batch_size, num_steps, replacement, rng, return_info, options, window, out=out)
-
-    def empty_batch(self, batch_size: int, num_steps: int | None = None) -> Any:
-        """A batch for ``sample(batch_size, num_steps, out=...)`` to gather into: the
-        spec's nest of uninitialised arrays ``[batch_size, *shape]`` (or
-        ``[batch_size, num_steps, *shape]``; None: the sampler's ``num_steps``).
-
-        Reusing a few batches spares allocating, and faulting in, fresh memory for every
-        batch: pixel batches of several MB are returned to the OS when dropped.
-        """
-        return _reads.empty_batch(self, batch_size, num_steps)
+        if self._closed:  # before the arguments, as every method does
+            self.check_open()
+        request = SampleRequest.build(
+            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options
+        )
+        return _gather.sample(self, request)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
         """New priorities for sampled items (``info.step``, ``info.env`` of
@@ -847,52 +881,12 @@ class Store:
         another process can update them. Items whose step the ring has dropped since
         they were sampled are skipped; returns how many were applied.
         """
-        self._check_open()
+        self.check_open()
         return self._sampler.update_priorities(step, env, priorities)
 
-    def iterate(
-        self,
-        batch_size: int | None = None,
-        num_steps: int | None = None,
-        window_shift: int | None = None,
-        drop_remainder: bool = False,
-        shuffle: bool = False,
-        rng: Any = None,
-        *,
-        window: tuple[int, int] | None = None,
-        group_envs: bool = False,
-        return_steps: bool = False,
-    ) -> Iterator[Any]:
-        """One deterministic pass over every committed row, env by env in time order.
-
-        The window is read when this is called. Items are windows of ``num_steps``
-        starting every ``window_shift`` steps (default ``num_steps``) within one env's
-        stream; the shorter windows at the end of a stream are kept unless
-        ``drop_remainder``. With ``batch_size``, windows are stacked: full windows
-        first, then the shorter ones grouped by length; a last smaller batch is kept
-        unless ``drop_remainder``. ``shuffle`` permutes the windows with ``rng``.
-        ``window=(first, end)`` limits the pass to those global step ids (within
-        :attr:`window`). ``group_envs`` makes each batch the same window of
-        ``batch_size`` consecutive envs, env group by env group, each in time order
-        (TF-Agents' order; a last smaller group is kept unless ``drop_remainder``, and
-        a pass that drops everything yields nothing instead of raising).
-        ``return_steps`` yields ``(batch, steps)``: the global step ids of the batch's
-        rows, shaped as its outer axes.
-
-        Yields:
-            Nests of ``[*shape]`` (no sizes), ``[n, *shape]`` (``num_steps`` or
-            ``batch_size``), or ``[batch, n, *shape]`` (both).
-
-        Example:
-            >>> import mmreplay as mr, numpy as np, tempfile
-            >>> store = mr.create(tempfile.mkdtemp() + "/b", {"x": mr.ArraySpec((), "int64")}, 5)
-            >>> store.extend({"x": np.arange(5).reshape(5, 1)}); store.commit()
-            >>> [b["x"].tolist() for b in store.iterate(num_steps=2)]
-            [[0, 1], [2, 3], [4]]
-        """
-        return _reads.iterate(
-            self, batch_size, num_steps, window_shift, drop_remainder, shuffle, rng, window, group_envs, return_steps
-        )
+    # the read path's own functions, with this store as their first argument
+    empty_batch = _gather.empty_batch
+    iterate = _passes.iterate
 
     def episodes(self, env: int | None = None, complete_only: bool = False) -> Iterator[Any]:
         """Each episode of the committed window with its data, env by env, in time order.
@@ -932,30 +926,13 @@ class Store:
         """
         return _episodes.to_arrays(self)
 
-    def export(self, out: str | os.PathLike, format: str | None = None, **options: Any) -> Any:  # noqa: A002
-        """Export the retained committed data to an offline format; see :func:`mmreplay.export.export`.
-
-        Formats: minari, d4rl, d3rlpy, parquet, npz, csv, pt, zarr, hdf5, lerobot; None: the one
-        ``out``'s name ends with (``.npz``, ``.parquet``, ``.csv``, ``.pt``, ``.zarr``), else
-        minari. Options: ``compression``, ``complete_only``, ``force``, ``progress``,
-        ``dataset_id`` (minari).
-        Returns an :class:`mmreplay.export.ExportResult`. A writer commits first, so
-        what is exported is what is durable and what readers see.
-        """
-        from .export import export
-
-        if self.mode == "a" and not self._closed:
-            self._commit()
-
-        return export(self, out, format=format, **options)
-
     def push(self, url: str, storage_options: dict[str, Any] | None = None) -> Any:
         """Publish the committed state to object storage (``s3://bucket/prefix``) as a
         consistent snapshot, sending only what changed since the last push; see
         :func:`mmreplay.snapshots.push`. A writer commits first."""
         from .snapshots import push
 
-        self._check_open()
+        self.check_open()
         return push(self, url, storage_options)
 
     def view(self, out: str | os.PathLike | None = None, **options: Any) -> Any:
@@ -994,7 +971,7 @@ class Store:
 
     def refresh(self) -> bool:
         """Pick up the writer's newer commits (readers); True if the state changed."""
-        self._check_open()
+        self.check_open()
         if self.mode == "a":
             return False
         old = self._state
@@ -1007,29 +984,9 @@ class Store:
         for leaf in self._storage[len(self._leaves) :]:  # the side ring: any slot may have changed
             leaf.invalidate([(0, self._meta.frames.final_slots)])
         self._set_state(new)
-        self._written = new.end
+        self._written = self._touched = new.end
         self._floor = new.first(self.capacity)
         return True
-
-
-#: finalizers of the writers not closed yet; each holds its store's parts, not the store
-_open_writers: set[weakref.finalize] = set()
-
-
-def _close_when_dropped(store: Store, at_exit: bool) -> weakref.finalize:
-    """Close a store that is garbage-collected, and (``at_exit``: a writer, which must
-    commit) one still open when the interpreter exits.
-
-    The finalizer holds the store's attributes, not the store: at its call a bare
-    ``Store`` over the same attributes runs :meth:`Store.close`. Nothing among the
-    attributes may refer back to the store, or it would never be collected.
-    """
-    finalizer = weakref.finalize(store, _close_parts, type(store), store.__dict__)
-    finalizer.atexit = False  # writers: the exit hooks below run it, in their order
-    if at_exit:
-        _open_writers.add(finalizer)
-        _register_exit_hooks()
-    return finalizer
 
 
 def _attribute_view(store: Store) -> Store:
@@ -1039,55 +996,6 @@ def _attribute_view(store: Store) -> Store:
     view = type(store).__new__(type(store))
     view.__dict__ = store.__dict__
     return view
-
-
-def _close_parts(cls: type, parts: dict[str, Any]) -> None:
-    shell = cls.__new__(cls)
-    shell.__dict__ = parts
-    try:
-        shell.close()
-    except Exception:
-        logging.getLogger(__name__).exception(
-            "%s: closing the store left open failed; steps added since its last commit are lost",
-            parts.get("path"),
-        )
-
-
-def _close_open_writers(before_threads_end: bool = False) -> None:
-    """Close every writer still open as the interpreter exits (normally, by an uncaught
-    exception or by Ctrl-C).
-
-    The first call comes before the interpreter stops its thread pools, which zarr's
-    codecs need to write a compressed chunk; it waits for the ``atexit`` call when a
-    thread of the program may still be writing.
-    """
-    if before_threads_end and any(
-        t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()
-    ):
-        return
-    for finalizer in list(_open_writers):
-        finalizer()
-
-
-def _register_exit_hooks() -> None:
-    """Register the exit hooks. Exit hooks run last registered first, and the early one
-    must run before the thread pools stop: it is registered again whenever a library
-    imported since (``concurrent.futures`` with zarr) registered its own after it."""
-    global _atexit_registered
-    if not _atexit_registered:
-        atexit.register(_close_open_writers)
-        _atexit_registered = True
-    early = getattr(threading, "_threading_atexits", None)
-    if early is not None and not (early and getattr(early[-1], "func", None) is _close_before_threads_end):
-        with contextlib.suppress(RuntimeError):  # the interpreter is already exiting
-            threading._register_atexit(_close_before_threads_end)  # type: ignore[attr-defined]
-
-
-_atexit_registered = False
-
-
-def _close_before_threads_end() -> None:
-    _close_open_writers(before_threads_end=True)
 
 
 _new_window = tuple.__new__  # a Window without NamedTuple's keyword handling: read per batch
@@ -1439,5 +1347,5 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
     store = Store(source.url, meta, mode, lock, source=source)
     if not continue_episodes:  # the writer's first step ends the open episodes (_before_write)
         store._writable = False
-    store._populator = _reads.populate_at_open(store, populate)
+    store._populator = _advice.populate_at_open(store, populate)
     return store

@@ -60,7 +60,7 @@ from .metadata import (
 from .priorities import check_priority_file, reset_priority_file
 from .statefile import FILE_BYTES, StateFile, decode_slot, salvage
 
-__all__ = ["verify", "recover", "Recovery", "leftovers", "hdf5_status"]
+__all__ = ["verify", "checked", "recover", "Recovery", "leftovers", "hdf5_status"]
 
 BLOCK_STEPS = 1 << 16  # steps read at a time where a check reads a leaf over the committed window
 
@@ -107,6 +107,52 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
     if not problems:
         problems.extend(_check_opens(folder))
     return problems
+
+
+def checked(path: str | os.PathLike, deep: bool = True) -> list[str]:
+    """What :func:`verify` checks of the buffer at ``path``, per kind of leaf, and what no
+    check can find there: a row that holds another step's bytes is found only where the
+    layout records something of it (a chunk or row that was never stored, a checksum, the
+    side ring's step numbers); [] when the metadata does not read."""
+    from .backends.row_codec import is_row_compression
+
+    try:
+        meta = read_metadata(os.fspath(path))
+    except Error:
+        return []
+
+    def names(leaves: list[Any]) -> str:
+        return ", ".join(repr(leaf.path) for leaf in leaves)
+
+    mapped = [leaf for leaf in meta.leaves if leaf.mapped]
+    rows = [leaf for leaf in meta.leaves if is_row_compression(leaf.compression)]
+    chunked = [leaf for leaf in meta.leaves if not leaf.mapped and leaf not in rows]
+    out = ["the metadata, both state slots, and every data file: there, a regular file, of its size"]
+    if chunked:
+        out.append(
+            f"chunk-compressed leaves {names(chunked)}: every chunk holding committed steps was stored"
+            + (", decodes and passes its checksum" if deep else " (--quick: not decoded)")
+            + "; a chunk that still holds an earlier lap's rows decodes as well, and is not found"
+        )
+    if rows:
+        out.append(
+            f"row-frame leaves {names(rows)}: every committed row is in the staging segment or in its "
+            "segment's shard index (CRC-32C)"
+            + (", and its frame decodes (zstd: with its checksum)" if deep else " (--quick: frames not decoded)")
+            + "; a frame of an earlier lap is not found"
+        )
+    if mapped:
+        out.append(
+            f"memory-mapped leaves {names(mapped)}: size and place only: their rows carry no checksum or step, "
+            "so a row holding another step's bytes is not found"
+        )
+    if meta.frames is not None and meta.frames.side:
+        out.append("the side ring of next frames: its files, and (deep) its step numbers against the committed rows")
+    if deep:
+        out.append("the episode index against the role leaves of the committed steps")
+    if meta.sampler and meta.sampler.get("name") == "prioritized":
+        out.append("the priority file: its header and size")
+    return out
 
 
 def _check_state_file(folder: str, meta: Metadata, problems: list[str]) -> None:

@@ -1,24 +1,19 @@
 """Random rows whose pages are out of memory: each batch prefetches its pages when the
-process read from the disk since the previous one (``local.DiskReads``), and the rows
+process read from the disk since the previous one (``advice.DiskReads``), and the rows
 it returns are those of a store that never prefetches."""
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay import reads
-from mmreplay.io import local
+from mmreplay import read
+from mmreplay.read import advice, gather
 
-ROOT = Path(__file__).resolve().parent.parent
 NUM_ENVS = 4
 STEPS = 64
 SPEC = {
@@ -67,15 +62,15 @@ def drop_pages(store) -> None:
 
 def read_steps(store, n: int) -> None:
     """Read the first ``n`` steps of every env (their pages then cached and mapped)."""
-    reads.read_rows(store, np.arange(n)[:, None], np.arange(NUM_ENVS)[None])
+    read.read_rows(store, np.arange(n)[:, None], np.arange(NUM_ENVS)[None])
 
 
 def reads_from_disk(store) -> bool:
     """Whether dropping the pages makes reading them read the disk here (not on tmpfs)."""
     drop_pages(store)
-    before = local.disk_bytes_read()
+    before = advice.disk_bytes_read()
     read_steps(store, 4)
-    return local.disk_bytes_read() > before
+    return advice.disk_bytes_read() > before
 
 
 def check(batch: dict, info) -> None:
@@ -85,7 +80,7 @@ def check(batch: dict, info) -> None:
 
 def test_cold_batches_return_the_rows_of_a_store_that_never_prefetches(store_path):
     with mr.open(store_path, "r", populate=False) as plain, mr.open(store_path, "r", populate=False) as store:
-        reads.set_prefetch(plain, False)
+        read.set_prefetch(plain, False)
         for i in range(6):
             drop_pages(plain)
             drop_pages(store)
@@ -100,44 +95,44 @@ def test_cold_batches_return_the_rows_of_a_store_that_never_prefetches(store_pat
         )
         for batch, steps in shuffled:
             np.testing.assert_array_equal(batch["frame"], frames_of(steps))
-        assert reads.reader_for(plain).disk_reads is None  # set_prefetch(False): never
-        assert reads.reader_for(store).disk_reads.prefetched >= 1
+        assert gather.reader_for(plain).disk_reads is None  # set_prefetch(False): never
+        assert gather.reader_for(store).disk_reads.prefetched >= 1
 
 
 def test_a_batch_prefetches_after_disk_reads_and_not_on_cached_pages(store_path):
     with mr.open(store_path, "r", populate=False) as store:
-        reader = reads.reader_for(store)
+        reader = gather.reader_for(store)
         decide = reader.disk_reads
         store.sample(32, rng=0)
         assert decide.prefetched == 1  # the first batch: nothing known yet
         read_steps(store, STEPS)  # every page cached and mapped
         before = decide.prefetched
-        for i in range(3 * local.WARM_CHECK):
+        for i in range(3 * advice.WARM_CHECK):
             store.sample(32, rng=i)
         assert decide.prefetched == before
         if not reads_from_disk(store):
             pytest.skip("this file system keeps its pages in memory (tmpfs): nothing to read from disk")
         # Pages dropped while batches run: a batch that faults from the disk sends the
         # next checked batches to the prefetch, which stays on while they read the disk.
-        for i in range(2 * local.WARM_CHECK):
+        for i in range(2 * advice.WARM_CHECK):
             drop_pages(store)
             batch, info = store.sample(32, rng=100 + i, return_info=True)
             check(batch, info)
-        assert decide.prefetched >= before + local.WARM_CHECK
+        assert decide.prefetched >= before + advice.WARM_CHECK
         # Cached again: the checks go back to one in WARM_CHECK batches, none prefetching.
         read_steps(store, STEPS)
         store.sample(32, rng=0)  # reads nothing; the reads since the last check may still count
         settled = decide.prefetched
-        for i in range(3 * local.WARM_CHECK):
+        for i in range(3 * advice.WARM_CHECK):
             store.sample(32, rng=i)
         assert decide.prefetched == settled
 
 
 def test_the_decision_reads_the_process_disk_reads(tmp_path):
-    decide = local.DiskReads(1)
+    decide = advice.DiskReads(1)
     assert decide.cold(1)  # the first batch
     assert not decide.cold(1)  # nothing read since
-    for _ in range(local.WARM_CHECK - 1):
+    for _ in range(advice.WARM_CHECK - 1):
         assert not decide.cold(1)
     path = tmp_path / "f"
     path.write_bytes(os.urandom(1 << 20))
@@ -145,9 +140,9 @@ def test_the_decision_reads_the_process_disk_reads(tmp_path):
     try:
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        before = local.disk_bytes_read()
+        before = advice.disk_bytes_read()
         os.pread(fd, 1 << 20, 0)
-        if local.disk_bytes_read() == before:
+        if advice.disk_bytes_read() == before:
             pytest.skip("this file system keeps its pages in memory (tmpfs): nothing to read from disk")
     finally:
         os.close(fd)
@@ -156,41 +151,15 @@ def test_the_decision_reads_the_process_disk_reads(tmp_path):
 
 def test_set_prefetch_chooses_between_always_never_and_per_batch(store_path):
     with mr.open(store_path, "r", populate=False) as store:
-        reader = reads.reader_for(store)
+        reader = gather.reader_for(store)
         assert reader.disk_reads is not None and not reader.prefetch  # fits in memory: per batch
-        reads.set_prefetch(store, True)
+        read.set_prefetch(store, True)
         assert reader.prefetch and reader.disk_reads is None
-        reads.set_prefetch(store, False)
+        read.set_prefetch(store, False)
         assert not reader.prefetch and reader.disk_reads is None
-        reads.set_prefetch(store, None)
+        read.set_prefetch(store, None)
         assert not reader.prefetch and reader.disk_reads.prefetched == 0
         store.sample(8, num_steps=4, rng=0)  # sequences keep the readahead: no decision
         assert reader.disk_reads.prefetched == 0
         store.sample(8, rng=0)
         assert reader.disk_reads.prefetched == 1
-
-
-def test_bench_cold_rows_runs_every_system_and_mode(tmp_path):
-    out = tmp_path / "out.json"
-    args = ["--steps", "40", "--cold-batches", "2", "--warm-batches", "2", "--repeats", "1", "--skip-vector"]
-    subprocess.run(
-        [sys.executable, "-m", "bench.bench_cold_rows", *args, "--dir", str(tmp_path), "--json", str(out)],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-    )
-    results = json.loads(out.read_text())
-    for part in ("pixels cold", "pixels warm"):
-        rates, sent = results[part]["rates"], results[part]["sent"]
-        assert len(rates) == 15 and all(v > 0 for v in rates.values())
-        for backend in ("zarr", "hdf5"):
-            for role in ("reader", "writer"):
-                assert sent[f"mmreplay {backend} {role}, no prefetch"] == 0
-                assert sent[f"mmreplay {backend} {role}, prefetch"] == 0  # every batch, not by the decision
-        if part == "pixels cold":  # the first batch after each switch to the default at least
-            assert all(
-                sent[f"mmreplay {b} {r}, default"] >= 1
-                for b in ("zarr", "hdf5")
-                for r in ("reader", "writer")
-            )
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("mmreplay-cold-")]  # buffers removed

@@ -568,27 +568,6 @@ def test_slice_sampler_batches_equal_lazy_memmap_storage(tmp_path, ndim):
     assert (a["episode"].view(-1, 4) == a["episode"].view(-1, 4)[:, :1]).all()  # slices stay in one episode
 
 
-# --- the benchmark runs ---------------------------------------------------------------
-
-
-def test_the_torchrl_benchmark_runs_at_its_small_size():
-    root = __file__.rsplit("/tests/", 1)[0]
-    proc = subprocess.run(
-        [sys.executable, "bench/bench_torchrl.py", "--quick"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    sections = proc.stdout.strip().split("\n\n")
-    assert len(sections) == 3
-    for section in sections:
-        title, *lines = section.splitlines()
-        assert [line.split()[0] for line in lines] == ["MMReplayStorage", "LazyMemmapStorage"], section
-        assert all(float(line.split()[1]) > 0 for line in lines), section
-
-
 # --- TorchRL's own replay-buffer tests, with MMReplayStorage as LazyMemmapStorage ------
 
 #: TorchRL's test files whose LazyMemmapStorage the plugin tests/torchrl_suite.py replaces

@@ -1,4 +1,5 @@
-"""Crash torture: writers killed with SIGKILL at random moments never lose a committed step."""
+"""Crash torture: writers ended at random moments (SIGKILL, Ctrl-C, SIGTERM, a full disk, a
+thread writing as the program ends) never lose a committed step nor commit a wrong one."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from conftest import run_cli, verify_cli
 import mmreplay as mr
 from mmreplay.spec import flatten
 from mmreplay.torture import (
+    ENDINGS,
     LAYOUTS,
     SPEC,
     Expectation,
@@ -49,6 +51,29 @@ def test_torture_long(tmp_path):
     summary = run(400, root=str(tmp_path), seed=12345, kills_per_trial=4)
     assert summary.failures == 0, "\n".join(summary.messages)
     assert summary.kills > 800
+
+
+GRACEFUL = [e for e in ENDINGS if e != "kill"]
+
+
+@pytest.mark.parametrize("ending", GRACEFUL)
+def test_torture_endings_commit_every_added_step_and_nothing_else(tmp_path, ending):
+    """Ctrl-C, SIGTERM, a full disk, a thread writing at exit: a few trials of each, the
+    layouts in turn (docs/reliability.md#crash-torture has the counts of long runs)."""
+    summary = run(6, root=str(tmp_path), seed=100 + GRACEFUL.index(ending), kills_per_trial=3, endings=[ending])
+    if ending == "enospc" and summary.trials == 0:
+        pytest.skip(summary.notes[0])
+    assert summary.failures == 0, "\n".join(summary.messages)
+    assert summary.runs_by_ending[ending] == 18 and summary.steps_checked > 0
+    if ending in ("sigint", "sigterm"):
+        assert sum(summary.kills_by_target.values()) > 0  # signals sent, not only runs that finished first
+
+
+@pytest.mark.long
+def test_torture_endings_long(tmp_path):
+    summary = run(1200, root=str(tmp_path), seed=2026, kills_per_trial=4, endings=ENDINGS)
+    assert summary.failures == 0, "\n".join(summary.messages)
+    assert min(summary.runs_by_ending[e] for e in ENDINGS if e != "enospc" or not summary.notes) > 600
 
 
 def test_cli_torture_prints_the_summary_line(tmp_path):

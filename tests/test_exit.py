@@ -1,10 +1,13 @@
-"""A writer that is never closed still commits every step it added.
+"""A writer that is never closed still commits every step it added, and never a step it
+did not finish writing.
 
-A script that ends normally, dies of an uncaught exception, is stopped by Ctrl-C in its
-collection loop, or drops its last reference to the store (or to a layer holding one)
-must leave on disk every step it added. Only SIGKILL or a power loss may lose the
-uncommitted tail. Each case runs a real script in a fresh process, with a commit
-interval far larger than what it adds, then reopens the buffer here and counts.
+A script that ends normally, dies of an uncaught exception, is stopped by Ctrl-C, SIGTERM
+or SIGHUP in its collection loop, or drops its last reference to the store (or to a layer
+holding one) must leave on disk every step it added. Only SIGKILL or a power loss may lose
+the uncommitted tail. A write cut short by a signal, or a thread still writing as the
+program ends, must leave no torn step committed. Each case runs a real script in a fresh
+process, with a commit interval far larger than what it adds, then reopens the buffer here
+and checks.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import pytest
 import mmreplay as mr
 from mmreplay.verify import verify
 
-ENDINGS = ["normal", "exception", "sigint", "collected"]
+ENDINGS = ["normal", "exception", "sigint", "sigterm", "sighup", "collected"]
+SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sighup": signal.SIGHUP}
 NEVER = 10**6  # commit_every: no automatic commit while the scripts run
 
 PLAIN = """
@@ -98,6 +102,30 @@ def total(obj):
     return obj.store.total_steps
 """
 
+SB3 = """
+import numpy as np, gymnasium
+from mmreplay.compat.sb3 import ReplayBuffer
+box = gymnasium.spaces.Box(-1e9, 1e9, (3,), np.float32)
+obj = ReplayBuffer(10_000, box, gymnasium.spaces.Discrete(3), "cpu", n_envs=2, path=PATH, commit_every={never})
+def add(obj, t):
+    obs = np.full((2, 3), t, np.float32)
+    obj.add(obs, obs + 1, np.array([t % 3, 1]), np.ones(2, np.float32), np.array([t % 7 == 6] * 2), [{{}}, {{}}])
+def total(obj):
+    return obj.store.total_steps
+"""
+
+TORCHRL = """
+import torch
+from tensordict import TensorDict
+from torchrl.data import TensorDictReplayBuffer
+from mmreplay.compat.torchrl import MMReplayStorage
+obj = TensorDictReplayBuffer(storage=MMReplayStorage(PATH, max_size=10_000, commit_every={never}))
+def add(obj, t):
+    obj.extend(TensorDict({{"x": torch.full((1, 3), float(t))}}, [1]))
+def total(obj):
+    return obj.storage.store.total_steps
+"""
+
 ENDING = {
     # the script just ends: no close()
     "normal": """
@@ -111,7 +139,8 @@ ENDING = {
         print(total(obj), flush=True)
         raise RuntimeError("the training loop failed")
     """,
-    # Ctrl-C in the loop; the KeyboardInterrupt ends the program (the finally only reports)
+    # Ctrl-C (or SIGTERM, SIGHUP) in the loop; the KeyboardInterrupt (SystemExit) ends the
+    # program (the finally only reports)
     "sigint": """
         import time
         t = 0
@@ -143,8 +172,18 @@ ENDING = {
     """,
 }
 
-# Python ends a program stopped by an uncaught KeyboardInterrupt by SIGINT, as a shell expects
-EXIT_CODES = {"normal": 0, "exception": 1, "sigint": -signal.SIGINT, "collected": 0}
+ENDING["sigterm"] = ENDING["sighup"] = ENDING["sigint"]
+
+# Python ends a program stopped by an uncaught KeyboardInterrupt by SIGINT, as a shell expects;
+# SIGTERM and SIGHUP end it with the status a shell reports for them, 128 + the signal
+EXIT_CODES = {
+    "normal": 0,
+    "exception": 1,
+    "sigint": -signal.SIGINT,
+    "sigterm": 128 + signal.SIGTERM,
+    "sighup": 128 + signal.SIGHUP,
+    "collected": 0,
+}
 
 
 def run_script(setup: str, ending: str, path: str) -> list[int]:
@@ -153,13 +192,15 @@ def run_script(setup: str, ending: str, path: str) -> list[int]:
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    if ending == "sigint":
+    if ending in SIGNALS:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(SIGNALS[ending])
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == EXIT_CODES[ending], err
     if ending == "sigint":
         assert "KeyboardInterrupt" in err, err
+    if ending in ("sigterm", "sighup"):
+        assert f"{ending.upper()}: ending the program" in err, err
     assert "Traceback" not in err or ending in ("exception", "sigint"), err
     assert "store left open failed" not in err, err
     added = [int(n) for n in out.strip().splitlines()[-1].split()]
@@ -183,6 +224,22 @@ def test_a_store_left_open_commits_every_step(tmp_path, ending, backend, compres
 
 
 LAYERS = {"torch": TORCH, "skrl": SKRL, "tf_agents": TF_AGENTS, "gymnasium": GYM, "gymnasium-vector": GYM_VECTOR}
+#: the leaf whose env 0 holds ``t`` at step ``t`` (the gymnasium recorders are checked by their chain)
+STEP_LEAF = {"torch": "x", "skrl": "states", "tf_agents": "x", "sb3": "observation", "torchrl": "x"}
+
+
+def check_every_step(store: mr.Store, name: str, steps: int) -> None:
+    """The reopened buffer holds the ``steps`` steps the layer added, each one in place."""
+    assert (store.first_step, store.committed_steps) == (0, steps), name
+    got = store.get(slice(None))
+    if name in STEP_LEAF:
+        values = got[STEP_LEAF[name]].reshape(steps, store.num_envs, -1)[:, 0, 0]
+        assert values.tolist() == list(range(steps)), name
+        return
+    # a transition's next observation is the next one's observation unless an episode ended
+    ended = got["terminated"] | got["truncated"]
+    same = (got["next_observation"][:-1] == got["observation"][1:]).all(axis=-1)
+    assert (same | ended[:-1]).all(), name
 
 # Every layer open at once in one script, each in its own namespace and folder, so that one
 # process per ending shows each of them committing (and all of them side by side).
@@ -216,7 +273,21 @@ def test_every_layer_left_open_commits_every_step(tmp_path, ending):
     assert len(added) == len(LAYERS)
     for name, steps in zip(LAYERS, added):
         with mr.open(f"{path}-{name}") as store:
-            assert store.committed_steps == steps, name
+            check_every_step(store, name, steps)
+
+
+def test_sb3_and_torchrl_left_open_commit_every_step_at_a_normal_end(tmp_path):
+    """Apart from the other layers, and only to a normal end: importing torchrl (and the ray
+    it imports when installed) takes seconds, and ray ends a program that Ctrl-C stopped
+    with status 1 instead of by SIGINT."""
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("torchrl")
+    code = {name: textwrap.dedent(setup).format(never=NEVER) for name, setup in (("sb3", SB3), ("torchrl", TORCHRL))}
+    path = str(tmp_path / "b")
+    added = run_script(ALL_LAYERS.format(code=code), "normal", path)
+    for name, steps in zip(code, added):
+        with mr.open(f"{path}-{name}") as store:
+            check_every_step(store, name, steps)
 
 
 def test_closed_writers_leave_no_exit_hooks_behind(tmp_path):
@@ -232,7 +303,7 @@ def test_closed_writers_leave_no_exit_hooks_behind(tmp_path):
             store.add({{"x": np.ones(1, "int64")}})
             store.close()
         after = atexit._ncallbacks(), len(threading._threading_atexits)
-        print(before == after, len(mr.store._open_writers))
+        print(before == after, mr.exits.open_writers())
         """
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -283,3 +354,218 @@ def test_sigkill_loses_only_the_uncommitted_tail(tmp_path):
     with mr.open(path) as store:
         assert store.committed_steps == 30
         assert os.path.exists(os.path.join(path, "mmreplay.json"))
+
+
+# --- stop signals: the program's own handlers come first ------------------------------------
+
+HANDLERS = """
+import signal, threading, numpy as np, mmreplay as mr
+spec = {{"x": mr.ArraySpec((), "int64")}}
+mine = lambda signum, frame: print("mine", signum, flush=True)
+signal.signal(signal.SIGHUP, mine)  # the program's own: kept, and still called
+store = mr.create({path!r} + "/a", spec, capacity=100, commit_every=10**6)
+print(signal.getsignal(signal.SIGHUP) is mine, signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, flush=True)
+store.close()  # the last writer: the default action again
+print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup: left ignored
+made = []
+thread = threading.Thread(target=lambda: made.append(mr.create({path!r} + "/b", spec, capacity=100)))
+thread.start(); thread.join()  # a writer opened in another thread sets no handler
+print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, flush=True)
+made[0].close()
+store = mr.open({path!r} + "/a", "a")
+store.add({{"x": np.arange(1)}})
+print("ready", flush=True)
+import time
+while True:
+    time.sleep(0.01)
+"""
+
+
+def test_stop_signals_leave_the_programs_own_handlers_alone(tmp_path):
+    """SIGTERM is handled only while writers are open and only where the program left the
+    default action; a handler of the program's own (SIGHUP here) or SIG_IGN stays, and
+    the default action is back once the last writer closes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HANDLERS.format(path=str(tmp_path)))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        lines = [proc.stdout.readline().split() for _ in range(4)]
+        assert lines == [["True", "True"], ["True"], ["True", "True"], ["ready"]], lines
+        proc.send_signal(signal.SIGHUP)  # ignored by the program's choice
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    with mr.open(str(tmp_path / "a")) as store:
+        assert store.committed_steps == 1
+
+
+# --- a write cut short by a signal --------------------------------------------------------
+
+CUT_SHORT = """
+import os, signal, sys, numpy as np, mmreplay as mr
+from mmreplay.spec import unflatten
+from mmreplay.torture import FRAME_STACK, Layout, rows_of
+layout = Layout(**{layout!r})
+store = mr.create({path!r}, layout.spec, capacity=80, num_envs=2, backend=layout.backend,
+                  compression={compression!r}, chunk_steps=8, commit_every=10**6,
+                  frames=mr.Frames(frame_stack=FRAME_STACK) if layout.frames else None)
+def put(g, n):
+    store.extend(unflatten(store.spec, rows_of(layout, 2, np.arange(g, g + n))))
+put(0, 98)  # the ring has wrapped
+store.commit()
+put(98, 2)  # added since the last commit, in the chunk the next write leaves (slots 16..23)
+(arm, arm_at), (hit, hit_at) = {arm!r}, {hit!r}
+calls = {{arm: 0, hit: 0}}
+def interrupt(frame, event, arg):
+    name = frame.f_code.co_qualname
+    if event != "call" or name not in calls or (name == hit and calls[arm] < arm_at):
+        return
+    calls[name] += 1
+    if name == hit and calls[arm] >= arm_at and calls[hit] >= hit_at:
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, landing in this call
+sys.setprofile(interrupt)
+try:
+    put(100, 6)  # the slots of the oldest committed steps, within the reservation of the last commit
+finally:
+    sys.setprofile(None)
+    print(store.total_steps, flush=True)
+    store.close()
+"""
+
+#: where Ctrl-C lands in `extend(100..106)`: in the (arm_at-th call of arm, then the)
+#: hit_at-th call of hit
+CUTS = {
+    "zarr-mapped": ({"backend": "zarr", "compressed": False, "num_envs": 2}, None, ("MappedLeaf.write", 0), ("MappedLeaf.write", 2)),
+    "hdf5-mapped": ({"backend": "hdf5", "compressed": False, "num_envs": 2}, None, ("MappedLeaf.write", 0), ("MappedLeaf.write", 2)),
+    # the chunk the head leaves, as it is being written
+    "zarr-zstd": ({"backend": "zarr", "compressed": True, "num_envs": 2}, "zstd", ("ZarrChunks.write", 0), ("ZarrChunks.write", 1)),
+    "hdf5-gzip": ({"backend": "hdf5", "compressed": True, "num_envs": 2}, "gzip", ("H5Chunks.write", 0), ("H5Chunks.write", 1)),
+    "rows-lz4": ({"backend": "zarr", "compressed": True, "num_envs": 2}, "rows:lz4", ("RowFrameLeaf.write", 0), ("RowFrameLeaf.write", 2)),
+    "rows-zstd": ({"backend": "zarr", "compressed": True, "num_envs": 2}, "rows:zstd:1", ("RowFrameLeaf.write", 0), ("RowFrameLeaf.write", 2)),
+    # frames once: after the third step took its frames, before its rows are all written
+    "frames-lz4": (
+        {"backend": "zarr", "compressed": True, "num_envs": 2, "frames": True},
+        "rows:lz4",
+        ("FrameWriter.apply", 3),
+        ("_step_writer.<locals>.write", 2),
+    ),
+}
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_ctrl_c_in_the_middle_of_a_write_commits_no_torn_step(tmp_path, cut):
+    """Ctrl-C lands inside a write on a wrapped ring (after some leaves' rows, or a chunk
+    the head leaves, are written), then `finally: store.close()`: every committed step is
+    bit-exact and none the script added is lost."""
+    from conftest import verify_cli
+
+    from mmreplay.torture import Layout, rows_of
+
+    layout, compression, arm, hit = CUTS[cut]
+    path = str(tmp_path / "b")
+    code = CUT_SHORT.format(layout=layout, path=path, compression=compression, arm=arm, hit=hit)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGINT and "KeyboardInterrupt" in done.stderr, done.stderr
+    added = int(done.stdout.split()[-1])
+    assert 100 <= added < 106  # the extend was cut short
+    with mr.open(path) as store:
+        assert store.committed_steps == added
+        ids = np.arange(store.first_step, store.committed_steps)
+        assert len(ids) > 20
+        got = store.read_steps(ids)
+        for leaf, a, b in zip(store.leaf_paths, got, rows_of(Layout(**layout), 2, ids)):
+            bad = [int(s) for s, x, y in zip(ids, a, b) if x.tobytes() != y.tobytes()]
+            assert not bad, f"leaf {leaf!r}: committed steps {bad} are not theirs (window {ids[0]}..{ids[-1]})"
+    assert verify_cli(path) == (0, [])
+
+
+# --- a thread still writing as the program ends -----------------------------------------
+
+THREAD_AT_EXIT = """
+import sys, threading, time, numpy as np, mmreplay as mr
+from mmreplay.spec import flatten, unflatten
+from mmreplay.torture import SPEC, step_values
+store = mr.create({path!r}, SPEC, capacity=64, num_envs=2, backend={backend!r}, compression={compression!r},
+                  chunk_steps=4, commit_every=10**6)
+leaves = flatten(SPEC)
+midway = threading.Event()
+writes = [0]
+def pause(frame, event, arg):  # in the thread's 300th step, after its first leaf's rows
+    if event == "call" and frame.f_code.co_qualname.endswith("Leaf.write"):
+        writes[0] += 1
+        if writes[0] == 2:
+            sys.setprofile(None)
+            midway.set()
+            time.sleep(0.3)  # the main thread returns meanwhile
+def collect():
+    g = 0
+    try:
+        while True:
+            if g == 300:
+                sys.setprofile(pause)
+            store.extend(unflatten(SPEC, step_values(leaves, 2, np.arange(g, g + 5))))
+            g += 5
+    except mr.ClosedError as exc:  # closed by the exit hooks
+        print("closed:", exc, flush=True)
+threading.Thread(target=collect, daemon=True).start()
+midway.wait()  # then the main thread returns, the thread in the middle of an extend
+"""
+
+
+@pytest.mark.parametrize(
+    ("backend", "compression"), [("zarr", None), ("zarr", "zstd"), ("hdf5", "gzip"), ("zarr", "rows:lz4")]
+)
+def test_a_daemon_thread_still_adding_at_exit_leaves_only_whole_steps_committed(tmp_path, backend, compression):
+    """The exit hooks wait for the write under way (the thread is in the middle of an
+    extend as the main thread returns), commit, and close the store: the thread's next
+    write is refused, so nothing it writes after the commit is in it."""
+    from conftest import verify_cli
+
+    from mmreplay.spec import flatten
+    from mmreplay.torture import SPEC, step_values
+
+    path = str(tmp_path / "b")
+    code = THREAD_AT_EXIT.format(path=path, backend=backend, compression=compression)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with mr.open(path) as store:
+        assert store.committed_steps >= 300
+        ids = np.arange(store.first_step, store.committed_steps)
+        for leaf, a, b in zip(store.leaf_paths, store.read_steps(ids), step_values(flatten(SPEC), 2, ids)):
+            bad = [int(s) for s, x, y in zip(ids, a, b) if x.tobytes() != y.tobytes()]
+            assert not bad, f"leaf {leaf!r}: committed steps {bad} hold other data"
+    assert verify_cli(path) == (0, [])
+    assert "Traceback" not in done.stderr and "left open failed" not in done.stderr, done.stderr
+    assert "the program is ending" in done.stdout, done.stdout  # what the thread was told
+
+
+def test_a_thread_writing_zarr_chunks_after_main_returns_is_told_the_program_is_ending(tmp_path):
+    """zarr cannot write once the interpreter stopped its thread pools: the thread's add
+    says so (ShutdownError), not that the buffer is damaged, and nothing unwritten is
+    committed."""
+    from conftest import verify_cli
+
+    path = str(tmp_path / "b")
+    code = f"""
+    import threading, numpy as np, mmreplay as mr
+    store = mr.create({path!r}, {{"x": mr.ArraySpec((64,), "float32")}}, capacity=64, compression="zstd",
+                      chunk_steps=4, commit_every=10**6)
+    def work():
+        for t in range(100_000):
+            store.add({{"x": np.full((1, 64), t, "float32")}})
+    threading.Thread(target=work).start()  # non-daemon: the interpreter waits for it
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert "mmreplay.errors.ShutdownError" in done.stderr and "the program is ending" in done.stderr, done.stderr
+    assert "errors.CorruptBufferError" not in done.stderr, done.stderr
+    with mr.open(path) as store:
+        x = store.get(slice(None))["x"][:, 0, 0] if len(store) else np.zeros(0)
+        np.testing.assert_array_equal(x, np.arange(store.first_step, store.committed_steps))
+    assert verify_cli(path) == (0, [])

@@ -13,8 +13,8 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
-from mmreplay.export import FORMATS, export
-from mmreplay.export.parquet import decode_image
+from mmreplay.formats import FORMATS, export
+from mmreplay.formats.parquet import decode_image
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 # a TF-Agents trajectory store's leaves: no next observation, boundary rows instead
@@ -382,7 +382,7 @@ def test_store_export_method_and_a_reader_while_a_writer_holds_the_store(tmp_pat
     collect(writer, 50, seed=3)
     writer.commit()
     with mr.open(path, mode="r") as reader:
-        result = reader.export(tmp_path / "x.npz", format="npz")
+        result = mr.export(reader, tmp_path / "x.npz", format="npz")
         collect(writer, 80, seed=3)  # the writer goes on; the reader's export was of its snapshot
     assert result.steps == 50 * 2
     with np.load(tmp_path / "x.npz") as z:
@@ -417,42 +417,6 @@ def test_zarr_export_compressed_chunks_read_back(vector, tmp_path, compression):
     assert g.attrs["mmreplay"]["num_envs"] == vector.num_envs
     for p, w in zip(vector.leaf_paths, _retained(vector)):
         assert g[p].compressors and np.array_equal(g[p][...], w)
-
-
-def test_the_export_benchmark_runs_at_a_small_size(tmp_path):
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(root, "bench", "bench_export.py"),
-            "--gb",
-            "0.01",
-            "--repeats",
-            "1",
-            "--formats",
-            "npz,minari,csv",
-            "--dir",
-            str(tmp_path),
-            "--json",
-            str(tmp_path / "raw.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr
-    assert (
-        "| `cp -r` (baseline) |" in out.stdout
-        and "| npz |" in out.stdout
-        and "| csv (vector store) |" in out.stdout
-    )
-    raw = json.loads((tmp_path / "raw.json").read_text())
-    assert set(raw["runs"]) == {"npz", "minari", "csv"}
-    assert all(r["peak_anon"] > 0 and r["seconds"] > 0 for runs in raw["runs"].values() for r in runs)
-    assert os.listdir(tmp_path) == ["raw.json"]  # the work folder is removed
 
 
 def test_minari_from_a_tf_agents_trajectory_store_takes_final_observations_from_boundary_rows(

@@ -18,8 +18,7 @@ from conftest import make_step
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
-from mmreplay.export import FORMATS, export, format_of
-from mmreplay.importers import import_dataset
+from mmreplay.formats import FORMATS, export, format_of, import_dataset
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 WRAPPED = os.path.join(DATASETS, "pointchase-wrapped")
@@ -388,8 +387,8 @@ def test_an_hdf5_name_needs_the_format_named(tmp_path, name):
         format_of(name)
     store = mr.create(tmp_path / "s", {"x": mr.ArraySpec((), "float32")}, 4)
     with pytest.raises(mr.UnsupportedFormatError):
-        store.export(tmp_path / name)
+        mr.export(store, tmp_path / name)
     assert not list(tmp_path.glob("*.h*5")) and not (tmp_path / "d").exists()
     store.add({"x": np.ones(1, "float32")})
-    assert store.export(tmp_path / "x.npz").format == "npz"  # a writer's export, format from the name
+    assert mr.export(store, tmp_path / "x.npz").format == "npz"  # a writer's export, format from the name
     store.close()

@@ -134,8 +134,9 @@ def test_disk_full_while_preallocating_is_an_error_and_leaves_nothing(tmpfs, bac
     assert os.listdir(fs) == []
 
 
-FILL_UNTIL_FULL = """
-import json, sys, numpy as np, mmreplay as mr
+#: a writer that collects until a write is refused (``error``), committing every 12 steps
+FILL_LOOP = """
+import json, os, sys, numpy as np, mmreplay as mr
 from mmreplay.spec import flatten, unflatten
 from mmreplay.torture import SPEC, step_values
 store = mr.open({path!r}, "a")
@@ -148,6 +149,9 @@ try:
             store.commit()
 except Exception as exc:
     error = exc
+"""
+
+FILL_UNTIL_FULL = FILL_LOOP + """
 print(json.dumps({{"committed": store.committed_steps, "error": type(error).__name__, "message": str(error),
                   "mro": [c.__name__ for c in type(error).__mro__]}}))
 """
@@ -904,3 +908,77 @@ def test_a_data_file_replaced_by_a_folder_is_an_error(tmp_path, mode):
 
 def test_cli_verify_on_a_folder_that_is_no_buffer(tmp_path):
     one_line_error(run_cli("verify", tmp_path), 3, "not an mmreplay buffer")
+
+
+# --- after a full disk, a commit covers only rows that reached the files ---------------------
+
+FULL_THEN_ROOM = FILL_LOOP + """
+report = {{"error": type(error).__name__, "message": str(error), "committed": store.committed_steps}}
+os.remove({filler!r})  # room again
+if {close!r}:
+    try:
+        store.close()
+    except mr.Error as exc:
+        report["close"] = type(exc).__name__
+print(json.dumps(report), flush=True)
+"""
+
+
+@pytest.mark.parametrize("close", [True, False], ids=["close", "exit-hook"])
+@pytest.mark.parametrize(("backend", "codec"), [("zarr", "zstd"), ("hdf5", "gzip"), ("zarr", "rows:lz4")])
+def test_disk_full_then_room_again_commits_only_rows_that_reached_the_files(tmpfs, backend, codec, close):
+    """A chunk (or segment) write refused by a full disk; then the space comes back and the
+    store is closed, by hand or by the exit hooks: whatever that commits is bit-exact (the
+    refused chunk's rows were not dropped on the way), the refusal is a DiskFullError, and
+    the next writer goes on."""
+    fs = tmpfs("1m")
+    path = os.path.join(fs, "b")
+    mr.create(path, SPEC, capacity=5000, num_envs=ENVS, backend=backend, compression=codec, chunk_steps=4).close()
+    filler = os.path.join(fs, "filler")
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (600 << 10))
+    code = textwrap.dedent(FULL_THEN_ROOM.format(path=path, envs=ENVS, filler=filler, close=close))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in done.stderr, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["error"] == "DiskFullError" and "no space" in report["message"], report
+    assert report.get("close") in (None, "DiskFullError"), report  # a sealing refused stays refused
+    first, end = assert_exact(path)
+    assert end >= report["committed"] > 0
+    assert_healthy_or_only_flags(path)
+    with mr.open(path, "a") as store:
+        assert store.total_steps == end
+        store.extend(steps(end, end + 8))
+    assert assert_exact(path)[1] == end + 8
+    assert_healthy(path)
+
+
+def test_verify_finds_a_committed_hdf5_chunk_that_was_never_stored(tmp_path):
+    """h5py reads a chunk that was never stored as zeros; verify must not take that for
+    data (the store's readers refuse it), and recover drops the steps it held."""
+    from mmreplay.statefile import StateFile
+
+    path = str(tmp_path / "b")
+    with mr.create(path, {"x": mr.ArraySpec((3,), "float32")}, 40, backend="hdf5", compression="gzip", chunk_steps=4) as store:
+        store.extend({"x": np.ones((8, 1, 3), "float32")})
+    with mr.open(path) as store:  # a state that commits steps whose chunks were never stored
+        StateFile(path, True).write(store.state.next(end=20, reserved=20), fsync=False)
+        store.refresh()
+        with pytest.raises(mr.CorruptBufferError, match="chunk 2 .* missing"):
+            store.get(slice(None))
+    problems = assert_detected(path, "chunk 2 (slots 8..11) holds committed steps but was never stored")
+    assert len(problems) == 3  # chunks 2, 3 and 4
+    report = recover_cli(path)
+    assert report.ok and report.lost == (0, 20), str(report)
+    assert_healthy(path)
+
+
+def test_verify_says_what_it_checked_and_what_it_cannot(tmp_path):
+    path = fill(tmp_path / "b", 10, compression={"obs/pixels": "zstd"})
+    out = run_cli("verify", path)
+    assert out.returncode == 0 and out.stdout.strip().endswith(": ok"), out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("checked: ")]
+    text = "\n".join(lines)
+    assert "chunk-compressed leaves 'obs/pixels': every chunk holding committed steps was stored" in text, text
+    assert "memory-mapped leaves 'action', 'obs/state', 'reward', 'terminated'" in text, text
+    assert "a row holding another step's bytes is not found" in text, text

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmreplay as mr
-from mmreplay.reads import read_rows
+from mmreplay.read import read_rows
 
 FRAME = (5, 6)
 
@@ -160,8 +160,8 @@ def test_every_read_path_and_export_matches_over_many_envs_timeouts_and_commits(
     _compare_all(full, once)
     for fmt in ("npz", "hdf5", "d4rl", "zarr", "csv", "parquet", "pt", "minari", "d3rlpy"):
         try:
-            a = full.export(tmp_path / f"full-{fmt}", format=fmt)
-            b = once.export(tmp_path / f"once-{fmt}", format=fmt)
+            a = mr.export(full, tmp_path / f"full-{fmt}", format=fmt)
+            b = mr.export(once, tmp_path / f"once-{fmt}", format=fmt)
         except ImportError:
             continue
         _same_export(a.path, b.path, fmt)

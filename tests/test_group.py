@@ -292,7 +292,7 @@ def test_a_group_exports_as_one_dataset_shard_after_shard(tmp_path):
     with mr.open_group(path) as group:
         result = group.export(tmp_path / "all.npz", format="npz")
         episodes = sum(1 for _ in group.episodes())
-        parquet = mr.export.export(group, tmp_path / "pq", format="parquet")
+        parquet = mr.export(group, tmp_path / "pq", format="parquet")
     assert result.steps == (12 + 30) * 2
     with np.load(tmp_path / "all.npz") as f:
         obs = f["obs"]
@@ -371,7 +371,7 @@ def test_minari_export_of_a_group_never_ends_an_episode_with_the_next_shards_row
                     "discount": np.where(np.array(nst)[:, None] == 2, 0, 1).astype(np.float32),
                 }
             )
-    from mmreplay.export import export
+    from mmreplay.formats import export
 
     with mr.open_group(path) as group:
         export(group, tmp_path / "m", "minari", dataset_id="group-v0")

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.export import export
-from mmreplay.importers import detect_format, import_dataset
+from mmreplay.formats import detect_format, export, import_dataset
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 

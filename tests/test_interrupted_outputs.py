@@ -24,7 +24,7 @@ from conftest import one_line_error, run_cli
 from test_faults import remount, tmpfs  # noqa: F401 - the fixture
 
 import mmreplay as mr
-from mmreplay.export import FORMATS
+from mmreplay.formats import FORMATS
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 PIXELS = os.path.join(DATASETS, "pointchase-pixels-hdf5")
@@ -39,13 +39,13 @@ INTERRUPT = textwrap.dedent(
     import mmreplay as mr
     from mmreplay.convert import convert
     from mmreplay.files import disk_usage
-    from mmreplay.importers import import_dataset
+    from mmreplay.formats import import_dataset
 
     src, folder, what, trials, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     store = mr.open(src)
     npz = os.path.join(os.path.dirname(folder), "source.npz")
     if what == "import" and not os.path.exists(npz):
-        store.export(npz, format="npz")
+        mr.export(store, npz, format="npz")
 
     def run(out):
         if what == "convert":
@@ -53,7 +53,7 @@ INTERRUPT = textwrap.dedent(
         elif what == "import":
             import_dataset(npz, out)
         else:
-            store.export(out, format=what)
+            mr.export(store, out, format=what)
 
     armed = False
 
@@ -266,7 +266,7 @@ FILL = textwrap.dedent(
     for what in sys.argv[3:]:
         out = os.path.join(folder, "out")
         try:
-            convert(src, out) if what == "convert" else mr.open(src).export(out, format=what)
+            convert(src, out) if what == "convert" else mr.export(mr.open(src), out, format=what)
             error = None
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"

@@ -124,11 +124,11 @@ def test_a_reader_pass_overtaken_by_the_writer_says_so(tmp_path, layout):
 
 
 def test_pass_in_prefetch_mode_is_the_same(tmp_path, layout):
-    from mmreplay import reads
+    from mmreplay import read
 
     with make(tmp_path, 40, 2, 30, layout) as store:
         want = windows(store, batch_size=4, num_steps=3, shuffle=True, rng=5)
-        reads.set_prefetch(store, True)
+        read.set_prefetch(store, True)
         assert windows(store, batch_size=4, num_steps=3, shuffle=True, rng=5) == want
         assert sorted(b["step"].item() * 2 + b["env"].item() for b in store.iterate(shuffle=True, rng=1)) == list(range(60))
 

@@ -18,8 +18,7 @@ import pytest
 from conftest import one_line_error, run_cli
 
 import mmreplay as mr
-from mmreplay.export import export
-from mmreplay.importers import import_dataset
+from mmreplay.formats import export, import_dataset
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from test_lerobot import FPS, fill
 
+import mmreplay as mr
+
 LEROBOT = "lerobot==0.4.4"
 
 SCRIPT = textwrap.dedent(
@@ -70,7 +72,7 @@ def lerobot_python(tmp_path) -> str:
 def test_lerobot_dataset_loads_the_export(tmp_path, lossless):
     python = lerobot_python(tmp_path)
     with fill(tmp_path / "store") as store:
-        store.export(tmp_path / "out", format="lerobot", fps=FPS, task="play", lossless=lossless)
+        mr.export(store, tmp_path / "out", format="lerobot", fps=FPS, task="play", lossless=lossless)
         episodes = list(store.episodes())
     want = {
         "camera": np.concatenate([ep.data["obs"]["camera"] for ep in episodes]),

@@ -477,33 +477,3 @@ def test_pip_install_works_where_the_compiler_fails_and_decodes_in_python(tmp_pa
     assert check.stdout.splitlines() == [
         "python (the C extension mmreplay._rowdecode is not built (no compiler at install time?))", "ok"
     ]
-
-
-@pytest.mark.long  # ~50 s under load: it imports TorchRL and renders the frames
-def test_bench_pixels_measures_both_decoding_paths_at_a_tiny_size():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.bench_pixels", "--steps", "80", "--envs", "2", "--repeats", "1", "--batches", "1"],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith("row frames decode with: lz4 ")
-    rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines if line.startswith("| mmreplay ")}
-    for codec in ("rows:lz4", "rows:zstd:1", "rows:zstd:1:dict"):
-        for way in ("native", "python"):
-            cells = rows[f"mmreplay {codec} ({way})"].strip("| ").split(" | ")
-            assert float(cells[2].replace(",", "")) > 0  # sample(256) rows/s
-
-
-@pytest.mark.long
-def test_bench_encode_measures_both_encoding_paths_at_a_tiny_size():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.bench_encode", "--steps", "40", "--envs", "2", "--calls", "5", "--blocks", "2"],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = {line[:28].strip(): line[28:].split() for line in done.stdout.splitlines()[4:]}
-    for codec in ("frames once lz4", "frames once zstd-1", "stacks lz4", "stacks zstd-1"):
-        native, python = rows[f"{codec} (native)"], rows[f"{codec} (python)"]
-        assert float(native[0].replace(",", "")) > 0 and float(python[0].replace(",", "")) > 0
-        assert float(native[3]) > 0  # native / python, from the figures shown

@@ -250,11 +250,11 @@ def test_a_missing_store_and_another_store_are_clear_errors(tmp_path, url):
 def test_exports_target_object_storage(tmp_path, s3_server, url):
     local = make(tmp_path / "buf", 20)
     with mr.open(local) as s:
-        npz = s.export(url + "/steps.npz", format="npz")
-        zarr_out = s.export(url + "/steps.zarr", format="zarr")
+        npz = mr.export(s, url + "/steps.npz", format="npz")
+        zarr_out = mr.export(s, url + "/steps.zarr", format="zarr")
         with pytest.raises(mr.TargetError):
-            s.export(url + "/steps.npz", format="npz")
-        s.export(url + "/steps.npz", format="npz", force=True)
+            mr.export(s, url + "/steps.npz", format="npz")
+        mr.export(s, url + "/steps.npz", format="npz", force=True)
     assert npz.path == url + "/steps.npz"
     from mmreplay.io.remote import ObjectPrefix as Location
 

@@ -32,7 +32,7 @@ builtins.open = no_proc
 
 ROUND_TRIP = """
 import json, os, numpy as np, mmreplay as mr
-from mmreplay.reads import memory_available
+from mmreplay.read.advice import memory_available
 spec = {{"obs": mr.ArraySpec((64,), "float32"), "reward": mr.ArraySpec((), "float32"),
         "terminated": mr.ArraySpec((), "bool")}}
 path = {path!r}

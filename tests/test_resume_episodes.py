@@ -82,7 +82,7 @@ def test_a_resumed_writer_ends_the_episodes_left_open(tmp_path, layout, ending):
     with mr.open(path) as reader:  # what readers and exports see: the index on disk agrees
         assert spans(reader) == RESUMED
         assert reader.get(5)["truncated"].tolist() == [True, True]
-        reader.export(tmp_path / "d4rl.hdf5", format="d4rl")
+        mr.export(reader, tmp_path / "d4rl.hdf5", format="d4rl")
     with h5py.File(tmp_path / "d4rl.hdf5", "r") as f:
         # env 0's rows then env 1's: each episode ends on its own row, none runs into the next
         assert np.flatnonzero(f["terminals"][:]).tolist() == [2]

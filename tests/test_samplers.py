@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
+from mmreplay.read.draws import draw_uniform
 from mmreplay.samplers import Sampler, SliceSampler, UniformSampler, register_sampler
-from mmreplay.sampling import draw_uniform
 
 SPEC = {"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import LAYOUT_IDS, LAYOUTS, make_step
 
 import mmreplay as mr
-from mmreplay import reads, sampling
+from mmreplay import read
+from mmreplay.read import draws, gather, request
 
 SPEC = {
     "obs": mr.ArraySpec((3,), "float32"),
@@ -64,7 +65,7 @@ def chi2(counts: np.ndarray) -> float:
 
 def test_draw_uniform_covers_exactly_the_valid_starts():
     gen = np.random.default_rng(0)
-    d = sampling.draw_uniform(
+    d = draws.draw_uniform(
         first=3, end=10, num_envs=2, capacity=7, batch_size=5000, num_steps=3, replacement=True, gen=gen
     )
     assert set(zip(d.step.tolist(), d.env.tolist())) == {(s, e) for s in range(3, 8) for e in range(2)}
@@ -75,31 +76,31 @@ def test_draw_uniform_covers_exactly_the_valid_starts():
 
 def test_rows_of_steps_by_num_envs_and_wraps_in_the_gather():
     start = np.array([4 * 2 + 1, 6 * 2 + 0])  # (slot 4, env 1) and (slot 6, env 0) in a ring of 5
-    rows = sampling.rows_of(start, 3, num_envs=2)
+    rows = draws.rows_of(start, 3, num_envs=2)
     assert rows.tolist() == [[9, 11, 13], [12, 14, 16]]
     # folded into the ring of 5 slots: slots 4,0,1 and 1,2,3
     assert (rows % 10).tolist() == [[9, 1, 3], [2, 4, 6]]
-    assert sampling.rows_of(start, None, 2) is start
+    assert draws.rows_of(start, None, 2) is start
 
 
 def test_as_generator_accepts_seed_generator_none_only():
     g = np.random.default_rng(1)
-    assert sampling.as_generator(g) is g
-    assert sampling.as_generator(3).integers(1 << 30) == np.random.default_rng(3).integers(1 << 30)
-    assert isinstance(sampling.as_generator(None), np.random.Generator)
+    assert request.as_generator(g) is g
+    assert request.as_generator(3).integers(1 << 30) == np.random.default_rng(3).integers(1 << 30)
+    assert isinstance(request.as_generator(None), np.random.Generator)
     with pytest.raises(TypeError, match="rng must be"):
-        sampling.as_generator("seed")
+        request.as_generator("seed")
 
 
 def test_draw_in_spans_stays_in_spans():
     gen = np.random.default_rng(0)
     env, first, length = np.array([0, 0, 1]), np.array([0, 4, 2]), np.array([4, 2, 5])
-    d = sampling.draw_in_spans(env, first, length, 2, 10, 4000, 3, True, gen)
+    d = draws.draw_in_spans(env, first, length, 2, 10, 4000, 3, True, gen)
     got = set(zip(d.step.tolist(), d.env.tolist()))
     assert got == {(0, 0), (1, 0), (2, 1), (3, 1), (4, 1)}  # the span of 2 holds no window of 3
     assert np.all(d.probability == 1 / 5)
     with pytest.raises(mr.NotEnoughDataError, match="longest retained episode has 5 steps"):
-        sampling.draw_in_spans(env, first, length, 2, 10, 1, 6, True, gen)
+        draws.draw_in_spans(env, first, length, 2, 10, 1, 6, True, gen)
 
 
 # --- shapes and values --------------------------------------------------------------
@@ -283,7 +284,7 @@ def test_prefetch_mode_returns_the_same_rows(tmp_path, layout):
     with make(tmp_path, 64, 4, 100, layout) as store:
         plain = store.sample(50, rng=3)
         seq = store.sample(10, num_steps=8, rng=4)
-        reads.set_prefetch(store, True)
+        read.set_prefetch(store, True)
         np.testing.assert_array_equal(store.sample(50, rng=3)["obs"], plain["obs"])
         np.testing.assert_array_equal(store.sample(10, num_steps=8, rng=4)["obs"], seq["obs"])
         for _ in range(5):  # the store's own rng: the next batch is drawn ahead and prefetched
@@ -295,20 +296,20 @@ def test_prefetch_mode_returns_the_same_rows(tmp_path, layout):
             assert {leaf.advice_keep[0] for leaf in store._leaves} == {100 % 64}
             store.sample(4, num_steps=2)
             assert {leaf.advice for leaf in store._leaves} == {"normal"}
-        reads.set_prefetch(store, False)
+        read.set_prefetch(store, False)
         np.testing.assert_array_equal(store.sample(50, rng=3)["obs"], plain["obs"])
     assert store._parts == {}  # the read path and its prefetch thread were closed with the store
 
 
 def test_the_store_generator_can_be_seeded_and_prefetches_the_next_batch(tmp_path, layout):
     with make(tmp_path, 64, 4, 100, layout) as store:
-        reads.set_rng(store, 11)
+        read.set_rng(store, 11)
         plain = [store.sample(16)["step"] for _ in range(3)]
-        reads.set_prefetch(store, True)
-        reads.set_rng(store, 11)
+        read.set_prefetch(store, True)
+        read.set_rng(store, 11)
         ahead = [store.sample(16)["step"] for _ in range(3)]
         assert all(np.array_equal(a, b) for a, b in zip(plain, ahead))
-        reader = reads.reader_for(store)
+        reader = gather.reader_for(store)
         assert (reader.pending is not None) == bool(reader.mapped)  # the next batch, drawn and prefetched
 
 
@@ -322,19 +323,19 @@ def test_page_advice_defaults(tmp_path):
             assert {leaf.advice_keep for leaf in reader._leaves} == {None}
             next(reader.iterate(num_steps=4))
             assert {leaf.advice for leaf in reader._leaves} == {"normal"}
-            reads.set_prefetch(reader, False, advise=False)
+            read.set_prefetch(reader, False, advise=False)
             reader.sample(8, rng=0)
             assert {leaf.advice for leaf in reader._leaves} == {"normal"}
 
 
 def test_read_rows_reads_named_rows_and_refuses_others(tmp_path, layout):
     with make(tmp_path, 6, 2, 9, layout) as store:  # retained 3..8
-        out = reads.read_rows(store, np.array([[3, 8], [5, 6]]), np.array([[1, 0], [0, 1]]))
+        out = read.read_rows(store, np.array([[3, 8], [5, 6]]), np.array([[1, 0], [0, 1]]))
         check_rows(out, np.array([[3, 8], [5, 6]]), np.array([[1, 0], [0, 1]]))
         with pytest.raises(mr.NotEnoughDataError, match=r"retained are \[3, 9\)"):
-            reads.read_rows(store, [2], [0])
+            read.read_rows(store, [2], [0])
         with pytest.raises(mr.NotEnoughDataError):
-            reads.read_rows(store, [9], [0])
+            read.read_rows(store, [9], [0])
 
 
 # --- readers --------------------------------------------------------------------------

@@ -13,8 +13,7 @@ from conftest import folder_digest, one_line_error, run_cli
 
 import mmreplay as mr
 from mmreplay.convert import convert
-from mmreplay.export import FORMATS
-from mmreplay.importers import import_dataset
+from mmreplay.formats import FORMATS, import_dataset
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 VECTOR = os.path.join(DATASETS, "pointchase-zarr")
@@ -40,7 +39,7 @@ def export_vector(out, fmt: str) -> None:
     """An earlier export to ``out``, made in this process: the refusals after it are what the
     CLI is run for (the command line's own exports are tested in test_cli)."""
     with mr.open(VECTOR) as source:
-        source.export(out, format=fmt)
+        mr.export(source, out, format=fmt)
 
 
 @pytest.fixture
@@ -163,7 +162,7 @@ def test_convert_and_import_through_the_api_refuse_the_same(store, tmp_path):
     assert tree(store) == before
     export = tmp_path / "x.zarr"
     with mr.open(store) as s:
-        s.export(export, format="zarr")
+        mr.export(s, export, format="zarr")
     exported = tree(export)
     with pytest.raises(mr.TargetError, match="lies inside the source"):
         import_dataset(export, export / "new")
@@ -182,10 +181,10 @@ def test_import_never_writes_into_its_source(tmp_path):
 def test_store_export_method_keeps_the_rule(store, tmp_path):
     with mr.open(store) as s:
         with pytest.raises(mr.TargetError, match="the source"):
-            s.export(store / "data.h5", format="hdf5", force=True)
+            mr.export(s, store / "data.h5", format="hdf5", force=True)
         (tmp_path / "t.txt").write_text("x")
         with pytest.raises(mr.TargetError, match="not an earlier npz export"):
-            s.export(tmp_path / "t.txt", format="npz", force=True)
+            mr.export(s, tmp_path / "t.txt", format="npz", force=True)
     assert (tmp_path / "t.txt").read_text() == "x"
 
 

@@ -318,7 +318,7 @@ def test_exports_write_only_inside_their_target(tmp_path, odd_store, fmt):
     target.parent.mkdir()
     before = _snapshot(tmp_path)
     try:
-        odd_store.export(target, format=fmt)
+        mr.export(odd_store, target, format=fmt)
     except mr.Error:
         pass  # a format may refuse these names; it must still write nothing outside
     after = _snapshot(tmp_path)
@@ -337,7 +337,7 @@ def test_exports_do_not_follow_a_symlinked_target(tmp_path, odd_store, fmt):
     target.symlink_to(victim, target_is_directory=True)
     for force in (False, True):
         try:
-            odd_store.export(target, format=fmt, force=force)
+            mr.export(odd_store, target, format=fmt, force=force)
         except (mr.Error, OSError):
             pass
         assert _snapshot(victim) == {"precious.txt": 4}
@@ -351,24 +351,24 @@ def test_minari_dataset_ids_cannot_leave_the_target(tmp_path, odd_store, dataset
     pytest.importorskip("minari")
     before = _snapshot(tmp_path)
     with pytest.raises(mr.BadInputError, match="dataset id"):
-        odd_store.export(tmp_path / "root", format="minari", dataset_id=dataset_id)
+        mr.export(odd_store, tmp_path / "root", format="minari", dataset_id=dataset_id)
     assert _snapshot(tmp_path) == before
     # the same store exports under a good id: the id check is what refused
-    odd_store.export(tmp_path / "root", format="minari", dataset_id="ns/good-v0")
+    mr.export(odd_store, tmp_path / "root", format="minari", dataset_id="ns/good-v0")
     assert os.path.isfile(tmp_path / "root" / "ns" / "good-v0" / "data" / "metadata.json")
 
 
 def test_minari_nested_namespaces_stay_inside_the_root_and_links_out_are_refused(tmp_path, odd_store):
     minari = pytest.importorskip("minari")
     root = tmp_path / "root"
-    odd_store.export(root, format="minari", dataset_id="a/b/c/fine-v0")
+    mr.export(odd_store, root, format="minari", dataset_id="a/b/c/fine-v0")
     assert os.path.isfile(root / "a" / "b" / "c" / "fine-v0" / "data" / "main_data.hdf5")
     assert minari.MinariDataset(str(root / "a" / "b" / "c" / "fine-v0" / "data")).total_episodes > 0
     outside = tmp_path / "outside"
     outside.mkdir()
     (root / "link").symlink_to(outside, target_is_directory=True)
     with pytest.raises(mr.BadInputError, match="outside the datasets root"):
-        odd_store.export(root, format="minari", dataset_id="link/evil-v0")
+        mr.export(odd_store, root, format="minari", dataset_id="link/evil-v0")
     assert os.listdir(outside) == []
 
 

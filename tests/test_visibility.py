@@ -126,7 +126,7 @@ def test_export_from_a_writer_commits_first(tmp_path):
         for t in range(5):
             store.add(step(t))
         assert store.committed_steps == 0
-        store.export(tmp_path / "out.npz", format="npz")
+        mr.export(store, tmp_path / "out.npz", format="npz")
         assert store.committed_steps == 5
     with np.load(tmp_path / "out.npz") as data:
         x = [data[k] for k in data.files if k.endswith("x")]

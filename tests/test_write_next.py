@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.reads import sample as sample_store
-from mmreplay.samplers import Sampler
-from mmreplay.sampling import Draw
+from mmreplay.read import SampleRequest
+from mmreplay.read import sample as sample_store
+from mmreplay.samplers import Draw, Sampler
 
 SPEC = {"x": mr.ArraySpec((2,), "float32"), "n": mr.ArraySpec((), "int64")}
 
@@ -37,7 +37,7 @@ def test_rows_written_ahead_are_read_by_the_writer_but_not_counted_or_committed(
         assert (len(store), store.total_steps, store.committed_steps) == (2, 2, 2)
         n, x = store.read_steps([2])  # leaves in flatten order
         assert n.tolist() == [[7] * 3] and x.tolist() == [[[7, 7]] * 3]
-        got = sample_store(store, 3, sampler=NextStep())  # the fetch path reads them too
+        got = sample_store(store, SampleRequest.build(3, sampler=NextStep()))  # the fetch path reads them too
         assert got["n"].tolist() == [7, 7, 7]
         with mr.open(path, "r") as reader:
             assert reader.committed_steps == 2 and len(reader) == 2
@@ -79,3 +79,16 @@ def test_readers_cannot_write_ahead(tmp_path):
         store.add(step(1))
     with mr.open(tmp_path / "b", "r") as reader, pytest.raises(mr.ReadOnlyError):
         reader.write_next(step(2))
+
+
+def test_a_close_after_rows_written_ahead_does_not_commit_the_step_whose_slot_they_took(tmp_path, layout):
+    """A partial step at close (a skrl memory's, at exit): the committed window leaves
+    out the oldest step, whose slot now holds the rows written ahead."""
+    path = tmp_path / "b"
+    with mr.create(path, SPEC, capacity=4, num_envs=3, commit_every=10**6, **layout) as store:
+        for t in range(4):
+            store.add(step(t))
+        store.write_next(step(8))  # into the slot of step 0
+    with mr.open(path) as reader:
+        assert reader.window[:2] == (1, 4)
+        assert [int(reader.get(i)["n"][0]) for i in range(len(reader))] == [1, 2, 3]

@@ -14,6 +14,7 @@ import errno
 import mmap
 import os
 import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..codecs import LEVELS, Compression, parse
-from ..errors import CorruptBufferError, DiskFullError, RemoteError
+from ..errors import CorruptBufferError, DiskFullError, RemoteError, ShutdownError
 from ..metadata import LeafInfo
 
 __all__ = [
@@ -184,6 +185,19 @@ def _no_room_errno(exc: BaseException) -> int | None:
         return exc.errno
     text = str(exc)
     return next((e for e in _NO_ROOM if f"errno = {e}," in text), None)
+
+
+def shutdown_error(exc: BaseException, where: str) -> ShutdownError | None:
+    """The error to raise when ``exc`` is zarr refusing I/O because the program is ending
+    (the interpreter stopped the thread pools it reads and writes with, after the main
+    thread returned); None for any other error."""
+    ending = getattr(threading, "_SHUTTING_DOWN", False) or not threading.main_thread().is_alive()
+    if not (isinstance(exc, RuntimeError) and (ending or "after shutdown" in str(exc))):
+        return None
+    return ShutdownError(
+        f"{where}: the program is ending (its main thread has returned) and zarr cannot read or write "
+        "chunks any more; join the thread that writes, or close the store, before the main thread returns"
+    )
 
 
 @contextmanager
@@ -472,7 +486,7 @@ class ChunkedLeaf:
             except RemoteError:
                 raise  # object storage failed to answer: the chunk may be fine
             except Exception as exc:
-                raise CorruptBufferError(f"{where} cannot be read: {exc}") from exc
+                raise shutdown_error(exc, where) or CorruptBufferError(f"{where} cannot be read: {exc}") from exc
             self._keep(k, chunk)
         else:
             self.cache.move_to_end(k)
@@ -552,20 +566,31 @@ class ChunkedLeaf:
             self._stage(int(k))[slots[sel] - k * self.cs] = values[sel]
 
     def _encode(self, k: int) -> None:
-        chunk = self.staged.pop(k)
+        """Store chunk ``k``; it stays staged until it is stored (a failed or interrupted
+        write leaves it for the next flush, never rows that reached no file)."""
+        chunk = self.staged[k]
         a, b = self._bounds(k)
-        with disk_full_as(
-            f"leaf {self.info.path!r}: no space left on the file system for chunk {k} "
-            f"(slots {a}..{b - 1}); the last commit is intact"
-        ):
+        with self._write_errors(f"chunk {k} (slots {a}..{b - 1})"):
             self.io.write(k, a, b, chunk)
+        del self.staged[k]
         self._keep(k, chunk)
 
     def flush(self, fsync: bool) -> None:
-        with disk_full_as(
-            f"leaf {self.info.path!r}: no space left on the file system to flush; the last commit is intact"
-        ):  # the staged chunks stay staged: the head is still inside them
+        with self._write_errors("a flush"):  # the staged chunks stay staged: the head is still inside them
             self.io.flush(fsync, dict(self.staged))
+
+    @contextmanager
+    def _write_errors(self, what: str) -> Iterator[None]:
+        """A full disk and the program's end, named as such (the last commit is intact)."""
+        where = f"leaf {self.info.path!r}"
+        try:
+            with disk_full_as(f"{where}: no space left on the file system for {what}; the last commit is intact"):
+                yield
+        except Exception as exc:
+            error = shutdown_error(exc, f"{where}, {what}")
+            if error is None:
+                raise
+            raise error from exc
 
     def invalidate(self, slots: Iterable[tuple[int, int]]) -> None:
         for a, b in slots:

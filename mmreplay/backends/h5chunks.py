@@ -392,8 +392,8 @@ class H5Chunks:
         """The write head left chunk ``k``: store it now. If it holds committed rows, the
         head was in it at the last commit, so the journal on disk holds it."""
         mask, payload = self._encode(k, chunk)
+        self.stored = True  # first: a store cut short is flushed at the next commit too
         self.store(k, mask, payload)
-        self.stored = True
 
     def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
         """Encode the chunks the head is still in; :meth:`ChunkGroup.flush` stores them."""

@@ -456,6 +456,7 @@ class _Hdf5State:
     short: int | None = None  # the file is shorter than HDF5's end-of-file address
     unused_tail: bool = False  # ... and nothing it references lies in the missing bytes
     bad_chunks: dict[str, dict[int, str]] = field(default_factory=dict)
+    missing_chunks: dict[str, dict[int, str]] = field(default_factory=dict)  # never stored
     journal: dict = field(default_factory=dict)  # leaf path -> chunk -> (mask, bytes)
     bad_journal: bool = False
     links_out: str | None = None  # a leaf's dataset is elsewhere: never repaired, never written
@@ -550,11 +551,23 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
                 found.unusable = f"{path}: {where}: expected compressed chunks of {leaf.chunk_steps} steps, found {dset.chunks}"
                 problems.append(found.unusable)
                 continue
+            journaled = found.journal.get(leaf.path, {})
+            tail = (0,) * (dset.ndim - 1)
+            for k in chunks_of(meta, leaf):  # stored at all (h5py reads one never stored as zeros)
+                a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
+                if dset.id.get_chunk_info_by_coord((a, *tail)).byte_offset is None:
+                    why = f"{path}: {where}: chunk {k} (slots {a}..{b - 1}) holds committed steps but was never stored"
+                    if k in journaled:
+                        why += " (the chunk journal holds it: the next writer or `mmreplay recover` writes it back)"
+                    found.missing_chunks.setdefault(leaf.path, {})[k] = why
+                    problems.append(why)
             if not deep:
                 continue
             require_filters(dset, f"{path}: {where}")  # a missing codec is no damage: ImportError
             for k in chunks_of(meta, leaf):
                 a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
+                if k in found.missing_chunks.get(leaf.path, {}):
+                    continue
                 try:
                     np.asarray(dset[a:b])
                 except Exception as exc:
@@ -644,6 +657,16 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
         repairs.actions.append(f"wrote {count} chunks back from the chunk journal into {DATA_FILE}")
         problems = []
         found = verify_leaves(folder, meta, True, problems)
+    if found.missing_chunks and found.unusable is None and not found.bad_chunks:
+        with h5py.File(path, "r+", libver="latest") as f:  # zeros, checksummed; the steps are dropped
+            for leaf_path, chunks in found.missing_chunks.items():
+                dset = f[leaf_path]
+                cs = dset.chunks[0]
+                for k, why in sorted(chunks.items()):
+                    a, b = k * cs, min((k + 1) * cs, meta.capacity)
+                    dset[a:b] = np.zeros((b - a, *dset.shape[1:]), dset.dtype)
+                    repairs.actions.append(f"leaf {leaf_path!r}: stored chunk {k} (slots {a}..{b - 1}) as zeros")
+                    damaged.append((a, b, why))
     if found.unusable is not None or found.bad_chunks:
         why = found.unusable or "; ".join(
             f"leaf {p!r} chunks {sorted(c)} do not decode" for p, c in found.bad_chunks.items()

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptBufferError
+from ..errors import CorruptBufferError, Error
 from ..io import ByteSource
 from ..metadata import LeafInfo
 from .base import disk_full_as, fsync_files, preallocate
@@ -183,10 +183,11 @@ class _Encoder:
         return any(part[0] is leaf for part in self.parts) or any(leaf in job.leaves for job in self.handed)
 
     def hand_over(self) -> None:
-        """Give the rows not handed over yet to the threads."""
-        parts, self.parts, self.rows = self.parts, [], 0
+        """Give the rows not handed over yet to the threads. They leave :attr:`parts` only
+        once all are handed over: a call cut short (Ctrl-C) hands some over twice, which
+        encodes them twice, never not at all."""
         in_python = []
-        for leaf, frames, lo, hi, source in parts:
+        for leaf, frames, lo, hi, source in list(self.parts):
             native = leaf.frames.native_encoder()
             if native is None:
                 in_python.append((leaf, frames, lo, hi, source))
@@ -196,6 +197,7 @@ class _Encoder:
             self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.worker, source[lo:hi]))
         if in_python:
             self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python), [p[0] for p in in_python]))
+        self.parts, self.rows = [], 0
 
     def check(self, wait: bool = False) -> None:
         """Put the frames of the batches done in place; raise what the encoding raised
@@ -212,10 +214,18 @@ class _Encoder:
             self.failed = exc
             handed.clear()
         if self.failed is not None:
+            cause = self.failed.cause
+            message = (
+                f"{self.failed.where}: {cause}; the rows since the last commit are lost (reopen the store "
+                "to continue from it)"
+            )
+            # what happened, by its own class (a full disk is no damage); else the rows are not sound
+            if isinstance(cause, Error):
+                raise type(cause)(message) from cause
             raise CorruptBufferError(
-                f"{self.failed.where}: encoding rows in the background failed: {self.failed.cause!r}; the rows "
-                "since the last commit are lost (reopen the store to continue from it)"
-            ) from self.failed.cause
+                f"{self.failed.where}: encoding rows in the background failed: {cause!r}; the rows since "
+                "the last commit are lost (reopen the store to continue from it)"
+            ) from cause
 
     def leave(self) -> None:
         """A leaf closed; the last one stops the threads."""
@@ -468,16 +478,18 @@ class RowFrameLeaf(RowFrameReads):
         assert frames is not None
         # k's frames still being encoded: the sealing thread waits for them, not the writer
         jobs = [job for job in encoder.handed if isinstance(job, _NativeJob) and job.frames is frames]
-        self.sealing = (k, encoder.run_later(self._store_when_encoded, k, frames, jobs))
         # two buffers in turn: the rows written ahead of the segment before may still be
         # being encoded (its sealing waits for them) while these are written
         self.ahead_buffers.reverse()
         if self.ahead_buffers[0] is None:
             self.ahead_buffers[0] = np.empty_like(self.staged)
         self.ahead = self.ahead_buffers[0]
-        self.ahead_segment = (k + 1) % self.nseg
         self.ahead_filled = 0
         self.ahead_frames = [None] * self.seg_rows
+        self.ahead_segment = (k + 1) % self.nseg
+        # last: rows go ahead only once all of the above is ready (a call cut short by
+        # Ctrl-C before it leaves staging as it was, to seal again)
+        self.sealing = (k, encoder.run_later(self._store_when_encoded, k, frames, jobs))
 
     def _promote(self, wait: bool) -> None:
         """Once the segment sealed in the background is in place (with ``wait``, waiting
@@ -489,14 +501,15 @@ class RowFrameLeaf(RowFrameReads):
         k, future = self.sealing
         if not wait and not future.done():
             return
-        self.sealing = None
         try:
-            future.result()
+            future.result()  # (Ctrl-C while waiting leaves the seal to wait for again)
         except _EncodeFailed as exc:  # a row of segment k did not encode
+            self.sealing = None
             self.ahead_segment, self.ahead_frames, self.next_start = -1, None, -1
             self._background().failed = exc
             self._background().check()  # raises it
-        except BaseException as exc:
+        except Exception as exc:
+            self.sealing = None
             self.ahead_segment, self.ahead_frames, self.next_start = -1, None, -1
             self._background().failed = _EncodeFailed(f"{self.where}: sealing segment {k}", exc)
             raise
@@ -504,7 +517,9 @@ class RowFrameLeaf(RowFrameReads):
         self.sealed_since_flush.add(k)
         seq = int(self.header[0])
         filled = self.ahead_filled
-        # as in _start: a reader that read the old segment sees the sequence number change
+        # From here no call (where Ctrl-C could cut in) until `sealing` is cleared: a
+        # promotion cut short before it is done again whole.
+        # As in _start: a reader that read the old segment sees the sequence number change.
         self.header[1] = -1
         self.header[0] = seq + 1
         self.staged[: filled * self.num_envs] = self.ahead[: filled * self.num_envs]  # type: ignore[index]
@@ -513,6 +528,7 @@ class RowFrameLeaf(RowFrameReads):
         self.header[1] = self.ahead_segment
         self.pending = self.ahead_frames
         self.ahead_segment, self.ahead_frames, self.ahead_filled = -1, None, 0
+        self.sealing = None
 
     def write_slots(self, slots: np.ndarray, values: np.ndarray) -> None:
         self.next_start = -1
@@ -566,9 +582,9 @@ class RowFrameLeaf(RowFrameReads):
             lo, hi = base * self.num_envs, filled * self.num_envs
             if self.frames.train(self.staged[lo:hi]):  # this segment's frames, once more with it
                 frames[lo:hi] = self.frames.encode_rows(self.staged[lo:hi])
-        self._store_shard(k, frames)
-        self._drop(k)
+        self._drop(k)  # first: a seal cut short leaves no stale index of the shard behind
         self.sealed_since_flush.add(k)
+        self._store_shard(k, frames)
 
     def _store_when_encoded(self, k: int, frames: list[bytes | None], jobs: list[_NativeJob]) -> None:
         """On the Python encoding thread: once the native ``jobs`` of segment ``k`` are

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import CorruptBufferError
 from ..io import ByteSource, Handle, ObjectChanged
-from ..io.local import DiskReads
+from ..read.advice import DiskReads
 from . import native_rows
 from .base import TakenLeaf
 from .row_codec import is_row_compression

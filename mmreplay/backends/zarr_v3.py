@@ -30,7 +30,15 @@ from ..errors import CorruptBufferError, SpecError
 from ..io import ByteSource, LocalFolder
 from ..io.local import read_inside
 from ..metadata import LeafInfo, Metadata, little_endian
-from .base import ChunkedLeaf, Leaf, MappedLeaf, fsync_files, parse_compression, preallocate
+from .base import (
+    ChunkedLeaf,
+    Leaf,
+    MappedLeaf,
+    fsync_files,
+    parse_compression,
+    preallocate,
+    shutdown_error,
+)
 from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
 from .row_codec import check_frames, is_row_compression, parse_row_compression, require_row_codecs
 from .row_frames import RowFrameLeaf, create_staging
@@ -224,7 +232,8 @@ def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf
         except CorruptBufferError:
             raise
         except Exception as exc:
-            raise CorruptBufferError(f"{source.where(rel)}: cannot open zarr array for leaf {leaf.path!r}: {exc}") from None
+            where = f"{source.where(rel)}: cannot open zarr array for leaf {leaf.path!r}"
+            raise shutdown_error(exc, where) or CorruptBufferError(f"{where}: {exc}") from None
         if leaf.mapped:  # object storage: rows by byte range
             out.append(RangedLeaf(source, leaf, meta.capacity, meta.num_envs, rel, arr))
         elif is_row_compression(leaf.compression):
@@ -280,8 +289,8 @@ class ZarrChunks:
         return np.asarray(self.arr[a:b])
 
     def write(self, k: int, a: int, b: int, chunk: np.ndarray) -> None:
+        self.written.add(k)  # first: a write cut short is synced at the next flush too
         self.arr[a:b] = chunk
-        self.written.add(k)
 
     def flush(self, fsync: bool, staged: dict[int, np.ndarray]) -> None:
         for k, chunk in staged.items():

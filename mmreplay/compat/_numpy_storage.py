@@ -10,9 +10,9 @@ import numpy as np
 
 from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
 from ..values import StepValidator
-from ._shared import StoreOptions, StoreShell, attach_store, flatten_like
+from ._shared import StoreOptions, StoreShell, attach_store, flatten_like, positive
 
-__all__ = ["NumpyStorage", "broadcast_leaves", "positive"]
+__all__ = ["NumpyStorage", "broadcast_leaves"]
 
 
 def _is_array_spec(x: Any) -> bool:
@@ -119,7 +119,7 @@ class NumpyStorage(StoreShell):
         self._leaf_specs: list[ArraySpec] = flatten(self._spec)
         self._validator = StepValidator(self._spec, 1)
         options = StoreOptions(backend=backend, compression=compression, commit_every=1)
-        self.store, _ = attach_store(self, path, self._spec, self._capacity, 1, options, what="NumpyStorage")
+        self.store = attach_store(self, path, self._spec, self._capacity, 1, options, what="NumpyStorage")
 
     @property
     def capacity(self) -> int:
@@ -179,9 +179,3 @@ class NumpyStorage(StoreShell):
 
     def __repr__(self) -> str:
         return f"<mmreplay.compat.tf_agents.NumpyStorage capacity={self._capacity} store={self.store!r}>"
-
-
-def positive(name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)

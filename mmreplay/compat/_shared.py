@@ -1,9 +1,9 @@
-"""What the compatibility layers share: opening or creating their store, sizing its ring.
+"""What the compatibility layers share: their store's life cycle, ring size and reopen check.
 
-Each layer is a thin shell over one :class:`mmreplay.Store`. These helpers decide the
-store's capacity for a window of ``n`` steps, open an existing buffer after checking
-that it is the one the caller describes, create a new one (or a temporary one, removed
-when its owner is closed or collected), and read ``(step, env)`` rows.
+Each layer is an adapter over one :class:`mmreplay.Store`; these helpers create it (in a
+temporary folder removed with its owner, if no path is given) with a ring that keeps the
+layer's window across a crash, refuse to reopen another buffer, and keep the origin a
+layer's own cursor counts from.
 """
 
 from __future__ import annotations
@@ -13,78 +13,66 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from .. import reads
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
+from ..read import gather
+from ..read.request import positive
 from ..roles import infer_roles, validate_roles
 from ..spec import flatten, is_namedtuple, leaf_paths
 from ..store import Store, create, open
 
 __all__ = [
     "StoreShell",
-    "ring_capacity",
     "StoreOptions",
+    "positive",
+    "ring_capacity",
+    "create_store",
     "attach_store",
-    "lenient_roles",
-    "read_rows",
-    "describe",
-    "window_of",
     "check_same",
+    "temporary",
+    "lenient_roles",
+    "describe",
     "flatten_like",
+    "read_rows",
     "read_origin",
     "write_origin",
 ]
 
 
 def ring_capacity(n: int, commit_every: int) -> int:
-    """The store capacity that keeps the newest ``n`` steps across a crash and a reopen.
-
-    Before it overwrites old slots a writer reserves them in the committed state, up to
-    ``max(1, min(commit_every, capacity // 8))`` steps ahead of what it wrote, and a
-    reopened store treats reserved slots as gone. A ring of ``n`` plus that reservation
-    therefore still holds ``n`` whole steps after a reopen.
-    """
+    """The capacity that keeps the newest ``n`` steps across a crash and a reopen: a writer
+    reserves up to ``max(1, min(commit_every, capacity // 8))`` slots ahead of what it
+    wrote, and a reopened store counts reserved slots as gone."""
     capacity = n
-    while capacity - max(1, min(commit_every, capacity // 8)) < n:
+    while _window(capacity, commit_every) < n:
         capacity += 1
     return capacity
 
 
-class StoreOptions:
-    """How a layer's store is created: backend, compression, commit policy, durability."""
+def _window(capacity: int, commit_every: int) -> int:
+    return capacity - max(1, min(commit_every, capacity // 8))
 
-    def __init__(
-        self,
-        backend: str | None = None,
-        compression: Any = None,
-        chunk_steps: Any = None,
-        commit_every: int = 1,
-        durability: str = "process",
-        sampler: Any = None,
-        sampler_options: Mapping[str, Any] | None = None,
-    ):
-        self.backend = backend
-        self.compression = compression
-        self.chunk_steps = chunk_steps
-        self.commit_every = commit_every
-        self.durability = durability
-        self.sampler = sampler
-        self.sampler_options = dict(sampler_options or {})
+
+@dataclass
+class StoreOptions:
+    """How a layer's store is created: :func:`mmreplay.create`'s options, and the sampler's."""
+
+    backend: str | None = None
+    compression: Any = None
+    chunk_steps: Any = None
+    commit_every: int = 1
+    durability: str = "process"
+    sampler: Any = None
+    sampler_options: Mapping[str, Any] = field(default_factory=dict)
 
     def create_kwargs(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "compression": self.compression,
-            "chunk_steps": self.chunk_steps,
-            "commit_every": self.commit_every,
-            "durability": self.durability,
-            "sampler": self.sampler,
-            **self.sampler_options,
-        }
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sampler_options"}
+        return {**kwargs, **self.sampler_options}
 
 
 def describe(spec: Any) -> list[tuple[str, tuple[int, ...], str]]:
@@ -93,17 +81,13 @@ def describe(spec: Any) -> list[tuple[str, tuple[int, ...], str]]:
 
 
 def lenient_roles(spec: Any) -> dict[str, None]:
-    """Roles to drop: the inferred ones the spec cannot hold (e.g. a vector reward).
-
-    A framework's own spec (a TF-Agents trajectory with a multi-objective reward) must
-    still be storable; such a leaf is stored without its role.
-    """
+    """Roles to drop: the inferred ones the spec cannot hold (e.g. a vector reward), so
+    that a framework's own spec (a multi-objective reward) is still storable."""
     drop: dict[str, None] = {}
     inferred = infer_roles(spec)
     for role in inferred:
-        others = {r: None for r in inferred if r != role}
         try:
-            validate_roles(spec, others)
+            validate_roles(spec, {r: None for r in inferred if r != role})
         except SpecError:
             drop[role] = None
     return drop
@@ -116,7 +100,6 @@ class StoreShell:
     store: Store | None
 
     def close(self) -> None:
-        """Commit and release the store (a temporary one is deleted). Safe twice."""
         cleanup = getattr(self, "_cleanup", None)
         if cleanup is not None:
             cleanup()
@@ -131,12 +114,8 @@ class StoreShell:
 
 
 class TempFolder:
-    """A temporary folder holding a layer's store; :meth:`remove` closes it and deletes all.
-
-    The layer registers ``weakref.finalize(owner, temp.remove)`` so an owner that is
-    garbage-collected without ``close()`` leaves nothing behind; a layer that replaces
-    its store updates :attr:`store`.
-    """
+    """A temporary folder holding a layer's store (a layer that replaces its store sets
+    :attr:`store`); :meth:`remove` closes the store and deletes the folder."""
 
     def __init__(self) -> None:
         self.folder = tempfile.mkdtemp(prefix="mmreplay-")
@@ -151,11 +130,18 @@ class TempFolder:
 
 
 def temporary(owner: Any) -> TempFolder:
-    """A :class:`TempFolder` removed with ``owner`` (``owner._cleanup()`` removes it now)."""
+    """A :class:`TempFolder` removed with ``owner``: at ``owner._cleanup()`` (what
+    :meth:`StoreShell.close` calls) or when ``owner`` is garbage-collected."""
     temp = TempFolder()
     owner._temp = temp
     owner._cleanup = weakref.finalize(owner, temp.remove)
     return temp
+
+
+def create_store(path: str, spec: Any, window: int, num_envs: int, options: StoreOptions) -> Store:
+    """A store for a layer that shows ``window`` steps per env (:func:`ring_capacity`)."""
+    capacity = ring_capacity(window, options.commit_every)
+    return create(path, spec, capacity, num_envs, roles=lenient_roles(spec), **options.create_kwargs())
 
 
 def attach_store(
@@ -165,73 +151,39 @@ def attach_store(
     window: int,
     num_envs: int,
     options: StoreOptions,
-    roles: Mapping[str, Any] | None = None,
     what: str = "buffer",
     window_name: str = "capacity",
-) -> tuple[Store, bool]:
-    """Open the buffer at ``path`` (checking it matches) or create it; ``(store, created)``.
-
-    The store's capacity is :func:`ring_capacity` of ``window`` steps. Without ``path``
-    the store lives in a temporary folder removed when ``owner`` is closed (call
-    ``owner._cleanup()``) or garbage-collected.
-
-    Raises:
-        SpecMismatchError: a buffer exists at ``path`` with other leaves, window or
-            number of envs; it is left untouched.
-    """
-    if roles is None:
-        roles = lenient_roles(spec)
+) -> Store:
+    """Open the buffer at ``path`` (refusing another, :func:`check_same`) or create it;
+    without ``path``, in a temporary folder removed with ``owner`` (:func:`temporary`)."""
     if path is None:
         temp = temporary(owner)
-        capacity = ring_capacity(window, options.commit_every)
-        store = create(
-            os.path.join(temp.folder, "buffer"),
-            spec,
-            capacity,
-            num_envs,
-            roles=roles,
-            **options.create_kwargs(),
-        )
-        temp.store = store
-        return store, True
+        temp.store = create_store(os.path.join(temp.folder, "buffer"), spec, window, num_envs, options)
+        return temp.store
     path = os.fspath(path)
-    if os.path.exists(os.path.join(path, METADATA_FILE)):
-        store = open(path, "a")
-        check_same(store, spec, window, num_envs, what, window_name)
-        return store, False
-    capacity = ring_capacity(window, options.commit_every)
-    store = create(path, spec, capacity, num_envs, roles=roles, **options.create_kwargs())
-    return store, True
-
-
-def window_of(store: Store) -> int:
-    """The steps per env a layer's store keeps: its capacity less the writer's reservation."""
-    capacity = store.capacity
-    return capacity - max(1, min(store.metadata.commit_every, capacity // 8))
+    if not os.path.exists(os.path.join(path, METADATA_FILE)):
+        return create_store(path, spec, window, num_envs, options)
+    store = open(path, "a")
+    check_same(store, spec, window, num_envs, what, window_name)
+    return store
 
 
 def check_same(store: Store, spec: Any, window: int, num_envs: int, what: str, window_name: str) -> None:
-    """Refuse (closing the store) a buffer other than the one the caller describes."""
+    """Refuse (closing the store, leaving its folder as it is) a buffer other than the one
+    the caller describes (``spec`` None: any leaves)."""
     diffs = []
-    have, want = describe(store.spec), describe(spec)
-    if have != want:
-        missing = [w for w in want if w not in have]
-        extra = [h for h in have if h not in want]
-        diffs.append(f"leaves differ: existing has {_fmt(extra)} where the new spec has {_fmt(missing)}")
+    if spec is not None and (have := describe(store.spec)) != (want := describe(spec)):
+        missing = ", ".join(f"{p} {s} {d}" for p, s, d in want if (p, s, d) not in have) or "nothing"
+        extra = ", ".join(f"{p} {s} {d}" for p, s, d in have if (p, s, d) not in want) or "nothing"
+        diffs.append(f"leaves differ: existing has {extra} where the new spec has {missing}")
     if store.capacity != ring_capacity(window, store.metadata.commit_every):
-        diffs.append(f"{window_name}: existing {window_of(store)} vs new {window}")
+        diffs.append(f"{window_name}: existing {_window(store.capacity, store.metadata.commit_every)} vs new {window}")
     if store.num_envs != num_envs:
         diffs.append(f"num_envs: existing {store.num_envs} vs new {num_envs}")
     if diffs:
         path = store.path
         store.close()
         raise SpecMismatchError(f"{path}: a different {what} exists there ({'; '.join(diffs)})")
-
-
-def _fmt(leaves: list[tuple[str, tuple[int, ...], str]]) -> str:
-    if not leaves:
-        return "nothing"
-    return ", ".join(f"{p} {s} {d}" for p, s, d in leaves)
 
 
 def flatten_like(spec: Any, value: Any) -> list[Any] | None:
@@ -258,17 +210,20 @@ def flatten_like(spec: Any, value: Any) -> list[Any] | None:
     return out if walk(spec, value) else None
 
 
-#: the store attribute holding the global step id a layer's ids and cursor count from
+def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:
+    """Leaf arrays (flatten order) of the rows ``(steps, envs)``, broadcast together; a
+    writer reads its uncommitted rows too."""
+    return [np.asarray(x) for x in flatten(gather.read_rows(store, steps, envs))]
+
+
+#: the store attribute holding the global step id a layer's own cursor counts from
 ORIGIN_ATTR = "compat_origin"
 
 
 def read_origin(store: Store) -> int:
-    """The global step id a layer's ids and cursor count from (0 unless moved).
-
-    ``clear`` / ``reset`` move it to the store's ``total_steps``; a migrated memory may set
-    it below 0 to keep its cursor phase. It is a store attribute because the store's own
-    ``state.start`` also moves when old slots are given up.
-    """
+    """The global step id a layer's cursor counts from (0 unless moved): a store attribute,
+    as the store's own oldest step also moves when old slots are given up. ``reset``
+    moves it to ``total_steps``; a cursor set by hand may put it below 0."""
     origin = store.attrs.get(ORIGIN_ATTR, 0)
     if not isinstance(origin, int) or isinstance(origin, bool) or abs(origin) > 1 << 62:
         raise CorruptBufferError(f"{store.path}: attribute {ORIGIN_ATTR!r} must be an int, got {origin!r:.40}")
@@ -278,9 +233,3 @@ def read_origin(store: Store) -> int:
 def write_origin(store: Store, origin: int) -> None:
     """Persist the origin in the store's metadata (atomically, with its state)."""
     store.set_attrs(**{ORIGIN_ATTR: int(origin)})
-
-
-def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:
-    """Leaf arrays (flatten order) of the rows ``(steps[i...], envs[i...])``, broadcast
-    together (:func:`mmreplay.reads.read_rows`; a writer reads its uncommitted rows too)."""
-    return [np.asarray(x) for x in flatten(reads.read_rows(store, steps, envs))]

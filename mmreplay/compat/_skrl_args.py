@@ -1,4 +1,4 @@
-"""What skrl's arguments mean in a store's terms: sizes, dtypes, devices, values, defaults."""
+"""What skrl's arguments mean in a store's terms: tensors, adds, indexes, devices, values, defaults."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import SpecError
+from ..spec import ArraySpec
 from ..values import cast_refusal
 
 log = logging.getLogger("mmreplay.compat.skrl")
@@ -39,11 +41,6 @@ def parse_device(device: str | torch.device | None) -> torch.device:
         log.warning("Invalid device specification (%s): %s; using %s", device, exc, default)
         return default
     return parsed
-
-
-def unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """What rows never written read as: NaN for floating tensors, zero / False otherwise."""
-    return np.full(shape, np.nan if dtype.kind in "fc" else 0, dtype)
 
 
 def space_size(space: Any, keep_dimensions: bool) -> tuple[int, ...]:
@@ -75,6 +72,60 @@ def space_size(space: Any, keep_dimensions: bool) -> tuple[int, ...]:
 
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+def tensor_spec(
+    name: str, size: Any, dtype: torch.dtype | None, keep_dimensions: bool, existing: ArraySpec | None
+) -> ArraySpec | None:
+    """The leaf of ``create_tensor(name, size, dtype, keep_dimensions)``; None if the
+    tensor exists alike (``existing``), ValueError if it exists otherwise."""
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(f"tensor name {name!r} cannot name a leaf (no empty, '.', '..', '/', '\\' or NUL)")
+    shape = space_size(size, keep_dimensions)
+    if any(d < 1 for d in shape):
+        raise ValueError(f"tensor {name!r}: size {size!r} holds no elements")
+    if existing is not None:
+        if math.prod(existing.shape) != math.prod(shape) or (keep_dimensions and existing.shape != shape):
+            raise ValueError(f"Size of tensor {name} ({shape}) doesn't match the existing one ({existing.shape})")
+        if dtype is not None and torch_dtype(existing.dtype) != dtype:
+            had = torch_dtype(existing.dtype)
+            raise ValueError(f"Dtype of tensor {name} ({dtype}) doesn't match the existing one ({had})")
+        return None
+    wanted = torch.get_default_dtype() if dtype is None else dtype
+    try:
+        return ArraySpec(shape, torch.empty((), dtype=wanted).numpy().dtype)
+    except TypeError as exc:
+        raise SpecError(f"tensor {name!r}: dtype {wanted} has no numpy equivalent") from exc
+
+
+def envs_added(shape: tuple[int, ...], ndim: int, num_envs: int, env_index: int) -> int:
+    """How many envs an add of a tensor of ``shape`` (size of ``ndim`` dims) holds: a step
+    of all envs, the next ``n`` envs or one; more than ``num_envs``: steps of one env."""
+    lead, E, ei = len(shape) - ndim, num_envs, env_index
+    n = shape[0] if lead == 1 else 1
+    if lead not in (0, 1) or n > E > 1:
+        raise ValueError(f"Expected shape (number of environments = {E}, data size), got {shape}")
+    if lead == 1 and n == E and ei:
+        raise RuntimeError(f"a step of all {E} envs was added while envs 0..{ei - 1} of a step are staged")
+    if n <= E and ei + n > E:
+        raise RuntimeError(f"{n} envs added at env index {ei} overflow num_envs={E}; nothing was added")
+    return n
+
+
+def flat_indexes(indexes: Any, rows: int) -> np.ndarray:
+    """skrl's flat physical indexes (negative ones count from the end) as int64 in ``[0, rows)``."""
+    idx = np.asarray(indexes.detach().cpu() if isinstance(indexes, torch.Tensor) else indexes)
+    if idx.size and (idx.dtype.kind not in "iu" or idx.min() < -rows or idx.max() >= rows):
+        raise IndexError(f"indexes must be integers in [-{rows}, {rows}) for a memory of {rows} rows")
+    return np.mod(idx.astype(np.int64), rows)
+
+
+def file_format(fmt: str, refusal: str) -> str:
+    """skrl's ``save`` / export formats (``"np"`` is npz)."""
+    fmt = "npz" if fmt == "np" else fmt
+    if fmt not in ("pt", "npz", "csv"):
+        raise ValueError(f"{refusal}; expected one of pt, npz, csv")
+    return fmt
 
 
 def index_arg(name: str, value: Any, bound: int) -> int:

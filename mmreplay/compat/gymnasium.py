@@ -1,32 +1,12 @@
 """gymnasium: the transition spec of an env's spaces, and recorders that fill a store.
 
-Wrap an env (or a vector env) and every transition it makes lands in a store::
-
-    env = RecordTransitions(gymnasium.make("CartPole-v1"), "run/cartpole", capacity=100_000)
-    venv = RecordVectorTransitions(gymnasium.make_vec("CartPole-v1", num_envs=8), "run/vec",
-                                   capacity=100_000)
-
-A transition is ``observation, action, reward, terminated, truncated,
-next_observation`` (:func:`spec_from_spaces`), one store row per env and step, with
-those roles recorded, so the store's episodes, samplers and exports understand it.
-Reopening the same path resumes it (a different spec is refused). Each env's rows are
-its own transitions in time order, and the final observation of an episode is the
-``next_observation`` of its last row, whatever the vector env's autoreset mode:
-
-- next-step (gymnasium's default, and the only mode of 1.0): the step after an episode
-  ends only resets that env (its action is ignored); it is not a transition and is
-  not written. A store step holds one transition per env, so an env that skipped a
-  step lags the others: transitions of the envs ahead wait in RAM (as many as the
-  difference in episodes ended) and are written when every env has one. They are
-  not durable until then; at ``close()`` the ones still waiting are dropped (a
-  warning says how many).
-- same-step: the final observation comes from ``info["final_obs"]``.
-- disabled: envs are reset by ``reset(options={"reset_mask": ...})``; every step is
-  a transition.
-
-A ``reset()`` that cuts an episode short marks that episode's last transition
-``truncated``, so episodes never run into each other; on resume, the store itself ends
-the episodes the previous process left open (see :mod:`mmreplay.episodes`).
+``RecordTransitions(env, "run/buffer", capacity=100_000)`` (or ``RecordVectorTransitions``)
+writes every transition (``observation, action, reward, terminated, truncated,
+next_observation``, with those roles) as one store row per env and step, so the store's
+episodes, samplers and exports understand it. Each env's rows are its own transitions in
+time order, the final observation of an episode the ``next_observation`` of its last row
+under any autoreset mode; a ``reset()`` that cuts an episode marks its last row
+truncated. How each mode is handled and what a crash loses: docs/gymnasium.md.
 """
 
 from __future__ import annotations
@@ -47,8 +27,8 @@ except ImportError as exc:  # pragma: no cover - gymnasium is an install extra
     raise ImportError("mmreplay.compat.gymnasium needs gymnasium: pip install 'mmreplay[gymnasium]'") from exc
 
 from ..errors import SpecMismatchError
-from ..export.minari import SPACES_ATTR
 from ..metadata import METADATA_FILE
+from ..spaces import SPACES_ATTR, space_to_json
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ..store import open as open_store
@@ -100,41 +80,6 @@ def spec_from_spaces(
     return spec, dict(TRANSITION_ROLES)
 
 
-def space_to_json(space: gymnasium.spaces.Space) -> dict[str, Any]:
-    """A space as the JSON object ``minari.serialization.serialize_space`` writes.
-
-    Minari reads it back with ``deserialize_space``; no pickle is involved.
-    """
-    spaces = gymnasium.spaces
-    if isinstance(space, spaces.Box):
-        return {
-            "type": "Box",
-            "dtype": str(space.dtype),
-            "shape": list(space.shape),
-            "low": space.low.tolist(),
-            "high": space.high.tolist(),
-        }
-    if isinstance(space, spaces.Discrete):
-        return {"type": "Discrete", "dtype": "int64", "start": int(space.start), "n": int(space.n)}
-    if isinstance(space, spaces.MultiDiscrete):
-        return {
-            "type": "MultiDiscrete",
-            "dtype": str(space.dtype),
-            "nvec": space.nvec.tolist(),
-            "start": space.start.tolist(),
-        }
-    if isinstance(space, spaces.MultiBinary):
-        n = space.n
-        shaped = isinstance(n, (tuple, list, np.ndarray))
-        return {"type": "MultiBinary", "n": [int(k) for k in n] if shaped else int(n)}
-    if isinstance(space, spaces.Dict):
-        return {"type": "Dict", "subspaces": {k: space_to_json(v) for k, v in space.spaces.items()}}
-    if isinstance(space, spaces.Tuple):
-        return {"type": "Tuple", "subspaces": [space_to_json(v) for v in space.spaces]}
-    raise TypeError(f"cannot describe {type(space).__name__} as JSON (Box, Discrete, MultiDiscrete, "
-                    "MultiBinary, Dict and Tuple can)")
-
-
 def record_spaces(store: Store, observation_space: Any, action_space: Any, env_spec: Any = None) -> None:
     """Keep the spaces (and the env spec) a store's transitions come from in its attrs.
 
@@ -157,52 +102,43 @@ def record_spaces(store: Store, observation_space: Any, action_space: Any, env_s
         store.set_attrs(**{SPACES_ATTR: value})
 
 
-def _attach(
-    target: str | os.PathLike | Store,
-    spec: dict[str, Any],
-    roles: dict[str, str],
-    num_envs: int,
-    capacity: int | None,
-    options: Mapping[str, Any],
-) -> Store:
-    """The store to record into: given, reopened (checked) or created."""
-    if isinstance(target, Store):
-        store = target
-    else:
-        path = os.fspath(target)
-        if os.path.exists(os.path.join(path, METADATA_FILE)):
-            store = open_store(path, "a")
-            if capacity is not None and store.capacity != capacity:
-                store.close()
-                raise SpecMismatchError(f"{path}: capacity: existing {store.capacity} vs new {capacity}")
-        else:
-            if capacity is None:
-                raise ValueError(f"{path}: no buffer there; give capacity= to create one")
-            return create(path, spec, capacity, num_envs, roles=roles, **options)
-    problems = []
-    if describe(store.spec) != describe(spec):
-        problems.append(f"spec: existing {store.spec} vs new {spec}")
+def _attach(target: str | os.PathLike | Store, spec: dict[str, Any], roles: dict[str, str], num_envs: int,
+            capacity: int | None, options: Mapping[str, Any]) -> Store:  # fmt: skip
+    """The store to record into: given (the caller closes it), reopened (checked) or created."""
+    owned = not isinstance(target, Store)
+    path = os.fspath(target) if owned else target.path  # type: ignore[union-attr]
+    if owned and not os.path.exists(os.path.join(path, METADATA_FILE)):
+        if capacity is None:
+            raise ValueError(f"{path}: no buffer there; give capacity= to create one")
+        return create(path, spec, capacity, num_envs, roles=roles, **options)
+    store = open_store(path, "a") if owned else target
+    problems = [] if describe(store.spec) == describe(spec) else [f"spec: existing {store.spec} vs new {spec}"]
+    if owned and capacity is not None and store.capacity != capacity:
+        problems.append(f"capacity: existing {store.capacity} vs new {capacity}")
     if store.num_envs != num_envs:
         problems.append(f"num_envs: existing {store.num_envs} vs new {num_envs}")
     if store.mode != "a":
         problems.append("it is open read-only")
     if problems:
-        where = store.path
-        if not isinstance(target, Store):
+        if owned:
             store.close()
-        raise SpecMismatchError(f"{where}: cannot record into this buffer ({'; '.join(problems)})")
+        raise SpecMismatchError(f"{path}: cannot record into this buffer ({'; '.join(problems)})")
     return store
 
 
 class _Writer:
-    """Per-env transition queues over a store: rows are written a whole step at a time."""
+    """A recorder's store and the transitions of envs ahead of the others: a store step
+    holds one transition of every env, so those wait here until every env has one."""
 
-    def __init__(self, store: Store, spec: dict[str, Any], num_envs: int):
-        self.store = store
-        self.spec = spec
-        self.num_envs = num_envs
-        self.leaf_specs: list[ArraySpec] = flatten(spec)
-        self.truncated = leaf_paths(spec).index("truncated")
+    def __init__(self, target: Any, observation_space: Any, action_space: Any, num_envs: int, env_spec: Any,
+                 capacity: int | None, reward_dtype: Any, options: dict[str, Any]):  # fmt: skip
+        self.spec, roles = spec_from_spaces(observation_space, action_space, reward_dtype)
+        options.setdefault("commit_every", DEFAULT_COMMIT_EVERY)
+        self.owns_store = not isinstance(target, Store)
+        self.store = _attach(target, self.spec, roles, num_envs, capacity, options)
+        record_spaces(self.store, observation_space, action_space, env_spec)
+        self.leaf_specs: list[ArraySpec] = flatten(self.spec)
+        self.truncated = leaf_paths(self.spec).index("truncated")
         self.queues: list[deque[list[Any]]] = [deque() for _ in range(num_envs)]
 
     def leaves(self, transition: dict[str, Any]) -> list[np.ndarray]:
@@ -212,106 +148,75 @@ class _Writer:
             raise ValueError(f"the transition does not match the spec {self.spec}")
         return [np.asarray(v, s.dtype) for v, s in zip(values, self.leaf_specs)]
 
-    def write_all(self, leaves: list[np.ndarray]) -> None:
-        """Every env made a transition and none is waiting: one store step, no queue."""
-        if any(self.queues):
-            self.push(leaves, range(self.num_envs))
-        else:
+    def push(self, leaves: list[np.ndarray], envs: Any = None) -> None:
+        """Write the transitions of ``envs`` (None: all), or queue them while other envs lag."""
+        if envs is None and not any(self.queues):
             self.store.add(unflatten(self.spec, leaves))
-
-    def push(self, leaves: list[np.ndarray], envs: Any) -> None:
-        """Queue the transitions of ``envs``, then write every step all envs have."""
-        for i in envs:
+            return
+        for i in range(len(self.queues)) if envs is None else envs:
             self.queues[i].append([np.array(leaf[i]) for leaf in leaves])
         while all(self.queues):
             rows = [q.popleft() for q in self.queues]
             self.store.add(unflatten(self.spec, [np.stack(col) for col in zip(*rows)]))
 
     def end_open_episodes(self, envs: Any, open_: np.ndarray) -> None:
-        """Mark the last transition of each env in ``envs`` whose episode is open truncated."""
+        """A reset cuts the open episodes of ``envs`` short: their last transition is truncated."""
         written = []
         for i in envs:
-            if not open_[i]:
-                continue
-            if self.queues[i]:
+            if open_[i] and self.queues[i]:
                 self.queues[i][-1][self.truncated] = np.True_
-            else:
+            elif open_[i]:
                 written.append(i)
-        if written:
-            self._truncate_written(np.array(written))
-
-    def _truncate_written(self, envs: np.ndarray) -> None:
         store = self.store
-        if store.total_steps == 0:
-            return
-        store.commit()
-        index = store.total_steps - 1 - store.first_step
-        if index < 0:
-            return
-        step = flatten(store.get(index))
-        step[self.truncated][envs] = True
-        store.set(index, unflatten(self.spec, step))
-        store.commit()
+        if written and len(store):
+            store.commit()
+            step = flatten(store.get(-1))
+            step[self.truncated][written] = True
+            store.set(-1, unflatten(self.spec, step))
+            store.commit()
 
     def waiting(self) -> int:
         return sum(len(q) for q in self.queues)
 
+    def release(self) -> None:
+        """Commit the store, closing it if the recorder opened it (safe twice)."""
+        if self.waiting() and not self.store.closed:
+            log.warning("%s: %d transitions of envs ahead of the others were not written (next-step autoreset)",
+                        self.store.path, self.waiting())  # fmt: skip
+        if self.store.closed:
+            return
+        if self.owns_store:
+            self.store.close()
+        else:
+            self.store.commit()
+
 
 class RecordTransitions(gymnasium.Wrapper):
-    """Write every transition of a (single) gymnasium env into a store.
+    """Write every transition of a (single) gymnasium env into a store (docs/gymnasium.md).
 
-    Args:
-        env: the env to record.
-        target: a buffer folder (reopened and resumed if it exists) or an open
-            writable :class:`mmreplay.Store` (the caller closes it).
-        capacity: steps the store holds (needed to create it).
-        reward_dtype: dtype of the reward leaf.
-        store_options: passed to :func:`mmreplay.create` (``backend``,
-            ``compression``, ``commit_every``, ``durability``...).
-
-    Raises:
-        mmreplay.SpecMismatchError: the buffer at ``target`` holds other transitions.
-
-    Example:
-        >>> import gymnasium, tempfile
-        >>> env = RecordTransitions(gymnasium.make("CartPole-v1"), tempfile.mkdtemp() + "/b", capacity=100)
-        >>> obs, info = env.reset(seed=0)
-        >>> obs, reward, terminated, truncated, info = env.step(0)
-        >>> env.store.total_steps
-        1
-        >>> env.close()
+    ``target`` is a buffer folder (resumed if it holds one; another spec raises
+    :class:`mmreplay.SpecMismatchError`) or an open writable :class:`mmreplay.Store` that
+    the caller closes; ``capacity`` creates one; ``store_options`` go to :func:`mmreplay.create`.
     """
 
-    def __init__(
-        self,
-        env: gymnasium.Env,
-        target: str | os.PathLike | Store,
-        capacity: int | None = None,
-        reward_dtype: Any = "float32",
-        **store_options: Any,
-    ):
+    def __init__(self, env: gymnasium.Env, target: str | os.PathLike | Store, capacity: int | None = None,
+                 reward_dtype: Any = "float32", **store_options: Any):  # fmt: skip
         super().__init__(env)
-        spec, roles = spec_from_spaces(env.observation_space, env.action_space, reward_dtype)
-        store_options.setdefault("commit_every", DEFAULT_COMMIT_EVERY)
-        self._owns_store = not isinstance(target, Store)
-        self.store = _attach(target, spec, roles, 1, capacity, store_options)
-        record_spaces(self.store, env.observation_space, env.action_space, env.spec)
-        self._writer = _Writer(self.store, spec, 1)
+        self._writer = _Writer(target, env.observation_space, env.action_space, 1, env.spec, capacity,
+                               reward_dtype, store_options)  # fmt: skip
+        self.store = self._writer.store
         self._obs: Any = None
         self._open = np.zeros(1, bool)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         obs, info = self.env.reset(seed=seed, options=options)
         self._writer.end_open_episodes([0], self._open)
-        self._obs = obs
-        self._open[0] = False
+        self._obs, self._open[0] = obs, False
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
         if self._obs is None:
-            raise gymnasium.error.ResetNeeded(
-                "call reset() before step(): the recorder needs the first observation"
-            )
+            raise gymnasium.error.ResetNeeded("call reset() before step(): the recorder needs the first observation")
         obs, reward, terminated, truncated, info = self.env.step(action)
         one = lambda x: np.asarray(x)[None]  # noqa: E731 - the env axis of one env
         transition = {
@@ -322,53 +227,29 @@ class RecordTransitions(gymnasium.Wrapper):
             "truncated": one(truncated),
             "next_observation": _map(one, obs),
         }
-        self._writer.write_all(self._writer.leaves(transition))
-        self._obs = obs
-        self._open[0] = not (terminated or truncated)
+        self._writer.push(self._writer.leaves(transition))
+        self._obs, self._open[0] = obs, not (terminated or truncated)
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
-        """Close the env, then commit and close the store (if the recorder opened it)."""
+        """Close the env, then commit the store (closing it if the recorder opened it)."""
         try:
             super().close()
         finally:
-            _release(self)
+            if hasattr(self, "_writer"):
+                self._writer.release()
 
 
 class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
-    """Write every transition of a gymnasium vector env into a store (one env per store env).
+    """Write every transition of a gymnasium vector env into a store, one env per store
+    env, under any autoreset mode; arguments as :class:`RecordTransitions`."""
 
-    Args:
-        env: the vector env to record.
-        target, capacity, reward_dtype, store_options: as :class:`RecordTransitions`.
-
-    Example:
-        >>> import gymnasium, tempfile
-        >>> venv = gymnasium.make_vec("CartPole-v1", num_envs=2)
-        >>> venv = RecordVectorTransitions(venv, tempfile.mkdtemp() + "/b", capacity=100)
-        >>> obs, info = venv.reset(seed=0)
-        >>> obs, rewards, terminations, truncations, infos = venv.step(venv.action_space.sample())
-        >>> venv.store.total_steps, venv.store.num_envs
-        (1, 2)
-        >>> venv.close()
-    """
-
-    def __init__(
-        self,
-        env: gymnasium.vector.VectorEnv,
-        target: str | os.PathLike | Store,
-        capacity: int | None = None,
-        reward_dtype: Any = "float32",
-        **store_options: Any,
-    ):
+    def __init__(self, env: gymnasium.vector.VectorEnv, target: str | os.PathLike | Store,
+                 capacity: int | None = None, reward_dtype: Any = "float32", **store_options: Any):  # fmt: skip
         super().__init__(env)
-        spec, roles = spec_from_spaces(env.single_observation_space, env.single_action_space, reward_dtype)
-        store_options.setdefault("commit_every", DEFAULT_COMMIT_EVERY)
-        self._owns_store = not isinstance(target, Store)
-        self.store = _attach(target, spec, roles, env.num_envs, capacity, store_options)
-        record_spaces(self.store, env.single_observation_space, env.single_action_space, _single_spec(env))
-        self._spec = spec
-        self._writer = _Writer(self.store, spec, env.num_envs)
+        self._writer = _Writer(target, env.single_observation_space, env.single_action_space, env.num_envs,
+                               _single_spec(env), capacity, reward_dtype, store_options)  # fmt: skip
+        self.store = self._writer.store
         self.autoreset_mode = _autoreset_mode(env)
         self._obs: Any = None
         self._open = np.zeros(env.num_envs, bool)
@@ -382,19 +263,15 @@ class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
             self._obs = _map(np.array, obs)
         else:
             envs = np.flatnonzero(mask)
-            obs_leaves, new = flatten(self._obs), flatten(obs)
-            for old, fresh in zip(obs_leaves, new):
+            for old, fresh in zip(flatten(self._obs), flatten(obs)):
                 old[envs] = np.asarray(fresh)[envs]
         self._writer.end_open_episodes(envs, self._open)
-        self._open[envs] = False
-        self._autoreset[envs] = False
+        self._open[envs] = self._autoreset[envs] = False
         return obs, info
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict]:
         if self._obs is None:
-            raise gymnasium.error.ResetNeeded(
-                "call reset() before step(): the recorder needs the first observations"
-            )
+            raise gymnasium.error.ResetNeeded("call reset() before step(): the recorder needs the first observations")
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
         done = np.logical_or(terminations, truncations)
         next_obs = obs
@@ -412,7 +289,7 @@ class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
         if self.autoreset_mode == "nextstep" and self._autoreset.any():
             self._writer.push(leaves, np.flatnonzero(~self._autoreset))  # resetting envs made no transition
         else:
-            self._writer.write_all(leaves)
+            self._writer.push(leaves)
         self._obs = _map(np.array, obs)
         self._open = ~done
         if self.autoreset_mode == "nextstep":
@@ -426,18 +303,13 @@ class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
         return self._writer.waiting()
 
     def close(self, **kwargs: Any) -> None:
-        """Close the env, then commit and close the store (if the recorder opened it)."""
-        writer = getattr(self, "_writer", None)
-        if writer is not None and writer.waiting() and not writer.store.closed:
-            log.warning(
-                "%s: %d transitions of envs ahead of the others were not written (next-step autoreset)",
-                writer.store.path,
-                writer.waiting(),
-            )
+        """Close the env, then commit the store (closing it if the recorder opened it); the
+        transitions still waiting are dropped, with a warning."""
         try:
             super().close(**kwargs)
         finally:
-            _release(self)
+            if hasattr(self, "_writer"):
+                self._writer.release()
 
 
 #: keys ``gymnasium.make_vec`` adds to the spec's kwargs; ``gymnasium.make`` takes none
@@ -453,18 +325,6 @@ def _single_spec(env: Any) -> Any:
     if kwargs.get("max_episode_steps") == spec.max_episode_steps:
         kwargs.pop("max_episode_steps", None)
     return dataclasses.replace(spec, kwargs=kwargs)
-
-
-def _release(recorder: Any) -> None:
-    """Commit the recorder's store, closing it if the recorder opened it (safe twice, and
-    on a recorder whose constructor failed)."""
-    store = getattr(recorder, "store", None)
-    if store is None or store.closed:
-        return
-    if recorder._owns_store:
-        store.close()
-    else:
-        store.commit()
 
 
 def _autoreset_mode(env: Any) -> str:

@@ -29,6 +29,8 @@ except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install
 
 from ..errors import BadInputError, NotEnoughDataError, SpecMismatchError
 from ..frames import Frames
+from ..read import SampleRequest
+from ..read import sample as sample_store
 from ..spec import ArraySpec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY, Store, create
 from ._shared import StoreShell, read_origin, temporary, write_origin
@@ -121,7 +123,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         self.store: Store | None = None
         self._filled = False  # SB3's ``full`` set by hand before the ring filled
         self._rng: np.random.Generator | None = None  # the store sampler's, seeded from np.random
-        self.last_info: Any = None  # mmreplay.reads.SampleInfo of the store sampler's last batch
+        self.last_info: Any = None  # mmreplay.read.SampleInfo of the store sampler's last batch
         if sampler is not None:
             sampler_options["sampler"] = sampler
         sampler_options.update(durability=durability, commit_every=commit_every, compression=compression)
@@ -321,7 +323,8 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             return super().sample(batch_size, env)  # SB3's draw, then _get_samples
         if self._rng is None:
             self._rng = np.random.default_rng(np.random.randint(0, 2**32, size=4, dtype=np.uint64))
-        batch, self.last_info = store.sample(batch_size, return_info=True, rng=self._rng, **options)
+        request = SampleRequest.build(batch_size, rng=self._rng, return_info=True, options=options)
+        batch, self.last_info = sample_store(store, request)
         return self._to_samples(batch, env)
 
     def update_priorities(self, priorities: Any, info: Any = None) -> int:

@@ -26,11 +26,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadInputError, Error, NotEnoughDataError
-from ..reads import SampleInfo
+from ..read import SampleInfo, SampleRequest
+from ..read import sample as sample_store
 from ..spec import ArraySpec, flatten, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
-from ._numpy_storage import NumpyStorage, broadcast_leaves, positive
-from ._shared import StoreOptions, StoreShell, attach_store, read_origin, write_origin
+from ._numpy_storage import NumpyStorage, broadcast_leaves
+from ._shared import StoreOptions, StoreShell, attach_store, positive, read_origin, write_origin
 
 __all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo", "BufferCheckpointError"]
 
@@ -168,10 +169,10 @@ class UniformReplayBuffer(StoreShell):
         self._rng = np.random.default_rng(seed)
         options = StoreOptions(
             backend=backend, compression=compression, commit_every=commit_every, durability=durability,
-            sampler=sampler, sampler_options=None if alpha is None else {"alpha": alpha},
+            sampler=sampler, sampler_options={} if alpha is None else {"alpha": alpha},
         )  # fmt: skip
         self.last_sample: SampleInfo | None = None  # the store's info of the last get_next
-        self.store, _ = attach_store(
+        self.store = attach_store(
             self, path, self._spec, self._max_length, self._batch_size, options,
             what="UniformReplayBuffer", window_name="max_length",
         )  # fmt: skip
@@ -298,7 +299,8 @@ class UniformReplayBuffer(StoreShell):
         if hi - lo - T + 1 <= 0:
             short = f" It holds {hi - lo} frames per segment, too short for num_steps={T}." if hi > lo else ""
             raise _not_enough(_EMPTY + short)
-        nest, info = self.store.sample(S, num_steps=T, rng=self._rng, window=(lo, hi), return_info=True)
+        request = SampleRequest.build(S, T, rng=self._rng, window=(lo, hi), return_info=True)
+        nest, info = sample_store(self.store, request)
         self.last_sample = info
         leaves = flatten(nest)  # [S, T, ...], reshaped to the requested layout
         ids = info.step[:, None] + np.arange(T) - self._origin

@@ -38,8 +38,9 @@ try:
 except ImportError as exc:  # torch is an install extra
     raise ImportError("mmreplay.compat.torch needs torch: pip install 'mmreplay[torch]'") from exc
 
-from .. import reads, sampling
 from ..episodes import index_for
+from ..read import SampleRequest, read_rows, sample, set_rng
+from ..read.request import positive
 from ..spec import map_structure
 from ..store import Store
 from ..store import open as open_store
@@ -102,8 +103,7 @@ class StoreDataset(Dataset):
     def __init__(
         self, store: str | os.PathLike | Store, num_steps: int | None = None, within_episodes: bool = False
     ):
-        sampling.check_sizes(None, num_steps)
-        self.num_steps = num_steps
+        self.num_steps = positive("num_steps", num_steps, allow_none=True)
         self._opened = _Opened(_path_of(store))
         # The window as a reader sees it: a writer may count steps whose slots it has
         # already reserved for overwriting, which a reader must treat as gone.
@@ -145,7 +145,7 @@ class StoreDataset(Dataset):
         if self.num_steps is not None:
             step = step[..., None] + np.arange(self.num_steps, dtype=np.int64)
             env = env[..., None]
-        return reads.read_rows(self._opened.get(), step, env)
+        return read_rows(self._opened.get(), step, env)
 
     def __getitem__(self, index: int) -> Any:
         return _tensors(self._read(int(index)))
@@ -189,15 +189,10 @@ class SampleDataset(IterableDataset):
         seed: int | None = None,
         refresh: bool = True,
     ):
-        sampling.check_sizes(batch_size, num_steps)
-        if batch_size is None:
-            raise ValueError("batch_size must be a positive int, got None")
+        self.request = SampleRequest.build(batch_size, num_steps, within_episodes=within_episodes)
         if num_batches is not None and (not isinstance(num_batches, int) or num_batches < 0):
             raise ValueError(f"num_batches must be a non-negative int or None, got {num_batches!r}")
         self._opened = _Opened(_path_of(store))
-        self.batch_size = batch_size
-        self.num_steps = num_steps
-        self.within_episodes = within_episodes
         self.num_batches = num_batches
         self.seed = seed
         self.refresh = refresh
@@ -213,12 +208,12 @@ class SampleDataset(IterableDataset):
         if self.num_batches is not None:
             count = self.num_batches // workers + (1 if worker < self.num_batches % workers else 0)
         store = self._opened.get()
-        reads.set_rng(store, gen)  # the store's own generator: the next batch is prefetched
+        set_rng(store, gen)  # the store's own generator: the next batch is prefetched
         done = 0
         while count is None or done < count:
             if self.refresh:
                 store.refresh()
-            batch = store.sample(self.batch_size, self.num_steps, within_episodes=self.within_episodes)
+            batch = sample(store, self.request)
             yield _tensors(batch)
             done += 1
 

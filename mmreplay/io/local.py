@@ -16,20 +16,13 @@ import os
 import stat
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from ..errors import CorruptBufferError, NotABufferError
 from .base import ByteSource, Handle, Range
 
-try:
-    import resource
-except ImportError:  # Windows: no rusage, no per-batch decision
-    resource = None  # type: ignore[assignment]
-
 __all__ = [
-    "DiskReads",
     "LocalFolder",
     "checked_inside",
     "folder_inside",
@@ -38,11 +31,6 @@ __all__ = [
     "replace_inside",
     "unsafe_entries",
 ]
-
-# A batch prefetches when the process read from the disk, since the last check, at least
-# this share of what the batch reads when cold (below it: other files, a stray page).
-COLD_SHARE = 8
-WARM_CHECK = 4  # after a batch found warm, the next check is this many batches later
 
 NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | NO_FOLLOW
@@ -344,56 +332,3 @@ class LocalFolder(ByteSource):
                 _advise(fd, a, b - a)
         view = memoryview(into.reshape(-1))
         return [os.preadv(fd, [view[at : at + b - a]], a) for fd, a, b, at in spans]
-
-
-class DiskReads:
-    """Whether the pages of the next random batch are likely out of memory, judged from
-    what the process read from the disk since the previous batch: its major page faults
-    (a page faulted in from the file) and block reads (``ru_inblock``, which counts the
-    reads a ``MADV_WILLNEED`` started too, where a prefetched page then faults as a minor
-    one). A batch prefetches its pages (``MADV_WILLNEED`` per run of pages, about a
-    microsecond per call) only then, and the first batch always: a cold batch of rows of
-    several pages is read in parallel instead of one synchronous page fault at a time
-    under ``MADV_RANDOM``. A cold batch checks again at the next batch; a page-cached one
-    only every ``WARM_CHECK`` batches (one ``getrusage`` each, about a microsecond, which
-    weighs on batches of small rows), so pages evicted meanwhile fault one by one for at
-    most that many batches.
-
-    ``prefetched`` counts the batches it sent to the prefetch."""
-
-    def __init__(self, row_bytes: int):
-        # What a cold batch reads per row, so that a few pages of code or of other files
-        # read meanwhile do not pass for one.
-        self.row_bytes = max(1, row_bytes)
-        self.mark: int | None = None  # bytes read from the disk so far, at the last check
-        self.skip = 0  # batches left until the next check
-        self.prefetched = 0
-
-    @classmethod
-    def for_leaves(cls, mapped: list[Any], prefetch: bool) -> DiskReads | None:
-        """The decision for a store's mapped leaves, or None where every batch prefetches
-        anyway, nothing is mapped, or the OS keeps no rusage (Windows)."""
-        if not mapped or prefetch or resource is None:
-            return None
-        # a page of each leaf at least per row: random rows of small leaves share no page
-        return cls(sum(max(leaf.row_bytes, mmap.PAGESIZE) for leaf in mapped))
-
-    def cold(self, rows: int) -> bool:
-        """True when this batch of ``rows`` rows should prefetch its pages."""
-        if self.skip:
-            self.skip -= 1
-            return False
-        now = disk_bytes_read()
-        last, self.mark = self.mark, now
-        if last is not None and (now - last) * COLD_SHARE < rows * self.row_bytes:
-            self.skip = WARM_CHECK - 1
-            return False
-        self.prefetched += 1
-        return True
-
-
-def disk_bytes_read() -> int:
-    """Bytes the process has read from the disk so far, by page faults and block reads
-    (counted twice where both saw them: it only needs to grow with the reads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_majflt * mmap.PAGESIZE + usage.ru_inblock * 512

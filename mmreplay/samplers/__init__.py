@@ -1,8 +1,8 @@
 """Samplers: the objects a store draws its random batches through (see :mod:`.base`)."""
 
-from .base import Draw, Mass, Sampler, Window, make_sampler, register_sampler, sampler_from_json
-from .slices import SliceSampler
-from .uniform import UniformSampler
+from .base import Draw, Mass, Sampler, Window
+from .registry import make_sampler, register_sampler, sampler_from_json
+from .uniform import SliceSampler, UniformSampler
 
 __all__ = [
     "Draw",

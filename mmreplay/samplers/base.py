@@ -1,16 +1,17 @@
 """The sampler protocol: how a store turns a batch size, a window and an rng into rows.
 
 A store draws every random batch through one sampler object (``store.sampler``); the
-fetch path in :mod:`mmreplay.reads` then gathers the rows, advises the page cache,
+fetch path in :mod:`mmreplay.read.gather` then gathers the rows, advises the page cache,
 prefetches and, in readers, re-draws items the writer overwrote. A sampler never reads
-or writes leaf data itself.
+or writes leaf data itself. The registry that names samplers is
+:mod:`mmreplay.samplers.registry`.
 
 Contract
 --------
 ``draw(batch_size, window, rng, num_steps=1, replacement=True, **options) -> Draw``
     Return ``batch_size`` items (without replacement: at most the number of valid
     items) whose ``num_steps`` consecutive steps all lie in ``[window.first,
-    window.end)`` of one env. The :class:`~mmreplay.sampling.Draw` holds the row id of
+    window.end)`` of one env. The :class:`~mmreplay.read.draws.Draw` holds the row id of
     each item's first step (``start``: ``slot * num_envs + env``, possibly not folded
     into the ring, ``< 2 * capacity * num_envs``), its global flat id (``flat``:
     ``step * num_envs + env``, hence ``step`` and ``env``) and the probability of
@@ -35,9 +36,8 @@ Write hooks (no-op defaults, see :class:`mmreplay.hooks.WriteHook`)
 
 ``attach(store)``
     Called once when the store opens (writer or reader), before any other call; the
-    sampler may keep the store and use its public API (``path``, ``capacity``,
-    ``num_envs``, ``mode``, ``window``, ``episode_index``...). ``close()`` when the store
-    closes.
+    sampler keeps the store (:class:`Host`: ``path``, ``capacity``, ``num_envs``,
+    ``mode``, ``window``...) as ``self.store`` until ``close()``, when the store closes.
 
 ``mass(window, num_steps=1, **options) -> Mass``
     The total draw weight of the window's valid starts and the smallest weight of one
@@ -54,7 +54,7 @@ Write hooks (no-op defaults, see :class:`mmreplay.hooks.WriteHook`)
     per row goes into its own files under the store's folder). The store records
     ``state_json()`` in its metadata at create and rebuilds the sampler with
     :func:`sampler_from_json` at open. ``name`` picks the class from the registry
-    (:func:`register_sampler`).
+    (:func:`~mmreplay.samplers.registry.register_sampler`).
 
 ``num_steps``
     The sequence length a ``sample`` without ``num_steps`` returns (None: single steps).
@@ -63,29 +63,31 @@ Write hooks (no-op defaults, see :class:`mmreplay.hooks.WriteHook`)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
 from ..hooks import WriteHook
-from ..sampling import Draw
+from ..read.draws import Draw, Window
 
-__all__ = ["Draw", "Mass", "Sampler", "Window", "register_sampler", "sampler_from_json", "make_sampler"]
+__all__ = ["Draw", "Host", "Mass", "Sampler", "Window"]
 
 
-class Window(NamedTuple):
-    """The steps a draw may use: global ids ``[first, end)`` of ``num_envs`` envs each,
-    stored in a ring of ``capacity`` slots."""
+class Host(Protocol):
+    """What a sampler reads of the store it is attached to."""
 
-    first: int
-    end: int
-    num_envs: int
+    path: str
+    mode: str
     capacity: int
+    num_envs: int
+    window: Window
+    first_step: int
+    total_steps: int
+    committed_steps: int
 
-    @property
-    def steps(self) -> int:
-        """Steps in the window."""
-        return max(0, self.end - self.first)
+    def live_first(self) -> int: ...  # the oldest step the writer retains now
+    def part(self, name: str, make: Callable[[Any], Any]) -> Any: ...  # (the episode index)
 
 
 class Mass(NamedTuple):
@@ -101,12 +103,15 @@ class Sampler(WriteHook, ABC):
 
     name: ClassVar[str] = ""
     num_steps: int | None = None
+    store: Host | None = None
 
-    def attach(self, store: Any) -> None:
+    def attach(self, store: Host) -> None:
         """Called when the store opens; see the module docstring."""
+        self.store = store
 
     def close(self) -> None:
         """Called when the store closes."""
+        self.store = None
 
     @abstractmethod
     def draw(
@@ -136,52 +141,3 @@ class Sampler(WriteHook, ABC):
     def from_json(cls, obj: dict[str, Any]) -> Sampler:
         params = {k: v for k, v in obj.items() if k != "name"}
         return cls(**params)
-
-
-_REGISTRY: dict[str, type[Sampler]] = {}
-
-
-def register_sampler(cls: type[Sampler]) -> type[Sampler]:
-    """Make a sampler class known by its ``name`` (usable as a class decorator), so
-    ``create(sampler=name)`` and reopening a store that recorded it find it."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} needs a class attribute 'name' to be registered")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _lookup(name: str) -> type[Sampler]:
-    if name not in _REGISTRY:
-        from . import _builtin  # noqa: F401  registers the samplers shipped with mmreplay
-
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise ValueError(
-            f"unknown sampler {name!r}; known: {known} (a custom sampler must be registered "
-            "with mmreplay.samplers.register_sampler before the store is opened)"
-        ) from None
-
-
-def sampler_from_json(obj: Any, where: str = "metadata") -> Sampler:
-    """The sampler a store recorded (``None``: uniform)."""
-    if obj is None:
-        return _lookup("uniform")()
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise ValueError(f"{where}: 'sampler' must be an object with a string 'name', got {obj!r}")
-    return _lookup(obj["name"]).from_json(obj)
-
-
-def make_sampler(sampler: str | Sampler | None, **options: Any) -> Sampler:
-    """A sampler from ``create``'s arguments: a registered name with its options, or an
-    instance (then no options)."""
-    if sampler is None:
-        sampler = "uniform"
-    if isinstance(sampler, Sampler):
-        if options:
-            raise TypeError(f"sampler options {sorted(options)} given with a sampler instance")
-        return sampler
-    if isinstance(sampler, str):
-        return _lookup(sampler).from_json({"name": sampler, **options})
-    raise TypeError(f"sampler must be a name or a mmreplay.samplers.Sampler, got {type(sampler).__name__}")

@@ -26,10 +26,10 @@ import numpy as np
 
 from ..errors import BadInputError, NotEnoughDataError, ReadOnlyError
 from ..priorities import PRIORITY_FILE, PriorityFile
-from ..reads import reader_for
-from ..sampling import Draw
+from ..read.request import positive
+from ..statefile import slot_ranges
 from ..sumtree import SumTree
-from .base import Mass, Sampler, Window, register_sampler
+from .base import Draw, Host, Mass, Sampler, Window
 
 __all__ = ["PrioritizedSampler"]
 
@@ -44,16 +44,6 @@ def _number(name: str, value: Any, lo: float, hi: float = np.inf) -> float:
     return float(value)
 
 
-def _step_ranges(a: int, b: int, capacity: int) -> list[tuple[int, int]]:
-    """Slot ranges ``[x, y)`` holding global steps ``[a, b)`` (at most one ring's worth)."""
-    a = max(a, b - capacity)
-    if b <= a:
-        return []
-    x, y = a % capacity, (b - 1) % capacity + 1
-    return [(x, y)] if x < y else [(x, capacity), (0, y)]
-
-
-@register_sampler
 class PrioritizedSampler(Sampler):
     """Rows (or the starts of ``num_steps`` sequences) drawn in proportion to
     ``priority ** alpha``, with importance weights in ``SampleInfo.weight``.
@@ -83,11 +73,7 @@ class PrioritizedSampler(Sampler):
         self.alpha = _number("alpha", alpha, 0.0)
         self.beta = _number("beta", beta, 0.0)
         self.eps = _number("eps", eps, 0.0)
-        if num_steps is not None and (
-            not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1
-        ):
-            raise ValueError(f"num_steps must be a positive int or None, got {num_steps!r}")
-        self.num_steps = None if num_steps is None else int(num_steps)
+        self.num_steps = positive("num_steps", num_steps, allow_none=True)
         if isinstance(sequence_priority, str):
             if sequence_priority not in REDUCTIONS:
                 raise ValueError(
@@ -96,7 +82,6 @@ class PrioritizedSampler(Sampler):
         else:
             sequence_priority = _number("sequence_priority", sequence_priority, 0.0, 1.0)
         self.sequence_priority = sequence_priority
-        self.store: Any = None
         self.file: PriorityFile | None = None
         self.tree: SumTree | None = None
         self.tree_first = self.tree_end = 0  # the steps whose rows the tree holds
@@ -114,7 +99,7 @@ class PrioritizedSampler(Sampler):
 
     # --- life cycle ---------------------------------------------------------------------
 
-    def attach(self, store: Any) -> None:
+    def attach(self, store: Host) -> None:
         self.store = store
         if store.mode == "a":
             if not os.path.exists(os.path.join(store.path, PRIORITY_FILE)):
@@ -147,7 +132,7 @@ class PrioritizedSampler(Sampler):
         file = self.file
         with file:
             top = np.float32(file.max_priority)
-            for x, y in _step_ranges(self.filled, upto, self.store.capacity):
+            for x, y in slot_ranges(self.filled, upto, self.store.capacity):
                 file.values[x:y] = top
         self.filled = upto
 
@@ -185,7 +170,7 @@ class PrioritizedSampler(Sampler):
 
     def _set_steps(self, a: int, b: int, load: bool) -> None:
         num_envs = self.store.num_envs
-        for x, y in _step_ranges(a, b, self.store.capacity):
+        for x, y in slot_ranges(a, b, self.store.capacity):
             values = self._weights(self.file.values[x:y].reshape(-1)) if load else 0.0
             self.tree.set_range(x * num_envs, y * num_envs, values)
 
@@ -206,7 +191,7 @@ class PrioritizedSampler(Sampler):
             weights = self._weights(file.values.reshape(-1))
             if e - f < window.capacity:
                 keep = np.zeros(window.capacity, bool)
-                for x, y in _step_ranges(f, e, window.capacity):
+                for x, y in slot_ranges(f, e, window.capacity):
                     keep[x:y] = True
                 weights[~np.repeat(keep, window.num_envs)] = 0.0
             self.tree.build(weights)
@@ -224,7 +209,7 @@ class PrioritizedSampler(Sampler):
         ``num_steps - 1`` steps start none."""
         self.sync(window)
         tree, num_envs = self.tree, window.num_envs
-        tail = _step_ranges(window.end - num_steps + 1, window.end, window.capacity)
+        tail = slot_ranges(window.end - num_steps + 1, window.end, window.capacity)
         saved = [tree.leaves()[x * num_envs : y * num_envs].copy() for x, y in tail]
         for x, y in tail:
             tree.set_range(x * num_envs, y * num_envs, 0.0)
@@ -320,7 +305,7 @@ class PrioritizedSampler(Sampler):
             else:
                 # the writer's oldest retained step now (a stat when the state is
                 # unchanged); no step this reader sampled is past its own committed end
-                first, end = reader_for(store).live_first(store), store.committed_steps
+                first, end = store.live_first(), store.committed_steps
             if step.size and step.max() >= end:
                 raise BadInputError(
                     f"{store.path}: step {int(step.max())} is not committed yet (committed steps end at {end})"

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotEnoughDataError
-from ..sampling import Draw
-from .base import Sampler, Window
+from .base import Draw, Sampler, Window
 
 __all__ = ["MemoryEmptyError", "PhysicalRows", "TorchDrawRule"]
 
@@ -128,16 +127,13 @@ class TorchDrawRule(Sampler):
 
     The starts come from torch's global generator with skrl's calls, so
     ``torch.manual_seed`` gives skrl's indexes; ``rng`` and the window's bounds are not
-    used (the rows are the memory's). ``last_indexes`` keeps the flat physical indexes of
-    the last draw (skrl's ``sampling_indexes``). Not recorded in a store: it lives with
-    its memory.
+    used (the rows are the memory's). Not recorded in a store: it lives with its memory.
     """
 
     name = "skrl-random"
 
     def __init__(self, rows: PhysicalRows):
         self.rows = rows
-        self.last_indexes: Any = None
 
     def state_json(self) -> dict[str, Any]:
         raise TypeError("the skrl draw rule lives with its memory and is not recorded in a store")
@@ -151,8 +147,7 @@ class TorchDrawRule(Sampler):
         replacement: bool = True,
     ) -> Draw:
         rows = self.rows
-        self.last_indexes = indexes = rows.draw(batch_size, num_steps, replacement)
-        first = indexes.numpy().reshape(-1, num_steps)[:, 0]
+        first = rows.draw(batch_size, num_steps, replacement).numpy().reshape(-1, num_steps)[:, 0]
         steps, envs, _ = rows.locate(first)
         flat = steps * window.num_envs + envs
         start = (steps % window.capacity) * window.num_envs + envs

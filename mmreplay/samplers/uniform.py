@@ -1,4 +1,5 @@
-"""Uniform sampling: every valid (step, env) start equally likely."""
+"""Every valid start equally likely: single rows or ``num_steps`` windows of one env,
+optionally never crossing an episode's end (spans from the store's episode index)."""
 
 from __future__ import annotations
 
@@ -6,29 +7,21 @@ from typing import Any
 
 import numpy as np
 
-from ..sampling import Draw, draw_uniform
-from .base import Mass, Sampler, Window, register_sampler
+from ..read.draws import draw_in_spans, draw_uniform
+from ..read.request import positive
+from .base import Draw, Mass, Sampler, Window
 
-__all__ = ["UniformSampler"]
+__all__ = ["SliceSampler", "UniformSampler"]
 
 
-@register_sampler
 class UniformSampler(Sampler):
     """Items drawn uniformly over every start whose ``num_steps`` window lies in the
     store's window; ``within_episodes=True`` (per call) keeps sequences inside one
-    episode, as :class:`~mmreplay.samplers.slices.SliceSampler` does."""
+    episode, as :class:`SliceSampler` does by default."""
 
     name = "uniform"
     draws_ahead = True
-
-    def __init__(self) -> None:
-        self.store: Any = None
-
-    def attach(self, store: Any) -> None:
-        self.store = store
-
-    def close(self) -> None:
-        self.store = None
+    within_episodes = False
 
     def draw(
         self,
@@ -37,21 +30,39 @@ class UniformSampler(Sampler):
         rng: np.random.Generator,
         num_steps: int = 1,
         replacement: bool = True,
-        within_episodes: bool = False,
+        within_episodes: bool | None = None,
     ) -> Draw:
-        if within_episodes:
-            from .slices import draw_within_episodes
+        if not (self.within_episodes if within_episodes is None else within_episodes):
+            return draw_uniform(*window, batch_size, num_steps, replacement, rng)
+        s = self._spans()  # they cover the same window
+        return draw_in_spans(s.env, s.first, s.length, *window[2:], batch_size, num_steps, replacement, rng)
 
-            return draw_within_episodes(self.store, batch_size, window, rng, num_steps, replacement)
-        return draw_uniform(
-            window.first, window.end, window.num_envs, window.capacity, batch_size, num_steps, replacement, rng
-        )
-
-    def mass(self, window: Window, num_steps: int = 1, within_episodes: bool = False, **options: Any) -> Mass:
-        if not within_episodes:
+    def mass(
+        self, window: Window, num_steps: int = 1, within_episodes: bool | None = None, **options: Any
+    ) -> Mass:
+        if not (self.within_episodes if within_episodes is None else within_episodes):
             return super().mass(window, num_steps)
+        count = int(np.maximum(self._spans().length - num_steps + 1, 0).sum())
+        return Mass(float(count), 1.0 if count else np.inf)
+
+    def _spans(self) -> Any:
         from ..episodes import index_for
 
-        spans = index_for(self.store).spans(self.store)
-        count = int(np.maximum(spans.length - num_steps + 1, 0).sum())
-        return Mass(float(count), 1.0 if count else np.inf)
+        return index_for(self.store).spans(self.store)
+
+
+class SliceSampler(UniformSampler):
+    """Sequences of ``num_steps`` steps by default (``sample(n)`` returns ``[n,
+    num_steps, ...]``), inside one episode when ``within_episodes`` (the default). A
+    ``num_steps`` or ``within_episodes`` given to ``sample`` overrides these for that call."""
+
+    name = "slices"
+
+    def __init__(self, num_steps: int | None = None, within_episodes: bool = True) -> None:
+        self.num_steps = positive("num_steps", num_steps, allow_none=True)
+        if not isinstance(within_episodes, bool):
+            raise ValueError(f"within_episodes must be a bool, got {within_episodes!r}")
+        self.within_episodes = within_episodes
+
+    def state_json(self) -> dict[str, Any]:
+        return {"name": self.name, "num_steps": self.num_steps, "within_episodes": self.within_episodes}

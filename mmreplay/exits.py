@@ -1,0 +1,209 @@
+"""How the writers still open end with the program: they commit what they added, and
+never a step that was not wholly written.
+
+What each ending of a program keeps is said once, in docs/reliability.md. Here:
+
+- Each writer registers a ``weakref.finalize`` that holds the store's parts, not the
+  store, so the store can still be garbage-collected (and is then closed); ``close()``
+  unregisters it (:func:`forget`).
+- When the program ends (normally, by an uncaught exception, Ctrl-C, or a stop signal)
+  the finalizers run from a hook the interpreter calls before it stops its thread pools
+  (zarr's codecs need them to write a compressed chunk), or from ``atexit`` when a
+  non-daemon thread of the program may still be writing (after the interpreter has waited
+  for it). A daemon thread may still be writing then: the hook lets no write of that
+  store start and waits for the one under way (:data:`WRITER_WAIT` seconds at most), so
+  the commit covers whole steps only.
+- SIGTERM and SIGHUP (what ``kill``, docker, Kubernetes and Slurm send to stop a
+  program, and a closed terminal) end the program as Ctrl-C does while a writer is open:
+  an exception in the main thread (``SystemExit(128 + signal)``), so ``finally`` blocks
+  run and then the exit hooks commit. Only where the program left the signal at its
+  default action, set from the main thread; the program's own handlers are never
+  replaced, and the default comes back when the last writer closes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+import weakref
+from typing import Any
+
+from .errors import Error
+
+__all__ = ["WRITER_WAIT", "STOP_SIGNALS", "close_when_dropped", "forget", "open_writers"]
+
+log = logging.getLogger("mmreplay.store")
+
+#: seconds the exit hook waits for a write under way in another thread before it gives
+#: up on that store (it then commits nothing more: never a half-written step)
+WRITER_WAIT = 60.0
+#: signals that ask a program to stop, handled as Ctrl-C while a writer is open
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+#: finalizers of the writers not closed yet; each holds its store's parts, not the store
+_open_writers: set[weakref.finalize] = set()
+_atexit_registered = False
+_exiting = False  # the exit hooks are closing the writers
+
+
+def open_writers() -> int:
+    """Writers of this process not closed yet."""
+    return len(_open_writers)
+
+
+def close_when_dropped(store: Any, at_exit: bool) -> weakref.finalize:
+    """Close a store that is garbage-collected, and (``at_exit``: a writer, which must
+    commit) one still open when the program ends.
+
+    The finalizer holds the store's attributes, not the store: at its call a bare store
+    over the same attributes runs ``close()``. Nothing among the attributes may refer back
+    to the store, or it would never be collected.
+    """
+    finalizer = weakref.finalize(store, _close_parts, type(store), store.__dict__)
+    finalizer.atexit = False  # writers: the exit hooks below run it, in their order
+    if at_exit:
+        _open_writers.add(finalizer)
+        _register_exit_hooks()
+        _handle_stop_signals()
+    return finalizer
+
+
+def forget(finalizer: weakref.finalize) -> None:
+    """A writer closed: its finalizer is not run; the stop signals go back to their
+    default action once no writer is open."""
+    finalizer.detach()
+    _open_writers.discard(finalizer)
+    if not _open_writers:
+        _restore_stop_signals()
+
+
+def _close_parts(cls: type, parts: dict[str, Any]) -> None:
+    shell = cls.__new__(cls)
+    shell.__dict__ = parts
+    try:
+        shell.close()
+    except Error as exc:  # says what happened (a full disk...): no traceback
+        log.error(
+            "%s: closing the store left open failed (%s); steps added since its last commit are lost",
+            parts.get("path"),
+            exc,
+        )
+    except Exception:
+        log.exception(
+            "%s: closing the store left open failed; steps added since its last commit are lost",
+            parts.get("path"),
+        )
+
+
+def _close_open_writers(before_threads_end: bool = False) -> None:
+    """Close every writer still open as the program ends.
+
+    The first call comes before the interpreter stops its thread pools; it leaves the
+    writers to the ``atexit`` call when a non-daemon thread of the program is still
+    running (and may still be writing): the interpreter waits for those in between.
+    """
+    global _exiting
+    if before_threads_end and any(
+        t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()
+    ):
+        return
+    _exiting = True
+    for finalizer in list(_open_writers):
+        got = finalizer.peek()
+        if got is None:
+            continue
+        parts = got[2][1]  # (store, _close_parts, (cls, parts), {})
+        if not _stop_writes(parts, WRITER_WAIT):
+            log.error(
+                "%s: a thread was still writing to the store %.0f s after the program ended; it is not "
+                "committed again, and the steps added since its last commit are lost (join the thread, or "
+                "close the store, before the program ends)",
+                parts.get("path"),
+                WRITER_WAIT,
+            )
+            continue
+        finalizer()
+
+
+def _stop_writes(parts: dict[str, Any], timeout: float) -> bool:
+    """Let no write of this store start, and wait for the one under way in another thread;
+    False if it is still under way after ``timeout`` seconds.
+
+    A writer marks itself busy before it checks that it may write (``Store.add_leaves``),
+    and this marks it not writable before it checks that it is not busy: the interpreter
+    runs one thread at a time, so one of the two sees the other's mark.
+    """
+    parts["_exiting"] = True
+    parts["_writable"] = False
+    deadline = time.monotonic() + timeout
+    while parts.get("_busy"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _register_exit_hooks() -> None:
+    """Register the exit hooks. Exit hooks run last registered first, and the early one
+    must run before the thread pools stop: it is registered again whenever a library
+    imported since (``concurrent.futures`` with zarr) registered its own after it."""
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_close_open_writers)
+        _atexit_registered = True
+    early = getattr(threading, "_threading_atexits", None)
+    if early is not None and not (early and getattr(early[-1], "func", None) is _close_before_threads_end):
+        with contextlib.suppress(RuntimeError):  # the interpreter is already exiting
+            threading._register_atexit(_close_before_threads_end)  # type: ignore[attr-defined]
+
+
+def _close_before_threads_end() -> None:
+    _close_open_writers(before_threads_end=True)
+
+
+# --- the stop signals ---------------------------------------------------------------------
+
+
+def _handle_stop_signals() -> None:
+    """Handle SIGTERM and SIGHUP as Ctrl-C while writers are open: where the program left
+    them at their default action, and from the main thread (the only one that may)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _stop)
+
+
+def _restore_stop_signals() -> None:
+    """The default action again for the stop signals this module handles (from the main
+    thread; elsewhere :func:`_stop` acts as the default once no writer is open)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(sig) is _stop:
+                signal.signal(sig, signal.SIG_DFL)
+
+
+def _stop(signum: int, frame: Any) -> None:
+    """SIGTERM / SIGHUP: end the program by ``SystemExit(128 + signum)`` (the status a
+    shell reports for a program that signal ended), so the writers commit on the way
+    out. A second one ends it at once, by the default action."""
+    signal.signal(signum, signal.SIG_DFL)
+    if not _open_writers:  # nothing to commit: what the default action would have done
+        os.kill(os.getpid(), signum)
+        return
+    if _exiting:  # the program is ending already, and committing
+        return
+    log.warning(
+        "%s: ending the program; %d open store(s) commit first",
+        signal.Signals(signum).name,
+        len(_open_writers),
+    )
+    raise SystemExit(128 + signum)

@@ -1,0 +1,145 @@
+"""``csv``: one row per (step, env), one column per element.
+
+Columns: ``step`` (the store's global step id) and ``env``, then every leaf in sorted
+order, a scalar leaf as one column named by its path (``reward``), any other flattened
+over its per-step shape into columns ``<leaf path>.<i>`` (skrl's ``Memory.save(format=
+"csv")`` naming). Rows are step-major (row ``t * num_envs + e``) in time order. Floats
+are written with enough digits to read back bit-exact, booleans as 0 / 1.
+``compression="gzip"`` writes a gzip file named ``<out>.gz`` when ``out`` does not end
+in ``.gz`` already (so ``pandas.read_csv`` and ``zcat`` recognise it), its gzip header
+naming the ``.csv`` inside; an ``out`` ending in ``.gz`` is gzipped without it too.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import math
+import os
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadInputError, UnsupportedFormatError
+from ..spec import flatten
+from .base import (
+    ExportOptions,
+    ExportResult,
+    Source,
+    StepBlocks,
+    Target,
+    arrays_source,
+    first_line_is,
+)
+
+COMPRESSIONS = ("gzip",)
+_FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
+#: the columns before the leaves
+INDEX_COLUMNS = ("step", "env")
+
+
+def _format(dtype: np.dtype, path: str) -> str:
+    if dtype.kind == "f":
+        return _FLOAT_FORMAT[dtype.itemsize]
+    if dtype.kind in "iub":
+        return "%d"
+    raise BadInputError(f"csv export: leaf {path!r} has dtype {dtype}, which CSV cannot hold")
+
+
+def header(paths: list[str], specs: list[Any]) -> list[str]:
+    """Leaf column names in file order: ``<leaf path>`` for a scalar, else ``<leaf path>.<i>``."""
+    return [
+        p if not s.shape else f"{p}.{i}"
+        for p, s in zip(paths, specs)
+        for i in range(max(1, math.prod(s.shape)))
+    ]
+
+
+def target_name(out: str, compression: str | None) -> str:
+    """The file a csv export writes: ``out``, with ``.gz`` added when gzipped."""
+    return out + ".gz" if compression and not out.endswith(".gz") else out
+
+
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    comp = options.compression or ("gzip" if out.endswith(".gz") else None)
+    specs = flatten(store.spec)
+    paths = store.leaf_paths
+    fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]
+    with Target(
+        target_name(out, comp), "file", options.force, fmt="csv", source=store.path,
+        recognise=first_line_is(",".join([*INDEX_COLUMNS, *header(paths, specs)])),
+    ) as target:
+        blocks = StepBlocks(store, block_bytes=4 << 20)
+        raw = open(target.path(), "wb")
+        inner = os.path.basename(target.out)
+        f = gzip.GzipFile(filename=inner, fileobj=raw, mode="wb", mtime=0) if comp else raw
+        try:
+            text = io.TextIOWrapper(f, encoding="ascii", newline="")
+            text.write(",".join([*INDEX_COLUMNS, *header(paths, specs)]) + "\n")
+            cells = [fmt for fmt, s in zip(fmts, specs) for _ in range(max(1, math.prod(s.shape)))]
+            line = ",".join(["%d", "%d", *cells]) + "\n"
+            envs = np.arange(store.num_envs)
+            for a, leaves in blocks:
+                k = len(leaves[0])
+                rows = k * store.num_envs
+                cols: list[Any] = [
+                    np.repeat(np.arange(a, a + k), store.num_envs).tolist(),
+                    np.tile(envs, k).tolist(),
+                ]
+                for values, spec in zip(leaves, specs):
+                    flat = values.reshape(rows, -1)
+                    if spec.dtype.kind == "b":
+                        flat = flat.astype(np.int8)
+                    cols.extend(flat.T.tolist())
+                text.write("".join(line % row for row in zip(*cols)))
+                options.progress(rows)
+            text.flush()
+            text.detach()
+        finally:
+            if f is not raw:
+                f.close()
+            raw.close()
+        path = target.commit()
+    return ExportResult("csv", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str, files: ExitStack) -> Source:
+    import csv
+    import gzip
+
+    opener = gzip.open if _is_gzip(src) else open
+    with opener(src, "rt", newline="") as f:
+        reader = csv.reader(f)
+        head = next(reader, None)
+        rows = np.array([[float(x) for x in r] for r in reader], np.float64).reshape(-1, len(head or []))
+    if not head or head[:2] != ["step", "env"]:
+        raise UnsupportedFormatError(f"{src}: a csv without the step and env columns mmreplay writes")
+    envs = int(rows[:, 1].max()) + 1 if len(rows) else 1
+    steps = len(rows) // envs
+    if steps * envs != len(rows) or not np.array_equal(rows[:, 1], np.tile(np.arange(envs), steps)):
+        raise BadInputError(f"{src}: rows are not one per (step, env), step-major")
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(head[2:], start=2):
+        leaf, dot, idx = name.rpartition(".")
+        key = leaf if dot and idx.isdigit() else name
+        groups.setdefault(key, []).append(i)
+    arrays = {}
+    for name, cols in groups.items():
+        values = rows[:, cols]
+        if np.all(np.isfinite(values)) and np.all(values == np.round(values)) and len(values):
+            values = values.astype(np.int64)
+        vector = len(cols) > 1 or head[cols[0]] != name
+        arrays[name] = values.reshape(steps, envs, *((len(cols),) if vector else ()))
+    source = arrays_source(arrays, None, envs, src)
+    first = int(rows[0, 0]) if len(rows) else 0
+    fresh = None if first == 0 else []  # csv does not say which episodes start whole
+    return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh)
+
+
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"

@@ -1,0 +1,126 @@
+"""``hdf5``: one HDF5 file, one ``[steps, num_envs, *shape]`` dataset per leaf path.
+
+Groups mirror the nest (``obs/pixels``), the steps are in time order, and the root's
+``mmreplay`` attribute holds the spec and roles as JSON, enough for ``mmreplay import``
+to rebuild the store. Read it with plain ``h5py.File(path)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from ..spec import flatten, leaf_paths, spec_from_json
+from .base import (
+    EXPORT_MARK,
+    ExportOptions,
+    ExportResult,
+    Source,
+    StepBlocks,
+    Target,
+    arrays_source,
+    spec_json,
+)
+
+COMPRESSIONS = ("gzip", "lzf")
+
+
+@contextlib.contextmanager
+def hdf5_output(path: str, **options: Any) -> Iterator[Any]:
+    """``h5py.File(path, "w")`` (an export's scratch file) that ends cleanly when a write
+    fails. On a full disk libhdf5's close fails too, writing the chunks and metadata it
+    holds (``Can't decrement id ref count``), and the process dies of a segmentation fault
+    when the file's objects are released later. The export is abandoned then, so the
+    file's descriptor is pointed at /dev/null first: the close writes there and ends."""
+    import h5py
+
+    f = h5py.File(path, "w", **options)
+    try:
+        yield f
+        f.flush()
+        f.close()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, f.id.get_vfd_handle())
+            finally:
+                os.close(null)
+        with contextlib.suppress(Exception):
+            f.close()
+        raise
+
+
+def dataset_options(compression: str | None, chunks: tuple[int, ...] | None) -> dict[str, Any]:
+    """h5py ``create_dataset`` keywords for a compression setting such as ``gzip:4``."""
+    if compression is None:
+        return {}
+    codec, _, level = compression.partition(":")
+    opts: dict[str, Any] = {"compression": codec, "chunks": chunks or True}
+    if codec == "gzip":
+        opts["compression_opts"] = int(level) if level else 4
+        opts["shuffle"] = True
+    elif level:
+        raise ValueError(f"compression {compression!r}: lzf takes no level")
+    return opts
+
+
+def array_options(compression: str | None, arr: np.ndarray) -> dict[str, Any]:
+    """:func:`dataset_options` for a dataset made from ``arr`` (HDF5 filters need a
+    chunked dataset: none for a scalar or an empty array)."""
+    return dataset_options(compression, None) if arr.ndim and arr.size else {}
+
+
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    with Target(out, "file", options.force, fmt="hdf5", source=store.path) as target:
+        blocks = StepBlocks(store)
+        specs = flatten(store.spec)
+        with hdf5_output(target.path()) as f:
+            f.attrs["mmreplay"] = json.dumps(spec_json(store))
+            f.attrs[EXPORT_MARK] = "hdf5"
+            dsets = []
+            for path, spec in zip(store.leaf_paths, specs):
+                shape = (blocks.steps, store.num_envs, *spec.shape)
+                chunk = (max(1, min(blocks.block, blocks.steps)), store.num_envs, *spec.shape)
+                dsets.append(
+                    f.create_dataset(path, shape=shape, dtype=spec.dtype, **dataset_options(options.compression, chunk))
+                )
+            for a, leaves in blocks:
+                lo = a - blocks.first
+                for dset, values in zip(dsets, leaves):
+                    dset[lo : lo + len(values)] = values
+                options.progress(len(leaves[0]) * store.num_envs)
+        path = target.commit()
+    return ExportResult("hdf5", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str, files: ExitStack) -> Source:
+    import h5py
+
+    f = files.enter_context(h5py.File(src, "r"))
+    meta = json.loads(f.attrs["mmreplay"])
+    arrays = {p: f[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in f}
+    return arrays_source(arrays, meta, None, src)
+
+
+def datasets(group: Any, prefix: str = "") -> dict[str, Any]:
+    import h5py
+
+    out = {}
+    for key in group:
+        item = group[key]
+        name = f"{prefix}{key}"
+        if isinstance(item, h5py.Dataset):
+            out[name] = item
+        elif isinstance(item, h5py.Group):
+            out.update(datasets(item, name + "/"))
+    return out

@@ -1,0 +1,155 @@
+"""``npz``: one ``[steps, num_envs, *shape]`` array per leaf, keyed by leaf path.
+
+This is the layout skrl's ``Memory.save(format="npz")`` writes (arrays keyed by name,
+dtypes kept), with the steps in time order. Each array is streamed into its zip member
+block by block, so no leaf is ever held whole in memory. ``__mmreplay__`` holds the
+spec and roles as a JSON string (a plain unicode array, never a pickle), which lets
+``mmreplay import`` rebuild the store exactly. Load with ``numpy.load(path)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadInputError, UnsupportedFormatError
+from ..spec import flatten
+from .base import (
+    BLOCK_BYTES,
+    ExportOptions,
+    ExportResult,
+    Source,
+    StepBlocks,
+    Target,
+    Ticker,
+    arrays_source,
+    read_leaf,
+    spec_json,
+)
+
+META_KEY = "__mmreplay__"
+COMPRESSIONS = ("deflate", "zip")
+
+
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    with Target(out, "file", options.force, fmt="npz", source=store.path) as target:
+        rows = write_arrays(store, target.path(), options.compression is not None, options.progress)
+        path = target.commit()
+    return ExportResult("npz", path, 0, rows, os.path.getsize(path), {"keys": store.leaf_paths})
+
+
+def _header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """The ``.npy`` header for a C-order array of this shape and dtype (format 2.0 when large)."""
+    import io
+
+    buf = io.BytesIO()
+    d = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    try:
+        np.lib.format.write_array_header_1_0(buf, d)
+    except ValueError:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def write_arrays(store: Any, path: str, compress: bool, progress: Any) -> int:
+    """Stream every leaf into ``path``; returns the rows (steps x envs) written."""
+    blocks = StepBlocks(store)
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    paths = store.leaf_paths
+    specs = _specs(store)
+    rows = blocks.steps * store.num_envs
+    ticker = Ticker(progress, rows, sum(rows * s.nbytes for s in specs))
+    with zipfile.ZipFile(path, "w", compression=method, allowZip64=True) as zf:
+        meta = np.array(json.dumps(spec_json(store)))
+        with zf.open(META_KEY + ".npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array(f, meta, allow_pickle=False)
+        # one member at a time (zip members cannot interleave): a pass over the store per leaf
+        for i, (name, spec) in enumerate(zip(paths, specs)):
+            dtype = spec.dtype.newbyteorder("<") if spec.dtype.itemsize > 1 else spec.dtype
+            shape = (blocks.steps, store.num_envs, *spec.shape)
+            with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                f.write(_header(shape, dtype))
+                for _, leaves in _leaf_blocks(store, i):
+                    f.write(np.ascontiguousarray(leaves, dtype=dtype).reshape(-1).view(np.uint8))
+                    ticker.advance(len(leaves) * store.num_envs * spec.nbytes)
+    return rows
+
+
+def _specs(store: Any) -> list[Any]:
+    return flatten(store.spec)
+
+
+def _leaf_blocks(store: Any, index: int) -> Any:
+    """Blocks of one leaf, sized for that leaf alone."""
+    spec = flatten(store.spec)[index]
+    k = max(1, BLOCK_BYTES // max(1, store.num_envs * spec.nbytes))
+    first, end = int(store.first_step), int(store.committed_steps)
+    for a in range(first, end, k):
+        b = min(end, a + k)
+        yield a, read_leaf(store, index, np.arange(a, b))
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+class _NpyMember:
+    """One ``.npy`` member of an npz, sliced along its first axis by streaming reads."""
+
+    def __init__(self, zf: zipfile.ZipFile, name: str):
+        self.zf, self.name = zf, name
+        with zf.open(name) as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            self.offset = f.tell()
+        if dtype.hasobject:
+            raise BadInputError(f"npz member {name!r} holds Python objects; refusing to unpickle")
+        if fortran and len(shape) > 1:
+            raise UnsupportedFormatError(f"npz member {name!r} is Fortran-ordered")
+        self.shape, self.dtype = tuple(shape), dtype
+        self.row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        self._f: Any = None
+        self._pos = 0
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        a, b, _ = sl.indices(self.shape[0])
+        if self._f is None or a < self._pos:
+            if self._f is not None:
+                self._f.close()
+            self._f = self.zf.open(self.name)
+            self._f.read(self.offset)
+            self._pos = 0
+        if a > self._pos:
+            self._f.read((a - self._pos) * self.row)
+        data = self._f.read((b - a) * self.row)
+        self._pos = b
+        return np.frombuffer(data, self.dtype).reshape(b - a, *self.shape[1:])
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
+def read(src: str, files: ExitStack, num_envs: int | None = None) -> Source:
+    zf = files.enter_context(zipfile.ZipFile(src))
+    members = {}
+    meta = None
+    for name in zf.namelist():
+        if not name.endswith(".npy"):
+            continue
+        key = name[:-4]
+        if key == "__mmreplay__":
+            arr = np.load(zf.open(name), allow_pickle=False)
+            meta = json.loads(str(arr))
+            continue
+        members[key] = _NpyMember(zf, name)
+        files.callback(members[key].close)
+    return arrays_source(members, meta, num_envs, src)

@@ -1,0 +1,166 @@
+"""``pt``: ``torch.save`` of a dict leaf path -> ``[steps, num_envs, *shape]`` tensor.
+
+The layout skrl's ``Memory.save(format="pt")`` writes, steps in time order, plain
+tensors only, so ``torch.load(path, weights_only=True)`` (and ``mmap=True``) reads it.
+
+To stay in bounded memory (PyTorch 2.5 or later), the file is first written by ``torch.save`` under
+``torch.serialization.skip_data`` (which writes the archive with room for every
+tensor's bytes but not the bytes), then each tensor's record is filled in place, block
+by block, from the store. The tensors handed to ``torch.save`` live on an unreserved
+anonymous mapping that is never touched, so they cost no memory.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zipfile
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadInputError, CorruptBufferError
+from ..spec import flatten
+from .base import EXPORT_MARK, ExportOptions, ExportResult, Source, StepBlocks, Target, arrays_source, need
+
+
+def _placeholder(torch: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
+    """A tensor of this shape whose memory is mapped but never touched."""
+    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_NORESERVE", 0x4000)
+    mm = mmap.mmap(-1, nbytes, flags=flags)
+    arr = np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    return torch.from_numpy(arr), mm
+
+
+def _record_offsets(path: str) -> dict[str, tuple[int, int]]:
+    """Zip record name -> (offset of its data in the file, size)."""
+    out = {}
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
+        for info in zf.infolist():
+            f.seek(info.header_offset)
+            head = f.read(30)
+            if head[:4] != b"PK\x03\x04":
+                raise CorruptBufferError(f"{path}: unexpected zip layout from torch.save")
+            name_len, extra_len = struct.unpack("<HH", head[26:30])
+            out[info.filename] = (info.header_offset + 30 + name_len + extra_len, info.file_size)
+    return out
+
+
+COMPRESSIONS: tuple[str, ...] = ()  # torch.save writes an uncompressed zip
+
+
+def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+    progress = options.progress
+    with Target(out, "file", options.force, fmt="pt", source=store.path) as target:  # a refusal needs no torch
+        torch = need("torch", "the pt format", "torch")
+        keep = []
+        try:
+            blocks = StepBlocks(store)
+            specs = flatten(store.spec)
+            if not hasattr(torch.serialization, "skip_data"):  # PyTorch before 2.5
+                _save_in_memory(torch, store, blocks, specs, target.path(), progress)
+                _mark(target.path())
+                path = target.commit()
+                return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+            tensors = {}
+            for path, spec in zip(store.leaf_paths, specs):
+                dtype = spec.dtype.newbyteorder("=")
+                t, mm = _placeholder(torch, (blocks.steps, store.num_envs, *spec.shape), dtype)
+                tensors[path] = t
+                keep.append(mm)
+            with torch.serialization.skip_data():
+                torch.save(tensors, target.path())
+            del tensors
+            records = _record_offsets(target.path())
+            # torch.save numbers storages in the order it meets them: dict order here
+            data = sorted(
+                (
+                    (name, off, size)
+                    for name, (off, size) in records.items()
+                    if "/data/" in name and name.rsplit("/", 1)[1].isdigit()
+                ),
+                key=lambda r: int(r[0].rsplit("/", 1)[1]),
+            )
+            sizes = [blocks.steps * store.num_envs * s.nbytes for s in specs]
+            if len(data) != len(specs) or any(size != n for (_, _, size), n in zip(data, sizes)):
+                raise CorruptBufferError(
+                    f"{target.out}: torch.save laid out {len(data)} records, expected one per leaf "
+                    f"({len(specs)}); this PyTorch version is not supported by the pt export"
+                )
+            fd = os.open(target.path(), os.O_WRONLY)
+            try:
+                for a, leaves in blocks:
+                    lo = a - blocks.first
+                    for (_, offset, _), spec, values in zip(data, specs, leaves):
+                        row = store.num_envs * spec.nbytes
+                        buf = (
+                            np.ascontiguousarray(values, dtype=spec.dtype.newbyteorder("="))
+                            .reshape(-1)
+                            .view(np.uint8)
+                        )
+                        _pwrite_all(fd, buf, offset + lo * row)
+                    progress(len(leaves[0]) * store.num_envs)
+            finally:
+                os.close(fd)
+            _mark(target.path())
+            path = target.commit()
+        finally:
+            for mm in keep:
+                try:
+                    mm.close()
+                except BufferError:
+                    pass
+    return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+
+
+def _save_in_memory(
+    torch: Any, store: Any, blocks: StepBlocks, specs: list[Any], path: str, progress: Any
+) -> None:
+    """Without ``skip_data`` the tensors are assembled in memory, then saved."""
+    arrays = [np.empty((blocks.steps, store.num_envs, *s.shape), s.dtype.newbyteorder("=")) for s in specs]
+    for a, leaves in blocks:
+        lo = a - blocks.first
+        for arr, values in zip(arrays, leaves):
+            arr[lo : lo + len(values)] = values
+        progress(len(leaves[0]) * store.num_envs)
+    torch.save({p: torch.from_numpy(arr) for p, arr in zip(store.leaf_paths, arrays)}, path)
+
+
+def _mark(path: str) -> None:
+    """A member naming the format beside torch's records, which ``torch.load`` ignores;
+    ``--force`` replaces only a file that has it."""
+    with zipfile.ZipFile(path, "a") as zf:
+        prefix = zf.namelist()[0].split("/", 1)[0]
+        zf.writestr(f"{prefix}/{EXPORT_MARK}", "pt")
+
+
+def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
+    view = memoryview(buf)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+# --- the import ------------------------------------------------------------------------
+
+
+def read(src: str, files: ExitStack) -> Source:
+    torch = need("torch", "the pt format", "torch")
+    try:
+        data = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch's restricted loader refuses anything but tensors
+        raise BadInputError(f"{src}: not tensors that torch.load(weights_only=True) reads: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise BadInputError(f"{src}: expected a dict of leaf path -> [steps, num_envs, ...] tensors")
+    arrays = {k: v.numpy() for k, v in data.items()}
+    shapes = {k: a.shape for k, a in arrays.items()}
+    if not arrays or any(len(s) < 2 for s in shapes.values()):
+        raise BadInputError(f"{src}: expected [steps, num_envs, ...] tensors, got shapes {shapes}")
+    envs = {s[1] for s in shapes.values()}
+    if len(envs) != 1:
+        raise BadInputError(f"{src}: tensors differ in num_envs: {shapes}")
+    return arrays_source(arrays, None, envs.pop(), src)

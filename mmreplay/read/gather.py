@@ -1,0 +1,349 @@
+"""Random batches: one request in, the spec's nest of rows out.
+
+:func:`sample` is the one fetch path under every sampler and entry layer. For a
+:class:`~mmreplay.read.request.SampleRequest` it (1) checks the caller's ``out`` batch
+(before drawing, so a refused batch is left as it was), (2) draws through the sampler,
+or takes the draw made ahead for an equal request, (3) advises the page cache
+(:mod:`mmreplay.read.advice`), (4) gathers each leaf's rows with one ``take`` (on the
+memory map, into ``out``, or chunk-grouped through the LRU of compressed leaves),
+(5) in readers, checks that the rows were still retained after reading them (the
+seqlock of DESIGN.md) and draws and reads again the items the writer overwrote, and
+(6) packs the spec's nest. After (5) the draw and the rows are final: a transform over
+the drawn batch (n-step returns, goal relabelling) reads them there, before packing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadInputError, NotEnoughDataError
+from ..spec import ArraySpec, leaf_paths, unflatten
+from ..values import flatten_value
+from .advice import PageCache
+from .draws import Draw, rows_of
+from .readable import Drawing, Readable
+from .request import SampleRequest
+
+__all__ = [
+    "Reader",
+    "SampleInfo",
+    "empty_batch",
+    "read_rows",
+    "reader_for",
+    "sample",
+    "set_prefetch",
+    "set_rng",
+]
+
+MAX_RESAMPLES = 16
+
+
+@dataclass(frozen=True)
+class SampleInfo:
+    """Where each sampled item came from.
+
+    Attributes:
+        step: global step id of the item's first step, ``[B]``.
+        env: env index, ``[B]``.
+        slot: ring slot of the item's first step (``step % capacity``), ``[B]``.
+        probability: probability of drawing this item in one draw, ``[B]`` (uniform:
+            one over the number of valid starts).
+        weight: importance-sampling weight of each item, ``[B]``, from samplers that
+            give one (prioritized); None otherwise.
+    """
+
+    step: np.ndarray
+    env: np.ndarray
+    slot: np.ndarray
+    probability: np.ndarray
+    weight: np.ndarray | None
+
+
+def _flat_keys(spec: Any) -> list[str] | None:
+    """The sorted keys of a spec that is a flat dict of leaves (the fast paths), else None."""
+    if (
+        isinstance(spec, Mapping)
+        and type(spec) is dict
+        and all(isinstance(v, ArraySpec) for v in spec.values())
+    ):
+        return sorted(spec)
+    return None
+
+
+class Reader(PageCache):
+    """Per-store read state: the leaves' gathers, the packer, the store's own rng and
+    its page-cache state. Made on first read (:func:`reader_for`), closed with the store."""
+
+    def __init__(self, store: Readable):
+        super().__init__(store)
+        leaves = store.leaves
+        # One gather per leaf: ``take`` on the mapping's flat rows, bound once.
+        self.takes = [
+            partial(leaf.flat.take, axis=0, mode="wrap") if leaf.mappable else leaf.take for leaf in leaves
+        ]
+        # One gather per leaf into a caller's array: ``take(out=)`` on the mapping, a copy
+        # of the decoded rows for the other leaves.
+        self.takes_into = [
+            take if leaf.mappable else partial(_copy_into, leaf.take)
+            for take, leaf in zip(self.takes, leaves)
+        ]
+        self.spec = spec = store.spec
+        self.keys = keys = _flat_keys(spec)
+        # A flat dict of leaves is packed with one zip.
+        self.pack = (lambda arrays: dict(zip(keys, arrays))) if keys is not None else partial(unflatten, spec)
+        self.paths = leaf_paths(spec)
+        self.dtypes = [np.dtype(leaf.info.spec.dtype) for leaf in leaves]
+        self.shapes = [tuple(leaf.info.spec.shape) for leaf in leaves]
+        self.gen: np.random.Generator | None = None
+        if store.location is not None:  # object storage: every leaf's range requests in flight together
+            self.take = partial(store.location.take_leaves, leaves)  # type: ignore[method-assign]
+
+    def own_gen(self) -> np.random.Generator:
+        if self.gen is None:
+            self.gen = np.random.default_rng()
+        return self.gen
+
+    def take(self, rows: np.ndarray) -> list[np.ndarray]:
+        return [take(rows) for take in self.takes]
+
+    def out_leaves(self, out: Any, items: tuple[int, ...]) -> list[np.ndarray]:
+        """The leaf arrays of a caller's batch ``out``, in flatten order, each checked to be
+        a writeable numpy array ``[*items, *leaf shape]`` of the leaf's dtype.
+
+        Raises:
+            BadInputError: naming the leaf, what was expected and what came.
+        """
+        keys = self.keys
+        if keys is not None and type(out) is dict and len(out) == len(keys):
+            try:
+                arrays = [out[k] for k in keys]
+            except KeyError:
+                arrays = flatten_value(self.spec, out, "out")
+        else:
+            arrays = flatten_value(self.spec, out, "out")
+        for arr, path, dtype, shape in zip(arrays, self.paths, self.dtypes, self.shapes):
+            if type(arr) is not np.ndarray or arr.dtype != dtype or arr.shape != items + shape:
+                _refuse_out(arr, path, dtype, items + shape)
+            if not arr.flags.writeable:
+                raise BadInputError(f"out leaf {path!r}: the array is read-only; pass a writeable array")
+        return arrays
+
+    def close(self) -> None:
+        super().close()
+        self.takes = []
+
+
+def _copy_into(take: Any, rows: np.ndarray, out: np.ndarray) -> None:
+    np.copyto(out, take(rows))
+
+
+def _refuse_out(arr: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    got = (
+        f"shape {arr.shape} and dtype {arr.dtype}"
+        if isinstance(arr, np.ndarray)
+        else f"{type(arr).__name__} (not a numpy array)"
+    )
+    raise BadInputError(
+        f"out leaf {path!r}: expected a numpy array of shape {shape} and dtype {dtype}, got {got} "
+        "(make one with store.empty_batch(batch_size, num_steps))"
+    )
+
+
+def reader_for(store: Readable) -> Reader:
+    """The store's read state, made on first read."""
+    return store.part("reads", Reader)
+
+
+def empty_batch(store: Readable, batch_size: int, num_steps: int | None = None) -> Any:
+    """A batch for ``sample(batch_size, num_steps, out=...)`` to gather into: the
+    spec's nest of uninitialised arrays ``[batch_size, *shape]`` (or
+    ``[batch_size, num_steps, *shape]``; None: the sampler's ``num_steps``).
+
+    Reusing a few batches spares allocating, and faulting in, fresh memory for every
+    batch: pixel batches of several MB are returned to the OS when dropped.
+    """
+    store.check_open()
+    request = SampleRequest.build(batch_size, num_steps)
+    num_steps = store.sampler.num_steps if request.num_steps is None else request.num_steps
+    items = (request.batch_size,) if num_steps is None else (request.batch_size, num_steps)
+    reader = reader_for(store)
+    return reader.pack([np.empty(items + shape, dtype) for shape, dtype in zip(reader.shapes, reader.dtypes)])
+
+
+def set_prefetch(store: Readable, enabled: bool | None, advise: bool | None = None) -> None:
+    """Set the page-cache behaviour of a store's reads (:mod:`mmreplay.read.advice`).
+
+    ``enabled``: ``MADV_WILLNEED`` prefetch of each batch's pages (and of the next
+    batch's, when known, from a background thread); None: on when the mapped leaves
+    exceed half the memory available, else decided batch by batch from the disk reads.
+    ``advise``: ``MADV_RANDOM`` for random rows, ``MADV_NORMAL`` for sequences; None: on
+    in readers, in a writer only with the prefetch.
+    """
+    reader_for(store).configure(enabled, advise)
+
+
+def set_rng(store: Readable, rng: Any) -> None:
+    """Seed the generator ``sample(rng=None)`` uses (an int seed, a Generator, or None).
+
+    Sampling with the store's own generator lets the next batch be drawn ahead and its
+    pages prefetched in the background; with a seeded one the batches stay reproducible
+    as long as the committed window does not change between them.
+    """
+    reader = reader_for(store)
+    reader.gen = SampleRequest.build(1, rng=rng).rng
+    reader.pending = None
+
+
+# --- one batch ----------------------------------------------------------------------
+
+
+def sample(store: Readable, request: SampleRequest) -> Any:
+    """The batch ``request`` asks of ``store`` (see :meth:`mmreplay.Store.sample`), drawn
+    through ``request.sampler`` or the store's."""
+    if store.closed:
+        store.check_open()
+    reader = reader_for(store)
+    sampler = store.sampler if request.sampler is None else request.sampler
+    batch_size = request.batch_size
+    num_steps = sampler.num_steps if request.num_steps is None else request.num_steps
+    steps = 1 if num_steps is None else num_steps
+    out = request.out
+    if out is not None:  # checked before anything is drawn: a refused batch is left as it was
+        arrays = reader.out_leaves(out, (batch_size,) if num_steps is None else (batch_size, num_steps))
+    gen = request.rng
+    draw = key = None
+    if gen is None:
+        gen = reader.own_gen()
+        if reader.prefetch and getattr(sampler, "draws_ahead", False):
+            key = (request, store.window)
+            if reader.pending is not None and reader.pending[0] == key:
+                draw = reader.pending[1]
+            reader.pending = None
+    prefetched = draw is not None
+    if not prefetched:
+        if (
+            request.window is None and request.within_episodes is None and not request.options
+        ):  # the common call
+            draw = sampler.draw(batch_size, store.window, gen, steps, request.replacement)
+        else:
+            draw = _draw(store, sampler, request, batch_size, steps, gen)
+    rows = draw.start if num_steps is None else rows_of(draw.start, num_steps, reader.num_envs)
+    if reader.advising:
+        pattern = "random" if num_steps is None else "normal"
+        if pattern is not reader.pattern or not reader.is_reader:
+            reader.advise(pattern, store)
+    if reader.prefetch:
+        if not prefetched:
+            reader.willneed(rows)
+    elif num_steps is None and reader.disk_reads is not None:
+        reader.willneed_if_cold(rows)
+    if out is None:
+        got = [take(rows) for take in reader.takes]
+    else:
+        if len(rows) < batch_size:  # without replacement, fewer items than asked
+            arrays = [arr[: len(rows)] for arr in arrays]
+        for take, arr in zip(reader.takes_into, arrays):
+            take(rows, out=arr)
+        got = arrays
+    if reader.is_reader and store.live_first() > store.window.first:  # some may be overwritten
+        draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen)
+    if key is not None:  # the next batch of an equal request: draw it now, prefetch its pages
+        ahead = _draw(store, sampler, request, batch_size, steps, gen)
+        reader.pending = (key, ahead)
+        reader.prefetch_later(rows_of(ahead.start, num_steps, reader.num_envs))
+    nest = out if out is not None and len(rows) == batch_size else reader.pack(got)
+    if request.return_info:
+        step = draw.step
+        return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability, draw.weight)
+    return nest
+
+
+def _draw(
+    store: Readable, sampler: Drawing, request: SampleRequest, n: int, steps: int, gen: np.random.Generator
+) -> Draw:
+    """``n`` items drawn from the store's window (narrowed to ``request.window``)."""
+    window = store.window
+    if request.window is not None:  # a caller's narrower window (framework layers' own views)
+        first, end = request.window
+        window = window._replace(first=max(window.first, first), end=min(window.end, end))
+    return sampler.draw(n, window, gen, steps, request.replacement, **request.draw_options())
+
+
+def _redraw_overwritten(
+    store: Readable,
+    reader: Reader,
+    sampler: Drawing,
+    request: SampleRequest,
+    draw: Draw,
+    out: list[np.ndarray],
+    steps: int,
+    num_steps: int | None,
+    gen: np.random.Generator,
+) -> Draw:
+    """Seqlock for readers: redraw (and read again) the items the writer overwrote while
+    they were read, from the reader's window moved forward to the writer's."""
+    num_envs = reader.num_envs
+    replacement = request.replacement
+    for _ in range(MAX_RESAMPLES):
+        lowest = store.live_first()
+        bad = draw.flat < lowest * num_envs  # the item's first step is older than the oldest retained
+        if not bad.any():
+            return draw
+        store.refresh()
+        if not replacement:  # redraw all, so the batch stays free of repeats
+            bad[:] = True
+        fresh = _draw(store, sampler, request, int(bad.sum()), steps, gen)
+        if not replacement and len(fresh) != len(draw):
+            raise NotEnoughDataError(
+                f"{store.path}: fewer rows are retained now than were sampled; sample again"
+            )
+        fresh_rows = rows_of(fresh.start, num_steps, num_envs)
+        for arr, take in zip(out, reader.takes):
+            arr[bad] = take(fresh_rows)
+        flat, start, prob = draw.flat.copy(), draw.start.copy(), np.array(draw.probability)
+        flat[bad], start[bad], prob[bad] = fresh.flat, fresh.start, fresh.probability
+        weight = None
+        if draw.weight is not None and fresh.weight is not None:
+            weight = np.array(draw.weight)
+            weight[bad] = fresh.weight
+        draw = Draw(start, num_envs, prob, flat=flat, weight=weight)
+    raise NotEnoughDataError(
+        f"{store.path}: the writer overwrote the sampled rows {MAX_RESAMPLES} times in a row; "
+        "the ring is too small for this reader"
+    )
+
+
+def read_rows(store: Readable, steps: Any, envs: Any) -> Any:
+    """The spec's nest of the rows ``(steps, envs)`` (global step ids and env indices,
+    broadcast together): each leaf ``[*shape_of_the_ids, *leaf_shape]``.
+
+    Raises:
+        NotEnoughDataError: a step is not committed and retained, or (readers) the
+            writer overwrote it while it was read.
+    """
+    store.check_open()
+    steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
+    if steps.size:
+        lo, hi = int(steps.min()), int(steps.max())
+        first, end = store.window[:2]
+        if lo < first or hi >= end:
+            raise NotEnoughDataError(
+                f"{store.path}: steps [{lo}, {hi}] asked, the steps retained are [{first}, {end})"
+            )
+        if envs.min() < 0 or envs.max() >= store.num_envs:
+            raise IndexError(f"{store.path}: env index out of range for {store.num_envs} envs")
+    reader = reader_for(store)
+    out = reader.take((steps % reader.capacity) * reader.num_envs + envs)
+    if store.mode == "r" and steps.size:
+        lowest = int(steps.min())
+        if lowest < store.live_first():
+            raise NotEnoughDataError(
+                f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
+                "call refresh() and read again"
+            )
+    return reader.pack(out)

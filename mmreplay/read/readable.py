@@ -1,0 +1,42 @@
+"""What the read path reads of a store and of the sampler it draws through.
+
+The read path sits below the backends and the samplers, which hand it leaves, a store
+and a sampler as values of these protocols: :class:`mmreplay.Store` is a
+:class:`Readable`, every sampler a :class:`Drawing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .draws import Draw, Window
+
+
+class Drawing(Protocol):
+    """A sampler as the gather uses it (the contract: :mod:`mmreplay.samplers.base`)."""
+
+    num_steps: int | None  # the sequence length of a ``sample`` without num_steps
+    draw: Callable[..., Draw]  # (batch_size, window, rng, num_steps, replacement, **options)
+
+
+class Readable(Protocol):
+    """A store as the read path reads it."""
+
+    path: str
+    mode: str  # "r": a reader, which checks after reading that its rows were retained
+    closed: bool
+    capacity: int
+    num_envs: int
+    spec: Any
+    leaves: list[Any]  # the leaves read, in flatten order (mmreplay.backends.base.Leaf)
+    stored_leaves: list[Any]  # the leaves as kept on disk, for page-cache advice
+    location: Any  # object storage: reads the ranges of every leaf together; None locally
+    window: Window  # the steps retained now
+    total_steps: int
+    sampler: Drawing
+
+    def check_open(self) -> None: ...  # ClosedError once closed
+    def live_first(self) -> int: ...  # the oldest step the writer retains now
+    def refresh(self) -> bool: ...  # a reader's window moved to the newest commit
+    def part(self, name: str, make: Callable[[Any], Any]) -> Any: ...  # the read state, made once

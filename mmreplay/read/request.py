@@ -1,0 +1,107 @@
+"""What a caller asks of the read path, built and checked once at the top.
+
+``Store.sample``, ``Group.sample``, the Ray sampler and the framework layers build one
+:class:`SampleRequest` with :meth:`SampleRequest.build`, which refuses bad sizes and
+options with one-line errors. Every layer under it reads the request as a value: a group
+splits it into one per shard with :func:`dataclasses.replace`, Ray ships it to its
+actors, and nothing checks it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SampleRequest", "as_generator", "positive"]
+
+
+def positive(name: str, value: Any, allow_none: bool = False) -> Any:
+    """``value`` as an int >= 1 (or None where allowed); ValueError naming ``name`` otherwise."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+def as_generator(rng: Any) -> np.random.Generator:
+    """A numpy Generator from an int seed, a Generator, or None (fresh OS entropy)."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
+        return np.random.default_rng(rng)
+    raise TypeError(f"rng must be an int seed, None or a numpy.random.Generator, got {type(rng).__name__}")
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One random batch, as asked: the fields are :meth:`mmreplay.Store.sample`'s, with
+    ``rng`` a Generator or None (the store's own, which lets a batch be drawn ahead and
+    prefetched), ``options`` the sampler's own (``beta``...), and ``sampler`` one to draw
+    through instead of the store's (a framework's draw rule, such as skrl's).
+
+    Two requests that draw alike are equal (``rng``, ``out`` and ``return_info`` aside):
+    a batch drawn ahead for one serves the next. A transform over the drawn batch
+    (n-step returns, goal relabelling) is asked here too, beside ``options``, and runs
+    where :func:`mmreplay.read.gather.sample` holds the final draw and its rows.
+    """
+
+    batch_size: int
+    num_steps: int | None = None
+    replacement: bool = True
+    rng: np.random.Generator | None = field(default=None, compare=False)
+    within_episodes: bool | None = None
+    window: tuple[int, int] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    sampler: Any = None
+    out: Any = field(default=None, compare=False)
+    return_info: bool = field(default=False, compare=False)
+
+    @classmethod
+    def build(
+        cls,
+        batch_size: Any,
+        num_steps: Any = None,
+        replacement: bool = True,
+        rng: Any = None,
+        within_episodes: bool | None = None,
+        return_info: bool = False,
+        window: tuple[int, int] | None = None,
+        out: Any = None,
+        options: Mapping[str, Any] | None = None,
+        sampler: Any = None,
+    ) -> SampleRequest:
+        """The request, checked: ``batch_size`` and ``num_steps`` positive ints (ValueError
+        naming the argument), ``rng`` an int seed, a Generator or None (TypeError)."""
+        if type(batch_size) is not int or batch_size < 1:  # (the common call skips the checks)
+            # (None says "a positive int", other values "a positive int or None", as ever)
+            batch_size = positive("batch_size", batch_size, allow_none=batch_size is not None)
+        if num_steps is not None:
+            num_steps = positive("num_steps", num_steps, allow_none=True)
+        if rng is not None and type(rng) is not np.random.Generator:
+            rng = as_generator(rng)
+        # Filled as its __init__ would, without the object.__setattr__ call per field that
+        # a frozen dataclass's __init__ makes (0.5 µs instead of 1.1 µs, on every batch).
+        request = object.__new__(cls)
+        request.__dict__.update(
+            batch_size=batch_size,
+            num_steps=num_steps,
+            replacement=replacement,
+            rng=rng,
+            within_episodes=within_episodes,
+            window=window,
+            options={} if options is None else options,
+            sampler=sampler,
+            out=out,
+            return_info=return_info,
+        )
+        return request
+
+    def draw_options(self) -> dict[str, Any]:
+        """The keyword options of the sampler's ``draw`` and ``mass``."""
+        if self.within_episodes is None:
+            return dict(self.options)
+        return {**self.options, "within_episodes": self.within_episodes}
