@@ -1,4 +1,4 @@
-"""Time to draw an episode of 84x84 frames: ``store.view(out)`` per frame kind and output.
+"""Time to draw an episode of 84x84 frames: ``mr.view(store, out)`` per frame kind and output.
 
 One store per frame kind, one env, one episode of ``--frames`` steps: ``gray``
 (uint8[84, 84] Atari-like screens), ``rgb`` (uint8[84, 84, 3], the same screens in a
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> None:
     stores = {kind: mr.open(build(args.root, kind, args.frames)) for kind in KINDS}
     outs = {(k, x): os.path.join(args.root, f"{k}.{x}") for k in KINDS for x in suffixes}
     got = interleaved(
-        {key: Timed(lambda k=key: stores[k[0]].view(outs[k], force=True)) for key in outs}, args.repeats
+        {key: Timed(lambda k=key: mr.view(stores[k[0]], outs[k], force=True)) for key in outs}, args.repeats
     )
     for store in stores.values():
         store.close()

@@ -19,8 +19,9 @@ import click
 import mmreplay as mr
 from mmreplay.files import disk_usage
 from mmreplay.metadata import FORMAT_NAME
+from mmreplay.pictures import png_bytes, thumbnails
+from mmreplay.selection import frame_leaves
 from mmreplay.terminal_images import image_protocol, terminal_image
-from mmreplay.view import frame_leaves, png_bytes, thumbnails
 
 from . import is_group_folder
 

@@ -9,7 +9,8 @@ import time
 import click
 
 import mmreplay as mr
-from mmreplay.view import SHEET_MAX_FRAMES, ViewOptions, frames, select
+from mmreplay.pictures import SHEET_MAX_FRAMES, ViewOptions, frames
+from mmreplay.selection import select
 
 from .export import LazyBar
 from .inspect import human_bytes

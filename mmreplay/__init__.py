@@ -23,8 +23,9 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .formats import export, import_dataset
-from .frames import Frames
+from .frames_layout import Frames
 from .group import Group, GroupSampleInfo, create_group, open_group, open_shard
+from .pictures import view
 from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
 from .store import BufferExistsError, Store, create, open
@@ -39,6 +40,7 @@ __all__ = [
     "open",
     "export",
     "import_dataset",
+    "view",
     "push",
     "pull",
     "Group",

@@ -33,6 +33,7 @@ import numpy as np
 
 from .errors import CorruptBufferError, Error, NotABufferError, ObjectNotFoundError, UnsupportedFormatError
 from .files import atomic_write
+from .frames_layout import FramesLayout, layout_from_json
 from .io import ByteSource, open_source
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json, validate_leaf_path
 from .statefile import STATE_FILE, State, StateFile, write_fresh
@@ -124,7 +125,7 @@ class Metadata:
     format_version: int = FORMAT_VERSION
     previous_attrs: tuple[int, dict[str, Any]] | None = None  # as read, before pairing
     sampler: dict[str, Any] | None = None  # the sampler's name and parameters; None: uniform
-    frames: Any = None  # mmreplay.frames.FramesLayout: each frame stored once; None: as given
+    frames: FramesLayout | None = None  # each frame stored once; None: as given
 
     def with_state(self, state: State) -> Metadata:
         return replace(self, state=state)
@@ -313,8 +314,6 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
     leaves = tuple(_parse_leaf(leaf, capacity, num_envs, where) for leaf in raw_leaves)
     frames = None
     if obj.get("frames") is not None:
-        from .frames import layout_from_json
-
         frames = layout_from_json(
             obj["frames"], spec, lambda leaf, slots: _parse_leaf(leaf, slots, 1, f"{where} frames"), where
         )

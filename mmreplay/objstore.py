@@ -131,7 +131,7 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
     and each compressed leaf's chunk objects that hold committed steps (``deep``: they
     decode too); the same of the side ring of a store that keeps each frame once, over
     the slots written so far."""
-    from . import frames
+    from . import frames_layout as frames
     from .backends import zarr_v3
     from .verify import _only_ref, _side_state
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
+from .selection import READ_BLOCK_FRAMES, read_leaf, select, to_uint8
 from .spec import Layout
-from .view import READ_BLOCK_FRAMES, _read_leaf, select, to_uint8
 
 __all__ = ["log_rerun"]
 
@@ -71,7 +71,7 @@ def log_rerun(
 
     Every retained step of every env by default; ``env`` keeps one env, ``episode`` (an
     index into that env's episodes) or ``steps`` (``"A:B"`` global step ids) one range,
-    as :func:`mmreplay.view.view` picks them. ``progress`` is called with steps logged.
+    as :func:`mmreplay.view` picks them. ``progress`` is called with steps logged.
     Open it with ``rerun out.rrd``.
     """
     rr = _rerun()
@@ -117,7 +117,7 @@ def _log_env(
         block = ids[a : a + READ_BLOCK_FRAMES]
         times = [rr.TimeColumn("step", sequence=block), rr.TimeColumn("time", duration=(block - first) / fps)]
         for i, leaf in enumerate(store.leaves):
-            values = _read_leaf(store, i, env, block, None)
+            values = read_leaf(store, i, env, block, None)
             entity = f"{root}/{leaf.info.path}"
             if i in layouts:
                 frames = to_uint8(layouts[i].normalise(values)[:, -1])  # the newest frame of a stack
@@ -150,7 +150,7 @@ def _log_episodes(
         if span.status != "open" and span.last_step <= hi:
             ret = ""
             if reward in store.leaf_paths:
-                r = _read_leaf(
+                r = read_leaf(
                     store,
                     store.leaf_paths.index(reward),
                     env,

@@ -114,7 +114,7 @@ def _largest_file(meta: Metadata) -> int:
     """The most bytes one file of a store can hold: all its rows (the side ring's too),
     each compressed at worst, its episode index and priorities, and room for metadata."""
     from .episodes import index_limit
-    from .frames import side_metadata
+    from .frames_layout import side_metadata
 
     parts = [meta] + ([side_metadata(meta)] if meta.frames is not None and meta.frames.side else [])
     rows = sum(

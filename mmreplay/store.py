@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, exits
+from . import backends, exits, frames_layout
 from . import episodes as _episodes
 from . import frames as _frames
 from .errors import (
@@ -139,7 +139,7 @@ class Store:
         if meta.frames is not None and meta.frames.side:
             try:
                 side_entries = backends.get(meta.backend).open_leaves(
-                    _frames.side_source(source), _frames.side_metadata(meta), mode == "a"
+                    frames_layout.side_source(source), frames_layout.side_metadata(meta), mode == "a"
                 )
             except BaseException:
                 for entry in entries:
@@ -926,40 +926,6 @@ class Store:
         """
         return _episodes.to_arrays(self)
 
-    def push(self, url: str, storage_options: dict[str, Any] | None = None) -> Any:
-        """Publish the committed state to object storage (``s3://bucket/prefix``) as a
-        consistent snapshot, sending only what changed since the last push; see
-        :func:`mmreplay.snapshots.push`. A writer commits first."""
-        from .snapshots import push
-
-        self.check_open()
-        return push(self, url, storage_options)
-
-    def view(self, out: str | os.PathLike | None = None, **options: Any) -> Any:
-        """One env's frames of an image leaf as pictures; see :func:`mmreplay.view.view`.
-
-        Without ``out``, returns a :class:`mmreplay.view.FrameView`, which a notebook
-        shows inline (an animated GIF) and whose ``sheet()`` is a PIL contact sheet;
-        with ``out`` (``.gif``, ``.png`` contact sheet, ``.mp4``), writes it and returns
-        the path; an ``.rrd`` out is a Rerun recording of every leaf, every env unless
-        ``env`` is given (:mod:`mmreplay.rerun`). Options: ``leaf``, ``env`` (0),
-        ``episode`` (index into the env's episodes, negative from the newest; default the
-        newest complete one) or
-        ``steps`` (``"A:B"`` or a slice of global step ids), ``layout``, ``stack``,
-        ``fps``, ``scale``, ``columns``, ``max_frames``, ``force``, ``progress``.
-        Needs pillow: ``pip install 'mmreplay[view]'``.
-
-        Example:
-            >>> import mmreplay as mr, numpy as np, tempfile
-            >>> store = mr.create(tempfile.mkdtemp() + "/b", {"obs": mr.ArraySpec((16, 16), "uint8")}, 10)
-            >>> store.extend({"obs": np.zeros((4, 1, 16, 16), "uint8")}); store.commit()
-            >>> len(store.view(steps="0:3"))
-            3
-        """
-        from .view import view
-
-        return view(self, out, **options)
-
     # --- readers --------------------------------------------------------------------
 
     def live_state(self) -> State:
@@ -1070,7 +1036,7 @@ def plan(
     durability: str = "process",
     roles: Mapping[str, str] | None = None,
     sampler: Any = None,
-    frames: _frames.Frames | None = None,
+    frames: frames_layout.Frames | None = None,
 ) -> Metadata:
     """The metadata :func:`create` would write for these arguments (validated; no I/O).
     Its leaves have no files yet: the backend places them. ``sampler``: a
@@ -1109,7 +1075,7 @@ def plan(
     roles_found = validate_roles(spec, roles)
     layout = None
     if frames is not None:
-        layout = _frames.plan_layout(spec, roles_found, frames, capacity, num_envs, commit_every)
+        layout = frames_layout.plan_layout(spec, roles_found, frames, capacity, num_envs, commit_every)
         by_path = {info.path: info for info in infos}
         infos = []
         for p, s in layout.physical(spec):
@@ -1153,7 +1119,7 @@ def create(
     roles: Mapping[str, str] | None = None,
     exist_ok: bool = False,
     sampler: str | Sampler | None = None,
-    frames: _frames.Frames | None = None,
+    frames: frames_layout.Frames | None = None,
     **sampler_options: Any,
 ) -> Store:
     """Create a buffer folder and open it for writing.
@@ -1228,7 +1194,7 @@ def create(
             lock.acquire()
             created = module.create(tmp, list(meta.leaves), meta.capacity, meta.num_envs)
             if meta.frames is not None and meta.frames.side:
-                side = _frames.create_side(module, tmp, meta, list(meta.frames.side))
+                side = frames_layout.create_side(module, tmp, meta, list(meta.frames.side))
                 meta = replace(meta, frames=replace(meta.frames, side=tuple(side)))
             meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
             try:

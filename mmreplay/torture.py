@@ -359,7 +359,9 @@ def _writer(
     layout = layout or Layout("zarr", False, 1)
     refused = (DiskFullError,) if ending == "enospc" else (ClosedError, ShutdownError) if ending == "thread" else ()
     try:
-        store = open_store(path, "a")
+        # each step's values are a function of its id: a resumed writer continues the
+        # episodes it finds open, so none is marked truncated at the cut
+        store = open_store(path, "a", continue_episodes=True)
     except refused as exc:  # (a thread that opens the store after the main thread returned)
         send(f"F {type(exc).__name__} {json.dumps(str(exc))}")
         return
@@ -682,6 +684,7 @@ class _Run:
     opened: bool = False
     signalled: bool = False
     closing: bool = False  # the writer began closing before the signal came
+    closed: bool = False  # the writer began closing, before or after the signal
     done_before: int = 0  # every step before this one was added (the newest op's start)
     status: int | None = None
     error: str | None = None
@@ -759,6 +762,7 @@ def _run_writer(
             exp.reported = max(exp.reported, int(rest))
         elif kind == "Z":
             seen.closing = seen.closing or not seen.signalled
+            seen.closed = True
         elif kind == "F":
             name, _, message = rest.partition(" ")
             seen.refused.append(name)
@@ -777,7 +781,8 @@ def _run_writer(
     killed = seen.status == -signal.SIGKILL
     if seen.status != 0 and not killed:
         # SIGTERM before the store handled it, or after it closed: the default action
-        if not (seen.status == -signal.SIGTERM and ending == "sigterm" and (not seen.opened or seen.closing)):
+        # (a signal that lands while close() runs is handled once the store is closed)
+        if not (seen.status == -signal.SIGTERM and ending == "sigterm" and (not seen.opened or seen.closed)):
             raise TortureFailure(f"the writer exited with status {seen.status} (ending {ending})")
     if ending in ("sigint", "sigterm") and seen.opened and seen.signalled and not seen.closing and not killed:
         exp.reported = max(exp.reported, seen.done_before)  # Ctrl-C and SIGTERM lose no added step
@@ -840,7 +845,7 @@ def run_trial(path: str, config: TrialConfig, server: WriterServer, out: Summary
     :class:`TortureFailure` at the first failed check. The ``enospc`` ending needs ``path``
     on a file system of its own (:func:`run` mounts a tmpfs).
     """
-    from .frames import Frames
+    from .frames_layout import Frames
     from .store import create
     from .verify import verify
 

@@ -179,7 +179,7 @@ def _check_side_ring(folder: str, meta: Metadata, deep: bool, problems: list[str
     (:mod:`mmreplay.frames`), checked as the backend checks leaves: its sequence numbers
     (``ref``) first, then every leaf over the slots written so far (``deep``: their frames
     decode, and ``ref`` holds what the rows of the committed steps say it must)."""
-    from . import frames
+    from . import frames_layout as frames
 
     if meta.frames is None or not meta.frames.side:
         return
@@ -541,7 +541,7 @@ def _tmp_copies(folder: str) -> list[str]:
 
 
 def _recover(folder: str) -> Recovery:
-    from .frames import SIDE_DIR
+    from .frames_layout import SIDE_DIR
 
     out = Recovery(folder)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -619,7 +619,7 @@ def _check_room(folder: str, meta: Metadata) -> None:
     """Refuse metadata whose uncompressed leaves take more bytes than the data files hold
     and the file system has free: restoring them would allocate whatever a damaged (or
     crafted) capacity or shape asks for."""
-    from .frames import SIDE_DIR, side_metadata
+    from .frames_layout import SIDE_DIR, side_metadata
 
     parts = [(folder, meta)]
     if meta.frames is not None and meta.frames.side:
@@ -645,7 +645,7 @@ def _repair_side_ring(
     truncated or undecodable files become zeros); returns the metadata (the side ring's
     leaves as placed now) and, for each damaged part that retained rows of steps
     ``[first, end)`` point into, the newest such step and why."""
-    from . import frames
+    from . import frames_layout as frames
 
     if meta.frames is None or not meta.frames.side:
         return meta, []
@@ -703,7 +703,7 @@ def _repair_side_ring(
 def _side_entries(folder: str, meta: Metadata, first: int, end: int) -> Any:
     """``(steps, side entries [n, num_envs])`` of steps ``[first, end)``, in blocks, from
     the rows' ``_frames/next`` leaf (sequence number + 1 of each row's entry, 0: none)."""
-    from .frames import NEXT_LEAF
+    from .frames_layout import NEXT_LEAF
 
     if end <= first:
         return

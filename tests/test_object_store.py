@@ -73,7 +73,7 @@ def check_rows(batch: dict[str, np.ndarray]) -> np.ndarray:
 def test_read_in_place_equals_the_local_store(tmp_path, url):
     local = make(tmp_path / "buf", 55)  # wrapped: steps 15..54 retained
     with mr.open(local) as src:
-        report = src.push(url)
+        report = mr.push(src, url)
         assert report.steps == CAPACITY
         with mr.open(url, mode="r") as remote:
             assert (len(remote), remote.total_steps, remote.first_step) == (len(src), 55, 15)
@@ -332,7 +332,7 @@ def test_a_prioritized_store_samples_uniformly_from_object_storage_and_by_priori
         s.extend(steps(0, 10))
         s.commit()
         s.update_priorities(np.arange(10), np.zeros(10, np.int64), np.full(10, 5.0))
-        s.push(url)
+        mr.push(s, url)
     with pytest.warns(UserWarning, match="uniform"), mr.open(url) as remote:
         check_rows(remote.sample(16, rng=0))
     with mr.open(mr.pull(url, tmp_path / "back"), mode="a") as back:

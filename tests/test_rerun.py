@@ -63,7 +63,7 @@ def image(buffer: list, fmt: list) -> np.ndarray:
 
 
 def test_frames_scalars_and_episode_marks_read_back_equal(store, tmp_path):
-    out = store.view(out=tmp_path / "all.rrd", fps=10)
+    out = mr.view(store, out=tmp_path / "all.rrd", fps=10)
     got = read(out)
     steps = np.arange(store.first_step, store.first_step + len(store))
     for env in range(store.num_envs):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
+from mmreplay.pictures import BACKGROUND, Layout
 from mmreplay.terminal_images import image_protocol, terminal_image
-from mmreplay.view import BACKGROUND, Layout
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -117,7 +117,7 @@ def test_bad_layouts_say_what_was_expected(shape, text, error):
 @pytest.mark.parametrize("backend", ["zarr", "hdf5"])
 def test_gif_of_gray_frames_equals_the_store(tmp_path, backend):
     frames, _ = make_store(tmp_path / "b", (20, 16), backend=backend)
-    out = mr.open(tmp_path / "b").view(tmp_path / "ep.gif", env=1, steps="5:30", scale=1)
+    out = mr.view(mr.open(tmp_path / "b"), tmp_path / "ep.gif", env=1, steps="5:30", scale=1)
     got = gif_frames(out)
     assert len(got) == 25
     for i, g in enumerate(got):
@@ -127,7 +127,7 @@ def test_gif_of_gray_frames_equals_the_store(tmp_path, backend):
 def test_gif_of_rgb_frames_with_few_colours_is_lossless_and_upscaled(tmp_path):
     colours = np.random.default_rng(2).integers(0, 256, (200, 3)).astype(np.uint8)
     frames, _ = make_store(tmp_path / "b", (12, 10, 3), colours=colours, compression="zstd")
-    out = mr.open(tmp_path / "b").view(tmp_path / "ep.gif", steps="0:40", scale=3)
+    out = mr.view(mr.open(tmp_path / "b"), tmp_path / "ep.gif", steps="0:40", scale=3)
     got = gif_frames(out)
     assert len(got) == 40
     for i, g in enumerate(got):
@@ -138,7 +138,7 @@ def test_gif_of_rgb_frames_with_few_colours_is_lossless_and_upscaled(tmp_path):
 
 def test_gif_of_rgb_frames_with_many_colours_is_close(tmp_path):
     frames, _ = make_store(tmp_path / "b", (12, 10, 3), steps=10)
-    got = gif_frames(mr.open(tmp_path / "b").view(tmp_path / "ep.gif", steps="0:10", scale=1))
+    got = gif_frames(mr.view(mr.open(tmp_path / "b"), tmp_path / "ep.gif", steps="0:10", scale=1))
     err = np.abs(np.stack(got).astype(int) - frames[:, 0].astype(int))
     assert len(got) == 10 and err.mean() < 16
 
@@ -146,9 +146,9 @@ def test_gif_of_rgb_frames_with_many_colours_is_close(tmp_path):
 def test_a_frame_stack_is_its_newest_frame_or_side_by_side(tmp_path):
     frames, _ = make_store(tmp_path / "b", (4, 16, 12), steps=12)  # KHW: 4 gray frames
     store = mr.open(tmp_path / "b")
-    newest = gif_frames(store.view(tmp_path / "a.gif", steps="0:12", scale=1))
+    newest = gif_frames(mr.view(store, tmp_path / "a.gif", steps="0:12", scale=1))
     assert np.array_equal(np.stack(newest)[..., 0], frames[:, 0, -1])
-    side = gif_frames(store.view(tmp_path / "s.gif", steps="0:12", scale=1, stack=True))
+    side = gif_frames(mr.view(store, tmp_path / "s.gif", steps="0:12", scale=1, stack=True))
     assert side[0].shape == (16, 4 * 12 + 3, 3)
     for i, g in enumerate(side):
         for k in range(4):
@@ -161,7 +161,7 @@ def test_float_frames_in_0_1_are_scaled_to_bytes(tmp_path):
     x = rng.integers(0, 256, (6, 1, 16, 16)).astype(np.float32) / 255
     with mr.create(tmp_path / "b", {"obs": mr.ArraySpec((16, 16), "float32")}, 6) as store:
         store.extend({"obs": x})
-    got = gif_frames(mr.open(tmp_path / "b").view(tmp_path / "f.gif", scale=1))
+    got = gif_frames(mr.view(mr.open(tmp_path / "b"), tmp_path / "f.gif", scale=1))
     assert np.array_equal(np.stack(got)[..., 0], np.rint(x[:, 0] * 255).astype(np.uint8))
 
 
@@ -171,7 +171,7 @@ def test_float_frames_in_0_1_are_scaled_to_bytes(tmp_path):
 def test_contact_sheet_puts_frames_and_labels_on_the_grid(tmp_path):
     frames, reward = make_store(tmp_path / "b", (16, 20, 3), steps=40, ends=(9, 24))
     store = mr.open(tmp_path / "b")
-    fv = store.view(episode=1, scale=2, columns=4)  # env 0's second episode: steps 10..24
+    fv = mr.view(store, episode=1, scale=2, columns=4)  # env 0's second episode: steps 10..24
     assert list(fv.steps) == list(range(10, 25)) and fv.status == "terminated"
     out = fv.save(tmp_path / "sheet.png")
     sheet = np.asarray(Image.open(out).convert("RGB"))
@@ -204,7 +204,7 @@ def test_contact_sheet_puts_frames_and_labels_on_the_grid(tmp_path):
 
 def test_a_long_range_sheet_shows_first_and_last_frames(tmp_path):
     frames, _ = make_store(tmp_path / "b", (8, 8), steps=100, ends=())
-    fv = mr.open(tmp_path / "b").view(steps="0:100", max_frames=10, scale=1)
+    fv = mr.view(mr.open(tmp_path / "b"), steps="0:100", max_frames=10, scale=1)
     img = np.asarray(fv.sheet().convert("L"))
     geo = fv.geometry()
     assert geo.columns * geo.rows >= 10 and len(fv) == 100
@@ -216,7 +216,7 @@ def test_a_long_range_sheet_shows_first_and_last_frames(tmp_path):
 
 def test_notebook_display_is_an_animated_gif_or_the_sheet(tmp_path):
     make_store(tmp_path / "b", (8, 8), steps=20)
-    fv = mr.open(tmp_path / "b").view(steps="0:20")
+    fv = mr.view(mr.open(tmp_path / "b"), steps="0:20")
     html = fv._repr_html_()
     assert html.startswith('<figure><img src="data:image/gif;base64,')
     assert fv._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -228,22 +228,22 @@ def test_notebook_display_is_an_animated_gif_or_the_sheet(tmp_path):
 def test_default_is_the_newest_complete_episode_and_bad_choices_are_errors(tmp_path):
     make_store(tmp_path / "b", (8, 8), steps=40, ends=(9, 24))
     store = mr.open(tmp_path / "b")
-    fv = store.view()
+    fv = mr.view(store)
     assert (fv.steps[0], fv.steps[-1], fv.episode, fv.status) == (10, 24, 1, "terminated")
-    assert list(store.view(episode=-1).steps) == list(range(25, 40))
-    assert list(store.view(steps="-5:").steps) == list(range(35, 40))
+    assert list(mr.view(store, episode=-1).steps) == list(range(25, 40))
+    assert list(mr.view(store, steps="-5:").steps) == list(range(35, 40))
     with pytest.raises(mr.BadInputError, match="episode must be in"):
-        store.view(episode=3)
+        mr.view(store, episode=3)
     with pytest.raises(mr.BadInputError, match="not both"):
-        store.view(episode=0, steps="0:3")
+        mr.view(store, episode=0, steps="0:3")
     with pytest.raises(mr.BadInputError, match="no retained"):
-        store.view(steps="50:60")
+        mr.view(store, steps="50:60")
     with pytest.raises(mr.BadInputError, match="env must be"):
-        store.view(env=2)
+        mr.view(store, env=2)
     with pytest.raises(mr.BadInputError, match="no leaf 'nope'"):
-        store.view(leaf="nope")
+        mr.view(store, leaf="nope")
     with pytest.raises(mr.BadInputError, match="not a frame layout"):
-        store.view(leaf="reward")
+        mr.view(store, leaf="reward")
 
 
 def test_frames_of_a_store_the_ring_wrapped_come_from_their_slots(tmp_path):
@@ -251,7 +251,7 @@ def test_frames_of_a_store_the_ring_wrapped_come_from_their_slots(tmp_path):
     x = rng.integers(0, 256, (30, 1, 8, 8), dtype=np.uint8)
     with mr.create(tmp_path / "b", {"obs": mr.ArraySpec((8, 8), "uint8")}, capacity=12) as store:
         store.extend({"obs": x})
-    fv = mr.open(tmp_path / "b").view(scale=1)
+    fv = mr.view(mr.open(tmp_path / "b"), scale=1)
     assert list(fv.steps) == list(range(18, 30))
     assert np.array_equal(fv.pictures[..., 0], x[18:, 0])
 
@@ -292,7 +292,7 @@ def test_mp4_without_imageio_ffmpeg_names_the_extra_and_writes_nothing(tmp_path)
     code = (
         "import sys; sys.modules['imageio_ffmpeg'] = None\n"  # as if it were not installed
         "import mmreplay as mr\n"
-        f"mr.open({str(tmp_path / 'b')!r}).view({str(tmp_path / 'ep.mp4')!r})\n"
+        f"mr.view(mr.open({str(tmp_path / 'b')!r}), {str(tmp_path / 'ep.mp4')!r})\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "pip install 'mmreplay[mp4]'" in r.stderr
@@ -302,7 +302,7 @@ def test_mp4_without_imageio_ffmpeg_names_the_extra_and_writes_nothing(tmp_path)
 def test_mp4_has_every_frame(tmp_path):
     imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
     make_store(tmp_path / "b", (16, 16, 3), steps=20)
-    out = mr.open(tmp_path / "b").view(tmp_path / "ep.mp4", steps="0:20", scale=3)
+    out = mr.view(mr.open(tmp_path / "b"), tmp_path / "ep.mp4", steps="0:20", scale=3)
     reader = imageio_ffmpeg.read_frames(out)
     meta = next(reader)
     assert tuple(meta["size"]) == (48, 48)  # 16 px frames upscaled 3x

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
 from ..errors import BadInputError, NotEnoughDataError, SpecMismatchError
-from ..frames import Frames
+from ..frames_layout import Frames
 from ..read import SampleRequest
 from ..read import sample as sample_store
 from ..spec import ArraySpec, unflatten

@@ -15,7 +15,6 @@ import base64
 import io
 import math
 import os
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
-from .spec import Layout, is_image
+from .selection import READ_BLOCK_FRAMES, frame_leaves, pick_leaf, read_leaf, select, step_ends, to_uint8
+from .spec import Layout
 
 __all__ = [
     "Layout",
@@ -39,8 +39,6 @@ __all__ = [
 
 Progress = Callable[[int], Any]
 
-#: bytes read per block: bounded memory for long ranges, one progress report per block
-READ_BLOCK_FRAMES = 256
 #: frames drawn in a contact sheet at most (picked evenly, first and last included)
 SHEET_MAX_FRAMES = 48
 #: frames an inline (notebook) animation holds at most; longer views show their sheet
@@ -57,24 +55,6 @@ def _pil() -> Any:
     except ImportError:
         raise ImportError("viewing frames needs pillow: pip install 'mmreplay[view]'") from None
     return Image, ImageDraw, ImageFont
-
-
-def to_uint8(x: np.ndarray) -> np.ndarray:
-    """Pixel values as uint8: uint8 as is, bool as 0/255, floats in [0, 1] times 255,
-    anything else scaled from its range to 0..255."""
-    if x.dtype == np.uint8:
-        return x
-    if x.dtype == np.bool_:
-        return x.astype(np.uint8) * np.uint8(255)
-    if x.size == 0:
-        return x.astype(np.uint8)
-    lo, hi = float(np.min(x)), float(np.max(x))
-    if x.dtype.kind == "f" and lo >= 0.0 and hi <= 1.0:
-        return np.rint(x * 255.0).astype(np.uint8)
-    if x.dtype.kind in "iu" and lo >= 0 and hi <= 255:
-        return x.astype(np.uint8)
-    scale = 255.0 / (hi - lo) if hi > lo else 0.0
-    return np.rint((x.astype(np.float64) - lo) * scale).astype(np.uint8)
 
 
 def compose(x: np.ndarray, stack: bool) -> np.ndarray:
@@ -139,128 +119,6 @@ class ViewOptions:
             raise BadInputError(f"max_frames must be an int >= 1, got {self.max_frames!r}")
 
 
-def frame_leaves(store: Any) -> list[str]:
-    """Paths of the leaves whose shape is recognised as frames, observation first."""
-    # the spec's leaves (frames once: rebuilt)
-    out = [leaf.path for leaf in (leaf.info for leaf in store.leaves) if is_image(leaf.spec)]
-    obs = store.roles.get("observation")
-    return sorted(out, key=lambda p: not (obs is not None and (p == obs or p.startswith(obs + "/"))))
-
-
-def _pick_leaf(store: Any, leaf: str | None) -> str:
-    if leaf is not None:
-        if leaf not in store.leaf_paths:
-            raise BadInputError(f"{store.path}: no leaf {leaf!r}; leaves are {store.leaf_paths}")
-        return leaf
-    found = frame_leaves(store)
-    if not found:
-        shapes = ", ".join(f"{p} {s.spec.shape}" for p, s in zip(store.leaf_paths, (leaf.info for leaf in store.leaves)))
-        raise BadInputError(
-            f"{store.path}: no leaf looks like frames ({shapes}); name one with leaf=/--leaf and its layout"
-        )
-    return found[0]
-
-
-@dataclass(frozen=True)
-class Selection:
-    """One env's steps to show, with the episode they belong to (if one was asked for)."""
-
-    env: int
-    steps: np.ndarray  # global step ids, in order
-    episode: int | None = None
-    status: str | None = None  # how the episode ended
-
-
-def parse_steps(text: str) -> tuple[int | None, int | None]:
-    """``"A:B"`` (either side may be empty) as global step ids; ``"A"`` is one step."""
-    m = re.fullmatch(r"\s*(-?\d+)?\s*(:)?\s*(-?\d+)?\s*", text)
-    if not m or (m.group(1) is None and m.group(2) is None):
-        raise BadInputError(
-            f"steps {text!r}: expected A:B (global step ids; either may be left out, negative counts from the newest)"
-        )
-    a = None if m.group(1) is None else int(m.group(1))
-    if m.group(2) is None:
-        return a, (None if a is None else (a + 1 if a != -1 else None))
-    return a, None if m.group(3) is None else int(m.group(3))
-
-
-def _step_bounds(steps: Any) -> tuple[int | None, int | None]:
-    if isinstance(steps, str):
-        return parse_steps(steps)
-    if isinstance(steps, slice) and steps.step in (None, 1):
-        return steps.start, steps.stop
-    raise BadInputError(f"steps must be 'A:B' or a slice of global step ids (no stride), got {steps!r}")
-
-
-def select(store: Any, env: int | None, episode: int | None, steps: Any) -> Selection:
-    """The steps of ``episode`` (an index into env's episodes, negative from the newest),
-    or of the global step range ``steps``, or by default the newest complete episode of
-    the env (the newest open one when none is complete, every retained step without
-    episode ends)."""
-    env = 0 if env is None else env
-    if not isinstance(env, (int, np.integer)) or isinstance(env, bool) or not 0 <= env < store.num_envs:
-        raise BadInputError(f"{store.path}: env must be an int in [0, {store.num_envs}), got {env!r}")
-    if episode is not None and steps is not None:
-        raise BadInputError("give an episode or a step range, not both")
-    first, end = store.first_step, store.first_step + len(store)
-    if len(store) == 0:
-        raise NotEnoughDataError(f"{store.path}: no committed steps to show")
-    if steps is not None:
-        a, b = _step_bounds(steps)
-        a = first if a is None else (end + a if a < 0 else a)
-        b = end if b is None else (end + b if b < 0 else b)
-        lo, hi = max(a, first), min(b, end)
-        if lo >= hi:
-            raise BadInputError(
-                f"{store.path}: steps {a}:{b} hold no retained committed step (retained: {first}:{end})"
-            )
-        return Selection(int(env), np.arange(lo, hi, dtype=np.int64))
-    spans = store.episode_index(env=int(env))
-    if not spans:
-        return Selection(int(env), np.arange(first, end, dtype=np.int64))
-    if episode is None:
-        complete = [i for i, s in enumerate(spans) if s.status != "open"]
-        episode = complete[-1] if complete else len(spans) - 1
-    if (
-        not isinstance(episode, (int, np.integer))
-        or isinstance(episode, bool)
-        or not -len(spans) <= episode < len(spans)
-    ):
-        raise BadInputError(
-            f"{store.path}: env {env} has {len(spans)} episodes in the retained window; "
-            f"episode must be in [{-len(spans)}, {len(spans)}), got {episode!r}"
-        )
-    k = int(episode) % len(spans)
-    s = spans[k]
-    return Selection(int(env), np.arange(s.first_step, s.last_step + 1, dtype=np.int64), k, s.status)
-
-
-def _read_leaf(store: Any, index: int, env: int, steps: np.ndarray, progress: Progress | None) -> np.ndarray:
-    leaf = store.leaves[index]
-    blocks = []
-    for i in range(0, len(steps), READ_BLOCK_FRAMES):
-        part = steps[i : i + READ_BLOCK_FRAMES]
-        blocks.append(leaf.read_rows(part % store.capacity, env))
-        if progress is not None:
-            progress(len(part))
-    if store.mode == "r" and len(steps):
-        store._check_still_retained(steps)
-    return np.concatenate(blocks) if blocks else np.empty((0, *leaf.info.spec.shape), leaf.info.spec.dtype)
-
-
-def _ends(store: Any, env: int, steps: np.ndarray) -> list[str]:
-    """How each shown step ended its episode ('' for none)."""
-    if not len(steps):
-        return []
-    lo, hi = int(steps[0]), int(steps[-1])
-    ends = {
-        s.last_step: s.status
-        for s in store.episode_index(env=env)
-        if lo <= s.last_step <= hi and s.status != "open"
-    }
-    return [ends.get(int(t), "") for t in steps]
-
-
 def frames(
     store: Any,
     leaf: str | None = None,
@@ -272,23 +130,23 @@ def frames(
 ) -> FrameView:
     """Read one env's frames of an image leaf as a :class:`FrameView` (see :func:`view`)."""
     options = options or ViewOptions()
-    path = _pick_leaf(store, leaf)
+    path = pick_leaf(store, leaf)
     index = store.leaf_paths.index(path)
     shape = store.leaves[index].info.spec.shape
     layout = Layout.parse(options.layout, shape, path) if options.layout else Layout.infer(shape, path)
     sel = select(store, env, episode, steps)
-    raw = _read_leaf(store, index, sel.env, sel.steps, progress)
+    raw = read_leaf(store, index, sel.env, sel.steps, progress)
     pictures = compose(layout.normalise(to_uint8(raw)), options.stack)
     reward_path = store.roles.get("reward")
     ret = None
     if reward_path is not None and reward_path in store.leaf_paths:
-        r = _read_leaf(store, store.leaf_paths.index(reward_path), sel.env, sel.steps, None)
+        r = read_leaf(store, store.leaf_paths.index(reward_path), sel.env, sel.steps, None)
         ret = float(np.sum(r.astype(np.float64)))
     name = os.path.basename(os.path.normpath(store.path))
     return FrameView(
         pictures,
         sel.steps,
-        _ends(store, sel.env, sel.steps),
+        step_ends(store, sel.env, sel.steps),
         options,
         title=f"{name} · {path} ({layout}) · env {sel.env}",
         episode=sel.episode,
@@ -610,8 +468,24 @@ def view(
     progress: Progress | None = None,
     **options: Any,
 ) -> Any:
-    """Frames of one env as pictures: see :meth:`mmreplay.Store.view`. An ``out`` ending
-    with ``.rrd`` is a Rerun recording of every leaf instead (:func:`mmreplay.rerun.log_rerun`)."""
+    """One env's frames of an image leaf of ``store`` as pictures (``mr.view``).
+
+    Without ``out``, returns a :class:`FrameView`, which a notebook shows inline (an
+    animated GIF) and whose ``sheet()`` is a PIL contact sheet; with ``out`` (``.gif``,
+    ``.png`` contact sheet, ``.mp4``), writes it and returns the path; an ``.rrd`` out is
+    a Rerun recording of every leaf, every env unless ``env`` is given
+    (:func:`mmreplay.rerun.log_rerun`). ``episode`` indexes the env's episodes (negative
+    from the newest; default the newest complete one); ``steps`` is ``"A:B"`` or a slice
+    of global step ids. Options: :class:`ViewOptions`. Needs pillow
+    (``pip install 'mmreplay[view]'``).
+
+    Example:
+        >>> import mmreplay as mr, numpy as np, tempfile
+        >>> store = mr.create(tempfile.mkdtemp() + "/b", {"obs": mr.ArraySpec((16, 16), "uint8")}, 10)
+        >>> store.extend({"obs": np.zeros((4, 1, 16, 16), "uint8")}); store.commit()
+        >>> len(mr.view(store, steps="0:3"))
+        3
+    """
     opts = ViewOptions(**options)
     if out is not None and os.fspath(out).lower().endswith(".rrd"):
         from .rerun import log_rerun
@@ -628,7 +502,7 @@ def thumbnails(store: Any, count: int = 8, leaf: str | None = None) -> tuple[str
     when no leaf looks like frames or the store is empty."""
     if not len(store) or (leaf is None and not frame_leaves(store)):
         return None
-    path = _pick_leaf(store, leaf)
+    path = pick_leaf(store, leaf)
     end = store.first_step + len(store)
     fv = frames(
         store, path, 0, None, slice(max(store.first_step, end - count), end), ViewOptions(columns=count)
