@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptBufferError
-from ..io import ByteSource, Handle, ObjectChanged
+from ..io import ByteSource, Handle, ObjectChanged, coalesce
 from ..read.advice import DiskReads
 from . import native_rows
 from .base import TakenLeaf
@@ -432,12 +432,7 @@ class RowFrameReads(TakenLeaf):
         end = start + lengths[order]
         # frames of a shard do not overlap (a row twice in a batch: the same frame twice),
         # so in this order each frame's end is the largest of its shard so far
-        new_run = np.ones(len(order), bool)
-        new_run[1:] = (seg[1:] != seg[:-1]) | (start[1:] - end[:-1] >= self.source.gap_bytes)
-        run = np.cumsum(new_run) - 1
-        firsts = np.flatnonzero(new_run)
-        run_start = start[firsts]
-        run_end = np.maximum.reduceat(end, firsts) if len(firsts) else run_start
+        firsts, run_start, run_end, run = coalesce(seg, start, end, self.source.gap_bytes)
         ranges = [
             (self.files.get(k) or opened[k], a, b)
             for k, a, b in zip(seg[firsts].tolist(), run_start.tolist(), run_end.tolist())

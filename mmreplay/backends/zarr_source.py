@@ -23,7 +23,7 @@ from zarr.codecs import ShardingCodec
 from zarr.core.buffer import default_buffer_prototype
 
 from ..errors import CorruptBufferError, ReadOnlyError
-from ..io import ByteSource
+from ..io import ByteSource, coalesce
 from ..metadata import LeafInfo
 from .base import TakenLeaf
 from .row_reads import is_row_compression, shard_limit
@@ -196,11 +196,7 @@ class RangedLeaf(TakenLeaf):
         slots = unique // self.num_envs
         shard = slots // self.shard_steps
         offsets = (slots - shard * self.shard_steps) * self.step_bytes + (unique % self.num_envs) * self.row_bytes
-        new_run = np.ones(unique.size, bool)
-        new_run[1:] = (shard[1:] != shard[:-1]) | (offsets[1:] - offsets[:-1] - self.row_bytes >= COALESCE_BYTES)
-        firsts = np.flatnonzero(new_run)
-        run_start = offsets[firsts]
-        run_end = np.maximum.reduceat(offsets + self.row_bytes, firsts)
+        firsts, run_start, run_end, run = coalesce(shard, offsets, offsets + self.row_bytes, COALESCE_BYTES)
         run_at = np.concatenate(([0], np.cumsum(run_end - run_start)))
         handles = {k: self.source.handle(self._key(k)) for k in np.unique(shard).tolist()}
         ranges = [(handles[k], a, b) for k, a, b in zip(shard[firsts].tolist(), run_start.tolist(), run_end.tolist())]
@@ -213,7 +209,6 @@ class RangedLeaf(TakenLeaf):
                 raise CorruptBufferError(
                     f"leaf {self.info.path!r}: shard {self.source.where(h.key)} ends before its rows (byte {a + n} of {b})"
                 )
-        run = np.cumsum(new_run) - 1
         at = (offsets - run_start[run] + run_at[run]).tolist()
         out = np.empty((unique.size, self.row_bytes), np.uint8)
         for i, a in enumerate(at):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SCHEME", "ByteSource", "Handle", "ObjectChanged", "Range", "run_now"]
+__all__ = ["SCHEME", "ByteSource", "Handle", "ObjectChanged", "Range", "coalesce", "run_now"]
 
 SCHEME = "s3://"
 
@@ -76,6 +76,21 @@ class Handle:
 
 #: one ranged read: (handle, start, end); ``start < 0`` reads the last ``-start`` bytes
 Range = tuple[Handle, int, int]
+
+
+def coalesce(
+    objects: np.ndarray, starts: np.ndarray, ends: np.ndarray, gap: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Byte spans, sorted by object then start (none overlapping another but its own
+    copies), merged into the ranges one read each fetches: spans of an object fewer than
+    ``gap`` bytes apart share one. (The first span of each range, the ranges' starts and
+    ends, and each span's range.)"""
+    new = np.ones(len(starts), bool)
+    new[1:] = (objects[1:] != objects[:-1]) | (starts[1:] - ends[:-1] >= gap)
+    firsts = np.flatnonzero(new)
+    run_start = starts[firsts]
+    run_end = np.maximum.reduceat(ends, firsts) if len(firsts) else run_start
+    return firsts, run_start, run_end, np.cumsum(new) - 1
 
 
 class ByteSource(ABC):
