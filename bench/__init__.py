@@ -33,6 +33,7 @@ BENCHMARKS = {
     "compat": "compat",
     "sb3": "compat_sb3",
     "torchrl": "compat_torchrl",
+    "nstep": "nstep",
 }
 
 

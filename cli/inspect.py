@@ -148,7 +148,17 @@ def describe(store: mr.Store) -> dict[str, Any]:
         "bytes_per_step": None if None in known else sum(leaf["bytes_per_step"] for leaf in leaves),
         "projected_bytes_when_full": None if None in known else sum(known) + other,
         "frame_leaves": frame_leaves(store),
+        "decode_threads": _decode_threads(store, meta),
     }
+
+
+def _decode_threads(store: mr.Store, meta: Any) -> dict[str, Any] | None:
+    """The threads a batch of the row-frame leaves decodes on in this process, and why
+    (None: no row-frame leaf)."""
+    if not any((leaf.compression or "").startswith("rows:") for leaf in meta.leaves):
+        return None
+    chosen = store.decode_threads
+    return {**chosen._asdict(), "text": str(chosen)}
 
 
 def _projection(
@@ -217,8 +227,10 @@ def render(info: dict[str, Any]) -> str:
             if info["projected_bytes_when_full"] is not None
             else "? (no compressed data yet)"
         ),
-        "",
     ]
+    if info["decode_threads"] is not None:
+        lines.append(f"  decoding      row frames on {info['decode_threads']['text']}")
+    lines.append("")
     head = ("leaf", "shape", "dtype", "chunks", "compression", "on disk", "ratio", "per step", "when full")
     rows = [
         (

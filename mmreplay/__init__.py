@@ -1,5 +1,6 @@
 """mmreplay: a disk-persistent, memory-mapped replay store for reinforcement learning."""
 
+from .creation import create
 from .errors import (
     BadInputError,
     ClosedError,
@@ -26,15 +27,17 @@ from .formats import export, import_dataset
 from .frames_layout import Frames
 from .group import Group, GroupSampleInfo, create_group, open_group, open_shard
 from .pictures import view
+from .read import NStep
 from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
-from .store import BufferExistsError, Store, create, open
+from .store import BufferExistsError, Store, open
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArraySpec",
     "Frames",
+    "NStep",
     "Store",
     "create",
     "open",

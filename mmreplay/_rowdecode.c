@@ -160,6 +160,8 @@ typedef struct {
     size_t row;
     int64_t n;
     const void *ddict;
+    int64_t perm_a, perm_b; /* each row an [a, b] matrix of `item`-byte values, written transposed */
+    size_t item;
     int64_t next;          /* next row to take (atomic) */
     int64_t finished;      /* rows taken and done with, decoded or not (atomic) */
     int users;             /* the caller and the pool threads not yet gone (atomic) */
@@ -240,9 +242,42 @@ static void *thread_dctx(int verify) {
     return t->dctx;
 }
 
+/* dst = the transpose of src, an [a, b] matrix of `item`-byte values ([b, a] in dst):
+ * HWC -> CHW is a = H*W, b = C. Read in order, written in b streams. */
+static void transpose_into(char *dst, const char *src, int64_t a, int64_t b, size_t item) {
+    if (a == 1 || b == 1) {
+        memcpy(dst, src, (size_t)(a * b) * item);
+        return;
+    }
+#define TRANSPOSE(T)                                                                   \
+    do {                                                                               \
+        const T *s_ = (const T *)src;                                                  \
+        T *d_ = (T *)dst;                                                              \
+        for (int64_t i = 0; i < a; i++)                                                \
+            for (int64_t j = 0; j < b; j++) d_[j * a + i] = s_[i * b + j];             \
+    } while (0)
+    switch (item) {
+    case 1: TRANSPOSE(uint8_t); break;
+    case 2: TRANSPOSE(uint16_t); break;
+    case 4: TRANSPOSE(uint32_t); break;
+    case 8: TRANSPOSE(uint64_t); break;
+    default:
+        for (int64_t i = 0; i < a; i++)
+            for (int64_t j = 0; j < b; j++) memcpy(dst + (size_t)(j * a + i) * item, src + (size_t)(i * b + j) * item, item);
+    }
+#undef TRANSPOSE
+}
+
 /* Decode rows taken a few at a time until none are left (or one failed). */
 static void decode_some(job_t *job) {
     void *dctx = NULL;
+    /* rows written transposed are decoded here first: one row, in this thread's cache */
+    int permuted = job->perm_a > 1 && job->perm_b > 1;
+    char *scratch = permuted ? malloc(job->row) : NULL;
+    if (permuted && scratch == NULL) {
+        fail(job, -1, 0, 0);
+        permuted = 0;
+    }
     for (;;) {
         int64_t a = __atomic_fetch_add(&job->next, ROWS_PER_GRAB, __ATOMIC_RELAXED);
         if (a >= job->n) break;
@@ -258,7 +293,8 @@ static void decode_some(job_t *job) {
         }
         for (int64_t i = a; i < b; i++) {
             const char *src = job->bases[job->slot[i]] + job->offsets[i];
-            char *dst = job->out + (size_t)job->where[i] * job->row;
+            char *row_out = job->out + (size_t)job->where[i] * job->row;
+            char *dst = permuted ? scratch : row_out;
             if (job->codec == CODEC_LZ4) {
                 /* numcodecs' LZ4 layout: a little-endian uint32 size, then the block */
                 const unsigned char *s = (const unsigned char *)src;
@@ -281,9 +317,11 @@ static void decode_some(job_t *job) {
                     break;
                 }
             }
+            if (permuted) transpose_into(row_out, scratch, job->perm_a, job->perm_b, job->item);
         }
         count_done(job, b - a);
     }
+    free(scratch);
 }
 
 /* The pool: threads started on first use, as many as a batch has asked for so far, that
@@ -412,12 +450,14 @@ static int get_array(PyObject *obj, Py_buffer *view, int64_t n, Py_ssize_t items
 
 PyDoc_STRVAR(decode_rows_doc,
              "decode_rows(codec, buffers, which, where, offsets, lengths, out, row_nbytes, threads, ddict=None,\n"
-             "            verify=True)\n\n"
+             "            verify=True, perm_a=1, perm_b=row_nbytes, item=1)\n\n"
              "Decode frame i (bytes offsets[i]:offsets[i]+lengths[i] of buffers[which[i]]) into row where[i]\n"
              "of out (rows of row_nbytes), on up to `threads` threads without the GIL. which is int32,\n"
              "where/offsets/lengths int64. Only the buffers some frame is in are read (the others may be\n"
              "None). verify=False skips zstd's content checksums where the library allows it (see\n"
-             "zstd_skips_checksums). Raises ValueError naming the first frame that does not decode.");
+             "zstd_skips_checksums). With perm_a, perm_b and item, each row is an [perm_a, perm_b] matrix of\n"
+             "item-byte values, written to out transposed (HWC -> CHW: H*W, C). Raises ValueError naming the\n"
+             "first frame that does not decode.");
 
 /* The distinct buffers the frames are in: slot[i] is frame i's among them. A small hash
  * table, so a caller can pass a long list (one buffer per segment) of which a batch uses
@@ -488,8 +528,9 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     PyObject *buffers, *which_o, *where_o, *offsets_o, *lengths_o, *out_o, *ddict_o = Py_None;
     Py_ssize_t row;
     int threads, verify = 1;
-    if (!PyArg_ParseTuple(args, "sOOOOOOni|Op", &name, &buffers, &which_o, &where_o, &offsets_o, &lengths_o, &out_o,
-                          &row, &threads, &ddict_o, &verify))
+    Py_ssize_t perm_a = 1, perm_b = 0, item = 1;
+    if (!PyArg_ParseTuple(args, "sOOOOOOni|Opnnn", &name, &buffers, &which_o, &where_o, &offsets_o, &lengths_o, &out_o,
+                          &row, &threads, &ddict_o, &verify, &perm_a, &perm_b, &item))
         return NULL;
     int codec = codec_of(name);
     if (codec < 0) return NULL;
@@ -499,6 +540,12 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     }
     if (row <= 0 || row > INT32_MAX) {
         PyErr_Format(PyExc_ValueError, "row_nbytes must be in 1..%d, not %zd", INT32_MAX, row);
+        return NULL;
+    }
+    if (perm_b == 0) perm_b = row / (item > 0 ? item : 1);
+    if (perm_a < 1 || perm_b < 1 || item < 1 || perm_a * perm_b * item != row) {
+        PyErr_Format(PyExc_ValueError, "a row of %zd bytes is no [%zd, %zd] matrix of %zd-byte values", row, perm_a,
+                     perm_b, item);
         return NULL;
     }
     const void *ddict = NULL;
@@ -548,7 +595,7 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
         }
         *job = (job_t){.codec = codec, .verify = verify, .bases = used.bases, .slot = slot, .where = pos,
                        .offsets = off, .lengths = len, .out = out.buf, .row = (size_t)row, .n = n, .ddict = ddict,
-                       .users = 1};
+                       .perm_a = perm_a, .perm_b = perm_b, .item = (size_t)item, .users = 1};
         pthread_mutex_init(&job->lock, NULL);
         pthread_cond_init(&job->all_done, NULL);
         int nthreads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
@@ -1081,10 +1128,57 @@ static PyObject *job_frames(PyObject *self, PyObject *args) {
     return frames_list(job->out, job->sizes, job->n, job->bound);
 }
 
+PyDoc_STRVAR(gather_rows_doc,
+             "gather_rows(src, stride, offset, rows, out, a, b, item)\n\n"
+             "Row i of out (a * b * item bytes) = the [a, b] matrix of item-byte values at byte\n"
+             "offset + rows[i] * stride of src, transposed (a == 1 or b == 1: copied as it is), without the\n"
+             "GIL. rows is int64; out is C-contiguous. ValueError for a row outside src.");
+
+static PyObject *gather_rows(PyObject *self, PyObject *args) {
+    PyObject *src_o, *rows_o, *out_o;
+    Py_ssize_t stride, offset, a, b, item;
+    if (!PyArg_ParseTuple(args, "OnnOOnnn", &src_o, &stride, &offset, &rows_o, &out_o, &a, &b, &item)) return NULL;
+    Py_buffer src = {0}, rows = {0}, out = {0};
+    PyObject *result = NULL;
+    if (a < 1 || b < 1 || item < 1 || stride < 0 || offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "a, b and item must be positive, stride and offset not negative");
+        return NULL;
+    }
+    size_t nbytes = (size_t)a * (size_t)b * (size_t)item;
+    if (PyObject_GetBuffer(src_o, &src, PyBUF_SIMPLE) < 0) goto done;
+    if (PyObject_GetBuffer(rows_o, &rows, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (PyObject_GetBuffer(out_o, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    int64_t n = rows.len / 8;
+    if (rows.len % 8 || (size_t)out.len != (size_t)n * nbytes) {
+        PyErr_Format(PyExc_ValueError, "rows must be int64 and out %lld rows of %zu bytes", (long long)n, nbytes);
+        goto done;
+    }
+    const int64_t *r = rows.buf;
+    for (int64_t i = 0; i < n; i++) {
+        if (r[i] < 0 || (size_t)offset + (size_t)r[i] * (size_t)stride + nbytes > (size_t)src.len) {
+            PyErr_Format(PyExc_ValueError, "row %lld (%lld) lies outside the source", (long long)i, (long long)r[i]);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++)
+        transpose_into((char *)out.buf + (size_t)i * nbytes, (const char *)src.buf + offset + (size_t)r[i] * stride, a, b,
+                       (size_t)item);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (src.obj) PyBuffer_Release(&src);
+    if (rows.obj) PyBuffer_Release(&rows);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, load_doc},
     {"zstd_dictionary", zstd_dictionary, METH_VARARGS, zstd_dictionary_doc},
     {"decode_rows", decode_rows, METH_VARARGS, decode_rows_doc},
+    {"gather_rows", gather_rows, METH_VARARGS, gather_rows_doc},
     {"zstd_skips_checksums", zstd_skips_checksums, METH_NOARGS, zstd_skips_checksums_doc},
     {"check_stacks", check_stacks, METH_VARARGS,
      "check_stacks(obs, nxt, kept, kept_out, newest_out, flags, outer, k, inner): see mmreplay.frames"},

@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from .creation import create
 from .episodes import continue_index, fresh_envs
 from .errors import NotEnoughDataError
 from .files import AtomicOutput, check_target
 from .spec import ArraySpec, flatten, unflatten
 from .statefile import StateFile
-from .store import Store, create
+from .store import Store
 from .store import open as open_store
 
 __all__ = ["ConvertResult", "convert", "begin_at", "unwritten"]

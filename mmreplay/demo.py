@@ -290,8 +290,8 @@ def run(
     """
     if echo is None:
         echo = logging.getLogger(__name__).info
+    from .creation import create
     from .formats import export
-    from .store import create
     from .store import open as open_store
 
     own = folder is None

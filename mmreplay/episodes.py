@@ -45,15 +45,17 @@ import os
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .backends.base import disk_full_as
 from .errors import CorruptBufferError, NotEnoughDataError
 from .hooks import WriteHook
+from .io import ByteSource
 from .io.local import open_inside
-from .metadata import atomic_write
+from .metadata import Metadata, State, atomic_write
+from .read.readable import Readable
 from .roles import subtree
 from .spec import leaf_paths, unflatten
 
@@ -84,6 +86,18 @@ STATUS = {TERMINATED: "terminated", TRUNCATED: "truncated"}
 LAST = 2  # TF-Agents StepType.LAST
 SCAN_STEPS = 1 << 16  # steps per block when rebuilding from the role leaves
 COMPACT_MIN_RECORDS = 1 << 16
+
+
+class EpisodeSource(Readable, Protocol):
+    """A store as the episode index reads it: the read path's view, the committed state
+    and the roles that say where episodes end."""
+
+    state: State  # the committed state (for a writer, its own newest commit)
+    first_step: int
+    roles: dict[str, str]
+    leaf_paths: list[str]
+    metadata: Metadata
+    source: ByteSource  # where the episode index is read from
 
 
 @dataclass(frozen=True)
@@ -140,7 +154,7 @@ class Episode:
 class EndRule:
     """Turns the role leaves' rows into end codes ``[n, num_envs]`` (0 where no end)."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: EpisodeSource):
         roles = store.roles
         index = {p: i for i, p in enumerate(store.leaf_paths)}
         self.leaves: dict[str, Any] = {}
@@ -179,7 +193,7 @@ class EndRule:
         return out
 
 
-def open_ends(store: Any) -> tuple[Any, int, np.ndarray] | None:
+def open_ends(store: EpisodeSource) -> tuple[Any, int, np.ndarray] | None:
     """How a resuming writer ends the episodes left open (see the module docstring):
     ``(leaf, step, row)``, the end leaf, the last committed step and that leaf's new
     row ``[1, num_envs, *shape]``; None when no episode is open there or the store has
@@ -266,7 +280,7 @@ def _empty_spans() -> Spans:
 class EpisodeIndex:
     """The end records of one store, in memory and (for stores with end roles) on disk."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: EpisodeSource):
         self.folder = store.path  # (a writer's: it writes the file in place)
         self.source = store.source
         self.path = self.source.where(INDEX_FILE)
@@ -419,7 +433,9 @@ class EpisodeIndex:
             return
         if self.fd is None:
             self._open_writer(old_end, first)
-        lo = max(old_end, new_end - self.capacity)
+        # steps before `first` are not retained (the ring or an extend cut short reused
+        # their slots): their rows are another step's, so they have no ends to record
+        lo = max(old_end, new_end - self.capacity, first)
         if self.n and self.buf["step"][self.n - 1] >= lo:
             # an earlier commit appended these steps, then failed before its state write
             keep = self.records[self.records["step"] < lo]
@@ -449,7 +465,7 @@ class EpisodeIndex:
         else:
             self.compact_at = 2 * len(rec)
 
-    def rescan(self, store: Any, steps: np.ndarray) -> None:
+    def rescan(self, store: EpisodeSource, steps: np.ndarray) -> None:
         """After ``set`` rewrote committed steps: re-read their ends and rewrite the file."""
         if not self.has_ends:
             return
@@ -474,7 +490,7 @@ class EpisodeIndex:
 
     # --- readers and queries --------------------------------------------------------
 
-    def sync(self, store: Any) -> None:
+    def sync(self, store: EpisodeSource) -> None:
         """Bring the records up to the store's committed window."""
         if not self.has_ends:
             return
@@ -492,7 +508,7 @@ class EpisodeIndex:
             self._read_new(store)
         self.synced = state
 
-    def _read_new(self, store: Any) -> None:
+    def _read_new(self, store: EpisodeSource) -> None:
         if not self.source.local:  # an object is replaced whole by each push: read it whole
             self._reload(store)
             return
@@ -518,7 +534,7 @@ class EpisodeIndex:
         finally:
             handle.close()
 
-    def _reload(self, store: Any) -> None:
+    def _reload(self, store: EpisodeSource) -> None:
         found = self._read_file()
         if found is None:
             self._start_scan_mode(store)
@@ -527,14 +543,14 @@ class EpisodeIndex:
         self.origin, self.generation, self.parsed = origin, generation, parsed
         self._set_memory(rec)
 
-    def _start_scan_mode(self, store: Any) -> None:
+    def _start_scan_mode(self, store: EpisodeSource) -> None:
         self.scan_mode = True
         first = store.first_step
         self.origin = first
         self._set_memory(self._scan(first, store.state.end))
         self.covered = store.state.end
 
-    def _scan_up_to(self, store: Any) -> None:
+    def _scan_up_to(self, store: EpisodeSource) -> None:
         end = store.state.end
         lo = max(self.covered, store.first_step)
         if lo > self.covered:  # steps were overwritten before we saw them
@@ -543,7 +559,7 @@ class EpisodeIndex:
             self._append_memory(self._scan(lo, end))
         self.covered = max(self.covered, end)
 
-    def spans(self, store: Any) -> Spans:
+    def spans(self, store: EpisodeSource) -> Spans:
         """Every episode span of the store's window (cached per window). A writer's
         steps not committed yet are scanned here; the file records them at commit."""
         self.sync(store)
@@ -648,7 +664,7 @@ class EpisodeHook(WriteHook):
     before the state that commits them; ``set`` rescans the steps it rewrote. The index
     itself is made on first use."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: EpisodeSource):
         self.store = store
 
     def on_commit(self, old_end: int, new_end: int, fsync: bool) -> None:
@@ -658,7 +674,7 @@ class EpisodeHook(WriteHook):
         index_for(self.store).rescan(self.store, steps)
 
 
-def index_for(store: Any) -> EpisodeIndex:
+def index_for(store: EpisodeSource) -> EpisodeIndex:
     """The store's episode index, made on first use."""
     return store.part("episodes", EpisodeIndex)
 
@@ -666,7 +682,7 @@ def index_for(store: Any) -> EpisodeIndex:
 # --- queries ----------------------------------------------------------------------
 
 
-def _select(store: Any, env: int | None, complete_only: bool) -> Spans:
+def _select(store: EpisodeSource, env: int | None, complete_only: bool) -> Spans:
     store.check_open()
     spans = index_for(store).spans(store)
     if env is not None:
@@ -678,7 +694,7 @@ def _select(store: Any, env: int | None, complete_only: bool) -> Spans:
     return spans
 
 
-def episode_index(store: Any, env: int | None = None, complete_only: bool = False) -> list[EpisodeSpan]:
+def episode_index(store: EpisodeSource, env: int | None = None, complete_only: bool = False) -> list[EpisodeSpan]:
     """The episode spans of the committed window, env by env, in time order (no data read)."""
     spans = _select(store, env, complete_only)
     return [
@@ -697,7 +713,7 @@ def _rows(first: np.ndarray, last: np.ndarray, env: np.ndarray, capacity: int, n
     return (steps % capacity) * num_envs + np.repeat(env, lengths)
 
 
-def _check_retained(store: Any, lowest: int) -> None:
+def _check_retained(store: EpisodeSource, lowest: int) -> None:
     if store.mode == "r" and lowest < store.live_first():
         raise NotEnoughDataError(
             f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
@@ -705,7 +721,7 @@ def _check_retained(store: Any, lowest: int) -> None:
         )
 
 
-def episodes(store: Any, env: int | None = None, complete_only: bool = False) -> Iterator[Episode]:
+def episodes(store: EpisodeSource, env: int | None = None, complete_only: bool = False) -> Iterator[Episode]:
     """Yield each episode with its data, env by env, each env's episodes in time order."""
     spans = _select(store, env, complete_only)
     capacity, num_envs = store.capacity, store.num_envs
@@ -728,7 +744,7 @@ _ROLE_KEYS = {"observation": "observations", "action": "actions", "reward": "rew
 _END_ROLES = ("terminated", "truncated", "step_type", "next_step_type", "discount")
 
 
-def _role_leaves(store: Any, role: str) -> tuple[Any, list[int]] | None:
+def _role_leaves(store: EpisodeSource, role: str) -> tuple[Any, list[int]] | None:
     """The spec node and leaf numbers of a role (a leaf or a subtree)."""
     path = store.roles.get(role)
     if path is None:
@@ -738,7 +754,7 @@ def _role_leaves(store: Any, role: str) -> tuple[Any, list[int]] | None:
     return subtree(store.spec, path), idx
 
 
-def to_arrays(store: Any) -> dict[str, Any]:
+def to_arrays(store: EpisodeSource) -> dict[str, Any]:
     """Flat D4RL-style arrays over every env's episodes (see :meth:`Store.to_arrays`)."""
     spans = _select(store, None, False)
     capacity, num_envs = store.capacity, store.num_envs
@@ -803,7 +819,7 @@ def to_arrays(store: Any) -> dict[str, Any]:
 # --- copies that continue a store's history ------------------------------------------
 
 
-def fresh_envs(store: Any, step: int) -> list[int]:
+def fresh_envs(store: EpisodeSource, step: int) -> list[int]:
     """The envs whose episode at global step ``step`` starts there, whole.
 
     A copy that begins at ``step`` passes these to :func:`continue_index`; in every

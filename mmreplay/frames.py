@@ -42,6 +42,7 @@ import numpy as np
 
 from .errors import BadInputError, CorruptBufferError
 from .frames_layout import DEPTH_LEAF, NEXT_LEAF, PREFIX, SIDE_DIR, Frames, FramesLayout, Pair
+from .read.layout import gather_rows
 from .roles import subtree
 from .spec import ArraySpec, flatten, leaf_paths
 
@@ -125,10 +126,10 @@ class _Gather:
             g = g.transpose(self.order)
         return g if lead == g.shape[:1] else g.reshape(lead + self.obs_spec.shape)
 
-    def read(self, rows: Any, is_next: bool) -> np.ndarray:
-        """The observation (or next observation) of ``rows``. The first of the two asked
-        for the same rows gathers both and keeps the gather for the other."""
-        rows = np.asarray(rows)
+    def _frames_of(self, rows: np.ndarray, is_next: bool) -> tuple[np.ndarray, int]:
+        """The gather of ``rows`` and where its observation's (or next observation's)
+        ``k`` frames start in it. The first of the two asked for the same rows gathers
+        both and keeps the gather for the other."""
         writer = self.parts.writer
         written = None if writer is None else writer.written
         cached, self.cached = self.cached, None
@@ -139,9 +140,33 @@ class _Gather:
             g = self.gather(rows, paired)
             if paired:  # a copy of the ids: a caller may reuse its index array
                 self.cached = ((np.array(rows), written), g)
-        if is_next:
-            return self.arrange(g[:, 1:], rows.shape)
-        return self.arrange(g[:, : self.parts.layout.frame_stack], rows.shape)
+        return g, 1 if is_next else 0
+
+    def read(self, rows: Any, is_next: bool) -> np.ndarray:
+        """The observation (or next observation) of ``rows``."""
+        rows = np.asarray(rows)
+        g, lo = self._frames_of(rows, is_next)
+        return self.arrange(g[:, lo : lo + self.parts.layout.frame_stack], rows.shape)
+
+    def read_into(self, rows: np.ndarray, is_next: bool, out: np.ndarray, permute: tuple[int, int, int]) -> None:
+        """:meth:`read` into ``out`` (uint8 ``[rows.size, row bytes]``), each observation
+        (in the spec's layout) written transposed as ``permute`` says
+        (:func:`.read.layout.gather_rows`): straight from the gathered frames."""
+        g, lo = self._frames_of(rows, is_next)
+        k, n = self.parts.layout.frame_stack, len(g)
+        a, b, item = permute
+        frame = g[0, 0].size if n else 0
+        axis, last = self.pair.axis, len(self.obs_spec.shape) - 1
+        if axis == last and last > 0:  # the spec's stack is [*frame, k]: the frames' transpose
+            a, b = (1, a * b) if (a, b) == (frame, k) else (k, frame) if a == 1 else (0, 0)
+        elif axis not in (None, 0):
+            a = b = 0
+        if not a:  # a stack axis in the middle: through the spec's layout
+            stacks = np.ascontiguousarray(self.arrange(g[:, lo : lo + k], (n,)))
+            gather_rows(stacks, out.shape[1], 0, np.arange(n), out, *permute)
+            return
+        stride = g.shape[1] * frame * item
+        gather_rows(g, stride, lo * frame * item, np.arange(n), out, a, b, item)
 
 
 class _Parts:
@@ -184,6 +209,9 @@ class FrameLeaf:
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         return self._gather.read(rows, self._is_next)
+
+    def take_into(self, rows: np.ndarray, out: np.ndarray, permute: tuple[int, int, int]) -> None:
+        self._gather.read_into(np.asarray(rows), self._is_next, out, permute)
 
     def read(self, slots: Any) -> np.ndarray:
         ne = self.num_envs

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .creation import create as create_store
 from .errors import (
     BadInputError,
     ClosedError,
@@ -44,7 +45,6 @@ from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .spec import flatten, spec_to_json, unflatten
 from .store import MODES, BufferExistsError, Store
-from .store import create as create_store
 from .store import open as open_store
 
 __all__ = [
@@ -444,16 +444,21 @@ class Group:
         rng: Any = None,
         within_episodes: bool | None = None,
         return_info: bool = False,
+        transform: Any = None,
         **options: Any,
     ) -> Any:
         """A random batch from every shard, as :meth:`mmreplay.Store.sample` draws from
         one store: each shard gets a part of the batch in proportion to its sampler's
-        mass (retained rows, or priority mass), then draws it through its own sampler.
-        Items come in random order. With ``return_info``, also a
-        :class:`GroupSampleInfo` (shard, step, env, probability, weight of each item).
+        mass (retained rows, or priority mass), then draws it through its own sampler
+        (and runs ``transform`` over its part). Items come in random order. With
+        ``return_info``, also a :class:`GroupSampleInfo` (shard, step, env, probability,
+        weight of each item).
         """
         self._check_open()
-        request = SampleRequest.build(batch_size, num_steps, replacement, rng, within_episodes, return_info, options=options)
+        request = SampleRequest.build(
+            batch_size, num_steps, replacement, rng, within_episodes, return_info, options=options, transform=transform
+        )
+        spec = self.spec if transform is None else transform.batch_spec(self.spec, self._shards[0].roles)
         gen = self._own_gen() if request.rng is None else request.rng
         masses = self._masses(request.num_steps, request.draw_options())
         totals = np.array([m.total for m in masses], np.float64)
@@ -468,7 +473,7 @@ class Group:
             for i in np.flatnonzero(counts)
         }
         beta = float(request.options.get("beta", getattr(self._shards[0].sampler, "beta", 0.0)))
-        return join_parts(self.spec, parts, totals / totals.sum(), masses, beta, gen, request.return_info)
+        return join_parts(spec, parts, totals / totals.sum(), masses, beta, gen, request.return_info)
 
     def _own_gen(self) -> np.random.Generator:
         if self._gen is None:

@@ -36,13 +36,15 @@ try:
 except ImportError as exc:  # ray is an install extra
     raise ImportError("mmreplay.ray needs ray: pip install 'mmreplay[ray]'") from exc
 
+from .creation import create
 from .errors import NotEnoughDataError
 from .group import join_parts, open_group, shard_name, split_batch
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
+from .roles import validate_roles
 from .samplers import Mass
 from .spec import flatten, unflatten
-from .store import Store, create
+from .store import Store
 from .store import open as open_store
 
 log = logging.getLogger(__name__)
@@ -197,13 +199,15 @@ class RaySampler:
     Args:
         writers: the actor handles, by shard index.
         spec: the stores' spec (the nest batches are packed in).
+        roles: the stores' roles, if given at their creation (for a ``transform``).
     """
 
-    def __init__(self, writers: Sequence[Any], spec: Any):
+    def __init__(self, writers: Sequence[Any], spec: Any, roles: dict[str, str] | None = None):
         if not writers:
             raise ValueError("RaySampler needs at least one ShardWriter actor")
         self.writers = list(writers)
         self.spec = spec
+        self.roles = validate_roles(spec, roles)
         self._masses: list[Mass] | None = None
         self._key: tuple | None = None
         self._gen = np.random.default_rng()
@@ -223,16 +227,20 @@ class RaySampler:
         replacement: bool = True,
         rng: Any = None,
         return_info: bool = False,
+        transform: Any = None,
         **options: Any,
     ) -> Any:
         """A batch from every shard (see :meth:`mmreplay.Group.sample`); with
-        ``return_info`` also a :class:`mmreplay.GroupSampleInfo`.
+        ``return_info`` also a :class:`mmreplay.GroupSampleInfo`. Each actor runs
+        ``transform`` over its part.
 
         An actor that is down (killed, being restarted) counts as empty until it
         answers again: the batch is drawn again from the others, so one actor's crash
         does not stop the learner.
         """
-        request = SampleRequest.build(batch_size, num_steps, replacement, rng, return_info=return_info, options=options)
+        request = SampleRequest.build(
+            batch_size, num_steps, replacement, rng, return_info=return_info, options=options, transform=transform
+        )
         gen = self._gen if request.rng is None else request.rng
         key = (request.num_steps, request.options)  # what the masses depend on
         if self._masses is None or self._key != key:
@@ -247,6 +255,7 @@ class RaySampler:
         """One round trip: the batch, or None when an actor that was to draw a part is
         down (its mass is then zero, for the retry)."""
         used = self._masses
+        spec = self.spec if request.transform is None else request.transform.batch_spec(self.spec, self.roles)
         totals = np.array([m.total for m in used], np.float64)
         if not totals.sum() > 0:
             self._masses = None  # ask every actor again next time
@@ -270,14 +279,14 @@ class RaySampler:
                 continue
             leaves, fields, mass, beta = reply
             masses[index] = Mass(*mass)
-            parts[int(index)] = (unflatten(self.spec, leaves), SampleInfo(**fields))
+            parts[int(index)] = (unflatten(spec, leaves), SampleInfo(**fields))
             betas.append(beta)
         for index, mass in zip(idle, replies[len(refs) :]):
             masses[index] = Mass(*mass) if mass is not None else EMPTY
         self._masses = masses  # the next batch splits by what the actors just reported
         if len(parts) < len(chosen):
             return None
-        return join_parts(self.spec, parts, totals / totals.sum(), used, betas[-1], gen, request.return_info)
+        return join_parts(spec, parts, totals / totals.sum(), used, betas[-1], gen, request.return_info)
 
     def update_priorities(self, shard: Any, step: Any, env: Any, priorities: Any) -> int:
         """Send new priorities to the actors of their shards (``info.shard``...)."""

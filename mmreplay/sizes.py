@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from . import backends
+from .creation import create, plan
 from .errors import BadInputError
 from .files import disk_usage
 from .metadata import Metadata, render
 from .spec import ArraySpec, flatten, leaf_paths
 from .statefile import FILE_BYTES as STATE_BYTES
-from .store import create, plan
 
 __all__ = ["LeafSize", "SizeEstimate", "estimate"]
 

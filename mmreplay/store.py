@@ -15,14 +15,12 @@ past them, so a crash or a reader never sees a torn row as committed.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
-import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -31,48 +29,39 @@ import numpy as np
 from . import backends, exits, frames_layout
 from . import episodes as _episodes
 from . import frames as _frames
+from .backends import native_rows
 from .errors import (
     BadInputError,
     ClosedError,
     CorruptBufferError,
-    DiskFullError,
     Error,
     NotEnoughDataError,
     ReadOnlyError,
-    SpecError,
-    SpecMismatchError,
 )
-from .files import interrupts_deferred, make_folders, remove_dead_scratch, scratch_path
 from .hooks import WriteHook, overrides
 from .io import ByteSource, LocalFolder, open_source
 from .lock import WriterLock
 from .metadata import (
-    DURABILITIES,
     METADATA_FILE,
-    LeafInfo,
     Metadata,
     State,
-    chunk_too_large,
     migrate,
     open_state,
     read_metadata,
-    write_buffer,
     write_metadata,
 )
 from .read import advice as _advice
 from .read import gather as _gather
 from .read import passes as _passes
 from .read.request import SampleRequest
-from .roles import validate_roles
 from .samplers.base import Sampler, Window
 from .samplers.registry import make_sampler, sampler_from_json
-from .spec import ArraySpec, flatten, leaf_paths, spec_to_json, to_spec, unflatten
+from .spec import unflatten
 from .statefile import oldest_retained, slot_ranges
 from .values import StepValidator
 
-__all__ = ["Store", "create", "open", "BufferExistsError"]
+__all__ = ["Store", "open", "BufferExistsError"]
 
-CHUNK_TARGET_BYTES = 4 << 20
 DEFAULT_COMMIT_EVERY = 1000
 MODES = ("r", "a")
 
@@ -116,6 +105,7 @@ class Store:
         self._set_state(meta.state)
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._leaves: list[Any] = []
+        self._decode_setting: int | None = None  # set_decode_threads
         self._closers: list[Any] = []
         self._closed = False
         # one check on the hot path: False once closed, and in a writer that reopened
@@ -583,6 +573,23 @@ class Store:
             if hasattr(leaf, "set_cache_bytes"):
                 leaf.set_cache_bytes(int(nbytes))
 
+    def set_decode_threads(self, threads: int | None) -> None:
+        """Threads a batch of each row-frame leaf (``rows:...``) decodes on: an int uses
+        that many whatever the machine's load; None (the default) one per idle core, by the
+        1-minute load average (:attr:`decode_threads` says what it chose)."""
+        setting = native_rows.check_decode_threads(threads)
+        self._decode_setting = setting
+        for leaf in self._storage:
+            frames = getattr(leaf, "frames", None)
+            if hasattr(frames, "threads"):
+                frames.threads = setting
+
+    @property
+    def decode_threads(self) -> native_rows.DecodeThreads:
+        """The threads the next batch of a row-frame leaf decodes on, the setting
+        (:meth:`set_decode_threads`) and the load it was chosen by; ``str()`` says it."""
+        return native_rows.decode_threads(self._decode_setting)
+
     def write_next(self, step: Any) -> None:
         """Write the rows of the next step ahead of its :meth:`add`: every leaf ``[num_envs, *shape]``.
 
@@ -821,6 +828,8 @@ class Store:
         return_info: bool = False,
         window: tuple[int, int] | None = None,
         out: Any = None,
+        layout: str | None = None,
+        transform: Any = None,
         **options: Any,
     ) -> Any:
         """A random batch of rows, drawn through :attr:`sampler` (by default uniform over
@@ -848,7 +857,13 @@ class Store:
                 (compressed leaves decode, then copy). Returns ``out`` itself (without
                 replacement and fewer items than asked: views of its first rows). A batch
                 that does not fit raises :class:`~mmreplay.BadInputError` before anything
-                is drawn or written into it.
+                is drawn or written into it. CPU torch tensors (pinned or not) are
+                filled in place too.
+            layout: ``"NCHW"`` or ``"NHWC"``: picture leaves (``[84, 84, 4]``,
+                ``[3, 64, 64]``...) channels first or last, contiguous, each row written
+                so as it is gathered (:mod:`mmreplay.read.layout`); None: as stored.
+            transform: fields computed over the drawn batch, such as
+                ``mr.NStep(3, gamma=0.99)`` returns (:mod:`mmreplay.read.nstep`).
             options: passed to the sampler's ``draw`` (such as ``beta`` for the
                 prioritized sampler).
 
@@ -869,7 +884,9 @@ class Store:
         if self._closed:  # before the arguments, as every method does
             self.check_open()
         request = SampleRequest.build(
-            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options
+            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options,
+            layout=layout,
+            transform=transform,
         )
         return _gather.sample(self, request)
 
@@ -993,272 +1010,6 @@ def _step_writer(leaf: Any) -> Any:
 
 
 # --- create / open ----------------------------------------------------------------
-
-
-def _chunk_steps(leaf: ArraySpec, num_envs: int, capacity: int, given: Any, path: str) -> int:
-    if isinstance(given, Mapping):
-        given = given.get(path)
-    if given is None:
-        step_bytes = max(1, num_envs * leaf.nbytes)
-        return max(1, min(capacity, CHUNK_TARGET_BYTES // step_bytes))
-    if not isinstance(given, (int, np.integer)) or isinstance(given, bool) or given < 1:
-        raise SpecError(f"leaf {path!r}: chunk_steps must be a positive int, got {given!r}")
-    return int(min(given, capacity))
-
-
-def _compression_for(given: Any, path: str) -> str | None:
-    if isinstance(given, Mapping):
-        unknown = [k for k in given if not isinstance(k, str)]
-        if unknown:
-            raise SpecError(f"compression keys must be leaf paths, got {unknown[0]!r}")
-        given = given.get(path)
-    if given is None or given is False:
-        return None
-    if not isinstance(given, str):
-        raise SpecError(f"leaf {path!r}: compression must be a string such as 'zstd', got {given!r}")
-    return given.lower()
-
-
-def _check_int(name: str, value: Any, lo: int) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
-        raise SpecError(f"{name} must be an int >= {lo}, got {value!r}")
-    return int(value)
-
-
-def plan(
-    spec: Any,
-    capacity: int,
-    num_envs: int = 1,
-    backend: str | None = None,
-    chunk_steps: int | Mapping[str, int] | None = None,
-    compression: str | Mapping[str, str | None] | None = None,
-    commit_every: int = DEFAULT_COMMIT_EVERY,
-    durability: str = "process",
-    roles: Mapping[str, str] | None = None,
-    sampler: Any = None,
-    frames: frames_layout.Frames | None = None,
-) -> Metadata:
-    """The metadata :func:`create` would write for these arguments (validated; no I/O).
-    Its leaves have no files yet: the backend places them. ``sampler``: a
-    :class:`mmreplay.samplers.Sampler` instance (None: uniform)."""
-    spec = to_spec(spec)
-    leaves_spec = flatten(spec)
-    if not leaves_spec or not all(isinstance(s, ArraySpec) for s in leaves_spec):
-        raise SpecError("spec must hold at least one array leaf")
-    capacity = _check_int("capacity", capacity, 1)
-    num_envs = _check_int("num_envs", num_envs, 1)
-    commit_every = _check_int("commit_every", commit_every, 1)
-    if durability not in DURABILITIES:
-        raise SpecError(f"durability must be one of {DURABILITIES}, got {durability!r}")
-    backend = backends.for_new_buffer(backend)
-    module = backends.get(backend)
-    paths = leaf_paths(spec)
-    if isinstance(compression, Mapping):
-        unknown = sorted(set(compression) - set(paths))
-        if unknown:
-            raise SpecError(f"compression names leaves not in the spec: {unknown}")
-    if isinstance(chunk_steps, Mapping):
-        unknown = sorted(set(chunk_steps) - set(paths))
-        if unknown:
-            raise SpecError(f"chunk_steps names leaves not in the spec: {unknown}")
-    infos = []
-    for p, s in zip(paths, leaves_spec):
-        if 0 in s.shape:
-            raise SpecError(f"leaf {p!r}: shape {s.shape} holds no elements")
-        comp = _compression_for(compression, p)
-        if comp is not None:
-            try:
-                module.check_compression(comp)
-            except SpecError as exc:
-                raise SpecError(f"leaf {p!r}, {backend} backend: {exc}") from None
-        infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps, p), comp))
-    roles_found = validate_roles(spec, roles)
-    layout = None
-    if frames is not None:
-        layout = frames_layout.plan_layout(spec, roles_found, frames, capacity, num_envs, commit_every)
-        by_path = {info.path: info for info in infos}
-        infos = []
-        for p, s in layout.physical(spec):
-            given = by_path.get(p)
-            comp = given.compression if given is not None else None
-            infos.append(LeafInfo(p, s, _chunk_steps(s, num_envs, capacity, chunk_steps if given else None, p), comp))
-        side = []
-        for (p, s), pair in zip(layout.side_specs(spec), [*layout.pairs, None]):
-            comp = by_path[pair.obs].compression if pair is not None else None
-            side.append(LeafInfo(p, s, _chunk_steps(s, 1, layout.final_slots, None, p), comp))
-        layout = replace(layout, side=tuple(side))
-    for info in infos:
-        too_large = chunk_too_large(info.compression, info.chunk_steps, num_envs, info.spec)
-        if too_large:
-            raise SpecError(f"leaf {info.path!r}: {too_large}")
-    sampler_json = sampler.state_json() if sampler is not None else {"name": "uniform"}
-    return Metadata(
-        backend=backend,
-        capacity=capacity,
-        num_envs=num_envs,
-        spec=spec,
-        leaves=tuple(infos),
-        roles=roles_found,
-        commit_every=commit_every,
-        durability=durability,
-        sampler=None if sampler_json == {"name": "uniform"} else sampler_json,
-        frames=layout,
-    )
-
-
-def create(
-    path: str | os.PathLike,
-    spec: Any,
-    capacity: int,
-    num_envs: int = 1,
-    backend: str | None = None,
-    chunk_steps: int | Mapping[str, int] | None = None,
-    compression: str | Mapping[str, str | None] | None = None,
-    commit_every: int = DEFAULT_COMMIT_EVERY,
-    durability: str = "process",
-    roles: Mapping[str, str] | None = None,
-    exist_ok: bool = False,
-    sampler: str | Sampler | None = None,
-    frames: frames_layout.Frames | None = None,
-    **sampler_options: Any,
-) -> Store:
-    """Create a buffer folder and open it for writing.
-
-    Args:
-        path: the folder to create (missing parent folders are created too).
-        spec: a nest of :class:`ArraySpec` or anything :func:`mmreplay.spec.to_spec` takes.
-        capacity: time steps the ring holds; each step holds ``num_envs`` rows.
-        num_envs: parallel environments written per step.
-        backend: ``"zarr"`` (zarr v3) or ``"hdf5"``. By default zarr, or hdf5 with a
-            warning where zarr-python 3 (the ``zarr`` extra) does not import; a backend
-            named here is used or refused (an ImportError naming the extra, nothing made).
-        chunk_steps: steps per chunk, for every leaf or per leaf path; default chunks of
-            about 4 MiB.
-        compression: ``None`` (memory-mapped), a codec such as ``"zstd"``, ``"zstd:5"``,
-            ``"blosc"`` or ``"gzip"``, or a dict leaf path -> codec.
-        commit_every: steps between automatic commits.
-        durability: ``"process"`` (survives the process being killed) or ``"power"``
-            (also syncs the data, then the state file, to the disk at each commit).
-        roles: role -> leaf path, overriding the roles inferred from the names.
-        exist_ok: if a buffer with the same layout exists there, open it for writing.
-        sampler: what :meth:`Store.sample` draws through: ``"uniform"`` (the default),
-            ``"slices"``, ``"prioritized"``, another registered name, or a
-            :class:`mmreplay.samplers.Sampler`; recorded in the metadata, so
-            :func:`open` restores it.
-        frames: a :class:`mmreplay.Frames` to store each frame once: next observations
-            derived from the next step, frame stacks rebuilt from single frames
-            (``frames=mr.Frames(frame_stack=4)``); recorded in the metadata.
-        sampler_options: the named sampler's parameters (``num_steps=8``, ``alpha=0.6``...).
-
-    Example:
-        >>> import mmreplay as mr, tempfile
-        >>> store = mr.create(tempfile.mkdtemp() + "/b", {"x": mr.ArraySpec((), "int64")}, 100)
-        >>> store.close()
-    """
-    path = os.fspath(path)
-    chosen = make_sampler(sampler, **sampler_options)
-    meta = plan(
-        spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles, chosen, frames
-    )
-    backend = meta.backend  # hdf5 where zarr-python 3 does not import
-    module = backends.get(backend)
-    if os.path.lexists(path):
-        if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
-            store = open(path, "a")
-            _check_same_layout(store, meta)
-            return store
-        if not (os.path.isdir(path) and not os.listdir(path)):
-            raise BufferExistsError(
-                f"{path}: already exists; pass exist_ok=True to reopen a buffer, or choose a new path"
-            )
-    if any(leaf.compression for leaf in meta.leaves):
-        from .backends.row_codec import chunked_picture_advice  # (not imported for mapped stores)
-
-        for leaf in meta.leaves:
-            advice = chunked_picture_advice(leaf, meta.num_envs, backend)
-            if advice is not None:
-                warnings.warn(advice, UserWarning, stacklevel=backends.outside_mmreplay())
-    parent = os.path.dirname(os.path.abspath(path))
-    need = _check_free_space(_existing_ancestor(parent), module, meta)
-    log.info("creating %s: %s backend, preallocating %d bytes (%.2f GiB)", path, backend, need, need / 2**30)
-    # made whole or not at all: a Ctrl-C waits (zarr-python writes on a thread it does not stop)
-    with interrupts_deferred():
-        made = make_folders(parent)
-        remove_dead_scratch(path)
-        tmp = scratch_path(path, "creating")
-        lock = WriterLock(tmp)
-        try:
-            if os.path.lexists(tmp):
-                shutil.rmtree(tmp)
-            os.mkdir(tmp)
-            lock.acquire()
-            created = module.create(tmp, list(meta.leaves), meta.capacity, meta.num_envs)
-            if meta.frames is not None and meta.frames.side:
-                side = frames_layout.create_side(module, tmp, meta, list(meta.frames.side))
-                meta = replace(meta, frames=replace(meta.frames, side=tuple(side)))
-            meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
-            try:
-                os.rename(tmp, path)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-                raise BufferExistsError(
-                    f"{path}: another process created a buffer there meanwhile; pass exist_ok=True to reopen it"
-                ) from None
-        except BaseException as exc:
-            lock.release()
-            shutil.rmtree(tmp, ignore_errors=True)
-            for folder in reversed(made):  # a failed create leaves no folder behind
-                with contextlib.suppress(OSError):
-                    os.rmdir(folder)
-            if exist_ok and isinstance(exc, BufferExistsError):  # reopen what the other process made
-                return create(path, spec, capacity, num_envs, backend, chunk_steps, compression, commit_every,
-                              durability, roles, exist_ok, chosen, frames)
-            raise
-        lock.path = os.path.join(path, os.path.basename(lock.path))
-    if durability == "power":
-        for folder in {parent, *(os.path.dirname(m) for m in made)}:  # the new entries
-            backends.base.fsync_path(folder)
-    return Store(path, meta, "a", lock, chosen)
-
-
-def _existing_ancestor(folder: str) -> str:
-    while not os.path.exists(folder):
-        folder = os.path.dirname(folder)
-    return folder
-
-
-def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:
-    """The bytes creation preallocates (the backend's layout of the uncompressed
-    leaves and its metadata); a DiskFullError when the file system has less free."""
-    _, shards, overhead = module.planned_bytes(list(meta.leaves), meta.capacity, meta.num_envs)
-    need = sum(shards.values()) + overhead
-    free = shutil.disk_usage(parent).free
-    if need > free:
-        raise DiskFullError(
-            f"{parent}: the buffer needs {need} bytes ({need / 2**30:.2f} GiB) for its uncompressed leaves, "
-            f"the file system has {free} ({free / 2**30:.2f} GiB) free"
-        )
-    return need
-
-
-
-
-def _check_same_layout(store: Store, meta: Metadata) -> None:
-    have, want = store.metadata, meta
-    diffs = []
-    if spec_to_json(have.spec) != spec_to_json(want.spec):
-        diffs.append(f"spec: existing {have.spec} vs new {want.spec}")
-    for name in ("capacity", "num_envs", "backend"):
-        if getattr(have, name) != getattr(want, name):
-            diffs.append(f"{name}: existing {getattr(have, name)} vs new {getattr(want, name)}")
-    frames_have = None if have.frames is None else {**have.frames.to_json(), "side": None}
-    frames_want = None if want.frames is None else {**want.frames.to_json(), "side": None}
-    if frames_have != frames_want:
-        diffs.append(f"frames: existing {frames_have} vs new {frames_want}")
-    if diffs:
-        store.close()
-        raise SpecMismatchError(f"{store.path}: a different buffer exists there ({'; '.join(diffs)})")
 
 
 def open(  # noqa: A001 - mirrors h5py.File / zarr.open

@@ -845,8 +845,8 @@ def run_trial(path: str, config: TrialConfig, server: WriterServer, out: Summary
     :class:`TortureFailure` at the first failed check. The ``enospc`` ending needs ``path``
     on a file system of its own (:func:`run` mounts a tmpfs).
     """
+    from .creation import create
     from .frames_layout import Frames
-    from .store import create
     from .verify import verify
 
     rng = np.random.default_rng(config.seed)

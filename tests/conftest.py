@@ -1,13 +1,16 @@
-"""Shared fixtures: a small nested spec, each backend with and without compression, and
-``run_cli`` to run the command line in a fresh process as a user does."""
+"""Shared fixtures: a small nested spec, each backend with and without compression,
+``run_cli`` to run the command line in a fresh process as a user does, and ``writers``
+to kill a writer process and reopen what it left."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,3 +176,62 @@ def run_their_tests(test, env: dict | None = None) -> tuple[set[str], set[str], 
     failed = {name for name, tags in outcome.items() if tags & {"failure", "error"}}
     passed = {name for name, tags in outcome.items() if not tags & {"failure", "error", "skipped"}}
     return failed, passed, run.stdout[-6000:]
+
+
+class Writers:
+    """Writer processes in fresh interpreters, ended by SIGKILL: the kill-and-reopen
+    scenario of every crash test. A process a test started and did not end is killed
+    when the test ends, whatever happened."""
+
+    def __init__(self) -> None:
+        self._started: list[subprocess.Popen] = []
+
+    def start(self, code: str, *args: object, **popen) -> subprocess.Popen:
+        """``python -c CODE ARGS...`` with its stdout as a text pipe."""
+        popen.setdefault("stdout", subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], text=True, **popen)
+        self._started.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL ``proc`` and check that the kill is what ended it."""
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        assert proc.returncode == -signal.SIGKILL, proc.returncode
+
+    def kill_when(self, proc: subprocess.Popen, ready: Callable[[str], bool]) -> str:
+        """Read the lines ``proc`` prints until ``ready(line)``, then SIGKILL it; the line."""
+        for line in proc.stdout:
+            if ready(line):
+                self.kill(proc)
+                return line
+        raise AssertionError(f"the writer ended (status {proc.wait()}) before it was ready")
+
+    def run_killed(self, code: str, *args: object, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run code that kills itself with SIGKILL where it means to crash, and check that
+        it died so (stderr in the message otherwise)."""
+        done = subprocess.run(
+            [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=timeout
+        )
+        assert done.returncode == -signal.SIGKILL, (done.returncode, done.stderr[-3000:])
+        return done
+
+    def close(self) -> None:
+        for proc in self._started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def writers() -> Iterator[Writers]:
+    """Start writers, kill them, and know none outlives the test (:class:`Writers`)."""
+    started = Writers()
+    try:
+        yield started
+    finally:
+        started.close()

@@ -28,6 +28,7 @@ LAYERS = [
     {"episodes", "frames"},
     {"samplers", "joined"},
     {"store"},
+    {"creation"},
     {"convert", "verify", "sizes", "torture", "rerun"},
     {"objstore", "pictures"},
     {"snapshots", "formats"},

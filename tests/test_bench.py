@@ -28,7 +28,9 @@ EXPECTED = {
     "pixels": [
         "while the rings fill from empty",
         "on full rings (steady state)",
-        "contiguous",
+        "stacks contiguous in NCHW",
+        "collector and learner in one process",
+        "| add, rows:lz4 | ≥ 0.5× numpy-stacks |",
         "read from the disk",
         "(python)",
     ],
@@ -42,6 +44,7 @@ EXPECTED = {
     "compat": ["TF-Agents add_batch", "skrl RandomMemory.sample"],
     "sb3": ["save_replay_buffer"],
     "torchrl": ["SliceSampler"],
+    "nstep": ["n-step `sample(256)`", "| mmreplay store.sample |", "SB3 DQN on CartPole"],
 }
 
 
@@ -163,3 +166,20 @@ def test_pixel_steps_are_atari_like_stacks_with_episodes() -> None:
     np.testing.assert_array_equal(obs[1, ..., :3], obs[0, ..., 1:])  # a stack of 4 frames, newest last
     assert (obs[10, ..., 0] == obs[10, ..., 3]).all()  # an episode's first stack repeats its first frame
     assert 0 < np.unique(obs[5, 0]).size < 64  # screens, neither blank nor noise
+
+
+def test_pixel_batches_are_timed_in_the_models_layout_contiguous() -> None:
+    """Every system's stacks are made contiguous in the model's layout, whichever they
+    are stored in; the other leaves are made contiguous."""
+    from bench.pixels import in_layout
+
+    hwc = np.arange(2 * 3 * 84 * 84 * 4, dtype=np.uint32).reshape(2, 3, 84, 84, 4)  # a sequence batch
+    chw = np.ascontiguousarray(hwc.transpose(0, 1, 4, 2, 3))
+    done = np.zeros((6, 2), bool)[::2]
+    for stored, chw_stored in ((hwc, False), (chw, True), (hwc[:, 0], False), (chw[:, 0], True)):
+        lead = stored.ndim - 3
+        for layout, want in (("NCHW", chw), ("NHWC", hwc)):
+            got = in_layout({"obs": stored, "terminated": done}, chw_stored, layout)
+            expected = want if lead == 2 else want[:, 0]
+            assert got["obs"].flags.c_contiguous and got["terminated"].flags.c_contiguous
+            np.testing.assert_array_equal(got["obs"], expected)

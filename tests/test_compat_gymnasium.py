@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -371,19 +368,9 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_recorder_survives_sigkill_and_resumes(tmp_path):
+def test_recorder_survives_sigkill_and_resumes(tmp_path, writers):
     path = tmp_path / "v"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stdout:
-            committed = int(line)
-            if committed >= 260:
-                break
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    committed = int(writers.kill_when(writers.start(WRITER, path), lambda line: int(line) >= 260))
     store = mr.open(path)
     assert store.committed_steps >= committed and len(store) > 0
     got = store.get(slice(None))

@@ -631,9 +631,9 @@ def test_two_runs_resumed_from_the_same_folder_and_seed_train_the_same_weights(t
 SB3_TESTS = "tests/test_buffers.py"
 
 
-def _sb3_test_file(cache: str) -> str:
-    """SB3's ``tests/test_buffers.py`` from the installed version's sdist on PyPI (downloaded
-    once into ``cache``), with its ReplayBuffer and DictReplayBuffer imported from the
+def _sb3_test_file(cache: str, test: str = SB3_TESTS, drop_ins: str = "DictReplayBuffer, ReplayBuffer") -> str:
+    """SB3's ``test`` (``tests/test_buffers.py``) from the installed version's sdist on PyPI
+    (downloaded once into ``cache``), with the buffers ``drop_ins`` imported from the
     drop-in instead: the one change."""
     import importlib.metadata
     import tarfile
@@ -651,10 +651,10 @@ def _sb3_test_file(cache: str) -> str:
         if got.returncode != 0 or not sdist:
             pytest.skip(f"cannot download the stable-baselines3 {version} sdist from PyPI: {got.stderr[-300:]}")
     with tarfile.open(os.path.join(cache, sdist[0])) as tar:
-        member = next(m for m in tar.getmembers() if m.name.endswith("/" + SB3_TESTS))
+        member = next(m for m in tar.getmembers() if m.name.endswith("/" + test))
         source = tar.extractfile(member).read().decode()
     line = next(x for x in source.splitlines() if x.startswith("from stable_baselines3.common.buffers import"))
-    return source.replace(line, line + "\nfrom mmreplay.compat.sb3 import DictReplayBuffer, ReplayBuffer", 1)
+    return source.replace(line, line + f"\nfrom mmreplay.compat.sb3 import {drop_ins}", 1)
 
 
 def test_sb3s_own_buffer_tests_pass_against_the_drop_in(tmp_path):

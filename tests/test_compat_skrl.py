@@ -7,9 +7,6 @@ The numbered comments refer to the conformance checks of the reference semantics
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -532,18 +529,9 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_memory_survives_sigkill(tmp_path):
+def test_memory_survives_sigkill(tmp_path, writers):
     path = tmp_path / "m"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stdout:
-            if int(line) >= 45:
-                break
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    writers.kill_when(writers.start(WRITER, path), lambda line: int(line) >= 45)
     with RandomMemory(20, 3, device="cpu", path=path) as m:
         assert m.filled and len(m) == 60 and m.env_index == 0
         obs = m.get_tensor_by_name("observations")
@@ -650,3 +638,26 @@ def test_set_tensor_by_name_sets_rows_holding_steps_only(tmp_path):
         m.set_tensor_by_name("x", torch.arange(6.0).view(3, 2, 1))
         x = m.get_tensor_by_name("x")
         assert x[0].flatten().tolist() == [0, 1] and torch.isnan(x[1:]).all()
+
+
+def test_the_store_under_a_memory_gives_n_step_returns_of_skrls_tensors(tmp_path):
+    from test_nstep import expected
+
+    m = memory(tmp_path, 40, 2)
+    names = {"states": 3, "next_states": 3, "actions": 1, "rewards": 1, "terminated": 1, "truncated": 1}
+    for name, size in names.items():
+        m.create_tensor(name, size=size, dtype=torch.bool if name in ("terminated", "truncated") else torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    for t in range(30):
+        ended = torch.rand(2, 1, generator=gen) < 0.2
+        m.add_samples(
+            states=torch.full((2, 3), float(t)), next_states=torch.full((2, 3), t + 1.0), actions=torch.zeros(2, 1),
+            rewards=torch.rand(2, 1, generator=gen), terminated=ended & (t % 2 == 0), truncated=ended & (t % 2 == 1),
+        )  # fmt: skip
+    batch, info = m.store.sample(64, rng=0, transform=mr.NStep(3, gamma=0.9), return_info=True)
+    want = expected(m.store, info.step, info.env, 3, 0.9)
+    np.testing.assert_allclose(batch["rewards"], want["reward"], rtol=1e-6)
+    np.testing.assert_array_equal(batch["next_states"], want["next_observation"])
+    np.testing.assert_array_equal(batch["terminated"], want["terminated"])
+    np.testing.assert_allclose(batch["discount"], want["discount"][:, None], rtol=1e-6)
+    m.close()

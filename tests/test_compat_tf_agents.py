@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 
@@ -559,28 +557,15 @@ WRITER = textwrap.dedent(
 )
 
 
-def run_and_kill(path, kind, at_least):
+def run_and_kill(writers, path, kind, at_least):
     """Start a writer, wait until it reports ``at_least`` operations, SIGKILL it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(path), kind], stdout=subprocess.PIPE, text=True
-    )
-    last = -1
-    try:
-        for line in proc.stdout:
-            last = int(line)
-            if last >= at_least:
-                break
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
-    return last
+    proc = writers.start(WRITER, path, kind)
+    return int(writers.kill_when(proc, lambda line: int(line) >= at_least))
 
 
-def test_uniform_replay_buffer_survives_sigkill(tmp_path):
+def test_uniform_replay_buffer_survives_sigkill(tmp_path, writers):
     path = tmp_path / "rb"
-    done = run_and_kill(path, "rb", 120)
+    done = run_and_kill(writers, path, "rb", 120)
     spec = {"t": mr.ArraySpec((), "int64"), "obs": mr.ArraySpec((3,), "float32")}
     with UniformReplayBuffer(spec, batch_size=2, max_length=50, path=path) as rb:
         assert rb.last_id >= done  # every reported add was committed before it was reported
@@ -595,9 +580,9 @@ def test_uniform_replay_buffer_survives_sigkill(tmp_path):
         assert rb.last_id == resumed
 
 
-def test_numpy_storage_survives_sigkill(tmp_path):
+def test_numpy_storage_survives_sigkill(tmp_path, writers):
     path = tmp_path / "s"
-    done = run_and_kill(path, "ns", 150)
+    done = run_and_kill(writers, path, "ns", 150)
     with NumpyStorage({"x": mr.ArraySpec((2,), "int64")}, 64, path=path) as s:
         x = s.get(slice(None))["x"]
         assert (x[:, 1] == np.arange(64)).all()

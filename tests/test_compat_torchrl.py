@@ -568,6 +568,41 @@ def test_slice_sampler_batches_equal_lazy_memmap_storage(tmp_path, ndim):
     assert (a["episode"].view(-1, 4) == a["episode"].view(-1, 4)[:, :1]).all()  # slices stay in one episode
 
 
+def rollouts(num_envs: int, T: int, gen: torch.Generator) -> TensorDict:
+    """Collector-like batches ``[num_envs, T]`` with random rewards and episode ends."""
+    t = torch.arange(T).expand(num_envs, T)
+    done = torch.rand(num_envs, T, 1, generator=gen) < 0.15
+    terminated = done & (torch.rand(num_envs, T, 1, generator=gen) < 0.5)
+    nxt = {"obs": (t + 1).float()[..., None], "reward": torch.rand(num_envs, T, 1, generator=gen)}
+    nxt.update(done=done, terminated=terminated, truncated=done & ~terminated)
+    return TensorDict({"obs": t.float()[..., None], "action": t.clone(), "next": nxt}, [num_envs, T])
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_multi_step_transform_writes_and_samples_as_over_torchrls_storage(tmp_path, ndim):
+    from torchrl.envs.transforms import MultiStepTransform
+
+    num_envs = 2 if ndim == 2 else 1
+    buffers = []
+    for storage in (MMReplayStorage(tmp_path / "b", max_size=60, ndim=ndim), LazyTensorStorage(60, ndim=ndim)):
+        rb = TensorDictReplayBuffer(storage=storage, transform=MultiStepTransform(3, gamma=0.9), batch_size=16)
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(9):  # 90 steps per env, less the 3 the transform holds: the ring wraps
+            data = rollouts(num_envs, 10, gen)
+            rb.extend(data if ndim == 2 else data[0])
+        buffers.append(rb)
+    ours, theirs = buffers
+    torch.manual_seed(0)
+    a = ours.sample()
+    torch.manual_seed(0)
+    b = theirs.sample()
+    assert ("next", "original_reward") in a.keys(True) and "steps_to_next_obs" in a.keys()
+    for rows, other in ((a, b), (ours[:], theirs[:])):
+        assert set(rows.keys(True, True)) == set(other.keys(True, True))
+        for key in rows.keys(True, True):
+            assert torch.equal(rows[key], other[key]), key
+
+
 # --- TorchRL's own replay-buffer tests, with MMReplayStorage as LazyMemmapStorage ------
 
 #: TorchRL's test files whose LazyMemmapStorage the plugin tests/torchrl_suite.py replaces

@@ -4,9 +4,6 @@ thread writing as the program ends) never lose a committed step nor commit a wro
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -172,20 +169,18 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def _kill_a_writer(path: str, steps: int) -> None:
-    code = textwrap.dedent(KILLED_WRITER.format(path=path, steps=steps))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True)
-    assert result.returncode == -signal.SIGKILL, result.stderr.decode()
+def _kill_a_writer(writers, path: str, steps: int) -> None:
+    writers.run_killed(textwrap.dedent(KILLED_WRITER.format(path=path, steps=steps)))
 
 
-def test_hdf5_next_writer_keeps_what_a_dead_writer_wrote_past_its_recorded_end(tmp_path):
+def test_hdf5_next_writer_keeps_what_a_dead_writer_wrote_past_its_recorded_end(tmp_path, writers):
     """A writer killed mid-flush can leave chunks (and an index pointing at them) past the
     end-of-file address in its superblock; HDF5 would cut them off at the next flush."""
     path = str(tmp_path / "b")
     mr.create(
         path, {"x": mr.ArraySpec((64,), "float32")}, 64, backend="hdf5", compression="gzip", chunk_steps=4
     ).close()
-    _kill_a_writer(path, 20)
+    _kill_a_writer(writers, path, 20)
     data = os.path.join(path, "data.h5")
     flags, eof = hdf5_status(data)
     assert flags != 0  # left open for SWMR writing
@@ -202,12 +197,12 @@ def test_hdf5_next_writer_keeps_what_a_dead_writer_wrote_past_its_recorded_end(t
     assert verify_cli(path) == (0, [])
 
 
-def test_hdf5_killed_writer_leaves_the_file_open_for_readers(tmp_path):
+def test_hdf5_killed_writer_leaves_the_file_open_for_readers(tmp_path, writers):
     path = str(tmp_path / "b")
     mr.create(
         path, {"x": mr.ArraySpec((64,), "float32")}, 64, backend="hdf5", compression="gzip", chunk_steps=4
     ).close()
-    _kill_a_writer(path, 7)
+    _kill_a_writer(writers, path, 7)
     flags, _ = hdf5_status(os.path.join(path, "data.h5"))
     assert flags & 4, "flags of a SWMR writer (readers may open the file)"
     with mr.open(path) as reader:

@@ -395,29 +395,18 @@ while True:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_index_after_sigkill_matches_a_rebuild_from_the_leaves(tmp_path, seed):
+def test_index_after_sigkill_matches_a_rebuild_from_the_leaves(tmp_path, seed, writers):
     import shutil
-    import signal
-    import subprocess
-    import sys
     import time
 
     path = str(tmp_path / "b")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER.format(tests=os.path.dirname(__file__), path=path, seed=seed)]
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(path + ".ready"):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
-        time.sleep(0.05 * seed)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc = writers.start(KILLED_WRITER.format(tests=os.path.dirname(__file__), path=path, seed=seed), stdout=None)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path + ".ready"):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.05 * seed)
+    writers.kill(proc)
     rebuilt = str(tmp_path / "copy")
     shutil.copytree(path, rebuilt, ignore=shutil.ignore_patterns(INDEX_FILE, ".lock"))
     with mr.open(rebuilt, "r") as reader:

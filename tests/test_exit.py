@@ -489,7 +489,7 @@ def test_ctrl_c_in_the_middle_of_a_write_commits_no_torn_step(tmp_path, cut):
 # --- a thread still writing as the program ends -----------------------------------------
 
 THREAD_AT_EXIT = """
-import sys, threading, time, numpy as np, mmreplay as mr
+import os, sys, threading, time, numpy as np, mmreplay as mr
 from mmreplay.spec import flatten, unflatten
 from mmreplay.torture import SPEC, step_values
 store = mr.create({path!r}, SPEC, capacity=64, num_envs=2, backend={backend!r}, compression={compression!r},
@@ -513,7 +513,7 @@ def collect():
             store.extend(unflatten(SPEC, step_values(leaves, 2, np.arange(g, g + 5))))
             g += 5
     except mr.ClosedError as exc:  # closed by the exit hooks
-        print("closed:", exc, flush=True)
+        os.write(1, f"closed: {{exc}}\\n".encode())  # one write: the interpreter may stop the thread any time
 threading.Thread(target=collect, daemon=True).start()
 midway.wait()  # then the main thread returns, the thread in the middle of an extend
 """

@@ -361,9 +361,9 @@ def test_unknown_format_bad_compression_and_complete_only_on_step_formats(vector
         export(vector, tmp_path / "x.h5", "d4rl", compression="zstd")
     with pytest.raises(mr.BadInputError, match="complete-only"):
         export(vector, tmp_path / "x.npz", "npz", complete_only=True)
-    with pytest.raises(FileNotFoundError):
-        export(vector, tmp_path / "missing" / "x.npz", "npz")
-    assert sorted(os.listdir(tmp_path)) == ["vector"]
+    assert sorted(os.listdir(tmp_path)) == ["vector"]  # the refusals made nothing
+    export(vector, tmp_path / "missing" / "x.npz", "npz")  # parent folders are made, as mkdir -p
+    assert sorted(os.listdir(tmp_path / "missing")) == ["x.npz"]
 
 
 def test_failed_export_leaves_nothing(tmp_path):

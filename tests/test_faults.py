@@ -982,3 +982,34 @@ def test_verify_says_what_it_checked_and_what_it_cannot(tmp_path):
     assert "chunk-compressed leaves 'obs/pixels': every chunk holding committed steps was stored" in text, text
     assert "memory-mapped leaves 'action', 'obs/state', 'reward', 'terminated'" in text, text
     assert "a row holding another step's bytes is not found" in text, text
+
+
+def test_an_extend_refused_by_a_full_disk_leaves_an_episode_index_verify_accepts(tmpfs):
+    """An extend cut short gives up the steps whose slots it may have reached; the next
+    commit records the ends of retained steps only (it once recorded the given-up steps'
+    ends below the index's origin, and verify called the index out of order)."""
+    fs = tmpfs("2m")
+    path = os.path.join(fs, "b")
+    spec = {"x": mr.ArraySpec((4096,), "uint8"), "terminated": mr.ArraySpec((), "bool")}
+    rng = np.random.default_rng(0)
+
+    def steps(lo: int, n: int) -> dict:
+        return {
+            "x": rng.integers(0, 256, (n, 1, 4096), dtype=np.uint8),  # incompressible: chunks take room
+            "terminated": (np.arange(lo, lo + n) % 3 == 2).reshape(n, 1),
+        }
+
+    store = mr.create(path, spec, 150, compression="zstd", chunk_steps=41, commit_every=10**6)
+    filler = os.path.join(fs, "filler")
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (shutil.disk_usage(fs).free - 300 * 1024))
+    with pytest.raises(mr.DiskFullError):
+        store.extend(steps(0, 185))
+    os.remove(filler)
+    g = store.total_steps
+    store.extend(steps(g, 60))
+    store.close()
+    assert_healthy(path)
+    with mr.open(path) as reader:
+        ends = [(e.first_step, e.last_step) for e in reader.episodes(0)]
+        assert len(ends) > 5 and all(last % 3 == 2 for _, last in ends[:-1])

@@ -66,6 +66,12 @@ def _compare_window(full, once, what=""):
     for p, a, b in zip(full.leaf_paths, full.read_steps(steps), once.read_steps(steps)):
         _same(a, b, f"{what} read_steps {p}")
     _same(full.sample(40, rng=3, window=(first, end)), once.sample(40, rng=3), f"{what} sample")
+    nstep = mr.NStep(3, gamma=0.9)  # its bootstrap observations too
+    _same(
+        full.sample(40, rng=3, window=(first, end), transform=nstep),
+        once.sample(40, rng=3, transform=nstep),
+        f"{what} n-step sample",
+    )
     n = min(4, end - first)
     _same(
         full.sample(9, num_steps=n, rng=4, window=(first, end)),

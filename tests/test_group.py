@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -209,10 +208,8 @@ ACTOR = textwrap.dedent(
 ).format(tests=os.path.dirname(__file__))
 
 
-def start_actor(path, shard: int) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", ACTOR, str(path), str(shard)], stdout=subprocess.PIPE, text=True
-    )
+def start_actor(writers, path, shard: int) -> tuple[subprocess.Popen, int]:
+    proc = writers.start(ACTOR, path, shard)
     return proc, int(proc.stdout.readline())
 
 
@@ -224,39 +221,32 @@ def wait_for(group: mr.Group, shard: int, steps: int, timeout: float = 60) -> No
         group.refresh()
 
 
-def test_an_actor_killed_loses_only_its_uncommitted_tail_and_resumes_its_shard(tmp_path):
+def test_an_actor_killed_loses_only_its_uncommitted_tail_and_resumes_its_shard(tmp_path, writers):
     path = tmp_path / "g"
     mr.create_group(path, SPEC, shards=2, capacity=1000, num_envs=2, commit_every=10).close()
-    actors = [start_actor(path, shard)[0] for shard in range(2)]
-    try:
-        with mr.open_group(path) as group:
-            wait_for(group, 0, 40)
-            wait_for(group, 1, 40)
-            actors[0].send_signal(signal.SIGKILL)
-            actors[0].wait()
-            group.refresh()
-            committed = group.shards[0].committed_steps
-            seen = group.shards[1].committed_steps
-            wait_for(group, 1, seen + 40)  # the other actor carries on
-            assert group.shards[0].committed_steps == committed
-            batch, info = group.sample(512, num_steps=4, rng=0, return_info=True)
-            check_rows(batch, info)
-            assert set(info.shard) == {0, 1}
-            actors[0], resumed_at = start_actor(path, 0)
-            assert resumed_at == committed  # the shard resumes after its committed steps
-            wait_for(group, 0, committed + 30)
-            actors[0].send_signal(signal.SIGKILL)  # and again: every committed row is whole
-            actors[0].wait()
-            group.refresh()
-            shard = group.shards[0]
-            rows = np.concatenate([b["obs"] for b in shard.iterate(batch_size=64)])
-            expected = [(g, e) for g in range(shard.first_step, shard.committed_steps) for e in range(2)]
-            assert sorted(map(tuple, rows[:, 1:].tolist())) == expected
-            check_rows(*group.sample(256, rng=1, return_info=True))
-    finally:
-        for proc in actors:
-            proc.kill()
-            proc.wait()
+    actors = [start_actor(writers, path, shard)[0] for shard in range(2)]
+    with mr.open_group(path) as group:
+        wait_for(group, 0, 40)
+        wait_for(group, 1, 40)
+        writers.kill(actors[0])
+        group.refresh()
+        committed = group.shards[0].committed_steps
+        seen = group.shards[1].committed_steps
+        wait_for(group, 1, seen + 40)  # the other actor carries on
+        assert group.shards[0].committed_steps == committed
+        batch, info = group.sample(512, num_steps=4, rng=0, return_info=True)
+        check_rows(batch, info)
+        assert set(info.shard) == {0, 1}
+        actors[0], resumed_at = start_actor(writers, path, 0)
+        assert resumed_at == committed  # the shard resumes after its committed steps
+        wait_for(group, 0, committed + 30)
+        writers.kill(actors[0])  # and again: every committed row is whole
+        group.refresh()
+        shard = group.shards[0]
+        rows = np.concatenate([b["obs"] for b in shard.iterate(batch_size=64)])
+        expected = [(g, e) for g in range(shard.first_step, shard.committed_steps) for e in range(2)]
+        assert sorted(map(tuple, rows[:, 1:].tolist())) == expected
+        check_rows(*group.sample(256, rng=1, return_info=True))
 
 
 def test_slice_groups_split_by_the_starts_inside_episodes(tmp_path):

@@ -9,6 +9,7 @@ Python path used.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 import mmreplay as mr
 from mmreplay.backends import native_rows
@@ -477,3 +479,60 @@ def test_pip_install_works_where_the_compiler_fails_and_decodes_in_python(tmp_pa
     assert check.stdout.splitlines() == [
         "python (the C extension mmreplay._rowdecode is not built (no compiler at install time?))", "ok"
     ]
+
+
+def _lz4_store(path: Path) -> Path:
+    spec = {"obs": mr.ArraySpec((20, 20, 2), "uint8")}
+    with mr.create(path, spec, 64, 4, compression={"obs": "rows:lz4"}, chunk_steps=8) as s:  # sealed but the last
+        s.extend({"obs": screens(64, 4, np.random.default_rng(0))})
+    return path
+
+
+#: in a fresh process: the decoding threads the process runs after a batch at each setting
+THREADS_AFTER = """
+import os, sys, mmreplay as mr
+store = mr.open(sys.argv[1], "r")
+got = []
+for setting in sys.argv[2:]:
+    store.set_decode_threads(int(setting))
+    before = len(os.listdir("/proc/self/task"))
+    store.sample(256, rng=0)
+    got.append(len(os.listdir("/proc/self/task")) - before)
+print(got, store.decode_threads.threads, store.decode_threads.setting)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_set_number_of_decode_threads_is_used_whatever_the_load(tmp_path):
+    """set_decode_threads(n) decodes a batch on n threads (the caller and n - 1 pool
+    threads, started once), even on a machine loaded past its cores."""
+    need_native("rows:lz4")
+    path = _lz4_store(tmp_path / "b")
+    out = subprocess.run([sys.executable, "-c", THREADS_AFTER, path, "1", "3", "2"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[0,", "2,", "0]", "2", "2"]
+
+
+def test_set_decode_threads_refuses_what_is_not_a_number_of_threads(tmp_path):
+    with mr.open(_lz4_store(tmp_path / "b"), "r") as store:
+        for bad in (0, -1, 1.5, True, "2"):
+            with pytest.raises(ValueError, match="set_decode_threads: expected an int in"):
+                store.set_decode_threads(bad)
+        assert store.decode_threads.setting is None  # the automatic choice: one per idle core
+        store.set_decode_threads(3)
+        assert store.decode_threads[:2] == (3, 3) and "as set" in str(store.decode_threads)
+
+
+def test_inspect_says_how_many_threads_decode_and_why(tmp_path):
+    path = _lz4_store(tmp_path / "b")
+    text = run_cli("inspect", path, "--no-images")
+    assert text.returncode == 0, text.stderr
+    line = next(x for x in text.stdout.splitlines() if x.startswith("  decoding "))
+    assert "one per idle core at load average" in line and "store.set_decode_threads(n)" in line
+    got = json.loads(run_cli("inspect", path, "--json").stdout)["decode_threads"]
+    assert got["setting"] is None and 1 <= got["threads"] <= got["cpus"] == os.cpu_count()
+    with mr.create(tmp_path / "plain", {"obs": mr.ArraySpec((2,), "uint8")}, 8) as s:
+        s.add({"obs": np.zeros((1, 2), np.uint8)})
+    plain = run_cli("inspect", tmp_path / "plain", "--no-images")
+    assert "decoding" not in plain.stdout
+    assert json.loads(run_cli("inspect", tmp_path / "plain", "--json").stdout)["decode_threads"] is None

@@ -205,7 +205,8 @@ def test_readers_see_whole_rows_while_a_running_writer_is_pushed(tmp_path, url):
                 for k in range(3):
                     g = check_rows(remote.sample(32, rng=i * 3 + k))
                     assert g.max() < remote.total_steps  # committed steps only
-                    check_rows(remote.sample(4, num_steps=3, rng=k))
+                    if remote.window.end - remote.window.first >= 3:  # (a push slower than most of a lap keeps fewer)
+                        check_rows(remote.sample(4, num_steps=3, rng=k))
     finally:
         writer.kill()
         writer.wait()

@@ -169,3 +169,23 @@ def test_read_store_gives_a_dataset_of_rows(cluster, tmp_path):
     batch = mray.read_store(path).take_batch(100)
     assert sorted(batch["shard"].tolist()) == [0, 0, 0, 1, 1, 1, 1]
     assert (batch["obs"][:, 0] == batch["shard"]).all() and (batch["obs"][:, 1] == batch["global_step"]).all()
+
+
+@pytest.mark.long
+def test_each_actor_computes_the_n_step_returns_of_its_part(cluster, tmp_path):
+    from test_nstep import SPEC as NSTEP_SPEC
+    from test_nstep import check
+    from test_nstep import steps_of as nstep_steps
+
+    ray, mray = cluster
+    writers = mray.start_writers(str(tmp_path), NSTEP_SPEC, shards=2, capacity=30, num_envs=2)
+    for shard, writer in enumerate(writers):
+        ray.get(writer.extend.remote(nstep_steps(0, 20 + 5 * shard, 2, np.random.default_rng(shard))))
+        ray.get(writer.commit.remote())
+    batch, info = mray.RaySampler(writers, NSTEP_SPEC).sample(100, rng=0, transform=mr.NStep(3, 0.9), return_info=True)
+    for writer in writers:
+        ray.get(writer.close.remote())
+    for shard in range(2):
+        mine = info.shard == shard
+        with mr.open(tmp_path / f"shard-00{shard}") as store:
+            check(store, {k: v[mine] for k, v in batch.items()}, info.step[mine], info.env[mine], 3, 0.9)

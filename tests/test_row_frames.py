@@ -20,6 +20,7 @@ import pytest
 import zarr
 
 import mmreplay as mr
+from mmreplay.backends import native_rows
 
 pytest.importorskip("zstandard")
 pytest.importorskip("cramjam")
@@ -496,9 +497,9 @@ def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commi
         raise OSError("the codec failed")
 
     if way == "native":
-        leaf.frames._native_encoder = FailingEncoder()
+        leaf.frames._native_encoders = {slot: FailingEncoder() for slot in range(8)}  # every encoding thread's
     else:
-        leaf.frames._native_encodes, leaf.frames._native_encoder = False, None
+        leaf.frames._native_encodes, leaf.frames._native_encoders = False, {}
         leaf.frames.encode_rows = fails  # the Python encoding thread's codec
     store.add({"x": rows[1]})  # inside the segment: its rows are encoded in the background
     with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed.*the codec failed"):
@@ -553,7 +554,7 @@ def _background_threads() -> tuple[int, int]:
     return native, sum(t.name == "mmreplay-encode" for t in threading.enumerate())
 
 
-def test_a_writer_encodes_every_row_leaf_on_one_thread_the_frames_side_ring_included(tmp_path):
+def test_a_writer_encodes_every_row_leaf_on_one_pool_the_frames_side_ring_included(tmp_path):
     spec = {"obs": mr.ArraySpec((6, 7), "uint8"), "next_obs": mr.ArraySpec((6, 7), "uint8"),
             "depth": mr.ArraySpec((6, 7), "uint16"), "terminated": mr.ArraySpec((), "bool")}
     compression = {"obs": "rows:lz4", "depth": "rows:zstd:1"}
@@ -574,10 +575,12 @@ def test_a_writer_encodes_every_row_leaf_on_one_thread_the_frames_side_ring_incl
             obs = frames[t + 1]
             if t == 20:
                 assert len({id(leaf.encoder) for leaf in leaves}) == 1
-                # one native thread encodes (where the extension is), one Python thread
-                # seals segments (and encodes where rows encode in Python)
-                native = leaves[0].frames.native_encoder() is not None
-                assert _background_threads() == (before[0] + native, before[1] + 1)
+                # native threads encode (where the extension is), up to one per core, one
+                # Python thread seals segments (and encodes where rows encode in Python)
+                workers = len(leaves[0].encoder.workers)
+                if leaves[0].frames.native_encoder() is not None:
+                    assert 1 <= workers <= native_rows.encode_threads()
+                assert _background_threads() == (before[0] + workers, before[1] + 1)
         got = store.get(slice(None))
     assert _background_threads() == before  # stopped when the last leaf closed
     np.testing.assert_array_equal(got["depth"], depth[8:])

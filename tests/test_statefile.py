@@ -8,10 +8,10 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -321,11 +321,10 @@ store.set_attrs(checkpoint=2)
 """
 
 
-def test_attrs_written_but_not_committed_are_not_read(tmp_path):
+def test_attrs_written_but_not_committed_are_not_read(tmp_path, writers):
     path = make(tmp_path / "b", 5)
     code = textwrap.dedent(KILLED_IN_SET_ATTRS.format(path=path))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True)
-    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    writers.run_killed(code)
     on_disk = json.loads(open(os.path.join(path, METADATA_FILE)).read())
     assert on_disk["attrs"] == {"checkpoint": 2}  # written, never committed by a state
     with mr.open(path) as reader:
@@ -350,21 +349,17 @@ for k in range(10**6):
 """
 
 
-def test_attrs_under_random_kills_always_describe_a_commit(tmp_path):
+def test_attrs_under_random_kills_always_describe_a_commit(tmp_path, writers):
     """Each round commits one step, then records the step count in the attributes; a
     kill anywhere leaves attributes that one commit (this or the one before) made."""
     path = make(tmp_path / "b", 1, commit_every=10**6)
     rng = np.random.default_rng(0)
     code = textwrap.dedent(SET_ATTRS_LOOP.format(path=path))
     for trial in range(12):
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        proc = writers.start(code)
         proc.stdout.readline()  # running
-        import time
-
         time.sleep(float(rng.uniform(0, 0.05)))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
+        writers.kill(proc)
         with mr.open(path) as reader:
             end = reader.committed_steps
             steps = reader.attrs.get("steps")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -408,18 +407,15 @@ def check_rows(store):
     np.testing.assert_array_equal(x, np.repeat(want[:, :, None], 6, axis=2))
 
 
-def test_committed_rows_survive_kill_9_and_collection_resumes(tmp_path, layout):
+def test_committed_rows_survive_kill_9_and_collection_resumes(tmp_path, layout, writers):
     path = str(tmp_path / "b")
     compression = layout["compression"] or "none"
     for round_ in range(2):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, path, layout["backend"], compression], stdout=subprocess.PIPE, text=True
-        )
+        proc = writers.start(WRITER, path, layout["backend"], compression)
         reported = 0
         for _ in range(12 + round_ * 5):  # past the ring's end on the second round
             reported = int(proc.stdout.readline())
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        writers.kill(proc)
         with mr.open(path) as store:
             assert store.committed_steps >= reported
             check_rows(store)
@@ -451,18 +447,13 @@ READER = textwrap.dedent(
 )
 
 
-def test_reader_process_sees_only_committed_bit_exact_rows(tmp_path, layout):
+def test_reader_process_sees_only_committed_bit_exact_rows(tmp_path, layout, writers):
     path = str(tmp_path / "b")
     compression = layout["compression"] or "none"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, path, layout["backend"], compression], stdout=subprocess.PIPE, text=True)
-    writer.stdout.readline()
-    try:
-        out = subprocess.run([sys.executable, "-c", READER, path, "150"], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert int(out.stdout) >= 150
-    finally:
-        writer.kill()
-        writer.wait()
+    writers.start(WRITER, path, layout["backend"], compression).stdout.readline()
+    out = subprocess.run([sys.executable, "-c", READER, path, "150"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) >= 150
 
 
 def test_second_writer_is_refused_with_the_holders_pid(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -81,7 +82,7 @@ def test_without_zarr3_buffers_are_hdf5_with_a_warning(tmp_path):
     made, gathered, refused = out.stdout.splitlines()
     backend, message = made.split(" | ")
     assert backend == "hdf5" and "zarr-python 3 does not import here" in message
-    assert "BloscCodec" in message and "pip install 'mmreplay[zarr]'" in message
+    assert re.search(r"does not import here \(.*zarr.*\)", message) and "pip install 'mmreplay[zarr]'" in message
     assert gathered == str([[2, 3, 4, 5, 6], [102, 103, 104, 105, 106]])
     assert refused.startswith("ImportError: the zarr backend needs zarr-python 3 (pip install 'mmreplay[zarr]')")
     verify = subprocess.run(

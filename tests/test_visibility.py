@@ -3,7 +3,6 @@ processes read the committed prefix, and a crash keeps exactly the committed ste
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import textwrap
@@ -88,13 +87,10 @@ def test_writer_view_after_a_wrap_with_uncommitted_steps(tmp_path, layout):
         assert (seq["x"] == 100 * (info.step[:, None] + np.arange(3)) + info.env[:, None]).all()
 
 
-def test_kill_keeps_exactly_the_committed_steps(tmp_path):
+def test_kill_keeps_exactly_the_committed_steps(tmp_path, writers):
     path = tmp_path / "b"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(f"""
+    proc = writers.start(
+        textwrap.dedent(f"""
                 import sys, time, numpy as np, mmreplay as mr
                 store = mr.create({str(path)!r}, {{"x": mr.ArraySpec((), "int64")}}, 100, commit_every=1000)
                 for t in range(30):
@@ -105,16 +101,10 @@ def test_kill_keeps_exactly_the_committed_steps(tmp_path):
                 assert len(store) == 70 and store.sample(8)["x"].max() < 70
                 print(store.committed_steps, flush=True)
                 time.sleep(60)
-            """),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+            """)
     )
-    try:
-        committed = int(proc.stdout.readline())
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    committed = int(proc.stdout.readline())
+    writers.kill(proc)
     assert 30 <= committed < 70  # the writer saw 70 steps, fewer were committed
     with mr.open(path, "a") as store:
         assert len(store) == committed and store.committed_steps == committed

@@ -28,6 +28,7 @@ import numpy as np
 
 __all__ = [
     "ENV",
+    "DecodeThreads",
     "FrameBatch",
     "NativeDecoder",
     "NativeEncoder",
@@ -52,9 +53,11 @@ PACKAGE_MODULES = {"lz4": ["lz4.block._block"], "zstd": ["zstandard.backend_c"]}
 
 #: seconds between reads of the load average
 LOAD_EVERY = 1.0
+#: threads a batch may decode on (the C extension's pool)
+MAX_THREADS = 256
 
 _lock = threading.Lock()
-_load_seen = [-LOAD_EVERY, 0.0]  # [when, cores that were idle]
+_load_seen = [-LOAD_EVERY, 0.0, 0.0]  # [when, cores that were idle, load average]
 _loaded: dict[str, str | None] = {}  # codec -> the library used (None: none found)
 _why: dict[str, str] = {}  # codec -> why there is no native decoding
 
@@ -135,8 +138,56 @@ def idle_cores() -> int:
         except OSError:
             load = 0.0
         cpus = os.cpu_count() or 1
-        _load_seen[:] = [now, max(1.0, min(cpus, cpus - load + 1.5))]  # rounded down: + 1 + 0.5
+        _load_seen[:] = [now, max(1.0, min(cpus, cpus - load + 1.5)), load]  # rounded down: + 1 + 0.5
     return int(_load_seen[1])
+
+
+class DecodeThreads(NamedTuple):
+    """The threads a batch of row frames decodes on, and why (``Store.decode_threads``)."""
+
+    threads: int  # what the next batch decodes on
+    setting: int | None  # ``Store.set_decode_threads``; None: one per idle core
+    cpus: int
+    load: float | None  # the 1-minute load average the automatic choice read
+
+    def __str__(self) -> str:
+        if self.setting is not None:
+            return f"{self.threads} thread(s), as set (store.set_decode_threads)"
+        return (
+            f"{self.threads} thread(s) of {self.cpus} CPUs: automatic, one per idle core at load average "
+            f"{self.load:.2f} (store.set_decode_threads(n) fixes the number)"
+        )
+
+
+def decode_threads(setting: int | None) -> DecodeThreads:
+    """The threads a batch decodes on for ``setting``: that many if set, else one per idle
+    core (:func:`idle_cores`)."""
+    cpus = os.cpu_count() or 1
+    if setting is not None:
+        return DecodeThreads(setting, setting, cpus, None)
+    threads = idle_cores()
+    return DecodeThreads(threads, None, cpus, _load_seen[2])
+
+
+def encode_threads() -> int:
+    """Native threads a writer's row frames encode on: one per core this process may run
+    on, at most 8 (a writer that adds faster than they encode waits at the segment's end)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
+def check_decode_threads(threads: Any) -> int | None:
+    """``threads`` as an int >= 1 (at most the extension's pool) or None; ValueError else."""
+    if threads is None:
+        return None
+    if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS:
+        raise ValueError(
+            f"set_decode_threads: expected an int in [1, {MAX_THREADS}] or None (one per idle core), got {threads!r}"
+        )
+    return int(threads)
 
 
 def disabled() -> bool:
@@ -163,11 +214,12 @@ class NativeDecoder:
         threads: int,
         dictionary: Any = None,
         verify: bool = True,
+        permute: tuple[int, int, int] | None = None,
     ) -> None:
         """Decode ``batch`` into ``out`` (rows of ``row_bytes`` bytes) on up to ``threads``
-        threads, no more than there are idle cores. ``verify=False`` skips zstd's content
-        checksums (see :meth:`skips_checksums`). ValueError naming the first frame that does
-        not decode."""
+        threads (:func:`decode_threads`), each row written transposed as ``permute`` says
+        (:func:`mmreplay.read.layout.gather_rows`). ``verify=False`` skips zstd's content checksums (see
+        :meth:`skips_checksums`). ValueError naming the first frame that does not decode."""
         self._ext.decode_rows(
             self.codec,
             batch.buffers,
@@ -177,9 +229,10 @@ class NativeDecoder:
             np.ascontiguousarray(batch.lengths, np.int64),
             out,
             row_bytes,
-            min(threads, idle_cores()),
+            threads,
             dictionary,
             verify,
+            *(permute or ()),
         )
 
     def skips_checksums(self) -> bool:

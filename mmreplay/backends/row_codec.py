@@ -24,6 +24,7 @@ from ..codecs import parse
 from ..errors import SpecError
 from ..io import ByteSource, LocalFolder
 from ..metadata import LeafInfo
+from ..read.layout import gather_rows
 from ..spec import is_image
 from . import native_rows
 
@@ -128,10 +129,13 @@ def _lz4_encoder() -> Any:
 class FrameCodec:
     """A leaf's ``rows:`` codec: encode one row, decode a batch of rows into an output array."""
 
-    def __init__(self, codec: RowCodec, row_bytes: int, threads: int, source: ByteSource | None = None, dictionary_key: str = ""):
+    def __init__(
+        self, codec: RowCodec, row_bytes: int, threads: int | None, source: ByteSource | None = None, dictionary_key: str = ""
+    ):
         self.codec = codec
         self.row_bytes = row_bytes
-        self.threads = max(1, threads)
+        #: ``Store.set_decode_threads``: a number, or None for one per idle core
+        self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self.source, self.dictionary_key = source, dictionary_key  # where the trained dictionary is kept
         self.dictionary: Any = None
@@ -141,7 +145,9 @@ class FrameCodec:
         # one native call per batch where the C extension and a codec library are there
         self.native = native_rows.decoder(codec.codec)
         self._native_dictionary: Any = None
-        self._native_encoder: Any = None  # made at the first encode (readers never encode)
+        #: one per encoding thread (a zstd context serves one thread at a time), made at the
+        #: first encode (readers never encode); slot 0 is the writer thread's too
+        self._native_encoders: dict[int, native_rows.NativeEncoder] = {}
         self._native_encodes = not native_rows.disabled()
         if codec.codec == "zstd":
             zstd = _require("zstandard")
@@ -174,7 +180,7 @@ class FrameCodec:
         self._decompressor = zstd.ZstdDecompressor(dict_data=dictionary)
         if self.native is not None:
             self._native_dictionary = self.native.dictionary(dictionary.as_bytes())
-        self._native_encoder = None  # made again with the dictionary
+        self._native_encoders = {}  # made again with the dictionary
 
     def train(self, rows: np.ndarray) -> bool:
         """Train the dictionary on ``rows`` and store it (write then rename); False when
@@ -199,14 +205,17 @@ class FrameCodec:
             return native.encode(np.ascontiguousarray(rows, np.uint8))
         return [self.encode(r) for r in rows]
 
-    def native_encoder(self) -> native_rows.NativeEncoder | None:
-        """The native encoder of these frames (with the dictionary once there is one), or
-        None where rows encode in Python."""
-        if self._native_encodes and self._native_encoder is None:
+    def native_encoder(self, slot: int = 0) -> native_rows.NativeEncoder | None:
+        """The native encoder of these frames for encoding thread ``slot`` (with the
+        dictionary once there is one), or None where rows encode in Python."""
+        found = self._native_encoders.get(slot)
+        if found is None and self._native_encodes:
             dictionary = None if self.dictionary is None else self.dictionary.as_bytes()
-            self._native_encoder = native_rows.encoder(self.codec.codec, self.codec.level, dictionary)
-            self._native_encodes = self._native_encoder is not None
-        return self._native_encoder
+            found = native_rows.encoder(self.codec.codec, self.codec.level, dictionary)
+            self._native_encodes = found is not None
+            if found is not None:
+                self._native_encoders[slot] = found
+        return found
 
     def encode(self, row: np.ndarray) -> bytes:
         """One row's frame, in Python."""
@@ -217,10 +226,21 @@ class FrameCodec:
             return self._lz4.encode(row)
         return bytes(self._cramjam.lz4.compress_block(row, store_size=True))
 
-    def decode(self, batch: native_rows.FrameBatch, out: np.ndarray) -> None:
-        """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8)."""
+    def decode(
+        self, batch: native_rows.FrameBatch, out: np.ndarray, permute: tuple[int, int, int] | None = None
+    ) -> None:
+        """Decode ``batch`` into ``out`` (rows of ``row_bytes``, uint8), each row written
+        transposed as ``permute`` says (:func:`mmreplay.read.layout.gather_rows`)."""
+        threads = native_rows.decode_threads(self.threads).threads
         if self.native is not None:
-            self.native.decode(batch, out, self.row_bytes, self.threads, self._native_dictionary, self.verify)
+            self.native.decode(batch, out, self.row_bytes, threads, self._native_dictionary, self.verify, permute)
+            return
+        if permute is not None and permute[0] > 1:  # decoded, then laid out
+            decoded = np.empty_like(out)
+            self.decode(batch, decoded)
+            laid_out = np.empty((len(batch.where), self.row_bytes), np.uint8)
+            gather_rows(decoded, self.row_bytes, 0, batch.where, laid_out, *permute)
+            out[batch.where] = laid_out
             return
         # the Python decoders take the frames grouped by buffer
         order = np.argsort(batch.which, kind="stable")
@@ -230,11 +250,13 @@ class FrameCodec:
             for g in np.split(order, cuts)
         ]
         if self.codec.codec == "zstd":
-            self._decode_zstd(sources, out)
+            self._decode_zstd(sources, out, threads)
         else:
-            self._decode_lz4(sources, out)
+            self._decode_lz4(sources, out, threads)
 
-    def _decode_zstd(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+    def _decode_zstd(
+        self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray, threads: int
+    ) -> None:
         zstd = self._zstd
         buffers = []
         for buf, _, offsets, lengths in sources:
@@ -246,7 +268,7 @@ class FrameCodec:
         # (Each frame records its size; zstandard 0.25 refuses ``decompressed_sizes`` with
         # more than one buffer.)
         decoded = self._decompressor.multi_decompress_to_buffer(
-            zstd.BufferWithSegmentsCollection(*buffers), threads=self.threads
+            zstd.BufferWithSegmentsCollection(*buffers), threads=threads
         )
         where = np.concatenate([s[1] for s in sources])
         pos = 0
@@ -255,7 +277,9 @@ class FrameCodec:
             out[where[pos : pos + len(part)]] = part
             pos += len(part)
 
-    def _decode_lz4(self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+    def _decode_lz4(
+        self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray, threads: int
+    ) -> None:
         rb = self.row_bytes
         jobs = [
             (memoryview(buf), (where * rb).tolist(), (offsets + 4).tolist(), (offsets + lengths).tolist())
@@ -270,12 +294,14 @@ class FrameCodec:
                 for w, a, b in zip(places, starts, stops):
                     decode_into(view[a:b], target[w : w + rb])
 
-        if self.threads == 1 or total < 64 or len(jobs) < 2:
+        if threads == 1 or total < 64 or len(jobs) < 2:
             run(jobs)
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmreplay-lz4")
-        parts = [jobs[i :: self.threads] for i in range(self.threads)]
+        if self._pool is None or self._pool._max_workers < threads:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mmreplay-lz4")
+        parts = [jobs[i::threads] for i in range(threads)]
         for f in [self._pool.submit(run, p) for p in parts if p]:
             f.result()
 

@@ -44,6 +44,7 @@ import numpy as np
 from ..errors import CorruptBufferError, Error
 from ..io import ByteSource
 from ..metadata import LeafInfo
+from . import native_rows
 from .base import disk_full_as, fsync_files, preallocate
 from .row_codec import DICTIONARY_FILE, FrameCodec, parse_row_compression
 from .row_reads import (
@@ -114,8 +115,9 @@ class _Encoder:
     handed over ``ENCODE_BATCH_ROWS`` at a time over all leaves, so a step's rows of every
     leaf go together.
 
-    Leaves with a native encoder hand their rows to one native thread (the C extension's),
-    which never takes the GIL; the frames are put in place by the writer's thread when it
+    Leaves with a native encoder hand their rows to native threads (the C extension's: one
+    per core, at most 8, each batch to the next in turn, each with its own encoder of each
+    leaf), which never take the GIL; the frames are put in place by the writer's thread when it
     checks (each add) or waits (seal, commit). A Python thread waiting for the GIL gets it
     only when the writer lets go, up to the interpreter's switch interval (5 ms) later,
     before and after each batch: it falls behind a writer that runs Python code. Leaves
@@ -126,7 +128,11 @@ class _Encoder:
     for them. Used from the writer's thread only."""
 
     def __init__(self) -> None:
-        self.worker: Any = None  # the native thread, made at the first native batch
+        #: native threads, started as batches come, up to one per core: jobs go to them in
+        #: turn, each thread with its own encoder of each leaf
+        self.workers: list[Any] = []
+        self.size = native_rows.encode_threads()
+        self.turn = 0
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the Python thread's
         self.thread: threading.Thread | None = None
         self.parts: list[list[Any]] = []  # [leaf, frames, lo, hi, source]: rows not handed over yet
@@ -188,13 +194,15 @@ class _Encoder:
         encodes them twice, never not at all."""
         in_python = []
         for leaf, frames, lo, hi, source in list(self.parts):
-            native = leaf.frames.native_encoder()
+            slot = self.turn % self.size
+            native = leaf.frames.native_encoder(slot)
             if native is None:
                 in_python.append((leaf, frames, lo, hi, source))
                 continue
-            if self.worker is None:
-                self.worker = native.worker()
-            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.worker, source[lo:hi]))
+            if slot == len(self.workers):
+                self.workers.append(native.worker())
+            self.turn = slot + 1
+            self.handed.append(_NativeJob(leaf, frames, lo, hi, native, self.workers[slot], source[lo:hi]))
         if in_python:
             self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python), [p[0] for p in in_python]))
         self.parts, self.rows = [], 0
@@ -233,7 +241,7 @@ class _Encoder:
         if self.users > 0:
             return
         self.handed.clear()
-        self.worker = None  # its thread ends once its last job is dropped
+        self.workers = []  # each thread ends once its last job is dropped
         if self.thread is not None:
             self.jobs.put(None)
             self.thread.join()
@@ -310,7 +318,7 @@ class RowFrameLeaf(RowFrameReads):
         self.row_bytes = info.spec.nbytes
         self.seg_rows = self.seg * num_envs
         self.where = f"leaf {info.path!r}"
-        self.frames = FrameCodec(self.codec, self.row_bytes, threads or os.cpu_count() or 1, source, f"{rel}/{DICTIONARY_FILE}")
+        self.frames = FrameCodec(self.codec, self.row_bytes, threads, source, f"{rel}/{DICTIONARY_FILE}")
         self.ahead_segment = -1
         self.ahead_filled = 0  # steps of ahead_segment written ahead
         self.ahead: np.ndarray | None = None

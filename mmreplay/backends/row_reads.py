@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import CorruptBufferError
 from ..io import ByteSource, Handle, ObjectChanged, coalesce
 from ..read.advice import DiskReads
+from ..read.layout import gather_rows
 from . import native_rows
 from .base import TakenLeaf
 from .row_codec import is_row_compression
@@ -214,14 +215,23 @@ class RowFrameReads(TakenLeaf):
         new array: rows of the staging segment are copied raw, the others decoded."""
         return self.source.run(self.take_async(rows))
 
+    def take_into(self, rows: np.ndarray, out: np.ndarray, permute: tuple[int, int, int] | None = None) -> None:
+        """:meth:`take` into ``out`` (uint8 ``[rows.size, row_bytes]``, C-contiguous), each
+        row written transposed as ``permute`` says (:func:`mmreplay.read.layout.gather_rows`)."""
+        self.source.run(self._take_into(rows, out, permute))
+
     async def take_async(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, np.int64)
-        flat = rows.reshape(-1) % (self.capacity * self.num_envs)
-        out = np.empty((flat.size, self.row_bytes), np.uint8)
+        out = np.empty((rows.size, self.row_bytes), np.uint8)
+        await self._take_into(rows, out)
+        return out.view(self.dtype).reshape(rows.shape + self.tail)
+
+    async def _take_into(self, rows: np.ndarray, out: np.ndarray, permute: tuple[int, int, int] | None = None) -> None:
+        flat = np.asarray(rows, np.int64).reshape(-1) % (self.capacity * self.num_envs)
         if flat.size:
             for _ in range(READ_TRIES):
                 try:
-                    seq = await self._gather(flat, out)
+                    seq = await self._gather(flat, out, permute)
                 except ObjectChanged as exc:  # a push replaced a shard while it was read
                     self._forget(exc.handle)
                     continue
@@ -229,9 +239,17 @@ class RowFrameReads(TakenLeaf):
                     break
             else:
                 raise CorruptBufferError(f"{self.where}: its staging segment or shards kept changing while read")
-        return out.view(self.dtype).reshape(rows.shape + self.tail)
 
-    async def _gather(self, flat: np.ndarray, out: np.ndarray) -> int:
+    def _put_raw(self, out: np.ndarray, mask: np.ndarray, source: np.ndarray, permute: tuple[int, int, int] | None) -> None:
+        """Rows ``mask`` of ``out`` from raw rows ``source`` (staged or written ahead)."""
+        if permute is None or permute[0] == 1:
+            out[mask] = source
+            return
+        laid_out = np.empty_like(source)
+        gather_rows(source, self.row_bytes, 0, np.arange(len(source)), laid_out, *permute)
+        out[mask] = laid_out
+
+    async def _gather(self, flat: np.ndarray, out: np.ndarray, permute: tuple[int, int, int] | None = None) -> int:
         await self._dictionary()
         seq, segment, base, filled, staging = await self._staging_header()
         if (seq, segment) != self.seen:
@@ -249,7 +267,7 @@ class RowFrameReads(TakenLeaf):
             staged = (flat >= first + base * self.num_envs) & (flat < first + filled * self.num_envs)
             if staged.any():
                 if self.staged is not None:
-                    out[staged] = self.staged[flat[staged] - first]
+                    self._put_raw(out, staged, self.staged[flat[staged] - first], permute)
                 else:
                     staged_at = (staged, flat[staged] - first)
                 raw = staged
@@ -257,7 +275,7 @@ class RowFrameReads(TakenLeaf):
             first = self.ahead_segment * self.seg_rows
             ahead = (flat >= first) & (flat < first + self.ahead_filled * self.num_envs)
             if ahead.any():
-                out[ahead] = self.ahead[flat[ahead] - first]  # type: ignore[index]
+                self._put_raw(out, ahead, self.ahead[flat[ahead] - first], permute)  # type: ignore[index]
                 raw = ahead if raw is None else raw | ahead
         if raw is not None:
             where = np.flatnonzero(~raw)
@@ -285,7 +303,7 @@ class RowFrameReads(TakenLeaf):
             if read.any() or staged_at is not None:
                 which[read] = self.nseg  # the batch's buffer of frames read by range
                 offsets[read] = await self._read_frames(
-                    segments[read], offsets[read], lengths[read], opened, staging, staged_at, out, cold
+                    segments[read], offsets[read], lengths[read], opened, staging, staged_at, out, cold, permute
                 )
         finally:
             for handle in opened.values():
@@ -296,7 +314,7 @@ class RowFrameReads(TakenLeaf):
         if where is None:
             where = np.arange(flat.size)
         try:
-            self.frames.decode(native_rows.FrameBatch(self.buffers, which, where, offsets, lengths), out)
+            self.frames.decode(native_rows.FrameBatch(self.buffers, which, where, offsets, lengths), out, permute)
         except CorruptBufferError:
             raise
         except Exception as exc:
@@ -421,6 +439,7 @@ class RowFrameReads(TakenLeaf):
         staged_at: tuple[np.ndarray, np.ndarray] | None,
         out: np.ndarray,
         cold: bool,
+        permute: tuple[int, int, int] | None,
     ) -> np.ndarray:
         """Read the frames at ``offsets`` of the unmapped shards ``segments`` into one
         buffer, the slot after the shards' in :attr:`buffers`: one range per run of frames
@@ -450,7 +469,7 @@ class RowFrameReads(TakenLeaf):
         if staged_at is not None:
             if got[0] != raw_bytes:
                 raise CorruptBufferError(f"{self.source.where(self.staging_key)}: staging ends before its rows")
-            out[staged_at[0]] = buf[:raw_bytes].reshape(-1, self.row_bytes)[positions - lo]
+            self._put_raw(out, staged_at[0], buf[:raw_bytes].reshape(-1, self.row_bytes)[positions - lo], permute)
             got = got[1:]
         for k, a, b, n in zip(seg[firsts].tolist(), run_start.tolist(), run_end.tolist(), got):
             if n != b - a:

@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from ..creation import create
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
 from ..read import gather
 from ..read.request import positive
 from ..roles import infer_roles, validate_roles
 from ..spec import flatten, is_namedtuple, leaf_paths
-from ..store import Store, create, open
+from ..store import Store, open
 
 __all__ = [
     "StoreShell",

@@ -26,11 +26,12 @@ try:
 except ImportError as exc:  # pragma: no cover - gymnasium is an install extra
     raise ImportError("mmreplay.compat.gymnasium needs gymnasium: pip install 'mmreplay[gymnasium]'") from exc
 
+from ..creation import create
 from ..errors import SpecMismatchError
 from ..metadata import METADATA_FILE
 from ..spaces import SPACES_ATTR, space_to_json
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
-from ..store import DEFAULT_COMMIT_EVERY, Store, create
+from ..store import DEFAULT_COMMIT_EVERY, Store
 from ..store import open as open_store
 from ._shared import describe, flatten_like
 

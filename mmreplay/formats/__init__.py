@@ -32,10 +32,10 @@ from typing import Any
 
 from ..codecs import describe
 from ..convert import begin_at
+from ..creation import create
 from ..errors import BadInputError, NotABufferError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target
 from ..spec import unflatten
-from ..store import create
 from .base import (
     ExportOptions,
     ExportResult,

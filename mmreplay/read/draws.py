@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import NotEnoughDataError
 
-__all__ = ["Draw", "Window", "draw_in_spans", "draw_uniform", "rows_of"]
+__all__ = ["Draw", "Window", "check_steps", "draw_in_spans", "draw_uniform", "rows_of"]
 
 
 class Window(NamedTuple):
@@ -173,3 +173,18 @@ def rows_of(start: np.ndarray, num_steps: int | None, num_envs: int) -> np.ndarr
     if num_steps is None:
         return start
     return start[:, None] + np.arange(0, num_steps * num_envs, num_envs, dtype=np.int64)
+
+
+def check_steps(steps: np.ndarray, first: int, end: int, where: str, what: str) -> int:
+    """The oldest of ``steps`` (global ids; ``end`` if there are none), checked to lie in
+    ``[first, end)``.
+
+    Raises:
+        NotEnoughDataError: ``"{where}: steps [lo, hi] asked, {what} [first, end)"``.
+    """
+    if not steps.size:
+        return end
+    lo, hi = int(steps.min()), int(steps.max())
+    if lo < first or hi >= end:
+        raise NotEnoughDataError(f"{where}: steps [{lo}, {hi}] asked, {what} [{first}, {end})")
+    return lo

@@ -7,14 +7,15 @@ or takes the draw made ahead for an equal request, (3) advises the page cache
 (:mod:`mmreplay.read.advice`), (4) gathers each leaf's rows with one ``take`` (on the
 memory map, into ``out``, or chunk-grouped through the LRU of compressed leaves),
 (5) in readers, checks that the rows were still retained after reading them (the
-seqlock of DESIGN.md) and draws and reads again the items the writer overwrote, and
-(6) packs the spec's nest. After (5) the draw and the rows are final: a transform over
-the drawn batch (n-step returns, goal relabelling) reads them there, before packing.
+seqlock of DESIGN.md) and draws and reads again the items the writer overwrote,
+(6) runs the request's transform over the final draw and its rows
+(:mod:`mmreplay.read.transform`: n-step returns, goal relabelling), and (7) packs the
+nest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -25,9 +26,11 @@ from ..errors import BadInputError, NotEnoughDataError
 from ..spec import ArraySpec, leaf_paths, unflatten
 from ..values import flatten_value
 from .advice import PageCache
-from .draws import Draw, rows_of
+from .draws import Draw, Window, check_steps, rows_of
+from .layout import LeafPlan, plans
 from .readable import Drawing, Readable
 from .request import SampleRequest
+from .transform import DrawnBatch, Transform
 
 __all__ = [
     "Reader",
@@ -81,7 +84,7 @@ class Reader(PageCache):
 
     def __init__(self, store: Readable):
         super().__init__(store)
-        leaves = store.leaves
+        self.leaves = leaves = store.leaves
         # One gather per leaf: ``take`` on the mapping's flat rows, bound once.
         self.takes = [
             partial(leaf.flat.take, axis=0, mode="wrap") if leaf.mappable else leaf.take for leaf in leaves
@@ -100,8 +103,24 @@ class Reader(PageCache):
         self.dtypes = [np.dtype(leaf.info.spec.dtype) for leaf in leaves]
         self.shapes = [tuple(leaf.info.spec.shape) for leaf in leaves]
         self.gen: np.random.Generator | None = None
+        self.layouts: dict[str, list[LeafPlan]] = {}  # layout -> each leaf's gather in it
+        self.packers: dict[Any, Callable[[dict[str, np.ndarray]], Any]] = {}
         if store.location is not None:  # object storage: every leaf's range requests in flight together
             self.take = partial(store.location.take_leaves, leaves)  # type: ignore[method-assign]
+
+    def packer(self, transform: Transform, store: Readable) -> Callable[[dict[str, np.ndarray]], Any]:
+        """What packs ``transform``'s leaves (by path) into its batch spec's nest, made once
+        per transform (its ``batch_spec`` refuses a store it cannot serve)."""
+        pack = self.packers.get(transform)
+        if pack is None:
+            spec = transform.batch_spec(store.spec, store.roles)
+            keys, paths = _flat_keys(spec), leaf_paths(spec)
+            if keys is not None:  # a flat dict of leaves: its keys are its paths
+                pack = lambda leaves: {k: leaves[k] for k in keys}  # noqa: E731
+            else:
+                pack = lambda leaves: unflatten(spec, [leaves[p] for p in paths])  # noqa: E731
+            self.packers[transform] = pack
+        return pack
 
     def own_gen(self) -> np.random.Generator:
         if self.gen is None:
@@ -111,9 +130,19 @@ class Reader(PageCache):
     def take(self, rows: np.ndarray) -> list[np.ndarray]:
         return [take(rows) for take in self.takes]
 
-    def out_leaves(self, out: Any, items: tuple[int, ...]) -> list[np.ndarray]:
+    def plans(self, layout: str) -> list[LeafPlan]:
+        """Each leaf's gather in ``layout`` (:mod:`mmreplay.read.layout`), made once."""
+        found = self.layouts.get(layout)
+        if found is None:
+            found = self.layouts[layout] = plans(self.leaves, layout)
+        return found
+
+    def out_leaves(
+        self, out: Any, items: tuple[int, ...], shapes: list[tuple[int, ...]] | None = None
+    ) -> list[np.ndarray]:
         """The leaf arrays of a caller's batch ``out``, in flatten order, each checked to be
-        a writeable numpy array ``[*items, *leaf shape]`` of the leaf's dtype.
+        a writeable numpy array (or CPU torch tensor, as a view) ``[*items, *leaf shape]``
+        (``shapes``: the shapes of a layout, in C-contiguous memory) of the leaf's dtype.
 
         Raises:
             BadInputError: naming the leaf, what was expected and what came.
@@ -126,16 +155,35 @@ class Reader(PageCache):
                 arrays = flatten_value(self.spec, out, "out")
         else:
             arrays = flatten_value(self.spec, out, "out")
-        for arr, path, dtype, shape in zip(arrays, self.paths, self.dtypes, self.shapes):
+        arrays = [_torch_as_numpy(arr, path) for arr, path in zip(arrays, self.paths)]
+        for arr, path, dtype, shape in zip(arrays, self.paths, self.dtypes, shapes or self.shapes):
             if type(arr) is not np.ndarray or arr.dtype != dtype or arr.shape != items + shape:
                 _refuse_out(arr, path, dtype, items + shape)
             if not arr.flags.writeable:
                 raise BadInputError(f"out leaf {path!r}: the array is read-only; pass a writeable array")
+            if shapes is not None and not arr.flags.c_contiguous:
+                raise BadInputError(
+                    f"out leaf {path!r}: a batch in a layout is written in contiguous memory; the array "
+                    "is a strided view (make one with store.empty_batch(batch_size, layout=...))"
+                )
         return arrays
 
     def close(self) -> None:
         super().close()
         self.takes = []
+        self.leaves, self.layouts = [], {}
+
+
+def _torch_as_numpy(arr: Any, path: str) -> Any:
+    """A CPU torch tensor (pinned or not) as a numpy view of its memory, else ``arr``."""
+    if type(arr).__module__.split(".")[0] != "torch":
+        return arr
+    if arr.device.type != "cpu":
+        raise BadInputError(
+            f"out leaf {path!r}: a tensor on {arr.device} cannot be written in place; pass a CPU tensor "
+            "(pinned with .pin_memory() to copy it to the GPU without blocking)"
+        )
+    return arr.detach().numpy()
 
 
 def _copy_into(take: Any, rows: np.ndarray, out: np.ndarray) -> None:
@@ -159,20 +207,24 @@ def reader_for(store: Readable) -> Reader:
     return store.part("reads", Reader)
 
 
-def empty_batch(store: Readable, batch_size: int, num_steps: int | None = None) -> Any:
-    """A batch for ``sample(batch_size, num_steps, out=...)`` to gather into: the
-    spec's nest of uninitialised arrays ``[batch_size, *shape]`` (or
-    ``[batch_size, num_steps, *shape]``; None: the sampler's ``num_steps``).
+def empty_batch(
+    store: Readable, batch_size: int, num_steps: int | None = None, layout: str | None = None
+) -> Any:
+    """A batch for ``sample(batch_size, num_steps, out=..., layout=...)`` to gather into:
+    the spec's nest of uninitialised arrays ``[batch_size, *shape]`` (or
+    ``[batch_size, num_steps, *shape]``; None: the sampler's ``num_steps``), pictures in
+    ``layout`` (:mod:`mmreplay.read.layout`).
 
     Reusing a few batches spares allocating, and faulting in, fresh memory for every
     batch: pixel batches of several MB are returned to the OS when dropped.
     """
     store.check_open()
-    request = SampleRequest.build(batch_size, num_steps)
+    request = SampleRequest.build(batch_size, num_steps, layout=layout)
     num_steps = store.sampler.num_steps if request.num_steps is None else request.num_steps
     items = (request.batch_size,) if num_steps is None else (request.batch_size, num_steps)
     reader = reader_for(store)
-    return reader.pack([np.empty(items + shape, dtype) for shape, dtype in zip(reader.shapes, reader.dtypes)])
+    shapes = reader.shapes if layout is None else [plan.shape for plan in reader.plans(layout)]
+    return reader.pack([np.empty(items + shape, dtype) for shape, dtype in zip(shapes, reader.dtypes)])
 
 
 def set_prefetch(store: Readable, enabled: bool | None, advise: bool | None = None) -> None:
@@ -213,8 +265,17 @@ def sample(store: Readable, request: SampleRequest) -> Any:
     num_steps = sampler.num_steps if request.num_steps is None else request.num_steps
     steps = 1 if num_steps is None else num_steps
     out = request.out
+    items = (batch_size,) if num_steps is None else (batch_size, num_steps)
+    plans = None if request.layout is None else reader.plans(request.layout)
+    transform = request.transform
+    if transform is not None:  # checked before anything is drawn
+        if out is not None or plans is not None:
+            raise BadInputError(
+                "sample: a transform cannot be combined with out= or layout=; sample without them"
+            )
+        pack = reader.packer(transform, store)
     if out is not None:  # checked before anything is drawn: a refused batch is left as it was
-        arrays = reader.out_leaves(out, (batch_size,) if num_steps is None else (batch_size, num_steps))
+        arrays = reader.out_leaves(out, items, None if plans is None else [plan.shape for plan in plans])
     gen = request.rng
     draw = key = None
     if gen is None:
@@ -242,7 +303,13 @@ def sample(store: Readable, request: SampleRequest) -> Any:
             reader.willneed(rows)
     elif num_steps is None and reader.disk_reads is not None:
         reader.willneed_if_cold(rows)
-    if out is None:
+    if plans is not None:  # each leaf written in the layout as it is gathered
+        got = [np.empty(rows.shape + plan.shape, plan.dtype) for plan in plans] if out is None else arrays
+        if out is not None and len(rows) < batch_size:
+            got = [arr[: len(rows)] for arr in got]
+        for plan, arr in zip(plans, got):
+            plan.fill(rows, arr)
+    elif out is None:
         got = [take(rows) for take in reader.takes]
     else:
         if len(rows) < batch_size:  # without replacement, fewer items than asked
@@ -251,12 +318,17 @@ def sample(store: Readable, request: SampleRequest) -> Any:
             take(rows, out=arr)
         got = arrays
     if reader.is_reader and store.live_first() > store.window.first:  # some may be overwritten
-        draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen)
+        takes = reader.takes if plans is None else [plan.take for plan in plans]
+        draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen, takes)
+    if transform is not None:
+        got, draw = _transformed(store, reader, sampler, request, draw, got, steps, num_steps, gen)
+        nest = pack(got)
     if key is not None:  # the next batch of an equal request: draw it now, prefetch its pages
         ahead = _draw(store, sampler, request, batch_size, steps, gen)
         reader.pending = (key, ahead)
         reader.prefetch_later(rows_of(ahead.start, num_steps, reader.num_envs))
-    nest = out if out is not None and len(rows) == batch_size else reader.pack(got)
+    if transform is None:
+        nest = out if out is not None and len(rows) == batch_size else reader.pack(got)
     if request.return_info:
         step = draw.step
         return nest, SampleInfo(step, draw.env, step % reader.capacity, draw.probability, draw.weight)
@@ -267,11 +339,46 @@ def _draw(
     store: Readable, sampler: Drawing, request: SampleRequest, n: int, steps: int, gen: np.random.Generator
 ) -> Draw:
     """``n`` items drawn from the store's window (narrowed to ``request.window``)."""
+    return sampler.draw(n, _window(store, request), gen, steps, request.replacement, **request.draw_options())
+
+
+def _window(store: Readable, request: SampleRequest) -> Window:
+    """The store's window, narrowed to ``request.window``."""
     window = store.window
     if request.window is not None:  # a caller's narrower window (framework layers' own views)
         first, end = request.window
         window = window._replace(first=max(window.first, first), end=min(window.end, end))
-    return sampler.draw(n, window, gen, steps, request.replacement, **request.draw_options())
+    return window
+
+
+def _transformed(
+    store: Readable,
+    reader: Reader,
+    sampler: Drawing,
+    request: SampleRequest,
+    draw: Draw,
+    got: list[np.ndarray],
+    steps: int,
+    num_steps: int | None,
+    gen: np.random.Generator,
+) -> tuple[dict[str, np.ndarray], Draw]:
+    """The batch's leaves by path after ``request.transform``, and the final draw.
+
+    In readers the transform's reads are checked as the drawn rows are: when the writer
+    has since dropped a step it read, the reader moves to the writer's window, redraws
+    the items that start before it and runs the transform again.
+    """
+    for _ in range(MAX_RESAMPLES):
+        batch = DrawnBatch(store, _window(store, request), draw, num_steps, reader.paths, got, reader.takes)
+        leaves = {**batch.rows, **request.transform(batch)}
+        if not reader.is_reader or store.live_first() <= batch.lowest:
+            return leaves, draw
+        store.refresh()
+        draw = _redraw_overwritten(store, reader, sampler, request, draw, got, steps, num_steps, gen, reader.takes)
+    raise NotEnoughDataError(
+        f"{store.path}: the writer overwrote the rows a transform read {MAX_RESAMPLES} times in a row; "
+        "the ring is too small for this reader"
+    )
 
 
 def _redraw_overwritten(
@@ -284,9 +391,10 @@ def _redraw_overwritten(
     steps: int,
     num_steps: int | None,
     gen: np.random.Generator,
+    takes: list[Any],
 ) -> Draw:
-    """Seqlock for readers: redraw (and read again) the items the writer overwrote while
-    they were read, from the reader's window moved forward to the writer's."""
+    """Seqlock for readers: redraw (and read again, with ``takes``) the items the writer
+    overwrote while they were read, from the reader's window moved forward to the writer's."""
     num_envs = reader.num_envs
     replacement = request.replacement
     for _ in range(MAX_RESAMPLES):
@@ -303,7 +411,7 @@ def _redraw_overwritten(
                 f"{store.path}: fewer rows are retained now than were sampled; sample again"
             )
         fresh_rows = rows_of(fresh.start, num_steps, num_envs)
-        for arr, take in zip(out, reader.takes):
+        for arr, take in zip(out, takes):
             arr[bad] = take(fresh_rows)
         flat, start, prob = draw.flat.copy(), draw.start.copy(), np.array(draw.probability)
         flat[bad], start[bad], prob[bad] = fresh.flat, fresh.start, fresh.probability
@@ -329,12 +437,7 @@ def read_rows(store: Readable, steps: Any, envs: Any) -> Any:
     store.check_open()
     steps, envs = np.broadcast_arrays(np.asarray(steps, np.int64), np.asarray(envs, np.int64))
     if steps.size:
-        lo, hi = int(steps.min()), int(steps.max())
-        first, end = store.window[:2]
-        if lo < first or hi >= end:
-            raise NotEnoughDataError(
-                f"{store.path}: steps [{lo}, {hi}] asked, the steps retained are [{first}, {end})"
-            )
+        check_steps(steps, *store.window[:2], store.path, "the steps retained are")
         if envs.min() < 0 or envs.max() >= store.num_envs:
             raise IndexError(f"{store.path}: env index out of range for {store.num_envs} envs")
     reader = reader_for(store)

@@ -29,6 +29,7 @@ class Readable(Protocol):
     capacity: int
     num_envs: int
     spec: Any
+    roles: dict[str, str]  # role -> path in the spec (mmreplay.roles)
     leaves: list[Any]  # the leaves read, in flatten order (mmreplay.backends.base.Leaf)
     stored_leaves: list[Any]  # the leaves as kept on disk, for page-cache advice
     location: Any  # object storage: reads the ranges of every leaf together; None locally

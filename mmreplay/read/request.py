@@ -43,10 +43,13 @@ class SampleRequest:
     prefetched), ``options`` the sampler's own (``beta``...), and ``sampler`` one to draw
     through instead of the store's (a framework's draw rule, such as skrl's).
 
-    Two requests that draw alike are equal (``rng``, ``out`` and ``return_info`` aside):
-    a batch drawn ahead for one serves the next. A transform over the drawn batch
-    (n-step returns, goal relabelling) is asked here too, beside ``options``, and runs
-    where :func:`mmreplay.read.gather.sample` holds the final draw and its rows.
+    ``layout`` (``"NCHW"``, ``"NHWC"``, or None: as stored) lays the picture leaves out
+    as a model takes them (:mod:`mmreplay.read.layout`).
+
+    Two requests that draw alike are equal (``rng``, ``out``, ``layout`` and ``return_info`` aside):
+    a batch drawn ahead for one serves the next. ``transform`` computes fields over the
+    drawn batch (n-step returns, goal relabelling: :class:`mmreplay.read.transform.Transform`);
+    it runs where :func:`mmreplay.read.gather.sample` holds the final draw and its rows.
     """
 
     batch_size: int
@@ -59,6 +62,8 @@ class SampleRequest:
     sampler: Any = None
     out: Any = field(default=None, compare=False)
     return_info: bool = field(default=False, compare=False)
+    layout: str | None = field(default=None, compare=False)
+    transform: Any = None
 
     @classmethod
     def build(
@@ -73,9 +78,12 @@ class SampleRequest:
         out: Any = None,
         options: Mapping[str, Any] | None = None,
         sampler: Any = None,
+        layout: str | None = None,
+        transform: Any = None,
     ) -> SampleRequest:
         """The request, checked: ``batch_size`` and ``num_steps`` positive ints (ValueError
-        naming the argument), ``rng`` an int seed, a Generator or None (TypeError)."""
+        naming the argument), ``rng`` an int seed, a Generator or None (TypeError),
+        ``layout`` one of :data:`~mmreplay.read.layout.LAYOUTS` or None (ValueError)."""
         if type(batch_size) is not int or batch_size < 1:  # (the common call skips the checks)
             # (None says "a positive int", other values "a positive int or None", as ever)
             batch_size = positive("batch_size", batch_size, allow_none=batch_size is not None)
@@ -83,6 +91,10 @@ class SampleRequest:
             num_steps = positive("num_steps", num_steps, allow_none=True)
         if rng is not None and type(rng) is not np.random.Generator:
             rng = as_generator(rng)
+        if layout is not None:
+            from .layout import check_layout
+
+            layout = check_layout(layout)
         # Filled as its __init__ would, without the object.__setattr__ call per field that
         # a frozen dataclass's __init__ makes (0.5 µs instead of 1.1 µs, on every batch).
         request = object.__new__(cls)
@@ -97,6 +109,8 @@ class SampleRequest:
             sampler=sampler,
             out=out,
             return_info=return_info,
+            layout=layout,
+            transform=transform,
         )
         return request
 

@@ -18,9 +18,10 @@ from torch.utils import _pytree as pytree
 from torchrl.data.replay_buffers.storages import TensorStorage
 
 from ...backends.base import MappedLeaf
+from ...creation import create
 from ...errors import BadInputError, CorruptBufferError, ReadOnlyError
 from ...spec import ArraySpec, unflatten
-from ...store import Store, create
+from ...store import Store
 from ...store import open as open_store
 from ...values import StepValidator
 from .._shared import lenient_roles, read_origin, write_origin

@@ -1,12 +1,4 @@
-"""Stable-Baselines3 (and CleanRL): SB3's replay buffers over a persistent store (docs/sb3.md).
-
-:class:`ReplayBuffer` and :class:`DictReplayBuffer` subclass SB3's own and translate
-SB3's API to the store's: ``add`` writes one store step of ``n_envs`` rows (leaves
-``observation``, ``next_observation``, ``action``, ``reward``, ``terminated``,
-``truncated``), ``sample`` draws SB3's indices with ``np.random`` exactly as SB3 does.
-SB3 index ``i`` is store slot ``(origin + i) % buffer_size``: ``pos`` and ``full`` follow
-from the store's step count and the origin, a store attribute that ``reset()`` moves.
-"""
+"""SB3's ``ReplayBuffer`` and ``DictReplayBuffer`` over a store (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -27,13 +19,14 @@ try:
 except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install extra
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
-from ..errors import BadInputError, NotEnoughDataError, SpecMismatchError
-from ..frames_layout import Frames
-from ..read import SampleRequest
-from ..read import sample as sample_store
-from ..spec import ArraySpec, unflatten
-from ..store import DEFAULT_COMMIT_EVERY, Store, create
-from ._shared import StoreShell, read_origin, temporary, write_origin
+from ...creation import create
+from ...errors import BadInputError, NotEnoughDataError, SpecMismatchError
+from ...frames_layout import Frames
+from ...read import SampleRequest
+from ...read import sample as sample_store
+from ...spec import ArraySpec, unflatten
+from ...store import DEFAULT_COMMIT_EVERY, Store
+from .._shared import StoreShell, read_origin, temporary, write_origin
 
 __all__ = ["ReplayBuffer", "DictReplayBuffer", "MANIFEST_KIND"]
 
@@ -135,8 +128,6 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             self._temp.store = store
         self._attach(store)
         self._check_spaces(store)
-
-    # --- the store ---------------------------------------------------------------------
 
     def _step_layout(self) -> None:
         """What :meth:`add` converts to, worked out once: the leaf shapes of one step."""
@@ -277,8 +268,6 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         base = self._origin + n - pos  # the step at index 0 in the newest pass over the ring
         return np.where(inds < pos, inds + base, inds + (base - bs))
 
-    # --- writes ------------------------------------------------------------------------
-
     def _observation_leaves(self, obs: Any) -> list[np.ndarray]:
         """``obs`` as the store's leaves, each ``[n_envs, *shape]`` in its space's dtype."""
         if self._obs_keys is None:
@@ -323,9 +312,14 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             return super().sample(batch_size, env)  # SB3's draw, then _get_samples
         if self._rng is None:
             self._rng = np.random.default_rng(np.random.randint(0, 2**32, size=4, dtype=np.uint64))
-        request = SampleRequest.build(batch_size, rng=self._rng, return_info=True, options=options)
+        request = SampleRequest.build(
+            batch_size, rng=self._rng, return_info=True, options=options, transform=self._transform(env)
+        )
         batch, self.last_info = sample_store(store, request)
         return self._to_samples(batch, env)
+
+    def _transform(self, env: Any) -> Any:
+        return None  # what a batch computes over its rows: n-step returns (nstep.py)
 
     def update_priorities(self, priorities: Any, info: Any = None) -> int:
         """New priorities (such as ``|TD error|``) for the rows of a prioritized
