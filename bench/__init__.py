@@ -32,6 +32,7 @@ BENCHMARKS = {
     "view": "view",
     "compat": "compat",
     "sb3": "compat_sb3",
+    "her": "her",
     "torchrl": "compat_torchrl",
     "nstep": "nstep",
 }

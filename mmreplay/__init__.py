@@ -27,7 +27,7 @@ from .formats import export, import_dataset
 from .frames_layout import Frames
 from .group import Group, GroupSampleInfo, create_group, open_group, open_shard
 from .pictures import view
-from .read import NStep
+from .read import Hindsight, NStep
 from .sizes import SizeEstimate, estimate
 from .spec import ArraySpec, to_spec
 from .store import BufferExistsError, Store, open
@@ -37,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArraySpec",
     "Frames",
+    "Hindsight",
     "NStep",
     "Store",
     "create",

@@ -65,6 +65,8 @@ __all__ = [
     "EpisodeIndex",
     "INDEX_FILE",
     "index_for",
+    "episode_bounds",
+    "complete_spans",
     "episode_index",
     "episodes",
     "to_arrays",
@@ -277,6 +279,54 @@ def _empty_spans() -> Spans:
     return Spans(z, z, z, np.zeros(0, np.uint8), np.zeros(0, bool))
 
 
+def _from(spans: Spans, was: int, first: int, heads: np.ndarray | None = None) -> Spans:
+    """The spans of a window that starts at ``first`` instead of ``was`` (later): those that
+    ended before it are gone, and the one each env is in at ``first`` lost its start (cut),
+    unless it starts there. ``heads``: where each env's first span is, if known."""
+    if first == was or not len(spans):
+        return spans
+    if heads is None:
+        heads = np.flatnonzero(np.concatenate(([True], spans.env[1:] != spans.env[:-1])))
+    if (spans.last[heads] < first).any():  # some are gone: a prefix of each env's spans
+        ends = np.append(heads[1:], len(spans))
+        kept = [(h + int(np.searchsorted(spans.last[h:e], first)), e) for h, e in zip(heads.tolist(), ends.tolist())]
+        kept = [(a, e) for a, e in kept if a < e]
+        if len(kept) == 1:
+            a, e = kept[0]
+            spans = Spans(spans.env[a:e], spans.first[a:e], spans.last[a:e], spans.code[a:e], spans.cut[a:e])
+        else:
+            spans = spans.select(np.concatenate([np.arange(a, e) for a, e in kept] or [np.zeros(0, np.int64)]))
+        heads = np.cumsum([0] + [e - a for a, e in kept[:-1]])
+    starts, cut = spans.first.copy(), spans.cut.copy()
+    cut[heads] |= starts[heads] < first
+    starts[heads] = np.maximum(starts[heads], first)
+    return Spans(spans.env, starts, spans.last, spans.code, cut)
+
+
+def _running_tails(spans: Spans, num_envs: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where each env's first and last span are, if every env has spans and its last one
+    is still running at ``end - 1``."""
+    if not len(spans):
+        return None
+    change = spans.env[1:] != spans.env[:-1]
+    tails = np.flatnonzero(np.append(change, True))
+    if len(tails) != num_envs or (spans.code[tails] != 0).any() or (spans.last[tails] != end - 1).any():
+        return None
+    return np.flatnonzero(np.concatenate(([True], change))), tails
+
+
+def _advanced(spans: Spans, was: tuple[int, int], now: tuple[int, int], ends: tuple[np.ndarray, np.ndarray]) -> Spans:
+    """The spans of window ``now`` from those of the earlier window ``was``, when no step
+    added since ended an episode and each env's last episode was running (``ends``: each
+    env's first and last span): the running ones reach the newest step."""
+    heads, tails = ends
+    if now[1] != was[1]:
+        last = spans.last.copy()
+        last[tails] = now[1] - 1
+        spans = Spans(spans.env, spans.first, last, spans.code, spans.cut)
+    return _from(spans, was[0], now[0], heads)
+
+
 class EpisodeIndex:
     """The end records of one store, in memory and (for stores with end roles) on disk."""
 
@@ -301,7 +351,10 @@ class EpisodeIndex:
         self.scan_mode = False  # no file: records come from scanning the role leaves
         self.covered = 0  # scan mode: steps below this were scanned
         self.version = 0
-        self._cache: tuple[Any, Spans] | None = None
+        # (window key, its spans, what they were derived from, each env's running last span)
+        self._cache: tuple[Any, Spans, Any, Any] | None = None
+        self._base_cache: tuple[Any, int, Spans] | None = None  # spans of the committed steps
+        self._pending: tuple[Any, int, np.ndarray] | None = None  # records of uncommitted steps
 
     @property
     def has_ends(self) -> bool:
@@ -561,22 +614,104 @@ class EpisodeIndex:
 
     def spans(self, store: EpisodeSource) -> Spans:
         """Every episode span of the store's window (cached per window). A writer's
-        steps not committed yet are scanned here; the file records them at commit."""
+        steps not committed yet are scanned here; the file records them at commit.
+
+        A writer asks after every step it adds, so nothing is computed twice: the spans
+        of the committed steps once per commit (:meth:`_base`), the steps added since
+        then scanned once each and joined on (:meth:`_with_tail`), and while no episode
+        ends, the last window's spans moved to the new one (:func:`_advanced`)."""
         self.sync(store)
         first, end = store.window[:2]
         key = (first, end, self.version, self.origin)
-        if self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
-        rec = self.records
-        committed = store.state.end
-        if self.has_ends and end > committed:
-            lo = max(committed, first)
-            if self.n and self.buf["step"][self.n - 1] >= lo:
-                rec = rec[rec["step"] < lo]  # set() rescanned some of these steps
-            rec = _cat([rec, self._scan(lo, end)])
-        out = self._compute(first, end, rec)
-        self._cache = (key, out)
+        cached = self._cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if not self.has_ends:
+            out, state = self._compute(first, end, self.records), None
+        else:
+            lo = max(min(store.state.end, end), first)
+            pending = self._pending_records(lo, end)
+            state = (self.version, self.origin, lo, len(pending))
+            was = cached[0][:2] if cached is not None else None
+            if cached is not None and cached[2] == state and cached[3] is not None and first >= was[0] and end >= was[1]:
+                out = _advanced(cached[1], was, (first, end), cached[3])
+                if len(out) == len(cached[1]):  # none gone: each env's first and last span stay
+                    self._cache = (key, out, state, cached[3])
+                    return out
+            else:
+                out = self._base(first, lo)
+                if end > lo:
+                    out = self._with_tail(out, lo, end, pending)
+        # each env's first and last span, when every env's last one runs up to the newest step
+        ends = _running_tails(out, self.num_envs, end) if state is not None else None
+        self._cache = (key, out, state, ends)
         return out
+
+    def _pending_records(self, lo: int, end: int) -> np.ndarray:
+        """The end records of the steps ``[lo, end)`` not committed yet, each step scanned once."""
+        if end <= lo:
+            return np.zeros(0, RECORD)
+        pending = self._pending
+        if pending is None or pending[0] != (lo, self.version) or pending[1] > end:
+            pending = (lo, self.version), lo, np.zeros(0, RECORD)
+        if pending[1] < end:
+            pending = pending[0], end, _cat([pending[2], self._scan(pending[1], end)])
+        self._pending = pending
+        return pending[2]
+
+    def _base(self, first: int, lo: int) -> Spans:
+        """The spans of the committed steps ``[first, lo)``, from those of an earlier
+        window that started at or before ``first``."""
+        key = (self.version, self.origin, lo)
+        cached = self._base_cache
+        if cached is None or cached[0] != key or cached[1] > first:
+            rec = self.records
+            if self.n and self.buf["step"][self.n - 1] >= lo:
+                rec = rec[rec["step"] < lo]  # set() rescanned steps not committed yet
+            cached = self._base_cache = (key, first, self._compute(first, lo, rec))
+        spans = _from(cached[2], cached[1], first)
+        self._base_cache = (key, first, spans)  # the next window starts from here
+        return spans
+
+    def _with_tail(self, spans: Spans, lo: int, end: int, rec: np.ndarray) -> Spans:
+        """``spans`` (of the steps before ``lo``) with the steps ``[lo, end)`` not
+        committed yet, whose end records are ``rec``: their spans joined to each env's last."""
+        steps = self.records["step"]
+        a, b = np.searchsorted(steps, [lo - 1, lo])  # the ends at lo - 1 tell which envs start afresh at lo
+        tail = self._compute(lo, end, _cat([self.records[a:b], rec]))
+        # each env's first tail span that continues an episode running at lo - 1
+        starts = np.r_[True, tail.env[1:] != tail.env[:-1]] & tail.cut if len(tail) else np.zeros(0, bool)
+        last_of = np.searchsorted(spans.env, tail.env, side="right") - 1  # that env's last span before lo
+        joins = starts & (last_of >= 0)
+        joins[joins] = (spans.env[last_of[joins]] == tail.env[joins]) & (spans.code[last_of[joins]] == 0)
+        code, last = spans.code.copy(), spans.last.copy()
+        code[last_of[joins]], last[last_of[joins]] = tail.code[joins], tail.last[joins]
+        # a boundary row at lo ends the episode running at lo - 1 and belongs to none
+        closed = rec["env"][(rec["step"] == lo) & (rec["code"] == BOUNDARY)].astype(np.int64)
+        at_lo = np.searchsorted(spans.env, closed, side="right") - 1
+        closed, at_lo = closed[at_lo >= 0], at_lo[at_lo >= 0]
+        at_lo = at_lo[spans.env[at_lo] == closed]
+        code[at_lo[code[at_lo] == 0]] = TRUNCATED
+        rest = tail.select(~joins)
+        if not len(rest):
+            return Spans(spans.env, spans.first, last, code, spans.cut)
+        # the new spans go after their env's last one: one placement for every field
+        new = np.searchsorted(spans.env, rest.env, side="right") + np.arange(len(rest))
+        old = np.ones(len(spans) + len(rest), bool)
+        old[new] = False
+
+        def placed(kept: np.ndarray, added: np.ndarray) -> np.ndarray:
+            out = np.empty(len(old), kept.dtype)
+            out[old], out[new] = kept, added
+            return out
+
+        return Spans(
+            placed(spans.env, rest.env),
+            placed(spans.first, rest.first),
+            placed(last, rest.last),
+            placed(code, rest.code),
+            placed(spans.cut, rest.cut),
+        )
 
     def _compute(self, first: int, end: int, rec: np.ndarray) -> Spans:
         E = self.num_envs
@@ -703,6 +838,48 @@ def episode_index(store: EpisodeSource, env: int | None = None, complete_only: b
         )
         for i in range(len(spans))
     ]
+
+
+def episode_bounds(store: Any, steps: np.ndarray, envs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(first, last, complete)`` of the episode each row ``(steps[i], envs[i])`` of the
+    window lies in: its first and last retained step, and whether it ended and its start
+    is retained. A row in no episode (a TF-Agents boundary row) is its own one-step
+    episode, not complete."""
+    spans = index_for(store).spans(store)
+    steps = np.asarray(steps, np.int64)
+    envs = np.asarray(envs, np.int64)
+    if not len(spans):
+        return steps.copy(), steps.copy(), np.zeros(steps.shape, bool)
+    blocks = np.searchsorted(spans.env, np.arange(store.num_envs + 1))  # env e's spans: blocks[e]:blocks[e + 1]
+    i = np.full(steps.shape, -1, np.int64)
+    for env in np.unique(envs).tolist():
+        rows = envs == env
+        a, b = blocks[env], blocks[env + 1]
+        found = np.searchsorted(spans.first[a:b], steps[rows], side="right") - 1
+        i[rows] = np.where(found >= 0, a + found, -1)
+    j = np.maximum(i, 0)
+    inside = (i >= 0) & (spans.last[j] >= steps)
+    first = np.where(inside, spans.first[j], steps)
+    last = np.where(inside, spans.last[j], steps)
+    return first, last, inside & (spans.code[j] > 0) & ~spans.cut[j]
+
+
+def complete_spans(store: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(envs, first, last)``: for each env with complete episodes, the first step of its
+    first complete one and the last step of its last. They are consecutive: only an env's
+    first episode may have lost its start, only its last be still running (TF-Agents
+    boundary rows between them belong to none)."""
+    spans = index_for(store).spans(store)
+    blocks = np.searchsorted(spans.env, np.arange(store.num_envs + 1))
+    a, b = blocks[:-1], blocks[1:] - 1  # each env's first and last span (a > b: none)
+    has = a <= b
+    a, b = np.where(has, a, 0), np.where(has, b, 0)
+    if len(spans):
+        a = a + ~((spans.code[a] > 0) & ~spans.cut[a])  # its first span, unless cut or running
+        b = b - (spans.code[b] == 0)  # its last, unless running
+    has &= a <= b
+    envs = np.flatnonzero(has)
+    return envs, spans.first[a[has]], spans.last[b[has]]
 
 
 def _rows(first: np.ndarray, last: np.ndarray, env: np.ndarray, capacity: int, num_envs: int) -> np.ndarray:

@@ -928,6 +928,12 @@ class Store:
         orders them, from the episode index alone (no data is read)."""
         return _episodes.episode_index(self, env, complete_only)
 
+    def episode_bounds(self, steps: Any, envs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(first, last, complete)`` of the episode each row ``(steps[i], envs[i])`` of the
+        window lies in, from the episode index (:func:`mmreplay.episodes.episode_bounds`)."""
+        self.check_open()
+        return _episodes.episode_bounds(self, steps, envs)
+
     def to_arrays(self) -> dict[str, Any]:
         """Every committed episode as flat D4RL-style arrays, env by env, episode by episode.
 

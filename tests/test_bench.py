@@ -43,6 +43,7 @@ EXPECTED = {
     "view": ["| noise | gif |"],
     "compat": ["TF-Agents add_batch", "skrl RandomMemory.sample"],
     "sb3": ["save_replay_buffer"],
+    "her": ["HER sample(256)", "`add` then `sample(256)`", "`model.learn`"],
     "torchrl": ["SliceSampler"],
     "nstep": ["n-step `sample(256)`", "| mmreplay store.sample |", "SB3 DQN on CartPole"],
 }

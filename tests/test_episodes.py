@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.episodes import HEADER_BYTES, INDEX_FILE, MAGIC, RECORD, Episode, EpisodeSpan
+from mmreplay.episodes import (
+    HEADER_BYTES,
+    INDEX_FILE,
+    MAGIC,
+    RECORD,
+    Episode,
+    EpisodeSpan,
+    complete_spans,
+    index_for,
+)
 
 SPEC = {
     "obs": mr.ArraySpec((2,), "float32"),
@@ -419,3 +428,69 @@ def test_index_after_sigkill_matches_a_rebuild_from_the_leaves(tmp_path, seed, w
         end = writer.state.end
     _, rec = read_index(path)
     assert rec["step"].max() < end
+
+
+@pytest.mark.parametrize("kind", ["flags", "tf-agents"])
+def test_a_writers_spans_after_every_step_equal_those_computed_afresh(tmp_path, kind):
+    """The spans a writer derives per step (the committed ones once per commit, the ring's
+    cut and the steps since the commit joined on) equal a computation over every end."""
+    rng = np.random.default_rng(0)
+    num_envs = 1 if kind == "tf-agents" else 3
+    spec = TF_SPEC if kind == "tf-agents" else SPEC
+    store = mr.create(tmp_path / "b", spec, 37, num_envs=num_envs, commit_every=5)
+    index = index_for(store)
+    ends = {}  # step -> its end records, read as each step is added
+    for t in range(150):
+        if kind == "tf-agents":
+            row = tf_rows(rng.choice(list("MMMFLTB")))
+            store.add({k: v[0] for k, v in row.items()})
+        else:
+            flags = rng.random((2, num_envs)) < 0.15
+            store.add({**{k: v[0] for k, v in steps(t, 1, num_envs, {}).items()}, "terminated": flags[0], "truncated": flags[1]})
+        if kind == "flags" and t % 17 == 16:  # an end rewritten by set (a committed step, or one not yet)
+            back = int(rng.integers(0, min(len(store), 8)))
+            step = store.get(-1 - back)
+            step["truncated"] = ~step["truncated"]
+            store.set(-1 - back, step)
+            ends[store.total_steps - 1 - back] = index._scan_steps(np.array([store.total_steps - 1 - back]))
+        ends[t] = index._scan_steps(np.array([t]))
+        first, end = store.window[:2]
+        expected = index._compute(first, end, np.concatenate([ends[s] for s in range(max(first - 1, 0), end)]))
+        got = index.spans(store)
+        for field in ("env", "first", "last", "code", "cut"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), err_msg=f"{field} at step {t}")
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["flags", "tf-agents"])
+def test_episode_bounds_and_complete_spans_read_the_spans(tmp_path, kind):
+    """Each row's episode (or none, for a boundary row) and each env's complete episodes,
+    on a wrapped ring, against a walk over the spans."""
+    rng = np.random.default_rng(1)
+    num_envs = 3
+    store = mr.create(tmp_path / "b", TF_SPEC if kind == "tf-agents" else SPEC, 29, num_envs=num_envs, commit_every=4)
+    for t in range(90):
+        if kind == "tf-agents":
+            rows = [tf_rows(rng.choice(list("MMFLTB"))) for _ in range(num_envs)]
+            store.add({k: np.concatenate([r[k][0] for r in rows]) for k in rows[0]})
+        else:
+            flags = rng.random((2, num_envs)) < 0.2
+            store.add({**{k: v[0] for k, v in steps(t, 1, num_envs, {}).items()}, "terminated": flags[0], "truncated": flags[1]})
+        if t % 7:
+            continue
+        found = store.episode_index()
+        first, end = store.window[:2]
+        s, e = np.meshgrid(np.arange(first, end), np.arange(num_envs), indexing="ij")
+        got = store.episode_bounds(s.ravel(), e.ravel())
+        for k, (step, env) in enumerate(zip(s.ravel().tolist(), e.ravel().tolist())):
+            span = [x for x in found if x.env == env and x.first_step <= step <= x.last_step]
+            want = (span[0].first_step, span[0].last_step, span[0].status != "open") if span else (step, step, False)
+            assert (got[0][k], got[1][k], got[2][k]) == want, (t, step, env)
+        envs, lo, hi = complete_spans(store)
+        for env in range(num_envs):
+            done = [x for x in found if x.env == env and x.status != "open"]
+            assert (env in envs.tolist()) == bool(done)
+            if done:
+                i = envs.tolist().index(env)
+                assert (lo[i], hi[i]) == (done[0].first_step, done[-1].last_step)
+    store.close()

@@ -369,7 +369,7 @@ def _transformed(
     the items that start before it and runs the transform again.
     """
     for _ in range(MAX_RESAMPLES):
-        batch = DrawnBatch(store, _window(store, request), draw, num_steps, reader.paths, got, reader.takes)
+        batch = DrawnBatch(store, _window(store, request), draw, num_steps, reader.paths, got, reader.takes, gen)
         leaves = {**batch.rows, **request.transform(batch)}
         if not reader.is_reader or store.live_first() <= batch.lowest:
             return leaves, draw

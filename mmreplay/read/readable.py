@@ -41,3 +41,4 @@ class Readable(Protocol):
     def live_first(self) -> int: ...  # the oldest step the writer retains now
     def refresh(self) -> bool: ...  # a reader's window moved to the newest commit
     def part(self, name: str, make: Callable[[Any], Any]) -> Any: ...  # the read state, made once
+    def episode_bounds(self, steps: Any, envs: Any) -> tuple[Any, Any, Any]: ...  # (first, last, complete)

@@ -54,6 +54,7 @@ class DrawnBatch:
         env: env index of each item's row, shaped as ``step``.
         rows: the drawn rows by leaf path, each ``[*step.shape, *leaf shape]``.
         lowest: the oldest step read so far (readers check it was still retained).
+        rng: the request's generator, for transforms that draw (goal relabelling).
     """
 
     def __init__(
@@ -65,8 +66,10 @@ class DrawnBatch:
         paths: Sequence[str],
         got: Sequence[np.ndarray],
         takes: Sequence[Any],
+        rng: np.random.Generator | None = None,
     ):
         self.store = store
+        self.rng = rng if rng is not None else np.random.default_rng()
         self.window = window
         step, env = draw.step, draw.env
         if num_steps is not None:

@@ -9,6 +9,7 @@ from the store's step count and the origin, a store attribute that ``reset()`` m
 """
 
 from .buffers import MANIFEST_KIND, DictReplayBuffer, ReplayBuffer
+from .her import HerReplayBuffer
 from .nstep import NStepReplayBuffer
 
-__all__ = ["ReplayBuffer", "DictReplayBuffer", "NStepReplayBuffer", "MANIFEST_KIND"]
+__all__ = ["ReplayBuffer", "DictReplayBuffer", "NStepReplayBuffer", "HerReplayBuffer", "MANIFEST_KIND"]
