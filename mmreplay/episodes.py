@@ -457,6 +457,8 @@ class EpisodeIndex:
         generation changes); a torn last record is cut off in place.
         """
         found = self._read_file()
+        if found is not None and found[0] > first:
+            found = None  # made for a commit that failed before its state (a full disk): rebuild
         if found is None:
             rec = self._scan(first, end)
             self._write_file(first, rec)
