@@ -18,7 +18,7 @@ import argparse
 import os
 
 import mmreplay as mr
-from mmreplay.backends import native_rows, row_frames
+from mmreplay.backends import native_rows, row_reads
 
 from .atari_like import rollout
 from .timing import Timed, interleaved, ratio, table
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> None:
     ) as store:
         for step in range(args.steps):
             store.add({"obs": obs[step % len(obs)]})
-    budgets = row_frames.MAPPED_SHARDS, row_frames.OPEN_SHARDS
+    budgets = row_reads.MAPPED_SHARDS, row_reads.OPEN_SHARDS
     try:
         with mr.open(path) as store:
             segments = store.leaves[0].nseg
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> None:
 
             def setting(mapped: int, kept_open: int) -> Timed:
                 def switch() -> None:
-                    row_frames.MAPPED_SHARDS, row_frames.OPEN_SHARDS = mapped, kept_open
+                    row_reads.MAPPED_SHARDS, row_reads.OPEN_SHARDS = mapped, kept_open
                     store.sample(256)  # untimed: the mappings of the setting before are let go here
 
                 return Timed(lambda: store.sample(256), args.batches, 256, before=switch)
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> None:
             got = interleaved({name: setting(*b) for name, b in settings.items()}, args.repeats)
             seg = store.leaves[0].seg
     finally:
-        row_frames.MAPPED_SHARDS, row_frames.OPEN_SHARDS = budgets
+        row_reads.MAPPED_SHARDS, row_reads.OPEN_SHARDS = budgets
     first = next(iter(got.values())).rate
     table(
         f"{args.codec} sample(256), {args.steps:,} steps x {args.envs} envs of uint8[84, 84, 4], {segments:,} segments of {seg} steps",

@@ -61,7 +61,7 @@ def extend(path: str, spec: dict[str, Any], n: int, seed: int, **create: Any) ->
 def frame_bytes(folder: str, leaf: str) -> float:
     """The mean bytes of one compressed row's frame: the leaf's sealed shard files less
     their indexes, per row."""
-    from mmreplay.backends.row_frames import index_bytes
+    from mmreplay.backends.row_reads import index_bytes
 
     with mr.open(folder) as store:
         rows = store.leaves[store.leaf_paths.index(leaf)].info.chunk_steps * store.num_envs
@@ -76,16 +76,17 @@ def frame_bytes(folder: str, leaf: str) -> float:
 
 def row_leaf_ab(url: str, leaf: str, batches: int) -> tuple[float, float, float]:
     """The compressed row leaf's rows of a batch fetched as its frames by range (how it is
-    read) and as whole chunks through zarr's ``ObjectStore`` (how another compressed leaf
+    read) and as whole chunks through zarr over the same prefix (how another compressed leaf
     is read), the same rows each turn: ms per batch each, and MB fetched per batch."""
     from mmreplay.backends.base import ChunkedLeaf
-    from mmreplay.objstore import RemoteChunks
+    from mmreplay.backends.zarr_source import open_array
+    from mmreplay.backends.zarr_v3 import ZarrChunks
 
     with mr.open(url) as store:
         frames = store.leaves[store.leaf_paths.index(leaf)]
-        chunks = ChunkedLeaf(
-            frames.info, store.capacity, RemoteChunks(store.location, frames.info, store.metadata), 0
-        )
+        rel = f"data.zarr/{leaf}"
+        arr = open_array(store.source, rel, frames.info, store.num_envs, store.capacity, False)
+        chunks = ChunkedLeaf(frames.info, store.capacity, ZarrChunks(store.source, rel, arr), 0)
         rng, rows = np.random.default_rng(0), [None]
 
         def draw() -> None:

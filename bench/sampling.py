@@ -65,6 +65,10 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=["default"])
     p.add_argument("--numpy", nargs="+", choices=("ram", "4k-pages", "npy-mapped"), default=["ram"])
+    p.add_argument(
+        "--seq", nargs=2, type=int, default=[32, 64], metavar=("BATCH", "STEPS"),
+        help="the sequence way: sample(BATCH, num_steps=STEPS)",
+    )  # fmt: skip
     p.add_argument("--calls", type=int, default=40, help="batches per timed block")
     p.add_argument("--repeats", type=int, default=7, help="timed blocks per system and way")
     p.add_argument(

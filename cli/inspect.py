@@ -45,7 +45,7 @@ def _hdf5_storage(folder: str, leaves: list[Any]) -> dict[str, int]:
         import h5py
 
         from mmreplay.backends.hdf5 import DATA_FILE, leaf_dataset
-        from mmreplay.files import checked_inside
+        from mmreplay.io.local import checked_inside
 
         path = checked_inside(folder, DATA_FILE)
         with h5py.File(path, "r", libver="latest", swmr=True) as f:
@@ -56,7 +56,7 @@ def _hdf5_storage(folder: str, leaves: list[Any]) -> dict[str, int]:
 
 def object_sizes(store: mr.Store) -> dict[str, int] | None:
     """Key -> bytes of every object of a store in object storage (None: a local store)."""
-    location = store._location
+    location = store.location
     return None if location is None else location.list()
 
 

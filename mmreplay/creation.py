@@ -222,7 +222,7 @@ def create(
                 f"{path}: already exists; pass exist_ok=True to reopen a buffer, or choose a new path"
             )
     if any(leaf.compression for leaf in meta.leaves):
-        from .backends.row_frames import chunked_picture_advice  # (not imported for mapped stores)
+        from .backends.row_codec import chunked_picture_advice  # (not imported for mapped stores)
 
         for leaf in meta.leaves:
             advice = chunked_picture_advice(leaf, meta.num_envs, backend)

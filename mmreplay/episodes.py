@@ -51,8 +51,9 @@ import numpy as np
 
 from .backends.base import disk_full_as
 from .errors import CorruptBufferError, NotEnoughDataError
-from .files import open_inside, read_inside
 from .hooks import WriteHook
+from .io import ByteSource
+from .io.local import open_inside
 from .metadata import Metadata, State, atomic_write
 from .read.readable import Readable
 from .roles import subtree
@@ -98,6 +99,7 @@ class EpisodeSource(Readable, Protocol):
     roles: dict[str, str]
     leaf_paths: list[str]
     metadata: Metadata
+    source: ByteSource  # where the episode index is read from
 
 
 @dataclass(frozen=True)
@@ -329,8 +331,9 @@ class EpisodeIndex:
     """The end records of one store, in memory and (for stores with end roles) on disk."""
 
     def __init__(self, store: EpisodeSource):
-        self.folder = store.path
-        self.path = os.path.join(store.path, INDEX_FILE)
+        self.folder = store.path  # (a writer's: it writes the file in place)
+        self.source = store.source
+        self.path = self.source.where(INDEX_FILE)
         self.rule = EndRule(store)
         self.writable = store.mode == "a"
         self.capacity = store.capacity
@@ -399,7 +402,7 @@ class EpisodeIndex:
     def _read_file(self) -> tuple[int, bytes, np.ndarray, int] | None:
         """``(origin, generation, records, bytes parsed)`` of the file, None if absent or bad."""
         try:
-            raw = read_inside(self.folder, INDEX_FILE, index_limit(self.capacity, self.num_envs), "an episode index")
+            raw = self.source.read(INDEX_FILE, index_limit(self.capacity, self.num_envs), "an episode index")
         except FileNotFoundError:
             return None
         except CorruptBufferError as exc:  # a link, a FIFO, a file too large: never read
@@ -454,6 +457,8 @@ class EpisodeIndex:
         generation changes); a torn last record is cut off in place.
         """
         found = self._read_file()
+        if found is not None and found[0] > first:
+            found = None  # made for a commit that failed before its state (a full disk): rebuild
         if found is None:
             rec = self._scan(first, end)
             self._write_file(first, rec)
@@ -559,20 +564,22 @@ class EpisodeIndex:
         self.synced = state
 
     def _read_new(self, store: EpisodeSource) -> None:
+        if not self.source.local:  # an object is replaced whole by each push: read it whole
+            self._reload(store)
+            return
         try:
-            fd = open_inside(self.folder, INDEX_FILE)
+            handle = self.source.handle(INDEX_FILE)
         except (FileNotFoundError, CorruptBufferError):
             self._start_scan_mode(store)
             return
         try:
-            head = os.pread(fd, HEADER_BYTES, 0)
+            head = handle.read_at(0, HEADER_BYTES)
             if self.origin is None or head[16:24] != self.generation or head[:8] != MAGIC:
                 self._reload(store)
                 return
-            size = os.fstat(fd).st_size
-            count = (size - self.parsed) // RECORD.itemsize
+            count = (handle.size - self.parsed) // RECORD.itemsize
             if count > 0:
-                raw = os.pread(fd, count * RECORD.itemsize, self.parsed)
+                raw = handle.read_at(self.parsed, count * RECORD.itemsize)
                 rec = np.frombuffer(raw, RECORD, len(raw) // RECORD.itemsize).copy()
                 if len(rec) and self.n and rec["step"][0] < self.records["step"][-1]:
                     self._reload(store)  # not an append of what we have: read it whole
@@ -580,7 +587,7 @@ class EpisodeIndex:
                 self._append_memory(rec)
                 self.parsed += len(rec) * RECORD.itemsize
         finally:
-            os.close(fd)
+            handle.close()
 
     def _reload(self, store: EpisodeSource) -> None:
         found = self._read_file()

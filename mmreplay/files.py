@@ -1,11 +1,7 @@
-"""Small file-system helpers shared by the library and the command line.
+"""File-system helpers for what mmreplay writes outside a store's own files: outputs made
+under a scratch name and renamed into place, target checks, folders made and removed.
 
-Every file mmreplay opens inside a buffer's folder is opened here (:func:`open_inside`
-and the helpers built on it), because a buffer may come from anyone: a file of its
-folder must be a regular file reached from the folder through real folders, never
-through a symbolic link, and never a FIFO, a socket or a device. Anything else is
-refused with a :class:`CorruptBufferError` naming it, before a byte is read or written.
-The folder itself, as the caller names it, may be a link (run folders often are).
+Files inside a store's folder are opened under the rules of :mod:`mmreplay.io.local`.
 """
 
 from __future__ import annotations
@@ -16,208 +12,23 @@ import os
 import re
 import shutil
 import signal
-import stat
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
-from .errors import CorruptBufferError, DiskFullError, Error, ReadOnlyError, TargetError
+from .errors import DiskFullError, Error, ReadOnlyError, TargetError
+from .io.local import NO_FOLLOW
 
 __all__ = [
     "AtomicOutput",
     "atomic_write",
     "check_target",
-    "checked_inside",
     "disk_usage",
-    "folder_inside",
     "interrupts_deferred",
     "make_folders",
-    "open_inside",
-    "read_inside",
     "remove_dead_scratch",
-    "replace_inside",
     "scratch_path",
-    "unsafe_entries",
 ]
-
-_NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
-_FOLDER = os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
-def _refuse(path: str, what: str) -> CorruptBufferError:
-    return CorruptBufferError(
-        f"{path}: is {what}; a buffer's files must be regular files inside its folder, so mmreplay does not open it"
-    )
-
-
-def _check_entry(st: os.stat_result, path: str, writing: bool) -> None:
-    if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-    if not stat.S_ISREG(st.st_mode):
-        raise _refuse(path, _kind(st.st_mode))
-    if writing and st.st_nlink > 1:
-        raise _refuse(path, "a file with other hard links (writing it would change them too)")
-
-
-def _walk(folder: str, parts: list[str], create: bool) -> int:
-    """A descriptor of the folder ``folder/parts...``, each part entered without
-    following links (``create``: making the missing ones)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for i, part in enumerate(parts):
-            if create:
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            try:
-                inner = os.open(part, _FOLDER, dir_fd=fd)
-            except OSError as exc:
-                where = os.path.join(folder, *parts[: i + 1])
-                try:
-                    st = os.stat(part, dir_fd=fd, follow_symlinks=False)
-                except OSError:
-                    st = None
-                if st is not None and not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
-                    raise _refuse(where, _kind(st.st_mode)) from None
-                exc.filename = where
-                raise
-            os.close(fd)
-            fd = inner
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_inside(folder: str | os.PathLike, rel: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
-    """A file descriptor of the regular file ``folder/rel`` (``rel``: names joined by
-    ``/``), opened with ``flags``; missing folders on the way are made when ``flags``
-    create the file.
-
-    Raises CorruptBufferError when it (or a folder on the way) is a link or not a regular
-    file, or, opened for writing, has other hard links; FileNotFoundError and
-    IsADirectoryError as ``os.open`` does. A FIFO is never opened, so it never blocks.
-    """
-    folder = os.fspath(folder)
-    parts = rel.split("/")
-    path = os.path.join(folder, *parts)
-    writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
-    dfd = _walk(folder, parts[:-1], bool(flags & os.O_CREAT))
-    try:
-        try:
-            _check_entry(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False), path, writing)
-        except FileNotFoundError:
-            if not flags & os.O_CREAT:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
-        try:  # (non-blocking: what was checked may have been swapped for a FIFO since)
-            fd = os.open(parts[-1], flags | _NO_FOLLOW | os.O_NONBLOCK, mode, dir_fd=dfd)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENXIO):
-                raise _refuse(path, "a symbolic link" if exc.errno == errno.ELOOP else "not a regular file") from None
-            exc.filename = path
-            raise
-    finally:
-        os.close(dfd)
-    try:
-        _check_entry(os.fstat(fd), path, writing)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def read_inside(folder: str | os.PathLike, rel: str, limit: int, what: str = "the file") -> bytes:
-    """The bytes of the regular file ``folder/rel`` (see :func:`open_inside`), refusing
-    one larger than ``limit`` bytes before reading it."""
-    fd = open_inside(folder, rel)
-    try:
-        size = os.fstat(fd).st_size
-        if size <= limit:
-            parts, total = [], 0
-            while total <= limit:  # (a file that grew since fstat is read on, up to the limit)
-                part = os.read(fd, min(limit + 1 - total, max(size + 1 - total, 1 << 16)))
-                if not part:
-                    return b"".join(parts)
-                parts.append(part)
-                total += len(part)
-            size = total
-        path = os.path.join(os.fspath(folder), *rel.split("/"))
-        raise CorruptBufferError(f"{path}: {size} bytes, larger than {what} can be (at most {limit})")
-    finally:
-        os.close(fd)
-
-
-def folder_inside(folder: str | os.PathLike, rel: str) -> str:
-    """``folder/rel`` once it is a folder reached without links."""
-    os.close(_walk(os.fspath(folder), rel.split("/"), False))
-    return os.path.join(os.fspath(folder), *rel.split("/"))
-
-
-def checked_inside(folder: str | os.PathLike, rel: str) -> str:
-    """``folder/rel`` once it is a regular file reached without links: for a library
-    that opens files by name (h5py)."""
-    os.close(open_inside(folder, rel))
-    return os.path.join(os.fspath(folder), *rel.split("/"))
-
-
-def replace_inside(folder: str | os.PathLike, rel: str, data: bytes | memoryview, exclusive: bool = False) -> None:
-    """Write ``folder/rel`` whole by a new file renamed over it (``exclusive``: only
-    where nothing is yet), making missing folders; no link is followed on the way."""
-    parts = rel.split("/")
-    dfd = _walk(os.fspath(folder), parts[:-1], True)
-    try:
-        tmp = f"{parts[-1]}.{uuid.uuid4().hex}.partial"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o644, dir_fd=dfd)
-        try:
-            try:
-                view = memoryview(data).cast("B")
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-            if exclusive:
-                os.link(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-            else:
-                os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-        finally:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
-    finally:
-        os.close(dfd)
-
-
-def unsafe_entries(folder: str | os.PathLike) -> list[str]:
-    """What under ``folder`` mmreplay must not open: each link, FIFO, socket or device
-    (one line each, naming it); folders under a link are not entered."""
-    out = []
-    for root, dirs, files in os.walk(os.fspath(folder)):
-        for name in dirs + files:
-            path = os.path.join(root, name)
-            try:
-                mode = os.lstat(path).st_mode
-            except FileNotFoundError:
-                continue  # removed while walking
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                out.append(str(_refuse(path, _kind(mode))))
-    return sorted(out)
-
 
 def disk_usage(path: str | os.PathLike) -> int:
     """Bytes of a file, or of every file under a folder (apparent sizes; links not followed)."""
@@ -289,7 +100,7 @@ def atomic_write(path: str, data: bytes, fsync: bool = False) -> None:
     folder = os.path.dirname(path) or "."
     tmp = f"{path}.{os.getpid()}.tmp"
     _unlink_quietly(tmp)  # a dead process's (or a link placed there: never written through)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644)
     try:
         view = memoryview(data)
         while view:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptBufferError, SpecError
-from .files import folder_inside
+from .io import ByteSource
 from .roles import subtree
 from .spec import ArraySpec, flatten, leaf_paths
 
@@ -257,12 +257,12 @@ def side_metadata(meta: Any) -> Any:
     )
 
 
-def side_folder(folder: str) -> str:
-    """The side ring's folder in a store's folder: a real folder of it, never a link."""
+def side_source(source: ByteSource) -> ByteSource:
+    """The side ring's objects in a store's (a local one: a real folder of it, never a link)."""
     try:
-        return folder_inside(folder, SIDE_DIR)
+        return source.child(SIDE_DIR)
     except (FileNotFoundError, NotADirectoryError):
-        raise CorruptBufferError(f"{os.path.join(folder, SIDE_DIR)}: the side ring's folder is missing") from None
+        raise CorruptBufferError(f"{source.where(SIDE_DIR)}: the side ring's folder is missing") from None
 
 
 def create_side(module: Any, folder: str, meta: Any, side_infos: list[Any]) -> list[Any]:

@@ -39,7 +39,8 @@ from .errors import (
     NotEnoughDataError,
     SpecMismatchError,
 )
-from .files import atomic_write, folder_inside, read_inside
+from .files import atomic_write
+from .io.local import folder_inside, read_inside
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .spec import flatten, spec_to_json, unflatten

@@ -15,7 +15,7 @@ except ImportError as exc:  # Windows
     raise ImportError("mmreplay needs POSIX file locks (Linux or macOS); on Windows, run it under WSL") from exc
 
 from .errors import LockedError, ReadOnlyError
-from .files import open_inside
+from .io.local import open_inside
 
 LOCK_FILE = ".lock"
 

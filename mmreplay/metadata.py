@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptBufferError, NotABufferError, UnsupportedFormatError
-from .files import atomic_write, read_inside
+from .errors import CorruptBufferError, Error, NotABufferError, ObjectNotFoundError, UnsupportedFormatError
+from .files import atomic_write
 from .frames_layout import FramesLayout, layout_from_json
+from .io import ByteSource, open_source
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json, validate_leaf_path
 from .statefile import STATE_FILE, State, StateFile, write_fresh
 
@@ -398,19 +399,20 @@ def parse_state(obj: Any, where: str) -> State:
     return State(start, end, reserved, commits, commit_time)
 
 
-def _read_bounded(folder: str) -> bytes:
+def _read_bounded(source: ByteSource) -> bytes:
     """The metadata file's bytes, refusing one larger than any real metadata (or not a
     regular file of the folder) before reading it."""
-    return read_inside(folder, METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
+    return source.read(METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
 
 
-def read_metadata(folder: str) -> Metadata:
-    """Read and validate ``folder/mmreplay.json`` and (format 2) the state file."""
+def read_metadata(where: str | os.PathLike | ByteSource) -> Metadata:
+    """Read and validate a store's ``mmreplay.json`` and (format 2) its state file."""
+    source = open_source(where)
     for _ in range(PAIR_TRIES):
-        meta = read_static(folder)
+        meta = read_static(source)
         if meta.format_version == 1:
             return meta
-        state_file = StateFile(folder, False)
+        state_file = StateFile(source, False)
         try:
             state = state_file.read()
         finally:
@@ -419,31 +421,30 @@ def read_metadata(folder: str) -> Metadata:
         if paired is not None:
             return paired
     raise CorruptBufferError(
-        f"{os.path.join(folder, METADATA_FILE)}: its attributes (generation {meta.attrs_generation}"
+        f"{source.where(METADATA_FILE)}: its attributes (generation {meta.attrs_generation}"
         f"{'' if meta.previous_attrs is None else ', previous ' + str(meta.previous_attrs[0])}) "
         f"are not the ones the committed state names (generation {state.attrs_generation})"
     )
 
 
-def read_static(folder: str) -> Metadata:
-    """Read and validate ``folder/mmreplay.json`` alone (format 2: without the state)."""
-    path = os.path.join(folder, METADATA_FILE)
+def read_static(where: str | os.PathLike | ByteSource) -> Metadata:
+    """Read and validate a store's ``mmreplay.json`` alone (format 2: without the state)."""
+    source = open_source(where)
+    path = source.where(METADATA_FILE)
     try:
-        raw = _read_bounded(folder)
-    except FileNotFoundError:
-        if not os.path.exists(folder):
-            raise NotABufferError(f"{folder}: no such folder") from None
-        raise NotABufferError(f"{folder}: not an mmreplay buffer (no {METADATA_FILE})") from None
+        raw = _read_bounded(source)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        if isinstance(exc, Error) and not isinstance(exc, ObjectNotFoundError):
+            raise  # the object store's own answer (no bucket...)
+        raise source.no_store() from None
     except IsADirectoryError:
         raise CorruptBufferError(f"{path}: is a folder, expected a JSON file") from None
-    except NotADirectoryError:
-        raise NotABufferError(f"{folder}: not a folder") from None
     return parse_metadata(raw, path)
 
 
-def read_state(folder: str) -> State:
+def read_state(where: str | os.PathLike | ByteSource) -> State:
     """Only the committed state (no spec validation)."""
-    source = open_state(folder, 1, False)
+    source = open_state(where, 1, False)
     try:
         return source.read()
     finally:
@@ -457,18 +458,18 @@ class JsonState:
     reads the state file instead, from then on.
     """
 
-    def __init__(self, folder: str):
-        self.folder = folder
-        self.path = os.path.join(folder, METADATA_FILE)
+    def __init__(self, where: str | os.PathLike | ByteSource):
+        self.source = open_source(where)
+        self.path = self.source.where(METADATA_FILE)
         self.file: StateFile | None = None
 
     def read(self) -> State:
         if self.file is not None:
             return self.file.read()
         try:
-            obj = json.loads(_read_bounded(self.folder))
+            obj = json.loads(_read_bounded(self.source))
         except FileNotFoundError:
-            raise NotABufferError(f"{self.folder}: not an mmreplay buffer (no {METADATA_FILE})") from None
+            raise NotABufferError(f"{self.source.url}: not an mmreplay buffer (no {METADATA_FILE})") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CorruptBufferError(f"{self.path}: metadata is not valid JSON ({exc})") from None
         except ValueError:
@@ -478,7 +479,7 @@ class JsonState:
         if not isinstance(obj, dict):
             raise CorruptBufferError(f"{self.path}: metadata must be a JSON object")
         if "state" not in obj and _parse_format(obj.get("format"), self.path) >= 2:
-            self.file = StateFile(self.folder, False)
+            self.file = StateFile(self.source, False)
             return self.file.read()
         return parse_state(obj.get("state"), self.path)
 
@@ -491,11 +492,11 @@ class JsonState:
             self.file = None
 
 
-def open_state(folder: str, format_version: int, writable: bool) -> StateFile | JsonState:
+def open_state(where: str | os.PathLike | ByteSource, format_version: int, writable: bool) -> StateFile | JsonState:
     """Where the committed state of a buffer of this format is read (and written)."""
     if format_version == 1:
-        return JsonState(folder)
-    return StateFile(folder, writable)
+        return JsonState(where)
+    return StateFile(where, writable)
 
 
 def step_nbytes(meta: Metadata) -> int:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptBufferError, ReadOnlyError
-from .files import open_inside
+from .io.local import open_inside
 
 __all__ = ["PriorityFile", "PRIORITY_FILE", "PRIORITY_LOCK"]
 

@@ -220,7 +220,8 @@ def _trial_ratio(meta: Metadata, leaf: Any, rows: np.ndarray) -> tuple[float, in
     backend, codec and chunk shape (fewer steps per chunk when the sample is short), and
     the bytes of the leaf's files whose size does not grow with its rows (a row-frame
     leaf's zstd dictionary; its staging file is sized from the layout instead)."""
-    from .backends.row_frames import DICTIONARY_FILE, STAGING_FILE  # (not imported with mmreplay)
+    from .backends.row_codec import DICTIONARY_FILE
+    from .backends.row_reads import STAGING_FILE  # (not imported with mmreplay)
 
     envs = min(meta.num_envs, len(rows))
     steps = len(rows) // envs

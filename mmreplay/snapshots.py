@@ -34,9 +34,10 @@ from typing import Any
 
 from .backends import zarr_v3
 from .errors import CorruptBufferError, SpecMismatchError, TargetError
-from .files import unsafe_entries
-from .metadata import METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
-from .objstore import UPLOADS_IN_FLIGHT, Location, gather_all, shard_key, shard_layout, split_url
+from .io.local import unsafe_entries
+from .io.remote import ObjectPrefix, gather_all, split_url
+from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
+from .objstore import UPLOADS_IN_FLIGHT, shard_key, shard_layout
 from .spec import spec_to_json
 from .statefile import STATE_FILE, State, fresh_bytes, write_fresh
 
@@ -152,9 +153,10 @@ def _static(meta: Metadata) -> Any:
     )
 
 
-def _read_manifest(location: Location) -> dict[str, str]:
-    raw = location.get(MANIFEST, limit=1 << 28)
-    if raw is None:
+def _read_manifest(location: ObjectPrefix) -> dict[str, str]:
+    try:
+        raw = location.read(MANIFEST, 1 << 28, "a push manifest")
+    except FileNotFoundError:
         return {}
     try:
         doc = json.loads(raw)
@@ -189,7 +191,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
         if source.mode == "a":
             source.commit()
         folder = source.path
-        if source._location is not None:
+        if source.location is not None:
             raise TargetError(f"{folder}: is already in object storage; pull it to push it elsewhere")
     else:
         folder = os.fspath(source)
@@ -209,8 +211,11 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
             "convert it to the zarr backend first (mmreplay convert --backend zarr)"
         )
     split_url(url)
-    location = Location(url, storage_options)
-    remote_meta_raw = location.get(METADATA_FILE)
+    location = ObjectPrefix(url, storage_options)
+    try:
+        remote_meta_raw = location.read(METADATA_FILE, MAX_METADATA_BYTES, "a store's metadata")
+    except FileNotFoundError:
+        remote_meta_raw = None
     old_state: State | None = None
     if remote_meta_raw is not None:
         remote = parse_metadata(remote_meta_raw, location.where(METADATA_FILE))
@@ -220,7 +225,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
                 f"from {folder}); push to a new prefix"
             )
         try:
-            old_state = location.read_state()
+            old_state = read_state(location)
         except CorruptBufferError:
             old_state = None  # an earlier first push was cut short: nothing is readable yet
     manifest = _read_manifest(location)
@@ -313,8 +318,8 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     folder = os.path.abspath(os.fspath(folder))
     if os.path.lexists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
         raise TargetError(f"{folder}: already exists; pull into a new folder")
-    location = Location(url, storage_options)
-    meta = location.read_metadata()
+    location = ObjectPrefix(url, storage_options)
+    meta = read_metadata(location)
     first = meta.state
     if meta.backend != "zarr":
         raise CorruptBufferError(
@@ -326,7 +331,7 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _download(location, meta, tmp)
-        last = location.read_state()
+        last = read_state(location)
         if last.end < first.end or last.start > first.start:
             raise CorruptBufferError(
                 f"{location.url}: a push of another history replaced the store while it was pulled; pull again"
@@ -344,7 +349,7 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     return folder
 
 
-def _download(location: Location, meta: Metadata, tmp: str) -> None:
+def _download(location: ObjectPrefix, meta: Metadata, tmp: str) -> None:
     mapped = {f"{zarr_v3.DATA_DIR}/{leaf.path}": leaf for leaf in meta.leaves if leaf.mapped}
     keys = location.list()
     wanted = [
@@ -376,7 +381,7 @@ def _download(location: Location, meta: Metadata, tmp: str) -> None:
         _assemble(location, meta, leaf, tmp)
 
 
-def _assemble(location: Location, meta: Metadata, leaf: Any, tmp: str) -> None:
+def _assemble(location: ObjectPrefix, meta: Metadata, leaf: Any, tmp: str) -> None:
     """A mapped leaf back in the local layout: one shard file, from the shard objects."""
     array_key, steps = shard_layout(location, leaf)
     nchunks = -(-meta.capacity // leaf.chunk_steps)
@@ -392,11 +397,11 @@ def _assemble(location: Location, meta: Metadata, leaf: Any, tmp: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         for k in range(-(-data_bytes // max(1, shard_bytes)) if data_bytes else 0):
-            raw = location.get(shard_key(array_key, ndim, k))
-            if raw is None:
-                raise CorruptBufferError(
-                    f"{location.where(shard_key(array_key, ndim, k))}: shard object missing"
-                )
+            key = shard_key(array_key, ndim, k)
+            try:
+                raw = location.read(key, shard_bytes + nchunks * 16, "a shard object")
+            except FileNotFoundError:
+                raise CorruptBufferError(f"{location.where(key)}: shard object missing") from None
             f.write(raw[: min(shard_bytes, data_bytes - k * shard_bytes)])
         f.write(zarr_v3.shard_index(nchunks, chunk_bytes).tobytes())
     if os.path.getsize(path) != data_bytes + nchunks * 16:

@@ -28,8 +28,10 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from .errors import CorruptBufferError, NotABufferError
-from .files import atomic_write, open_inside
+from .errors import CorruptBufferError
+from .files import atomic_write
+from .io import ByteSource, open_source
+from .io.local import open_inside
 
 __all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "oldest_retained", "salvage", "slot_ranges", "write_fresh"]
 
@@ -195,24 +197,28 @@ def write_fresh(folder: str, state: State, fsync: bool) -> None:
 
 
 class StateFile:
-    """An open state file: :meth:`read` the newest valid state, :meth:`write` the next."""
+    """The state file of a store's byte source: :meth:`read` the newest valid state,
+    :meth:`write` the next (a local folder opened for writing)."""
 
-    def __init__(self, folder: str, writable: bool):
-        self.path = os.path.join(folder, STATE_FILE)
+    def __init__(self, where: str | os.PathLike | ByteSource, writable: bool):
+        source = open_source(where)
+        self.path = source.where(STATE_FILE)
         try:
-            self.fd: int | None = open_inside(folder, STATE_FILE, os.O_RDWR if writable else os.O_RDONLY)
+            self.handle = source.handle(STATE_FILE, writable)
         except FileNotFoundError:
-            if not os.path.isdir(folder):
-                raise NotABufferError(f"{folder}: no such folder") from None
+            if source.local and not os.path.isdir(source.url):
+                raise source.no_store() from None
             raise CorruptBufferError(f"{self.path}: the state file is missing") from None
         except IsADirectoryError:
             raise CorruptBufferError(f"{self.path}: is a folder, expected the state file") from None
 
     def read(self) -> State:
         """The newest valid slot's state (one ``pread``)."""
-        fd = self._fd()
         for _ in range(READ_TRIES):
-            raw = os.pread(fd, FILE_BYTES, 0)
+            try:
+                raw = self.handle.read_at(0, FILE_BYTES)
+            except FileNotFoundError:  # an object store's, found at its first read
+                raise CorruptBufferError(f"{self.path}: the state file is missing") from None
             state = newest(raw)
             if state is not None:
                 return state
@@ -221,19 +227,7 @@ class StateFile:
 
     def write(self, state: State, fsync: bool) -> None:
         """Write ``state`` into its slot (``generation % 2``): the slot of the older state."""
-        fd = self._fd()
-        data = encode_slot(state)
-        if os.pwrite(fd, data, (state.generation % 2) * SLOT_BYTES) != len(data):
-            raise OSError(f"{self.path}: short write of a state slot")
-        if fsync:
-            os.fdatasync(fd)
-
-    def _fd(self) -> int:
-        if self.fd is None:
-            raise ValueError(f"{self.path}: the state file is closed")
-        return self.fd
+        self.handle.write_at((state.generation % 2) * SLOT_BYTES, encode_slot(state), fsync)
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        self.handle.close()

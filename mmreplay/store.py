@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -38,6 +39,7 @@ from .errors import (
     ReadOnlyError,
 )
 from .hooks import WriteHook, overrides
+from .io import ByteSource, LocalFolder, open_source
 from .lock import WriterLock
 from .metadata import (
     METADATA_FILE,
@@ -53,7 +55,7 @@ from .read import gather as _gather
 from .read import passes as _passes
 from .read.request import SampleRequest
 from .samplers.base import Sampler, Window
-from .samplers.registry import sampler_from_json
+from .samplers.registry import make_sampler, sampler_from_json
 from .spec import unflatten
 from .statefile import oldest_retained, slot_ranges
 from .values import StepValidator
@@ -89,12 +91,12 @@ class Store:
         mode: str,
         lock: WriterLock | None,
         sampler: Sampler | None = None,
-        location: Any = None,
+        source: ByteSource | None = None,
     ):
         self.path = path
-        # where the state and the leaves live when not in the folder ``path``
-        # (:class:`mmreplay.objstore.Location`); None: the local folder
-        self._location = location
+        # where the state and the leaves are read from: the folder ``path``, or an
+        # object-store prefix (:mod:`mmreplay.io`)
+        self._source = source = source if source is not None else LocalFolder(path)
         self.mode = mode
         self._meta = meta
         self._lock = lock
@@ -111,15 +113,9 @@ class Store:
         self._writable = mode == "a"
         try:
             # the committed state: read by readers per batch, written by each commit
-            if location is None:
-                self._state_file = open_state(path, meta.format_version, mode == "a")
-            else:
-                self._state_file = location.open_state()
+            self._state_file = open_state(source, meta.format_version, mode == "a")
             try:
-                if location is None:
-                    entries = backends.get(meta.backend).open_leaves(path, meta, mode == "a")
-                else:
-                    entries = location.open_leaves(meta)
+                entries = backends.get(meta.backend).open_leaves(source, meta, mode == "a")
             except BaseException:
                 self._state_file.close()
                 raise
@@ -132,12 +128,9 @@ class Store:
         side: list[Any] = []
         if meta.frames is not None and meta.frames.side:
             try:
-                if location is None:
-                    side_entries = backends.get(meta.backend).open_leaves(
-                        frames_layout.side_folder(path), frames_layout.side_metadata(meta), mode == "a"
-                    )
-                else:
-                    side_entries = location.child(frames_layout.SIDE_DIR).open_leaves(frames_layout.side_metadata(meta))
+                side_entries = backends.get(meta.backend).open_leaves(
+                    frames_layout.side_source(source), frames_layout.side_metadata(meta), mode == "a"
+                )
             except BaseException:
                 for entry in entries:
                     entry.close()
@@ -192,7 +185,7 @@ class Store:
             # hooks, the sampler and the parts keep this view, no reference to the store itself
             me = self._view = _attribute_view(self)
             self.add_write_hook(_episodes.EpisodeHook(me))
-            self._sampler = sampler if sampler is not None else _recorded_sampler(meta, path, location)
+            self._sampler = sampler if sampler is not None else _recorded_sampler(meta, source)
             self._sampler.attach(me)
             self.add_write_hook(self._sampler)
             if frame_parts is not None and mode == "a":
@@ -286,10 +279,15 @@ class Store:
         return list(self._storage)
 
     @property
+    def source(self) -> ByteSource:
+        """Where the store's bytes are read from: its folder or its object-store prefix."""
+        return self._source
+
+    @property
     def location(self) -> Any:
-        """Where an ``s3://`` store is read from (:mod:`mmreplay.objstore`); None for a
-        local folder."""
-        return self._location
+        """The object-store prefix an ``s3://`` store is read from (its requests counted
+        in ``location.traffic``); None for a local folder."""
+        return None if self._source.local else self._source
 
     @property
     def leaf_paths(self) -> list[str]:
@@ -992,9 +990,17 @@ def _attribute_view(store: Store) -> Store:
 _new_window = tuple.__new__  # a Window without NamedTuple's keyword handling: read per batch
 
 
-def _recorded_sampler(meta: Metadata, path: str, location: Any) -> Sampler:
-    """The sampler the metadata records; one it names wrongly is the metadata's damage."""
-    where = os.path.join(path, METADATA_FILE) if location is None else location.where(METADATA_FILE)
+def _recorded_sampler(meta: Metadata, source: ByteSource) -> Sampler:
+    """The sampler the metadata records; one it names wrongly is the metadata's damage. A
+    store in object storage samples uniformly: its priorities stay in the pushed folder."""
+    where = source.where(METADATA_FILE)
+    if not source.local and isinstance(meta.sampler, dict) and meta.sampler.get("name") == "prioritized":
+        warnings.warn(
+            f"{source.url}: its priorities stay in the pushed folder; sampling from object storage "
+            "is uniform (pull the store to sample by priority)",
+            stacklevel=4,
+        )
+        return make_sampler("uniform")
     try:
         return sampler_from_json(meta.sampler, where)
     except (ValueError, TypeError) as exc:
@@ -1031,7 +1037,7 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
     memory available to the process; True always, False never (local folders only).
 
     ``path`` may be an ``s3://bucket/prefix`` URL of a store in object storage (read-only;
-    see :mod:`mmreplay.objstore`), reached with ``storage_options`` or the ``AWS_*``
+    see :mod:`mmreplay.io.remote`), reached with ``storage_options`` or the ``AWS_*``
     environment variables.
 
     A writer resumes collection: before its first step, the episodes the last writer
@@ -1044,13 +1050,13 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if populate is not None and not isinstance(populate, bool):
         raise TypeError(f"populate must be True, False or None, got {populate!r}")
-    if path.startswith("s3://"):
-        from .objstore import open_url
-
-        return open_url(path, mode, storage_options)
-    if storage_options:
-        raise ValueError(f"{path}: storage_options are for s3:// URLs; a local folder takes none")
-    meta = read_metadata(path)
+    source = open_source(path, storage_options)
+    if not source.local and mode != "r":
+        raise ReadOnlyError(
+            f"{source.url}: a store in object storage opens read-only (mode='r'); "
+            "mmreplay.pull it to a folder to write, then push it back"
+        )
+    meta = read_metadata(source)
     lock = None
     if mode == "a":
         lock = WriterLock(path)
@@ -1061,7 +1067,7 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
         except BaseException:
             lock.release()
             raise
-    store = Store(path, meta, mode, lock)
+    store = Store(source.url, meta, mode, lock, source=source)
     if not continue_episodes:  # the writer's first step ends the open episodes (_before_write)
         store._writable = False
     store._populator = _advice.populate_at_open(store, populate)

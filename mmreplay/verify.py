@@ -43,7 +43,7 @@ from . import backends
 from .backends.checks import Repairs
 from .backends.hdf5 import hdf5_status
 from .errors import CorruptBufferError, Error, NotABufferError, UnsupportedFormatError
-from .files import read_inside, unsafe_entries
+from .io.local import LocalFolder, read_inside, unsafe_entries
 from .lock import WriterLock, holder_pid
 from .metadata import (
     METADATA_FILE,
@@ -114,7 +114,7 @@ def checked(path: str | os.PathLike, deep: bool = True) -> list[str]:
     check can find there: a row that holds another step's bytes is found only where the
     layout records something of it (a chunk or row that was never stored, a checksum, the
     side ring's step numbers); [] when the metadata does not read."""
-    from .backends.row_frames import is_row_compression
+    from .backends.row_codec import is_row_compression
 
     try:
         meta = read_metadata(os.fspath(path))
@@ -210,7 +210,7 @@ def _side_ref(module: Any, side_folder: str, side: Metadata, found: list[str]) -
     if found:
         return None
     try:
-        (leaf,) = module.open_leaves(side_folder, _only_ref(side), False)
+        (leaf,) = module.open_leaves(LocalFolder(side_folder), _only_ref(side), False)
     except Error as exc:
         found.append(f"does not open: {exc}")
         return None
@@ -226,7 +226,7 @@ def _only_ref(side: Metadata) -> Metadata:
 
 
 def _write_ref(module: Any, side_folder: str, side: Metadata, ref: np.ndarray) -> None:
-    (leaf,) = module.open_leaves(side_folder, _only_ref(side), True)
+    (leaf,) = module.open_leaves(LocalFolder(side_folder), _only_ref(side), True)
     try:
         leaf.write_slots(np.arange(len(ref)), ref[:, None])
         leaf.flush(True)
@@ -707,7 +707,7 @@ def _side_entries(folder: str, meta: Metadata, first: int, end: int) -> Any:
 
     if end <= first:
         return
-    leaves = backends.get(meta.backend).open_leaves(folder, meta, False)
+    leaves = backends.get(meta.backend).open_leaves(LocalFolder(folder), meta, False)
     try:
         leaf = next(leaf for leaf in leaves if getattr(leaf, "info", None) and leaf.info.path == NEXT_LEAF)
         for a in range(first, end, BLOCK_STEPS):

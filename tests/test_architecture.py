@@ -18,6 +18,7 @@ PACKAGE = ROOT / "mmreplay"
 #: layer or earlier ones, and no import chain runs in a circle (docs/architecture.md)
 LAYERS = [
     {"errors"},
+    {"io"},
     {"spec", "files", "exits", "hooks", "sumtree"},
     {"roles", "values", "spaces", "codecs", "statefile", "lock", "priorities", "selection"},
     {"frames_layout"},

@@ -1013,3 +1013,23 @@ def test_an_extend_refused_by_a_full_disk_leaves_an_episode_index_verify_accepts
     with mr.open(path) as reader:
         ends = [(e.first_step, e.last_step) for e in reader.episodes(0)]
         assert len(ends) > 5 and all(last % 3 == 2 for _, last in ends[:-1])
+
+
+def test_an_episode_index_left_by_a_commit_that_never_happened_is_rebuilt(tmp_path):
+    """A commit refused by a full disk after the episode index was written (here: an index
+    file made for a window starting at step 120, over a store with nothing committed)
+    leaves the next writer an index whose origin is past its committed window; it once
+    appended the ends of steps 0.. under that origin, and verify called the index out of
+    order."""
+    from mmreplay.episodes import INDEX_FILE, RECORD, _write_index
+
+    path = str(tmp_path / "b")
+    spec = {"x": mr.ArraySpec((2,), "int64"), "terminated": mr.ArraySpec((), "bool")}
+    mr.create(path, spec, 143, num_envs=8, commit_every=5).close()
+    _write_index(os.path.join(path, INDEX_FILE), 120, np.zeros(0, RECORD), False)
+    with mr.open(path, "a") as store:
+        for t in range(36):
+            store.add({"x": np.full((8, 2), t), "terminated": np.full(8, t % 7 == 6)})
+    assert_healthy(path)
+    with mr.open(path) as reader:
+        assert [e.last_step for e in reader.episodes(0)][:3] == [6, 13, 20]

@@ -257,7 +257,7 @@ def test_exports_target_object_storage(tmp_path, s3_server, url):
             mr.export(s, url + "/steps.npz", format="npz")
         mr.export(s, url + "/steps.npz", format="npz", force=True)
     assert npz.path == url + "/steps.npz"
-    from mmreplay.objstore import Location
+    from mmreplay.io.remote import ObjectPrefix as Location
 
     raw = Location(url).get("steps.npz")
     import io
@@ -301,13 +301,14 @@ def test_cli_push_inspect_verify_stats_export_pull(tmp_path, s3_server, url):
     assert '"total_steps": 33' in results["inspect"][1]
     assert "ok" in results["verify"][1]
     assert "33 steps" in results["pull"][1]
-    from mmreplay.objstore import Location
+    from mmreplay.io.remote import ObjectPrefix as Location
 
     assert Location(url + "-export.parquet").list()  # the parquet files were uploaded
 
 
 def test_verify_finds_missing_and_damaged_objects(tmp_path, url):
-    from mmreplay.objstore import Location, verify_url
+    from mmreplay.io.remote import ObjectPrefix as Location
+    from mmreplay.objstore import verify_url
 
     mr.push(make(tmp_path / "buf", 33), url)
     assert verify_url(url) == []
@@ -427,7 +428,7 @@ def test_a_store_keeping_each_frame_once_reads_and_verifies_in_object_storage(tm
         assert (remote.get(slice(None))["terminated"] | remote.get(slice(None))["truncated"]).any()
     code, out = finished(cli("verify", url))
     assert code == 0 and "ok" in out and "Warning" not in out, out
-    from mmreplay.objstore import Location
+    from mmreplay.io.remote import ObjectPrefix as Location
 
     side = Location(url).child("frames")
     side.delete([key for key in side.list() if "ref" in key][:1])

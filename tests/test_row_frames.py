@@ -195,7 +195,7 @@ def test_verify_checks_every_zstd_frame_and_its_checksum(tmp_path, flip):
 def test_a_batch_over_more_segments_than_are_kept_mapped(tmp_path, monkeypatch):
     """The decoder gets the shards of every segment a batch needs, however many; the
     oldest mappings are let go after the batch."""
-    from mmreplay.backends import row_frames
+    from mmreplay.backends import row_reads as row_frames
 
     monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 3)
     path = tmp_path / "b"
@@ -215,7 +215,7 @@ def test_a_shard_replaced_while_unmapped_is_indexed_again(tmp_path, monkeypatch,
     """A reader keeps the index of a shard it does not hold mapped or open, but only for
     that very file: one the writer replaced since (``set``: a longer frame, which moves
     the frames after it) is indexed again when read, never read at the old offsets."""
-    from mmreplay.backends import row_frames
+    from mmreplay.backends import row_reads as row_frames
 
     monkeypatch.setattr(row_frames, "MAPPED_SHARDS", row_frames._mapped[0] + 1)
     monkeypatch.setattr(row_frames, "OPEN_SHARDS", 0)
@@ -249,7 +249,7 @@ def test_past_the_mapping_budget_a_reader_reads_a_lapped_ring_with_pread(tmp_pat
     kept open or opened per batch; once the writer laps the ring (each segment sealed
     again, other frames at other offsets) and the reader refreshes, it reads the new
     shards, not the files it held."""
-    from mmreplay.backends import row_frames
+    from mmreplay.backends import row_reads as row_frames
 
     monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 0)
     monkeypatch.setattr(row_frames, "OPEN_SHARDS", kept_open)
@@ -280,7 +280,8 @@ def test_frames_read_with_pread_are_the_mapped_ones_byte_for_byte(tmp_path, monk
     """The same rows read from mapped shards, with pread from shards opened per batch or
     kept open, and all mixed in one batch with rows still raw in staging, in either
     decoder; duplicates and rows of one shard close together and far apart included."""
-    from mmreplay.backends import native_rows, row_frames
+    from mmreplay.backends import native_rows
+    from mmreplay.backends import row_reads as row_frames
 
     rng = np.random.default_rng(11)
     path = tmp_path / "b"
@@ -316,7 +317,7 @@ def test_frames_read_with_pread_are_the_mapped_ones_byte_for_byte(tmp_path, monk
 
 @pytest.mark.parametrize("kept_open", [0, 100], ids=["opened per batch", "kept open"])
 def test_a_missing_shard_read_with_pread_is_named_and_no_file_is_left_open(tmp_path, monkeypatch, kept_open):
-    from mmreplay.backends import row_frames
+    from mmreplay.backends import row_reads as row_frames
     from mmreplay.errors import CorruptBufferError
 
     monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 0)
@@ -347,7 +348,7 @@ def test_the_budgets_are_set_from_the_environment_of_a_fresh_process(tmp_path):
     script = textwrap.dedent(
         """
         import sys, numpy as np, mmreplay as mr
-        from mmreplay.backends import row_frames
+        from mmreplay.backends import row_reads as row_frames
         with mr.open(sys.argv[1]) as reader:
             x = reader.get(slice(None))["x"]
             print(row_frames.MAPPED_SHARDS, row_frames.OPEN_SHARDS, len(reader.leaves[0].shards))
@@ -774,7 +775,7 @@ def test_a_cold_batch_asks_for_its_frames_and_indexes_together(tmp_path, monkeyp
     """A batch read from the disk asks for every frame's and shard index's pages before
     decoding (mapped shards, and shards read with pread past the budget): same values,
     counted as prefetched, no file descriptor left open."""
-    from mmreplay.backends import row_frames
+    from mmreplay.backends import row_reads as row_frames
 
     if not mapped:
         monkeypatch.setattr(row_frames, "MAPPED_SHARDS", 0)

@@ -24,7 +24,6 @@ import numpy as np
 
 from ..codecs import LEVELS, Compression, parse
 from ..errors import CorruptBufferError, DiskFullError, RemoteError, ShutdownError
-from ..files import open_inside
 from ..metadata import LeafInfo
 
 __all__ = [
@@ -32,9 +31,9 @@ __all__ = [
     "MappedLeaf",
     "ChunkedLeaf",
     "ChunkIO",
+    "TakenLeaf",
     "Compression",
     "parse_compression",
-    "map_file",
     "preallocate",
 ]
 
@@ -237,28 +236,6 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-def map_file(folder: str, rel: str, writable: bool, need: int) -> mmap.mmap | None:
-    """Map the whole data file ``folder/rel``, checking it holds at least ``need`` bytes."""
-    path = os.path.join(folder, rel)
-    try:
-        fd = open_inside(folder, rel, os.O_RDWR if writable else os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        raise CorruptBufferError(f"{path}: data file is missing") from None
-    except IsADirectoryError:
-        raise CorruptBufferError(f"{path}: expected a data file, found a folder") from None
-    try:
-        size = os.fstat(fd).st_size
-        if size < need:
-            raise CorruptBufferError(
-                f"{path}: data file is truncated: expected at least {need} bytes, found {size}"
-            )
-        if size == 0:
-            return None
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
-    finally:
-        os.close(fd)
-
-
 class MappedLeaf:
     """A leaf whose bytes are one C-order block of a memory-mapped file."""
 
@@ -397,6 +374,32 @@ class MappedLeaf:
             except BufferError:
                 pass  # a caller still holds a view; the mapping closes with it
             self.mm = None
+
+
+class TakenLeaf:
+    """``read``, ``read_rows`` and the page-cache calls of a leaf read only through
+    ``take`` (frames decoded, rows fetched by range): there is no mapping of rows to advise."""
+
+    capacity: int
+    num_envs: int
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def read(self, slots: Any) -> np.ndarray:
+        if isinstance(slots, slice):
+            slots = np.arange(self.capacity)[slots]
+        idx = np.asarray(slots, np.int64)
+        return self.take((idx % self.capacity)[..., None] * self.num_envs + np.arange(self.num_envs))
+
+    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
+        return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
+
+    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
+        """Rows are read whole by offset: nothing to advise."""
+
+    def willneed(self, rows: np.ndarray) -> None:
+        """Rows are read on demand: nothing to prefetch."""
 
 
 class ChunkIO(Protocol):

@@ -37,7 +37,7 @@ import h5py
 import numpy as np
 
 from ..errors import CorruptBufferError, SpecError
-from ..files import read_inside
+from ..io.local import read_inside
 from ..metadata import atomic_write
 from .base import disk_full_as
 

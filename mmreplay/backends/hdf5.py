@@ -27,10 +27,11 @@ import h5py
 import numpy as np
 
 from ..errors import CorruptBufferError, Error, SpecError
-from ..files import checked_inside
+from ..io import ByteSource
+from ..io.local import checked_inside
 from ..lock import holder_pid
 from ..metadata import LeafInfo, Metadata
-from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, map_file, parse_compression, preallocate
+from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, parse_compression, preallocate
 from .checks import Repairs, chunks_of, leaf_shape
 from .h5chunks import (
     JOURNAL_SUFFIX,
@@ -46,7 +47,7 @@ from .h5chunks import (
     require_file_filters,
     require_filters,
 )
-from .row_frames import is_row_compression
+from .row_codec import is_row_compression
 
 DATA_FILE = "data.h5"
 
@@ -224,11 +225,16 @@ class _SwmrFile:
             pass
 
 
-def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
+def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf]:
+    if not source.local:
+        raise CorruptBufferError(
+            f"{source.url}: an hdf5 store cannot be read from object storage; pull it to a folder first"
+        )
+    folder = source.path
     path = os.path.join(folder, DATA_FILE)
     mapped = [leaf for leaf in meta.leaves if leaf.mapped]
     need = max(((leaf.offset or 0) + leaf_nbytes(meta, leaf) for leaf in mapped), default=0)
-    mm = map_file(folder, DATA_FILE, writable, need) if mapped else None
+    mm = source.map(DATA_FILE, writable, need) if mapped else None
     if len(mapped) < len(meta.leaves):
         try:
             path = checked_inside(folder, DATA_FILE)  # h5py opens it by name

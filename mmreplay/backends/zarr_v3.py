@@ -14,58 +14,38 @@ A ``rows:`` leaf (``rows:lz4``, ``rows:zstd[:LEVEL]``) is one shard per segment 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
 import shutil
-import struct
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import zarr
-from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
-from zarr.core.buffer import default_buffer_prototype
 
 from ..errors import CorruptBufferError, SpecError
-from ..files import open_inside, read_inside, replace_inside
+from ..io import ByteSource, LocalFolder
+from ..io.local import read_inside
 from ..metadata import LeafInfo, Metadata, little_endian
 from .base import (
     ChunkedLeaf,
     Leaf,
     MappedLeaf,
     fsync_files,
-    map_file,
     parse_compression,
     preallocate,
     shutdown_error,
 )
 from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
-from .row_frames import (
-    STAGING_FILE,
-    STAGING_MAGIC,
-    RowFrameLeaf,
-    check_frames,
-    create_staging,
-    is_row_compression,
-    parse_row_compression,
-    read_shard_index,
-    require_row_codecs,
-    shard_limit,
-    staging_bytes,
-)
+from .row_codec import check_frames, is_row_compression, parse_row_compression, require_row_codecs
+from .row_frames import RowFrameLeaf, create_staging
+from .row_reads import STAGING_FILE, STAGING_MAGIC, read_shard_index, shard_limit, staging_bytes
+from .zarr_source import RangedLeaf, open_array
 
 DATA_DIR = "data.zarr"
-#: the largest ``zarr.json`` read (mmreplay writes a few kB)
-ZARR_JSON_BYTES = 1 << 20
-#: codecs a leaf's array may name: what mmreplay writes (anything else is refused, so a
-#: crafted ``zarr.json`` cannot make zarr decode what mmreplay never bounded)
-KNOWN_CODECS = {"bytes", "zstd", "blosc", "gzip", "crc32c", "sharding_indexed", "numcodecs.lz4"}
-
-
 def _compressor(text: str) -> Any:
     c = parse_compression(text)
     if c.codec == "zstd":
@@ -156,127 +136,6 @@ def _create_array(
     return arr, nchunks, math.prod(inner) * dtype.itemsize
 
 
-class BufferStore(zarr.storage.LocalStore):
-    """The zarr store of one leaf's array folder inside a buffer.
-
-    Every file is opened through :mod:`mmreplay.files` (a regular file inside the
-    buffer's folder, reached without links), no file larger than the array's largest
-    can be is read, and a chunk whose codec header declares more bytes than a chunk
-    holds is refused before it is decoded (zstd and blosc declare them; zstd would
-    allocate whatever it declares).
-    """
-
-    def __init__(
-        self, folder: str, rel: str, *, read_only: bool = False, limit: int = 0, chunk_bytes: int | None = None
-    ):
-        super().__init__(os.path.join(folder, rel), read_only=read_only)
-        self.folder, self.rel = folder, rel
-        self.limit = max(limit, ZARR_JSON_BYTES)
-        self.chunk_bytes = chunk_bytes  # a compressed chunk's decoded bytes (None: not chunk-compressed)
-
-    @classmethod
-    def for_leaf(cls, folder: str, rel: str, leaf: LeafInfo, num_envs: int, capacity: int, read_only: bool) -> BufferStore:
-        raw = leaf.chunk_steps * num_envs * leaf.spec.nbytes
-        chunk_bytes = None
-        if leaf.compression is None:  # one shard: the leaf and its index
-            raw = -(-capacity // leaf.chunk_steps) * (raw + 16)
-        elif is_row_compression(leaf.compression):  # a segment's frames and their index
-            raw = shard_limit(leaf.chunk_steps * num_envs, leaf.spec.nbytes)
-        else:
-            chunk_bytes = raw
-        # compressed data can be a little larger than the raw bytes it holds
-        return cls(folder, rel, read_only=read_only, limit=raw + raw // 128 + (1 << 16), chunk_bytes=chunk_bytes)
-
-    def with_read_only(self, read_only: bool = False) -> BufferStore:
-        return type(self)(self.folder, self.rel, read_only=read_only, limit=self.limit, chunk_bytes=self.chunk_bytes)
-
-    def _read(self, key: str, byte_range: Any) -> bytes | None:
-        try:
-            fd = open_inside(self.folder, f"{self.rel}/{key}")
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return None
-        try:
-            size = os.fstat(fd).st_size
-            start, stop = 0, size
-            if isinstance(byte_range, RangeByteRequest):
-                start, stop = byte_range.start, min(size, byte_range.end)
-            elif isinstance(byte_range, OffsetByteRequest):
-                start = byte_range.offset
-            elif isinstance(byte_range, SuffixByteRequest):
-                start = max(0, size - byte_range.suffix)
-            where = os.path.join(self.folder, self.rel, key)
-            if stop - start > (ZARR_JSON_BYTES if key.endswith("zarr.json") else self.limit):
-                raise CorruptBufferError(f"{where}: {size} bytes, more than a file of this array can hold")
-            data = os.pread(fd, max(0, stop - start), start)
-        finally:
-            os.close(fd)
-        if self.chunk_bytes is not None and byte_range is None and not key.endswith("zarr.json"):
-            declared = _declared_bytes(data)
-            if declared is not None and not 0 <= declared <= self.chunk_bytes:
-                said = "no decoded size" if declared < 0 else f"{declared} bytes decoded"
-                raise CorruptBufferError(f"{where}: declares {said}, a chunk of this array holds {self.chunk_bytes}")
-        return data
-
-    async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
-        data = await asyncio.to_thread(self._read, key, byte_range)
-        return None if data is None else (prototype or default_buffer_prototype()).buffer.from_bytes(data)
-
-    def get_sync(self, key: str, *, prototype: Any = None, byte_range: Any = None) -> Any:
-        data = self._read(key, byte_range)
-        return None if data is None else (prototype or default_buffer_prototype()).buffer.from_bytes(data)
-
-    async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
-        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
-
-    async def _set(self, key: str, value: Any, exclusive: bool = False) -> None:
-        self._check_writable()
-        await asyncio.to_thread(replace_inside, self.folder, f"{self.rel}/{key}", value.as_buffer_like(), exclusive)
-
-    def set_sync(self, key: str, value: Any) -> None:
-        self._check_writable()
-        replace_inside(self.folder, f"{self.rel}/{key}", value.as_buffer_like())
-
-
-def _declared_bytes(data: bytes) -> int | None:
-    """The decoded size a zstd frame or a blosc chunk declares in its header: None for
-    other codecs, -1 for a zstd frame that declares none (zarr's always do)."""
-    if data[:4] == b"\x28\xb5\x2f\xfd" and len(data) >= 6:  # zstd frame
-        descriptor = data[4]
-        single, fcs_flag = (descriptor >> 5) & 1, descriptor >> 6
-        at = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3]
-        size = (1 if single else 0, 2, 4, 8)[fcs_flag]
-        if size == 0 or len(data) < at + size:
-            return -1
-        value = int.from_bytes(data[at : at + size], "little")
-        return value + 256 if size == 2 else value
-    if len(data) >= 16 and struct.unpack_from("<I", data, 12)[0] in (len(data), len(data) - 4):
-        return struct.unpack_from("<I", data, 4)[0]  # blosc: nbytes, then the frame's size (and a CRC-32C)
-    return None
-
-
-def open_array(folder: str, rel: str, leaf: LeafInfo, num_envs: int, capacity: int, writable: bool) -> Any:
-    """The zarr array of a leaf (``folder/rel``), read through :class:`BufferStore`."""
-    store = BufferStore.for_leaf(folder, rel, leaf, num_envs, capacity, read_only=not writable)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
-        arr = zarr.open_array(store=store, mode="r+" if writable else "r")
-    names = _codec_names(arr.metadata.codecs)
-    if not names <= KNOWN_CODECS:
-        raise CorruptBufferError(
-            f"{os.path.join(folder, rel)}: the array names codecs {sorted(names - KNOWN_CODECS)}, which mmreplay never writes"
-        )
-    return arr
-
-
-def _codec_names(codecs: Any) -> set[str]:
-    out = set()
-    for codec in codecs:
-        out.add(codec.to_dict()["name"])
-        if isinstance(codec, ShardingCodec):
-            out |= _codec_names(codec.codecs) | _codec_names(codec.index_codecs)
-    return out
-
-
 def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
     root = zarr.open_group(os.path.join(folder, DATA_DIR), mode="w-", zarr_format=3)
     out = []
@@ -360,54 +219,54 @@ def leaf_nbytes(meta: Metadata, leaf: LeafInfo) -> int:
     return meta.capacity * meta.num_envs * leaf.spec.nbytes
 
 
-def open_leaves(folder: str, meta: Metadata, writable: bool) -> list[Leaf]:
+def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf]:
     out: list[Leaf] = []
     for leaf in meta.leaves:
-        path = os.path.join(folder, leaf.file or "")
-        if leaf.mapped:
-            mm = map_file(folder, leaf.file or "", writable, (leaf.offset or 0) + leaf_nbytes(meta, leaf))
+        if leaf.mapped and source.local:
+            mm = source.map(leaf.file or "", writable, (leaf.offset or 0) + leaf_nbytes(meta, leaf))
             out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm))
             continue
+        rel = f"{DATA_DIR}/{leaf.path}"  # the array (a mapped leaf's file is its shard)
         try:
-            arr = open_array(folder, leaf.file or "", leaf, meta.num_envs, meta.capacity, writable)
+            arr = open_array(source, rel, leaf, meta.num_envs, meta.capacity, writable)
         except CorruptBufferError:
             raise
         except Exception as exc:
-            where = f"{path}: cannot open zarr array for leaf {leaf.path!r}"
+            where = f"{source.where(rel)}: cannot open zarr array for leaf {leaf.path!r}"
             raise shutdown_error(exc, where) or CorruptBufferError(f"{where}: {exc}") from None
-        if is_row_compression(leaf.compression):
-            out.append(_row_leaf(path, arr, leaf, meta, writable))
-            continue
-        # store all-zero chunks too, so a missing chunk file is always damage (verify)
-        arr = arr.with_config({"write_empty_chunks": True})
-        expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
-        chunks = (leaf.chunk_steps, *expected[1:])
-        if arr.shape != expected or arr.dtype != leaf.spec.dtype or arr.chunks != chunks or arr.shards is not None:
-            raise CorruptBufferError(
-                f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype} in chunks of {chunks}, "
-                f"found {arr.shape} {arr.dtype} in chunks of {arr.chunks}"
-            )
-        out.append(ChunkedLeaf(leaf, meta.capacity, ZarrChunks(path, arr)))
+        if leaf.mapped:  # object storage: rows by byte range
+            out.append(RangedLeaf(source, leaf, meta.capacity, meta.num_envs, rel, arr))
+        elif is_row_compression(leaf.compression):
+            out.append(_row_leaf(source, rel, arr, leaf, meta, writable))
+        else:
+            expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
+            chunks = (leaf.chunk_steps, *expected[1:])
+            if arr.shape != expected or arr.dtype != leaf.spec.dtype or arr.chunks != chunks or arr.shards is not None:
+                raise CorruptBufferError(
+                    f"{source.where(rel)}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype} in chunks of "
+                    f"{chunks}, found {arr.shape} {arr.dtype} in chunks of {arr.chunks}"
+                )
+            out.append(ChunkedLeaf(leaf, meta.capacity, ZarrChunks(source, rel, arr)))
     return out
 
 
 def _open_read_only(folder: str, meta: Metadata, leaf: LeafInfo) -> Any:
-    return open_array(folder, f"{DATA_DIR}/{leaf.path}", leaf, meta.num_envs, meta.capacity, False)
+    return open_array(LocalFolder(folder), f"{DATA_DIR}/{leaf.path}", leaf, meta.num_envs, meta.capacity, False)
 
 
-def _row_leaf(path: str, arr: Any, leaf: LeafInfo, meta: Metadata, writable: bool) -> RowFrameLeaf:
+def _row_leaf(source: ByteSource, rel: str, arr: Any, leaf: LeafInfo, meta: Metadata, writable: bool) -> RowFrameLeaf:
     expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
     if arr.shape != expected or arr.dtype != leaf.spec.dtype or arr.shards != (leaf.chunk_steps, *expected[1:]):
         raise CorruptBufferError(
-            f"{path}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype} in shards of "
+            f"{source.where(rel)}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype} in shards of "
             f"{leaf.chunk_steps} steps, found {arr.shape} {arr.dtype} shards {arr.shards}"
         )
     tail = (0,) * (arr.ndim - 1)
 
-    def shard_path(k: int) -> str:
-        return os.path.join(path, arr.metadata.encode_chunk_key((k, *tail)))
+    def chunk_key(k: int) -> str:
+        return arr.metadata.encode_chunk_key((k, *tail))
 
-    return RowFrameLeaf(leaf, meta.capacity, meta.num_envs, path, shard_path, writable)
+    return RowFrameLeaf(leaf, meta.capacity, meta.num_envs, source, rel, chunk_key, writable)
 
 
 class ZarrChunks:
@@ -416,14 +275,15 @@ class ZarrChunks:
 
     in_place = False
 
-    def __init__(self, path: str, arr: Any):
-        self.path = path
-        self.arr = arr
+    def __init__(self, source: ByteSource, rel: str, arr: Any):
+        # store all-zero chunks too, so a missing chunk is always damage (verify)
+        self.arr = arr.with_config({"write_empty_chunks": True})
+        self.source, self.rel = source, rel
         self.shape = arr.shape
         self.written: set[int] = set()  # chunks stored since the last flush
 
-    def _file(self, k: int) -> str:
-        return os.path.join(self.path, self.arr.metadata.encode_chunk_key((k,) + (0,) * (self.arr.ndim - 1)))
+    def _key(self, k: int) -> str:
+        return f"{self.rel}/{self.arr.metadata.encode_chunk_key((k,) + (0,) * (self.arr.ndim - 1))}"
 
     def read(self, k: int, a: int, b: int) -> np.ndarray:
         return np.asarray(self.arr[a:b])
@@ -437,14 +297,14 @@ class ZarrChunks:
             a = k * self.arr.chunks[0]
             self.write(k, a, a + len(chunk), chunk)
         if fsync:
-            fsync_files([self._file(k) for k in self.written])
+            fsync_files([self.source.where(self._key(k)) for k in self.written])
         self.written = set()
 
     def exists(self, k: int) -> bool:
-        return os.path.exists(self._file(k))
+        return self.source.exists(self._key(k))
 
     def refresh(self) -> None:
-        pass  # every read goes to the chunk files
+        pass  # every read goes to the chunk objects
 
     def close(self) -> None:
         pass  # zarr holds no open files
@@ -710,7 +570,7 @@ def _repair_rows(folder: str, meta: Metadata, leaf: LeafInfo, s: _ZarrLeafState,
 def _open_row_leaf(folder: str, meta: Metadata, leaf: LeafInfo) -> RowFrameLeaf:
     """A row-frames leaf opened for writing, without its staging segment (for repair)."""
     arr = _open_read_only(folder, meta, leaf)
-    return _row_leaf(os.path.join(folder, DATA_DIR, leaf.path), arr, leaf, meta, True)
+    return _row_leaf(LocalFolder(folder), f"{DATA_DIR}/{leaf.path}", arr, leaf, meta, True)
 
 
 def _groups(meta: Metadata) -> list[str]:
@@ -823,7 +683,7 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
                 damaged += _repair_rows(folder, meta, leaf, s, repairs)
                 continue
             if s.bad_chunks:
-                arr = open_array(folder, f"{DATA_DIR}/{leaf.path}", leaf, meta.num_envs, meta.capacity, True)
+                arr = open_array(LocalFolder(folder), f"{DATA_DIR}/{leaf.path}", leaf, meta.num_envs, meta.capacity, True)
                 arr = arr.with_config({"write_empty_chunks": True})
                 for k, why in sorted(s.bad_chunks.items()):
                     a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)

@@ -178,8 +178,6 @@ class UniformReplayBuffer(StoreShell):
         )  # fmt: skip
         self._origin = read_origin(self.store)
 
-    # --- description -----------------------------------------------------------------
-
     @property
     def data_spec(self) -> Any:
         return self._data_spec
@@ -221,8 +219,6 @@ class UniformReplayBuffer(StoreShell):
     def _frames(self) -> int:
         lo, hi = self._window()
         return (hi - lo) * self._batch_size
-
-    # --- writes ---------------------------------------------------------------------
 
     def add_batch(self, items: Any) -> Any:
         """Add one item per segment: every leaf ``[batch_size, *shape]`` (a scalar leaf
