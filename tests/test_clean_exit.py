@@ -174,6 +174,11 @@ def test_ctrl_c_during_push_ends_as_aborted_and_the_snapshot_stays_whole(tmp_pat
     outcomes = {"aborted": 0, "done": 0}
     with slow_link(s3_server, "PUT") as link:
         env = {**os.environ, "AWS_ENDPOINT_URL": link.endpoint}
+        code, out, err, _ = push_cli(local, url, env, None)
+        assert code == 0, err
+        with mr.open(local, mode="a") as s:  # the pushes below send what 15 new steps changed:
+            s.extend(steps(total, 15))  # time one such push, not the first, whole one
+        total += 15
         code, out, err, took = push_cli(local, url, env, None)
         assert code == 0, err
         for _ in range(trials):
