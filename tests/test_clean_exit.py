@@ -289,11 +289,6 @@ def test_zarr_loop_still_busy_at_exit_ends_before_the_interpreter(tmp_path):
     assert out.returncode == 0 and out.stdout == "done\n", out.stderr
 
 
-@pytest.mark.xfail(
-    reason="known: about 1 run in 5-40 still ends in SIGABRT during interpreter finalization "
-    "(something obstore's runtime started completes after it begins); not fixed yet",
-    strict=False,
-)
 @pytest.mark.parametrize("trials", [4, pytest.param(80, marks=pytest.mark.long)])
 def test_a_thread_reading_object_storage_at_exit_does_not_crash_it(tmp_path, s3_server, trials):
     """A daemon thread sampling from object storage (reads taking 0.6 s) when the
