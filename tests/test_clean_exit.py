@@ -325,3 +325,32 @@ print("done")
             no_crash(out.stdout, out.stderr, out.returncode)
             assert out.returncode == 0 and out.stdout == "done\n", out.stderr
             assert link.gave_up() == 0  # it left no request in flight
+
+
+def test_ctrl_c_before_a_request_begins_leaves_no_coroutine_behind():
+    """Ctrl-C while a request waits to reach the object-storage loop: it never begins,
+    the caller sees KeyboardInterrupt, and nothing is left to warn "coroutine ... was
+    never awaited" (a push interrupted there printed that before "Aborted!")."""
+    out = run_script(
+        """
+import gc, signal, threading
+from mmreplay.io.remote import _Loop
+
+async def request():
+    return 1
+
+_Loop.running()
+_Loop.guard.acquire()  # the loop is in another thread's hands: the call below waits
+main = threading.main_thread().ident
+threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT)).start()
+threading.Timer(0.5, _Loop.guard.release).start()
+try:
+    _Loop.run(request())
+except KeyboardInterrupt:
+    print("interrupted")
+gc.collect()
+print("done")
+""",
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "interrupted\ndone\n" and out.stderr == "", out.stderr

@@ -153,16 +153,19 @@ class _Loop:
             cls.own.set(requests)  # the tasks it starts share the set
             return await coro
 
-        loop = cls.running()
-        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        future = None
         try:
+            loop = cls.running()
+            future = asyncio.run_coroutine_threadsafe(call(), loop)
             result = future.result()
             if cls.exiting:  # after stop(), from an exit hook: the loop is not stopped again
                 loop.wait_for_callers(60)
             return result
         except BaseException:
-            future.cancel()  # interrupted: the coroutine stops at its next await
-            cls.settle(loop, lambda: [t for t in task if t is not None and not t.done()] + list(requests))
+            if future is not None:
+                future.cancel()  # interrupted: the coroutine stops at its next await
+                cls.settle(loop, lambda: [t for t in task if t is not None and not t.done()] + list(requests))
+            coro.close()  # interrupted before it began: not left to warn "never awaited"
             raise
 
     @classmethod
