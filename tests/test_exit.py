@@ -522,6 +522,42 @@ def test_ctrl_c_in_the_middle_of_a_write_commits_no_torn_step(tmp_path, cut):
     assert verify_cli(path) == (0, [])
 
 
+# SIGTERM lands in a commit just after the episode index appended its ends (before the
+# index took note of them); the commit is cut short and close() commits again
+STOP_AFTER_INDEX_APPEND = """
+import os, signal, sys, numpy as np, mmreplay as mr
+store = mr.create({path!r}, {{"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}},
+                  capacity=100, commit_every=10**6)
+def put(lo, hi):
+    steps = np.arange(lo, hi).reshape(-1, 1)
+    store.extend({{"x": steps, "terminated": steps % 5 == 4}})
+put(0, 20)
+store.commit()
+put(20, 40)
+def stop(frame, event, arg):
+    if event == "call" and frame.f_code.co_name == "_append_memory":
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+sys.setprofile(stop)
+try:
+    store.commit()
+finally:
+    sys.setprofile(None)
+    store.close()
+"""
+
+
+def test_a_commit_cut_short_after_the_episode_index_append_leaves_no_ends_twice(tmp_path):
+    path = str(tmp_path / "b")
+    code = textwrap.dedent(STOP_AFTER_INDEX_APPEND.format(path=path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert verify(path) == []
+    with mr.open(path) as store:
+        assert store.committed_steps == 40
+        assert [ep.last_step for ep in store.episode_index()] == list(range(4, 40, 5))
+
+
 # --- a thread still writing as the program ends -----------------------------------------
 
 THREAD_AT_EXIT = """
