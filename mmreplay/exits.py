@@ -54,7 +54,7 @@ _atexit_registered = False
 _exiting = False  # the exit hooks are closing the writers
 _closing = 0  # writers the main thread is closing: a stop signal waits for their commit
 _deferred: int | None = None  # the stop signal that landed meanwhile
-_collecting = False  # the writer being closed was dropped: its close runs in a finalizer
+_collecting = False  # the main thread closes a dropped writer, in its finalizer
 
 
 def open_writers() -> int:
@@ -90,30 +90,39 @@ def closing(finalizer: weakref.finalize) -> Iterator[None]:
     (whose exceptions Python ignores); not at all from the exit hooks (the program is
     ending already).
     """
-    global _closing, _deferred
-    finalizer.detach()
+    global _closing
     waits = threading.current_thread() is threading.main_thread() and finalizer in _open_writers
-    _closing += waits
+    _closing += waits  # first: a signal before it ends the program with the writer still open
     try:
+        finalizer.detach()
         yield
     finally:
         _open_writers.discard(finalizer)
         if not _open_writers:
             _restore_stop_signals()
         _closing -= waits  # last: a signal handled before this still waits for the check below
-        if waits and not _closing and _deferred is not None:
-            signum, _deferred = _deferred, None
-            if _collecting:
-                os.kill(os.getpid(), signum)
-            elif not _exiting:
-                raise SystemExit(128 + signum)
+        if waits and not _closing and not _collecting:
+            _end_if_stopped(collected=False)
+
+
+def _end_if_stopped(collected: bool) -> None:
+    """End the program for the stop signal that waited for a close, if one did."""
+    global _deferred
+    if _deferred is None or _exiting:
+        return
+    signum, _deferred = _deferred, None
+    if collected:
+        os.kill(os.getpid(), signum)
+    else:
+        raise SystemExit(128 + signum)
 
 
 def _close_parts(cls: type, parts: dict[str, Any]) -> None:
     global _collecting
     shell = cls.__new__(cls)
     shell.__dict__ = parts
-    collecting, _collecting = _collecting, not _exiting
+    main = threading.current_thread() is threading.main_thread()
+    collecting, _collecting = _collecting, main and not _exiting
     try:
         shell.close()
     except Error as exc:  # says what happened (a full disk...): no traceback
@@ -129,6 +138,8 @@ def _close_parts(cls: type, parts: dict[str, Any]) -> None:
         )
     finally:
         _collecting = collecting
+        if main and not collecting and not _closing:
+            _end_if_stopped(collected=True)
 
 
 def _close_open_writers(before_threads_end: bool = False) -> None:
@@ -239,7 +250,22 @@ def _stop(signum: int, frame: Any) -> None:
         signal.Signals(signum).name,
         len(_open_writers),
     )
-    if _closing:
+    if _closing or _in_collection(frame):
         _deferred = signum
         return
     raise SystemExit(128 + signum)
+
+
+def _in_collection(frame: Any) -> bool:
+    """Whether the main thread was stopped inside the close of a dropped writer, which
+    Python runs in a finalizer and whose exceptions it ignores: one raised there would
+    lose both the close and the signal."""
+    while frame is not None:
+        code = frame.f_code
+        if code is _close_parts.__code__ or (code is _FINALIZER_CALL and frame.f_locals.get("self") in _open_writers):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_FINALIZER_CALL = weakref.finalize.__call__.__code__

@@ -405,36 +405,39 @@ def test_stop_signals_leave_the_programs_own_handlers_alone(tmp_path):
         assert store.committed_steps == 1
 
 
-# SIGTERM lands in the last commit, the one that closes the store (a write hook sends it
-# from inside that commit, before its state write)
-STOP_IN_LAST_COMMIT = """
-import os, signal, numpy as np, mmreplay as mr
-from mmreplay.hooks import WriteHook
-class StopHere(WriteHook):
-    def on_commit(self, old_end, new_end, fsync):
-        if new_end > old_end:
-            os.kill(os.getpid(), signal.SIGTERM)
+# SIGTERM lands as the store closes: in its last commit, or as a collection of the store
+# begins (as the finalizer takes its entry, or enters the function that closes the store)
+STOP_AS_IT_CLOSES = """
+import os, signal, sys, numpy as np, mmreplay as mr
 store = mr.create({path!r}, {{"x": mr.ArraySpec((), "int64")}}, capacity=1000, commit_every=10**6)
 store.extend({{"x": np.arange(40).reshape(40, 1)}})
-store.add_write_hook(StopHere())
+def stop(frame, event, arg):
+    if (event, frame.f_code.co_name, getattr(arg, "__name__", None)) == {at!r}:
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+sys.setprofile(stop)
 """
+IN_THE_COMMIT = ("call", "on_commit", None)  # the write hooks' call, before the state write
 CLOSINGS = {
-    "close": ("store.close()\nprint('not reached')", 128 + signal.SIGTERM),  # SystemExit once closed
+    "close": ("store.close()", IN_THE_COMMIT, 128 + signal.SIGTERM),  # SystemExit once closed
     # a collection cannot raise: the signal's default action once the store is closed
-    "collected": ("del store\nprint('not reached')", -signal.SIGTERM),
-    "exit hooks": ("", 0),  # the program is ending already
+    "collected": ("del store", IN_THE_COMMIT, -signal.SIGTERM),
+    "collected, finalizer starts": ("del store", ("c_return", "__call__", "pop"), -signal.SIGTERM),
+    "collected, close starts": ("del store", ("call", "_close_parts", None), -signal.SIGTERM),
+    "exit hooks": ("", IN_THE_COMMIT, 0),  # the program is ending already
 }
 
 
 @pytest.mark.parametrize("closing", list(CLOSINGS))
-def test_sigterm_during_the_closing_commit_waits_for_it(tmp_path, closing):
-    """A SIGTERM that lands while a store commits as it closes (by close(), collection or
-    the exit hooks) ends the program only after that commit: the steps are kept."""
+def test_sigterm_as_a_store_closes_waits_for_its_commit(tmp_path, closing):
+    """A SIGTERM that lands as a store closes (by close(), a collection or the exit hooks)
+    ends the program only after its last commit: the steps are kept."""
     path = str(tmp_path / "b")
-    tail, status = CLOSINGS[closing]
-    code = textwrap.dedent(STOP_IN_LAST_COMMIT.format(path=path)) + tail
+    tail, at, status = CLOSINGS[closing]
+    code = textwrap.dedent(STOP_AS_IT_CLOSES.format(path=path, at=at)) + tail + "\nprint('not reached')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert (done.returncode, done.stdout) == (status, ""), done.stderr
+    assert (done.returncode, done.stdout) == (status, "not reached\n" if status == 0 else ""), done.stderr
+    assert status == 0 or "SIGTERM: ending the program" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     with mr.open(path) as store:
         assert store.committed_steps == 40
