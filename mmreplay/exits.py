@@ -256,6 +256,9 @@ def _stop(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+_FINALIZER_CALL = weakref.finalize.__call__.__code__
+
+
 def _in_collection(frame: Any) -> bool:
     """Whether the main thread was stopped inside the close of a dropped writer, which
     Python runs in a finalizer and whose exceptions it ignores: one raised there would
@@ -266,6 +269,3 @@ def _in_collection(frame: Any) -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-_FINALIZER_CALL = weakref.finalize.__call__.__code__
