@@ -188,14 +188,15 @@ class EpisodeIndex:
             keep = self.records[self.records["step"] < lo]
             self._write_file(self.origin or 0, keep)
             self._set_memory(keep)
+        else:
+            # an append cut short (a full disk) or interrupted before the records were
+            # counted (Ctrl-C, SIGTERM): cut what it wrote, so it is not there twice
+            size = HEADER_BYTES + RECORD.itemsize * self.file_records
+            if os.fstat(self.fd).st_size != size:
+                os.ftruncate(self.fd, size)
         rec = self._scan(lo, new_end)
         if len(rec):
-            try:
-                append_records(self.fd, rec, self.path)
-            except BaseException:
-                # cut a partial append, so a retried commit does not append it twice
-                os.ftruncate(self.fd, HEADER_BYTES + RECORD.itemsize * self.file_records)
-                raise
+            append_records(self.fd, rec, self.path)
             self._append_memory(rec)
             self.file_records += len(rec)
         if fsync and len(rec):
