@@ -50,11 +50,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from .backends.base import disk_full_as
-from .errors import CorruptBufferError, NotEnoughDataError
+from .errors import CorruptBufferError
 from .hooks import WriteHook
 from .io import ByteSource
 from .io.local import open_inside
 from .metadata import Metadata, State, atomic_write
+from .read.gather import check_retained
 from .read.readable import Readable
 from .roles import subtree
 from .spec import leaf_paths, unflatten
@@ -832,7 +833,8 @@ def _select(store: EpisodeSource, env: int | None, complete_only: bool) -> Spans
 
 
 def episode_index(store: EpisodeSource, env: int | None = None, complete_only: bool = False) -> list[EpisodeSpan]:
-    """The episode spans of the committed window, env by env, in time order (no data read)."""
+    """The :class:`EpisodeSpan` of each episode, as :func:`episodes` orders them, from
+    the episode index alone (no data is read)."""
     spans = _select(store, env, complete_only)
     return [
         EpisodeSpan(
@@ -892,16 +894,22 @@ def _rows(first: np.ndarray, last: np.ndarray, env: np.ndarray, capacity: int, n
     return (steps % capacity) * num_envs + np.repeat(env, lengths)
 
 
-def _check_retained(store: EpisodeSource, lowest: int) -> None:
-    if store.mode == "r" and lowest < store.live_first():
-        raise NotEnoughDataError(
-            f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
-            "call refresh() and read again"
-        )
-
-
 def episodes(store: EpisodeSource, env: int | None = None, complete_only: bool = False) -> Iterator[Episode]:
-    """Yield each episode with its data, env by env, each env's episodes in time order."""
+    """Each episode of the committed window with its data, env by env, in time order.
+
+    Yields :class:`mmreplay.episodes.Episode` (env, first and last global step id,
+    status ``"terminated"``, ``"truncated"`` or ``"open"``, and ``data``: the spec's
+    nest of ``[length, *shape]`` arrays). ``complete_only`` skips open episodes.
+
+    Example:
+        >>> import mmreplay as mr, numpy as np, tempfile
+        >>> spec = {"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}
+        >>> store = mr.create(tempfile.mkdtemp() + "/b", spec, 10)
+        >>> store.extend({"x": np.arange(5)[:, None], "terminated": np.array([[0], [1], [0], [0], [0]], bool)})
+        >>> store.commit()
+        >>> [(ep.first_step, ep.last_step, ep.status) for ep in store.episodes()]
+        [(0, 1, 'terminated'), (2, 4, 'open')]
+    """
     spans = _select(store, env, complete_only)
     capacity, num_envs = store.capacity, store.num_envs
 
@@ -911,7 +919,7 @@ def episodes(store: EpisodeSource, env: int | None = None, complete_only: bool =
             rows = (np.arange(a, b + 1, dtype=np.int64) % capacity) * num_envs + e
             store.check_open()
             data = [leaf.take(rows) for leaf in store.leaves]
-            _check_retained(store, a)
+            check_retained(store, a)
             yield Episode(e, a, b, spans.status(i), unflatten(store.spec, data), spans.ended(i))
 
     return gen()
@@ -934,7 +942,18 @@ def _role_leaves(store: EpisodeSource, role: str) -> tuple[Any, list[int]] | Non
 
 
 def to_arrays(store: EpisodeSource) -> dict[str, Any]:
-    """Flat D4RL-style arrays over every env's episodes (see :meth:`Store.to_arrays`)."""
+    """Every committed episode as flat D4RL-style arrays, env by env, episode by episode.
+
+    Keys: ``observations``, ``actions``, ``rewards`` (from the roles present),
+    ``terminals`` and ``timeouts`` (bool, never both set: a terminated episode ends
+    with ``terminals``, a truncated or still open one with ``timeouts``),
+    ``next_observations``, and ``infos/<leaf path>`` for leaves with no role. With a
+    ``next_observation`` leaf every step is kept; otherwise a step's next observation
+    is the next step's observation in the episode, and the last step of an episode
+    that did not terminate is dropped (its next observation is not stored; the step
+    before it carries the episode's ``timeouts``). A terminal step's
+    ``next_observations`` row repeats its own observation (no TD target uses it).
+    """
     spans = _select(store, None, False)
     capacity, num_envs = store.capacity, store.num_envs
     length = spans.length
@@ -991,7 +1010,7 @@ def to_arrays(store: EpisodeSource) -> dict[str, Any]:
         if i not in used:
             out[f"infos/{path}"] = leaves[i].take(rows)
     if len(first):
-        _check_retained(store, int(first.min()))
+        check_retained(store, int(first.min()))
     return out
 
 

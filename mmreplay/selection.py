@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
+from .read.gather import check_retained
 from .spec import is_image
 
 Progress = Callable[[int], Any]
@@ -143,8 +144,8 @@ def read_leaf(store: Any, index: int, env: int, steps: np.ndarray, progress: Pro
         blocks.append(leaf.read_rows(part % store.capacity, env))
         if progress is not None:
             progress(len(part))
-    if store.mode == "r" and len(steps):
-        store._check_still_retained(steps)
+    if len(steps):
+        check_retained(store, int(np.min(steps)))
     return np.concatenate(blocks) if blocks else np.empty((0, *leaf.info.spec.shape), leaf.info.spec.dtype)
 
 
