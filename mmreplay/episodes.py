@@ -844,7 +844,7 @@ def episode_index(store: EpisodeSource, env: int | None = None, complete_only: b
     ]
 
 
-def episode_bounds(store: Any, steps: np.ndarray, envs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def episode_bounds(store: EpisodeSource, steps: np.ndarray, envs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(first, last, complete)`` of the episode each row ``(steps[i], envs[i])`` of the
     window lies in: its first and last retained step, and whether it ended and its start
     is retained. A row in no episode (a TF-Agents boundary row) is its own one-step
@@ -868,7 +868,7 @@ def episode_bounds(store: Any, steps: np.ndarray, envs: np.ndarray) -> tuple[np.
     return first, last, inside & (spans.code[j] > 0) & ~spans.cut[j]
 
 
-def complete_spans(store: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def complete_spans(store: EpisodeSource) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(envs, first, last)``: for each env with complete episodes, the first step of its
     first complete one and the last step of its last. They are consecutive: only an env's
     first episode may have lost its start, only its last be still running (TF-Agents

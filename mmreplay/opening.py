@@ -8,7 +8,7 @@ import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,6 +25,8 @@ from .statefile import StateFile
 __all__ = ["MODES", "Contents", "attribute_view", "open_folder", "open_contents"]
 
 MODES = ("r", "a")
+
+T = TypeVar("T")
 
 
 def open_folder(
@@ -126,7 +128,7 @@ def _close_all(entries: list[Any]) -> None:
         entry.close()
 
 
-def attribute_view(store: Any) -> Any:
+def attribute_view(store: T) -> T:
     """An object of ``store``'s class sharing its attributes, for the parts that keep a
     store (the write hooks, the sampler): a reference to ``store`` itself among its
     attributes would keep it from being collected, and so from being closed when dropped."""

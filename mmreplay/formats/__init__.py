@@ -37,8 +37,10 @@ from ..errors import BadInputError, NotABufferError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target
 from ..spec import unflatten
 from .base import (
+    Exportable,
     ExportOptions,
     ExportResult,
+    Joinable,
     Progress,
     accepted_codecs,
     check_compression,
@@ -127,7 +129,7 @@ def compressions() -> dict[str, str]:
 
 
 def export(
-    store: Any,
+    store: Exportable | Joinable,
     out: str | os.PathLike,
     format: str | None = None,  # noqa: A002 - the CLI option's name
     compression: str | None = None,

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
 from .base import (
+    Exportable,
     ExportOptions,
     ExportResult,
     Source,
@@ -61,7 +62,7 @@ def target_name(out: str, compression: str | None) -> str:
     return out + ".gz" if compression and not out.endswith(".gz") else out
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     comp = options.compression or ("gzip" if out.endswith(".gz") else None)
     specs = flatten(store.spec)
     paths = store.leaf_paths

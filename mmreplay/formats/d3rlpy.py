@@ -24,6 +24,7 @@ from ..spec import ArraySpec, flatten
 from .base import (
     EXPORT_MARK,
     Episodes,
+    Exportable,
     ExportOptions,
     ExportResult,
     Roles,
@@ -45,7 +46,7 @@ def _rows(values: np.ndarray, n: int) -> np.ndarray:
     return values.reshape(n, 1) if values.ndim == 1 else values
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     import h5py
 
     roles = Roles.of(store)

@@ -28,6 +28,7 @@ from .base import (
     BLOCK_BYTES,
     EXPORT_MARK,
     Episodes,
+    Exportable,
     ExportOptions,
     ExportResult,
     Roles,
@@ -107,7 +108,7 @@ def info_key(path: str) -> str:
     return path if path.startswith("infos/") else f"infos/{path}"
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     roles = Roles.of(store)
     obs_path, act_path, rew_path = roles.need("d4rl", "observation", "action", "reward")
     next_path = roles.get("next_observation")

@@ -19,6 +19,7 @@ import numpy as np
 from ..spec import flatten, leaf_paths, spec_from_json
 from .base import (
     EXPORT_MARK,
+    Exportable,
     ExportOptions,
     ExportResult,
     Source,
@@ -77,7 +78,7 @@ def array_options(compression: str | None, arr: np.ndarray) -> dict[str, Any]:
     return dataset_options(compression, None) if arr.ndim and arr.size else {}
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     with Target(out, "file", options.force, fmt="hdf5", source=store.path) as target:
         blocks = StepBlocks(store)
         specs = flatten(store.spec)

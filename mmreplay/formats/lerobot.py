@@ -28,6 +28,7 @@ from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, Unsu
 from ..spec import ArraySpec, Layout, flatten, leaf_paths, spec_from_json, spec_to_json
 from .base import (
     Episodes,
+    Exportable,
     ExportOptions,
     ExportResult,
     Roles,
@@ -413,7 +414,7 @@ def _positive(**values: Any) -> None:
 
 
 def write(
-    store: Any,
+    store: Exportable,
     out: str,
     options: ExportOptions,
     fps: int = 30,
@@ -516,7 +517,7 @@ def write(
 
 
 def _write_meta(
-    target: Target, store: Any, columns: list[Column], rows: list, stats: dict, task: str, sizes: tuple
+    target: Target, store: Exportable, columns: list[Column], rows: list, stats: dict, task: str, sizes: tuple
 ) -> None:
     """``meta/episodes`` (each row with its own file's chunk and file index, as LeRobot
     writes them), ``stats.json``, ``tasks.parquet`` and mmreplay's record."""

@@ -29,6 +29,7 @@ from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json
 from .base import (
     BLOCK_BYTES,
     Episodes,
+    Exportable,
     ExportOptions,
     ExportResult,
     Roles,
@@ -138,7 +139,7 @@ def _field(pa: Any, name: str, spec: ArraySpec) -> Any:
     return pa.field(name, typ, metadata=meta)
 
 
-def write(store: Any, out: str, options: ExportOptions, file_bytes: int = FILE_BYTES) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions, file_bytes: int = FILE_BYTES) -> ExportResult:
     name, _, level = (options.compression or "snappy").partition(":")
     pa, pq = pyarrow("the parquet format", "export")
     roles = Roles.of(store)

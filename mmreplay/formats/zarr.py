@@ -17,6 +17,7 @@ from ..errors import UnsupportedFormatError
 from ..files import interrupts_deferred
 from ..spec import flatten, leaf_paths, spec_from_json
 from .base import (
+    Exportable,
     ExportOptions,
     ExportResult,
     Source,
@@ -106,7 +107,7 @@ class _LeafWriter:
         self.k += 1
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     zarr = need("zarr", "the zarr format", "zarr")
     with Target(out, "folder", options.force, fmt="zarr", source=store.path) as target:
         specs = flatten(store.spec)
