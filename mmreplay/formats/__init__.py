@@ -28,7 +28,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..codecs import describe
 from ..convert import begin_at
@@ -37,15 +37,16 @@ from ..errors import BadInputError, NotABufferError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target
 from ..spec import unflatten
 from .base import (
-    Exportable,
     ExportOptions,
     ExportResult,
-    Joinable,
     Progress,
     accepted_codecs,
     check_compression,
     reject_complete_only,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable, Joinable
 
 __all__ = [
     "FORMATS",

@@ -17,14 +17,13 @@ import io
 import math
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
 from .base import (
-    Exportable,
     ExportOptions,
     ExportResult,
     Source,
@@ -33,6 +32,9 @@ from .base import (
     arrays_source,
     first_line_is,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}

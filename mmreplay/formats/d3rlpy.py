@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,7 +24,6 @@ from ..spec import ArraySpec, flatten
 from .base import (
     EXPORT_MARK,
     Episodes,
-    Exportable,
     ExportOptions,
     ExportResult,
     Roles,
@@ -34,6 +33,9 @@ from .base import (
     episodes_source,
 )
 from .hdf5 import array_options, hdf5_output
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("gzip", "lzf")
 DATASET_VERSION = "2.1"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,7 +28,6 @@ from .base import (
     BLOCK_BYTES,
     EXPORT_MARK,
     Episodes,
-    Exportable,
     ExportOptions,
     ExportResult,
     Roles,
@@ -39,6 +38,9 @@ from .base import (
     nest_leaves,
 )
 from .hdf5 import dataset_options, datasets, hdf5_output
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 log = logging.getLogger(__name__)
 

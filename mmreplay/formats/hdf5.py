@@ -12,14 +12,13 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..spec import flatten, leaf_paths, spec_from_json
 from .base import (
     EXPORT_MARK,
-    Exportable,
     ExportOptions,
     ExportResult,
     Source,
@@ -28,6 +27,9 @@ from .base import (
     arrays_source,
     spec_json,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("gzip", "lzf")
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,7 +28,6 @@ from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, Unsu
 from ..spec import ArraySpec, Layout, flatten, leaf_paths, spec_from_json, spec_to_json
 from .base import (
     Episodes,
-    Exportable,
     ExportOptions,
     ExportResult,
     Roles,
@@ -41,6 +40,9 @@ from .base import (
     nest,
     pyarrow,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "none")
 CODEBASE_VERSION = "v3.0"

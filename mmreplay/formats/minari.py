@@ -41,7 +41,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,7 +52,6 @@ from ..spaces import SPACES_ATTR, spec_from_space_json, spec_to_space_json
 from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
 from .base import (
     Episodes,
-    Exportable,
     ExportOptions,
     ExportResult,
     Roles,
@@ -65,6 +64,9 @@ from .base import (
     nest,
 )
 from .hdf5 import array_options, datasets, hdf5_output
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 log = logging.getLogger(__name__)
 

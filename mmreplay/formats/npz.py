@@ -13,7 +13,7 @@ import json
 import os
 import zipfile
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,7 +21,6 @@ from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
 from .base import (
     BLOCK_BYTES,
-    Exportable,
     ExportOptions,
     ExportResult,
     Source,
@@ -32,6 +31,9 @@ from .base import (
     read_leaf,
     spec_json,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 META_KEY = "__mmreplay__"
 COMPRESSIONS = ("deflate", "zip")

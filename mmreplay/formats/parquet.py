@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,7 +29,6 @@ from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json
 from .base import (
     BLOCK_BYTES,
     Episodes,
-    Exportable,
     ExportOptions,
     ExportResult,
     Roles,
@@ -41,6 +40,9 @@ from .base import (
     pyarrow,
     spec_json,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
 FIRST_FILE = "part-00000.parquet"

@@ -17,23 +17,16 @@ import os
 import struct
 import zipfile
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError
 from ..spec import flatten
-from .base import (
-    EXPORT_MARK,
-    Exportable,
-    ExportOptions,
-    ExportResult,
-    Source,
-    StepBlocks,
-    Target,
-    arrays_source,
-    need,
-)
+from .base import EXPORT_MARK, ExportOptions, ExportResult, Source, StepBlocks, Target, arrays_source, need
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 
 def _placeholder(torch: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:

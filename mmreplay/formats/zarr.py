@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,7 +17,6 @@ from ..errors import UnsupportedFormatError
 from ..files import interrupts_deferred
 from ..spec import flatten, leaf_paths, spec_from_json
 from .base import (
-    Exportable,
     ExportOptions,
     ExportResult,
     Source,
@@ -28,6 +27,9 @@ from .base import (
     need,
     spec_json,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
 #: bytes per chunk aimed at (along the step axis)
