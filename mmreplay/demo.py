@@ -27,12 +27,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .files import disk_usage
 from .spec import ArraySpec
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = ["PointChase", "DemoConfig", "spec", "pixel_spec", "collect", "reference", "run"]
 
@@ -175,7 +178,7 @@ def reference(steps: int, num_envs: int = 8, seed: int = 0, pixels: bool = False
     return rollout(env, 0, steps, pixels)
 
 
-def resume_env(store: Any, seed: int, **env_kw: Any) -> PointChase:
+def resume_env(store: Store, seed: int, **env_kw: Any) -> PointChase:
     """An env in the state after the store's last committed step."""
     env = PointChase(store.num_envs, seed, **env_kw)
     end = store.committed_steps
@@ -190,7 +193,7 @@ def resume_env(store: Any, seed: int, **env_kw: Any) -> PointChase:
 
 
 def collect(
-    store: Any,
+    store: Store,
     stop: int,
     seed: int = 0,
     block: int = 50,
@@ -423,7 +426,7 @@ def run(
     return figures
 
 
-def _check_minari(root: str, result: Any, store: Any, echo: Callable[[str], Any]) -> bool:
+def _check_minari(root: str, result: Any, store: Store, echo: Callable[[str], Any]) -> bool:
     try:
         import minari  # noqa: F401
     except ImportError:

@@ -62,7 +62,7 @@ def open_writers() -> int:
     return len(_open_writers)
 
 
-def close_when_dropped(store: Any, at_exit: bool) -> weakref.finalize:
+def close_when_dropped(store: object, at_exit: bool) -> weakref.finalize:
     """Close a store that is garbage-collected, and (``at_exit``: a writer, which must
     commit) one still open when the program ends.
 

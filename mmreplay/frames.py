@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from .frames_layout import DEPTH_LEAF, NEXT_LEAF, PREFIX, SIDE_DIR, Frames, Fram
 from .read.layout import gather_rows
 from .roles import subtree
 from .spec import ArraySpec, flatten, leaf_paths
+from .statefile import State
 
 __all__ = ["Frames", "FramesLayout", "FrameLeaf", "FrameWriter", "SIDE_DIR", "PREFIX"]
 
@@ -272,6 +273,16 @@ def read_leaves(meta: Any, stored: list[Any], side: list[Any]) -> tuple[list[Any
 # --- writes --------------------------------------------------------------------------
 
 
+class FrameHost(Protocol):
+    """What a frame writer reads of its store (a view sharing the store's attributes)."""
+
+    total_steps: int
+    state: State  # the committed state
+
+    def read_steps(self, steps: Any, leaves: list[int] | None = None) -> list[np.ndarray]: ...
+    def _drop_through(self, step: int) -> None: ...  # the ring drops its steps up to ``step``
+
+
 class FrameWriter:
     """The writer's side of the layout: turns each added step into the stored leaves,
     checks the stacks, and feeds the side ring.
@@ -282,7 +293,7 @@ class FrameWriter:
     which copies the next stacks into a spare buffer as it reads them: the buffers swap
     when the step is written, so a refused step changes nothing."""
 
-    def __init__(self, store: Any, meta: Any, parts: _Parts):
+    def __init__(self, store: FrameHost, meta: Any, parts: _Parts):
         self.store = store
         self.layout: FramesLayout = meta.frames
         self.parts = parts

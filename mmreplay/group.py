@@ -41,10 +41,11 @@ from .errors import (
 )
 from .files import atomic_write
 from .io.local import folder_inside, read_inside
+from .opening import MODES
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .spec import flatten, spec_to_json, unflatten
-from .store import MODES, BufferExistsError, Store
+from .store import BufferExistsError, Store
 from .store import open as open_store
 
 __all__ = [

@@ -17,13 +17,16 @@ import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
 from .selection import READ_BLOCK_FRAMES, frame_leaves, pick_leaf, read_leaf, select, step_ends, to_uint8
 from .spec import Layout
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = [
     "Layout",
@@ -120,7 +123,7 @@ class ViewOptions:
 
 
 def frames(
-    store: Any,
+    store: Store,
     leaf: str | None = None,
     env: int | None = None,
     episode: int | None = None,
@@ -458,7 +461,7 @@ def _palette_images(pictures: np.ndarray, scale: int) -> Iterator[Any]:
 
 
 def view(
-    store: Any,
+    store: Store,
     out: str | os.PathLike | None = None,
     leaf: str | None = None,
     env: int | None = None,
@@ -497,7 +500,7 @@ def view(
     return fv.save(out, force=force, progress=progress)
 
 
-def thumbnails(store: Any, count: int = 8, leaf: str | None = None) -> tuple[str, Any] | None:
+def thumbnails(store: Store, count: int = 8, leaf: str | None = None) -> tuple[str, Any] | None:
     """A one-row sheet of env 0's newest ``count`` frames (leaf path, PIL image), or None
     when no leaf looks like frames or the store is empty."""
     if not len(store) or (leaf is None and not frame_leaves(store)):

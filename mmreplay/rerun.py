@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
 from .selection import READ_BLOCK_FRAMES, read_leaf, select, to_uint8
 from .spec import Layout
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = ["log_rerun"]
 
@@ -35,7 +38,7 @@ def _rerun() -> Any:
     return rr
 
 
-def _layouts(store: Any) -> dict[int, Layout]:
+def _layouts(store: Store) -> dict[int, Layout]:
     """Leaf index -> frame layout, for the leaves logged as images."""
     out = {}
     for i, leaf in enumerate(store.leaves):
@@ -47,7 +50,7 @@ def _layouts(store: Any) -> dict[int, Layout]:
     return out
 
 
-def _ranges(store: Any, env: int | None, episode: int | None, steps: Any) -> list[tuple[int, np.ndarray]]:
+def _ranges(store: Store, env: int | None, episode: int | None, steps: Any) -> list[tuple[int, np.ndarray]]:
     """(env, global step ids) to log: one env's episode or steps when asked, else every env's."""
     if episode is not None or steps is not None:
         sel = select(store, env, episode, steps)
@@ -58,7 +61,7 @@ def _ranges(store: Any, env: int | None, episode: int | None, steps: Any) -> lis
 
 
 def log_rerun(
-    store: Any,
+    store: Store,
     out: str | os.PathLike,
     env: int | None = None,
     episode: int | None = None,
@@ -104,7 +107,7 @@ def log_rerun(
 def _log_env(
     rr: Any,
     rec: Any,
-    store: Any,
+    store: Store,
     env: int,
     ids: np.ndarray,
     layouts: dict[int, Layout],
@@ -134,7 +137,7 @@ def _log_env(
 
 
 def _log_episodes(
-    rr: Any, rec: Any, store: Any, env: int, ids: np.ndarray, root: str, fps: float, first: int
+    rr: Any, rec: Any, store: Store, env: int, ids: np.ndarray, root: str, fps: float, first: int
 ) -> None:
     """Episode starts and ends as text entries; each step's episode index as a series."""
     lo, hi = int(ids[0]), int(ids[-1])

@@ -7,12 +7,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
+from .read.gather import check_retained
 from .spec import is_image
+
+if TYPE_CHECKING:
+    from .store import Store
 
 Progress = Callable[[int], Any]
 
@@ -39,7 +43,7 @@ def to_uint8(x: np.ndarray) -> np.ndarray:
     return np.rint((x.astype(np.float64) - lo) * scale).astype(np.uint8)
 
 
-def frame_leaves(store: Any) -> list[str]:
+def frame_leaves(store: Store) -> list[str]:
     """Paths of the leaves whose shape is recognised as frames, observation first."""
     # the spec's leaves (frames once: rebuilt)
     out = [leaf.path for leaf in (leaf.info for leaf in store.leaves) if is_image(leaf.spec)]
@@ -47,7 +51,7 @@ def frame_leaves(store: Any) -> list[str]:
     return sorted(out, key=lambda p: not (obs is not None and (p == obs or p.startswith(obs + "/"))))
 
 
-def pick_leaf(store: Any, leaf: str | None) -> str:
+def pick_leaf(store: Store, leaf: str | None) -> str:
     if leaf is not None:
         if leaf not in store.leaf_paths:
             raise BadInputError(f"{store.path}: no leaf {leaf!r}; leaves are {store.leaf_paths}")
@@ -92,7 +96,7 @@ def _step_bounds(steps: Any) -> tuple[int | None, int | None]:
     raise BadInputError(f"steps must be 'A:B' or a slice of global step ids (no stride), got {steps!r}")
 
 
-def select(store: Any, env: int | None, episode: int | None, steps: Any) -> Selection:
+def select(store: Store, env: int | None, episode: int | None, steps: Any) -> Selection:
     """The steps of ``episode`` (an index into env's episodes, negative from the newest),
     or of the global step range ``steps``, or by default the newest complete episode of
     the env (the newest open one when none is complete, every retained step without
@@ -135,7 +139,7 @@ def select(store: Any, env: int | None, episode: int | None, steps: Any) -> Sele
     return Selection(int(env), np.arange(s.first_step, s.last_step + 1, dtype=np.int64), k, s.status)
 
 
-def read_leaf(store: Any, index: int, env: int, steps: np.ndarray, progress: Progress | None) -> np.ndarray:
+def read_leaf(store: Store, index: int, env: int, steps: np.ndarray, progress: Progress | None) -> np.ndarray:
     leaf = store.leaves[index]
     blocks = []
     for i in range(0, len(steps), READ_BLOCK_FRAMES):
@@ -143,12 +147,12 @@ def read_leaf(store: Any, index: int, env: int, steps: np.ndarray, progress: Pro
         blocks.append(leaf.read_rows(part % store.capacity, env))
         if progress is not None:
             progress(len(part))
-    if store.mode == "r" and len(steps):
-        store._check_still_retained(steps)
+    if len(steps):
+        check_retained(store, int(np.min(steps)))
     return np.concatenate(blocks) if blocks else np.empty((0, *leaf.info.spec.shape), leaf.info.spec.dtype)
 
 
-def step_ends(store: Any, env: int, steps: np.ndarray) -> list[str]:
+def step_ends(store: Store, env: int, steps: np.ndarray) -> list[str]:
     """How each shown step ended its episode ('' for none)."""
     if not len(steps):
         return []

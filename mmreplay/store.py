@@ -1,78 +1,46 @@
 """The store: a folder holding one ring array per leaf and the committed state.
 
-The store owns the write cursor, the commit protocol, the open modes and the writer
-lock. Global step ids count every step ever added; step ``g`` lives in slot
-``g % capacity`` of every leaf.
-
-Commit protocol (docs/format.md, "Commits"): flush the rows written since the last commit to the files
-(and the disk with ``durability="power"``), then write the new state into the older
-slot of the state file (:mod:`mmreplay.statefile`; one ``pwrite``, and ``fdatasync``
-with ``durability="power"``), and only then count the rows committed. Before the
-writer overwrites slots whose steps are still committed, a commit raises ``reserved``
-past them, so a crash or a reader never sees a torn row as committed.
+The store is a :class:`mmreplay.ring.Ring` (its cursor, writes and commit protocol) with
+its open modes, the writer lock, its description, reads and life cycle;
+:mod:`mmreplay.opening` opens what it is made of.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
-import time
-import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import backends, exits, frames_layout
 from . import episodes as _episodes
+from . import exits, opening
 from . import frames as _frames
 from .backends import native_rows
-from .errors import (
-    BadInputError,
-    ClosedError,
-    CorruptBufferError,
-    Error,
-    NotEnoughDataError,
-    ReadOnlyError,
-)
+from .errors import ClosedError, Error
 from .hooks import WriteHook, overrides
-from .io import ByteSource, LocalFolder, open_source
+from .io import ByteSource, LocalFolder
 from .lock import WriterLock
-from .metadata import (
-    METADATA_FILE,
-    Metadata,
-    State,
-    migrate,
-    open_state,
-    read_metadata,
-    write_metadata,
-)
+from .metadata import Metadata
 from .read import advice as _advice
 from .read import gather as _gather
 from .read import passes as _passes
 from .read.request import SampleRequest
-from .samplers.base import Sampler, Window
-from .samplers.registry import make_sampler, sampler_from_json
-from .spec import unflatten
-from .statefile import oldest_retained, slot_ranges
+from .ring import Ring
+from .samplers.base import Sampler
 from .values import StepValidator
 
 __all__ = ["Store", "open", "BufferExistsError"]
 
 DEFAULT_COMMIT_EVERY = 1000
-MODES = ("r", "a")
-
-log = logging.getLogger(__name__)
 
 
 class BufferExistsError(Error, FileExistsError):
     """``create`` found something at the path and ``exist_ok`` was not set."""
 
 
-class Store:
+class Store(Ring):
     """A replay store on disk. Make one with :func:`create` or :func:`open`.
 
     Example:
@@ -102,102 +70,44 @@ class Store:
         self._lock = lock
         self._capacity = meta.capacity
         self._num_envs = meta.num_envs
-        self._set_state(meta.state)
         self._validator = StepValidator(meta.spec, meta.num_envs)
-        self._leaves: list[Any] = []
         self._decode_setting: int | None = None  # set_decode_threads
-        self._closers: list[Any] = []
         self._closed = False
         # one check on the hot path: False once closed, and in a writer that reopened
         # the store until its first step (see _before_write)
         self._writable = mode == "a"
-        try:
-            # the committed state: read by readers per batch, written by each commit
-            self._state_file = open_state(source, meta.format_version, mode == "a")
-            try:
-                entries = backends.get(meta.backend).open_leaves(source, meta, mode == "a")
-            except BaseException:
-                self._state_file.close()
-                raise
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
-        self._closers = entries
-        self._leaves = [e for e in entries if getattr(e, "info", None) is not None]
-        side: list[Any] = []
-        if meta.frames is not None and meta.frames.side:
-            try:
-                side_entries = backends.get(meta.backend).open_leaves(
-                    frames_layout.side_source(source), frames_layout.side_metadata(meta), mode == "a"
-                )
-            except BaseException:
-                for entry in entries:
-                    entry.close()
-                self._state_file.close()
-                if lock is not None:
-                    lock.release()
-                raise
-            self._closers = entries = entries + side_entries
-            side = [e for e in side_entries if getattr(e, "info", None) is not None]
-        # what is written and flushed: the stored leaves and the side ring of next frames
-        self._storage = self._leaves + side
-        if mode == "a":  # compressed row leaves encode on one background thread per writer
-            from .backends.row_frames import share_encoder
-
-            share_encoder(self._storage)
-        # file-level work after every leaf's flush (the hdf5 backend's chunk journal)
-        self._file_flushes = [e.flush for e in entries if getattr(e, "info", None) is None and hasattr(e, "flush")]
+        contents = opening.open_contents(source, meta, mode == "a", lock, sampler)
+        self._state_file = contents.state_file
+        self._closers = contents.closers
+        self._leaves = contents.leaves
+        self._storage = contents.storage
+        self._file_flushes = contents.file_flushes
+        self._read_leaves = contents.read_leaves
+        self._setters = contents.setters
         self._all_mapped = all(leaf.mappable for leaf in self._storage)
-        # what is read: the spec's leaves (frames rebuilt from the stored ones, or those)
-        self._read_leaves = self._leaves
-        self._frames: Any = None  # mmreplay.frames.FrameWriter of a writer of a frames-once store
-        self._shrink = 0
-        self._dropped_early = False  # the side ring of next frames dropped steps (warned once)
-        frame_parts = None
-        if meta.frames is not None:
-            self._read_leaves, frame_parts = _frames.read_leaves(meta, self._leaves, side)
-            self._shrink = meta.frames.shrink
-        self._setters = [
-            leaf.array.__setitem__ if leaf.mappable else _step_writer(leaf) for leaf in self._leaves
-        ]
         # With every leaf mapped, `add` stores into the arrays directly: `a[i] = v` is
         # cheaper than calling a bound `__setitem__`.
         self._arrays = [leaf.array for leaf in self._leaves] if self._all_mapped else None
-        capacity = meta.capacity
-        # Steps before `_floor` are gone: cleared, or their slots may hold a dead
-        # writer's uncommitted rows (its reservation).
-        self._floor = self._state.first(capacity)
-        self._written = self._state.end
-        # One past the newest step whose rows this writer began to write (add, write_next):
-        # steps before `_touched - capacity` have a slot it may have overwritten in part,
-        # so no window or commit holds them.
-        self._touched = self._written
-        self._busy = False  # a write is under way (see exits._stop_writes)
-        self._exiting = False  # the program ends: the exit hooks close this writer
-        self._ahead = max(1, min(meta.commit_every, capacity // 8))
-        self._dirty = False
+        self._frames: Any = None  # mmreplay.frames.FrameWriter of a writer of a frames-once store
+        self._shrink = meta.frames.shrink if meta.frames is not None else 0
+        self._start_cursor(meta.state)
         self._parts: dict[str, Any] = {}  # see part(): the read path, the episode index...
         self._populator: Any = None  # mmreplay.read.advice.Populator, started by open()
         self._hooks: list[WriteHook] = []
         self._on_add: list[Any] = []  # bound on_add of the hooks that override it
+        self._sampler = contents.sampler
         try:
             # hooks, the sampler and the parts keep this view, no reference to the store itself
-            me = self._view = _attribute_view(self)
+            me = self._view = opening.attribute_view(self)
             self.add_write_hook(_episodes.EpisodeHook(me))
-            self._sampler = sampler if sampler is not None else _recorded_sampler(meta, source)
             self._sampler.attach(me)
             self.add_write_hook(self._sampler)
-            if frame_parts is not None and mode == "a":
-                self._frames = _frames.FrameWriter(me, meta, frame_parts)
+            if contents.frame_parts is not None and mode == "a":
+                self._frames = _frames.FrameWriter(me, meta, contents.frame_parts)
                 self._frames.restore()
         except BaseException:
             self._closed = True
-            for entry in self._closers:
-                entry.close()
-            self._state_file.close()
-            if lock is not None:
-                lock.release()
+            contents.close()
             raise
         self._finalizer = exits.close_when_dropped(self, at_exit=mode == "a")
 
@@ -234,35 +144,6 @@ class Store:
         """User attributes kept in the metadata (JSON values), as of open or the last
         :meth:`set_attrs`."""
         return json.loads(json.dumps(self._meta.attrs))
-
-    def set_attrs(self, **values: Any) -> None:
-        """Set attributes in the metadata, committed atomically with the committed state.
-
-        Values must be JSON-serialisable; ``None`` removes a key. Layers built on the store
-        keep their small state here, so it lives and dies with the buffer's own: the new
-        attributes are written to ``mmreplay.json`` beside the ones committed before,
-        then a state write names them. A crash before that state write leaves the
-        previous attributes with the previous state; after it, the new ones with it. No
-        step is committed by this call (call :meth:`commit` first for that).
-        """
-        self._check_writable()
-        attrs = dict(self._meta.attrs)
-        for key, value in values.items():
-            if value is None:
-                attrs.pop(key, None)
-            else:
-                attrs[key] = value
-        try:
-            attrs = json.loads(json.dumps(attrs, allow_nan=False))
-        except (TypeError, ValueError) as exc:
-            raise BadInputError(f"{self.path}: attrs must be JSON values: {exc}") from None
-        fsync = self._meta.durability == "power"
-        with self._writing():
-            state = self._state.next(attrs_generation=self._state.generation + 1)
-            new = replace(self._meta, attrs=attrs, attrs_generation=state.generation)
-            write_metadata(self.path, new, fsync, previous=(self._meta.attrs_generation, self._meta.attrs))
-            self._write_state(state, fsync)
-            self._meta = new
 
     @property
     def leaves(self) -> list[Any]:
@@ -304,49 +185,10 @@ class Store:
         return self._closed
 
     @property
-    def total_steps(self) -> int:
-        """Steps ever added (in a writer, also those not committed yet)."""
-        return self._written
-
-    @property
-    def committed_steps(self) -> int:
-        """The committed cursor: global id one past the newest committed step."""
-        return self._state.end
-
-    @property
-    def first_step(self) -> int:
-        """Global id of the oldest retained step (``window.first``)."""
-        return self.window.first
-
-    @property
-    def cursor(self) -> int:
-        """The slot the next step is written to."""
-        return self._written % self.capacity
-
-    @property
-    def state(self) -> State:
-        return self._state
-
-    @property
-    def window(self) -> Window:
-        """The steps this store retains and reads, global ids ``[first, end)``: in a
-        writer every step it added (committed or not), in a reader the committed ones."""
-        written = self._written
-        # rows of the next step, written ahead (write_next) or in part, take the oldest step's slot
-        retained = oldest_retained(self._floor, written, self._capacity - (self._touched - written))
-        first = self._readable_from(retained, written)
-        return _new_window(Window, (first, written, self._num_envs, self._capacity))
-
-    @property
     def sampler(self) -> Sampler:
         """The sampler :meth:`sample` draws through (chosen at :func:`create`, recorded
         in the metadata)."""
         return self._sampler
-
-    def __len__(self) -> int:
-        """Steps retained (each holds ``num_envs`` rows): in a writer every step it
-        added, in a reader the committed ones."""
-        return self._written - self.first_step
 
     def __repr__(self) -> str:
         if self._closed:
@@ -438,133 +280,7 @@ class Store:
         if self._closed:
             raise ClosedError(f"{self.path}: store is closed")
 
-    def _check_writable(self) -> None:
-        if self._exiting:
-            raise ClosedError(
-                f"{self.path}: the program is ending, and the store was closed for it; a thread that "
-                "writes must be joined (or the store closed) before the program ends"
-            )
-        if self._closed:
-            raise ClosedError(f"{self.path}: store is closed")
-        if self.mode != "a":
-            raise ReadOnlyError(f"{self.path}: store is open read-only (mode='r'); open it with mode='a' to write")
-
-    def _before_write(self) -> None:
-        """The first step written by a writer that reopened the store: it resumes
-        collection, so the episodes the last writer left open end first."""
-        self._check_writable()
-        self._end_open_episodes()
-        self._writable = True
-
-    def _end_open_episodes(self) -> None:
-        """Mark truncated each env's episode left open at the last committed step
-        (:func:`mmreplay.episodes.open_ends`): in place, committed, then recorded in the
-        episode index. A crash before the commit leaves the mark to be made again by
-        the next writer; one after it, the index to be mended when it is next loaded."""
-        mark = _episodes.open_ends(self)
-        if mark is None:
-            return
-        leaf, step, row = mark
-        leaf.write_slots(np.array([step % self._capacity]), row)
-        self._dirty = True
-        self._commit()
-        _episodes.index_for(self).rescan(self._view, np.array([step]))
-
-    # --- writes --------------------------------------------------------------------
-
-    def add(self, step: Any) -> None:
-        """Write one step: every leaf ``[num_envs, *shape]``.
-
-        Every leaf is validated before anything is written; a bad step raises
-        :class:`~mmreplay.BadInputError` naming the leaf and changes nothing.
-        """
-        if not self._writable:
-            self._check_writable()
-        self.add_leaves(self._validator.step(step))
-
-    def add_leaves(self, values: list[np.ndarray]) -> None:
-        """Write one step given as its leaves, already checked: :meth:`add` after its
-        validation, and the per-step path of layers that convert their framework's
-        values once (SB3's ``add``).
-
-        ``values`` are numpy arrays in :attr:`leaf_paths` order, each
-        ``[num_envs, *shape]`` of the leaf's dtype (or of one that casts to it without
-        loss). Nothing is checked: a wrong shape may broadcast and a wrong dtype cast
-        where :meth:`add` would refuse them.
-        """
-        self._busy = True  # before the check: see exits._stop_writes
-        try:
-            if not self._writable:
-                self._before_write()
-            g = self._written
-            frames = self._frames
-            if frames is not None:
-                if frames.written != g:  # an add of step g was interrupted after it took the frames
-                    frames.undo_step()
-                values, prepared = frames.prepare(values)
-                if g >= self._reserved:
-                    self._commit(reserve_to=g + self._ahead)
-                self._touched = g + 1
-                frames.apply(prepared, g)
-            else:
-                if g >= self._reserved:
-                    self._commit(reserve_to=g + self._ahead)
-                # before the first row: until the step is added, a commit leaves out the
-                # step whose slot it overwrites (an add interrupted here tears that slot)
-                self._touched = g + 1
-            slot = g % self._capacity
-            arrays = self._arrays
-            if arrays is not None:
-                for array, value in zip(arrays, values):
-                    array[slot] = value
-            else:
-                for set_row, value in zip(self._setters, values):
-                    set_row(slot, value)
-            g += 1
-            self._written = g
-            if self._on_add:
-                for on_add in self._on_add:
-                    on_add(g - 1, 1)
-            if g >= self._commit_at:
-                self._commit()
-        finally:
-            self._busy = False
-
-    def extend(self, steps: Any) -> None:
-        """Write ``T`` steps: every leaf ``[T, num_envs, *shape]``, validated first."""
-        self._check_writable()
-        n, values = self._validator.batch(steps)
-        if n == 0:
-            return
-        if not self._writable:
-            self._before_write()
-        if self._frames is not None:  # each step's frames follow from the one before
-            for t in range(n):
-                self.add(unflatten(self.spec, [v[t] for v in values]))
-            return
-        with self._writing():
-            g = self._written
-            capacity = self._meta.capacity
-            keep = min(n, capacity)  # of more than a ring's worth, only the newest survive
-            first = g + n - keep
-            if g + n > self._state.reserved:
-                self._commit(reserve_to=g + n + self._ahead)
-            # before the first row: the steps whose slots these overwrite are gone, as
-            # they are once the steps are added (an extend interrupted here tears them)
-            self._floor = max(self._floor, g + n - capacity)
-            pos = first
-            while pos < g + n:
-                slot = pos % capacity
-                count = min(g + n - pos, capacity - slot)
-                lo = pos - g
-                for leaf, value in zip(self._leaves, values):
-                    leaf.write(slot, value[lo : lo + count])
-                pos += count
-            self._written = g + n
-            for on_add in self._on_add:
-                on_add(g, n)
-            if self._written >= self._commit_at:
-                self._commit()
+    # --- read settings ---------------------------------------------------------------
 
     def set_chunk_cache(self, nbytes: int) -> None:
         """Bytes of decoded chunks each chunk-compressed leaf (``zstd``, ``blosc``, ``gzip``)
@@ -592,232 +308,6 @@ class Store:
         """The threads the next batch of a row-frame leaf decodes on, the setting
         (:meth:`set_decode_threads`) and the load it was chosen by; ``str()`` says it."""
         return native_rows.decode_threads(self._decode_setting)
-
-    def write_next(self, step: Any) -> None:
-        """Write the rows of the next step ahead of its :meth:`add`: every leaf ``[num_envs, *shape]``.
-
-        The rows go into the slot of global step ``total_steps``, where this writer can
-        read them (``read_steps([total_steps])``, or a sampler that draws that step), but
-        the step is not added: nothing counts, commits or hooks it, :meth:`add` or
-        :meth:`extend` overwrites the slot, and a crash, :meth:`clear` or :meth:`close`
-        drops it. Layers whose frameworks add a step env by env (skrl) keep the partial
-        step here. While such rows are written, the window leaves out the oldest step
-        if it shares their slot. Validated as :meth:`add`.
-        """
-        if not self._writable:
-            self._check_writable()
-        values = self._validator.step(step)
-        with self._writing():
-            if not self._writable:
-                self._before_write()
-            g = self._written
-            if g >= self._reserved:  # the slot may hold a committed step: leave it out first
-                self._commit(reserve_to=g + self._ahead)
-            self._touched = g + 1
-            slot = g % self._capacity
-            for set_row, value in zip(self._setters, values):
-                set_row(slot, value)
-
-    def commit(self) -> None:
-        """Make every step added so far durable; cheap when nothing is new."""
-        with self._writing():
-            self._commit()
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        """A write under way (not on the per-step path, which inlines it): the exit hooks
-        wait for it, and start none after (see exits._stop_writes)."""
-        self._busy = True
-        try:
-            self._check_writable()
-            yield
-        finally:
-            self._busy = False
-
-    def _commit(self, reserve_to: int | None = None) -> None:
-        fsync = self._meta.durability == "power"
-        written = self._written
-        # This writer has overwritten only slots of steps before `_touched - capacity`, and
-        # `start` covers what earlier writers and interrupted extends may have, so
-        # `reserved` may also shrink, to no less than `_touched`.
-        reserved = max(self._touched, written + self._ahead if reserve_to is None else reserve_to)
-        if written == self._state.end and reserved == self._state.reserved and not self._dirty:
-            return
-        if self._frames is not None and written > self._state.end:
-            self._frames.before_commit(written)  # (takes back the frames of an add of `written` cut short)
-        if written != self._state.end or self._dirty:
-            if not self._all_mapped or fsync:
-                for leaf in self._storage:
-                    leaf.flush(fsync)
-                for flush in self._file_flushes:
-                    flush(fsync)
-        state = self._state.next(
-            start=min(self._floor, written),
-            end=written,
-            reserved=reserved,
-            commits=self._state.commits + 1,
-            commit_time=time.time(),
-        )
-        if written > self._state.end:  # hooks persist what they derive before the state commits it
-            for hook in self._hooks:
-                hook.on_commit(self._state.end, written, fsync)
-        self._write_state(state, fsync)
-        self._dirty = False
-
-    def _drop_through(self, step: int) -> None:
-        """Drop the retained steps up to ``step`` (its side-ring frame is about to be
-        overwritten); committed at once when readers may still read them."""
-        if step < oldest_retained(self._floor, self._written, self._capacity - (self._touched - self._written)):
-            return  # gone already: the ring has overwritten it
-        self._floor = min(self._written, step + 1)
-        if not self._dropped_early:
-            self._dropped_early = True
-            log.warning(
-                "%s: the side ring of next frames (Frames.final_slots=%d) is full: steps up to %d are dropped "
-                "before the ring reaches them; a larger final_slots keeps them",
-                self.path, self._meta.frames.final_slots, step,
-            )
-        if step >= self._state.first(self._capacity) and self._state.end > self._state.first(self._capacity):
-            start = min(self._floor, self._state.end)
-            self._write_state(self._state.next(start=start), self._meta.durability == "power")
-
-    def _first_of(self, state: State) -> int:
-        """The oldest readable step of a committed state."""
-        return self._readable_from(state.first(self._capacity), state.end)
-
-    def _readable_from(self, first: int, end: int) -> int:
-        """The oldest readable step when ``first`` is the oldest retained: frame stacks
-        need the frames before them."""
-        if self._shrink and first > 0:
-            return min(end, first + self._shrink)
-        return first
-
-    def live_first(self) -> int:
-        """The oldest step readable now (for a reader, after the writer's latest commit):
-        one ``pread`` of the state file."""
-        return self._first_of(self.live_state())
-
-    def _write_state(self, state: State, fsync: bool) -> None:
-        self._state_file.write(state, fsync)
-        self._set_state(state)
-
-    def _set_state(self, state: State) -> None:
-        """Take a new committed state, with the thresholds ``add`` compares against."""
-        self._state = state
-        self._reserved = state.reserved
-        self._commit_at = state.end + self._meta.commit_every
-
-    def clear(self, next_slot: int | None = None) -> None:
-        """Drop every retained step (committed at once); ``total_steps`` keeps counting.
-
-        With ``next_slot``, ``total_steps`` moves on to the next step id the ring writes
-        at that slot (the ids skipped hold nothing), so a framework whose own cursor
-        restarts at a slot after emptying (TorchRL's writers, at 0) writes where the store does.
-        """
-        with self._writing():
-            if next_slot is not None and not (
-                isinstance(next_slot, (int, np.integer)) and 0 <= next_slot < self.capacity
-            ):
-                raise BadInputError(f"{self.path}: next_slot must be a slot in [0, {self.capacity}), got {next_slot!r}")
-            self._commit()
-            if next_slot is not None:
-                self._written += (int(next_slot) - self._written) % self.capacity
-            state = self._state.next(
-                start=self._written,
-                end=self._written,
-                reserved=max(self._state.reserved, self._written),
-                commits=self._state.commits + 1,
-                commit_time=time.time(),
-            )
-            self._write_state(state, self._meta.durability == "power")
-            self._floor = self._touched = self._written  # rows written ahead are dropped too
-            for hook in self._hooks:
-                hook.on_clear(self._written)
-
-    # --- reads ---------------------------------------------------------------------
-
-    def _steps_for(self, index: Any) -> tuple[np.ndarray | int, bool]:
-        """Global step ids for a logical index over the retained committed steps."""
-        n = len(self)
-        first = self.first_step
-        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
-            i = int(index)
-            if not -n <= i < n:
-                raise IndexError(f"{self.path}: index {i} out of range for {n} committed steps")
-            return first + (i % n), True
-        if isinstance(index, slice):
-            return first + np.arange(n)[index], False
-        idx = np.asarray(index)
-        if idx.dtype.kind not in "iu":
-            raise IndexError(f"{self.path}: expected an int, a slice or an integer array, got {idx.dtype}")
-        if idx.size and (idx.min() < -n or idx.max() >= n):
-            raise IndexError(f"{self.path}: index out of range for {n} committed steps")
-        return first + (idx % max(n, 1)), False
-
-    def read_steps(self, steps: Any, leaves: list[int] | None = None) -> list[np.ndarray]:
-        """Leaf arrays (flatten order) for global step ids, each ``[*steps.shape, num_envs, *shape]``.
-
-        ``leaves`` picks leaves by their flatten-order index (default: all), for callers
-        that handle one leaf at a time. Raises :class:`~mmreplay.NotEnoughDataError` when
-        a step is not retained or was overwritten by the writer while it was read.
-        """
-        self.check_open()
-        slots = np.asarray(steps, dtype=np.int64) % self.capacity
-        chosen = self._read_leaves if leaves is None else [self._read_leaves[i] for i in leaves]
-        out = [np.array(leaf.read(slots)) for leaf in chosen]
-        if self.mode == "r":
-            self._check_still_retained(steps)
-        return out
-
-    def _check_still_retained(self, steps: Any) -> None:
-        """Seqlock check for readers: were the rows just read still retained after the read?"""
-        live = self.live_state()
-        lo = np.min(steps) if np.size(steps) else None
-        if lo is not None and lo < self._first_of(live):
-            raise NotEnoughDataError(
-                f"{self.path}: step {int(lo)} was overwritten by the writer while it was read "
-                f"(oldest retained is now {self._first_of(live)}); call refresh()"
-            )
-
-    def get(self, index: Any) -> Any:
-        """Stored steps by logical index (0 = oldest retained, -1 = newest committed).
-
-        An int gives the nest of ``[num_envs, *shape]`` arrays; a slice or an index array
-        gives ``[k, num_envs, *shape]``. The arrays are copies.
-        """
-        self.check_open()
-        steps, _ = self._steps_for(index)
-        return unflatten(self.spec, self.read_steps(steps))
-
-    def set(self, index: Any, value: Any) -> None:
-        """Overwrite stored steps by logical index, with values shaped as :meth:`get` returns.
-
-        The change is durable at the next commit. It is not atomic under a crash: a
-        process killed during ``set`` may leave those steps partly updated.
-        """
-        self._check_writable()
-        steps, scalar = self._steps_for(index)
-        if scalar:
-            values = self._validator.step(value)
-            slots = np.array([steps % self.capacity])
-            values = [v[None] for v in values]
-        else:
-            steps = np.asarray(steps)
-            _, values = self._validator.batch(value, lead=steps.shape)
-            slots = steps.reshape(-1) % self.capacity
-            values = [v.reshape(-1, *v.shape[steps.ndim :]) for v in values]
-        if self._frames is not None:  # frames are not rewritten: only the other leaves
-            leaves = self._frames.settable(slots, values, self._read_leaves, self.path)
-        else:
-            leaves = self._leaves
-        with self._writing():
-            self._dirty = True  # first: a set cut short is committed as far as it went
-            for leaf, v in zip(leaves, values):
-                if leaf is not None:
-                    leaf.write_slots(slots, v)
-            changed = np.asarray(steps).reshape(-1)
-            for hook in self._hooks:
-                hook.on_set(changed)
 
     # --- sampling, passes, episodes (mmreplay.read, mmreplay.episodes) -----------------
 
@@ -907,118 +397,17 @@ class Store:
     # the read path's own functions, with this store as their first argument
     empty_batch = _gather.empty_batch
     iterate = _passes.iterate
-
-    def episodes(self, env: int | None = None, complete_only: bool = False) -> Iterator[Any]:
-        """Each episode of the committed window with its data, env by env, in time order.
-
-        Yields :class:`mmreplay.episodes.Episode` (env, first and last global step id,
-        status ``"terminated"``, ``"truncated"`` or ``"open"``, and ``data``: the spec's
-        nest of ``[length, *shape]`` arrays). ``complete_only`` skips open episodes.
-
-        Example:
-            >>> import mmreplay as mr, numpy as np, tempfile
-            >>> spec = {"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}
-            >>> store = mr.create(tempfile.mkdtemp() + "/b", spec, 10)
-            >>> store.extend({"x": np.arange(5)[:, None], "terminated": np.array([[0], [1], [0], [0], [0]], bool)})
-            >>> store.commit()
-            >>> [(ep.first_step, ep.last_step, ep.status) for ep in store.episodes()]
-            [(0, 1, 'terminated'), (2, 4, 'open')]
-        """
-        return _episodes.episodes(self, env, complete_only)
-
-    def episode_index(self, env: int | None = None, complete_only: bool = False) -> list[Any]:
-        """The :class:`mmreplay.episodes.EpisodeSpan` of each episode, as :meth:`episodes`
-        orders them, from the episode index alone (no data is read)."""
-        return _episodes.episode_index(self, env, complete_only)
+    read_steps = _gather.read_steps
+    get = _gather.get_steps
+    episodes = _episodes.episodes
+    episode_index = _episodes.episode_index
+    to_arrays = _episodes.to_arrays
 
     def episode_bounds(self, steps: Any, envs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(first, last, complete)`` of the episode each row ``(steps[i], envs[i])`` of the
         window lies in, from the episode index (:func:`mmreplay.episodes.episode_bounds`)."""
         self.check_open()
         return _episodes.episode_bounds(self, steps, envs)
-
-    def to_arrays(self) -> dict[str, Any]:
-        """Every committed episode as flat D4RL-style arrays, env by env, episode by episode.
-
-        Keys: ``observations``, ``actions``, ``rewards`` (from the roles present),
-        ``terminals`` and ``timeouts`` (bool, never both set: a terminated episode ends
-        with ``terminals``, a truncated or still open one with ``timeouts``),
-        ``next_observations``, and ``infos/<leaf path>`` for leaves with no role. With a
-        ``next_observation`` leaf every step is kept; otherwise a step's next observation
-        is the next step's observation in the episode, and the last step of an episode
-        that did not terminate is dropped (its next observation is not stored; the step
-        before it carries the episode's ``timeouts``). A terminal step's
-        ``next_observations`` row repeats its own observation (no TD target uses it).
-        """
-        return _episodes.to_arrays(self)
-
-    # --- readers --------------------------------------------------------------------
-
-    def live_state(self) -> State:
-        """The committed state on disk now (for a writer, its own): one ``pread`` of the
-        state file, the newest valid slot."""
-        if self.mode == "a":
-            return self._state
-        return self._state_file.read()
-
-    def refresh(self) -> bool:
-        """Pick up the writer's newer commits (readers); True if the state changed."""
-        self.check_open()
-        if self.mode == "a":
-            return False
-        old = self._state
-        new = self.live_state()
-        if new == old:
-            return False
-        changed = slot_ranges(old.end, new.end, self.capacity)
-        for leaf in self._leaves:
-            leaf.invalidate(changed)
-        for leaf in self._storage[len(self._leaves) :]:  # the side ring: any slot may have changed
-            leaf.invalidate([(0, self._meta.frames.final_slots)])
-        self._set_state(new)
-        self._written = self._touched = new.end
-        self._floor = new.first(self.capacity)
-        return True
-
-
-def _attribute_view(store: Store) -> Store:
-    """A store object sharing ``store``'s attributes, for the parts that keep a store
-    (the write hooks, the sampler): a reference to ``store`` itself among its attributes would keep it
-    from being collected, and so from being closed when it is dropped."""
-    view = type(store).__new__(type(store))
-    view.__dict__ = store.__dict__
-    return view
-
-
-_new_window = tuple.__new__  # a Window without NamedTuple's keyword handling: read per batch
-
-
-def _recorded_sampler(meta: Metadata, source: ByteSource) -> Sampler:
-    """The sampler the metadata records; one it names wrongly is the metadata's damage. A
-    store in object storage samples uniformly: its priorities stay in the pushed folder."""
-    where = source.where(METADATA_FILE)
-    if not source.local and isinstance(meta.sampler, dict) and meta.sampler.get("name") == "prioritized":
-        warnings.warn(
-            f"{source.url}: its priorities stay in the pushed folder; sampling from object storage "
-            "is uniform (pull the store to sample by priority)",
-            stacklevel=4,
-        )
-        return make_sampler("uniform")
-    try:
-        return sampler_from_json(meta.sampler, where)
-    except (ValueError, TypeError) as exc:
-        name = meta.sampler.get("name") if isinstance(meta.sampler, dict) else None
-        raise CorruptBufferError(f"{where}: the recorded sampler {name!r:.80} cannot be made: {exc}") from None
-
-
-def _step_writer(leaf: Any) -> Any:
-    def write(slot: int, value: np.ndarray) -> None:
-        leaf.write(slot, value[None])
-
-    return write
-
-
-# --- create / open ----------------------------------------------------------------
 
 
 def open(  # noqa: A001 - mirrors h5py.File / zarr.open
@@ -1048,28 +437,7 @@ def open(  # noqa: A001 - mirrors h5py.File / zarr.open
     says that this writer continues them instead (its environments were restored from
     the stored state): nothing is marked.
     """
-    path = os.fspath(path)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if populate is not None and not isinstance(populate, bool):
-        raise TypeError(f"populate must be True, False or None, got {populate!r}")
-    source = open_source(path, storage_options)
-    if not source.local and mode != "r":
-        raise ReadOnlyError(
-            f"{source.url}: a store in object storage opens read-only (mode='r'); "
-            "mmreplay.pull it to a folder to write, then push it back"
-        )
-    meta = read_metadata(source)
-    lock = None
-    if mode == "a":
-        lock = WriterLock(path)
-        lock.acquire()
-        try:
-            meta = read_metadata(path)  # the state as the previous writer left it
-            meta = migrate(path, meta, fsync=meta.durability == "power")  # format 1: now 2
-        except BaseException:
-            lock.release()
-            raise
+    source, meta, lock = opening.open_folder(os.fspath(path), mode, populate, storage_options)
     store = Store(source.url, meta, mode, lock, source=source)
     if not continue_episodes:  # the writer's first step ends the open episodes (_before_write)
         store._writable = False

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NotEnoughDataError
+from ..read.gather import check_retained
 from ..roles import subtree
 from ..spec import leaf_paths, unflatten
 from .ends import EpisodeSource
@@ -84,7 +84,8 @@ def select_spans(store: EpisodeSource, env: int | None, complete_only: bool) -> 
 
 
 def episode_index(store: EpisodeSource, env: int | None = None, complete_only: bool = False) -> list[EpisodeSpan]:
-    """The episode spans of the committed window, env by env, in time order (no data read)."""
+    """The :class:`EpisodeSpan` of each episode, as :func:`episodes` orders them, from
+    the episode index alone (no data is read)."""
     spans = select_spans(store, env, complete_only)
     return [
         EpisodeSpan(
@@ -136,17 +137,22 @@ def complete_spans(store: EpisodeSource) -> tuple[np.ndarray, np.ndarray, np.nda
     return envs, spans.first[a[has]], spans.last[b[has]]
 
 
-def check_retained(store: EpisodeSource, lowest: int) -> None:
-    """A reader's rows read may hold newer steps once the writer's ring passed them: refuse them."""
-    if store.mode == "r" and lowest < store.live_first():
-        raise NotEnoughDataError(
-            f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
-            "call refresh() and read again"
-        )
-
-
 def episodes(store: EpisodeSource, env: int | None = None, complete_only: bool = False) -> Iterator[Episode]:
-    """Yield each episode with its data, env by env, each env's episodes in time order."""
+    """Each episode of the committed window with its data, env by env, in time order.
+
+    Yields :class:`mmreplay.episodes.Episode` (env, first and last global step id,
+    status ``"terminated"``, ``"truncated"`` or ``"open"``, and ``data``: the spec's
+    nest of ``[length, *shape]`` arrays). ``complete_only`` skips open episodes.
+
+    Example:
+        >>> import mmreplay as mr, numpy as np, tempfile
+        >>> spec = {"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}
+        >>> store = mr.create(tempfile.mkdtemp() + "/b", spec, 10)
+        >>> store.extend({"x": np.arange(5)[:, None], "terminated": np.array([[0], [1], [0], [0], [0]], bool)})
+        >>> store.commit()
+        >>> [(ep.first_step, ep.last_step, ep.status) for ep in store.episodes()]
+        [(0, 1, 'terminated'), (2, 4, 'open')]
+    """
     spans = select_spans(store, env, complete_only)
     capacity, num_envs = store.capacity, store.num_envs
 
@@ -200,7 +206,18 @@ def _role_leaves(store: EpisodeSource, role: str) -> tuple[Any, list[int]] | Non
 
 
 def to_arrays(store: EpisodeSource) -> dict[str, Any]:
-    """Flat D4RL-style arrays over every env's episodes (see :meth:`Store.to_arrays`)."""
+    """Every committed episode as flat D4RL-style arrays, env by env, episode by episode.
+
+    Keys: ``observations``, ``actions``, ``rewards`` (from the roles present),
+    ``terminals`` and ``timeouts`` (bool, never both set: a terminated episode ends
+    with ``terminals``, a truncated or still open one with ``timeouts``),
+    ``next_observations``, and ``infos/<leaf path>`` for leaves with no role. With a
+    ``next_observation`` leaf every step is kept; otherwise a step's next observation
+    is the next step's observation in the episode, and the last step of an episode
+    that did not terminate is dropped (its next observation is not stored; the step
+    before it carries the episode's ``timeouts``). A terminal step's
+    ``next_observations`` row repeats its own observation (no TD target uses it).
+    """
     spans = select_spans(store, None, False)
     capacity, num_envs = store.capacity, store.num_envs
     length = spans.length

@@ -28,7 +28,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..codecs import describe
 from ..convert import begin_at
@@ -44,6 +44,9 @@ from .base import (
     check_compression,
     reject_complete_only,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable, Joinable
 
 __all__ = [
     "FORMATS",
@@ -127,7 +130,7 @@ def compressions() -> dict[str, str]:
 
 
 def export(
-    store: Any,
+    store: Exportable | Joinable,
     out: str | os.PathLike,
     format: str | None = None,  # noqa: A002 - the CLI option's name
     compression: str | None = None,

@@ -20,7 +20,7 @@ import re
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from ..roles import subtree
 from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
 
 __all__ = [
+    "Exportable",
     "ExportOptions",
     "ExportResult",
     "Episodes",
@@ -53,6 +54,31 @@ BLOCK_BYTES = 32 << 20
 ARRAYS_FORMAT = "mmreplay-arrays/1"
 
 Progress = Callable[[int], Any]
+
+
+class Exportable(Protocol):
+    """What a writer reads: an open :class:`mmreplay.Store`, or a group's shards joined
+    as one (:class:`mmreplay.joined.JoinedShards`)."""
+
+    path: str
+    spec: Any
+    roles: dict[str, str]
+    attrs: dict[str, Any]
+    num_envs: int
+    leaf_paths: list[str]
+    first_step: int
+    committed_steps: int
+
+    def __len__(self) -> int: ...
+    def read_steps(self, steps: Any, leaves: list[int] | None = None) -> list[np.ndarray]: ...
+    def episodes(self, env: int | None = None, complete_only: bool = False) -> Iterator[Any]: ...
+    def episode_index(self, env: int | None = None, complete_only: bool = False) -> list[Any]: ...
+
+
+class Joinable(Protocol):
+    """A group of stores, exported as its shards joined one after another."""
+
+    def joined(self) -> Exportable: ...
 
 
 @dataclass(frozen=True)
@@ -299,7 +325,7 @@ class Roles:
     roles: dict[str, str]
 
     @classmethod
-    def of(cls, store: Any) -> Roles:
+    def of(cls, store: Exportable) -> Roles:
         return cls(store.spec, tuple(leaf_paths(store.spec)), dict(store.roles))
 
     def get(self, role: str) -> str | None:
@@ -368,7 +394,7 @@ class Episodes:
     as asked, empty ones left out), with their count and steps from the episode index.
     Iterating reports progress as each episode is done."""
 
-    def __init__(self, store: Any, options: ExportOptions):
+    def __init__(self, store: Exportable, options: ExportOptions):
         self.store, self.options = store, options
         spans = store.episode_index(complete_only=options.complete_only)
         self.count, self.steps = len(spans), sum(int(s.length) for s in spans)
@@ -393,7 +419,7 @@ class StepBlocks:
     of a chunk length (for chunked targets).
     """
 
-    def __init__(self, store: Any, align: int = 1, block_bytes: int = BLOCK_BYTES):
+    def __init__(self, store: Exportable, align: int = 1, block_bytes: int = BLOCK_BYTES):
         self.store = store
         self.first = int(store.first_step)
         self.end = int(store.committed_steps)
@@ -426,7 +452,7 @@ def reject_complete_only(fmt: str, complete_only: bool) -> None:
         )
 
 
-def spec_json(store: Any) -> dict[str, Any]:
+def spec_json(store: Exportable) -> dict[str, Any]:
     """What a step-major export records about its source, enough to import it back."""
     return {
         "format": ARRAYS_FORMAT,
@@ -443,7 +469,7 @@ def spec_json(store: Any) -> dict[str, Any]:
     }
 
 
-def read_leaf(store: Any, index: int, steps: np.ndarray) -> np.ndarray:
+def read_leaf(store: Exportable, index: int, steps: np.ndarray) -> np.ndarray:
     """One leaf's rows ``[len(steps), num_envs, *shape]`` for global step ids, for formats
     that write one leaf at a time (zip members)."""
     return store.read_steps(steps, leaves=[index])[0]

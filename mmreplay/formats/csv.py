@@ -17,7 +17,7 @@ import io
 import math
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from .base import (
     arrays_source,
     first_line_is,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
@@ -61,7 +64,7 @@ def target_name(out: str, compression: str | None) -> str:
     return out + ".gz" if compression and not out.endswith(".gz") else out
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     comp = options.compression or ("gzip" if out.endswith(".gz") else None)
     specs = flatten(store.spec)
     paths = store.leaf_paths

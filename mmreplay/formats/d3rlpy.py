@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from .base import (
 )
 from .hdf5 import array_options, hdf5_output
 
+if TYPE_CHECKING:
+    from .base import Exportable
+
 COMPRESSIONS = ("gzip", "lzf")
 DATASET_VERSION = "2.1"
 COLUMNS = ("observations", "actions", "rewards", "terminated")
@@ -45,7 +48,7 @@ def _rows(values: np.ndarray, n: int) -> np.ndarray:
     return values.reshape(n, 1) if values.ndim == 1 else values
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     import h5py
 
     roles = Roles.of(store)

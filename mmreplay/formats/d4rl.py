@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from .base import (
     nest_leaves,
 )
 from .hdf5 import dataset_options, datasets, hdf5_output
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +110,7 @@ def info_key(path: str) -> str:
     return path if path.startswith("infos/") else f"infos/{path}"
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     roles = Roles.of(store)
     obs_path, act_path, rew_path = roles.need("d4rl", "observation", "action", "reward")
     next_path = roles.get("next_observation")

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from .base import (
     arrays_source,
     spec_json,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("gzip", "lzf")
 
@@ -77,7 +80,7 @@ def array_options(compression: str | None, arr: np.ndarray) -> dict[str, Any]:
     return dataset_options(compression, None) if arr.ndim and arr.size else {}
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     with Target(out, "file", options.force, fmt="hdf5", source=store.path) as target:
         blocks = StepBlocks(store)
         specs = flatten(store.spec)

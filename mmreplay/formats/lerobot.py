@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from .base import (
     nest,
     pyarrow,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "none")
 CODEBASE_VERSION = "v3.0"
@@ -413,7 +416,7 @@ def _positive(**values: Any) -> None:
 
 
 def write(
-    store: Any,
+    store: Exportable,
     out: str,
     options: ExportOptions,
     fps: int = 30,
@@ -516,7 +519,7 @@ def write(
 
 
 def _write_meta(
-    target: Target, store: Any, columns: list[Column], rows: list, stats: dict, task: str, sizes: tuple
+    target: Target, store: Exportable, columns: list[Column], rows: list, stats: dict, task: str, sizes: tuple
 ) -> None:
     """``meta/episodes`` (each row with its own file's chunk and file index, as LeRobot
     writes them), ``stats.json``, ``tasks.parquet`` and mmreplay's record."""

@@ -41,7 +41,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -65,6 +65,9 @@ from .base import (
 )
 from .hdf5 import array_options, datasets, hdf5_output
 
+if TYPE_CHECKING:
+    from .base import Exportable
+
 log = logging.getLogger(__name__)
 
 COMPRESSIONS = ("gzip", "lzf")
@@ -86,7 +89,7 @@ ROLE_NAMES = (
 )
 
 
-def default_dataset_id(store: Any) -> str:
+def default_dataset_id(store: Exportable) -> str:
     base = os.path.basename(os.path.normpath(store.path)) or "buffer"
     name = re.sub(r"[^-_\w]+", "_", base).strip("_-") or "buffer"
     return f"mmreplay/{name}-v0"
@@ -147,7 +150,7 @@ class _FinalObservation:
 
     LAST = 2  # TF-Agents StepType.LAST
 
-    def __init__(self, store: Any, roles: Roles, obs_path: str, step_type: str):
+    def __init__(self, store: Exportable, roles: Roles, obs_path: str, step_type: str):
         self.store = store
         index = {p: i for i, p in enumerate(roles.paths)}
         self.obs = [index[p] for p in roles.leaves_of(obs_path)]
@@ -179,7 +182,7 @@ def _observations(obs_spec: Any, obs: Any, last_next: Any) -> Any:
     return type(obs)(_observations(s, o, n) for s, o, n in zip(obs_spec, obs, last_next))
 
 
-def _spaces(store: Any, obs_spec: Any, act_spec: Any) -> dict[str, str]:
+def _spaces(store: Exportable, obs_spec: Any, act_spec: Any) -> dict[str, str]:
     """Minari's ``observation_space`` / ``action_space`` (and ``env_spec``) metadata.
 
     The spaces a store was made from (kept in its attrs by
@@ -233,7 +236,7 @@ def _final_observation(obs: Any, act: Any, rew: np.ndarray, term: np.ndarray, tr
     return last, obs, act, rew[:-1], np.zeros(n, bool), trunc
 
 
-def write(store: Any, out: str, options: ExportOptions, dataset_id: str | None = None) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str | None = None) -> ExportResult:
     roles = Roles.of(store)
     obs_path, act_path, rew_path = roles.need("minari", "observation", "action", "reward")
     next_path = roles.get("next_observation")

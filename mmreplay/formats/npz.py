@@ -13,7 +13,7 @@ import json
 import os
 import zipfile
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,11 +32,14 @@ from .base import (
     spec_json,
 )
 
+if TYPE_CHECKING:
+    from .base import Exportable
+
 META_KEY = "__mmreplay__"
 COMPRESSIONS = ("deflate", "zip")
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     with Target(out, "file", options.force, fmt="npz", source=store.path) as target:
         rows = write_arrays(store, target.path(), options.compression is not None, options.progress)
         path = target.commit()
@@ -57,7 +60,7 @@ def _header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     return buf.getvalue()
 
 
-def write_arrays(store: Any, path: str, compress: bool, progress: Any) -> int:
+def write_arrays(store: Exportable, path: str, compress: bool, progress: Any) -> int:
     """Stream every leaf into ``path``; returns the rows (steps x envs) written."""
     blocks = StepBlocks(store)
     method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
@@ -81,11 +84,11 @@ def write_arrays(store: Any, path: str, compress: bool, progress: Any) -> int:
     return rows
 
 
-def _specs(store: Any) -> list[Any]:
+def _specs(store: Exportable) -> list[Any]:
     return flatten(store.spec)
 
 
-def _leaf_blocks(store: Any, index: int) -> Any:
+def _leaf_blocks(store: Exportable, index: int) -> Any:
     """Blocks of one leaf, sized for that leaf alone."""
     spec = flatten(store.spec)[index]
     k = max(1, BLOCK_BYTES // max(1, store.num_envs * spec.nbytes))

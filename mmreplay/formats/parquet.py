@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from .base import (
     pyarrow,
     spec_json,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
 FIRST_FILE = "part-00000.parquet"
@@ -138,7 +141,7 @@ def _field(pa: Any, name: str, spec: ArraySpec) -> Any:
     return pa.field(name, typ, metadata=meta)
 
 
-def write(store: Any, out: str, options: ExportOptions, file_bytes: int = FILE_BYTES) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions, file_bytes: int = FILE_BYTES) -> ExportResult:
     name, _, level = (options.compression or "snappy").partition(":")
     pa, pq = pyarrow("the parquet format", "export")
     roles = Roles.of(store)

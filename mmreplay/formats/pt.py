@@ -17,13 +17,16 @@ import os
 import struct
 import zipfile
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError
 from ..spec import flatten
 from .base import EXPORT_MARK, ExportOptions, ExportResult, Source, StepBlocks, Target, arrays_source, need
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 
 def _placeholder(torch: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
@@ -52,7 +55,7 @@ def _record_offsets(path: str) -> dict[str, tuple[int, int]]:
 COMPRESSIONS: tuple[str, ...] = ()  # torch.save writes an uncompressed zip
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     progress = options.progress
     with Target(out, "file", options.force, fmt="pt", source=store.path) as target:  # a refusal needs no torch
         torch = need("torch", "the pt format", "torch")
@@ -117,7 +120,7 @@ def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
 
 
 def _save_in_memory(
-    torch: Any, store: Any, blocks: StepBlocks, specs: list[Any], path: str, progress: Any
+    torch: Any, store: Exportable, blocks: StepBlocks, specs: list[Any], path: str, progress: Any
 ) -> None:
     """Without ``skip_data`` the tensors are assembled in memory, then saved."""
     arrays = [np.empty((blocks.steps, store.num_envs, *s.shape), s.dtype.newbyteorder("=")) for s in specs]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from .base import (
     need,
     spec_json,
 )
+
+if TYPE_CHECKING:
+    from .base import Exportable
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
 #: bytes per chunk aimed at (along the step axis)
@@ -106,7 +109,7 @@ class _LeafWriter:
         self.k += 1
 
 
-def write(store: Any, out: str, options: ExportOptions) -> ExportResult:
+def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     zarr = need("zarr", "the zarr format", "zarr")
     with Target(out, "folder", options.force, fmt="zarr", source=store.path) as target:
         specs = flatten(store.spec)

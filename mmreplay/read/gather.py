@@ -442,11 +442,65 @@ def read_rows(store: Readable, steps: Any, envs: Any) -> Any:
             raise IndexError(f"{store.path}: env index out of range for {store.num_envs} envs")
     reader = reader_for(store)
     out = reader.take((steps % reader.capacity) * reader.num_envs + envs)
-    if store.mode == "r" and steps.size:
-        lowest = int(steps.min())
-        if lowest < store.live_first():
-            raise NotEnoughDataError(
-                f"{store.path}: step {lowest} was overwritten by the writer while it was read; "
-                "call refresh() and read again"
-            )
+    if steps.size:
+        check_retained(store, int(steps.min()))
     return reader.pack(out)
+
+
+def check_retained(store: Readable, lowest: int) -> None:
+    """The seqlock check of a reader: were the rows read, from step ``lowest`` on, still
+    retained after the read?"""
+    if store.mode != "r":
+        return
+    first = store.live_first()
+    if lowest < first:
+        raise NotEnoughDataError(
+            f"{store.path}: step {lowest} was overwritten by the writer while it was read "
+            f"(the oldest retained is now {first}); call refresh() and read again"
+        )
+
+
+def steps_of(store: Readable, index: Any) -> tuple[np.ndarray | int, bool]:
+    """Global step ids of a logical index over the retained steps, and whether it is one."""
+    first, end = store.window[:2]
+    n = end - first
+    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+        i = int(index)
+        if not -n <= i < n:
+            raise IndexError(f"{store.path}: index {i} out of range for {n} committed steps")
+        return first + (i % n), True
+    if isinstance(index, slice):
+        return first + np.arange(n)[index], False
+    idx = np.asarray(index)
+    if idx.dtype.kind not in "iu":
+        raise IndexError(f"{store.path}: expected an int, a slice or an integer array, got {idx.dtype}")
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"{store.path}: index out of range for {n} committed steps")
+    return first + (idx % max(n, 1)), False
+
+
+def read_steps(store: Readable, steps: Any, leaves: list[int] | None = None) -> list[np.ndarray]:
+    """Leaf arrays (flatten order) for global step ids, each ``[*steps.shape, num_envs, *shape]``.
+
+    ``leaves`` picks leaves by their flatten-order index (default: all), for callers
+    that handle one leaf at a time. Raises :class:`~mmreplay.NotEnoughDataError` when
+    a step is not retained or was overwritten by the writer while it was read.
+    """
+    store.check_open()
+    slots = np.asarray(steps, dtype=np.int64) % store.capacity
+    read = store.leaves
+    out = [np.array(leaf.read(slots)) for leaf in (read if leaves is None else [read[i] for i in leaves])]
+    if np.size(steps):
+        check_retained(store, int(np.min(steps)))
+    return out
+
+
+def get_steps(store: Readable, index: Any) -> Any:
+    """Stored steps by logical index (0 = oldest retained, -1 = newest committed).
+
+    An int gives the nest of ``[num_envs, *shape]`` arrays; a slice or an index array
+    gives ``[k, num_envs, *shape]``. The arrays are copies.
+    """
+    store.check_open()
+    steps, _ = steps_of(store, index)
+    return unflatten(store.spec, read_steps(store, steps))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotEnoughDataError
-from .base import Draw, Sampler, Window
+from .base import Draw, Host, Sampler, Window
 
 __all__ = ["MemoryEmptyError", "PhysicalRows", "TorchDrawRule"]
 
@@ -38,7 +38,7 @@ class PhysicalRows:
     def __init__(self, memory_size: int, num_envs: int):
         self.memory_size = memory_size
         self.num_envs = num_envs
-        self.store: Any = None
+        self.store: Host | None = None
         self.origin = 0
         self.env_index = 0
 

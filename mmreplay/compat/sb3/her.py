@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch as th
@@ -25,6 +25,9 @@ from ...errors import BadInputError, NotEnoughDataError
 from ...read.hindsight import check_strategy, goal_paths, goal_steps, relabel, reward_function
 from ...spec import unflatten
 from .buffers import DictReplayBuffer
+
+if TYPE_CHECKING:
+    from ...store import Store
 
 __all__ = ["HerReplayBuffer"]
 
@@ -202,7 +205,7 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
 
     def _relabel(
         self,
-        store: Any,
+        store: Store,
         leaves: dict[str, np.ndarray],
         items: np.ndarray,
         steps: np.ndarray,
