@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 import mmreplay as mr
-from mmreplay.backends import native_rows
+from mmreplay.backends import native_rows, row_frames
 
 from .atari_like import rollout
 from .cold_rows import drop_cache, files_under
@@ -225,7 +225,10 @@ class Store(System):
         return self.store.sample(n, num_steps=num_steps, rng=self.rng, layout=self.layout)
 
     def settle(self) -> None:
+        """Commit, then wait for the encoding the adds left in the background (a commit
+        does not): the block pays for its own work, not the next system's block."""
         self.store.commit()
+        row_frames.wait_background(self.store.stored_leaves)
 
     def bytes(self) -> tuple[int | None, int]:
         meta = self.store.metadata

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ import pytest
 import zarr
 
 import mmreplay as mr
-from mmreplay.backends import native_rows
+from mmreplay.backends import native_rows, row_frames
 
 pytest.importorskip("zstandard")
 pytest.importorskip("cramjam")
@@ -485,7 +486,7 @@ class FailingEncoder:
 
 @pytest.mark.parametrize("way", ["native", "python"])
 @pytest.mark.parametrize("codec", CODECS)
-def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commit_before_holds(tmp_path, codec, way):
+def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_committed_rows_hold(tmp_path, codec, way):
     spec = {"x": mr.ArraySpec((6, 7), "uint8")}
     rows = np.arange(5 * 2 * 42, dtype=np.uint8).reshape(5, 2, 6, 7)
     store = mr.create(tmp_path / "b", spec, capacity=8, num_envs=2, compression=codec, chunk_steps=4)
@@ -502,16 +503,13 @@ def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commi
         leaf.frames._native_encodes, leaf.frames._native_encoders = False, {}
         leaf.frames.encode_rows = fails  # the Python encoding thread's codec
     store.add({"x": rows[1]})  # inside the segment: its rows are encoded in the background
+    store.commit()  # the row is durable raw in staging: the commit does not wait for its encoding
     with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed.*the codec failed"):
-        store.commit()
-    with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed"):
-        store.add({"x": rows[2]})
-    with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed"):
-        store.close()
-    with mr.open(tmp_path / "b", mode="a") as store:
-        assert store.total_steps == 1
-        np.testing.assert_array_equal(store.get(slice(None))["x"], rows[:1])
-        for t in range(1, 5):  # step 3 ends the segment: sealed with every frame
+        store.close()  # sealing the open segment waits for its frames
+    with mr.open(tmp_path / "b", mode="a") as store:  # closed all the same: the lock is free
+        assert store.total_steps == 2
+        np.testing.assert_array_equal(store.get(slice(None))["x"], rows[:2])
+        for t in range(2, 5):  # step 3 ends the segment: sealed with every frame, encoded again
             store.add({"x": rows[t]})
     with mr.open(tmp_path / "b") as reader:
         np.testing.assert_array_equal(reader.get(slice(None))["x"], rows)
@@ -540,18 +538,20 @@ def test_a_writer_left_open_at_exit_hands_its_last_rows_to_the_encoder_and_keeps
     assert zarr_array(path, "x")[:45, 0, 0, 0].tolist() == list(range(45))  # sealed at exit
 
 
-def _background_threads() -> tuple[int, int]:
-    """Threads of this process that encode or seal row frames: (native, Python); native
-    ones are found by their OS name."""
+def _background_threads() -> tuple[int, int, int]:
+    """Threads of this process that encode or seal row frames: (native encoding, native
+    storing shards, Python); native ones are found by their OS name."""
     import threading
 
-    native = 0
+    native = {"mmreplay-encode": 0, row_frames.SHARD_THREAD: 0}
     for task in Path(f"/proc/{os.getpid()}/task").glob("*/comm"):
         try:
-            native += task.read_text().strip() == "mmreplay-encode"
+            name = task.read_text().strip()
         except OSError:  # the thread ended
-            pass
-    return native, sum(t.name == "mmreplay-encode" for t in threading.enumerate())
+            continue
+        if name in native:
+            native[name] += 1
+    return *native.values(), sum(t.name == "mmreplay-encode" for t in threading.enumerate())
 
 
 def test_a_writer_encodes_every_row_leaf_on_one_pool_the_frames_side_ring_included(tmp_path):
@@ -575,12 +575,14 @@ def test_a_writer_encodes_every_row_leaf_on_one_pool_the_frames_side_ring_includ
             obs = frames[t + 1]
             if t == 20:
                 assert len({id(leaf.encoder) for leaf in leaves}) == 1
-                # native threads encode (where the extension is), up to one per core, one
-                # Python thread seals segments (and encodes where rows encode in Python)
+                # native threads encode (where the extension is), up to one per core, and
+                # one stores the shards of segments; else one Python thread does both
                 workers = len(leaves[0].encoder.workers)
                 if leaves[0].frames.native_encoder() is not None:
                     assert 1 <= workers <= native_rows.encode_threads()
-                assert _background_threads() == (before[0] + workers, before[1] + 1)
+                    assert _background_threads() == (before[0] + workers, before[1] + 1, before[2])
+                else:
+                    assert _background_threads() == (before[0], before[1], before[2] + 1)
         got = store.get(slice(None))
     assert _background_threads() == before  # stopped when the last leaf closed
     np.testing.assert_array_equal(got["depth"], depth[8:])
@@ -593,21 +595,22 @@ def test_a_writer_encodes_every_row_leaf_on_one_pool_the_frames_side_ring_includ
 SEALING_WRITER = textwrap.dedent(
     """
     import sys, threading, numpy as np, mmreplay as mr
+    from concurrent.futures import Future
     from mmreplay.backends import row_frames
     path, codec, when = sys.argv[1:4]
-    store_shard = row_frames.RowFrameLeaf._write_shard_file
+    store_later = row_frames.RowFrameLeaf._store_later
     seals, sealing = [], threading.Event()
 
-    def held(self, k, frames):  # the background seal of segment 3 on the second lap never ends
+    def held(self, k, frames, jobs):  # the background seal of segment 3 on the second lap never ends
         seals.append(k)
         if seals.count(3) == 2:
             if when == "after the rename":
-                store_shard(self, k, frames)
+                store_later(self, k, frames, jobs).result()
             sealing.set()
-            threading.Event().wait()
-        store_shard(self, k, frames)
+            return Future()
+        return store_later(self, k, frames, jobs)
 
-    row_frames.RowFrameLeaf._write_shard_file = held
+    row_frames.RowFrameLeaf._store_later = held
     spec = {"obs": mr.ArraySpec((8, 8), "uint8"), "step": mr.ArraySpec((), "int64")}
     store = mr.create(path, spec, capacity=40, num_envs=2, compression={"obs": codec}, chunk_steps=6)
     for t in range(67):
@@ -663,15 +666,33 @@ def test_a_reader_reads_a_segment_being_sealed_from_staging_and_the_writer_its_r
     from mmreplay.backends.row_frames import RowFrameLeaf
 
     started, release = threading.Event(), threading.Event()
-    store_shard = RowFrameLeaf._write_shard_file
+    store_later = RowFrameLeaf._store_later
 
-    def held(self, k, frames):
-        if k == 1:
-            started.set()
-            release.wait(60)
-        store_shard(self, k, frames)
+    class Held:
+        """Segment 1's seal, begun once released (by the writer's thread, which looks at it)."""
 
-    monkeypatch.setattr(RowFrameLeaf, "_write_shard_file", held)
+        def __init__(self, leaf, *args):
+            self.leaf, self.args, self.seal = leaf, args, None
+
+        def _begun(self):
+            if self.seal is None:
+                self.seal = store_later(self.leaf, *self.args)
+            return self.seal
+
+        def done(self):
+            return release.is_set() and self._begun().done()
+
+        def result(self, timeout=None):
+            assert release.wait(timeout)
+            return self._begun().result()
+
+    def held(self, k, frames, jobs):
+        if k != 1:
+            return store_later(self, k, frames, jobs)
+        started.set()
+        return Held(self, k, frames, jobs)
+
+    monkeypatch.setattr(RowFrameLeaf, "_store_later", held)
     data = values(np.random.default_rng(4), 13, 2, (4,), "int32")
     path = tmp_path / "b"
     # 64 steps: the store's own commits that reserve slots ahead come every 8 steps
@@ -720,13 +741,22 @@ def test_steps_added_one_by_one_while_segments_seal_slowly_read_back_after_commi
     from mmreplay.backends import native_rows, row_frames
 
     monkeypatch.setenv(native_rows.ENV, "1" if native else "0")
-    store_when_encoded = row_frames.RowFrameLeaf._store_when_encoded
+    store_later = row_frames.RowFrameLeaf._store_later
 
-    def slowly(self, *args):
-        threading.Event().wait(0.02)
-        store_when_encoded(self, *args)
+    class Slow:
+        """A seal seen done 20 ms after it began at the soonest."""
 
-    monkeypatch.setattr(row_frames.RowFrameLeaf, "_store_when_encoded", slowly)
+        def __init__(self, seal):
+            self.seal, self.at = seal, time.monotonic() + 0.02
+
+        def done(self):
+            return time.monotonic() >= self.at and self.seal.done()
+
+        def result(self):
+            threading.Event().wait(max(0.0, self.at - time.monotonic()))
+            return self.seal.result()
+
+    monkeypatch.setattr(row_frames.RowFrameLeaf, "_store_later", lambda self, *args: Slow(store_later(self, *args)))
     rng = np.random.default_rng(4)
     data = values(rng, 61, 2, (3, 5), "uint8")
     spec = {"x": mr.ArraySpec((3, 5), "uint8"), "y": mr.ArraySpec((), "float32")}

@@ -29,6 +29,7 @@ __all__ = [
     "open_inside",
     "read_inside",
     "replace_inside",
+    "replacement",
     "unsafe_entries",
 ]
 
@@ -69,13 +70,17 @@ def _walk(folder: str, parts: list[str], create: bool) -> int:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for i, part in enumerate(parts):
-            if create:
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
             try:
-                inner = os.open(part, _FOLDER, dir_fd=fd)
+                try:
+                    inner = os.open(part, _FOLDER, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:  # (made only where missing: most folders are there, and a failed mkdir costs more)
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    inner = os.open(part, _FOLDER, dir_fd=fd)
             except OSError as exc:
                 where = os.path.join(folder, *parts[: i + 1])
                 try:
@@ -151,13 +156,19 @@ def checked_inside(folder: str | os.PathLike, rel: str) -> str:
     return os.path.join(os.fspath(folder), *rel.split("/"))
 
 
+def replacement(folder: str | os.PathLike, rel: str) -> tuple[int, str, str]:
+    """Where ``folder/rel`` is written whole: a descriptor of its folder (made where
+    missing, reached without links; the caller closes it), a new file's name there to
+    write first, and the name to rename it over."""
+    parts = rel.split("/")
+    return _walk(os.fspath(folder), parts[:-1], True), f"{parts[-1]}.{uuid.uuid4().hex}.partial", parts[-1]
+
+
 def replace_inside(folder: str | os.PathLike, rel: str, data: bytes | memoryview, exclusive: bool = False) -> None:
     """Write ``folder/rel`` whole by a new file renamed over it (``exclusive``: only
     where nothing is yet), making missing folders; no link is followed on the way."""
-    parts = rel.split("/")
-    dfd = _walk(os.fspath(folder), parts[:-1], True)
+    dfd, tmp, name = replacement(folder, rel)
     try:
-        tmp = f"{parts[-1]}.{uuid.uuid4().hex}.partial"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644, dir_fd=dfd)
         try:
             try:
@@ -167,9 +178,9 @@ def replace_inside(folder: str | os.PathLike, rel: str, data: bytes | memoryview
             finally:
                 os.close(fd)
             if exclusive:
-                os.link(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+                os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
             else:
-                os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         finally:
             try:
                 os.unlink(tmp, dir_fd=dfd)
