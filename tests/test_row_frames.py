@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from conftest import verify_cli
 
 import mmreplay as mr
 from mmreplay.backends import native_rows, row_frames
@@ -660,6 +661,109 @@ def test_kill_9_while_a_segment_is_sealed_in_the_background_keeps_every_committe
     with mr.open(path) as reader:
         expect(reader, 70)
     assert zarr_array(path, "obs")[18:24, 0, 0, 0].tolist() == list(range(58, 64))  # segment 3's shard, resealed
+
+
+GATED_WRITER = textwrap.dedent(
+    """
+    import sys, threading, numpy as np, mmreplay as mr
+    from mmreplay.backends import row_frames
+    path, codec = sys.argv[1:3]
+    row_frames.ENCODE_BATCH_ROWS = 1  # each step's rows go to the encoding thread as it is added
+    spec = {"obs": mr.ArraySpec((8, 8), "uint8"), "step": mr.ArraySpec((), "int64")}
+    store = mr.create(path, spec, capacity=24, num_envs=2, compression={"obs": codec}, chunk_steps=8)
+    (leaf,) = [leaf for leaf in store.stored_leaves if leaf.info.path == "obs"]
+    encode, entered, gate = leaf.frames.encode_rows, threading.Event(), threading.Event()
+
+    def gated(rows):  # the encoding thread's codec: the rows of step 13 wait at the gate
+        if rows[0, 0] == 13:
+            entered.set()
+            gate.wait()
+        return encode(rows)
+
+    leaf.frames.encode_rows = gated
+    for t in range(14):  # steps 0..7 fill segment 0 (sealed), 8..13 are in staging
+        store.add({"obs": np.full((2, 8, 8), t, np.uint8), "step": np.full(2, t)})
+    assert entered.wait(60)
+    threading.Timer(60, gate.set).start()  # what a commit that waited for step 13 would need
+    store.commit()
+    print("committed", store.committed_steps, "gate", "open" if gate.is_set() else "shut", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_commit_returns_while_a_step_it_made_durable_is_still_encoding_and_kill_9_keeps_it(tmp_path, writers, codec):
+    """A commit waits only for what it makes durable: the rows of the segment the head is
+    in are durable raw in staging, so it returns while their encoding is held (the
+    encoding thread's codec waits at a gate for step 13); kill -9 then loses none of them,
+    and the next writer encodes them again."""
+    path = str(tmp_path / "b")
+    env = {**os.environ, native_rows.ENV: "0"}  # rows encoded on the Python thread, where the gate is
+    proc = writers.start(GATED_WRITER, path, codec, stdin=subprocess.PIPE, env=env)
+    line = writers.kill_when(proc, lambda line: line.startswith("committed"))
+    assert line.split() == ["committed", "14", "gate", "shut"], line
+    assert verify_cli(path) == (0, [])
+    with mr.open(path) as reader:
+        got = reader.get(slice(None))
+        assert reader.total_steps == 14 and got["step"][:, 0].tolist() == list(range(14))
+        np.testing.assert_array_equal(got["obs"], np.arange(14, dtype=np.uint8)[:, None, None, None] + np.zeros((1, 2, 8, 8), np.uint8))
+    with mr.open(path, "a") as store:  # encodes steps 8..13 again, and seals segment 1 with them
+        for t in range(14, 16):
+            store.add({"obs": np.full((2, 8, 8), t, np.uint8), "step": np.full(2, t)})
+    assert zarr_array(path, "obs")[:16, 0, 0, 0].tolist() == list(range(16))
+
+
+ASYNC_WRITER = textwrap.dedent(
+    """
+    import sys, numpy as np, mmreplay as mr
+    path, seed = sys.argv[1], int(sys.argv[2])
+    rng = np.random.default_rng(seed)
+    store = mr.open(path, "a")
+    t = store.total_steps
+    pattern = np.arange(4 * 48 * 48, dtype=np.int64).reshape(4, 48, 48)
+    while True:
+        store.add({"obs": ((pattern * (t + 1)) % 251).astype(np.uint8), "step": np.full(4, t)})
+        t += 1
+        if rng.random() < 0.3:
+            store.commit()
+            print("committed", store.committed_steps, flush=True)
+    """
+)
+
+
+def _nth_commit(n: int):
+    """A writer's line is the ``n``-th it prints of its commits."""
+    left = [n]
+
+    def ready(line: str) -> bool:
+        left[0] -= line.startswith("committed")
+        return left[0] == 0
+
+    return ready
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_kill_9_just_after_commits_while_rows_encode_in_the_background_loses_no_committed_step(tmp_path, writers, codec):
+    """Writers killed right after a commit, when the encoding of the rows it made durable,
+    and a segment's shard, are in flight on the native threads: every committed step is
+    there, bit-exact, and verify agrees, kill after kill."""
+    path = str(tmp_path / "b")
+    spec = {"obs": mr.ArraySpec((48, 48), "uint8"), "step": mr.ArraySpec((), "int64")}
+    mr.create(path, spec, capacity=50, num_envs=4, compression={"obs": codec}, chunk_steps=4).close()
+    pattern = np.arange(4 * 48 * 48, dtype=np.int64).reshape(4, 48, 48)
+    rng = np.random.default_rng(7)
+    for run in range(4):
+        proc = writers.start(ASYNC_WRITER, path, run)
+        line = writers.kill_when(proc, _nth_commit(int(rng.integers(2, 12))))
+        assert verify_cli(path) == (0, [])
+        with mr.open(path) as reader:
+            assert reader.total_steps >= int(line.split()[1])  # (a commit may come between)
+            got = reader.get(slice(None))
+            steps = got["step"][:, 0]
+            assert steps.tolist() == list(range(reader.first_step, reader.total_steps))
+            want = ((pattern[None] * (steps[:, None, None, None] + 1)) % 251).astype(np.uint8)
+            np.testing.assert_array_equal(got["obs"], want)
 
 
 def test_a_reader_reads_a_segment_being_sealed_from_staging_and_the_writer_its_rows_written_ahead(tmp_path, monkeypatch):

@@ -203,6 +203,8 @@ class _Encoder:
     def add(self, leaf: RowFrameLeaf, frames: list[bytes | None], lo: int, hi: int, source: np.ndarray) -> None:
         """Encode rows ``[lo, hi)`` of ``source`` (``leaf``'s staging rows, or the rows it
         writes ahead) into ``frames[lo:hi]`` later."""
+        if self.rows + hi - lo >= ENCODE_BATCH_ROWS:
+            self.check()  # what failed is raised here, once a batch, before the rows are taken
         for part in self.parts:
             if part[0] is leaf and part[1] is frames and part[3] == lo and part[4] is source:
                 part[3] = hi
@@ -211,7 +213,6 @@ class _Encoder:
             self.parts.append([leaf, frames, lo, hi, source])
         self.rows += hi - lo
         if self.rows >= ENCODE_BATCH_ROWS:
-            self.check()  # what failed is raised here, once a batch
             self.hand_over()
 
     def holds(self, leaf: RowFrameLeaf) -> bool:
@@ -242,7 +243,7 @@ class _Encoder:
         frames of ``jobs`` once they are encoded."""
         if self.shard_writer is None:
             self.shard_writer = native_rows.NativeEncoder.worker(SHARD_THREAD)
-        full = leaf.disk_full(k)
+        full = leaf._disk_full(k)
         with disk_full_as(full):  # (the shard's folder is made here if missing)
             folder, tmp, name = replacement(leaf.source.path, leaf.shard_key(k))
         try:
@@ -683,10 +684,10 @@ class RowFrameLeaf(RowFrameReads):
 
     def _write_shard_file(self, k: int, frames: list[bytes | None]) -> None:
         """Write then rename: a shard file is never torn."""
-        with disk_full_as(self.disk_full(k)):
+        with disk_full_as(self._disk_full(k)):
             self.source.replace(self.shard_key(k), shard_bytes(frames))
 
-    def disk_full(self, k: int) -> str:
+    def _disk_full(self, k: int) -> str:
         """What a full disk while storing segment ``k``'s shard means."""
         return (
             f"{self.where}: no space left on the file system for segment {k} "
@@ -698,9 +699,11 @@ class RowFrameLeaf(RowFrameReads):
         # are durable raw in staging, encoded or not (a writer reopening after a crash
         # encodes them again), so their encoding goes on; the rows written ahead are in
         # memory: they move into staging once the segment before is sealed, which waits
-        # for that segment's encoding and shard. What the encoding raised so far is raised.
+        # for that segment's encoding and shard. A writer whose encoding failed before
+        # commits no more (it raised that failure once already).
         self._promote(wait=True)
-        self._check_encoder()
+        if self.encoder is not None and self.encoder.failed is not None:
+            self.encoder.check()
         if fsync:
             self.mm.flush()
             fsync_files([self.shard_path(k) for k in self.sealed_since_flush])
