@@ -1182,7 +1182,8 @@ static void put_le(unsigned char *p, uint64_t v, int bytes) {
 
 typedef struct {
     task_t head;
-    int dirfd;       /* the shard's folder (a duplicate, closed when done) */
+    int dirfd;        /* where the shard's folders start (a duplicate, closed when done) */
+    char *folders;    /* the shard's folders from there ("a/b/c"; "": none), made if missing */
     char *tmp, *name; /* the new file, and the shard it is renamed over */
     int64_t rows;
     const char **frame; /* per row: its frame, or NULL (none: a missing row) */
@@ -1196,6 +1197,37 @@ typedef struct {
     const char *failed_call; /* which */
     encode_job_t *failed_job; /* an encoding job that failed */
 } shard_job_t;
+
+/* Enter job->folders from job->dirfd, making the missing ones, never through a link; on
+ * success job->dirfd is the shard's folder. 0, or -1 with the error set. */
+static int enter_folders(shard_job_t *job) {
+    char *path = strdup(job->folders), *save = NULL; /* (strtok_r writes into it) */
+    if (path == NULL) {
+        job->error = ENOMEM;
+        job->failed_call = "malloc";
+        return -1;
+    }
+    for (char *part = strtok_r(path, "/", &save); part != NULL; part = strtok_r(NULL, "/", &save)) {
+        int inner = openat(job->dirfd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (inner < 0 && errno == ENOENT) { /* made only where missing: most folders are there */
+            if (mkdirat(job->dirfd, part, 0755) != 0 && errno != EEXIST) {
+                job->error = errno;
+                job->failed_call = "mkdir";
+                break;
+            }
+            inner = openat(job->dirfd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        }
+        if (inner < 0) {
+            job->error = errno;
+            job->failed_call = "open folder";
+            break;
+        }
+        close(job->dirfd);
+        job->dirfd = inner;
+    }
+    free(path);
+    return job->error ? -1 : 0;
+}
 
 static void run_shard(task_t *j) {
     shard_job_t *job = (shard_job_t *)j;
@@ -1235,6 +1267,7 @@ static void run_shard(task_t *j) {
         pos += job->length[r];
     }
     put_le(buf + body + index, crc32c(buf + body, index), 4);
+    if (enter_folders(job) != 0) goto done;
     fd = openat(job->dirfd, job->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
         job->error = errno;
@@ -1279,6 +1312,7 @@ static void free_shard(PyObject *capsule) {
     for (int64_t i = 0; i < job->njobs; i++) Py_XDECREF(job->job_capsules[i]);
     Py_XDECREF(job->frames);
     PyObject *worker_capsule = PyCapsule_GetContext(capsule);
+    free(job->folders);
     free(job->tmp);
     free(job->name);
     free(job->frame);
@@ -1291,18 +1325,19 @@ static void free_shard(PyObject *capsule) {
 }
 
 PyDoc_STRVAR(submit_shard_doc,
-             "submit_shard(worker, dirfd, tmp, name, frames, jobs) -> job\n\n"
+             "submit_shard(worker, dirfd, folders, tmp, name, frames, jobs) -> job\n\n"
              "Hand a segment's shard to the worker: frames is a sequence of bytes or None (a missing row),\n"
              "one per row; jobs a sequence of (row, submit_rows job) whose frames take the place of frames\n"
              "from that row on, in order, once encoded. The shard (frames, index, CRC-32C) is written to a\n"
-             "new file tmp in the folder dirfd (which stays the caller's), renamed over name; shard_done(job)\n"
+             "new file tmp in the folder dirfd/folders ('a/b', '' for dirfd itself: made where missing,\n"
+             "entered without following links; dirfd stays the caller's), renamed over name; shard_done(job)\n"
              "says when.");
 
 static PyObject *submit_shard(PyObject *self, PyObject *args) {
     PyObject *worker_o, *frames_o, *jobs_o;
     int dirfd;
-    const char *tmp, *name;
-    if (!PyArg_ParseTuple(args, "OissOO", &worker_o, &dirfd, &tmp, &name, &frames_o, &jobs_o)) return NULL;
+    const char *folders, *tmp, *name;
+    if (!PyArg_ParseTuple(args, "OisssOO", &worker_o, &dirfd, &folders, &tmp, &name, &frames_o, &jobs_o)) return NULL;
     worker_t *w = PyCapsule_GetPointer(worker_o, WORKER_CAPSULE);
     if (w == NULL) return NULL;
     shard_job_t *job = calloc(1, sizeof(shard_job_t));
@@ -1325,9 +1360,11 @@ static PyObject *submit_shard(PyObject *self, PyObject *args) {
     job->jobs = calloc(njobs ? njobs : 1, sizeof(encode_job_t *));
     job->lo = calloc(njobs ? njobs : 1, sizeof(int64_t));
     job->job_capsules = calloc(njobs ? njobs : 1, sizeof(PyObject *));
+    job->folders = strdup(folders);
     job->tmp = strdup(tmp);
     job->name = strdup(name);
-    if (!job->frame || !job->length || !job->jobs || !job->lo || !job->job_capsules || !job->tmp || !job->name) {
+    if (!job->frame || !job->length || !job->jobs || !job->lo || !job->job_capsules || !job->folders || !job->tmp ||
+        !job->name) {
         Py_DECREF(jobs);
         PyErr_NoMemory();
         goto fail;
@@ -1391,7 +1428,7 @@ static PyObject *shard_done(PyObject *self, PyObject *args) {
     if (job->failed_job != NULL) return encode_error(job->failed_job->enc, job->failed_job->failed, job->failed_job->failed_result);
     if (job->error) {
         errno = job->error;
-        PyObject *what = PyUnicode_FromFormat("%s (%s)", job->tmp, job->failed_call);
+        PyObject *what = PyUnicode_FromFormat("%s/%s (%s)", job->folders, job->tmp, job->failed_call);
         PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, what);
         Py_XDECREF(what);
         return NULL;

@@ -306,12 +306,15 @@ class NativeEncoder:
         return self._ext.job_frames(job, wait)
 
 
-def store_shard(worker: Any, folder: int, tmp: str, name: str, frames: list[bytes | None], jobs: list[tuple[int, Any]]) -> Any:
+def store_shard(
+    worker: Any, folder: int, folders: str, tmp: str, name: str, frames: list[bytes | None], jobs: list[tuple[int, Any]]
+) -> Any:
     """Hand a segment's shard to ``worker`` (:meth:`NativeEncoder.worker`): ``frames`` (bytes,
     or None for a missing row), each job's frames (``(row, job)`` of :meth:`NativeEncoder.submit`)
-    in their place from that row on once encoded, written to ``tmp`` in the open folder
-    ``folder`` and renamed over ``name``, without the GIL; a job for :func:`shard_stored`."""
-    return sys.modules["mmreplay._rowdecode"].submit_shard(worker, folder, tmp, name, frames, jobs)
+    in their place from that row on once encoded, written to ``tmp`` in the folder
+    ``folders`` ("a/b") of the open folder ``folder`` (made where missing, entered without
+    following links) and renamed over ``name``, without the GIL; a job for :func:`shard_stored`."""
+    return sys.modules["mmreplay._rowdecode"].submit_shard(worker, folder, folders, tmp, name, frames, jobs)
 
 
 def shard_stored(job: Any, wait: bool) -> bool:

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..errors import CorruptBufferError, Error
 from ..io import ByteSource
-from ..io.local import replacement
+from ..io.local import open_folder, partial_name
 from ..metadata import LeafInfo
 from . import native_rows
 from .base import disk_full_as, fsync_files, preallocate
@@ -243,14 +243,11 @@ class _Encoder:
         frames of ``jobs`` once they are encoded."""
         if self.shard_writer is None:
             self.shard_writer = native_rows.NativeEncoder.worker(SHARD_THREAD)
-        full = leaf._disk_full(k)
-        with disk_full_as(full):  # (the shard's folder is made here if missing)
-            folder, tmp, name = replacement(leaf.source.path, leaf.shard_key(k))
-        try:
-            job = native_rows.store_shard(self.shard_writer, folder, tmp, name, frames, [(j.lo, j.job) for j in jobs])
-        finally:
-            os.close(folder)
-        return _NativeSeal(job, leaf.where, full)
+        folders, _, name = leaf.chunk_key(k).rpartition("/")  # inside the leaf's folder, made if missing
+        job = native_rows.store_shard(
+            self.shard_writer, leaf.array_folder(), folders, partial_name(name), name, frames, [(j.lo, j.job) for j in jobs]
+        )
+        return _NativeSeal(job, leaf.where, leaf._disk_full(k))
 
     def check(self, wait: bool = False) -> None:
         """Put the frames of the batches done in place; raise what the encoding raised
@@ -381,6 +378,7 @@ class RowFrameLeaf(RowFrameReads):
         self.ahead: np.ndarray | None = None
         self._open_reads(source, rel, chunk_key, writable)
         self.folder = source.where(rel)  # the zarr array folder (a writer's: local)
+        self._folder_fd = -1  # its descriptor, for the native shard thread (opened once needed)
         self.sealed_since_flush: set[int] = set()
         # the writer's frames of the staging segment's rows (None: not written this lap)
         self.pending: list[bytes | None] | None = None
@@ -687,6 +685,13 @@ class RowFrameLeaf(RowFrameReads):
         with disk_full_as(self._disk_full(k)):
             self.source.replace(self.shard_key(k), shard_bytes(frames))
 
+    def array_folder(self) -> int:
+        """A descriptor of the leaf's zarr array folder (kept until the leaf closes): where
+        the native shard thread enters its shards' folders."""
+        if self._folder_fd < 0:
+            self._folder_fd = open_folder(self.source.path, self.rel)
+        return self._folder_fd
+
     def _disk_full(self, k: int) -> str:
         """What a full disk while storing segment ``k``'s shard means."""
         return (
@@ -735,6 +740,9 @@ class RowFrameLeaf(RowFrameReads):
             if self.encoder is not None:
                 self.encoder.leave()
                 self.encoder = None
+            if self._folder_fd >= 0:  # (the shard thread has a copy of its own)
+                os.close(self._folder_fd)
+                self._folder_fd = -1
             self.frames = None  # type: ignore[assignment]
             self.header = None
             self.staged = None

@@ -27,9 +27,10 @@ __all__ = [
     "checked_inside",
     "folder_inside",
     "open_inside",
+    "open_folder",
+    "partial_name",
     "read_inside",
     "replace_inside",
-    "replacement",
     "unsafe_entries",
 ]
 
@@ -145,8 +146,13 @@ def read_inside(folder: str | os.PathLike, rel: str, limit: int, what: str = "th
 
 def folder_inside(folder: str | os.PathLike, rel: str) -> str:
     """``folder/rel`` once it is a folder reached without links."""
-    os.close(_walk(os.fspath(folder), rel.split("/"), False))
+    os.close(open_folder(folder, rel))
     return os.path.join(os.fspath(folder), *rel.split("/"))
+
+
+def open_folder(folder: str | os.PathLike, rel: str) -> int:
+    """A descriptor of the folder ``folder/rel``, reached without links (the caller closes it)."""
+    return _walk(os.fspath(folder), rel.split("/"), False)
 
 
 def checked_inside(folder: str | os.PathLike, rel: str) -> str:
@@ -156,19 +162,19 @@ def checked_inside(folder: str | os.PathLike, rel: str) -> str:
     return os.path.join(os.fspath(folder), *rel.split("/"))
 
 
-def replacement(folder: str | os.PathLike, rel: str) -> tuple[int, str, str]:
-    """Where ``folder/rel`` is written whole: a descriptor of its folder (made where
-    missing, reached without links; the caller closes it), a new file's name there to
-    write first, and the name to rename it over."""
-    parts = rel.split("/")
-    return _walk(os.fspath(folder), parts[:-1], True), f"{parts[-1]}.{uuid.uuid4().hex}.partial", parts[-1]
+def partial_name(name: str) -> str:
+    """The name a new file is written under before it is renamed over ``name`` (a name
+    of its own: a dead writer's leftover is never in the way)."""
+    return f"{name}.{uuid.uuid4().hex}.partial"
 
 
 def replace_inside(folder: str | os.PathLike, rel: str, data: bytes | memoryview, exclusive: bool = False) -> None:
     """Write ``folder/rel`` whole by a new file renamed over it (``exclusive``: only
     where nothing is yet), making missing folders; no link is followed on the way."""
-    dfd, tmp, name = replacement(folder, rel)
+    parts = rel.split("/")
+    dfd = _walk(os.fspath(folder), parts[:-1], True)
     try:
+        tmp = partial_name(parts[-1])
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644, dir_fd=dfd)
         try:
             try:
@@ -178,9 +184,9 @@ def replace_inside(folder: str | os.PathLike, rel: str, data: bytes | memoryview
             finally:
                 os.close(fd)
             if exclusive:
-                os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+                os.link(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
             else:
-                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
         finally:
             try:
                 os.unlink(tmp, dir_fd=dfd)
