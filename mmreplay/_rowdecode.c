@@ -1059,6 +1059,14 @@ static int job_done(task_t *job) {
     return done;
 }
 
+/* Whether the job is done; with wait, once it is (the GIL let go meanwhile). */
+static int finished(task_t *job, int wait) {
+    if (job_done(job)) return 1;
+    if (!wait) return 0;
+    wait_job(job);
+    return 1;
+}
+
 /* Hand `job` to `w`, after the jobs handed to it before; the job's capsule keeps a
  * reference to the worker's, which outlives its jobs. */
 static void enqueue(worker_t *w, PyObject *worker_capsule, PyObject *job_capsule, task_t *job) {
@@ -1151,10 +1159,7 @@ static PyObject *job_frames(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Op", &capsule, &wait)) return NULL;
     encode_job_t *job = PyCapsule_GetPointer(capsule, JOB_CAPSULE);
     if (job == NULL) return NULL;
-    if (!job_done(&job->head)) {
-        if (!wait) Py_RETURN_NONE;
-        wait_job(&job->head);
-    }
+    if (!finished(&job->head, wait)) Py_RETURN_NONE;
     if (job->failed >= 0) return encode_error(job->enc, job->failed, job->failed_result);
     return frames_list(job->out, job->sizes, job->n, job->bound);
 }
@@ -1421,11 +1426,9 @@ static PyObject *shard_done(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Op", &capsule, &wait)) return NULL;
     shard_job_t *job = PyCapsule_GetPointer(capsule, SHARD_CAPSULE);
     if (job == NULL) return NULL;
-    if (!job_done(&job->head)) {
-        if (!wait) Py_RETURN_FALSE;
-        wait_job(&job->head);
-    }
-    if (job->failed_job != NULL) return encode_error(job->failed_job->enc, job->failed_job->failed, job->failed_job->failed_result);
+    if (!finished(&job->head, wait)) Py_RETURN_FALSE;
+    encode_job_t *failed = job->failed_job;
+    if (failed != NULL) return encode_error(failed->enc, failed->failed, failed->failed_result);
     if (job->error) {
         errno = job->error;
         PyObject *what = PyUnicode_FromFormat("%s/%s (%s)", job->folders, job->tmp, job->failed_call);
