@@ -5,7 +5,7 @@ What each ending of a program keeps is said once, in docs/reliability.md. Here:
 
 - Each writer registers a ``weakref.finalize`` that holds the store's parts, not the
   store, so the store can still be garbage-collected (and is then closed); ``close()``
-  unregisters it (:func:`forget`).
+  unregisters it (:func:`closing`).
 - When the program ends (normally, by an uncaught exception, Ctrl-C, or a stop signal)
   the finalizers run from a hook the interpreter calls before it stops its thread pools
   (zarr's codecs need them to write a compressed chunk), or from ``atexit`` when a
@@ -18,7 +18,9 @@ What each ending of a program keeps is said once, in docs/reliability.md. Here:
   an exception in the main thread (``SystemExit(128 + signal)``), so ``finally`` blocks
   run and then the exit hooks commit. Only where the program left the signal at its
   default action, set from the main thread; the program's own handlers are never
-  replaced, and the default comes back when the last writer closes.
+  replaced, and the default comes back when the last writer closes: after its last
+  commit, so that a stop signal never cuts that commit short. One that lands while the
+  main thread closes a writer waits for the commit (:func:`closing`).
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import signal
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from .errors import Error
 
-__all__ = ["WRITER_WAIT", "STOP_SIGNALS", "close_when_dropped", "forget", "open_writers"]
+__all__ = ["WRITER_WAIT", "STOP_SIGNALS", "close_when_dropped", "closing", "open_writers"]
 
 log = logging.getLogger("mmreplay.store")
 
@@ -49,6 +52,9 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if 
 _open_writers: set[weakref.finalize] = set()
 _atexit_registered = False
 _exiting = False  # the exit hooks are closing the writers
+_closing = 0  # writers the main thread is closing: a stop signal waits for their commit
+_deferred: int | None = None  # the stop signal that landed meanwhile
+_collecting = False  # the main thread closes a dropped writer, in its finalizer
 
 
 def open_writers() -> int:
@@ -73,18 +79,50 @@ def close_when_dropped(store: Any, at_exit: bool) -> weakref.finalize:
     return finalizer
 
 
-def forget(finalizer: weakref.finalize) -> None:
-    """A writer closed: its finalizer is not run; the stop signals go back to their
-    default action once no writer is open."""
-    finalizer.detach()
-    _open_writers.discard(finalizer)
-    if not _open_writers:
-        _restore_stop_signals()
+@contextlib.contextmanager
+def closing(finalizer: weakref.finalize) -> Iterator[None]:
+    """A store closes (its commit and release run inside): its finalizer will not run.
+
+    A writer's stop signals stay handled until it is closed, and go back to their default
+    action once no writer is open. A stop signal that lands while the main thread closes a
+    writer lets the commit finish, then ends the program as it would have a moment later:
+    by ``SystemExit`` from ``close()``; by the signal's default action from a collection
+    (whose exceptions Python ignores); not at all from the exit hooks (the program is
+    ending already).
+    """
+    global _closing
+    waits = threading.current_thread() is threading.main_thread() and finalizer in _open_writers
+    _closing += waits  # first: a signal before it ends the program with the writer still open
+    try:
+        finalizer.detach()
+        yield
+    finally:
+        _open_writers.discard(finalizer)
+        if not _open_writers:
+            _restore_stop_signals()
+        _closing -= waits  # last: a signal handled before this still waits for the check below
+        if waits and not _closing and not _collecting:
+            _end_if_stopped(collected=False)
+
+
+def _end_if_stopped(collected: bool) -> None:
+    """End the program for the stop signal that waited for a close, if one did."""
+    global _deferred
+    if _deferred is None or _exiting:
+        return
+    signum, _deferred = _deferred, None
+    if collected:
+        os.kill(os.getpid(), signum)
+    else:
+        raise SystemExit(128 + signum)
 
 
 def _close_parts(cls: type, parts: dict[str, Any]) -> None:
+    global _collecting
     shell = cls.__new__(cls)
     shell.__dict__ = parts
+    main = threading.current_thread() is threading.main_thread()
+    collecting, _collecting = _collecting, main and not _exiting
     try:
         shell.close()
     except Error as exc:  # says what happened (a full disk...): no traceback
@@ -98,6 +136,10 @@ def _close_parts(cls: type, parts: dict[str, Any]) -> None:
             "%s: closing the store left open failed; steps added since its last commit are lost",
             parts.get("path"),
         )
+    finally:
+        _collecting = collecting
+        if main and not collecting and not _closing:
+            _end_if_stopped(collected=True)
 
 
 def _close_open_writers(before_threads_end: bool = False) -> None:
@@ -194,7 +236,9 @@ def _restore_stop_signals() -> None:
 def _stop(signum: int, frame: Any) -> None:
     """SIGTERM / SIGHUP: end the program by ``SystemExit(128 + signum)`` (the status a
     shell reports for a program that signal ended), so the writers commit on the way
-    out. A second one ends it at once, by the default action."""
+    out; once the commit under way finishes if the main thread is closing a writer. A
+    second one ends it at once, by the default action."""
+    global _deferred
     signal.signal(signum, signal.SIG_DFL)
     if not _open_writers:  # nothing to commit: what the default action would have done
         os.kill(os.getpid(), signum)
@@ -206,4 +250,22 @@ def _stop(signum: int, frame: Any) -> None:
         signal.Signals(signum).name,
         len(_open_writers),
     )
+    if _closing or _in_collection(frame):
+        _deferred = signum
+        return
     raise SystemExit(128 + signum)
+
+
+_FINALIZER_CALL = weakref.finalize.__call__.__code__
+
+
+def _in_collection(frame: Any) -> bool:
+    """Whether the main thread was stopped inside the close of a dropped writer, which
+    Python runs in a finalizer and whose exceptions it ignores: one raised there would
+    lose both the close and the signal."""
+    while frame is not None:
+        code = frame.f_code
+        if code is _close_parts.__code__ or (code is _FINALIZER_CALL and frame.f_locals.get("self") in _open_writers):
+            return True
+        frame = frame.f_back
+    return False

@@ -17,6 +17,7 @@ from .errors import CorruptBufferError, SpecError
 from .io import ByteSource
 from .roles import subtree
 from .spec import ArraySpec, flatten, leaf_paths
+from .statefile import State
 
 __all__ = ["Frames", "FramesLayout", "Pair", "SIDE_DIR", "PREFIX", "NEXT_LEAF", "DEPTH_LEAF"]
 
@@ -255,6 +256,17 @@ def side_metadata(meta: Any) -> Any:
     return replace(
         meta, capacity=layout.final_slots, num_envs=1, spec=spec, leaves=tuple(layout.side), frames=None
     )
+
+
+def only_ref(side: Any) -> Any:
+    """The side ring's metadata with its ``ref`` leaf alone (always uncompressed, mapped)."""
+    return replace(side, leaves=tuple(leaf for leaf in side.leaves if leaf.path == "ref"))
+
+
+def side_state(meta: Any, written: int) -> State:
+    """The side ring's slots written so far, as a committed window of the side ring."""
+    slots = meta.frames.final_slots
+    return State(start=max(0, written - slots), end=written, reserved=written)
 
 
 def side_source(source: ByteSource) -> ByteSource:

@@ -133,7 +133,6 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
     the slots written so far."""
     from . import frames_layout as frames
     from .backends import zarr_v3
-    from .verify import _only_ref, _side_state
 
     location = ObjectPrefix(url, storage_options)
     try:
@@ -150,12 +149,12 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
         found = _verify_leaves(side_location, side.with_state(State()), False)
         if not found:
             try:
-                (ref,) = zarr_v3.open_leaves(side_location, _only_ref(side), False)
+                (ref,) = zarr_v3.open_leaves(side_location, frames.only_ref(side), False)
                 written = int(np.asarray(ref.read(slice(None))).reshape(-1, 2)[:, 0].max(initial=0))
             except CorruptBufferError as exc:
                 found, written = [f"does not open: {exc}"], 0
             if written:
-                found = _verify_leaves(side_location, side.with_state(_side_state(meta, written)), deep)
+                found = _verify_leaves(side_location, side.with_state(frames.side_state(meta, written)), deep)
         problems.extend(f"{where}: {text}" for text in found)
     return problems
 

@@ -378,7 +378,10 @@ class Store:
         """
         if self._closed:
             return
-        exits.forget(self._finalizer)
+        with exits.closing(self._finalizer):  # a stop signal waits for the last commit
+            self._close()
+
+    def _close(self) -> None:
         try:
             if self.mode == "a":
                 self._commit(reserve_to=self._written)

@@ -7,8 +7,9 @@ each frame once), and reports on a pipe each operation it is about to do and eac
 it has completed. Each writer run ends one way (:data:`ENDINGS`):
 
 - ``kill``: SIGKILL at a random time, or just as it starts a commit, a chunk write of a
-  compressed leaf or the write that wraps the ring, or just after a commit (row frames go
-  on encoding the rows it made durable, and storing a segment's shard, in the background);
+  compressed leaf, the write that wraps the ring, or the store's close, or just after a
+  commit (row frames go on encoding the rows it made durable, and storing a segment's
+  shard, in the background);
 - ``sigint`` / ``sigterm``: Ctrl-C or SIGTERM at the same moments; the writer closes the
   store in a ``finally``, leaves it to the exit hooks, or drops it (garbage collection);
 - ``enospc``: its file system (a small tmpfs) fills up at whatever write comes next; the
@@ -22,7 +23,8 @@ Then the harness reopens the store and checks that
 (b) every step up to the last reported commit is there and bit-exact, unless the ring
     legitimately reused its slot (the writer may reserve ``_ahead`` steps past what it
     announced); after Ctrl-C or SIGTERM, every step the writer finished adding is
-    committed;
+    committed (after SIGTERM also when it landed as the store closed: the closing commit
+    is never cut short by it);
 (c) no row past the committed cursor is visible, and the committed cursor never passes
     what the writer announced;
 (d) the next writer resumes at the committed cursor, and its ending passes the same checks;
@@ -107,10 +109,16 @@ FRAMES_SPEC = {
 #: codec used for compressed layouts, per backend (both need no plugin)
 CODECS = {"zarr": "zstd", "hdf5": "gzip"}
 
-KILL_TARGETS = ("time", "op", "commit", "chunk", "wrap", "committed")
+#: the moments a signal is aimed at: a random time, an add, a commit, a compressed
+#: chunk's write, the ring's wrap, the store's close (``end``), just after a commit
+KILL_TARGETS = ("time", "op", "commit", "chunk", "wrap", "end", "committed")
 #: how a writer run ends (the module docstring says each)
 ENDINGS = ("kill", "sigint", "sigterm", "enospc", "thread")
 SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
+#: the exit status of a writer the signal ended as Python ends a program (an uncaught
+#: KeyboardInterrupt, the stop signals' SystemExit): besides 0, when the signal lands
+#: after the writer's last report
+ENDED_BY = {"sigint": -signal.SIGINT, "sigterm": 128 + signal.SIGTERM}
 REPORT_TIMEOUT = 120.0  # seconds without a word from a writer before it counts as hung
 #: the tmpfs the ``enospc`` ending fills (its trials' buffers live on it)
 TMPFS_BYTES = 256 << 20
@@ -153,7 +161,8 @@ LAYOUTS = tuple(Layout(b, c, n) for b in ("zarr", "hdf5") for c in (False, True)
 @dataclass(frozen=True)
 class TrialConfig:
     """One buffer's shape and the writer's pace, drawn at random per trial; ``endings``:
-    how the ``kills`` writer runs before the last, clean one may end."""
+    how the ``kills`` writer runs before the last, clean one may end; ``moments``: when
+    their signals may land (:data:`KILL_TARGETS`)."""
 
     layout: Layout
     capacity: int
@@ -164,6 +173,7 @@ class TrialConfig:
     kills: int
     seed: int
     endings: tuple[str, ...] = ("kill",)
+    moments: tuple[str, ...] = KILL_TARGETS
 
     @property
     def ahead(self) -> int:
@@ -348,7 +358,8 @@ def _writer(
     about to write steps [g, g + n) (flags: c may commit, k may write a compressed chunk,
     w wraps the ring; an explicit commit is ``W g 0 c``); ``C end`` a commit completed;
     ``F class message`` a write refused as the ending expects (a full disk, the program's
-    end); ``Z g`` about to close; ``D end`` closed cleanly.
+    end); ``Z g`` about to close, drop the store or leave it to the exit hooks, with
+    ``g`` steps added; ``D end`` closed cleanly.
     ``ending`` ``sigint`` / ``sigterm`` closes in a ``finally``, keeps the store for the exit
     hooks or drops it (``request["keep"]``); ``enospc`` goes on as ``request["after"]``
     says once a write is refused.
@@ -419,9 +430,10 @@ def _writer(
             if store.committed_steps != last:
                 last = store.committed_steps
                 send(f"C {last}")
-        if request.get("keep") == "drop":
+        if request.get("keep") in ("drop", "exit"):
             send(f"Z {g}")
-            del store  # the last reference: the store is closed when collected
+            if request["keep"] == "drop":
+                del store  # the last reference: the store is closed when collected
             return
     finally:
         if request.get("keep", "finally") == "finally" and not (failed and after == "exit"):
@@ -654,7 +666,11 @@ def check_store(path: str, config: TrialConfig, exp: Expectation) -> int:
 
 
 def draw_config(
-    rng: np.random.Generator, layout: Layout, kills: int, endings: Sequence[str] = ("kill",)
+    rng: np.random.Generator,
+    layout: Layout,
+    kills: int,
+    endings: Sequence[str] = ("kill",),
+    moments: Sequence[str] = KILL_TARGETS,
 ) -> TrialConfig:
     capacity = int(rng.integers(8, 160))
     compression = None
@@ -674,6 +690,7 @@ def draw_config(
         kills=kills,
         seed=int(rng.integers(1 << 62)),
         endings=tuple(endings),
+        moments=tuple(moments),
     )
 
 
@@ -686,6 +703,7 @@ class _Run:
     signalled: bool = False
     closing: bool = False  # the writer began closing before the signal came
     closed: bool = False  # the writer began closing, before or after the signal
+    added: int = 0  # steps added when the writer began closing
     done_before: int = 0  # every step before this one was added (the newest op's start)
     status: int | None = None
     error: str | None = None
@@ -717,11 +735,14 @@ def _run_writer(
     server.start(path, int(rng.integers(1 << 62)), run_steps, **options)
     send_signal = SIGNALS.get(ending) if target else None
     flag = {"commit": "c", "chunk": "k", "wrap": "w"}.get(target or "")
-    on_write = target not in (None, "time", "committed")  # a signal set off by an announced write
+    on_write = target not in (None, "time", "end", "committed")  # a signal set off by an announced write
     count = int(rng.integers(1, 40 if target == "op" else 6)) if target else 0
     delay = float(rng.uniform(0, 0.002 if target != "time" else 0.03))
     aimed: str | None = None
     seen = _Run()
+    how = f"ending {ending}" + (f", signal at {target}" if target else "") + (
+        f", store kept for {options['keep']}" if "keep" in options else ""
+    )
 
     def signal_now() -> None:
         nonlocal aimed
@@ -734,7 +755,7 @@ def _run_writer(
         if msg is None:
             if seen.pid:
                 _kill(seen.pid, signal.SIGKILL)
-            raise TortureFailure(f"the writer said nothing for {REPORT_TIMEOUT:.0f} s (hung; ending {ending})")
+            raise TortureFailure(f"the writer said nothing for {REPORT_TIMEOUT:.0f} s (hung; {how})")
         kind, _, rest = msg.partition(" ")
         if kind == "S":
             seen.pid = int(rest)
@@ -768,7 +789,9 @@ def _run_writer(
                     signal_now()
         elif kind == "Z":
             seen.closing = seen.closing or not seen.signalled
-            seen.closed = True
+            seen.closed, seen.added = True, int(rest)
+            if target == "end" and aimed is None:
+                signal_now()
         elif kind == "F":
             name, _, message = rest.partition(" ")
             seen.refused.append(name)
@@ -785,13 +808,15 @@ def _run_writer(
     if seen.error is not None:
         raise TortureFailure(seen.error)
     killed = seen.status == -signal.SIGKILL
-    if seen.status != 0 and not killed:
-        # SIGTERM before the store handled it, or after it closed: the default action
-        # (a signal that lands while close() runs is handled once the store is closed)
+    if seen.status not in (0, ENDED_BY.get(ending)) and not killed:
+        # SIGTERM before the store handled it, or once it began to close (when close(),
+        # a collection or the exit hooks are done, the default action is back)
         if not (seen.status == -signal.SIGTERM and ending == "sigterm" and (not seen.opened or seen.closed)):
-            raise TortureFailure(f"the writer exited with status {seen.status} (ending {ending})")
+            raise TortureFailure(f"the writer exited with status {seen.status} ({how})")
     if ending in ("sigint", "sigterm") and seen.opened and seen.signalled and not seen.closing and not killed:
         exp.reported = max(exp.reported, seen.done_before)  # Ctrl-C and SIGTERM lose no added step
+    if ending == "sigterm" and seen.closed and not killed:
+        exp.reported = max(exp.reported, seen.added)  # nor does SIGTERM as the store closes
     return killed and ending == "kill", aimed
 
 
@@ -872,7 +897,7 @@ def run_trial(path: str, config: TrialConfig, server: WriterServer, out: Summary
         sampler=layout.sampler,
     ).close()
     exp = Expectation()
-    targets = [t for t in KILL_TARGETS if t != "chunk" or config.compression is not None]
+    targets = [t for t in config.moments if t != "chunk" or config.compression is not None] or list(config.moments)
     for _ in range(config.kills):
         ending = str(rng.choice(config.endings))
         target = str(rng.choice(targets)) if ending in SIGNALS else None
@@ -928,6 +953,7 @@ def run(
     seconds: float | None = None,
     on_trial: Callable[[int, Summary], None] | None = None,
     endings: Sequence[str] = ("kill",),
+    moments: Sequence[str] = KILL_TARGETS,
 ) -> Summary:
     """Run ``trials`` trials, cycling through ``layouts``; a failure does not stop the run.
 
@@ -943,15 +969,17 @@ def run(
         on_trial: called after each trial with its index and the summary so far.
         endings: how writer runs end (:data:`ENDINGS`), drawn per run. ``enospc`` mounts a
             tmpfs for the buffers (root only; left out, with a note, where it cannot).
+        moments: the moments signals are aimed at (:data:`KILL_TARGETS`), drawn per run.
 
     Example:
         >>> from mmreplay.torture import run
         >>> print(run(2).line())  # doctest: +SKIP
         trials 2, kills 6, failures 0
     """
-    unknown = sorted(set(endings) - set(ENDINGS))
-    if unknown:
-        raise ValueError(f"endings must be among {ENDINGS}, got {unknown}")
+    for name, given, known in (("endings", endings, ENDINGS), ("moments", moments, KILL_TARGETS)):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ValueError(f"{name} must be among {known}, got {unknown}")
     own_root = root is None
     root = tempfile.mkdtemp(prefix="mmreplay-torture-") if root is None else root
     os.makedirs(root, exist_ok=True)
@@ -978,7 +1006,7 @@ def run(
             if server is None:
                 server = WriterServer()
             layout = layouts[i % len(layouts)]
-            config = draw_config(rng, layout, kills_per_trial, endings)
+            config = draw_config(rng, layout, kills_per_trial, endings, moments)
             path = os.path.join(where, f"trial-{i:05d}")
             total.trials_by_layout[str(layout)] += 1
             failure = None

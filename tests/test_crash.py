@@ -66,6 +66,16 @@ def test_torture_endings_commit_every_added_step_and_nothing_else(tmp_path, endi
         assert sum(summary.kills_by_target.values()) > 0  # signals sent, not only runs that finished first
 
 
+def test_torture_sigterm_as_the_store_closes_loses_nothing(tmp_path):
+    """SIGTERM aimed at the writer's close (by close(), a collection or the exit hooks):
+    every step added before it is committed (the closing commit is never cut short), and a
+    signal landing once the store is closed ends the program by its default action."""
+    layouts = [x for x in LAYOUTS if x.num_envs == 8]  # mapped and compressed, both backends
+    summary = run(4, root=str(tmp_path), seed=7, layouts=layouts, endings=["sigterm"], moments=["end"])
+    assert summary.failures == 0, "\n".join(summary.messages)
+    assert summary.kills_by_target["end"] == 12
+
+
 @pytest.mark.long
 def test_torture_endings_long(tmp_path):
     summary = run(1200, root=str(tmp_path), seed=2026, kills_per_trial=4, endings=ENDINGS)

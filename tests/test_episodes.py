@@ -9,16 +9,8 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.episodes import (
-    HEADER_BYTES,
-    INDEX_FILE,
-    MAGIC,
-    RECORD,
-    Episode,
-    EpisodeSpan,
-    complete_spans,
-    index_for,
-)
+from mmreplay.episodes import Episode, EpisodeSpan, complete_spans, index_for
+from mmreplay.episodes.index_file import HEADER_BYTES, INDEX_FILE, MAGIC, RECORD
 
 SPEC = {
     "obs": mr.ArraySpec((2,), "float32"),
@@ -452,8 +444,8 @@ def test_a_writers_spans_after_every_step_equal_those_computed_afresh(tmp_path, 
             step = store.get(-1 - back)
             step["truncated"] = ~step["truncated"]
             store.set(-1 - back, step)
-            ends[store.total_steps - 1 - back] = index._scan_steps(np.array([store.total_steps - 1 - back]))
-        ends[t] = index._scan_steps(np.array([t]))
+            ends[store.total_steps - 1 - back] = index.rule.records(np.array([store.total_steps - 1 - back]))
+        ends[t] = index.rule.records(np.array([t]))
         first, end = store.window[:2]
         expected = index._compute(first, end, np.concatenate([ends[s] for s in range(max(first - 1, 0), end)]))
         got = index.spans(store)

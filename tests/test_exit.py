@@ -405,6 +405,45 @@ def test_stop_signals_leave_the_programs_own_handlers_alone(tmp_path):
         assert store.committed_steps == 1
 
 
+# SIGTERM lands as the store closes: in its last commit, or as a collection of the store
+# begins (as the finalizer takes its entry, or enters the function that closes the store)
+STOP_AS_IT_CLOSES = """
+import os, signal, sys, numpy as np, mmreplay as mr
+store = mr.create({path!r}, {{"x": mr.ArraySpec((), "int64")}}, capacity=1000, commit_every=10**6)
+store.extend({{"x": np.arange(40).reshape(40, 1)}})
+def stop(frame, event, arg):
+    if (event, frame.f_code.co_name, getattr(arg, "__name__", None)) == {at!r}:
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+sys.setprofile(stop)
+"""
+IN_THE_COMMIT = ("call", "on_commit", None)  # the write hooks' call, before the state write
+CLOSINGS = {
+    "close": ("store.close()", IN_THE_COMMIT, 128 + signal.SIGTERM),  # SystemExit once closed
+    # a collection cannot raise: the signal's default action once the store is closed
+    "collected": ("del store", IN_THE_COMMIT, -signal.SIGTERM),
+    "collected, finalizer starts": ("del store", ("c_return", "__call__", "pop"), -signal.SIGTERM),
+    "collected, close starts": ("del store", ("call", "_close_parts", None), -signal.SIGTERM),
+    "exit hooks": ("", IN_THE_COMMIT, 0),  # the program is ending already
+}
+
+
+@pytest.mark.parametrize("closing", list(CLOSINGS))
+def test_sigterm_as_a_store_closes_waits_for_its_commit(tmp_path, closing):
+    """A SIGTERM that lands as a store closes (by close(), a collection or the exit hooks)
+    ends the program only after its last commit: the steps are kept."""
+    path = str(tmp_path / "b")
+    tail, at, status = CLOSINGS[closing]
+    code = textwrap.dedent(STOP_AS_IT_CLOSES.format(path=path, at=at)) + tail + "\nprint('not reached')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (status, "not reached\n" if status == 0 else ""), done.stderr
+    assert status == 0 or "SIGTERM: ending the program" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    with mr.open(path) as store:
+        assert store.committed_steps == 40
+    assert verify(path) == []
+
+
 # --- a write cut short by a signal --------------------------------------------------------
 
 CUT_SHORT = """
@@ -484,6 +523,42 @@ def test_ctrl_c_in_the_middle_of_a_write_commits_no_torn_step(tmp_path, cut):
             bad = [int(s) for s, x, y in zip(ids, a, b) if x.tobytes() != y.tobytes()]
             assert not bad, f"leaf {leaf!r}: committed steps {bad} are not theirs (window {ids[0]}..{ids[-1]})"
     assert verify_cli(path) == (0, [])
+
+
+# SIGTERM lands in a commit just after the episode index appended its ends (before the
+# index took note of them); the commit is cut short and close() commits again
+STOP_AFTER_INDEX_APPEND = """
+import os, signal, sys, numpy as np, mmreplay as mr
+store = mr.create({path!r}, {{"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}},
+                  capacity=100, commit_every=10**6)
+def put(lo, hi):
+    steps = np.arange(lo, hi).reshape(-1, 1)
+    store.extend({{"x": steps, "terminated": steps % 5 == 4}})
+put(0, 20)
+store.commit()
+put(20, 40)
+def stop(frame, event, arg):
+    if event == "call" and frame.f_code.co_name == "_append_memory":
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+sys.setprofile(stop)
+try:
+    store.commit()
+finally:
+    sys.setprofile(None)
+    store.close()
+"""
+
+
+def test_a_commit_cut_short_after_the_episode_index_append_leaves_no_ends_twice(tmp_path):
+    path = str(tmp_path / "b")
+    code = textwrap.dedent(STOP_AFTER_INDEX_APPEND.format(path=path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert verify(path) == []
+    with mr.open(path) as store:
+        assert store.committed_steps == 40
+        assert [ep.last_step for ep in store.episode_index()] == list(range(4, 40, 5))
 
 
 # --- a thread still writing as the program ends -----------------------------------------

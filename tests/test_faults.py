@@ -1021,12 +1021,12 @@ def test_an_episode_index_left_by_a_commit_that_never_happened_is_rebuilt(tmp_pa
     leaves the next writer an index whose origin is past its committed window; it once
     appended the ends of steps 0.. under that origin, and verify called the index out of
     order."""
-    from mmreplay.episodes import INDEX_FILE, RECORD, _write_index
+    from mmreplay.episodes.index_file import INDEX_FILE, RECORD, write_index
 
     path = str(tmp_path / "b")
     spec = {"x": mr.ArraySpec((2,), "int64"), "terminated": mr.ArraySpec((), "bool")}
     mr.create(path, spec, 143, num_envs=8, commit_every=5).close()
-    _write_index(os.path.join(path, INDEX_FILE), 120, np.zeros(0, RECORD), False)
+    write_index(os.path.join(path, INDEX_FILE), 120, np.zeros(0, RECORD), False)
     with mr.open(path, "a") as store:
         for t in range(36):
             store.add({"x": np.full((8, 2), t), "terminated": np.full(8, t % 7 == 6)})

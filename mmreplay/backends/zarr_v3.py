@@ -27,6 +27,7 @@ import zarr
 from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 from ..errors import CorruptBufferError, SpecError
+from ..files import interrupts_deferred
 from ..io import ByteSource, LocalFolder
 from ..io.local import read_inside
 from ..metadata import LeafInfo, Metadata, little_endian
@@ -160,10 +161,11 @@ def planned_bytes(
     shard file bytes of each uncompressed leaf, and the bytes of the zarr metadata files
     (made in memory)."""
     files: dict[str, Any] = {}
-    root = zarr.open_group(zarr.storage.MemoryStore(files), mode="w-", zarr_format=3)
+    with interrupts_deferred():  # (as in array_metadata)
+        root = zarr.open_group(zarr.storage.MemoryStore(files), mode="w-", zarr_format=3)
+        made = [_create_array(root, leaf, capacity, num_envs) for leaf in leaves]
     placed, shards = [], {}
-    for leaf in leaves:
-        arr, nchunks, chunk_bytes = _create_array(root, leaf, capacity, num_envs)
+    for leaf, (arr, nchunks, chunk_bytes) in zip(leaves, made):
         if leaf.compression is None:
             shards[leaf.path] = _shard_bytes(nchunks, chunk_bytes)
             rel = f"{DATA_DIR}/{leaf.path}/{arr.metadata.encode_chunk_key((0,) * arr.ndim)}"
@@ -179,8 +181,9 @@ def array_metadata(leaf: LeafInfo, capacity: int, num_envs: int, shard_chunks: i
     """The ``zarr.json`` of a leaf's array as :func:`create` writes it (``shard_chunks``:
     a mapped leaf cut into shards of that many chunks, as object storage holds it)."""
     files: dict[str, Any] = {}
-    root = zarr.open_group(zarr.storage.MemoryStore(files), mode="w-", zarr_format=3)
-    _create_array(root, leaf, capacity, num_envs, shard_chunks)
+    with interrupts_deferred():  # zarr-python runs it on its own thread: Ctrl-C would leave it pending
+        root = zarr.open_group(zarr.storage.MemoryStore(files), mode="w-", zarr_format=3)
+        _create_array(root, leaf, capacity, num_envs, shard_chunks)
     return files[f"{leaf.path}/zarr.json"].to_bytes()
 
 

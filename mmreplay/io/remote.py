@@ -71,6 +71,36 @@ def _obstore() -> Any:
     return obstore
 
 
+class _EventLoop(asyncio.SelectorEventLoop):
+    """An event loop that counts the threads inside :meth:`call_soon_threadsafe`.
+
+    obstore lands a request by calling it from one of its own threads, which writes a
+    byte to the loop's self-pipe with the GIL released. The loop may run the landed
+    callback before that write returns: the request is done, and yet its thread has
+    still to take the GIL back. Were the interpreter to end then, that thread would be
+    made to exit inside Rust frames, which aborts the process (SIGABRT). :meth:`_Loop.stop`
+    waits for the count to fall to zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.callers = 0
+        self.counting = threading.Lock()
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> Any:
+        with self.counting:
+            self.callers += 1
+        try:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        finally:
+            with self.counting:
+                self.callers -= 1
+
+    def wait_for_callers(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.callers and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+
 class _Loop:
     """One event loop in a daemon thread, shared by every location of the process: the
     async range requests of a batch run on it together, from any caller (a Jupyter
@@ -84,7 +114,7 @@ class _Loop:
     has in flight; and at exit the loop's thread ends after every request in flight
     (:meth:`stop`)."""
 
-    loop: asyncio.AbstractEventLoop | None = None
+    loop: _EventLoop | None = None
     thread: threading.Thread | None = None
     pid = -1
     guard = threading.Lock()
@@ -98,7 +128,7 @@ class _Loop:
         with cls.guard:
             if not (cls.exiting and threading.current_thread().daemon):
                 if cls.loop is None or cls.pid != os.getpid():  # none yet, or lost in a fork
-                    cls.loop = asyncio.new_event_loop()
+                    cls.loop = _EventLoop()
                     cls.pid = os.getpid()
                     cls.inflight = set()
                     cls.thread = threading.Thread(
@@ -123,13 +153,19 @@ class _Loop:
             cls.own.set(requests)  # the tasks it starts share the set
             return await coro
 
-        loop = cls.running()
-        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        future = None
         try:
-            return future.result()
+            loop = cls.running()
+            future = asyncio.run_coroutine_threadsafe(call(), loop)
+            result = future.result()
+            if cls.exiting:  # after stop(), from an exit hook: the loop is not stopped again
+                loop.wait_for_callers(60)
+            return result
         except BaseException:
-            future.cancel()  # interrupted: the coroutine stops at its next await
-            cls.settle(loop, lambda: [t for t in task if t is not None and not t.done()] + list(requests))
+            if future is not None:
+                future.cancel()  # interrupted: the coroutine stops at its next await
+                cls.settle(loop, lambda: [t for t in task if t is not None and not t.done()] + list(requests))
+            coro.close()  # interrupted before it began: not left to warn "never awaited"
             raise
 
     @classmethod
@@ -181,6 +217,7 @@ class _Loop:
         cls.settle(loop, busy)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(60)
+        loop.wait_for_callers(60)
         if not thread.is_alive():
             loop.close()
 
@@ -405,8 +442,7 @@ class ObjectPrefix(ByteSource):
             asked, options = end - start, {"range": (start, end)}
         if asked is not None and asked > limit:
             raise CorruptBufferError(f"{self.where(key)}: {asked} bytes, larger than {what} can be (at most {limit})")
-        with self._errors(key):
-            raw = bytes(self.obstore.get(self.store, key, options=options).bytes())
+        raw, _ = self.run(self._get(key, options))
         if len(raw) > limit:
             raise CorruptBufferError(f"{self.where(key)}: more than the {limit} bytes {what} can be")
         return raw
@@ -415,39 +451,33 @@ class ObjectPrefix(ByteSource):
         """The whole object, or None when there is none (no size limit: for what mmreplay
         itself wrote there)."""
         try:
-            with self._errors(key):
-                return bytes(self.obstore.get(self.store, key).bytes())
+            return self.run(self._get(key))[0]
         except ObjectNotFoundError:
             return None
 
     def exists(self, key: str) -> bool:
         try:
-            with self._errors(key):
-                self.obstore.head(self.store, key)
+            self.run(self._request(key, lambda: self.obstore.head_async(self.store, key)))
         except ObjectNotFoundError:
             return False
         return True
 
     def replace(self, key: str, data: bytes | memoryview, exclusive: bool = False) -> None:
-        with self._errors(key):
-            self.obstore.put(self.store, key, data, mode="create" if exclusive else "overwrite")
+        mode = "create" if exclusive else "overwrite"
+        self.run(self._request(key, lambda: self.obstore.put_async(self.store, key, data, mode=mode)))
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         self.replace(key, data)
 
     def delete(self, keys: list[str]) -> None:
         if keys:
-            with self._errors(keys[0]):
-                self.obstore.delete(self.store, keys)
+            self.run(self._request(keys[0], lambda: self.obstore.delete_async(self.store, keys)))
 
     def list(self, under: str = "") -> dict[str, int]:
         """Key -> size of every object under ``under``."""
-        out: dict[str, int] = {}
-        with self._errors(under):
-            for page in self.obstore.list(self.store, prefix=under or None):
-                for obj in page:
-                    out[obj["path"]] = int(obj["size"])
-        return out
+        listing = self.obstore.list(self.store, prefix=under or None)
+        found = self.run(self._request(under, listing.collect_async))
+        return {obj["path"]: int(obj["size"]) for obj in found}
 
     def no_store(self) -> Exception:
         return NotABufferError(
@@ -493,6 +523,8 @@ class ObjectPrefix(ByteSource):
         return n
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Every request, blocking ones too, is made on the loop: a thread left inside a
+        blocking obstore call as the interpreter ends aborts the process."""
         return _Loop.run(coro)
 
     def take_leaves(self, leaves: list[Any], rows: np.ndarray) -> list[np.ndarray]:
@@ -515,13 +547,16 @@ class ObjectPrefix(ByteSource):
         with self._errors(key):
             return await _Loop.track(start())
 
+    async def _get(self, key: str, options: dict[str, Any] | None = None) -> tuple[bytes, dict[str, Any]]:
+        got = await self._request(key, lambda: self.obstore.get_async(self.store, key, options=options))
+        return bytes(await self._request(key, got.bytes_async)), got.meta
+
     async def get_async(self, key: str, options: dict[str, Any] | None = None) -> tuple[bytes, dict[str, Any]]:
         """An object's bytes (``options``: obstore's ``GetOptions``, a range...) and its
-        metadata; :class:`ObjectNotFoundError` when there is none."""
-        got = await self._request(key, lambda: self.obstore.get_async(self.store, key, options=options))
-        data = await self._request(key, got.bytes_async)
+        metadata, counted in :attr:`traffic`; :class:`ObjectNotFoundError` when there is none."""
+        data, meta = await self._get(key, options)
         self.traffic.add(len(data))
-        return bytes(data), got.meta
+        return data, meta
 
     async def put_async(self, key: str, data: bytes | memoryview) -> None:
         await self._request(key, lambda: self.obstore.put_async(self.store, key, data))
