@@ -19,8 +19,11 @@ Phases, each its own table, each printed with the machine's load:
 
 - the adds while every ring fills from empty (where numpy pays page faults too), and the
   adds on full rings (the steady state a collector feeding a learner runs at), each block
-  of ``--calls`` adds ending with ``commit()`` so that it pays for its own encoding, with
-  the CPU time per step of the adding thread and of the others (encoders);
+  of ``--calls`` adds ending with ``commit()`` and a wait for the encoding left in the
+  background, so that it pays for its own encoding, with the CPU time per step of the
+  adding thread and of the others (encoders), and the adding thread's minor page faults
+  per step (a mapped file's pages written back by the kernel fault again when next
+  written);
 - ``sample(256)`` and ``sample(32, num_steps=64)`` as a model takes them: every system's
   stacks made contiguous in the model's layout (``--model-layout``, NCHW as PyTorch's
   convolutions take, or NHWC) before the clock stops, and dropped; the rows/s of the
@@ -50,7 +53,7 @@ from typing import Any
 import numpy as np
 
 import mmreplay as mr
-from mmreplay.backends import native_rows
+from mmreplay.backends import native_rows, row_frames
 
 from .atari_like import rollout
 from .cold_rows import drop_cache, files_under
@@ -225,7 +228,10 @@ class Store(System):
         return self.store.sample(n, num_steps=num_steps, rng=self.rng, layout=self.layout)
 
     def settle(self) -> None:
+        """Commit, then wait for the encoding the adds left in the background (a commit
+        does not): the block pays for its own work, not the next system's block."""
         self.store.commit()
+        row_frames.wait_background(self.store.stored_leaves)
 
     def bytes(self) -> tuple[int | None, int]:
         meta = self.store.metadata
@@ -327,10 +333,11 @@ def _add_table(title: str, got: dict[str, Sample], notes: list[str]) -> None:
             ratio(s.rate, base),
             statistics.median(s.cpu) * 1e6,
             statistics.median(s.other_cpu) * 1e6,
+            statistics.median(s.faults),
         ]
         for name, s in got.items()
     ]
-    head = ["system", "steps/s", "× numpy", "CPU µs/step: adding thread", "other threads"]
+    head = ["system", "steps/s", "× numpy", "CPU µs/step: adding thread", "other threads", "page faults/step"]
     table(title, head, body, notes)
 
 
@@ -380,7 +387,7 @@ def run(args: argparse.Namespace) -> None:
     filled = fill(adds, args.steps, args.calls)
     progress("steady adds")
     steady = interleaved(adds, args.repeats)
-    blocks = f"blocks of {args.calls} adds, each ending with commit()"
+    blocks = f"blocks of {args.calls} adds, each ending with commit() and a wait for the background encoding"
     _add_table(
         f"add one step while the rings fill from empty, {what}",
         filled,
@@ -451,7 +458,7 @@ def run(args: argparse.Namespace) -> None:
         f"collector and learner in one process: add a step of {args.envs} envs, then sample({BATCH}) "
         f"({layout}), on full rings, {what}",
         interleaved(loop, args.repeats),
-        [f"medians of {args.repeats} blocks of {args.calls} steps, each ending with commit()"],
+        [f"medians of {args.repeats} blocks of {args.calls} steps, each ending as the blocks of adds do"],
     )
     _targets(
         {

@@ -10,6 +10,8 @@
 #include <Python.h>
 
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -913,16 +915,28 @@ done:
     return result;
 }
 
-/* A worker thread that encodes batches handed to it, without ever taking the GIL: a Python
- * thread would wait up to the interpreter's switch interval (5 ms) for the GIL before and
- * after each batch while the writer runs Python code, so it would fall behind the writer.
- * The writer submits a batch (the rows stay where they are, held as a buffer) and later
- * takes its frames (job_frames), in order. */
+/* Worker threads that run the jobs handed to them in order, without ever taking the GIL: a
+ * Python thread would wait up to the interpreter's switch interval (5 ms) for the GIL before
+ * and after each job while the writer runs Python code, so it would fall behind the writer.
+ * Two kinds of job:
+ * - a batch of rows to encode (submit_rows): the rows stay where they are, held as a buffer,
+ *   and the writer takes their frames later (job_frames), in order;
+ * - a segment's shard to store (submit_shard): its frames (bytes, and the frames of encoding
+ *   jobs it waits for), its index and the index's CRC-32C, written to a new file renamed over
+ *   the shard (shard_done says when, or why not). */
 #define WORKER_CAPSULE "mmreplay._rowdecode.worker"
 #define JOB_CAPSULE "mmreplay._rowdecode.job"
+#define SHARD_CAPSULE "mmreplay._rowdecode.shard"
 
-typedef struct job {
-    struct job *next;
+typedef struct task {
+    struct task *next;
+    void (*run)(struct task *);
+    int done; /* under the worker's lock */
+    struct worker *worker;
+} task_t;
+
+typedef struct {
+    task_t head;
     encoder_t *enc;
     PyObject *encoder_capsule; /* kept alive until the frames are taken */
     Py_buffer rows;
@@ -930,21 +944,21 @@ typedef struct job {
     int64_t n;
     char *out; /* n frames of up to bound bytes */
     size_t *sizes;
-    int done;       /* under the worker's lock */
     int64_t failed; /* -1, or the row that failed */
     size_t failed_result;
-    struct worker *worker;
 } encode_job_t;
 
 typedef struct worker {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t wake, finished;
-    encode_job_t *head, *tail; /* jobs not started, in order */
+    task_t *head, *tail; /* jobs not started, in order */
     int stop;
+    char name[16]; /* the thread's name, as the OS shows it */
 } worker_t;
 
-static void encode_job(encode_job_t *job) {
+static void run_encode(task_t *j) {
+    encode_job_t *job = (encode_job_t *)j;
     pthread_mutex_lock(&job->enc->lock);
     job->failed = encode_into(job->enc, job->rows.buf, job->n, job->row, job->bound, job->out, job->sizes,
                               &job->failed_result);
@@ -954,17 +968,17 @@ static void encode_job(encode_job_t *job) {
 static void *worker_main(void *arg) {
     worker_t *w = arg;
 #ifdef __linux__
-    pthread_setname_np(pthread_self(), "mmreplay-encode");
+    pthread_setname_np(pthread_self(), w->name);
 #endif
     pthread_mutex_lock(&w->lock);
     for (;;) {
         while (w->head == NULL && !w->stop) pthread_cond_wait(&w->wake, &w->lock);
         if (w->head == NULL) break; /* stopped, and nothing left */
-        encode_job_t *job = w->head;
+        task_t *job = w->head;
         w->head = job->next;
         if (w->head == NULL) w->tail = NULL;
         pthread_mutex_unlock(&w->lock);
-        encode_job(job);
+        job->run(job);
         pthread_mutex_lock(&w->lock);
         job->done = 1;
         pthread_cond_broadcast(&w->finished);
@@ -990,11 +1004,16 @@ static void free_worker(PyObject *capsule) {
     free(w);
 }
 
-PyDoc_STRVAR(new_worker_doc, "new_worker(): a thread that encodes the jobs of submit_rows, in order, without the GIL");
+PyDoc_STRVAR(new_worker_doc,
+             "new_worker(name='mmreplay-encode'): a thread that runs the jobs of submit_rows and submit_shard,\n"
+             "in order, without the GIL; name (at most 15 bytes) is its name as the OS shows it");
 
 static PyObject *new_worker(PyObject *self, PyObject *args) {
+    const char *name = "mmreplay-encode";
+    if (!PyArg_ParseTuple(args, "|s", &name)) return NULL;
     worker_t *w = calloc(1, sizeof(worker_t));
     if (w == NULL) return PyErr_NoMemory();
+    strncpy(w->name, name, sizeof(w->name) - 1);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->wake, NULL);
     pthread_cond_init(&w->finished, NULL);
@@ -1018,27 +1037,54 @@ static PyObject *new_worker(PyObject *self, PyObject *args) {
     return capsule;
 }
 
-/* Wait (without the GIL) until the worker is done with the job. */
-static void wait_job(encode_job_t *job) {
+/* Wait until the worker is done with the job (the caller does not hold the GIL). */
+static void wait_done(task_t *job) {
     worker_t *w = job->worker;
-    Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&w->lock);
     while (!job->done) pthread_cond_wait(&w->finished, &w->lock);
     pthread_mutex_unlock(&w->lock);
+}
+
+/* The same, letting go of the GIL meanwhile. */
+static void wait_job(task_t *job) {
+    Py_BEGIN_ALLOW_THREADS
+    wait_done(job);
     Py_END_ALLOW_THREADS
 }
 
-static int job_done(encode_job_t *job) {
+static int job_done(task_t *job) {
     pthread_mutex_lock(&job->worker->lock);
     int done = job->done;
     pthread_mutex_unlock(&job->worker->lock);
     return done;
 }
 
+/* Whether the job is done; with wait, once it is (the GIL let go meanwhile). */
+static int finished(task_t *job, int wait) {
+    if (job_done(job)) return 1;
+    if (!wait) return 0;
+    wait_job(job);
+    return 1;
+}
+
+/* Hand `job` to `w`, after the jobs handed to it before; the job's capsule keeps a
+ * reference to the worker's, which outlives its jobs. */
+static void enqueue(worker_t *w, PyObject *worker_capsule, PyObject *job_capsule, task_t *job) {
+    job->worker = w;
+    Py_INCREF(worker_capsule);
+    PyCapsule_SetContext(job_capsule, worker_capsule);
+    pthread_mutex_lock(&w->lock);
+    if (w->tail) w->tail->next = job;
+    else w->head = job;
+    w->tail = job;
+    pthread_cond_signal(&w->wake);
+    pthread_mutex_unlock(&w->lock);
+}
+
 static void free_job(PyObject *capsule) {
     encode_job_t *job = PyCapsule_GetPointer(capsule, JOB_CAPSULE);
     if (job == NULL) return;
-    wait_job(job); /* the worker may still be reading the rows */
+    wait_job(&job->head); /* the worker may still be reading the rows */
     PyBuffer_Release(&job->rows);
     Py_DECREF(job->encoder_capsule);
     PyObject *worker_capsule = PyCapsule_GetContext(capsule);
@@ -1075,6 +1121,7 @@ static PyObject *submit_rows(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "rows has %zd bytes, not a whole number of rows of %zd", job->rows.len, row);
         goto fail;
     }
+    job->head.run = run_encode;
     job->row = (size_t)row;
     job->n = job->rows.len / row;
     job->bound = frame_bound(enc, (size_t)row);
@@ -1087,19 +1134,11 @@ static PyObject *submit_rows(PyObject *self, PyObject *args) {
     }
     job->enc = enc;
     job->encoder_capsule = encoder_o;
-    job->worker = w;
     PyObject *capsule = PyCapsule_New(job, JOB_CAPSULE, NULL);
     if (capsule == NULL) goto fail;
     Py_INCREF(encoder_o);
-    Py_INCREF(worker_o); /* the worker outlives its jobs */
-    PyCapsule_SetContext(capsule, worker_o);
+    enqueue(w, worker_o, capsule, &job->head);
     PyCapsule_SetDestructor(capsule, free_job);
-    pthread_mutex_lock(&w->lock);
-    if (w->tail) w->tail->next = job;
-    else w->head = job;
-    w->tail = job;
-    pthread_cond_signal(&w->wake);
-    pthread_mutex_unlock(&w->lock);
     return capsule;
 fail:
     PyBuffer_Release(&job->rows);
@@ -1120,12 +1159,284 @@ static PyObject *job_frames(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Op", &capsule, &wait)) return NULL;
     encode_job_t *job = PyCapsule_GetPointer(capsule, JOB_CAPSULE);
     if (job == NULL) return NULL;
-    if (!job_done(job)) {
-        if (!wait) Py_RETURN_NONE;
-        wait_job(job);
-    }
+    if (!finished(&job->head, wait)) Py_RETURN_NONE;
     if (job->failed >= 0) return encode_error(job->enc, job->failed, job->failed_result);
     return frames_list(job->out, job->sizes, job->n, job->bound);
+}
+
+/* CRC-32C (Castagnoli, reflected), the checksum of a shard's index (zarr's crc32c codec). */
+static uint32_t crc32c_table[256];
+
+static void crc32c_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc32c_table[i] = c;
+    }
+}
+
+static uint32_t crc32c(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n--) c = crc32c_table[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+typedef struct {
+    task_t head;
+    int dirfd;        /* where the shard's folders start (a duplicate, closed when done) */
+    char *folders;    /* the shard's folders from there ("a/b/c"; "": none), made if missing */
+    char *tmp, *name; /* the new file, and the shard it is renamed over */
+    int64_t rows;
+    const char **frame; /* per row: its frame, or NULL (none: a missing row) */
+    size_t *length;
+    PyObject *frames;   /* a tuple holding the bytes frame[] points into */
+    int64_t njobs;
+    encode_job_t **jobs; /* their frames take the place of frame[] from row lo[i] on, in order */
+    int64_t *lo;
+    PyObject **job_capsules;
+    int error;               /* errno of the file operation that failed, or 0 */
+    const char *failed_call; /* which */
+    encode_job_t *failed_job; /* an encoding job that failed */
+} shard_job_t;
+
+/* Enter job->folders from job->dirfd, making the missing ones, never through a link; on
+ * success job->dirfd is the shard's folder. 0, or -1 with the error set. */
+static int enter_folders(shard_job_t *job) {
+    char *path = strdup(job->folders), *save = NULL; /* (strtok_r writes into it) */
+    if (path == NULL) {
+        job->error = ENOMEM;
+        job->failed_call = "malloc";
+        return -1;
+    }
+    for (char *part = strtok_r(path, "/", &save); part != NULL; part = strtok_r(NULL, "/", &save)) {
+        int inner = openat(job->dirfd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (inner < 0 && errno == ENOENT) { /* made only where missing: most folders are there */
+            if (mkdirat(job->dirfd, part, 0755) != 0 && errno != EEXIST) {
+                job->error = errno;
+                job->failed_call = "mkdir";
+                break;
+            }
+            inner = openat(job->dirfd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        }
+        if (inner < 0) {
+            job->error = errno;
+            job->failed_call = "open folder";
+            break;
+        }
+        close(job->dirfd);
+        job->dirfd = inner;
+    }
+    free(path);
+    return job->error ? -1 : 0;
+}
+
+static void run_shard(task_t *j) {
+    shard_job_t *job = (shard_job_t *)j;
+    unsigned char *buf = NULL;
+    int fd = -1, created = 0;
+    for (int64_t i = 0; i < job->njobs; i++) wait_done(&job->jobs[i]->head);
+    for (int64_t i = 0; i < job->njobs; i++) {
+        encode_job_t *e = job->jobs[i];
+        if (e->failed >= 0) {
+            job->failed_job = e;
+            goto done;
+        }
+        for (int64_t r = 0; r < e->n && job->lo[i] + r < job->rows; r++) {
+            job->frame[job->lo[i] + r] = e->out + r * e->bound;
+            job->length[job->lo[i] + r] = e->sizes[r];
+        }
+    }
+    size_t body = 0, index = (size_t)job->rows * 16;
+    for (int64_t r = 0; r < job->rows; r++)
+        if (job->frame[r] != NULL) body += job->length[r];
+    size_t total = body + index + 4;
+    if ((buf = malloc(total)) == NULL) {
+        job->error = ENOMEM;
+        job->failed_call = "malloc";
+        goto done;
+    }
+    size_t pos = 0;
+    for (int64_t r = 0; r < job->rows; r++) {
+        unsigned char *entry = buf + body + (size_t)r * 16;
+        if (job->frame[r] == NULL) {
+            memset(entry, 0xFF, 16); /* MISSING: a row never written */
+            continue;
+        }
+        memcpy(buf + pos, job->frame[r], job->length[r]);
+        put_le(entry, pos, 8);
+        put_le(entry + 8, job->length[r], 8);
+        pos += job->length[r];
+    }
+    put_le(buf + body + index, crc32c(buf + body, index), 4);
+    if (enter_folders(job) != 0) goto done;
+    fd = openat(job->dirfd, job->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        job->error = errno;
+        job->failed_call = "open";
+        goto done;
+    }
+    created = 1;
+    for (size_t at = 0; at < total;) {
+        ssize_t got = write(fd, buf + at, total - at);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            job->error = errno;
+            job->failed_call = "write";
+            goto done;
+        }
+        at += (size_t)got;
+    }
+    int closed = close(fd);
+    fd = -1;
+    if (closed != 0) {
+        job->error = errno;
+        job->failed_call = "close";
+        goto done;
+    }
+    if (renameat(job->dirfd, job->tmp, job->dirfd, job->name) != 0) {
+        job->error = errno;
+        job->failed_call = "rename";
+    }
+done:
+    if (fd >= 0) close(fd);
+    if (job->error && created) unlinkat(job->dirfd, job->tmp, 0);
+    free(buf);
+    close(job->dirfd);
+    job->dirfd = -1;
+}
+
+static void free_shard(PyObject *capsule) {
+    shard_job_t *job = PyCapsule_GetPointer(capsule, SHARD_CAPSULE);
+    if (job == NULL) return;
+    if (job->head.worker != NULL) wait_job(&job->head);
+    if (job->dirfd >= 0) close(job->dirfd);
+    for (int64_t i = 0; i < job->njobs; i++) Py_XDECREF(job->job_capsules[i]);
+    Py_XDECREF(job->frames);
+    PyObject *worker_capsule = PyCapsule_GetContext(capsule);
+    free(job->folders);
+    free(job->tmp);
+    free(job->name);
+    free(job->frame);
+    free(job->length);
+    free(job->jobs);
+    free(job->lo);
+    free(job->job_capsules);
+    free(job);
+    Py_XDECREF(worker_capsule);
+}
+
+PyDoc_STRVAR(submit_shard_doc,
+             "submit_shard(worker, dirfd, folders, tmp, name, frames, jobs) -> job\n\n"
+             "Hand a segment's shard to the worker: frames is a sequence of bytes or None (a missing row),\n"
+             "one per row; jobs a sequence of (row, submit_rows job) whose frames take the place of frames\n"
+             "from that row on, in order, once encoded. The shard (frames, index, CRC-32C) is written to a\n"
+             "new file tmp in the folder dirfd/folders ('a/b', '' for dirfd itself: made where missing,\n"
+             "entered without following links; dirfd stays the caller's), renamed over name; shard_done(job)\n"
+             "says when.");
+
+static PyObject *submit_shard(PyObject *self, PyObject *args) {
+    PyObject *worker_o, *frames_o, *jobs_o;
+    int dirfd;
+    const char *folders, *tmp, *name;
+    if (!PyArg_ParseTuple(args, "OisssOO", &worker_o, &dirfd, &folders, &tmp, &name, &frames_o, &jobs_o)) return NULL;
+    worker_t *w = PyCapsule_GetPointer(worker_o, WORKER_CAPSULE);
+    if (w == NULL) return NULL;
+    shard_job_t *job = calloc(1, sizeof(shard_job_t));
+    if (job == NULL) return PyErr_NoMemory();
+    job->head.run = run_shard;
+    job->dirfd = -1;
+    PyObject *capsule = PyCapsule_New(job, SHARD_CAPSULE, free_shard);
+    if (capsule == NULL) {
+        free(job);
+        return NULL;
+    }
+    /* from here the capsule frees what is set, should a step fail */
+    if ((job->frames = PySequence_Tuple(frames_o)) == NULL) goto fail;
+    PyObject *jobs = PySequence_Fast(jobs_o, "jobs must be a sequence of (row, job)");
+    if (jobs == NULL) goto fail;
+    job->rows = PyTuple_GET_SIZE(job->frames);
+    Py_ssize_t njobs = PySequence_Fast_GET_SIZE(jobs);
+    job->frame = calloc(job->rows ? job->rows : 1, sizeof(char *));
+    job->length = calloc(job->rows ? job->rows : 1, sizeof(size_t));
+    job->jobs = calloc(njobs ? njobs : 1, sizeof(encode_job_t *));
+    job->lo = calloc(njobs ? njobs : 1, sizeof(int64_t));
+    job->job_capsules = calloc(njobs ? njobs : 1, sizeof(PyObject *));
+    job->folders = strdup(folders);
+    job->tmp = strdup(tmp);
+    job->name = strdup(name);
+    if (!job->frame || !job->length || !job->jobs || !job->lo || !job->job_capsules || !job->folders || !job->tmp ||
+        !job->name) {
+        Py_DECREF(jobs);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < njobs; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(jobs, i), *job_o;
+        long long lo;
+        if (!PyArg_ParseTuple(item, "LO", &lo, &job_o) ||
+            (job->jobs[i] = PyCapsule_GetPointer(job_o, JOB_CAPSULE)) == NULL) {
+            Py_DECREF(jobs);
+            goto fail;
+        }
+        if (lo < 0 || lo > job->rows) {
+            Py_DECREF(jobs);
+            PyErr_Format(PyExc_ValueError, "a job's first row %lld is outside the %lld rows", lo, (long long)job->rows);
+            goto fail;
+        }
+        job->lo[i] = lo;
+        Py_INCREF(job_o);
+        job->job_capsules[i] = job_o;
+        job->njobs = i + 1;
+    }
+    Py_DECREF(jobs);
+    for (int64_t r = 0; r < job->rows; r++) {
+        PyObject *f = PyTuple_GET_ITEM(job->frames, r);
+        if (f == Py_None) continue;
+        if (!PyBytes_Check(f)) {
+            PyErr_Format(PyExc_TypeError, "frame %lld is %.100s, not bytes or None", (long long)r, Py_TYPE(f)->tp_name);
+            goto fail;
+        }
+        job->frame[r] = PyBytes_AS_STRING(f);
+        job->length[r] = (size_t)PyBytes_GET_SIZE(f);
+    }
+    if ((job->dirfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto fail;
+    }
+    enqueue(w, worker_o, capsule, &job->head);
+    return capsule;
+fail:
+    Py_DECREF(capsule);
+    return NULL;
+}
+
+PyDoc_STRVAR(shard_done_doc,
+             "shard_done(job, wait) -> bool\n\n"
+             "Whether a submit_shard job is done (waiting for it without the GIL when wait): True once\n"
+             "the shard is in place; OSError (errno, the call) if a file operation failed, ValueError if\n"
+             "one of its encoding jobs did (the shard was not written).");
+
+static PyObject *shard_done(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    int wait;
+    if (!PyArg_ParseTuple(args, "Op", &capsule, &wait)) return NULL;
+    shard_job_t *job = PyCapsule_GetPointer(capsule, SHARD_CAPSULE);
+    if (job == NULL) return NULL;
+    if (!finished(&job->head, wait)) Py_RETURN_FALSE;
+    encode_job_t *failed = job->failed_job;
+    if (failed != NULL) return encode_error(failed->enc, failed->failed, failed->failed_result);
+    if (job->error) {
+        errno = job->error;
+        PyObject *what = PyUnicode_FromFormat("%s/%s (%s)", job->folders, job->tmp, job->failed_call);
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, what);
+        Py_XDECREF(what);
+        return NULL;
+    }
+    Py_RETURN_TRUE;
 }
 
 PyDoc_STRVAR(gather_rows_doc,
@@ -1188,9 +1499,11 @@ static PyMethodDef methods[] = {
     {"can_encode", can_encode, METH_VARARGS, can_encode_doc},
     {"new_encoder", new_encoder, METH_VARARGS, new_encoder_doc},
     {"encode_rows", encode_rows, METH_VARARGS, encode_rows_doc},
-    {"new_worker", new_worker, METH_NOARGS, new_worker_doc},
+    {"new_worker", new_worker, METH_VARARGS, new_worker_doc},
     {"submit_rows", submit_rows, METH_VARARGS, submit_rows_doc},
     {"job_frames", job_frames, METH_VARARGS, job_frames_doc},
+    {"submit_shard", submit_shard, METH_VARARGS, submit_shard_doc},
+    {"shard_done", shard_done, METH_VARARGS, shard_done_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1207,6 +1520,7 @@ PyMODINIT_FUNC PyInit__rowdecode(void) {
     }
     registered = 1;
     stack_init();
+    crc32c_init();
     return PyModule_Create(&module);
 }
 

@@ -630,8 +630,15 @@ class FrameWriter:
         live = old[:, 0] > 0
         if live.any():
             self.store._drop_through(int(old[live, 1].max()))
+        # the ring is written in order: as a ring leaf's rows, so that a compressed side
+        # ring encodes them in the background and stores each segment once it is full,
+        # rather than storing its segment again at every commit
+        first = int(slots[0])
+        head = min(len(envs), slots_total - first)  # the slots up to the ring's end, then from its start
         for leaf, f in zip(parts.side_frames, frames):
-            leaf.write_slots(slots, f[:, None])
+            leaf.write(first, f[:head, None])
+            if head < len(f):
+                leaf.write(0, f[head:, None])
         ref = np.stack([seqs + 1, np.full(len(envs), step, np.int64)], axis=1)
         parts.side_ref.write_slots(slots, ref[:, None])
         # In this order, should Ctrl-C cut in: entries are counted once written (a call cut

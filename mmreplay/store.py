@@ -243,13 +243,19 @@ class Store(Ring):
             for part in [*self._parts.values(), self._sampler]:
                 part.close()
             self._parts.clear()
+            failed = []  # every file is closed and the lock released all the same
             for entry in self._closers:
-                entry.close()
+                try:
+                    entry.close()  # (a row-frame leaf seals its open segment: it may fail)
+                except Exception as exc:
+                    failed.append(exc)
             self._state_file.close()
             self._leaves = []
             self._setters = []
             if self._lock is not None:
                 self._lock.release()
+            if failed:
+                raise failed[0]
 
     def part(self, name: str, make: Callable[[Store], Any]) -> Any:
         """The part of this store called ``name`` (its read path, its episode index, a

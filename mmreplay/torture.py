@@ -7,7 +7,9 @@ each frame once), and reports on a pipe each operation it is about to do and eac
 it has completed. Each writer run ends one way (:data:`ENDINGS`):
 
 - ``kill``: SIGKILL at a random time, or just as it starts a commit, a chunk write of a
-  compressed leaf, the write that wraps the ring, or the store's close;
+  compressed leaf, the write that wraps the ring, or the store's close, or just after a
+  commit (row frames go on encoding the rows it made durable, and storing a segment's
+  shard, in the background);
 - ``sigint`` / ``sigterm``: Ctrl-C or SIGTERM at the same moments; the writer closes the
   store in a ``finally``, leaves it to the exit hooks, or drops it (garbage collection);
 - ``enospc``: its file system (a small tmpfs) fills up at whatever write comes next; the
@@ -108,8 +110,8 @@ FRAMES_SPEC = {
 CODECS = {"zarr": "zstd", "hdf5": "gzip"}
 
 #: the moments a signal is aimed at: a random time, an add, a commit, a compressed
-#: chunk's write, the ring's wrap, the store's close (``end``)
-KILL_TARGETS = ("time", "op", "commit", "chunk", "wrap", "end")
+#: chunk's write, the ring's wrap, the store's close (``end``), just after a commit
+KILL_TARGETS = ("time", "op", "commit", "chunk", "wrap", "end", "committed")
 #: how a writer run ends (the module docstring says each)
 ENDINGS = ("kill", "sigint", "sigterm", "enospc", "thread")
 SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
@@ -733,6 +735,7 @@ def _run_writer(
     server.start(path, int(rng.integers(1 << 62)), run_steps, **options)
     send_signal = SIGNALS.get(ending) if target else None
     flag = {"commit": "c", "chunk": "k", "wrap": "w"}.get(target or "")
+    on_write = target not in (None, "time", "end", "committed")  # a signal set off by an announced write
     count = int(rng.integers(1, 40 if target == "op" else 6)) if target else 0
     delay = float(rng.uniform(0, 0.002 if target != "time" else 0.03))
     aimed: str | None = None
@@ -774,12 +777,16 @@ def _run_writer(
             exp.announced = max(exp.announced, int(g) + int(n))
             if not seen.signalled:
                 seen.done_before = int(g)
-            if aimed is None and target not in (None, "time", "end") and (flag is None or flag in flags):
+            if aimed is None and on_write and (flag is None or flag in flags):
                 count -= 1
                 if count == 0:
                     signal_now()
         elif kind in ("C", "D"):
             exp.reported = max(exp.reported, int(rest))
+            if kind == "C" and target == "committed" and aimed is None:
+                count -= 1
+                if count == 0:
+                    signal_now()
         elif kind == "Z":
             seen.closing = seen.closing or not seen.signalled
             seen.closed, seen.added = True, int(rest)

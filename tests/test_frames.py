@@ -450,8 +450,9 @@ def test_verify_from_the_cli_checks_the_side_ring_of_next_frames(tmp_path, compr
     kw = {} if compression is None else {"compression": {"obs": compression}}
     with mr.create(path, sp, 12, num_envs=2, backend="zarr", frames=mr.Frames(frame_stack=2), **kw) as store:
         episodes = Episodes(2, FRAME, 2, -1, "repeat", 0.3, 5)
-        for _ in range(10):
+        for _ in range(30):  # the side ring goes round: its shard alone holds rows of the lap before
             store.add(episodes.step())
+        slots = store.frames.final_slots
     cli = [sys.executable, "-m", "mmreplay.cli"]
     healthy = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
@@ -460,15 +461,26 @@ def test_verify_from_the_cli_checks_the_side_ring_of_next_frames(tmp_path, compr
     raw = bytearray(shard.read_bytes())
     if compression is None:  # the shard index of the mapped block points elsewhere
         raw[-16] ^= 0xFF
-    else:  # a flipped byte inside the first frame
-        raw[6] ^= 0xFF
+    else:  # a flipped byte inside a compressed frame
+        raw[_past_staging(side, raw, slots) + 6] ^= 0xFF
     shard.write_bytes(bytes(raw))
     with mr.open(path) as reader:  # the store opens: only verify can tell
-        assert reader.total_steps == 10
+        assert reader.total_steps == 30
     damaged = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
     assert damaged.returncode != 0
     out = damaged.stdout + damaged.stderr
     assert "side ring of next frames" in out and "frame0" in out, out
+
+
+def _past_staging(leaf, shard, rows):
+    """Where the frame of the first row that staging does not hold (a row of the lap
+    before) starts in the shard of a side-ring leaf of one segment (folder ``leaf``)."""
+    from mmreplay.backends.row_reads import read_shard_index
+
+    base, filled = np.frombuffer((leaf / "rows.staging").read_bytes()[24:40], "<i8").tolist()
+    offsets, _ = read_shard_index(bytes(shard), rows, str(leaf))
+    assert base == 0 and filled < rows and offsets[filled] >= 0
+    return int(offsets[filled])
 
 
 def _flip(file, at):
@@ -509,8 +521,9 @@ def _damage_side(path, how):
         os.truncate(shard, (newest + 1) * int(np.prod(FRAME)))
     elif how == "index flipped":  # the shard index of the mapped block points elsewhere
         _flip(shard, -16)
-    elif how == "frame flipped":  # a byte inside the first compressed frame
-        _flip(shard, 6)
+    elif how == "frame flipped":  # a byte inside a compressed frame
+        rows = json.loads((path / "mmreplay.json").read_text())["frames"]["final_slots"]
+        _flip(shard, _past_staging(leaf, shard.read_bytes(), rows) + 6)
     elif how == "staging truncated":
         os.truncate(leaf / "rows.staging", 10)
 

@@ -391,6 +391,43 @@ def test_the_native_encoder_refuses_what_is_not_whole_rows():
         ext.new_encoder("lz4", 1, b"dict")
 
 
+def test_the_native_shard_thread_writes_the_shard_python_writes_and_says_why_not(tmp_path):
+    """A segment's shard stored on a native thread: frames given as bytes, the frames of
+    encoding jobs on other threads in their place once encoded (they win over the bytes),
+    missing rows; its folders made. The bytes are :func:`shard_bytes`'. A link on the way
+    or a file in the way is refused, and no file is left behind or taken away."""
+    from mmreplay.backends.row_frames import SHARD_THREAD, shard_bytes
+
+    need_native_encoding("lz4")
+    encoder, rows = native_rows.encoder("lz4", 1), encoding_rows()[:20]
+    first, second, shards = encoder.worker(), encoder.worker(), encoder.worker(SHARD_THREAD)
+    jobs = [(0, encoder.submit(first, rows[0:8])), (8, encoder.submit(second, rows[8:16]))]
+    frames = [None] * 24
+    frames[16:20] = encoder.encode(rows[16:20])
+    frames[3] = b"an older frame of row 3"
+
+    def store(folders: str, tmp: str, name: str, frames: list, jobs: list) -> bool:
+        fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            job = native_rows.store_shard(shards, fd, folders, tmp, name, frames, jobs)
+        finally:
+            os.close(fd)  # the thread keeps a descriptor of its own
+        return native_rows.shard_stored(job, True)
+
+    assert store("c/0/0", "0.x.partial", "0", frames, jobs)
+    assert (tmp_path / "c/0/0/0").read_bytes() == shard_bytes(encoder.encode(rows[:16]) + frames[16:20] + [None] * 4)
+    assert os.listdir(tmp_path / "c/0/0") == ["0"]
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "c/1")
+    with pytest.raises(OSError, match="open folder"):
+        store("c/1/0", "0.x.partial", "0", frames, [])
+    assert os.listdir(tmp_path / "elsewhere") == []
+    (tmp_path / "c/0/0/0.y.partial").write_bytes(b"not ours")
+    with pytest.raises(FileExistsError):
+        store("c/0/0", "0.y.partial", "0", frames, [])
+    assert (tmp_path / "c/0/0/0.y.partial").read_bytes() == b"not ours"
+
+
 @pytest.mark.parametrize("codec", CODECS[:2] + ["rows:zstd:1:dict"])
 def test_native_and_python_encoding_write_the_same_files(tmp_path, codec):
     """The whole write path (staging, the background encoder, sealing, a trained

@@ -13,14 +13,16 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
+from conftest import verify_cli
 
 import mmreplay as mr
-from mmreplay.backends import native_rows
+from mmreplay.backends import native_rows, row_frames
 
 pytest.importorskip("zstandard")
 pytest.importorskip("cramjam")
@@ -485,7 +487,7 @@ class FailingEncoder:
 
 @pytest.mark.parametrize("way", ["native", "python"])
 @pytest.mark.parametrize("codec", CODECS)
-def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commit_before_holds(tmp_path, codec, way):
+def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_committed_rows_hold(tmp_path, codec, way):
     spec = {"x": mr.ArraySpec((6, 7), "uint8")}
     rows = np.arange(5 * 2 * 42, dtype=np.uint8).reshape(5, 2, 6, 7)
     store = mr.create(tmp_path / "b", spec, capacity=8, num_envs=2, compression=codec, chunk_steps=4)
@@ -502,16 +504,13 @@ def test_an_error_in_the_background_encoder_surfaces_in_the_caller_and_the_commi
         leaf.frames._native_encodes, leaf.frames._native_encoders = False, {}
         leaf.frames.encode_rows = fails  # the Python encoding thread's codec
     store.add({"x": rows[1]})  # inside the segment: its rows are encoded in the background
+    store.commit()  # the row is durable raw in staging: the commit does not wait for its encoding
     with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed.*the codec failed"):
-        store.commit()
-    with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed"):
-        store.add({"x": rows[2]})
-    with pytest.raises(mr.CorruptBufferError, match="encoding rows in the background failed"):
-        store.close()
-    with mr.open(tmp_path / "b", mode="a") as store:
-        assert store.total_steps == 1
-        np.testing.assert_array_equal(store.get(slice(None))["x"], rows[:1])
-        for t in range(1, 5):  # step 3 ends the segment: sealed with every frame
+        store.close()  # sealing the open segment waits for its frames
+    with mr.open(tmp_path / "b", mode="a") as store:  # closed all the same: the lock is free
+        assert store.total_steps == 2
+        np.testing.assert_array_equal(store.get(slice(None))["x"], rows[:2])
+        for t in range(2, 5):  # step 3 ends the segment: sealed with every frame, encoded again
             store.add({"x": rows[t]})
     with mr.open(tmp_path / "b") as reader:
         np.testing.assert_array_equal(reader.get(slice(None))["x"], rows)
@@ -540,18 +539,20 @@ def test_a_writer_left_open_at_exit_hands_its_last_rows_to_the_encoder_and_keeps
     assert zarr_array(path, "x")[:45, 0, 0, 0].tolist() == list(range(45))  # sealed at exit
 
 
-def _background_threads() -> tuple[int, int]:
-    """Threads of this process that encode or seal row frames: (native, Python); native
-    ones are found by their OS name."""
+def _background_threads() -> tuple[int, int, int]:
+    """Threads of this process that encode or seal row frames: (native encoding, native
+    storing shards, Python); native ones are found by their OS name."""
     import threading
 
-    native = 0
+    native = {"mmreplay-encode": 0, row_frames.SHARD_THREAD: 0}
     for task in Path(f"/proc/{os.getpid()}/task").glob("*/comm"):
         try:
-            native += task.read_text().strip() == "mmreplay-encode"
+            name = task.read_text().strip()
         except OSError:  # the thread ended
-            pass
-    return native, sum(t.name == "mmreplay-encode" for t in threading.enumerate())
+            continue
+        if name in native:
+            native[name] += 1
+    return *native.values(), sum(t.name == "mmreplay-encode" for t in threading.enumerate())
 
 
 def test_a_writer_encodes_every_row_leaf_on_one_pool_the_frames_side_ring_included(tmp_path):
@@ -575,12 +576,14 @@ def test_a_writer_encodes_every_row_leaf_on_one_pool_the_frames_side_ring_includ
             obs = frames[t + 1]
             if t == 20:
                 assert len({id(leaf.encoder) for leaf in leaves}) == 1
-                # native threads encode (where the extension is), up to one per core, one
-                # Python thread seals segments (and encodes where rows encode in Python)
+                # native threads encode (where the extension is), up to one per core, and
+                # one stores the shards of segments; else one Python thread does both
                 workers = len(leaves[0].encoder.workers)
                 if leaves[0].frames.native_encoder() is not None:
                     assert 1 <= workers <= native_rows.encode_threads()
-                assert _background_threads() == (before[0] + workers, before[1] + 1)
+                    assert _background_threads() == (before[0] + workers, before[1] + 1, before[2])
+                else:
+                    assert _background_threads() == (before[0], before[1], before[2] + 1)
         got = store.get(slice(None))
     assert _background_threads() == before  # stopped when the last leaf closed
     np.testing.assert_array_equal(got["depth"], depth[8:])
@@ -593,21 +596,22 @@ def test_a_writer_encodes_every_row_leaf_on_one_pool_the_frames_side_ring_includ
 SEALING_WRITER = textwrap.dedent(
     """
     import sys, threading, numpy as np, mmreplay as mr
+    from concurrent.futures import Future
     from mmreplay.backends import row_frames
     path, codec, when = sys.argv[1:4]
-    store_shard = row_frames.RowFrameLeaf._write_shard_file
+    store_later = row_frames.RowFrameLeaf._store_later
     seals, sealing = [], threading.Event()
 
-    def held(self, k, frames):  # the background seal of segment 3 on the second lap never ends
+    def held(self, k, frames, jobs):  # the background seal of segment 3 on the second lap never ends
         seals.append(k)
         if seals.count(3) == 2:
             if when == "after the rename":
-                store_shard(self, k, frames)
+                store_later(self, k, frames, jobs).result()
             sealing.set()
-            threading.Event().wait()
-        store_shard(self, k, frames)
+            return Future()
+        return store_later(self, k, frames, jobs)
 
-    row_frames.RowFrameLeaf._write_shard_file = held
+    row_frames.RowFrameLeaf._store_later = held
     spec = {"obs": mr.ArraySpec((8, 8), "uint8"), "step": mr.ArraySpec((), "int64")}
     store = mr.create(path, spec, capacity=40, num_envs=2, compression={"obs": codec}, chunk_steps=6)
     for t in range(67):
@@ -659,19 +663,140 @@ def test_kill_9_while_a_segment_is_sealed_in_the_background_keeps_every_committe
     assert zarr_array(path, "obs")[18:24, 0, 0, 0].tolist() == list(range(58, 64))  # segment 3's shard, resealed
 
 
+GATED_WRITER = textwrap.dedent(
+    """
+    import sys, threading, numpy as np, mmreplay as mr
+    from mmreplay.backends import row_frames
+    path, codec = sys.argv[1:3]
+    row_frames.ENCODE_BATCH_ROWS = 1  # each step's rows go to the encoding thread as it is added
+    spec = {"obs": mr.ArraySpec((8, 8), "uint8"), "step": mr.ArraySpec((), "int64")}
+    store = mr.create(path, spec, capacity=24, num_envs=2, compression={"obs": codec}, chunk_steps=8)
+    (leaf,) = [leaf for leaf in store.stored_leaves if leaf.info.path == "obs"]
+    encode, entered, gate = leaf.frames.encode_rows, threading.Event(), threading.Event()
+
+    def gated(rows):  # the encoding thread's codec: the rows of step 13 wait at the gate
+        if rows[0, 0] == 13:
+            entered.set()
+            gate.wait()
+        return encode(rows)
+
+    leaf.frames.encode_rows = gated
+    for t in range(14):  # steps 0..7 fill segment 0 (sealed), 8..13 are in staging
+        store.add({"obs": np.full((2, 8, 8), t, np.uint8), "step": np.full(2, t)})
+    assert entered.wait(60)
+    threading.Timer(60, gate.set).start()  # what a commit that waited for step 13 would need
+    store.commit()
+    print("committed", store.committed_steps, "gate", "open" if gate.is_set() else "shut", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_commit_returns_while_a_step_it_made_durable_is_still_encoding_and_kill_9_keeps_it(tmp_path, writers, codec):
+    """A commit waits only for what it makes durable: the rows of the segment the head is
+    in are durable raw in staging, so it returns while their encoding is held (the
+    encoding thread's codec waits at a gate for step 13); kill -9 then loses none of them,
+    and the next writer encodes them again."""
+    path = str(tmp_path / "b")
+    env = {**os.environ, native_rows.ENV: "0"}  # rows encoded on the Python thread, where the gate is
+    proc = writers.start(GATED_WRITER, path, codec, stdin=subprocess.PIPE, env=env)
+    line = writers.kill_when(proc, lambda line: line.startswith("committed"))
+    assert line.split() == ["committed", "14", "gate", "shut"], line
+    assert verify_cli(path) == (0, [])
+    with mr.open(path) as reader:
+        got = reader.get(slice(None))
+        assert reader.total_steps == 14 and got["step"][:, 0].tolist() == list(range(14))
+        np.testing.assert_array_equal(got["obs"], np.arange(14, dtype=np.uint8)[:, None, None, None] + np.zeros((1, 2, 8, 8), np.uint8))
+    with mr.open(path, "a") as store:  # encodes steps 8..13 again, and seals segment 1 with them
+        for t in range(14, 16):
+            store.add({"obs": np.full((2, 8, 8), t, np.uint8), "step": np.full(2, t)})
+    assert zarr_array(path, "obs")[:16, 0, 0, 0].tolist() == list(range(16))
+
+
+ASYNC_WRITER = textwrap.dedent(
+    """
+    import sys, numpy as np, mmreplay as mr
+    path, seed = sys.argv[1], int(sys.argv[2])
+    rng = np.random.default_rng(seed)
+    store = mr.open(path, "a")
+    t = store.total_steps
+    pattern = np.arange(4 * 48 * 48, dtype=np.int64).reshape(4, 48, 48)
+    while True:
+        store.add({"obs": ((pattern * (t + 1)) % 251).astype(np.uint8), "step": np.full(4, t)})
+        t += 1
+        if rng.random() < 0.3:
+            store.commit()
+            print("committed", store.committed_steps, flush=True)
+    """
+)
+
+
+def _nth_commit(n: int):
+    """A writer's line is the ``n``-th it prints of its commits."""
+    left = [n]
+
+    def ready(line: str) -> bool:
+        left[0] -= line.startswith("committed")
+        return left[0] == 0
+
+    return ready
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_kill_9_just_after_commits_while_rows_encode_in_the_background_loses_no_committed_step(tmp_path, writers, codec):
+    """Writers killed right after a commit, when the encoding of the rows it made durable,
+    and a segment's shard, are in flight on the native threads: every committed step is
+    there, bit-exact, and verify agrees, kill after kill."""
+    path = str(tmp_path / "b")
+    spec = {"obs": mr.ArraySpec((48, 48), "uint8"), "step": mr.ArraySpec((), "int64")}
+    mr.create(path, spec, capacity=50, num_envs=4, compression={"obs": codec}, chunk_steps=4).close()
+    pattern = np.arange(4 * 48 * 48, dtype=np.int64).reshape(4, 48, 48)
+    rng = np.random.default_rng(7)
+    for run in range(4):
+        proc = writers.start(ASYNC_WRITER, path, run)
+        line = writers.kill_when(proc, _nth_commit(int(rng.integers(2, 12))))
+        assert verify_cli(path) == (0, [])
+        with mr.open(path) as reader:
+            assert reader.total_steps >= int(line.split()[1])  # (a commit may come between)
+            got = reader.get(slice(None))
+            steps = got["step"][:, 0]
+            assert steps.tolist() == list(range(reader.first_step, reader.total_steps))
+            want = ((pattern[None] * (steps[:, None, None, None] + 1)) % 251).astype(np.uint8)
+            np.testing.assert_array_equal(got["obs"], want)
+
+
 def test_a_reader_reads_a_segment_being_sealed_from_staging_and_the_writer_its_rows_written_ahead(tmp_path, monkeypatch):
     from mmreplay.backends.row_frames import RowFrameLeaf
 
     started, release = threading.Event(), threading.Event()
-    store_shard = RowFrameLeaf._write_shard_file
+    store_later = RowFrameLeaf._store_later
 
-    def held(self, k, frames):
-        if k == 1:
-            started.set()
-            release.wait(60)
-        store_shard(self, k, frames)
+    class Held:
+        """Segment 1's seal, begun once released (by the writer's thread, which looks at it)."""
 
-    monkeypatch.setattr(RowFrameLeaf, "_write_shard_file", held)
+        def __init__(self, leaf, *args):
+            self.leaf, self.args, self.seal = leaf, args, None
+
+        def _begun(self):
+            if self.seal is None:
+                self.seal = store_later(self.leaf, *self.args)
+            return self.seal
+
+        def done(self):
+            return release.is_set() and self._begun().done()
+
+        def result(self, timeout=None):
+            assert release.wait(timeout)
+            return self._begun().result()
+
+    def held(self, k, frames, jobs):
+        if k != 1:
+            return store_later(self, k, frames, jobs)
+        started.set()
+        return Held(self, k, frames, jobs)
+
+    monkeypatch.setattr(RowFrameLeaf, "_store_later", held)
     data = values(np.random.default_rng(4), 13, 2, (4,), "int32")
     path = tmp_path / "b"
     # 64 steps: the store's own commits that reserve slots ahead come every 8 steps
@@ -720,13 +845,22 @@ def test_steps_added_one_by_one_while_segments_seal_slowly_read_back_after_commi
     from mmreplay.backends import native_rows, row_frames
 
     monkeypatch.setenv(native_rows.ENV, "1" if native else "0")
-    store_when_encoded = row_frames.RowFrameLeaf._store_when_encoded
+    store_later = row_frames.RowFrameLeaf._store_later
 
-    def slowly(self, *args):
-        threading.Event().wait(0.02)
-        store_when_encoded(self, *args)
+    class Slow:
+        """A seal seen done 20 ms after it began at the soonest."""
 
-    monkeypatch.setattr(row_frames.RowFrameLeaf, "_store_when_encoded", slowly)
+        def __init__(self, seal):
+            self.seal, self.at = seal, time.monotonic() + 0.02
+
+        def done(self):
+            return time.monotonic() >= self.at and self.seal.done()
+
+        def result(self):
+            threading.Event().wait(max(0.0, self.at - time.monotonic()))
+            return self.seal.result()
+
+    monkeypatch.setattr(row_frames.RowFrameLeaf, "_store_later", lambda self, *args: Slow(store_later(self, *args)))
     rng = np.random.default_rng(4)
     data = values(rng, 61, 2, (3, 5), "uint8")
     spec = {"x": mr.ArraySpec((3, 5), "uint8"), "y": mr.ArraySpec((), "float32")}

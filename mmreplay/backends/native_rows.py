@@ -36,7 +36,9 @@ __all__ = [
     "encoder",
     "encoding_status",
     "extension",
+    "shard_stored",
     "status",
+    "store_shard",
 ]
 
 log = logging.getLogger(__name__)
@@ -288,11 +290,11 @@ class NativeEncoder:
         return self._ext.encode_rows(self._encoder, rows, rows.shape[1])
 
     @staticmethod
-    def worker() -> Any:
-        """A native thread that encodes submitted rows in order, never taking the GIL (a
-        Python thread waits up to the switch interval for it, before and after each batch,
-        while the writer runs Python code)."""
-        return sys.modules["mmreplay._rowdecode"].new_worker()
+    def worker(name: str = "mmreplay-encode") -> Any:
+        """A native thread (``name``: as the OS shows it) that runs submitted jobs in order,
+        never taking the GIL (a Python thread waits up to the switch interval for it, before
+        and after each batch, while the writer runs Python code)."""
+        return sys.modules["mmreplay._rowdecode"].new_worker(name)
 
     def submit(self, worker: Any, rows: np.ndarray) -> Any:
         """Hand ``rows`` (uint8 ``[n, row_bytes]``, C-contiguous, left unchanged until
@@ -302,6 +304,23 @@ class NativeEncoder:
     def frames(self, job: Any, wait: bool) -> list[bytes] | None:
         """The frames of a submitted job, or None if it is not done and not ``wait``."""
         return self._ext.job_frames(job, wait)
+
+
+def store_shard(
+    worker: Any, folder: int, folders: str, tmp: str, name: str, frames: list[bytes | None], jobs: list[tuple[int, Any]]
+) -> Any:
+    """Hand a segment's shard to ``worker`` (:meth:`NativeEncoder.worker`): ``frames`` (bytes,
+    or None for a missing row), each job's frames (``(row, job)`` of :meth:`NativeEncoder.submit`)
+    in their place from that row on once encoded, written to ``tmp`` in the folder
+    ``folders`` ("a/b") of the open folder ``folder`` (made where missing, entered without
+    following links) and renamed over ``name``, without the GIL; a job for :func:`shard_stored`."""
+    return sys.modules["mmreplay._rowdecode"].submit_shard(worker, folder, folders, tmp, name, frames, jobs)
+
+
+def shard_stored(job: Any, wait: bool) -> bool:
+    """Whether the shard of :func:`store_shard` is in place (with ``wait``, once it is);
+    OSError if writing it failed, ValueError if encoding one of its rows did."""
+    return sys.modules["mmreplay._rowdecode"].shard_done(job, wait)
 
 
 def encoder(codec: str, level: int, dictionary: bytes | None = None) -> NativeEncoder | None:

@@ -43,6 +43,7 @@ import numpy as np
 
 from ..errors import CorruptBufferError, Error
 from ..io import ByteSource
+from ..io.local import open_folder, partial_name
 from ..metadata import LeafInfo
 from . import native_rows
 from .base import disk_full_as, fsync_files, preallocate
@@ -56,10 +57,12 @@ from .row_reads import (
     staging_bytes,
 )
 
-__all__ = ["RowFrameLeaf", "create_staging", "shard_bytes", "share_encoder"]
+__all__ = ["RowFrameLeaf", "create_staging", "shard_bytes", "share_encoder", "wait_background"]
 
 #: rows handed to the background encoder at a time (waking it per step costs more)
 ENCODE_BATCH_ROWS = 64
+#: the native thread that stores shards, as the OS names it (the encoding ones: mmreplay-encode)
+SHARD_THREAD = "mmreplay-shards"
 
 
 class _EncodeFailed(Exception):
@@ -109,6 +112,29 @@ class _PythonJob:
         return True
 
 
+class _NativeSeal:
+    """A segment's shard stored by the native shard thread (:func:`.native_rows.store_shard`),
+    looked at as a future is."""
+
+    __slots__ = ("job", "where", "full")
+
+    def __init__(self, job: Any, where: str, full: str):
+        self.job, self.where, self.full = job, where, full  # full: what a full disk means here
+
+    def done(self) -> bool:
+        try:
+            return native_rows.shard_stored(self.job, False)
+        except Exception:  # done, and failed: result() says how
+            return True
+
+    def result(self) -> None:
+        with disk_full_as(self.full):
+            try:
+                native_rows.shard_stored(self.job, True)
+            except ValueError as exc:  # a row did not encode
+                raise _EncodeFailed(self.where, exc) from exc
+
+
 class _Encoder:
     """The background encoding of a writer's row-frame leaves (every leaf of a store, the
     side ring's included: :func:`share_encoder`), in the order rows were added. Rows are
@@ -118,7 +144,9 @@ class _Encoder:
     Leaves with a native encoder hand their rows to native threads (the C extension's: one
     per core, at most 8, each batch to the next in turn, each with its own encoder of each
     leaf), which never take the GIL; the frames are put in place by the writer's thread when it
-    checks (each add) or waits (seal, commit). A Python thread waiting for the GIL gets it
+    checks (each batch handed over) or waits (a seal in the writer's thread, ``set``, close).
+    Their segments' shards are stored by one more native thread, which waits for the frames
+    it needs (:meth:`store_shard`). A Python thread waiting for the GIL gets it
     only when the writer lets go, up to the interpreter's switch interval (5 ms) later,
     before and after each batch: it falls behind a writer that runs Python code. Leaves
     that encode in Python (no extension or library, ``MMREPLAY_NATIVE=0``) use one daemon
@@ -140,6 +168,7 @@ class _Encoder:
         self.handed: deque[_NativeJob | _PythonJob] = deque()  # in the order handed over
         self.failed: _EncodeFailed | None = None
         self.users = 0  # leaves that encode here; the threads stop when the last one leaves
+        self.shard_writer: Any = None  # the native thread that stores shards, once needed
 
     def _run(self) -> None:
         while True:
@@ -174,6 +203,8 @@ class _Encoder:
     def add(self, leaf: RowFrameLeaf, frames: list[bytes | None], lo: int, hi: int, source: np.ndarray) -> None:
         """Encode rows ``[lo, hi)`` of ``source`` (``leaf``'s staging rows, or the rows it
         writes ahead) into ``frames[lo:hi]`` later."""
+        if self.rows + hi - lo >= ENCODE_BATCH_ROWS:
+            self.check()  # what failed is raised here, once a batch, before the rows are taken
         for part in self.parts:
             if part[0] is leaf and part[1] is frames and part[3] == lo and part[4] is source:
                 part[3] = hi
@@ -206,6 +237,17 @@ class _Encoder:
         if in_python:
             self.handed.append(_PythonJob(self.run_later(self._encode_parts, in_python), [p[0] for p in in_python]))
         self.parts, self.rows = [], 0
+
+    def store_shard(self, leaf: RowFrameLeaf, k: int, frames: list[bytes | None], jobs: list[_NativeJob]) -> _NativeSeal:
+        """Store segment ``k``'s shard on the native shard thread: ``frames``, and the
+        frames of ``jobs`` once they are encoded."""
+        if self.shard_writer is None:
+            self.shard_writer = native_rows.NativeEncoder.worker(SHARD_THREAD)
+        folders, _, name = leaf.chunk_key(k).rpartition("/")  # inside the leaf's folder, made if missing
+        job = native_rows.store_shard(
+            self.shard_writer, leaf.array_folder(), folders, partial_name(name), name, frames, [(j.lo, j.job) for j in jobs]
+        )
+        return _NativeSeal(job, leaf.where, leaf._disk_full(k))
 
     def check(self, wait: bool = False) -> None:
         """Put the frames of the batches done in place; raise what the encoding raised
@@ -242,6 +284,7 @@ class _Encoder:
             return
         self.handed.clear()
         self.workers = []  # each thread ends once its last job is dropped
+        self.shard_writer = None
         if self.thread is not None:
             self.jobs.put(None)
             self.thread.join()
@@ -256,6 +299,17 @@ def share_encoder(leaves: Iterable[Any]) -> None:
         if isinstance(leaf, RowFrameLeaf) and leaf.writable and leaf.encoder is None:
             leaf.encoder = encoder
             encoder.users += 1
+
+
+def wait_background(leaves: Iterable[Any]) -> None:
+    """Wait for the background work on the rows of the writable row-frame leaves among
+    ``leaves`` (a writer's :attr:`~mmreplay.Store.stored_leaves`): every row handed over
+    encoded, every segment being sealed in place. A commit does not wait for it (see
+    :meth:`RowFrameLeaf.flush`); a writer that pauses, or a benchmark that times a block
+    of adds with the work they leave behind, does."""
+    for leaf in leaves:
+        if isinstance(leaf, RowFrameLeaf) and leaf.writable:
+            leaf.wait_background()
 
 
 def shard_bytes(frames: list[bytes | None]) -> bytes:
@@ -324,6 +378,7 @@ class RowFrameLeaf(RowFrameReads):
         self.ahead: np.ndarray | None = None
         self._open_reads(source, rel, chunk_key, writable)
         self.folder = source.where(rel)  # the zarr array folder (a writer's: local)
+        self._folder_fd = -1  # its descriptor, for the native shard thread (opened once needed)
         self.sealed_since_flush: set[int] = set()
         # the writer's frames of the staging segment's rows (None: not written this lap)
         self.pending: list[bytes | None] | None = None
@@ -335,7 +390,7 @@ class RowFrameLeaf(RowFrameReads):
         # A segment the head leaves is sealed in the background (its shard written and
         # renamed) while the head goes on in the next one, whose rows are kept in memory
         # meanwhile ("ahead") and moved into staging once the seal is done.
-        self.sealing: tuple[int, Future[None]] | None = None
+        self.sealing: tuple[int, Future[None] | _NativeSeal] | None = None
         self.ahead_buffers: list[np.ndarray | None] = [None, None]
         # the step that :meth:`write` writes the short way if it comes next (-1: none), whether
         # it goes ahead, and its segment's first slot
@@ -363,7 +418,6 @@ class RowFrameLeaf(RowFrameReads):
         """Encode rows ``[lo, hi)`` of ``source`` (staging by default) into
         ``frames[lo:hi]`` in the background (the rows stay where they are until their
         segment is sealed, which waits)."""
-        self._check_encoder()
         self._background().add(self, frames, lo, hi, self.staged if source is None else source)
 
     def _background(self) -> _Encoder:
@@ -497,7 +551,17 @@ class RowFrameLeaf(RowFrameReads):
         self.ahead_segment = (k + 1) % self.nseg
         # last: rows go ahead only once all of the above is ready (a call cut short by
         # Ctrl-C before it leaves staging as it was, to seal again)
-        self.sealing = (k, encoder.run_later(self._store_when_encoded, k, frames, jobs))
+        self.sealing = (k, self._store_later(k, frames, jobs))
+
+    def _store_later(self, k: int, frames: list[bytes | None], jobs: list[_NativeJob]) -> Future[None] | _NativeSeal:
+        """Store the staging segment ``k``'s shard in the background: ``frames``, and those
+        of ``jobs`` once encoded. Where every row of it was written this lap (staging from
+        its first step) and encodes natively, on the native shard thread, without the GIL;
+        else on the Python thread, which reads the old shard for the rows not written."""
+        encoder = self._background()
+        if self._header()[2] == 0 and self.frames.native_encoder() is not None:
+            return encoder.store_shard(self, k, frames, jobs)
+        return encoder.run_later(self._store_when_encoded, k, frames, jobs)
 
     def _promote(self, wait: bool) -> None:
         """Once the segment sealed in the background is in place (with ``wait``, waiting
@@ -618,23 +682,43 @@ class RowFrameLeaf(RowFrameReads):
 
     def _write_shard_file(self, k: int, frames: list[bytes | None]) -> None:
         """Write then rename: a shard file is never torn."""
-        with disk_full_as(
-            f"{self.where}: no space left on the file system for segment {k} "
-            f"(slots {k * self.seg}..{min((k + 1) * self.seg, self.capacity) - 1}); the last commit is intact"
-        ):
+        with disk_full_as(self._disk_full(k)):
             self.source.replace(self.shard_key(k), shard_bytes(frames))
 
+    def array_folder(self) -> int:
+        """A descriptor of the leaf's zarr array folder (kept until the leaf closes): where
+        the native shard thread enters its shards' folders."""
+        if self._folder_fd < 0:
+            self._folder_fd = open_folder(self.source.path, self.rel)
+        return self._folder_fd
+
+    def _disk_full(self, k: int) -> str:
+        """What a full disk while storing segment ``k``'s shard means."""
+        return (
+            f"{self.where}: no space left on the file system for segment {k} "
+            f"(slots {k * self.seg}..{min((k + 1) * self.seg, self.capacity) - 1}); the last commit is intact"
+        )
+
     def flush(self, fsync: bool) -> None:
-        # committed rows of the staging segment are durable raw in staging, sealed ones in
-        # their shards; a commit still waits for the encoder (what is queued: a step or
-        # two when it keeps up), so that what it raised surfaces at this commit; the rows
-        # written ahead move into staging
+        # A commit waits only for what it makes durable. The rows of the staging segment
+        # are durable raw in staging, encoded or not (a writer reopening after a crash
+        # encodes them again), so their encoding goes on; the rows written ahead are in
+        # memory: they move into staging once the segment before is sealed, which waits
+        # for that segment's encoding and shard. A writer whose encoding failed before
+        # commits no more (it raised that failure once already).
         self._promote(wait=True)
-        self._check_encoder(wait=True)
+        if self.encoder is not None and self.encoder.failed is not None:
+            self.encoder.check()
         if fsync:
             self.mm.flush()
             fsync_files([self.shard_path(k) for k in self.sealed_since_flush])
         self.sealed_since_flush = set()
+
+    def wait_background(self) -> None:
+        """:func:`wait_background` of this leaf (and the rows of the leaves it shares its
+        encoder with)."""
+        self._promote(wait=True)
+        self._check_encoder(wait=True)
 
     def seal_open_segment(self) -> None:
         """Store the rows of the staging segment as its shard too, so zarr readers see them
@@ -656,6 +740,9 @@ class RowFrameLeaf(RowFrameReads):
             if self.encoder is not None:
                 self.encoder.leave()
                 self.encoder = None
+            if self._folder_fd >= 0:  # (the shard thread has a copy of its own)
+                os.close(self._folder_fd)
+                self._folder_fd = -1
             self.frames = None  # type: ignore[assignment]
             self.header = None
             self.staged = None

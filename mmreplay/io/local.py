@@ -27,6 +27,8 @@ __all__ = [
     "checked_inside",
     "folder_inside",
     "open_inside",
+    "open_folder",
+    "partial_name",
     "read_inside",
     "replace_inside",
     "unsafe_entries",
@@ -69,13 +71,17 @@ def _walk(folder: str, parts: list[str], create: bool) -> int:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for i, part in enumerate(parts):
-            if create:
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
             try:
-                inner = os.open(part, _FOLDER, dir_fd=fd)
+                try:
+                    inner = os.open(part, _FOLDER, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:  # (made only where missing: most folders are there, and a failed mkdir costs more)
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    inner = os.open(part, _FOLDER, dir_fd=fd)
             except OSError as exc:
                 where = os.path.join(folder, *parts[: i + 1])
                 try:
@@ -140,8 +146,13 @@ def read_inside(folder: str | os.PathLike, rel: str, limit: int, what: str = "th
 
 def folder_inside(folder: str | os.PathLike, rel: str) -> str:
     """``folder/rel`` once it is a folder reached without links."""
-    os.close(_walk(os.fspath(folder), rel.split("/"), False))
+    os.close(open_folder(folder, rel))
     return os.path.join(os.fspath(folder), *rel.split("/"))
+
+
+def open_folder(folder: str | os.PathLike, rel: str) -> int:
+    """A descriptor of the folder ``folder/rel``, reached without links (the caller closes it)."""
+    return _walk(os.fspath(folder), rel.split("/"), False)
 
 
 def checked_inside(folder: str | os.PathLike, rel: str) -> str:
@@ -151,13 +162,19 @@ def checked_inside(folder: str | os.PathLike, rel: str) -> str:
     return os.path.join(os.fspath(folder), *rel.split("/"))
 
 
+def partial_name(name: str) -> str:
+    """The name a new file is written under before it is renamed over ``name`` (a name
+    of its own: a dead writer's leftover is never in the way)."""
+    return f"{name}.{uuid.uuid4().hex}.partial"
+
+
 def replace_inside(folder: str | os.PathLike, rel: str, data: bytes | memoryview, exclusive: bool = False) -> None:
     """Write ``folder/rel`` whole by a new file renamed over it (``exclusive``: only
     where nothing is yet), making missing folders; no link is followed on the way."""
     parts = rel.split("/")
     dfd = _walk(os.fspath(folder), parts[:-1], True)
     try:
-        tmp = f"{parts[-1]}.{uuid.uuid4().hex}.partial"
+        tmp = partial_name(parts[-1])
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644, dir_fd=dfd)
         try:
             try:
