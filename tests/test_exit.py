@@ -20,6 +20,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import LAYOUT_AXIS, spread
 
 import mmreplay as mr
 from mmreplay.verify import verify
@@ -208,10 +209,7 @@ def run_script(setup: str, ending: str, path: str) -> list[int]:
     return added
 
 
-@pytest.mark.parametrize("ending", ENDINGS)
-@pytest.mark.parametrize(
-    ("backend", "compression"), [("zarr", None), ("zarr", "zstd"), ("hdf5", None), ("hdf5", "gzip")]
-)
+@pytest.mark.parametrize(("backend", "compression", "ending"), spread(LAYOUT_AXIS, ENDINGS))
 def test_a_store_left_open_commits_every_step(tmp_path, ending, backend, compression):
     path = str(tmp_path / "b")
     setup = PLAIN.format(never=NEVER, backend=backend, compression=compression)
@@ -263,7 +261,8 @@ def total(obj):
 """
 
 
-@pytest.mark.parametrize("ending", ENDINGS)
+# an exception ends through the exit hooks as a normal end does, SIGHUP as SIGTERM does
+@pytest.mark.parametrize("ending", spread(ENDINGS, normal=["normal", "sigint", "sigterm", "collected"]))
 def test_every_layer_left_open_commits_every_step(tmp_path, ending):
     pytest.importorskip("torch")
     pytest.importorskip("gymnasium")
@@ -459,7 +458,8 @@ CUTS = {
 }
 
 
-@pytest.mark.parametrize("cut", list(CUTS))
+# the mapped leaves' writes are one class, and so are the row frames'
+@pytest.mark.parametrize("cut", spread(list(CUTS), normal=set(CUTS) - {"hdf5-mapped", "rows-zstd"}))
 def test_ctrl_c_in_the_middle_of_a_write_commits_no_torn_step(tmp_path, cut):
     """Ctrl-C lands inside a write on a wrapped ring (after some leaves' rows, or a chunk
     the head leaves, are written), then `finally: store.close()`: every committed step is
@@ -520,7 +520,11 @@ midway.wait()  # then the main thread returns, the thread in the middle of an ex
 
 
 @pytest.mark.parametrize(
-    ("backend", "compression"), [("zarr", None), ("zarr", "zstd"), ("hdf5", "gzip"), ("zarr", "rows:lz4")]
+    ("backend", "compression"),
+    spread(
+        {"zarr-None": ("zarr", None), "zarr-zstd": ("zarr", "zstd"), "hdf5-gzip": ("hdf5", "gzip"), "zarr-rows:lz4": ("zarr", "rows:lz4")},
+        normal=["zarr-zstd", "hdf5-gzip", "zarr-rows:lz4"],  # mapped writes: test_ctrl_c_in_the_middle_of_a_write...
+    ),
 )
 def test_a_daemon_thread_still_adding_at_exit_leaves_only_whole_steps_committed(tmp_path, backend, compression):
     """The exit hooks wait for the write under way (the thread is in the middle of an

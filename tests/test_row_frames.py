@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from conftest import spread
 
 import mmreplay as mr
 from mmreplay.backends import native_rows
@@ -622,8 +623,7 @@ SEALING_WRITER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("when", ["before the rename", "after the rename"])
-@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize(("codec", "when"), spread(CODECS, ["before the rename", "after the rename"]))
 def test_kill_9_while_a_segment_is_sealed_in_the_background_keeps_every_committed_row(tmp_path, codec, when):
     path = str(tmp_path / "b")
     proc = subprocess.Popen(
