@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import spread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -77,7 +78,12 @@ def test_every_benchmark_is_expected_here() -> None:
     assert set(EXPECTED) == set(BENCHMARKS)
 
 
-@pytest.mark.parametrize("name", list(BENCHMARKS))
+#: the benchmarks whose smallest size takes seconds, and cold-rows, whose tables check the
+#: prefetch decision (CHECKS); the others run with --long
+QUICK = ["hot-path", "cold-rows", "mapping-budget", "lerobot", "view"]
+
+
+@pytest.mark.parametrize("name", spread(list(BENCHMARKS), normal=QUICK))
 def test_each_benchmark_runs_at_its_smallest_size_and_prints_its_conditions(name: str, tmp_path) -> None:
     out = tmp_path / "tables.json"
     proc = run_bench(name, "--smoke", "--dir", str(tmp_path), "--json", str(out))

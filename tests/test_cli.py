@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import one_line_error, run_cli
+from conftest import one_line_error, run_cli, spread
 from mmreplay.cli import COMMANDS
 
 import mmreplay as mr
@@ -123,7 +123,8 @@ def test_export_with_progress_then_import_back(tmp_path):
         assert np.array_equal(got.data["observation"], first.data["observation"])
 
 
-@pytest.mark.parametrize("fmt", ["d4rl", "d3rlpy", "parquet", "npz", "csv", "pt", "zarr", "hdf5"])
+# test_export_edges.py exports every format from the command line too (and imports it back)
+@pytest.mark.parametrize("fmt", spread(["d4rl", "d3rlpy", "parquet", "npz", "csv", "pt", "zarr", "hdf5"], normal=["npz", "zarr"]))
 def test_export_every_format_from_the_command_line(tmp_path, fmt):
     pytest.importorskip({"pt": "torch", "parquet": "pyarrow"}.get(fmt, "numpy"))
     out = tmp_path / "out"
@@ -322,9 +323,7 @@ def test_create_from_json_and_yaml(tmp_path):
 # --- errors: one line on stderr, a non-zero status, no traceback --------------------------------
 
 
-@pytest.mark.parametrize(
-    "args, needle, code",
-    [
+MISTAKES = [
         (["inspect", "{tmp}/missing"], "no such folder", 3),
         (["inspect", "{tmp}"], "not an mmreplay buffer", 3),
         (["export", WRAPPED, "{tmp}/x", "--format", "tfrecord"], "unknown export format", 4),
@@ -381,17 +380,47 @@ def test_create_from_json_and_yaml(tmp_path):
         (["torture", "--layout", "nope"], "--layout", 2),
         (["inspect"], "Missing argument 'PATH'", 2),
         (["no-such-command"], "No such command", 2),
-    ],
-)
-def test_user_mistakes_are_one_line_errors(tmp_path, args, needle, code):
-    (tmp_path / "exists").write_text("")
-    (tmp_path / "bad.json").write_text("{not json")
-    (tmp_path / "ok.json").write_text('{"x": {"shape": [], "dtype": "int64"}}')
-    (tmp_path / "badleaf.json").write_text('{"../x": {"shape": [], "dtype": "int64"}}')
-    before = sorted(os.listdir(tmp_path))
-    out = shell(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+]
+
+
+@pytest.fixture(scope="module")
+def mistakes_made(tmp_path_factory) -> dict[tuple, tuple[subprocess.CompletedProcess, list[str], list[str]]]:
+    """Each of MISTAKES run once in a folder of its own, each in a process of its own that
+    ran nothing of mmreplay before (forked by cli_forks.py from one interpreter that
+    imported the command line: an interpreter start per mistake costs more than all the
+    mistakes): its args -> its result, and its folder listed before and after."""
+    runs, folders = [], []
+    for i, (args, _, _) in enumerate(MISTAKES):
+        folder = tmp_path_factory.mktemp(f"mistake{i}")
+        (folder / "exists").write_text("")
+        (folder / "bad.json").write_text("{not json")
+        (folder / "ok.json").write_text('{"x": {"shape": [], "dtype": "int64"}}')
+        (folder / "badleaf.json").write_text('{"../x": {"shape": [], "dtype": "int64"}}')
+        argv = [a.replace("{tmp}", str(folder)) for a in args]
+        runs.append({"argv": argv, "cwd": str(folder), "timeout": 120})
+        folders.append((folder, sorted(os.listdir(folder))))
+    done = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli_forks.py")],
+        input=json.dumps({"runs": runs}), capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(results) == len(runs), done.stderr[-3000:]
+    return {
+        tuple(args): (
+            subprocess.CompletedProcess(run["argv"], r["code"], r["stdout"], r["stderr"]),
+            before,
+            sorted(os.listdir(folder)),
+        )
+        for (args, _, _), run, r, (folder, before) in zip(MISTAKES, runs, results, folders)
+    }
+
+
+@pytest.mark.parametrize("args, needle, code", MISTAKES)
+def test_user_mistakes_are_one_line_errors(mistakes_made, args, needle, code):
+    out, before, after = mistakes_made[tuple(args)]
     one_line_error(out, code, needle)
-    assert sorted(os.listdir(tmp_path)) == before  # a refusal writes nothing
+    assert after == before  # a refusal writes nothing
 
 
 def test_compression_help_lists_only_what_each_format_takes():
