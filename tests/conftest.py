@@ -5,18 +5,23 @@ to kill a writer process and reopen what it left."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-import pytest
+# torch trains the tests' small networks fastest on one thread (more only spin), in this
+# process and in those the tests start: set before anything imports torch
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import mmreplay as mr
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import mmreplay as mr  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,6 +43,30 @@ LAYOUT_IDS = [f"{b}-{c or 'mapped'}" for b, c in LAYOUTS]
 #: the layouts with row-frame leaves too (tests of the leaf protocol and of visibility)
 WITH_ROWS = LAYOUTS + [("zarr", "rows:lz4"), ("zarr", "rows:zstd:1")]
 WITH_ROWS_IDS = [f"{b}-{c or 'mapped'}" for b, c in WITH_ROWS]
+#: the layouts as a ``spread`` axis: (backend, compression), or as the ``layout`` fixture gives them
+LAYOUT_AXIS = dict(zip(LAYOUT_IDS, LAYOUTS))
+LAYOUT_KWARGS = {name: {"backend": b, "compression": c} for name, (b, c) in LAYOUT_AXIS.items()}
+
+
+def spread(*axes: Mapping | Sequence, normal: Collection[str] | None = None) -> list:
+    """Parametrize cases for the product of ``axes`` (each ``{id: value}`` or a list of
+    values; a tuple value fills several argument names). The normal run takes the fewest
+    cases that hold every value of every axis (or the cases whose ids are ``normal``, which
+    must hold every value too when there are several axes); the other combinations run only
+    with ``--long``."""
+    axes = [list(a.items()) if isinstance(a, Mapping) else [(str(v), v) for v in a] for a in axes]
+    diagonal = {tuple(i % len(a) for a in axes) for i in range(max(map(len, axes)))}
+    out, seen = [], set()
+    for index in itertools.product(*(range(len(a)) for a in axes)):
+        picked = [a[i] for a, i in zip(axes, index)]
+        name = "-".join(k for k, _ in picked)
+        values = [x for _, v in picked for x in (v if isinstance(v, tuple) else (v,))]
+        short = index in diagonal if normal is None else name in normal
+        seen |= set(enumerate(index)) if short else set()
+        out.append(pytest.param(*values, id=name, marks=() if short else pytest.mark.long))
+    assert normal is None or set(normal) <= {p.id for p in out}, normal
+    assert len(axes) == 1 or seen == {(n, i) for n, a in enumerate(axes) for i in range(len(a))}, normal
+    return out
 
 
 @pytest.fixture(params=LAYOUTS, ids=LAYOUT_IDS)

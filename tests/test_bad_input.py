@@ -6,7 +6,7 @@ import copy
 
 import numpy as np
 import pytest
-from conftest import folder_digest, make_step
+from conftest import LAYOUT_KWARGS, folder_digest, make_step, spread
 
 import mmreplay as mr
 from mmreplay.spec import flatten
@@ -200,7 +200,12 @@ def _rows_are(path, spec, lo, hi) -> None:
                 np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize(("name", "bad", "words"), STEP_CASES, ids=[c[0] for c in STEP_CASES])
+#: each refusal on one layout (a refusal comes before any leaf is touched), every layout in
+#: turn; every pair with --long (the ``layout`` fixture, given directly)
+STEPS_ON_LAYOUTS = spread({c[0]: c for c in STEP_CASES}, LAYOUT_KWARGS)
+
+
+@pytest.mark.parametrize(("name", "bad", "words", "layout"), STEPS_ON_LAYOUTS)
 def test_add_refuses(filled, name, bad, words):
     store, path, spec = filled
     _check_refused(store, path, lambda: store.add(bad(good(spec, 11))), words)
@@ -209,7 +214,7 @@ def test_add_refuses(filled, name, bad, words):
     _rows_are(path, spec, 4, 12)
 
 
-@pytest.mark.parametrize(("name", "bad", "words"), STEP_CASES, ids=[c[0] for c in STEP_CASES])
+@pytest.mark.parametrize(("name", "bad", "words", "layout"), STEPS_ON_LAYOUTS)
 def test_set_refuses(filled, name, bad, words):
     store, path, spec = filled
     store.commit()
@@ -218,7 +223,7 @@ def test_set_refuses(filled, name, bad, words):
     _rows_are(path, spec, 3, 11)
 
 
-@pytest.mark.parametrize(("name", "bad", "words"), BATCH_CASES, ids=[c[0] for c in BATCH_CASES])
+@pytest.mark.parametrize(("name", "bad", "words", "layout"), spread({c[0]: c for c in BATCH_CASES}, LAYOUT_KWARGS))
 def test_extend_refuses(filled, name, bad, words):
     store, path, spec = filled
     _check_refused(store, path, lambda: store.extend(bad(batch(spec, 11, 15))), words)

@@ -162,7 +162,7 @@ def push_cli(
     return proc.returncode, out, err, time.monotonic() - t
 
 
-@pytest.mark.parametrize("trials", [20, pytest.param(200, marks=pytest.mark.long)])
+@pytest.mark.parametrize("trials", [8, pytest.param(200, marks=pytest.mark.long)])
 def test_ctrl_c_during_push_ends_as_aborted_and_the_snapshot_stays_whole(tmp_path, s3_server, trials):
     """Ctrl-C at random moments of pushes to a server whose uploads take 0.6 s to answer
     (uploads are in flight most of the time): always "Aborted!" (or done, when the push finished
@@ -214,7 +214,7 @@ def cpu_burner():
         proc.wait()
 
 
-@pytest.mark.parametrize("rounds", [2, pytest.param(30, marks=pytest.mark.long)])
+@pytest.mark.parametrize("rounds", [1, pytest.param(30, marks=pytest.mark.long)])
 def test_commands_exit_cleanly_under_load(tmp_path, s3_server, rounds):
     """Local and object-storage commands, several at a time beside a CPU burner: each
     exits 0 and prints no traceback at exit."""

@@ -164,7 +164,7 @@ def test_readers_see_committed_bit_exact_rows_while_a_writer_runs(tmp_path, back
     mr.create(
         path, SPEC, capacity=32, num_envs=ENVS, backend=backend, compression=compression, chunk_steps=4
     ).close()
-    _check(path, seconds=2, readers=3)
+    _check(path, seconds=1, readers=2)
 
 
 @pytest.mark.long

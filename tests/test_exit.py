@@ -20,6 +20,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import LAYOUT_AXIS, spread
 
 import mmreplay as mr
 from mmreplay.verify import verify
@@ -208,10 +209,7 @@ def run_script(setup: str, ending: str, path: str) -> list[int]:
     return added
 
 
-@pytest.mark.parametrize("ending", ENDINGS)
-@pytest.mark.parametrize(
-    ("backend", "compression"), [("zarr", None), ("zarr", "zstd"), ("hdf5", None), ("hdf5", "gzip")]
-)
+@pytest.mark.parametrize(("backend", "compression", "ending"), spread(LAYOUT_AXIS, ENDINGS))
 def test_a_store_left_open_commits_every_step(tmp_path, ending, backend, compression):
     path = str(tmp_path / "b")
     setup = PLAIN.format(never=NEVER, backend=backend, compression=compression)

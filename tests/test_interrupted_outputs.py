@@ -158,7 +158,7 @@ def check_nothing_half_made(results: list[dict]) -> None:
 def test_ctrl_c_at_random_moments_leaves_the_output_whole_or_absent(tmp_path, what):
     """Ctrl-C during `export -f minari` used to leave an empty OUT/mmreplay/ folder."""
     needs(what)
-    check_nothing_half_made(interrupted_runs(tmp_path, what, trials=6))
+    check_nothing_half_made(interrupted_runs(tmp_path, what, trials=3))
 
 
 @pytest.mark.long

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import verify_cli
+from conftest import spread, verify_cli
 
 import mmreplay as mr
 from mmreplay.backends import native_rows, row_frames
@@ -626,8 +626,7 @@ SEALING_WRITER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("when", ["before the rename", "after the rename"])
-@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize(("codec", "when"), spread(CODECS, ["before the rename", "after the rename"]))
 def test_kill_9_while_a_segment_is_sealed_in_the_background_keeps_every_committed_row(tmp_path, codec, when):
     path = str(tmp_path / "b")
     proc = subprocess.Popen(

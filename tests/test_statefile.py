@@ -349,13 +349,14 @@ for k in range(10**6):
 """
 
 
-def test_attrs_under_random_kills_always_describe_a_commit(tmp_path, writers):
+@pytest.mark.parametrize("trials", [6, pytest.param(60, marks=pytest.mark.long)])
+def test_attrs_under_random_kills_always_describe_a_commit(tmp_path, writers, trials):
     """Each round commits one step, then records the step count in the attributes; a
     kill anywhere leaves attributes that one commit (this or the one before) made."""
     path = make(tmp_path / "b", 1, commit_every=10**6)
     rng = np.random.default_rng(0)
     code = textwrap.dedent(SET_ATTRS_LOOP.format(path=path))
-    for trial in range(12):
+    for trial in range(trials):
         proc = writers.start(code)
         proc.stdout.readline()  # running
         time.sleep(float(rng.uniform(0, 0.05)))

@@ -7,13 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import folder_digest, make_step
+from conftest import LAYOUT_KWARGS, folder_digest, make_step, spread
 
 import mmreplay as mr
 from mmreplay.metadata import read_metadata
@@ -407,6 +406,9 @@ def check_rows(store):
     np.testing.assert_array_equal(x, np.repeat(want[:, :, None], 6, axis=2))
 
 
+# every layout is killed and resumed in test_crash.py's torture, and read beside a writer
+# process in test_concurrency.py
+@pytest.mark.parametrize("layout", spread(LAYOUT_KWARGS, normal=["zarr-zstd", "hdf5-mapped"]))
 def test_committed_rows_survive_kill_9_and_collection_resumes(tmp_path, layout, writers):
     path = str(tmp_path / "b")
     compression = layout["compression"] or "none"
@@ -447,6 +449,7 @@ READER = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("layout", spread(LAYOUT_KWARGS, normal=["zarr-mapped", "hdf5-gzip"]))
 def test_reader_process_sees_only_committed_bit_exact_rows(tmp_path, layout, writers):
     path = str(tmp_path / "b")
     compression = layout["compression"] or "none"
@@ -513,23 +516,22 @@ def test_a_failed_create_leaves_no_new_parent_folders(tmp_path):
 
 
 CREATE_RACE = """
-import json, os, sys, time, mmreplay as mr
+import os, sys, time, mmreplay as mr
 root, trials = sys.argv[1], int(sys.argv[2])
-out = []
+print("ready", flush=True)
 for i in range(trials):
     while not os.path.exists(os.path.join(root, f"go{i}")):  # both processes start together
         time.sleep(0.0002)
     try:
         mr.create(os.path.join(root, f"b{i}"), {"x": mr.ArraySpec((3,), "float32")}, capacity=64,
                   exist_ok=i % 2 == 1).close()
-        out.append("created or opened")
+        print("created or opened", flush=True)
     except mr.BufferExistsError:
-        out.append("exists")
+        print("exists", flush=True)
     except mr.LockedError:
-        out.append("locked")  # exist_ok: the other process still writes the one it made
+        print("locked", flush=True)  # exist_ok: the other process still writes the one it made
     except Exception as exc:
-        out.append(f"{type(exc).__name__}: {exc}")
-print(json.dumps(out))
+        print(f"{type(exc).__name__}: {exc}".replace("\\n", " "), flush=True)
 """
 
 
@@ -540,12 +542,21 @@ def _create_race(tmp_path, trials: int) -> None:
         subprocess.Popen([sys.executable, "-c", CREATE_RACE, str(tmp_path), str(trials)], stdout=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
-    time.sleep(3)  # both imported mmreplay and wait
-    for i in range(trials):
-        (tmp_path / f"go{i}").touch()
-        time.sleep(0.2)
-    outs = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
-    for i, pair in enumerate(zip(*outs)):
+    try:
+        for p in procs:  # both imported mmreplay and wait
+            assert p.stdout.readline() == "ready\n"
+        pairs = []
+        for i in range(trials):  # each round once both said how the last one went
+            (tmp_path / f"go{i}").touch()
+            pairs.append(tuple(p.stdout.readline().strip() for p in procs))
+        for p in procs:
+            p.communicate(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for i, pair in enumerate(pairs):
         assert sorted(pair) in (["created or opened", "exists"], ["created or opened", "created or opened"],
                                 ["created or opened", "locked"]), (i, pair)
         assert i % 2 == 1 or sorted(pair) == ["created or opened", "exists"], (i, pair)

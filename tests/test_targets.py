@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import folder_digest, one_line_error, run_cli
+from conftest import folder_digest, one_line_error, run_cli, spread
 
 import mmreplay as mr
 from mmreplay.convert import convert
@@ -94,8 +94,7 @@ def test_force_replaces_an_earlier_export_of_the_same_format(tmp_path, fmt):
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "d4rl", "npz"])
-@pytest.mark.parametrize("where", ["data.h5", "episodes.idx", "mmreplay.json", "new-file", "."])
+@pytest.mark.parametrize(("where", "fmt"), spread(["data.h5", "episodes.idx", "mmreplay.json", "new-file", "."], ["hdf5", "d4rl", "npz"]))
 def test_export_never_writes_into_or_over_the_source_store(store, fmt, where):
     """Exporting into STORE/data.h5 with --force used to destroy the store."""
     before = tree(store)

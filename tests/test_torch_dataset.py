@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import LAYOUT_KWARGS, spread
 
 torch = pytest.importorskip("torch")
 from test_sampling import make, steps_of  # noqa: E402
@@ -43,6 +44,8 @@ def test_sequences_within_episodes(tmp_path):
             assert not ds[i]["terminated"][:-1].any()
 
 
+# the layouts in turn across the two tests with workers (which open the folder themselves)
+@pytest.mark.parametrize("layout", spread(LAYOUT_KWARGS, normal=["zarr-mapped", "hdf5-gzip"]))
 def test_dataloader_with_two_workers_covers_every_row_once(tmp_path, layout):
     with make(tmp_path, 64, 4, 50, layout):
         pass
@@ -67,6 +70,7 @@ def test_dataloader_with_two_workers_reads_sequences(tmp_path):
         assert torch.all(b["step"][:, 1:] - b["step"][:, :-1] == 1)
 
 
+@pytest.mark.parametrize("layout", spread(LAYOUT_KWARGS, normal=["zarr-zstd", "hdf5-mapped"]))
 def test_sample_dataset_with_two_workers(tmp_path, layout):
     with make(tmp_path, 32, 2, 20, layout):
         pass

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import make_step, one_line_error, recover_cli, run_cli, verify_cli
+from conftest import make_step, one_line_error, recover_cli, run_cli, spread, verify_cli
 
 import mmreplay as mr
 from mmreplay.metadata import METADATA_FILE, read_metadata
@@ -238,8 +238,7 @@ def test_leaf_names_that_could_leave_the_folder_are_refused_at_create(tmp_path, 
 LEAF_PATHS = ["../x", "x/../../y", "/abs", "x//y", "a\\b", "./x", "x/", ""]
 
 
-@pytest.mark.parametrize("leaf_path", LEAF_PATHS)
-@pytest.mark.parametrize("field", ["path", "file"])
+@pytest.mark.parametrize(("field", "leaf_path"), spread(["path", "file"], LEAF_PATHS))
 def test_leaf_paths_in_metadata_that_leave_the_folder_are_refused(tmp_path, leaf_path, field):
     path = _buffer(tmp_path)
     _edit(path, lambda o: _leaf(o).update({field: leaf_path}))
