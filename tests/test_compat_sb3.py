@@ -637,16 +637,22 @@ def _sb3_test_file(cache: str, test: str = SB3_TESTS, drop_ins: str = "DictRepla
     drop-in instead: the one change."""
     import importlib.metadata
     import tarfile
+    import tempfile
 
     version = importlib.metadata.version("stable_baselines3")
     os.makedirs(cache, exist_ok=True)
     sdist = [f for f in os.listdir(cache) if f.endswith(".tar.gz") and version in f]
     if not sdist:
-        got = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"stable-baselines3=={version}", "-d", cache],
-            capture_output=True, text=True, timeout=300,
-        )
+        # into a folder of its own, then renamed in whole: runs beside this one (test
+        # workers) share the cache and must never open a half-downloaded file
+        with tempfile.TemporaryDirectory(dir=cache) as part:
+            got = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                 f"stable-baselines3=={version}", "-d", part],
+                capture_output=True, text=True, timeout=300,
+            )
+            for name in os.listdir(part):
+                os.replace(os.path.join(part, name), os.path.join(cache, name))
         sdist = [f for f in os.listdir(cache) if f.endswith(".tar.gz") and version in f]
         if got.returncode != 0 or not sdist:
             pytest.skip(f"cannot download the stable-baselines3 {version} sdist from PyPI: {got.stderr[-300:]}")

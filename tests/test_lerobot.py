@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -324,30 +323,41 @@ def test_a_v21_dataset_is_refused_with_what_to_do(tmp_path):
     assert not (tmp_path / "back").exists()
 
 
+#: ``mmreplay ARGS...`` as ``python -m mmreplay.cli`` runs it, but the third episode's video
+#: waits: the export says "midway" on stdout (two episodes written into the partial
+#: folder) and reads a line from stdin, where Ctrl-C finds it
+HELD_EXPORT = """
+import runpy, sys
+from mmreplay.formats.lerobot import VideoFiles
+add, calls = VideoFiles.add, []
+def held(self, frames):
+    calls.append(frames)
+    if len(calls) == 3:
+        print("midway", flush=True)
+        sys.stdin.readline()
+    return add(self, frames)
+VideoFiles.add = held
+sys.argv[0] = "mmreplay"
+runpy.run_module("mmreplay.cli", run_name="__main__", alter_sys=True)
+"""
+
+
 def test_ctrl_c_leaves_nothing_half_written(tmp_path):
     with fill(tmp_path / "s", steps=150, num_envs=2):
         pass
+    args = ["export", tmp_path / "s", tmp_path / "out", "-f", "lerobot", "--lossless", "-q"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mmreplay.cli",
-            "export",
-            tmp_path / "s",
-            tmp_path / "out",
-            "-f",
-            "lerobot",
-            "--lossless",
-            "-q",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not glob.glob(str(tmp_path / ".out.partial-*" / "videos")) and proc.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=120)
-    assert proc.returncode != 0, "the export finished before the interrupt; make the store bigger"
+        [sys.executable, "-c", HELD_EXPORT, *map(str, args)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "midway\n", proc.communicate(timeout=120)
+        assert glob.glob(str(tmp_path / ".out.partial-*" / "videos" / "*" / "*" / "*.mp4"))
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1 and "Aborted!" in err and "Traceback" not in err, err
     assert sorted(os.listdir(tmp_path)) == ["s"]
