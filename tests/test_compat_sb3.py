@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap
@@ -405,12 +404,9 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_a_run_killed_with_sigkill_resumes_with_every_committed_step(tmp_path):
+def test_a_run_killed_with_sigkill_resumes_with_every_committed_step(tmp_path, writers):
     path = str(tmp_path / "buf")
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, path], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    writers.kill_when(writers.start(WRITER, path), lambda line: line.strip() == "ready")
     reader = mr.open(path)
     committed = reader.committed_steps
     retained = reader.get(slice(None))

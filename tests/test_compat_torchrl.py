@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -448,18 +447,6 @@ def test_a_storage_sent_to_a_spawned_process_reads_the_folder_and_writes_nothing
 # --- resume after SIGKILL -------------------------------------------------------------
 
 
-def kill_when_ready(code: str, path) -> None:
-    """Run ``code`` with ``path`` in a new process and SIGKILL it once it prints "ready"."""
-    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
-
-
 WRITER = textwrap.dedent(
     """
     import sys, time, torch
@@ -480,9 +467,9 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_a_replay_buffer_resumes_after_sigkill(tmp_path):
+def test_a_replay_buffer_resumes_after_sigkill(tmp_path, writers):
     path = tmp_path / "b"
-    kill_when_ready(WRITER, path)
+    writers.kill_when(writers.start(WRITER, path), lambda line: line.strip() == "ready")
     storage = MMReplayStorage(path, max_size=16)
     rb = TensorDictReplayBuffer(storage=storage, batch_size=64)
     # Steps 0..19 were committed; the ring kept the newest 16, minus those whose slots the
@@ -520,9 +507,9 @@ PRIORITIZED_WRITER = textwrap.dedent(
 )
 
 
-def test_priorities_survive_sigkill(tmp_path):
+def test_priorities_survive_sigkill(tmp_path, writers):
     path = tmp_path / "b"
-    kill_when_ready(PRIORITIZED_WRITER, path)
+    writers.kill_when(writers.start(PRIORITIZED_WRITER, path), lambda line: line.strip() == "ready")
     rb = TensorDictReplayBuffer(storage=MMReplayStorage(path), sampler=StoreSampler(), batch_size=256)
     assert len(rb) == 20
     assert set(rb.sample()["a"].tolist()) == {0, 5, 10, 15}

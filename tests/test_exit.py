@@ -334,7 +334,7 @@ def test_a_reader_left_open_releases_its_files_when_collected(tmp_path):
     assert after == before
 
 
-def test_sigkill_loses_only_the_uncommitted_tail(tmp_path):
+def test_sigkill_loses_only_the_uncommitted_tail(tmp_path, writers):
     """The one ending no hook can see: what was committed survives, the rest is gone."""
     path = str(tmp_path / "b")
     code = textwrap.dedent(
@@ -347,8 +347,7 @@ def test_sigkill_loses_only_the_uncommitted_tail(tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True)
-    assert done.returncode == -signal.SIGKILL
+    writers.run_killed(code)
     with mr.open(path) as store:
         assert store.committed_steps == 30
         assert os.path.exists(os.path.join(path, "mmreplay.json"))

@@ -800,37 +800,24 @@ print("ready", flush=True)
 """
 
 
-def _writer(path, then: str) -> subprocess.Popen:
-    code = textwrap.dedent(HOLD.format(path=path, envs=ENVS, then=then))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def _writer(writers, path, then: str) -> subprocess.Popen:
+    proc = writers.start(textwrap.dedent(HOLD.format(path=path, envs=ENVS, then=then)))
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
 
 @pytest.mark.parametrize(("backend", "compression"), spread(LAYOUT_AXIS, normal=["zarr-zstd", "hdf5-mapped"]))
-def test_second_writer_is_refused(tmp_path, backend, compression):
+def test_second_writer_is_refused(tmp_path, writers, backend, compression):
     path = fill(tmp_path / "b", 10, backend, compression)
-    proc = _writer(path, "sys.stdin.read() if False else time.sleep(60)")
-    try:
-        with pytest.raises(mr.LockedError, match=f"process {proc.pid}"):
-            mr.open(path, "a")
-        with pytest.raises(mr.LockedError):
-            mr.create(
-                path,
-                SPEC,
-                capacity=40,
-                num_envs=ENVS,
-                backend=backend,
-                compression=compression,
-                exist_ok=True,
-            )
-        assert assert_exact(path) == (0, 15)  # readers are welcome
-        result = run_cli("verify", path)
-        assert result.returncode == 0 and f"process {proc.pid}" in result.stderr
-        one_line_error(run_cli("recover", path), 5, f"process {proc.pid}")
-    finally:
-        proc.kill()
-        proc.wait()
+    proc = _writer(writers, path, "time.sleep(60)")
+    with pytest.raises(mr.LockedError, match=f"process {proc.pid}"):
+        mr.open(path, "a")
+    with pytest.raises(mr.LockedError):
+        mr.create(path, SPEC, capacity=40, num_envs=ENVS, backend=backend, compression=compression, exist_ok=True)
+    assert assert_exact(path) == (0, 15)  # readers are welcome
+    result = run_cli("verify", path)
+    assert result.returncode == 0 and f"process {proc.pid}" in result.stderr
+    one_line_error(run_cli("recover", path), 5, f"process {proc.pid}")
 
 
 def test_second_writer_in_the_same_process_is_refused(tmp_path):
@@ -841,11 +828,10 @@ def test_second_writer_in_the_same_process_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(("backend", "compression"), spread(LAYOUT_AXIS, normal=["zarr-mapped", "hdf5-gzip"]))
-def test_dead_writers_lock_is_released_by_the_os(tmp_path, backend, compression):
+def test_dead_writers_lock_is_released_by_the_os(tmp_path, writers, backend, compression):
     path = fill(tmp_path / "b", 10, backend, compression)
-    proc = _writer(path, "time.sleep(60)")
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL
+    proc = _writer(writers, path, "time.sleep(60)")
+    writers.kill(proc)
     lock = os.path.join(path, ".lock")
     assert os.path.exists(lock) and open(lock).read().strip() == str(proc.pid)  # a stale file, no lock
     assert assert_exact(path) == (0, 15)  # the commit survived, the uncommitted steps did not show

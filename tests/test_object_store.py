@@ -4,7 +4,6 @@ once per session on 127.0.0.1, reached over HTTP by obstore (no mock of the clie
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -141,13 +140,12 @@ KILLED_PUSH = textwrap.dedent(
 )
 
 
-def test_a_push_killed_mid_way_leaves_the_previous_snapshot_readable(tmp_path, url):
+def test_a_push_killed_mid_way_leaves_the_previous_snapshot_readable(tmp_path, url, writers):
     local = make(tmp_path / "buf", 30)
     mr.push(local, url)
     with mr.open(local, mode="a") as s:
         s.extend(steps(30, 25))  # overwrites the slots of steps 0..14
-    proc = subprocess.run([sys.executable, "-c", KILLED_PUSH, local, url], capture_output=True, text=True)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    writers.run_killed(KILLED_PUSH, local, url)
     with mr.open(url) as remote:
         # the previous snapshot, less the steps the push had begun to overwrite
         assert remote.total_steps == 30
@@ -180,36 +178,32 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_readers_see_whole_rows_while_a_running_writer_is_pushed(tmp_path, url):
+def test_readers_see_whole_rows_while_a_running_writer_is_pushed(tmp_path, url, writers):
     local = make(tmp_path / "buf", 30)
     mr.push(local, url)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, local, os.path.dirname(__file__)])
-    try:
-        with mr.open(local) as mine:  # push while the writer writes
-            deadline = time.monotonic() + 60
-            while mine.live_state().end <= 30 and time.monotonic() < deadline:
-                time.sleep(0.01)
-        with mr.open(url) as remote:
-            ends, sampled = [], 0
-            for i in range(4):
-                report = mr.push(local, url)
-                ends.append(report.state.end)
-                remote.refresh()
-                state = remote.state
-                if remote.window.first == remote.window.end:
-                    # the writer went round the ring while the push copied it: none of the
-                    # rows copied can be trusted, and the snapshot says so
-                    assert state.reserved - CAPACITY >= state.end
-                    continue
-                sampled += 1
-                for k in range(3):
-                    g = check_rows(remote.sample(32, rng=i * 3 + k))
-                    assert g.max() < remote.total_steps  # committed steps only
-                    if remote.window.end - remote.window.first >= 3:  # (a push slower than most of a lap keeps fewer)
-                        check_rows(remote.sample(4, num_steps=3, rng=k))
-    finally:
-        writer.kill()
-        writer.wait()
+    writers.start(WRITER, local, os.path.dirname(__file__))  # ended by the fixture
+    with mr.open(local) as mine:  # push while the writer writes
+        deadline = time.monotonic() + 60
+        while mine.live_state().end <= 30 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    with mr.open(url) as remote:
+        ends, sampled = [], 0
+        for i in range(4):
+            report = mr.push(local, url)
+            ends.append(report.state.end)
+            remote.refresh()
+            state = remote.state
+            if remote.window.first == remote.window.end:
+                # the writer went round the ring while the push copied it: none of the
+                # rows copied can be trusted, and the snapshot says so
+                assert state.reserved - CAPACITY >= state.end
+                continue
+            sampled += 1
+            for k in range(3):
+                g = check_rows(remote.sample(32, rng=i * 3 + k))
+                assert g.max() < remote.total_steps  # committed steps only
+                if remote.window.end - remote.window.first >= 3:  # (a push slower than most of a lap keeps fewer)
+                    check_rows(remote.sample(4, num_steps=3, rng=k))
     assert ends == sorted(ends)
     assert sampled  # at this pace most pushes take less than a lap of the ring
 
