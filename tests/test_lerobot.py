@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -342,22 +341,14 @@ runpy.run_module("mmreplay.cli", run_name="__main__", alter_sys=True)
 """
 
 
-def test_ctrl_c_leaves_nothing_half_written(tmp_path):
+def test_ctrl_c_leaves_nothing_half_written(tmp_path, writers):
     with fill(tmp_path / "s", steps=150, num_envs=2):
         pass
     args = ["export", tmp_path / "s", tmp_path / "out", "-f", "lerobot", "--lossless", "-q"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HELD_EXPORT, *map(str, args)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout.readline() == "midway\n", proc.communicate(timeout=120)
-        assert glob.glob(str(tmp_path / ".out.partial-*" / "videos" / "*" / "*" / "*.mp4"))
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc = writers.start(HELD_EXPORT, *args, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == "midway\n", proc.communicate(timeout=120)
+    assert glob.glob(str(tmp_path / ".out.partial-*" / "videos" / "*" / "*" / "*.mp4"))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Aborted!" in err and "Traceback" not in err, err
     assert sorted(os.listdir(tmp_path)) == ["s"]
