@@ -218,7 +218,7 @@ def test_learner_process_updates_while_a_writer_process_wraps_and_dies(tmp_path)
         while mr.open(path).committed_steps < 200 and time.time() < deadline:
             time.sleep(0.05)
         learner = subprocess.Popen(
-            [sys.executable, "-c", LEARNER, path, "4"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", LEARNER, path, "6"], stdout=subprocess.PIPE, text=True
         )
         for i in range(30):
             check_priorities(path)
