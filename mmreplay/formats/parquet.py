@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from .base import Exportable, ExportOptions, ExportResult
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
-FIRST_FILE = "part-00000.parquet"
 #: raw bytes of data per file before the next part file starts
 FILE_BYTES = 1 << 30
 
