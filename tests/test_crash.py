@@ -21,10 +21,10 @@ from mmreplay.torture import (
     TortureFailure,
     TrialConfig,
     WriterServer,
-    _run_writer,
     check_store,
     run,
     run_trial,
+    run_writer,
     step_values,
 )
 from mmreplay.verify import hdf5_status
@@ -162,7 +162,7 @@ def test_a_trial_fails_when_resume_is_not_at_the_committed_cursor(tmp_path):
         run_trial(path, config, server)  # a healthy trial passes
         exp = Expectation(checked_end=10**6)
         with pytest.raises(TortureFailure, match=r"\(d\) the next writer resumed at step"):
-            _run_writer(server, path, config, exp, np.random.default_rng(0), None, Summary())
+            run_writer(server, path, config, exp, np.random.default_rng(0), None, Summary())
 
 
 # --- regressions found by the torture ---------------------------------------------------
