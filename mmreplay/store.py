@@ -383,9 +383,10 @@ class Store(Ring):
         if self._closed:  # before the arguments, as every method does
             self.check_open()
         request = SampleRequest.build(
-            batch_size, num_steps, rng=rng, layout=layout, options=options, replacement=replacement,
-            within_episodes=within_episodes, return_info=return_info, window=window, out=out, transform=transform,
-        )  # fmt: skip
+            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options,
+            layout=layout,
+            transform=transform,
+        )
         return _gather.sample(self, request)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:

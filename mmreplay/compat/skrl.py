@@ -391,7 +391,7 @@ class RandomMemory(Memory):
             return self.sample_by_index(names, draw, mini_batches)
         uniform = self.store.sampler.name == "uniform"  # else the store's own (prioritized...)
         request = SampleRequest.build(
-            batch_size, None if sequence_length == 1 else sequence_length, replacement=self._replacement,
+            batch_size, None if sequence_length == 1 else sequence_length, self._replacement,
             return_info=True, window=self._rows.window(), sampler=self._rule if uniform else None,
         )  # fmt: skip
         nest, info = sample_store(self.store, request)

@@ -10,7 +10,7 @@ actors, and nothing checks it again.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -70,16 +70,20 @@ class SampleRequest:
         cls,
         batch_size: Any,
         num_steps: Any = None,
-        *,
+        replacement: bool = True,
         rng: Any = None,
-        layout: str | None = None,
+        within_episodes: bool | None = None,
+        return_info: bool = False,
+        window: tuple[int, int] | None = None,
+        out: Any = None,
         options: Mapping[str, Any] | None = None,
-        **given: Any,
+        sampler: Any = None,
+        layout: str | None = None,
+        transform: Any = None,
     ) -> SampleRequest:
         """The request, checked: ``batch_size`` and ``num_steps`` positive ints (ValueError
         naming the argument), ``rng`` an int seed, a Generator or None (TypeError),
-        ``layout`` one of :data:`~mmreplay.read.layout.LAYOUTS` or None (ValueError). The
-        other keywords set the fields they name, as given."""
+        ``layout`` one of :data:`~mmreplay.read.layout.LAYOUTS` or None (ValueError)."""
         if type(batch_size) is not int or batch_size < 1:  # (the common call skips the checks)
             # (None says "a positive int", other values "a positive int or None", as ever)
             batch_size = positive("batch_size", batch_size, allow_none=batch_size is not None)
@@ -91,19 +95,22 @@ class SampleRequest:
             from .layout import check_layout
 
             layout = check_layout(layout)
-        if not given.keys() <= _PASSED.keys():
-            raise TypeError(f"a sample request has no field {sorted(given.keys() - _PASSED.keys())[0]!r}")
         # Filled as its __init__ would, without the object.__setattr__ call per field that
         # a frozen dataclass's __init__ makes (0.5 µs instead of 1.1 µs, on every batch).
         request = object.__new__(cls)
         request.__dict__.update(
-            _PASSED,
             batch_size=batch_size,
             num_steps=num_steps,
+            replacement=replacement,
             rng=rng,
-            layout=layout,
+            within_episodes=within_episodes,
+            window=window,
             options={} if options is None else options,
-            **given,
+            sampler=sampler,
+            out=out,
+            return_info=return_info,
+            layout=layout,
+            transform=transform,
         )
         return request
 
@@ -127,11 +134,3 @@ class SampleRequest:
         if self.within_episodes is None:
             return dict(self.options)
         return {**self.options, "within_episodes": self.within_episodes}
-
-
-#: the fields :meth:`SampleRequest.build` sets as given, with their defaults
-_PASSED = {
-    f.name: f.default
-    for f in fields(SampleRequest)
-    if f.name not in ("batch_size", "num_steps", "rng", "layout", "options")
-}
