@@ -21,7 +21,6 @@ generation, and the previous attributes are read.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
@@ -497,11 +496,6 @@ def open_state(where: str | os.PathLike | ByteSource, format_version: int, writa
     if format_version == 1:
         return JsonState(where)
     return StateFile(where, writable)
-
-
-def step_nbytes(meta: Metadata) -> int:
-    """Bytes of one step (every leaf, every env)."""
-    return sum(math.prod(leaf.spec.shape) * leaf.spec.dtype.itemsize for leaf in meta.leaves) * meta.num_envs
 
 
 def little_endian(dtype: np.dtype) -> np.dtype:

@@ -259,11 +259,6 @@ class FrameView:
             )
         return [self.title, f"{what}{span} ({len(self)} frames)", " · ".join(line2)]
 
-    def _images(self, pictures: np.ndarray) -> list[Any]:
-        Image, _, _ = _pil()
-        mode = "L" if pictures.shape[-1] == 1 else "RGB"
-        return [Image.fromarray(p[..., 0] if mode == "L" else p, mode) for p in pictures]
-
     def sheet(self, columns: int | None = None, max_frames: int | None = None) -> Any:
         """The contact sheet as a PIL image: a header (title, steps, return and how the
         episode ended), then a grid of frames each with its global step id below it;

@@ -56,7 +56,6 @@ class PriorityFile:
     def __init__(self, folder: str, capacity: int, num_envs: int, writable: bool):
         self.folder = folder
         self.path = os.path.join(folder, PRIORITY_FILE)
-        self.lock_path = os.path.join(folder, PRIORITY_LOCK)
         self.capacity, self.num_envs = capacity, num_envs
         self.writable = writable
         try:

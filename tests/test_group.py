@@ -112,6 +112,17 @@ def test_batches_are_split_in_proportion_to_retained_rows(tmp_path):
         assert len(info.step) == 80 and len(set(zip(info.shard, info.step, info.env))) == 80
 
 
+@pytest.mark.parametrize("keyword", [{"window": (0, 5)}, {"out": {}}, {"layout": "NCHW"}])
+def test_a_group_refuses_what_only_one_store_can_take(tmp_path, keyword):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=40, num_envs=1).close()
+    fill(path, [10, 10], num_envs=1)
+    with mr.open_group(path) as group:
+        with pytest.raises(TypeError, match=f"Group.sample takes no {next(iter(keyword))!r}"):
+            group.sample(4, **keyword)
+        assert group.sample(4, rng=0, within_episodes=True)["obs"].shape == (4, 3)  # its own keywords pass
+
+
 def test_the_learner_sees_each_shards_committed_prefix(tmp_path):
     path = tmp_path / "g"
     mr.create_group(path, SPEC, shards=2, capacity=50, commit_every=1000).close()

@@ -220,8 +220,9 @@ class NativeDecoder:
     ) -> None:
         """Decode ``batch`` into ``out`` (rows of ``row_bytes`` bytes) on up to ``threads``
         threads (:func:`decode_threads`), each row written transposed as ``permute`` says
-        (:func:`mmreplay.read.layout.gather_rows`). ``verify=False`` skips zstd's content checksums (see
-        :meth:`skips_checksums`). ValueError naming the first frame that does not decode."""
+        (:func:`mmreplay.read.layout.gather_rows`). ``verify=False`` skips zstd's content
+        checksums where the library takes ``ZSTD_d_forceIgnoreChecksum`` (zstd 1.4.7 and
+        later; lz4 blocks have none). ValueError naming the first frame that does not decode."""
         self._ext.decode_rows(
             self.codec,
             batch.buffers,
@@ -236,11 +237,6 @@ class NativeDecoder:
             verify,
             *(permute or ()),
         )
-
-    def skips_checksums(self) -> bool:
-        """Whether ``verify=False`` skips zstd's content checksums here: the library takes
-        ``ZSTD_d_forceIgnoreChecksum`` (zstd 1.4.7 and later). lz4 blocks have none."""
-        return self.codec == "zstd" and bool(self._ext.zstd_skips_checksums())
 
 
 def decoder(codec: str) -> NativeDecoder | None:

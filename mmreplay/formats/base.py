@@ -30,7 +30,7 @@ from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, Unsu
 from ..files import (
     AtomicOutput,
     check_target,
-    disk_usage,  # noqa: F401 - the exporters take it from here
+    disk_usage,
 )
 from ..roles import subtree
 from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
@@ -268,10 +268,10 @@ class Target(AtomicOutput):
     Args:
         out: the final path.
         kind: ``"file"`` or ``"folder"``.
-        force: replace an existing target, if it is an earlier export of this format
-            (an empty folder also, for a folder format).
         fmt: the format name (for messages and the default ``recognise``).
-        source: the store's path; the target may not be it, lie inside it, or hold it.
+        store: the source; the target may not be its folder, lie inside it, or hold it.
+        options: the writer's; with ``force`` an existing target is replaced if it is an
+            earlier export of this format (an empty folder also, for a folder format).
         recognise: tells an earlier export of this format; default ``RECOGNISERS[fmt]``.
         parents: create missing parent folders once the target is found writable.
     """
@@ -280,13 +280,14 @@ class Target(AtomicOutput):
         self,
         out: str,
         kind: str,
-        force: bool,
-        *,
         fmt: str,
-        source: str,
+        store: Exportable,
+        options: ExportOptions,
+        *,
         recognise: Callable[[str], bool] | None = None,
         parents: bool = True,
     ):
+        self.fmt = fmt
         known = recognise or RECOGNISERS.get(fmt)
 
         def replaceable(path: str) -> bool:
@@ -294,8 +295,18 @@ class Target(AtomicOutput):
                 return True
             return known is not None and known(path)
 
-        out = check_target(out, [source], what=f"{fmt} export", force=force, recognise=replaceable)
-        super().__init__(out, kind, f"{fmt} export", parents=parents)
+        what = f"{fmt} export"
+        out = check_target(out, [store.path], what=what, force=options.force, recognise=replaceable)
+        super().__init__(out, kind, what, parents=parents)
+
+    def finish(
+        self, episodes: int, steps: int, info: dict[str, Any] | None = None, inside: str = ""
+    ) -> ExportResult:
+        """Renames the complete export into place (:meth:`commit`) and says what it wrote;
+        ``inside`` names what a loader opens within a folder target."""
+        path = os.path.join(self.commit(), inside) if inside else self.commit()
+        nbytes = os.path.getsize(path) if self.kind == "file" else disk_usage(path)
+        return ExportResult(self.fmt, path, episodes, steps, nbytes, info or {})
 
     def path(self, *parts: str) -> str:
         """A path inside the temporary target (a folder target), checked to stay inside."""

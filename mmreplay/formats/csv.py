@@ -16,25 +16,18 @@ import gzip
 import io
 import math
 import os
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from .base import (
-    ExportOptions,
-    ExportResult,
-    Source,
-    StepBlocks,
-    Target,
-    arrays_source,
-    first_line_is,
-)
+from .base import Source, StepBlocks, Target, arrays_source, first_line_is
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
@@ -70,7 +63,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     paths = store.leaf_paths
     fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]
     with Target(
-        target_name(out, comp), "file", options.force, fmt="csv", source=store.path,
+        target_name(out, comp), "file", "csv", store, options,
         recognise=first_line_is(",".join([*INDEX_COLUMNS, *header(paths, specs)])),
     ) as target:
         blocks = StepBlocks(store, block_bytes=4 << 20)
@@ -103,8 +96,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
             if f is not raw:
                 f.close()
             raw.close()
-        path = target.commit()
-    return ExportResult("csv", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+        return target.finish(0, blocks.steps * store.num_envs)
 
 
 # --- the import ------------------------------------------------------------------------

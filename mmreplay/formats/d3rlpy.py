@@ -12,8 +12,6 @@ is needed.
 
 from __future__ import annotations
 
-import os
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,21 +19,13 @@ import numpy as np
 from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError
 from ..roles import subtree
 from ..spec import ArraySpec, flatten
-from .base import (
-    EXPORT_MARK,
-    Episodes,
-    ExportOptions,
-    ExportResult,
-    Roles,
-    Source,
-    Target,
-    episode_flags,
-    episodes_source,
-)
+from .base import EXPORT_MARK, Episodes, Roles, Source, Target, episode_flags, episodes_source
 from .hdf5 import array_options, hdf5_output
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 COMPRESSIONS = ("gzip", "lzf")
 DATASET_VERSION = "2.1"
@@ -67,7 +57,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     def put(f: Any, name: str, arr: np.ndarray) -> None:
         f.create_dataset(name, data=arr, **array_options(options.compression, arr))
 
-    with Target(out, "file", options.force, fmt="d3rlpy", source=store.path) as target:
+    with Target(out, "file", "d3rlpy", store, options) as target:
         count = steps = 0
         with hdf5_output(target.path()) as f:
             f.create_dataset("columns", data=list(COLUMNS), dtype=h5py.string_dtype())
@@ -87,8 +77,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
             f.create_dataset("num_episodes", data=count)
             f.create_dataset("version", data=DATASET_VERSION)
             f.attrs[EXPORT_MARK] = "d3rlpy"
-        path = target.commit()
-    return ExportResult("d3rlpy", path, count, steps, os.path.getsize(path))
+        return target.finish(count, steps)
 
 
 # --- the import ------------------------------------------------------------------------

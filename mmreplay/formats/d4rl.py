@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,8 +27,6 @@ from .base import (
     BLOCK_BYTES,
     EXPORT_MARK,
     Episodes,
-    ExportOptions,
-    ExportResult,
     Roles,
     Source,
     Target,
@@ -40,7 +37,9 @@ from .base import (
 from .hdf5 import dataset_options, datasets, hdf5_output
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +121,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     nests |= {"rewards": ArraySpec((), specs[roles.leaves_of(rew_path)[0]].dtype)}
     nests |= {"terminals": ArraySpec((), "bool"), "timeouts": ArraySpec((), "bool")}
     episodes = Episodes(store, options)
-    with Target(out, "file", options.force, fmt="d4rl", source=store.path) as target:
+    with Target(out, "file", "d4rl", store, options) as target:
         count = steps = 0
         starts, envs = [], []
         with hdf5_output(target.path()) as f:
@@ -144,8 +143,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
             f.create_dataset("episode_envs", data=np.asarray(envs, np.int64))
             f.attrs["source"] = os.path.abspath(store.path)
             f.attrs[EXPORT_MARK] = "d4rl"
-        path = target.commit()
-    return ExportResult("d4rl", path, count, steps, os.path.getsize(path))
+        return target.finish(count, steps)
 
 
 # --- the import ------------------------------------------------------------------------

@@ -11,25 +11,17 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..spec import flatten, leaf_paths, spec_from_json
-from .base import (
-    EXPORT_MARK,
-    ExportOptions,
-    ExportResult,
-    Source,
-    StepBlocks,
-    Target,
-    arrays_source,
-    spec_json,
-)
+from .base import EXPORT_MARK, Source, StepBlocks, Target, arrays_source, spec_json
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 COMPRESSIONS = ("gzip", "lzf")
 
@@ -81,7 +73,7 @@ def array_options(compression: str | None, arr: np.ndarray) -> dict[str, Any]:
 
 
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
-    with Target(out, "file", options.force, fmt="hdf5", source=store.path) as target:
+    with Target(out, "file", "hdf5", store, options) as target:
         blocks = StepBlocks(store)
         specs = flatten(store.spec)
         with hdf5_output(target.path()) as f:
@@ -99,8 +91,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
                 for dset, values in zip(dsets, leaves):
                     dset[lo : lo + len(values)] = values
                 options.progress(len(leaves[0]) * store.num_envs)
-        path = target.commit()
-    return ExportResult("hdf5", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+        return target.finish(0, blocks.steps * store.num_envs)
 
 
 # --- the import ------------------------------------------------------------------------

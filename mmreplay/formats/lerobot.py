@@ -17,7 +17,6 @@ import glob
 import json
 import os
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -26,23 +25,12 @@ import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
 from ..spec import ArraySpec, Layout, flatten, leaf_paths, spec_from_json, spec_to_json
-from .base import (
-    Episodes,
-    ExportOptions,
-    ExportResult,
-    Roles,
-    Source,
-    Target,
-    disk_usage,
-    episode_flags,
-    episodes_source,
-    need,
-    nest,
-    pyarrow,
-)
+from .base import Episodes, Roles, Source, Target, episode_flags, episodes_source, need, nest, pyarrow
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "none")
 CODEBASE_VERSION = "v3.0"
@@ -451,7 +439,7 @@ def write(
     empty = {k: np.zeros((0, *features[k]["shape"]), features[k]["dtype"]) for k in tabular}
     schema = pa.schema([(k, _arrow_column(pa, empty[k], features[k]).type) for k in tabular])
     index = {p: i for i, p in enumerate(roles.paths)}
-    target = Target(out, "folder", options.force, fmt="lerobot", source=store.path, recognise=_recognise)
+    target = Target(out, "folder", "lerobot", store, options, recognise=_recognise)
     mb = float(1 << 20)
     data = ParquetFiles(
         target, DATA_PATH, schema, options.compression or "snappy", data_files_size_in_mb * mb, chunks_size
@@ -509,13 +497,12 @@ def write(
             info |= {**sizes, "data_path": DATA_PATH, "video_path": VIDEO_PATH if videos else None}
             info |= {"robot_type": None, "splits": {"train": f"0:{count}"}}
             _write_json(target.path("meta", "info.json"), info)
-            path = target.commit()
+            return target.finish(count, total, {"fps": fps, "task": task})
         except BaseException:
             for files in [data, *sinks.values()]:
                 with contextlib.suppress(Exception):  # a failing flush must not hide the first error
                     files.close()
             raise
-    return ExportResult("lerobot", path, count, total, disk_usage(path), {"fps": fps, "task": task})
 
 
 def _write_meta(

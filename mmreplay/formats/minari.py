@@ -40,7 +40,6 @@ import logging
 import os
 import re
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,23 +49,13 @@ from ..joined import JoinedShards
 from ..roles import subtree
 from ..spaces import SPACES_ATTR, spec_from_space_json, spec_to_space_json
 from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
-from .base import (
-    Episodes,
-    ExportOptions,
-    ExportResult,
-    Roles,
-    Source,
-    Target,
-    block_steps,
-    disk_usage,
-    episode_flags,
-    grouped,
-    nest,
-)
+from .base import Episodes, Roles, Source, Target, block_steps, disk_usage, episode_flags, grouped, nest
 from .hdf5 import array_options, datasets, hdf5_output
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +260,7 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
         return array_options(options.compression, arr)
 
     dataset = os.path.join(root, *parts)
-    with Target(dataset, "folder", options.force, fmt="minari", source=store.path, parents=True) as target:
+    with Target(dataset, "folder", "minari", store, options, parents=True) as target:
         _check_inside(root, parts)
         folder = target.path("data")
         os.mkdir(folder)
@@ -321,16 +310,8 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
         }
         with open(os.path.join(folder, "metadata.json"), "w") as fm:
             json.dump(metadata, fm, indent=1)
-        path = target.commit()
-    data = os.path.join(path, "data")
-    return ExportResult(
-        "minari",
-        data,
-        count,
-        steps,
-        disk_usage(data),
-        {"dataset_id": dataset_id, "root": root, "planned": episodes.count},
-    )
+        info = {"dataset_id": dataset_id, "root": root, "planned": episodes.count}
+        return target.finish(count, steps, info, inside="data")
 
 
 def _write_leaf(group: Any, path: str, values: np.ndarray, opts: Any) -> None:

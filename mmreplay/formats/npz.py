@@ -10,40 +10,28 @@ spec and roles as a JSON string (a plain unicode array, never a pickle), which l
 from __future__ import annotations
 
 import json
-import os
 import zipfile
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from .base import (
-    BLOCK_BYTES,
-    ExportOptions,
-    ExportResult,
-    Source,
-    StepBlocks,
-    Target,
-    Ticker,
-    arrays_source,
-    read_leaf,
-    spec_json,
-)
+from .base import BLOCK_BYTES, Source, StepBlocks, Target, Ticker, arrays_source, read_leaf, spec_json
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 META_KEY = "__mmreplay__"
 COMPRESSIONS = ("deflate", "zip")
 
 
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
-    with Target(out, "file", options.force, fmt="npz", source=store.path) as target:
+    with Target(out, "file", "npz", store, options) as target:
         rows = write_arrays(store, target.path(), options.compression is not None, options.progress)
-        path = target.commit()
-    return ExportResult("npz", path, 0, rows, os.path.getsize(path), {"keys": store.leaf_paths})
+        return target.finish(0, rows, {"keys": store.leaf_paths})
 
 
 def _header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,12 +28,9 @@ from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json
 from .base import (
     BLOCK_BYTES,
     Episodes,
-    ExportOptions,
-    ExportResult,
     Roles,
     Source,
     Target,
-    disk_usage,
     episode_flags,
     episodes_source,
     pyarrow,
@@ -42,10 +38,11 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 COMPRESSIONS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
-FIRST_FILE = "part-00000.parquet"
 #: raw bytes of data per file before the next part file starts
 FILE_BYTES = 1 << 30
 
@@ -170,7 +167,7 @@ def write(store: Exportable, out: str, options: ExportOptions, file_bytes: int =
     pending: list[tuple[Any, int]] = []
     pending_bytes = 0
 
-    target = Target(out, "folder", options.force, fmt="parquet", source=store.path)
+    target = Target(out, "folder", "parquet", store, options)
 
     def open_writer() -> Any:
         path = target.path(f"part-{len(files):05d}.parquet")
@@ -230,14 +227,13 @@ def write(store: Exportable, out: str, options: ExportOptions, file_bytes: int =
                 writer.write_table(schema.empty_table())
             writer.close()
             writer = None
-            path = target.commit()
+            names = [os.path.join(target.out, os.path.basename(f)) for f in files]
+            return target.finish(count, steps, {"files": names})
         except BaseException:
             if writer is not None:
                 with contextlib.suppress(Exception):  # (a full disk fails its close too)
                     writer.close()
             raise
-    names = [os.path.join(path, os.path.basename(f)) for f in files]
-    return ExportResult("parquet", path, count, steps, disk_usage(path), {"files": names})
 
 
 # --- the import ------------------------------------------------------------------------

@@ -16,17 +16,18 @@ import mmap
 import os
 import struct
 import zipfile
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError
 from ..spec import flatten
-from .base import EXPORT_MARK, ExportOptions, ExportResult, Source, StepBlocks, Target, arrays_source, need
+from .base import EXPORT_MARK, Source, StepBlocks, Target, arrays_source, need
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 
 def _placeholder(torch: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
@@ -57,7 +58,7 @@ COMPRESSIONS: tuple[str, ...] = ()  # torch.save writes an uncompressed zip
 
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     progress = options.progress
-    with Target(out, "file", options.force, fmt="pt", source=store.path) as target:  # a refusal needs no torch
+    with Target(out, "file", "pt", store, options) as target:  # a refusal needs no torch
         torch = need("torch", "the pt format", "torch")
         keep = []
         try:
@@ -66,8 +67,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
             if not hasattr(torch.serialization, "skip_data"):  # PyTorch before 2.5
                 _save_in_memory(torch, store, blocks, specs, target.path(), progress)
                 _mark(target.path())
-                path = target.commit()
-                return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
+                return target.finish(0, blocks.steps * store.num_envs)
             tensors = {}
             for path, spec in zip(store.leaf_paths, specs):
                 dtype = spec.dtype.newbyteorder("=")
@@ -109,14 +109,13 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
             finally:
                 os.close(fd)
             _mark(target.path())
-            path = target.commit()
+            return target.finish(0, blocks.steps * store.num_envs)
         finally:
             for mm in keep:
                 try:
                     mm.close()
                 except BufferError:
                     pass
-    return ExportResult("pt", path, 0, blocks.steps * store.num_envs, os.path.getsize(path))
 
 
 def _save_in_memory(

@@ -8,7 +8,6 @@ and the group's ``mmreplay`` attribute holds the spec and roles. Read it with
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,20 +15,12 @@ import numpy as np
 from ..errors import UnsupportedFormatError
 from ..files import interrupts_deferred
 from ..spec import flatten, leaf_paths, spec_from_json
-from .base import (
-    ExportOptions,
-    ExportResult,
-    Source,
-    StepBlocks,
-    Target,
-    arrays_source,
-    disk_usage,
-    need,
-    spec_json,
-)
+from .base import Source, StepBlocks, Target, arrays_source, need, spec_json
 
 if TYPE_CHECKING:
-    from .base import Exportable
+    from contextlib import ExitStack
+
+    from .base import Exportable, ExportOptions, ExportResult
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
 #: bytes per chunk aimed at (along the step axis)
@@ -111,7 +102,7 @@ class _LeafWriter:
 
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     zarr = need("zarr", "the zarr format", "zarr")
-    with Target(out, "folder", options.force, fmt="zarr", source=store.path) as target:
+    with Target(out, "folder", "zarr", store, options) as target:
         specs = flatten(store.spec)
         blocks = StepBlocks(store)
         codec = _codec(options.compression)
@@ -137,8 +128,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
             options.progress(len(leaves[0]) * store.num_envs)
         for w in writers:
             w.finish()
-        path = target.commit()
-    return ExportResult("zarr", path, 0, blocks.steps * store.num_envs, disk_usage(path))
+        return target.finish(0, blocks.steps * store.num_envs)
 
 
 # --- the import ------------------------------------------------------------------------
