@@ -24,6 +24,15 @@ import pytest  # noqa: E402
 import mmreplay as mr  # noqa: E402
 
 
+# A run started in the background (``pytest &`` in a script, nohup) inherits SIGINT or
+# SIGHUP ignored, and so would every process the tests start and then interrupt: the tests
+# run as from a terminal, with both at their default action
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--long", action="store_true", help="also run long tests (crash torture at scale, big buffers)")
 

@@ -196,7 +196,10 @@ def run_script(setup: str, ending: str, path: str) -> list[int]:
     if ending in SIGNALS:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
         proc.send_signal(SIGNALS[ending])
-    out, err = proc.communicate(timeout=300)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()  # (a no-op once it has ended) no writer outlives its test
     assert proc.returncode == EXIT_CODES[ending], err
     if ending == "sigint":
         assert "KeyboardInterrupt" in err, err
