@@ -61,6 +61,7 @@ class EpisodeIndex:
         self.synced: Any = None  # the committed state the records were last synced to
         self.fd: int | None = None  # the writer's append handle
         self.file_records = 0
+        self.appending = False  # from a commit's first append until its records are counted
         self.compact_at = COMPACT_MIN_RECORDS
         self.scan_mode = False  # no file: records come from scanning the role leaves
         self.covered = 0  # scan mode: steps below this were scanned
@@ -134,6 +135,7 @@ class EpisodeIndex:
             os.ftruncate(self.fd, file.nbytes)
         self.origin, self.generation = file.origin, file.generation
         self.file_records = len(file.records)
+        self.appending = False
         self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(file.records))
 
     def _close_fd(self) -> None:
@@ -188,17 +190,20 @@ class EpisodeIndex:
             keep = self.records[self.records["step"] < lo]
             self._write_file(self.origin or 0, keep)
             self._set_memory(keep)
-        else:
+        elif self.appending:
             # an append cut short (a full disk) or interrupted before the records were
             # counted (Ctrl-C, SIGTERM): cut what it wrote, so it is not there twice
             size = HEADER_BYTES + RECORD.itemsize * self.file_records
             if os.fstat(self.fd).st_size != size:
                 os.ftruncate(self.fd, size)
+            self.appending = False
         rec = self._scan(lo, new_end)
         if len(rec):
+            self.appending = True
             append_records(self.fd, rec, self.path)
             self._append_memory(rec)
             self.file_records += len(rec)
+            self.appending = False
         if fsync and len(rec):
             os.fsync(self.fd)
         if self.file_records > self.compact_at:
