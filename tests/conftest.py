@@ -23,7 +23,6 @@ import pytest  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 
-
 # A run started in the background (``pytest &`` in a script, nohup) inherits SIGINT or
 # SIGHUP ignored, and so would every process the tests start and then interrupt: the tests
 # run as from a terminal, with both at their default action
