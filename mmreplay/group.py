@@ -437,19 +437,28 @@ class Group:
         num_steps = self._shards[0].sampler.num_steps if num_steps is None else num_steps
         return 1 if num_steps is None else num_steps
 
-    def sample(self, batch_size: int, num_steps: int | None = None, **keywords: Any) -> Any:
+    def sample(
+        self,
+        batch_size: int,
+        num_steps: int | None = None,
+        replacement: bool = True,
+        rng: Any = None,
+        within_episodes: bool | None = None,
+        return_info: bool = False,
+        transform: Any = None,
+        **options: Any,
+    ) -> Any:
         """A random batch from every shard, as :meth:`mmreplay.Store.sample` draws from
-        one store, with its keywords (``replacement``, ``rng``, ``within_episodes``,
-        ``return_info``, ``transform``, the sampler's options) but ``window``, ``out`` and
-        ``layout``: each shard gets a part of the batch in proportion to its sampler's
-        mass (retained rows, or priority mass), then draws it through its own sampler
-        (and runs ``transform`` over its part). Items come in random order. With
-        ``return_info``, also a :class:`GroupSampleInfo` (shard, step, env, probability,
-        weight of each item).
+        one store (but without ``window``, ``out`` and ``layout``): each shard gets a part
+        of the batch in proportion to its sampler's mass (retained rows, or priority
+        mass), then draws it through its own sampler (and runs ``transform`` over its
+        part). Items come in random order. With ``return_info``, also a
+        :class:`GroupSampleInfo` (shard, step, env, probability, weight of each item).
         """
         self._check_open()
-        request = SampleRequest.over_shards(batch_size, num_steps, keywords, "Group.sample")
-        transform = request.transform
+        request = SampleRequest.over_shards(
+            "Group.sample", batch_size, num_steps, replacement, rng, within_episodes, return_info, transform, options
+        )
         spec = self.spec if transform is None else transform.batch_spec(self.spec, self._shards[0].roles)
         gen = self._own_gen() if request.rng is None else request.rng
         masses = self._masses(request.num_steps, request.draw_options())

@@ -220,8 +220,18 @@ class RaySampler:
         replies = _gather([w.mass.remote(request) for w in self.writers])
         return [Mass(*m) if m is not None else EMPTY for m in replies]
 
-    def sample(self, batch_size: int, num_steps: int | None = None, **keywords: Any) -> Any:
-        """A batch from every shard, with the keywords of :meth:`mmreplay.Group.sample`; with
+    def sample(
+        self,
+        batch_size: int,
+        num_steps: int | None = None,
+        replacement: bool = True,
+        rng: Any = None,
+        within_episodes: bool | None = None,
+        return_info: bool = False,
+        transform: Any = None,
+        **options: Any,
+    ) -> Any:
+        """A batch from every shard (see :meth:`mmreplay.Group.sample`); with
         ``return_info`` also a :class:`mmreplay.GroupSampleInfo`. Each actor runs
         ``transform`` over its part.
 
@@ -229,7 +239,9 @@ class RaySampler:
         answers again: the batch is drawn again from the others, so one actor's crash
         does not stop the learner.
         """
-        request = SampleRequest.over_shards(batch_size, num_steps, keywords, "RaySampler.sample")
+        request = SampleRequest.over_shards(
+            "RaySampler.sample", batch_size, num_steps, replacement, rng, within_episodes, return_info, transform, options
+        )
         gen = self._gen if request.rng is None else request.rng
         key = (request.num_steps, request.draw_options())  # what the masses depend on
         if self._masses is None or self._key != key:

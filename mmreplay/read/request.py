@@ -116,18 +116,27 @@ class SampleRequest:
 
     @classmethod
     def over_shards(
-        cls, batch_size: Any, num_steps: Any, keywords: dict[str, Any], where: str
+        cls,
+        where: str,
+        batch_size: Any,
+        num_steps: Any,
+        replacement: bool,
+        rng: Any,
+        within_episodes: bool | None,
+        return_info: bool,
+        transform: Any,
+        options: dict[str, Any],
     ) -> SampleRequest:
         """The request of a sample split over shards (:meth:`mmreplay.Group.sample`, the Ray
-        sampler), from :meth:`mmreplay.Store.sample`'s keywords: those that name a field
-        set it, the others are the sampler's options. ``window``, ``out`` and ``layout``
-        are refused (TypeError naming ``where``): each shard has its own steps and batch."""
+        sampler). ``window``, ``out`` and ``layout``, which arrive among the sampler's
+        ``options`` there, are refused (TypeError naming ``where``): each shard has its own
+        steps and batch."""
         for name in ("window", "out", "layout", "sampler", "options"):
-            if name in keywords:
+            if name in options:
                 raise TypeError(f"{where} takes no {name!r}")
-        named = ("replacement", "within_episodes", "return_info", "transform")
-        given = {k: keywords.pop(k) for k in named if k in keywords}
-        return cls.build(batch_size, num_steps, rng=keywords.pop("rng", None), options=keywords, **given)
+        return cls.build(
+            batch_size, num_steps, replacement, rng, within_episodes, return_info, options=options, transform=transform
+        )
 
     def draw_options(self) -> dict[str, Any]:
         """The keyword options of the sampler's ``draw`` and ``mass``."""
