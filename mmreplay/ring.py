@@ -316,8 +316,12 @@ class Ring:
 
     def commit(self) -> None:
         """Make every step added so far durable; cheap when nothing is new."""
-        with self._writing():
+        self._busy = True  # what _writing does, inlined: a commit may follow every add
+        try:
+            self._check_writable()
             self._commit()
+        finally:
+            self._busy = False
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:

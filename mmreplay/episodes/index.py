@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import CorruptBufferError
 from ..hooks import WriteHook
 from ..io.local import open_inside
-from .ends import EndRule, EpisodeSource
+from .ends import SCAN_STEPS, EndRule, EpisodeSource
 from .index_file import (
     BOUNDARY,
     COMPACT_MIN_RECORDS,
@@ -98,6 +98,8 @@ class EpisodeIndex:
 
     def _scan(self, lo: int, hi: int) -> np.ndarray:
         """End records of steps ``[lo, hi)``, read from the role leaves."""
+        if hi - lo <= SCAN_STEPS:  # a commit's steps: one block
+            return self.rule.records(np.arange(lo, hi, dtype=np.int64))
         return cat_records(self.rule.scan(lo, hi))
 
     # --- file ---------------------------------------------------------------------
