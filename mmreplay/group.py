@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -52,6 +53,7 @@ __all__ = [
     "GROUP_FILE",
     "Group",
     "GroupSampleInfo",
+    "OverShards",
     "create_group",
     "is_group",
     "open_group",
@@ -331,7 +333,40 @@ def join_parts(
 # --- the group ------------------------------------------------------------------------
 
 
-class Group:
+class OverShards(ABC):
+    """A batch split over shards (:class:`Group`, :class:`mmreplay.ray.RaySampler`): the
+    one ``sample`` signature, its request built and checked once; ``_sample`` splits it."""
+
+    def sample(
+        self,
+        batch_size: int,
+        num_steps: int | None = None,
+        replacement: bool = True,
+        rng: Any = None,
+        within_episodes: bool | None = None,
+        return_info: bool = False,
+        transform: Any = None,
+        **options: Any,
+    ) -> Any:
+        """A random batch from every shard, as :meth:`mmreplay.Store.sample` draws from
+        one store (but without ``window``, ``out`` and ``layout``): each shard gets a part
+        of the batch in proportion to its sampler's mass (retained rows, or priority
+        mass), then draws it through its own sampler (and runs ``transform`` over its
+        part). Items come in random order. With ``return_info``, also a
+        :class:`GroupSampleInfo` (shard, step, env, probability, weight of each item).
+        """
+        where = f"{type(self).__name__}.sample"
+        request = SampleRequest.over_shards(
+            where, batch_size, num_steps, replacement, rng, within_episodes, return_info, transform, options
+        )
+        return self._sample(request)
+
+    @abstractmethod
+    def _sample(self, request: SampleRequest) -> Any:
+        """The batch of a checked request."""
+
+
+class Group(OverShards):
     """The shards of a group, opened together. Make one with :func:`create_group` or
     :func:`open_group`.
 
@@ -437,28 +472,9 @@ class Group:
         num_steps = self._shards[0].sampler.num_steps if num_steps is None else num_steps
         return 1 if num_steps is None else num_steps
 
-    def sample(
-        self,
-        batch_size: int,
-        num_steps: int | None = None,
-        replacement: bool = True,
-        rng: Any = None,
-        within_episodes: bool | None = None,
-        return_info: bool = False,
-        transform: Any = None,
-        **options: Any,
-    ) -> Any:
-        """A random batch from every shard, as :meth:`mmreplay.Store.sample` draws from
-        one store (but without ``window``, ``out`` and ``layout``): each shard gets a part
-        of the batch in proportion to its sampler's mass (retained rows, or priority
-        mass), then draws it through its own sampler (and runs ``transform`` over its
-        part). Items come in random order. With ``return_info``, also a
-        :class:`GroupSampleInfo` (shard, step, env, probability, weight of each item).
-        """
+    def _sample(self, request: SampleRequest) -> Any:
         self._check_open()
-        request = SampleRequest.over_shards(
-            "Group.sample", batch_size, num_steps, replacement, rng, within_episodes, return_info, transform, options
-        )
+        transform = request.transform
         spec = self.spec if transform is None else transform.batch_spec(self.spec, self._shards[0].roles)
         gen = self._own_gen() if request.rng is None else request.rng
         masses = self._masses(request.num_steps, request.draw_options())

@@ -38,7 +38,7 @@ except ImportError as exc:  # ray is an install extra
 
 from .creation import create
 from .errors import NotEnoughDataError
-from .group import join_parts, open_group, shard_name, split_batch
+from .group import OverShards, join_parts, open_group, shard_name, split_batch
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .roles import validate_roles
@@ -187,7 +187,7 @@ def _gather(refs: list[Any]) -> list[Any]:
     return out
 
 
-class RaySampler:
+class RaySampler(OverShards):
     """Batches drawn across :class:`ShardWriter` actors, as :meth:`mmreplay.Group.sample`
     draws across a group's shards.
 
@@ -220,28 +220,10 @@ class RaySampler:
         replies = _gather([w.mass.remote(request) for w in self.writers])
         return [Mass(*m) if m is not None else EMPTY for m in replies]
 
-    def sample(
-        self,
-        batch_size: int,
-        num_steps: int | None = None,
-        replacement: bool = True,
-        rng: Any = None,
-        within_episodes: bool | None = None,
-        return_info: bool = False,
-        transform: Any = None,
-        **options: Any,
-    ) -> Any:
-        """A batch from every shard (see :meth:`mmreplay.Group.sample`); with
-        ``return_info`` also a :class:`mmreplay.GroupSampleInfo`. Each actor runs
-        ``transform`` over its part.
-
-        An actor that is down (killed, being restarted) counts as empty until it
+    def _sample(self, request: SampleRequest) -> Any:
+        """An actor that is down (killed, being restarted) counts as empty until it
         answers again: the batch is drawn again from the others, so one actor's crash
-        does not stop the learner.
-        """
-        request = SampleRequest.over_shards(
-            "RaySampler.sample", batch_size, num_steps, replacement, rng, within_episodes, return_info, transform, options
-        )
+        does not stop the learner."""
         gen = self._gen if request.rng is None else request.rng
         key = (request.num_steps, request.draw_options())  # what the masses depend on
         if self._masses is None or self._key != key:
