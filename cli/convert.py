@@ -12,14 +12,15 @@ from mmreplay.codecs import STORE_HELP, compression_by_leaf
 from mmreplay.convert import convert
 from mmreplay.files import disk_usage
 
-from .export import LazyBar
 from .inspect import human_bytes
+from .options import backend_option, count_option, quiet_option
+from .progress import LazyBar
 
 
 @click.command("convert")
 @click.argument("path", type=click.Path())
 @click.argument("out", type=click.Path())
-@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[the source's]")
+@backend_option("[the source's]")
 @click.option(
     "--compression",
     multiple=True,
@@ -27,13 +28,9 @@ from .inspect import human_bytes
     help="'same' (the default) keeps each leaf's codec, 'none' maps every leaf uncompressed; a codec "
     f"alone compresses the image leaves, LEAF=CODEC one leaf (repeat for several). {STORE_HELP}.",
 )
-@click.option(
-    "--chunk-steps", type=click.IntRange(min=1), default=None, help="Steps per chunk [about 4 MiB]."
-)
-@click.option(
-    "--capacity", type=click.IntRange(min=1), default=None, help="[the source's]; smaller keeps the newest."
-)
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@count_option("--chunk-steps", "Steps per chunk [about 4 MiB].")
+@count_option("--capacity", "[the source's]; smaller keeps the newest.")
+@quiet_option
 def command(
     path: str,
     out: str,

@@ -11,13 +11,14 @@ import click
 import numpy as np
 
 import mmreplay as mr
-from mmreplay.codecs import STORE_HELP, compression_by_leaf
+from mmreplay.codecs import compression_by_leaf
 from mmreplay.errors import SpecError
 from mmreplay.files import disk_usage
 from mmreplay.sizes import SizeEstimate, estimate
 from mmreplay.spec import spec_from_json
 
 from .inspect import human_bytes
+from .options import backend_option, compression_option, count_option
 
 #: steps of a --sample store read to estimate compressed leaves from (its newest)
 SAMPLE_STEPS = 512
@@ -71,24 +72,15 @@ def load_spec_file(path: str) -> dict[str, Any]:
     return obj
 
 
-#: --compression of the commands that make a store (create, import)
-compression_option = click.option(
-    "--compression",
-    multiple=True,
-    metavar="[LEAF=]CODEC[:LEVEL]",
-    help=f"Codec of the image leaves, or of LEAF; repeat for several leaves. {STORE_HELP}.",
-)
-
-
 @click.command("create", epilog=SPEC_HELP)
 @click.argument("path", type=click.Path())
 @click.option("--spec", "spec_file", required=True, type=click.Path(), help="JSON or YAML spec file.")
-@click.option("--capacity", type=click.IntRange(min=1), default=None, help="Steps the ring holds.")
-@click.option("--num-envs", type=click.IntRange(min=1), default=None, help="Parallel envs per step [1].")
-@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[zarr]")
+@count_option("--capacity", "Steps the ring holds.")
+@count_option("--num-envs", "Parallel envs per step [1].")
+@backend_option()
 @compression_option
-@click.option("--chunk-steps", type=click.IntRange(min=1), default=None)
-@click.option("--commit-every", type=click.IntRange(min=1), default=None)
+@count_option("--chunk-steps")
+@count_option("--commit-every")
 @click.option("--durability", type=click.Choice(["process", "power"]), default=None)
 @click.option(
     "--dry-run", is_flag=True, help="Only report the bytes the buffer will take when full; create nothing."

@@ -6,6 +6,8 @@ import click
 
 from mmreplay.demo import DemoConfig, run
 
+from .options import backend_option
+
 
 @click.command("demo")
 @click.argument("folder", metavar="[DIR]", required=False, type=click.Path())
@@ -16,7 +18,7 @@ from mmreplay.demo import DemoConfig, run
     show_default=True,
     help="Steps to collect.",
 )
-@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[zarr]")
+@backend_option()
 @click.option("--seed", type=int, default=0, show_default=True)
 def command(folder: str | None, steps: int, backend: str | None, seed: int) -> None:
     """Collect from 8 envs in a subprocess, SIGKILL it part-way, reopen and check every

@@ -11,33 +11,8 @@ from mmreplay.formats import get as get_format
 
 from . import open_source
 from .inspect import human_bytes
-
-
-class LazyBar:
-    """A click progress bar shown from the first progress report on, so that a mistake
-    found before any work (an existing target, a bad option) prints only its error."""
-
-    def __init__(self, length: int, label: str, hidden: bool):
-        self.kwargs = {"length": max(1, length), "label": label, "file": click.get_text_stream("stderr")}
-        self.hidden = hidden
-        self.bar = None
-
-    def update(self, n: int) -> None:
-        if self.hidden:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(**self.kwargs)
-            self.bar.__enter__()
-        if self.bar.length is not None and self.bar.pos + n > self.bar.length:
-            self.bar.length = self.bar.pos + n
-        self.bar.update(n)
-
-    def __enter__(self) -> LazyBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
+from .options import quiet_option
+from .progress import LazyBar
 
 
 def speed(nbytes: int, seconds: float) -> str:
@@ -84,7 +59,7 @@ def compression_help() -> str:
 @click.option("--crf", type=int, default=None, help="LeRobot: video quality, lower is better [30].")
 @click.option("--preset", default=None, help="LeRobot: the encoder's speed preset [libsvtav1: 12].")
 @click.option("--lossless", is_flag=True, default=None, help="LeRobot: bit-exact video (H.264 in RGB).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@quiet_option
 def command(
     path: str,
     out: str,

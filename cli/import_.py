@@ -10,24 +10,20 @@ from mmreplay.codecs import compression_by_leaf
 from mmreplay.files import disk_usage
 from mmreplay.formats import FORMATS, import_dataset
 
-from .create import compression_option
-from .export import LazyBar
 from .inspect import human_bytes
+from .options import backend_option, compression_option, count_option, quiet_option
+from .progress import LazyBar
 
 
 @click.command("import")
 @click.argument("src", type=click.Path())
 @click.argument("path", type=click.Path())
 @click.option("--format", "fmt", default="auto", show_default=True, help="auto, " + ", ".join(FORMATS) + ".")
-@click.option("--backend", type=click.Choice(["zarr", "hdf5"]), default=None, help="[zarr]")
+@backend_option()
 @compression_option
-@click.option(
-    "--capacity", type=click.IntRange(min=1), default=None, help="Steps the store holds [the dataset's]."
-)
-@click.option(
-    "--num-envs", type=click.IntRange(min=1), default=None, help="Plain npz: arrays are [T, N, ...]."
-)
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@count_option("--capacity", "Steps the store holds [the dataset's].")
+@count_option("--num-envs", "Plain npz: arrays are [T, N, ...].")
+@quiet_option
 def command(
     src: str,
     path: str,

@@ -12,8 +12,9 @@ import mmreplay as mr
 from mmreplay.pictures import SHEET_MAX_FRAMES, ViewOptions, frames
 from mmreplay.selection import select
 
-from .export import LazyBar
 from .inspect import human_bytes
+from .options import quiet_option
+from .progress import LazyBar
 
 #: ranges shorter than this draw without a progress bar
 PROGRESS_MIN_FRAMES = 500
@@ -70,7 +71,7 @@ PROGRESS_MIN_FRAMES = 500
     help="Contact sheet frames at most (picked evenly).",
 )
 @click.option("--force", is_flag=True, help="Overwrite the output file.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@quiet_option
 def command(
     path: str,
     output: str | None,
