@@ -35,8 +35,8 @@ class Newest(Sampler):
         return {"name": self.name, "last": self.last}
 
     def draw(self, batch_size, window, rng, num_steps=1, replacement=True):
-        first = max(window.first, window.end - self.last)
-        return draw_uniform(first, window.end, window.num_envs, window.capacity, batch_size, num_steps, replacement, rng)
+        recent = window._replace(first=max(window.first, window.end - self.last))
+        return draw_uniform(recent, batch_size, num_steps, replacement, rng)
 
 
 def test_default_is_uniform_and_leaves_the_metadata_as_before(tmp_path):

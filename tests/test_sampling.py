@@ -65,9 +65,8 @@ def chi2(counts: np.ndarray) -> float:
 
 def test_draw_uniform_covers_exactly_the_valid_starts():
     gen = np.random.default_rng(0)
-    d = draws.draw_uniform(
-        first=3, end=10, num_envs=2, capacity=7, batch_size=5000, num_steps=3, replacement=True, gen=gen
-    )
+    window = draws.Window(first=3, end=10, num_envs=2, capacity=7)
+    d = draws.draw_uniform(window, batch_size=5000, num_steps=3, replacement=True, gen=gen)
     assert set(zip(d.step.tolist(), d.env.tolist())) == {(s, e) for s in range(3, 8) for e in range(2)}
     assert np.all(d.probability == 1 / 10)
     # start rows are slot * num_envs + env, before folding into the ring of 7 * 2 rows
@@ -95,12 +94,12 @@ def test_as_generator_accepts_seed_generator_none_only():
 def test_draw_in_spans_stays_in_spans():
     gen = np.random.default_rng(0)
     env, first, length = np.array([0, 0, 1]), np.array([0, 4, 2]), np.array([4, 2, 5])
-    d = draws.draw_in_spans(env, first, length, 2, 10, 4000, 3, True, gen)
+    d = draws.draw_in_spans(env, first, length, draws.Window(0, 10, 2, 10), 4000, 3, True, gen)
     got = set(zip(d.step.tolist(), d.env.tolist()))
     assert got == {(0, 0), (1, 0), (2, 1), (3, 1), (4, 1)}  # the span of 2 holds no window of 3
     assert np.all(d.probability == 1 / 5)
     with pytest.raises(mr.NotEnoughDataError, match="longest retained episode has 5 steps"):
-        draws.draw_in_spans(env, first, length, 2, 10, 1, 6, True, gen)
+        draws.draw_in_spans(env, first, length, draws.Window(0, 10, 2, 10), 1, 6, True, gen)
 
 
 # --- shapes and values --------------------------------------------------------------

@@ -96,20 +96,15 @@ def _pick(n: int, batch_size: int, replacement: bool, gen: np.random.Generator) 
 
 
 def draw_uniform(
-    first: int,
-    end: int,
-    num_envs: int,
-    capacity: int,
-    batch_size: int,
-    num_steps: int,
-    replacement: bool,
-    gen: np.random.Generator,
+    window: Window, batch_size: int, num_steps: int, replacement: bool, gen: np.random.Generator
 ) -> Draw:
-    """Starts drawn uniformly over every (step, env) whose window fits in ``[first, end)``.
+    """Starts drawn uniformly over every (step, env) whose ``num_steps`` steps lie in the
+    window (narrow it with ``window._replace(first=...)``).
 
     Raises:
         NotEnoughDataError: the window is empty or shorter than ``num_steps``.
     """
+    first, end, num_envs, capacity = window
     stored = end - first
     if num_steps > stored:
         if stored <= 0:
@@ -134,18 +129,19 @@ def draw_in_spans(
     span_env: np.ndarray,
     span_first: np.ndarray,
     span_length: np.ndarray,
-    num_envs: int,
-    capacity: int,
+    window: Window,
     batch_size: int,
     num_steps: int,
     replacement: bool,
     gen: np.random.Generator,
 ) -> Draw:
-    """Starts drawn uniformly over every window of ``num_steps`` that fits inside one span.
+    """Starts drawn uniformly over every window of ``num_steps`` that fits inside one span
+    (of the ring ``window`` describes).
 
     Raises:
         NotEnoughDataError: no span exists, or none is ``num_steps`` long.
     """
+    num_envs, capacity = window.num_envs, window.capacity
     if len(span_length) == 0:
         raise NotEnoughDataError(
             "cannot sample within episodes: the store holds no committed steps (it is empty)"

@@ -33,9 +33,9 @@ class UniformSampler(Sampler):
         within_episodes: bool | None = None,
     ) -> Draw:
         if not (self.within_episodes if within_episodes is None else within_episodes):
-            return draw_uniform(*window, batch_size, num_steps, replacement, rng)
+            return draw_uniform(window, batch_size, num_steps, replacement, rng)
         s = self._spans()  # they cover the same window
-        return draw_in_spans(s.env, s.first, s.length, *window[2:], batch_size, num_steps, replacement, rng)
+        return draw_in_spans(s.env, s.first, s.length, window, batch_size, num_steps, replacement, rng)
 
     def mass(
         self, window: Window, num_steps: int = 1, within_episodes: bool | None = None, **options: Any
