@@ -30,18 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    CorruptBufferError,
-    Error,
-    NoSuchBucketError,
-    NotABufferError,
-    ObjectNotFoundError,
-    ReadOnlyError,
-    RemoteAccessError,
-    RemoteError,
-    RemoteTimeoutError,
-    RemoteUnreachableError,
-)
+from .. import errors
 from .base import SCHEME, ByteSource, Handle, ObjectChanged, Range
 
 __all__ = ["ObjectPrefix", "Traffic", "gather_all", "split_url"]
@@ -267,7 +256,9 @@ def _timeout(given: Any) -> float | None:
     except (TypeError, ValueError):
         seconds = float("nan")
     if not seconds > 0:
-        raise RemoteError(f"{TIMEOUT_VARIABLE} / timeout={text!r}: expected a number of seconds above 0")
+        raise errors.RemoteError(
+            f"{TIMEOUT_VARIABLE} / timeout={text!r}: expected a number of seconds above 0"
+        )
     return seconds
 
 
@@ -288,6 +279,7 @@ _CREDENTIAL_SOURCES = (
     "169.254.170.2",
     "AssumeRoleWithWebIdentity",
 )
+
 
 class RemoteHandle(Handle):
     """An object under the prefix: found at its first read, which pins its ETag."""
@@ -342,7 +334,9 @@ class ObjectPrefix(ByteSource):
             )
         except Exception as exc:  # obstore's refusal of a setting, or a value of the wrong type
             first = " ".join(str(exc).split("\n\nDebug source:", 1)[0].split())
-            raise RemoteError(f"{self.url}: a setting of the object store is refused: {first}") from exc
+            raise errors.RemoteError(
+                f"{self.url}: a setting of the object store is refused: {first}"
+            ) from exc
         self.obstore = obstore
         self.traffic = Traffic()
 
@@ -358,12 +352,12 @@ class ObjectPrefix(ByteSource):
 
         try:
             yield
-        except (Error, PreconditionError, NotModifiedError):
+        except (errors.Error, PreconditionError, NotModifiedError):
             raise  # ours already; a conditional request's answer (the caller decides)
         except (BaseError, FileNotFoundError) as exc:
             raise self.remote_error(exc, key) from exc
 
-    def remote_error(self, exc: BaseException, key: str = "") -> RemoteError:
+    def remote_error(self, exc: BaseException, key: str = "") -> errors.RemoteError:
         """What an obstore error means for the user: the mmreplay error that says it."""
         text = str(exc)
         head = text.split("\n\nDebug source:", 1)[0]
@@ -381,17 +375,17 @@ class ObjectPrefix(ByteSource):
         )
         if isinstance(exc, FileNotFoundError) or "NoSuchBucket" in text or "NoSuchKey" in text:
             if code == "NoSuchBucket":
-                return NoSuchBucketError(
+                return errors.NoSuchBucketError(
                     f"{self.url}: no bucket {self.bucket!r} at {server}; create it or correct the URL"
                 )
-            return ObjectNotFoundError(f"{self.where(key)}: no such object")
+            return errors.ObjectNotFoundError(f"{self.where(key)}: no such object")
         if any(source in text for source in _CREDENTIAL_SOURCES):
-            return RemoteAccessError(
+            return errors.RemoteAccessError(
                 f"{self.url}: no credentials for {server}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                 "(or storage_options), or AWS_SKIP_SIGNATURE=true for a public bucket"
             )
         if code in _REFUSED_CREDENTIALS:
-            return RemoteAccessError(
+            return errors.RemoteAccessError(
                 f"{self.url}: {server} refused the credentials ({said}); "
                 "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
             )
@@ -399,14 +393,14 @@ class ObjectPrefix(ByteSource):
             "PermissionDeniedError",
             "UnauthenticatedError",
         ):
-            return RemoteAccessError(
+            return errors.RemoteAccessError(
                 f"{self.url}: {server} denied {request} ({said or head}); the credentials need permission to "
                 "read the prefix (and to write and delete under it, to push or export)"
             )
         if "kind: Timeout" in text or "timed out" in head.lower():
             took = re.search(r" in ([0-9.]+)s", head)
             after = f" in {float(took.group(1)):.0f} s" if took else ""
-            return RemoteTimeoutError(
+            return errors.RemoteTimeoutError(
                 f"{self.url}: no answer from {server}{after} ({request}); check the server, or allow "
                 f"more time with {TIMEOUT_VARIABLE}=SECONDS"
             )
@@ -418,22 +412,25 @@ class ObjectPrefix(ByteSource):
                 if "dns error" in text
                 else "cannot connect"
             )
-            return RemoteUnreachableError(f"{self.url}: cannot reach {server} ({why}); {endpoint_hint}")
+            return errors.RemoteUnreachableError(
+                f"{self.url}: cannot reach {server} ({why}); {endpoint_hint}"
+            )
         status = re.search(r"status code: (5\d\d)", text)
         if status:
-            return RemoteUnreachableError(
+            return errors.RemoteUnreachableError(
                 f"{self.url}: {server} answered {status.group(1)} {said}".rstrip()
                 + f" to {request} after every retry; try again later"
             )
         if code == "InvalidBucketName":
-            return RemoteError(f"{self.url}: {self.bucket!r} is not a valid bucket name ({said})")
+            return errors.RemoteError(f"{self.url}: {self.bucket!r} is not a valid bucket name ({said})")
         first = " ".join(head.split())
-        return RemoteError(f"{self.url}: {request} failed: {said or first}")
-
+        return errors.RemoteError(f"{self.url}: {request} failed: {said or first}")
 
     # --- whole objects --------------------------------------------------------------
 
-    def read(self, key: str, limit: int, what: str = "the object", start: int = 0, end: int | None = None) -> bytes:
+    def read(
+        self, key: str, limit: int, what: str = "the object", start: int = 0, end: int | None = None
+    ) -> bytes:
         if start < 0:
             asked, options = -start, {"range": {"suffix": -start}}
         elif end is None:  # to the end: no more than one byte past the limit
@@ -441,10 +438,12 @@ class ObjectPrefix(ByteSource):
         else:
             asked, options = end - start, {"range": (start, end)}
         if asked is not None and asked > limit:
-            raise CorruptBufferError(f"{self.where(key)}: {asked} bytes, larger than {what} can be (at most {limit})")
+            raise errors.CorruptBufferError(
+                f"{self.where(key)}: {asked} bytes, larger than {what} can be (at most {limit})"
+            )
         raw, _ = self.run(self._get(key, options))
         if len(raw) > limit:
-            raise CorruptBufferError(f"{self.where(key)}: more than the {limit} bytes {what} can be")
+            raise errors.CorruptBufferError(f"{self.where(key)}: more than the {limit} bytes {what} can be")
         return raw
 
     def get(self, key: str) -> bytes | None:
@@ -452,13 +451,13 @@ class ObjectPrefix(ByteSource):
         itself wrote there)."""
         try:
             return self.run(self._get(key))[0]
-        except ObjectNotFoundError:
+        except errors.ObjectNotFoundError:
             return None
 
     def exists(self, key: str) -> bool:
         try:
             self.run(self._request(key, lambda: self.obstore.head_async(self.store, key)))
-        except ObjectNotFoundError:
+        except errors.ObjectNotFoundError:
             return False
         return True
 
@@ -480,7 +479,7 @@ class ObjectPrefix(ByteSource):
         return {obj["path"]: int(obj["size"]) for obj in found}
 
     def no_store(self) -> Exception:
-        return NotABufferError(
+        return errors.NotABufferError(
             f"{self.url}: not an mmreplay store (no mmreplay.json object under the prefix); "
             "check the URL, or publish a store there with mmreplay push"
         )
@@ -489,10 +488,14 @@ class ObjectPrefix(ByteSource):
 
     def handle(self, key: str, writable: bool = False) -> RemoteHandle:
         if writable:
-            raise ReadOnlyError(f"{self.url}: a store in object storage is read-only; pull it to write")
+            raise errors.ReadOnlyError(
+                f"{self.url}: a store in object storage is read-only; pull it to write"
+            )
         return RemoteHandle(self, key)
 
-    async def read_ranges(self, ranges: Sequence[Range], into: np.ndarray, advise: bool = False) -> list[int | None]:
+    async def read_ranges(
+        self, ranges: Sequence[Range], into: np.ndarray, advise: bool = False
+    ) -> list[int | None]:
         view = memoryview(into.reshape(-1))
         jobs, at = [], 0
         for h, a, b in ranges:
@@ -513,7 +516,7 @@ class ObjectPrefix(ByteSource):
             options["if_match"] = h.version
         try:
             data, meta = await self.get_async(h.key, options)
-        except ObjectNotFoundError:
+        except errors.ObjectNotFoundError:
             return None
         except PreconditionError:
             raise ObjectChanged(h) from None
@@ -551,7 +554,9 @@ class ObjectPrefix(ByteSource):
         got = await self._request(key, lambda: self.obstore.get_async(self.store, key, options=options))
         return bytes(await self._request(key, got.bytes_async)), got.meta
 
-    async def get_async(self, key: str, options: dict[str, Any] | None = None) -> tuple[bytes, dict[str, Any]]:
+    async def get_async(
+        self, key: str, options: dict[str, Any] | None = None
+    ) -> tuple[bytes, dict[str, Any]]:
         """An object's bytes (``options``: obstore's ``GetOptions``, a range...) and its
         metadata, counted in :attr:`traffic`; :class:`ObjectNotFoundError` when there is none."""
         data, meta = await self._get(key, options)
