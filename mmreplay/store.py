@@ -73,6 +73,7 @@ class Store(Ring):
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._decode_setting: int | None = None  # set_decode_threads
         self._closed = False
+        self._plain_requests: dict[int, SampleRequest] = {}  # (see sample)
         # one check on the hot path: False once closed, and in a writer that reopened
         # the store until its first step (see _before_write)
         self._writable = mode == "a"
@@ -382,11 +383,30 @@ class Store(Ring):
         """
         if self._closed:  # before the arguments, as every method does
             self.check_open()
-        request = SampleRequest.build(
-            batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options,
-            layout=layout,
-            transform=transform,
-        )
+        if (
+            type(batch_size) is int
+            and num_steps is None
+            and rng is None
+            and not options
+            and replacement is True
+            and within_episodes is None
+            and not return_info
+            and window is None
+            and out is None
+            and layout is None
+            and transform is None
+        ):  # the common call: its request is a value, built once per batch size
+            request = self._plain_requests.get(batch_size)
+            if request is None:
+                request = SampleRequest.build(batch_size)
+                if len(self._plain_requests) < 64:
+                    self._plain_requests[batch_size] = request
+        else:
+            request = SampleRequest.build(
+                batch_size, num_steps, replacement, rng, within_episodes, return_info, window, out, options,
+                layout=layout,
+                transform=transform,
+            )
         return _gather.sample(self, request)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
