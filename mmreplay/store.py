@@ -386,7 +386,6 @@ class Store(Ring):
         if (
             type(batch_size) is int
             and num_steps is None
-            and rng is None
             and not options
             and replacement is True
             and within_episodes is None
@@ -395,10 +394,10 @@ class Store(Ring):
             and out is None
             and layout is None
             and transform is None
-        ):  # the common call: its request is a value, built once per batch size
+        ):  # the common call: its request is a value, built once per batch size and generator
             request = self._plain_requests.get(batch_size)
-            if request is None:
-                request = SampleRequest.build(batch_size)
+            if request is None or request.rng is not rng:  # (an int seed makes a new generator)
+                request = SampleRequest.build(batch_size, rng=rng)
                 if len(self._plain_requests) < 64:
                     self._plain_requests[batch_size] = request
         else:
