@@ -152,6 +152,11 @@ def test_seed_reproduces_and_generator_advances(tmp_path):
         gen = np.random.default_rng(5)
         b, c = store.sample(32, rng=gen)["step"], store.sample(32, rng=gen)["step"]
         assert np.array_equal(a, b) and not np.array_equal(b, c)
+        # each call draws from the generator it is given, never from an earlier call's
+        assert np.array_equal(a, store.sample(32, rng=np.random.default_rng(5))["step"])
+        state = gen.bit_generator.state
+        store.sample(32)  # the store's own generator
+        assert gen.bit_generator.state == state
 
 
 # --- edges ----------------------------------------------------------------------------
