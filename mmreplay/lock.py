@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 try:
     import fcntl  # POSIX: Linux and macOS
@@ -18,6 +19,11 @@ from .errors import LockedError, ReadOnlyError
 from .io.local import open_inside
 
 LOCK_FILE = ".lock"
+
+#: seconds a writer retries a held lock before it says another process writes: the lock
+#: is also held for an instant by :func:`holder_pid`'s probe (``verify``, an HDF5 open),
+#: and by a child process of a writer between its fork and its exec
+LOCK_WAIT_S = 0.25
 
 
 class WriterLock:
@@ -35,16 +41,23 @@ class WriterLock:
                 f"{os.path.dirname(self.path)}: cannot open for writing ({exc.strerror}); "
                 "open it with mode='r' to read"
             ) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_pid(fd)
-            os.close(fd)
-            who = f"process {holder}" if holder else "another writer"
-            raise LockedError(
-                f"{os.path.dirname(self.path)}: buffer is open for writing by {who}; "
-                "open it with mode='r' to read, or stop that writer first"
-            ) from None
+        deadline, pause = time.monotonic() + LOCK_WAIT_S, 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.02)
+                    continue
+                holder = _read_pid(fd)
+                os.close(fd)
+                who = f"process {holder}" if holder else "another writer"
+                raise LockedError(
+                    f"{os.path.dirname(self.path)}: buffer is open for writing by {who}; "
+                    "open it with mode='r' to read, or stop that writer first"
+                ) from None
         try:  # the pid is for messages only: a full disk that refuses it does not stop a writer
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

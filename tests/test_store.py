@@ -479,6 +479,31 @@ def test_second_writer_is_refused_with_the_holders_pid(tmp_path):
         assert store.mode == "a"
 
 
+PROBE = """
+import sys, time
+from mmreplay.lock import holder_pid
+print("probing", flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    holder_pid(sys.argv[1])
+"""
+
+
+def test_a_writer_opens_while_another_process_asks_who_holds_the_lock(tmp_path):
+    """``holder_pid`` (verify, an HDF5 open) takes the lock shared for an instant; a writer
+    opening in that instant is not refused as if another process wrote."""
+    path = str(tmp_path / "b")
+    mr.create(path, {"x": mr.ArraySpec((), "int64")}, capacity=10).close()
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, path, "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        probe.stdout.readline()
+        for _ in range(300):
+            mr.open(path, "a").close()
+    finally:
+        probe.kill()
+        probe.wait()
+
+
 def test_same_process_second_writer_is_refused(tmp_path):
     spec = {"x": mr.ArraySpec(())}
     with mr.create(tmp_path / "b", spec, capacity=4):
