@@ -573,3 +573,29 @@ def test_inspect_says_how_many_threads_decode_and_why(tmp_path):
     plain = run_cli("inspect", tmp_path / "plain", "--no-images")
     assert "decoding" not in plain.stdout
     assert json.loads(run_cli("inspect", tmp_path / "plain", "--json").stdout)["decode_threads"] is None
+
+
+LOAD_WITHOUT_SUBPROCESS = """
+import subprocess
+from mmreplay.backends import native_rows
+started = []
+real = subprocess.Popen.__init__
+def record(self, *args, **kwargs):
+    started.append(args[0] if args else kwargs.get("args"))
+    return real(self, *args, **kwargs)
+subprocess.Popen.__init__ = record
+print(native_rows._load("lz4"), started)
+"""
+
+
+def test_loading_the_codec_library_by_its_usual_name_starts_no_process():
+    """``ctypes.util.find_library`` runs ``ldconfig``; a writer that forks it holds the
+    store's lock in the child until the child execs, so it is asked only as a fallback."""
+    if native_rows.extension() is None:
+        pytest.skip("the C extension is not built")
+    done = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_SUBPROCESS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    used, started = done.stdout.split(" ", 1)
+    if used != "liblz4.so.1":
+        pytest.skip(f"lz4 loads here as {used}, not by its usual Linux name")
+    assert started.strip() == "[]"

@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -72,23 +73,23 @@ def extension() -> ModuleType | None:
         return None
 
 
-def _candidates(codec: str) -> list[str]:
-    names = []
+def _candidates(codec: str) -> Iterator[str]:
+    """The libraries to try, in order. ``find_library`` runs a subprocess (``ldconfig``),
+    so it is asked only when the usual file names did not load."""
     for name in SYSTEM_NAMES[codec]:
         if "." in name:
-            names.append(name)
+            yield name
         else:
             found = ctypes.util.find_library(name)
             if found:
-                names.append(found)
+                yield found
     for module in PACKAGE_MODULES[codec]:
         try:
             path = importlib.import_module(module).__file__
         except ImportError:
             continue
         if path:
-            names.append(path)
-    return names
+            yield path
 
 
 def _load(codec: str) -> str | None:
