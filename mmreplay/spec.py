@@ -64,6 +64,7 @@ SUPPORTED_DTYPES = tuple(
     )
 )
 _SUPPORTED = {d.name: d for d in SUPPORTED_DTYPES}
+_KNOWN = {d: d for d in SUPPORTED_DTYPES}
 
 MAX_NDIM = 32
 MAX_LEAF_PATH_PARTS = 32
@@ -72,6 +73,9 @@ _FORBIDDEN_PATH_CHARS = ("/", "\\", "\x00")
 
 def _as_dtype(dtype: Any, where: str) -> np.dtype:
     """A numpy dtype from numpy / TF / torch / string dtypes, refusing the unstorable."""
+    known = _SUPPORTED.get(dtype) if type(dtype) is str else _KNOWN.get(dtype) if isinstance(dtype, np.dtype) else None
+    if known is not None:  # a name from JSON, or a dtype already checked: one lookup
+        return known
     if hasattr(dtype, "as_numpy_dtype"):  # tf.DType
         dtype = dtype.as_numpy_dtype
     elif type(dtype).__module__ == "torch":  # torch.dtype prints as "torch.float32"
