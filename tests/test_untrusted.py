@@ -940,3 +940,34 @@ def test_reading_what_a_chunk_must_not_be_is_refused_before_it_is_read(corpus_ba
     assert done.stdout.startswith("CorruptBufferError"), done.stdout + done.stderr[-2000:]
     for word in words:
         assert word in done.stdout, (word, done.stdout)
+
+
+@pytest.mark.parametrize("way", ["openat2", "folder by folder"])
+def test_open_inside_refuses_the_same_in_one_call_or_folder_by_folder(tmp_path, monkeypatch, way):
+    """Where Linux has ``openat2`` a path is entered in one call; elsewhere (or in a
+    sandbox that refuses it) folder by folder. Both refuse the same paths."""
+    from mmreplay.io import local
+
+    if way == "openat2" and local._openat2 is None:
+        pytest.skip("openat2 is not available here")
+    if way != "openat2":
+        monkeypatch.setattr(local, "_openat2", None)
+    store, outside = tmp_path / "store", tmp_path / "outside"
+    (store / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "file").write_bytes(b"outside")
+    (store / "sub" / "file").write_bytes(b"inside")
+    (store / "sub" / "link").symlink_to(outside, target_is_directory=True)
+    (store / "sub" / "file-link").symlink_to(outside / "file")
+    os.mkfifo(store / "sub" / "fifo")
+    fd = local.open_inside(store, "sub/file")
+    try:
+        assert os.read(fd, 16) == b"inside"
+    finally:
+        os.close(fd)
+    for rel, why in [("sub/link/file", "symbolic link"), ("sub/file-link", "symbolic link"), ("sub/fifo", "FIFO")]:
+        with pytest.raises(mr.CorruptBufferError, match=why):
+            local.open_inside(store, rel)
+    with pytest.raises(FileNotFoundError) as missing:
+        local.open_inside(store, "sub/missing/file")
+    assert missing.value.filename.startswith(str(store / "sub" / "missing"))  # (the folder, or the file in it)

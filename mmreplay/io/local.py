@@ -10,12 +10,15 @@ itself, as the caller names it, may be a link (run folders often are).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
 import stat
+import sys
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +39,46 @@ __all__ = [
 
 NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | NO_FOLLOW
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture
+_RESOLVE_NO_SYMLINKS_BENEATH = 0x04 | 0x08  # no link anywhere on the path, no ".." above the folder
+
+
+def _find_openat2() -> Any:
+    """Linux's ``openat2`` (5.6+), which enters every folder on a path without following a
+    link in one call instead of one ``open`` per folder; None where it is missing or a
+    sandbox refuses it (then :func:`_walk` does the same, folder by folder)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    how = _OpenHow(os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS_BENEATH)
+    fd = syscall(_SYS_OPENAT2, -100, b".", ctypes.byref(how), ctypes.sizeof(how))  # (-100: AT_FDCWD)
+    if fd < 0:
+        return None
+    os.close(fd)
+    return syscall
+
+
+_openat2 = _find_openat2()
+
+
+def _open_beneath(dfd: int, rel: str, flags: int, mode: int) -> int:
+    """``rel`` opened under the folder ``dfd`` with ``openat2``, refusing links and ``..``."""
+    how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, _RESOLVE_NO_SYMLINKS_BENEATH)
+    fd = _openat2(_SYS_OPENAT2, dfd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return fd
 
 
 def _kind(mode: int) -> str:
@@ -63,6 +106,12 @@ def _check_entry(st: os.stat_result, path: str, writing: bool) -> None:
         raise _refuse(path, _kind(st.st_mode))
     if writing and st.st_nlink > 1:
         raise _refuse(path, "a file with other hard links (writing it would change them too)")
+
+
+def _joined(folder: str, rel: str) -> str:
+    """``folder/rel`` (``rel``: names joined by ``/``), as ``os.path.join`` would give it,
+    at a fraction of its cost: every file a store opens names its path."""
+    return f"{folder}/{rel}" if folder and not folder.endswith("/") else folder + rel
 
 
 def _walk(folder: str, parts: list[str], create: bool) -> int:
@@ -111,20 +160,28 @@ def open_inside(folder: str | os.PathLike, rel: str, flags: int = os.O_RDONLY, m
     """
     folder = os.fspath(folder)
     parts = rel.split("/")
-    path = os.path.join(folder, *parts)
+    path = _joined(folder, rel)
     writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
-    dfd = _walk(folder, parts[:-1], bool(flags & os.O_CREAT))
+    beneath = _openat2 is not None and not flags & os.O_CREAT  # (a walk makes missing folders)
+    if beneath:  # the folders on the way are entered by openat2 below, in one call
+        dfd, name = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), rel
+    else:
+        dfd, name = _walk(folder, parts[:-1], bool(flags & os.O_CREAT)), parts[-1]
     try:
-        try:
-            _check_entry(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False), path, writing)
-        except FileNotFoundError:
+        try:  # (a stat through a linked folder is refused by the open below)
+            _check_entry(os.stat(name, dir_fd=dfd, follow_symlinks=False), path, writing)
+        except (FileNotFoundError, NotADirectoryError) as exc:
             if not flags & os.O_CREAT:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+                raise type(exc)(exc.errno, exc.strerror, path) from None
         try:  # (non-blocking: what was checked may have been swapped for a FIFO since)
-            fd = os.open(parts[-1], flags | NO_FOLLOW | os.O_NONBLOCK, mode, dir_fd=dfd)
+            if beneath:
+                fd = _open_beneath(dfd, name, flags | NO_FOLLOW | os.O_NONBLOCK, mode)
+            else:
+                fd = os.open(name, flags | NO_FOLLOW | os.O_NONBLOCK, mode, dir_fd=dfd)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENXIO):
-                raise _refuse(path, "a symbolic link" if exc.errno == errno.ELOOP else "not a regular file") from None
+            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EXDEV):
+                why = {errno.ELOOP: "a symbolic link", errno.ENXIO: "not a regular file"}
+                raise _refuse(path, why.get(exc.errno, "outside the folder")) from None
             exc.filename = path
             raise
     finally:
@@ -267,7 +324,7 @@ class LocalFolder(ByteSource):
         self.path = self.url = os.fspath(path)
 
     def where(self, key: str) -> str:
-        return os.path.join(self.path, *key.split("/")) if key else self.path
+        return _joined(self.path, key) if key else self.path
 
     def child(self, folder: str) -> LocalFolder:
         return LocalFolder(folder_inside(self.path, folder))
