@@ -60,8 +60,8 @@ def _find_openat2() -> Any:
     except (OSError, AttributeError):
         return None
     syscall.restype = ctypes.c_long
-    how = _OpenHow(os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS_BENEATH)
-    fd = syscall(_SYS_OPENAT2, -100, b".", ctypes.byref(how), ctypes.sizeof(how))  # (-100: AT_FDCWD)
+    how = _OpenHow(os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0, 0)
+    fd = syscall(_SYS_OPENAT2, -100, b"/", ctypes.byref(how), ctypes.sizeof(how))  # (-100: AT_FDCWD)
     if fd < 0:
         return None
     os.close(fd)
