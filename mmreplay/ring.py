@@ -28,7 +28,6 @@ from .errors import BadInputError, ClosedError, ReadOnlyError
 from .metadata import State, write_metadata
 from .read.gather import steps_of
 from .samplers.base import Window
-from .spec import unflatten
 from .statefile import oldest_retained, slot_ranges
 
 __all__ = ["Ring"]
@@ -170,7 +169,7 @@ class Ring:
             self._before_write()
         if self._frames is not None:  # each step's frames follow from the one before
             for t in range(n):
-                self.add(unflatten(self.spec, [v[t] for v in values]))
+                self.add_leaves([v[t] for v in values])  # (validated above, with the batch)
             return
         with self._writing():
             g = self._written
