@@ -37,12 +37,12 @@ from ..errors import BadInputError, NotABufferError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target
 from ..spec import unflatten
 from .base import (
+    HDF5_MAGIC,
     ExportOptions,
     ExportResult,
     Progress,
     accepted_codecs,
     check_compression,
-    reject_complete_only,
 )
 
 if TYPE_CHECKING:
@@ -192,8 +192,11 @@ def export(
     unknown = sorted(set(format_options) - set(accepted))
     if unknown:
         raise TypeError(f"{name} export: unexpected options {unknown}; it takes {', '.join(accepted)}")
-    if FORMATS[name].kind == "steps":
-        reject_complete_only(name, complete_only)
+    if complete_only and FORMATS[name].kind == "steps":
+        raise BadInputError(
+            f"{name} export writes every retained step as [steps, num_envs, ...] arrays, so it cannot "
+            "leave out open episodes; --complete-only applies to minari, d4rl, d3rlpy and parquet"
+        )
     compression = check_compression(name, compression, module.COMPRESSIONS)
     options = ExportOptions(compression, complete_only, force, progress or (lambda rows: None))
     if isinstance(out, str) and out.startswith("s3://"):
@@ -247,7 +250,7 @@ def detect_format(src: str) -> str:
         if any(n.endswith("/data.pkl") for n in names) and not any(n.endswith(".npy") for n in names):
             return "pt"
         return "npz"
-    if head == b"\x89HDF\r\n\x1a\n":
+    if head == HDF5_MAGIC:
         import h5py
 
         with h5py.File(src, "r") as f:

@@ -426,41 +426,40 @@ class StepBlocks:
     """The retained committed steps in time order, read in blocks of bounded size.
 
     Yields ``(first_global_step, leaves)`` with each leaf ``[k, num_envs, *shape]`` in
-    flatten order. A block is about :data:`BLOCK_BYTES`; ``align`` makes blocks a multiple
-    of a chunk length (for chunked targets).
+    flatten order (only those indexed by ``leaves`` when given). A block is about
+    ``block_bytes``; ``progress`` is told a block's rows once the caller is done with it.
     """
 
-    def __init__(self, store: Exportable, align: int = 1, block_bytes: int = BLOCK_BYTES):
-        self.store = store
+    def __init__(
+        self,
+        store: Exportable,
+        progress: Progress | None = None,
+        block_bytes: int = BLOCK_BYTES,
+        leaves: list[int] | None = None,
+    ):
+        self.store, self.progress, self.leaves = store, progress, leaves
         self.first = int(store.first_step)
         self.end = int(store.committed_steps)
         self.steps = max(0, self.end - self.first)
+        self.rows = self.steps * store.num_envs
         specs: list[ArraySpec] = flatten(store.spec)
-        step_bytes = max(1, store.num_envs * sum(s.nbytes for s in specs))
-        k = max(1, block_bytes // step_bytes)
-        if align > 1:
-            k = max(align, k // align * align)
-        self.block = k
+        if leaves is not None:
+            specs = [specs[i] for i in leaves]
+        self.block = block_steps(store.num_envs * sum(s.nbytes for s in specs), block_bytes)
 
     def __iter__(self) -> Iterator[tuple[int, list[np.ndarray]]]:
         for a in range(self.first, self.end, self.block):
             b = min(self.end, a + self.block)
             try:
-                leaves = self.store.read_steps(np.arange(a, b))
+                leaves = self.store.read_steps(np.arange(a, b), leaves=self.leaves)
             except NotEnoughDataError as exc:
                 raise NotEnoughDataError(
                     f"{exc}; the writer overwrote rows the export had not read yet -- "
                     "export a copy (mmreplay convert) or pause the writer"
                 ) from None
             yield a, leaves
-
-
-def reject_complete_only(fmt: str, complete_only: bool) -> None:
-    if complete_only:
-        raise BadInputError(
-            f"{fmt} export writes every retained step as [steps, num_envs, ...] arrays, so it cannot "
-            "leave out open episodes; --complete-only applies to minari, d4rl, d3rlpy and parquet"
-        )
+            if self.progress is not None:
+                self.progress((b - a) * self.store.num_envs)
 
 
 def spec_json(store: Exportable) -> dict[str, Any]:
@@ -478,12 +477,6 @@ def spec_json(store: Exportable) -> dict[str, Any]:
         # a group's joined shards: where each shard's steps begin
         **getattr(store, "export_info", {}),
     }
-
-
-def read_leaf(store: Exportable, index: int, steps: np.ndarray) -> np.ndarray:
-    """One leaf's rows ``[len(steps), num_envs, *shape]`` for global step ids, for formats
-    that write one leaf at a time (zip members)."""
-    return store.read_steps(steps, leaves=[index])[0]
 
 
 class Ticker:
@@ -537,14 +530,16 @@ def nest(paths: list[str], specs: list[ArraySpec]) -> dict[str, Any]:
     return root
 
 
-def block_steps(step_bytes: int) -> int:
-    return max(1, BLOCK_BYTES // max(1, step_bytes))
+def block_steps(step_bytes: int, block_bytes: int = BLOCK_BYTES) -> int:
+    """Steps of ``step_bytes`` each in a block of about ``block_bytes``."""
+    return max(1, block_bytes // max(1, step_bytes))
 
 
 def arrays_source(
     arrays: Mapping[str, Any], meta: dict[str, Any] | None, num_envs: int | None, where: str
 ) -> Source:
-    """A source over arrays ``[T, (num_envs,) *shape]`` keyed by leaf path."""
+    """A source over arrays ``[T, (num_envs,) *shape]`` keyed by leaf path (an HDF5 file or a
+    zarr group is such a mapping)."""
     if meta is not None:
         if meta.get("format") != ARRAYS_FORMAT:
             raise UnsupportedFormatError(

@@ -43,13 +43,13 @@ def _format(dtype: np.dtype, path: str) -> str:
     raise BadInputError(f"csv export: leaf {path!r} has dtype {dtype}, which CSV cannot hold")
 
 
+def _width(spec: Any) -> int:
+    return max(1, math.prod(spec.shape))
+
+
 def header(paths: list[str], specs: list[Any]) -> list[str]:
     """Leaf column names in file order: ``<leaf path>`` for a scalar, else ``<leaf path>.<i>``."""
-    return [
-        p if not s.shape else f"{p}.{i}"
-        for p, s in zip(paths, specs)
-        for i in range(max(1, math.prod(s.shape)))
-    ]
+    return [p if not s.shape else f"{p}.{i}" for p, s in zip(paths, specs) for i in range(_width(s))]
 
 
 def target_name(out: str, compression: str | None) -> str:
@@ -61,19 +61,17 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     comp = options.compression or ("gzip" if out.endswith(".gz") else None)
     specs = flatten(store.spec)
     paths = store.leaf_paths
-    fmts = [_format(s.dtype, p) for p, s in zip(paths, specs)]
-    with Target(
-        target_name(out, comp), "file", "csv", store, options,
-        recognise=first_line_is(",".join([*INDEX_COLUMNS, *header(paths, specs)])),
-    ) as target:
-        blocks = StepBlocks(store, block_bytes=4 << 20)
+    first_line = ",".join([*INDEX_COLUMNS, *header(paths, specs)])
+    cells = [_format(s.dtype, p) for p, s in zip(paths, specs) for _ in range(_width(s))]
+    recognise = first_line_is(first_line)
+    with Target(target_name(out, comp), "file", "csv", store, options, recognise=recognise) as target:
+        blocks = StepBlocks(store, options.progress, block_bytes=4 << 20)
         raw = open(target.path(), "wb")
         inner = os.path.basename(target.out)
         f = gzip.GzipFile(filename=inner, fileobj=raw, mode="wb", mtime=0) if comp else raw
         try:
             text = io.TextIOWrapper(f, encoding="ascii", newline="")
-            text.write(",".join([*INDEX_COLUMNS, *header(paths, specs)]) + "\n")
-            cells = [fmt for fmt, s in zip(fmts, specs) for _ in range(max(1, math.prod(s.shape)))]
+            text.write(first_line + "\n")
             line = ",".join(["%d", "%d", *cells]) + "\n"
             envs = np.arange(store.num_envs)
             for a, leaves in blocks:
@@ -89,14 +87,13 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
                         flat = flat.astype(np.int8)
                     cols.extend(flat.T.tolist())
                 text.write("".join(line % row for row in zip(*cols)))
-                options.progress(rows)
             text.flush()
             text.detach()
         finally:
             if f is not raw:
                 f.close()
             raw.close()
-        return target.finish(0, blocks.steps * store.num_envs)
+        return target.finish(0, blocks.rows)
 
 
 # --- the import ------------------------------------------------------------------------
@@ -104,7 +101,6 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 
 def read(src: str, files: ExitStack) -> Source:
     import csv
-    import gzip
 
     opener = gzip.open if _is_gzip(src) else open
     with opener(src, "rt", newline="") as f:

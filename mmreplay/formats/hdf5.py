@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..spec import flatten, leaf_paths, spec_from_json
+from ..spec import flatten
 from .base import EXPORT_MARK, Source, StepBlocks, Target, arrays_source, spec_json
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def array_options(compression: str | None, arr: np.ndarray) -> dict[str, Any]:
 
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     with Target(out, "file", "hdf5", store, options) as target:
-        blocks = StepBlocks(store)
+        blocks = StepBlocks(store, options.progress)
         specs = flatten(store.spec)
         with hdf5_output(target.path()) as f:
             f.attrs["mmreplay"] = json.dumps(spec_json(store))
@@ -90,8 +90,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
                 lo = a - blocks.first
                 for dset, values in zip(dsets, leaves):
                     dset[lo : lo + len(values)] = values
-                options.progress(len(leaves[0]) * store.num_envs)
-        return target.finish(0, blocks.steps * store.num_envs)
+        return target.finish(0, blocks.rows)
 
 
 # --- the import ------------------------------------------------------------------------
@@ -101,9 +100,7 @@ def read(src: str, files: ExitStack) -> Source:
     import h5py
 
     f = files.enter_context(h5py.File(src, "r"))
-    meta = json.loads(f.attrs["mmreplay"])
-    arrays = {p: f[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in f}
-    return arrays_source(arrays, meta, None, src)
+    return arrays_source(f, json.loads(f.attrs["mmreplay"]), None, src)
 
 
 def datasets(group: Any, prefix: str = "") -> dict[str, Any]:

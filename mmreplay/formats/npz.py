@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from .base import BLOCK_BYTES, Source, StepBlocks, Target, Ticker, arrays_source, read_leaf, spec_json
+from .base import Source, StepBlocks, Target, Ticker, arrays_source, spec_json
 
 if TYPE_CHECKING:
     from contextlib import ExitStack
@@ -29,8 +29,25 @@ COMPRESSIONS = ("deflate", "zip")
 
 
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
+    method = zipfile.ZIP_DEFLATED if options.compression is not None else zipfile.ZIP_STORED
+    specs = flatten(store.spec)
     with Target(out, "file", "npz", store, options) as target:
-        rows = write_arrays(store, target.path(), options.compression is not None, options.progress)
+        rows = StepBlocks(store).rows
+        ticker = Ticker(options.progress, rows, sum(rows * s.nbytes for s in specs))
+        with zipfile.ZipFile(target.path(), "w", compression=method, allowZip64=True) as zf:
+            meta = np.array(json.dumps(spec_json(store)))
+            with zf.open(META_KEY + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, meta, allow_pickle=False)
+            # one member at a time (zip members cannot interleave): a pass over the store per
+            # leaf, in blocks sized for that leaf alone
+            for i, (name, spec) in enumerate(zip(store.leaf_paths, specs)):
+                blocks = StepBlocks(store, leaves=[i])
+                dtype = spec.dtype.newbyteorder("<") if spec.dtype.itemsize > 1 else spec.dtype
+                with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                    f.write(_header((blocks.steps, store.num_envs, *spec.shape), dtype))
+                    for _, (values,) in blocks:
+                        f.write(np.ascontiguousarray(values, dtype=dtype).reshape(-1).view(np.uint8))
+                        ticker.advance(len(values) * store.num_envs * spec.nbytes)
         return target.finish(0, rows, {"keys": store.leaf_paths})
 
 
@@ -46,44 +63,6 @@ def _header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
         buf = io.BytesIO()
         np.lib.format.write_array_header_2_0(buf, d)
     return buf.getvalue()
-
-
-def write_arrays(store: Exportable, path: str, compress: bool, progress: Any) -> int:
-    """Stream every leaf into ``path``; returns the rows (steps x envs) written."""
-    blocks = StepBlocks(store)
-    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
-    paths = store.leaf_paths
-    specs = _specs(store)
-    rows = blocks.steps * store.num_envs
-    ticker = Ticker(progress, rows, sum(rows * s.nbytes for s in specs))
-    with zipfile.ZipFile(path, "w", compression=method, allowZip64=True) as zf:
-        meta = np.array(json.dumps(spec_json(store)))
-        with zf.open(META_KEY + ".npy", "w", force_zip64=True) as f:
-            np.lib.format.write_array(f, meta, allow_pickle=False)
-        # one member at a time (zip members cannot interleave): a pass over the store per leaf
-        for i, (name, spec) in enumerate(zip(paths, specs)):
-            dtype = spec.dtype.newbyteorder("<") if spec.dtype.itemsize > 1 else spec.dtype
-            shape = (blocks.steps, store.num_envs, *spec.shape)
-            with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                f.write(_header(shape, dtype))
-                for _, leaves in _leaf_blocks(store, i):
-                    f.write(np.ascontiguousarray(leaves, dtype=dtype).reshape(-1).view(np.uint8))
-                    ticker.advance(len(leaves) * store.num_envs * spec.nbytes)
-    return rows
-
-
-def _specs(store: Exportable) -> list[Any]:
-    return flatten(store.spec)
-
-
-def _leaf_blocks(store: Exportable, index: int) -> Any:
-    """Blocks of one leaf, sized for that leaf alone."""
-    spec = flatten(store.spec)[index]
-    k = max(1, BLOCK_BYTES // max(1, store.num_envs * spec.nbytes))
-    first, end = int(store.first_step), int(store.committed_steps)
-    for a in range(first, end, k):
-        b = min(end, a + k)
-        yield a, read_leaf(store, index, np.arange(a, b))
 
 
 # --- the import ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ anonymous mapping that is never touched, so they cost no memory.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -57,77 +58,69 @@ COMPRESSIONS: tuple[str, ...] = ()  # torch.save writes an uncompressed zip
 
 
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
-    progress = options.progress
     with Target(out, "file", "pt", store, options) as target:  # a refusal needs no torch
         torch = need("torch", "the pt format", "torch")
-        keep = []
-        try:
-            blocks = StepBlocks(store)
-            specs = flatten(store.spec)
-            if not hasattr(torch.serialization, "skip_data"):  # PyTorch before 2.5
-                _save_in_memory(torch, store, blocks, specs, target.path(), progress)
-                _mark(target.path())
-                return target.finish(0, blocks.steps * store.num_envs)
-            tensors = {}
-            for path, spec in zip(store.leaf_paths, specs):
-                dtype = spec.dtype.newbyteorder("=")
-                t, mm = _placeholder(torch, (blocks.steps, store.num_envs, *spec.shape), dtype)
-                tensors[path] = t
-                keep.append(mm)
-            with torch.serialization.skip_data():
-                torch.save(tensors, target.path())
-            del tensors
-            records = _record_offsets(target.path())
-            # torch.save numbers storages in the order it meets them: dict order here
-            data = sorted(
-                (
-                    (name, off, size)
-                    for name, (off, size) in records.items()
-                    if "/data/" in name and name.rsplit("/", 1)[1].isdigit()
-                ),
-                key=lambda r: int(r[0].rsplit("/", 1)[1]),
-            )
-            sizes = [blocks.steps * store.num_envs * s.nbytes for s in specs]
-            if len(data) != len(specs) or any(size != n for (_, _, size), n in zip(data, sizes)):
-                raise CorruptBufferError(
-                    f"{target.out}: torch.save laid out {len(data)} records, expected one per leaf "
-                    f"({len(specs)}); this PyTorch version is not supported by the pt export"
-                )
-            fd = os.open(target.path(), os.O_WRONLY)
-            try:
-                for a, leaves in blocks:
-                    lo = a - blocks.first
-                    for (_, offset, _), spec, values in zip(data, specs, leaves):
-                        row = store.num_envs * spec.nbytes
-                        buf = (
-                            np.ascontiguousarray(values, dtype=spec.dtype.newbyteorder("="))
-                            .reshape(-1)
-                            .view(np.uint8)
-                        )
-                        _pwrite_all(fd, buf, offset + lo * row)
-                    progress(len(leaves[0]) * store.num_envs)
-            finally:
-                os.close(fd)
-            _mark(target.path())
-            return target.finish(0, blocks.steps * store.num_envs)
-        finally:
-            for mm in keep:
-                try:
-                    mm.close()
-                except BufferError:
-                    pass
+        blocks = StepBlocks(store, options.progress)
+        specs = flatten(store.spec)
+        if hasattr(torch.serialization, "skip_data"):
+            _save_in_place(torch, store, blocks, specs, target)
+        else:  # PyTorch before 2.5
+            _save_in_memory(torch, store, blocks, specs, target.path())
+        _mark(target.path())
+        return target.finish(0, blocks.rows)
 
 
-def _save_in_memory(
-    torch: Any, store: Exportable, blocks: StepBlocks, specs: list[Any], path: str, progress: Any
+def _save_in_place(
+    torch: Any, store: Exportable, blocks: StepBlocks, specs: list[Any], target: Target
 ) -> None:
+    """``torch.save`` under ``skip_data``, then each tensor's record filled in from the store."""
+    path = target.path()
+    keep = []
+    try:
+        tensors = {}
+        for leaf, spec in zip(store.leaf_paths, specs):
+            shape = (blocks.steps, store.num_envs, *spec.shape)
+            t, mm = _placeholder(torch, shape, spec.dtype.newbyteorder("="))
+            tensors[leaf] = t
+            keep.append(mm)
+        with torch.serialization.skip_data():
+            torch.save(tensors, path)
+        del tensors
+        # torch.save numbers storages in the order it meets them: dict order here
+        data = sorted(
+            (int(name.rsplit("/", 1)[1]), off, size)
+            for name, (off, size) in _record_offsets(path).items()
+            if "/data/" in name and name.rsplit("/", 1)[1].isdigit()
+        )
+        sizes = [blocks.rows * s.nbytes for s in specs]
+        if len(data) != len(specs) or any(size != n for (_, _, size), n in zip(data, sizes)):
+            raise CorruptBufferError(
+                f"{target.out}: torch.save laid out {len(data)} records, expected one per leaf "
+                f"({len(specs)}); this PyTorch version is not supported by the pt export"
+            )
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for a, leaves in blocks:
+                lo = a - blocks.first
+                for (_, offset, _), spec, values in zip(data, specs, leaves):
+                    native = spec.dtype.newbyteorder("=")
+                    buf = np.ascontiguousarray(values, dtype=native).reshape(-1).view(np.uint8)
+                    _pwrite_all(fd, buf, offset + lo * store.num_envs * spec.nbytes)
+        finally:
+            os.close(fd)
+    finally:
+        for mm in keep:
+            with contextlib.suppress(BufferError):
+                mm.close()
+
+
+def _save_in_memory(torch: Any, store: Exportable, blocks: StepBlocks, specs: list[Any], path: str) -> None:
     """Without ``skip_data`` the tensors are assembled in memory, then saved."""
     arrays = [np.empty((blocks.steps, store.num_envs, *s.shape), s.dtype.newbyteorder("=")) for s in specs]
     for a, leaves in blocks:
         lo = a - blocks.first
         for arr, values in zip(arrays, leaves):
             arr[lo : lo + len(values)] = values
-        progress(len(leaves[0]) * store.num_envs)
     torch.save({p: torch.from_numpy(arr) for p, arr in zip(store.leaf_paths, arrays)}, path)
 
 

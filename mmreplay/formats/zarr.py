@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import UnsupportedFormatError
 from ..files import interrupts_deferred
-from ..spec import flatten, leaf_paths, spec_from_json
+from ..spec import flatten
 from .base import Source, StepBlocks, Target, arrays_source, need, spec_json
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     zarr = need("zarr", "the zarr format", "zarr")
     with Target(out, "folder", "zarr", store, options) as target:
         specs = flatten(store.spec)
-        blocks = StepBlocks(store)
+        blocks = StepBlocks(store, options.progress)
         codec = _codec(options.compression)
         writers = []
         with interrupts_deferred():  # (zarr-python writes on its own thread, see _LeafWriter)
@@ -125,10 +125,9 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
         for _, leaves in blocks:
             for w, values in zip(writers, leaves):
                 w.add(values)
-            options.progress(len(leaves[0]) * store.num_envs)
         for w in writers:
             w.finish()
-        return target.finish(0, blocks.steps * store.num_envs)
+        return target.finish(0, blocks.rows)
 
 
 # --- the import ------------------------------------------------------------------------
@@ -141,5 +140,4 @@ def read(src: str, files: ExitStack) -> Source:
         raise UnsupportedFormatError(
             f"{src}: a zarr group that is not an mmreplay export (no 'mmreplay' attribute)"
         )
-    arrays = {p: g[p] for p in leaf_paths(spec_from_json(meta["spec"])) if p in g}
-    return arrays_source(arrays, meta, None, src)
+    return arrays_source(g, meta, None, src)
