@@ -27,11 +27,7 @@ import numpy as np
 from ..codecs import LEVELS, parse
 from ..episodes import fresh_envs
 from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
-from ..files import (
-    AtomicOutput,
-    check_target,
-    disk_usage,
-)
+from ..files import AtomicOutput, check_target, disk_usage
 from ..roles import subtree
 from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
 
@@ -322,6 +318,9 @@ class Target(AtomicOutput):
 
 # --- roles -----------------------------------------------------------------------------
 
+#: the roles the episode formats write as fields of their own; other leaves are extras
+FIELD_ROLES = ("observation", "next_observation", "action", "reward", "terminated", "truncated")
+
 
 @dataclass(frozen=True)
 class Roles:
@@ -360,13 +359,9 @@ class Roles:
         """Leaf paths under a role path, in flatten order."""
         return [p for p in self.paths if p == path or p.startswith(path + "/")]
 
-    def extras(self, used: Sequence[str]) -> list[str]:
+    def extras(self, used: Sequence[str] = FIELD_ROLES) -> list[str]:
         """Leaf paths not under any of the given role names."""
-        taken: set[str] = set()
-        for role in used:
-            path = self.roles.get(role)
-            if path is not None:
-                taken.update(self.leaves_of(path))
+        taken = {leaf for role in used if role in self.roles for leaf in self.leaves_of(self.roles[role])}
         return [p for p in self.paths if p not in taken]
 
 
@@ -591,28 +586,30 @@ def arrays_source(
     return Source(spec, envs, steps, blocks, roles, first_step=first_step, fresh=fresh)
 
 
-def episodes_source(spec: Any, episodes: list[Any], load: Callable[[Any], list[np.ndarray]]) -> Source:
-    """One env, episodes one after another; ``load(episode)`` gives its leaves ``[n, *shape]``."""
+def episodes_source(
+    spec: Any,
+    episodes: list[Any],
+    load: Callable[[Any], list[np.ndarray]],
+    roles: dict[str, str] | None = None,
+    attrs: dict[str, Any] | None = None,
+) -> Source:
+    """One env, episodes one after another, joined into blocks of about :data:`BLOCK_BYTES`;
+    ``episodes`` are ``(episode, steps)`` pairs and ``load(episode)`` gives its leaves
+    ``[n, *shape]``."""
     specs = flatten(spec)
     k = block_steps(sum(s.nbytes for s in specs))
-    steps = sum(int(n) for _, n in episodes)
 
     def blocks() -> Iterator[list[np.ndarray]]:
-        rows = ([np.asarray(a).reshape(-1, 1, *s.shape) for a, s in zip(load(e), specs)] for e, _ in episodes)
-        return grouped(rows, k)
-
-    return Source(spec, 1, steps, blocks, None, len(episodes))
-
-
-def grouped(episodes: Iterator[list[np.ndarray]], k: int) -> Iterator[list[np.ndarray]]:
-    """Episodes' leaves ``[n, 1, *shape]`` joined into blocks of about ``k`` steps."""
-    pending: list[list[np.ndarray]] = []
-    count = 0
-    for leaves in episodes:
-        pending.append(leaves)
-        count += len(leaves[0])
-        if count >= k:
+        pending: list[list[np.ndarray]] = []
+        count = 0
+        for episode, _ in episodes:
+            pending.append([np.asarray(a).reshape(-1, 1, *s.shape) for a, s in zip(load(episode), specs)])
+            count += len(pending[-1][0])
+            if count >= k:
+                yield [np.concatenate(parts) for parts in zip(*pending)]
+                pending, count = [], 0
+        if pending:
             yield [np.concatenate(parts) for parts in zip(*pending)]
-            pending, count = [], 0
-    if pending:
-        yield [np.concatenate(parts) for parts in zip(*pending)]
+
+    steps = sum(int(n) for _, n in episodes)
+    return Source(spec, 1, steps, blocks, roles, len(episodes), attrs=attrs)

@@ -114,8 +114,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     obs_path, act_path, rew_path = roles.need("d4rl", "observation", "action", "reward")
     next_path = roles.get("next_observation")
     specs = dict(zip(roles.paths, flatten(store.spec)))
-    used = ("observation", "action", "reward", "next_observation", "terminated", "truncated")
-    extras = {info_key(p): p for p in roles.extras(used)}
+    extras = {info_key(p): p for p in roles.extras()}
     paths = {"observations": obs_path, "actions": act_path, "next_observations": next_path, **extras}
     nests = {name: roles.spec_of(p) for name, p in paths.items() if p is not None}
     nests |= {"rewards": ArraySpec((), specs[roles.leaves_of(rew_path)[0]].dtype)}

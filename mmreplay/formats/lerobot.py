@@ -265,8 +265,6 @@ def frame_layout(spec: ArraySpec) -> Layout | None:
 def plan_columns(roles: Roles) -> list[Column]:
     """Every leaf's feature, in LeRobot's order: observation, action, reward, the rest."""
     specs = dict(zip(roles.paths, flatten(roles.spec)))
-    left_out = ("next_observation", "terminated", "truncated")
-    done = {leaf for role in left_out for leaf in roles.leaves_of(roles.get(role) or "")}
     columns: list[Column] = []
 
     def add(name: str, leaf: str, image_name: str | None = None) -> None:
@@ -275,7 +273,6 @@ def plan_columns(roles: Roles) -> list[Column]:
             raise BadInputError(f"lerobot export: leaf {leaf!r} is {spec.dtype}; LeRobot takes numbers")
         layout = frame_layout(spec)
         columns.append(Column(image_name if layout and image_name else name, leaf, spec, layout))
-        done.add(leaf)
 
     for role, name, images in (
         ("observation", "observation", "observation.images"),
@@ -291,10 +288,9 @@ def plan_columns(roles: Roles) -> list[Column]:
                 rel = leaf[len(path) + 1 :].replace("/", ".")
                 add(f"{name}.{rel}", leaf, images and f"{images}.{rel}")
     taken = {c.name for c in columns} | set(DEFAULT_FEATURES) | {DONE, TRUNCATED}
-    for leaf in roles.paths:
-        if leaf not in done:
-            name = leaf.replace("/", ".")
-            add(f"leaf.{name}" if name in taken else name, leaf)
+    for leaf in roles.extras():
+        name = leaf.replace("/", ".")
+        add(f"leaf.{name}" if name in taken else name, leaf)
     names = [c.name for c in columns]
     if len(set(names)) < len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -759,8 +755,6 @@ def read(src: str, files: ExitStack) -> Source:
             trunc[-1] = trunc[-1] or not term[-1]
         return out
 
-    source = episodes_source(spec, [(r, int(r["length"])) for r in rows], load)
-    source.roles = roles
     attrs = dict(mark.get("attrs") or {}) if isinstance(mark, dict) else {}
-    source.attrs = attrs | {"lerobot": {"fps": fps, "tasks": tasks, "codebase_version": version}}
-    return source
+    attrs |= {"lerobot": {"fps": fps, "tasks": tasks, "codebase_version": version}}
+    return episodes_source(spec, [(r, int(r["length"])) for r in rows], load, roles, attrs)

@@ -39,17 +39,18 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import BadInputError, CorruptBufferError, UnsupportedFormatError
+from ..files import disk_usage
 from ..joined import JoinedShards
 from ..roles import subtree
 from ..spaces import SPACES_ATTR, spec_from_space_json, spec_to_space_json
 from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
-from .base import Episodes, Roles, Source, Target, block_steps, disk_usage, episode_flags, grouped, nest
+from .base import FIELD_ROLES, Episodes, Roles, Source, Target, episode_flags, episodes_source, nest
 from .hdf5 import array_options, datasets, hdf5_output
 
 if TYPE_CHECKING:
@@ -65,17 +66,7 @@ COMPRESSIONS = ("gzip", "lzf")
 #: without one breaks ``minari.list_local_datasets()`` for the whole root
 DATASET_ID = re.compile(r"(?:(?P<namespace>[-_\w][-_\w/]*[-_\w]+)/)?(?P<name>[-_\w]+?)-v(?P<version>\d+)")
 #: every role a Minari episode holds in its own arrays; other leaves go to ``infos``
-ROLE_NAMES = (
-    "observation",
-    "next_observation",
-    "action",
-    "reward",
-    "terminated",
-    "truncated",
-    "step_type",
-    "next_step_type",
-    "discount",
-)
+ROLE_NAMES = (*FIELD_ROLES, "step_type", "next_step_type", "discount")
 
 
 def default_dataset_id(store: Exportable) -> str:
@@ -437,9 +428,7 @@ def read(src: str, files: ExitStack) -> Source:
         infos = first["infos"]
         specs_of = [ArraySpec(infos[p].shape[1:], infos[p].dtype) for p in info_paths]
         spec["infos"] = nest(info_paths, specs_of)
-    steps = sum(int(f[n]["rewards"].shape[0]) for n in names)
     specs = flatten(spec)
-    k = block_steps(sum(s.nbytes for s in specs))
 
     def episode_steps(name: str) -> list[np.ndarray]:
         g = f[name]
@@ -470,10 +459,7 @@ def read(src: str, files: ExitStack) -> Source:
             # one row per step: Minari's DataCollector adds the reset's info in front,
             # so row i is the info that came with observation i
             step["infos"] = nest(info_paths, [_info_rows(g, p, n, name) for p in info_paths])
-        return [np.asarray(a).reshape(n, 1, *s.shape) for a, s in zip(flatten(step), specs)]
-
-    def blocks() -> Iterator[list[np.ndarray]]:
-        return grouped((episode_steps(name) for name in names), k)
+        return [np.asarray(a).reshape(n, *s.shape) for a, s in zip(flatten(step), specs)]
 
     attrs = {
         SPACES_ATTR: {
@@ -482,7 +468,8 @@ def read(src: str, files: ExitStack) -> Source:
             if meta.get(key) is not None
         }
     }
-    return Source(spec, 1, steps, blocks, None, len(names), attrs=attrs)
+    episodes = [(name, int(f[name]["rewards"].shape[0])) for name in names]
+    return episodes_source(spec, episodes, episode_steps, attrs=attrs)
 
 
 def _info_rows(group: Any, path: str, n: int, where: str) -> np.ndarray:

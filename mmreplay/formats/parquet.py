@@ -45,14 +45,17 @@ if TYPE_CHECKING:
 COMPRESSIONS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
 #: raw bytes of data per file before the next part file starts
 FILE_BYTES = 1 << 30
+#: the columns before the leaves, the roles written as columns, and the flags after them
+INDEX_COLUMNS = ("episode_index", "env", "step", "global_step")
+ROLE_COLUMNS = ("observation", "next_observation", "action", "reward")
+FLAG_COLUMNS = ("terminated", "truncated", "is_first", "is_last")
 
 
 def role_columns(roles: Roles) -> list[tuple[str, str, ArraySpec]]:
     """(column name, leaf path, spec) for every stored leaf, in column order."""
     specs = dict(zip(roles.paths, flatten(roles.spec)))
     out: list[tuple[str, str, ArraySpec]] = []
-    taken: set[str] = set()
-    for role in ("observation", "next_observation", "action", "reward"):
+    for role in ROLE_COLUMNS:
         path = roles.get(role)
         if path is None:
             continue
@@ -60,29 +63,10 @@ def role_columns(roles: Roles) -> list[tuple[str, str, ArraySpec]]:
         for rel in leaf_paths(sub) if not isinstance(sub, ArraySpec) else [""]:
             leaf = f"{path}/{rel}" if rel else path
             out.append((role + ("." + rel.replace("/", ".") if rel else ""), leaf, specs[leaf]))
-            taken.add(leaf)
-    for role in ("terminated", "truncated"):
-        path = roles.get(role)
-        if path is not None:
-            taken.update(roles.leaves_of(path))
-    reserved = {
-        "episode_index",
-        "env",
-        "step",
-        "global_step",
-        "terminated",
-        "truncated",
-        "is_first",
-        "is_last",
-    }
-    reserved.update(name for name, _, _ in out)
-    for leaf in roles.paths:
-        if leaf in taken:
-            continue
+    reserved = {*INDEX_COLUMNS, *FLAG_COLUMNS, *(name for name, _, _ in out)}
+    for leaf in roles.extras():
         name = leaf.replace("/", ".")
-        if name in reserved:
-            name = "leaf." + name
-        out.append((name, leaf, specs[leaf]))
+        out.append(("leaf." + name if name in reserved else name, leaf, specs[leaf]))
     for _, leaf, spec in out:
         if spec.dtype.kind == "c":
             raise BadInputError(f"parquet export: leaf {leaf!r} is {spec.dtype}; Arrow has no complex type")
@@ -144,14 +128,9 @@ def write(store: Exportable, out: str, options: ExportOptions, file_bytes: int =
     roles = Roles.of(store)
     columns = role_columns(roles)
     index = {p: i for i, p in enumerate(roles.paths)}
-    fields = [
-        pa.field("episode_index", pa.int64()),
-        pa.field("env", pa.int64()),
-        pa.field("step", pa.int64()),
-        pa.field("global_step", pa.int64()),
-    ]
+    fields = [pa.field(n, pa.int64()) for n in INDEX_COLUMNS]
     fields += [_field(pa, col, spec) for col, _, spec in columns]
-    fields += [pa.field(n, pa.bool_()) for n in ("terminated", "truncated", "is_first", "is_last")]
+    fields += [pa.field(n, pa.bool_()) for n in FLAG_COLUMNS]
     file_meta = {
         b"mmreplay": json.dumps({**spec_json(store), "columns": {c: p for c, p, _ in columns}}).encode()
     }
@@ -246,9 +225,9 @@ def parquet_files(src: str) -> list[str]:
 
 
 def read(src: str, files: ExitStack) -> Source:
-    pa, pq = pyarrow("the parquet format", "export")
-    files = parquet_files(src)
-    schema = pq.read_schema(files[0])
+    _, pq = pyarrow("the parquet format", "export")
+    parts = parquet_files(src)
+    schema = pq.read_schema(parts[0])
     raw = (schema.metadata or {}).get(b"mmreplay")
     if raw is None:
         raise UnsupportedFormatError(f"{src}: parquet files without mmreplay's metadata (not its export)")
@@ -262,12 +241,10 @@ def read(src: str, files: ExitStack) -> Source:
     missing = [p for p in paths if p not in columns and p not in flags]
     if missing:
         raise UnsupportedFormatError(f"{src}: no column holds the leaves {missing}")
-    table = pq.read_table(files, columns=["episode_index"])
-    ep_index = table.column("episode_index").to_numpy()
+    whole = pq.ParquetFile(parts[0]).read() if len(parts) == 1 else pq.read_table(parts)
+    ep_index = whole.column("episode_index").to_numpy()
     bounds = np.flatnonzero(np.r_[True, ep_index[1:] != ep_index[:-1], True])
     episodes = [((int(a), int(b)), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
-    dataset = pq.ParquetFile(files[0]) if len(files) == 1 else None
-    whole = pq.read_table(files) if dataset is None else dataset.read()
 
     def load(rows: tuple[int, int]) -> list[np.ndarray]:
         part = whole.slice(rows[0], rows[1] - rows[0])
@@ -283,6 +260,4 @@ def read(src: str, files: ExitStack) -> Source:
             out.append(np.asarray(values).astype(s.dtype, copy=False).reshape(-1, *s.shape))
         return out
 
-    source = episodes_source(spec, episodes, load)
-    source.roles = roles
-    return source
+    return episodes_source(spec, episodes, load, roles)
