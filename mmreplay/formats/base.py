@@ -456,6 +456,12 @@ class StepBlocks:
             if self.progress is not None:
                 self.progress((b - a) * self.store.num_envs)
 
+    def fill(self, arrays: Sequence[Any]) -> None:
+        """Copies every block into ``arrays``, one ``[steps, num_envs, *shape]`` per leaf."""
+        for a, leaves in self:
+            for arr, values in zip(arrays, leaves):
+                arr[a - self.first : a - self.first + len(values)] = values
+
 
 def spec_json(store: Exportable) -> dict[str, Any]:
     """What a step-major export records about its source, enough to import it back."""

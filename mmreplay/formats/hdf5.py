@@ -75,21 +75,16 @@ def array_options(compression: str | None, arr: np.ndarray) -> dict[str, Any]:
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     with Target(out, "file", "hdf5", store, options) as target:
         blocks = StepBlocks(store, options.progress)
-        specs = flatten(store.spec)
         with hdf5_output(target.path()) as f:
             f.attrs["mmreplay"] = json.dumps(spec_json(store))
             f.attrs[EXPORT_MARK] = "hdf5"
             dsets = []
-            for path, spec in zip(store.leaf_paths, specs):
+            for path, spec in zip(store.leaf_paths, flatten(store.spec)):
                 shape = (blocks.steps, store.num_envs, *spec.shape)
-                chunk = (max(1, min(blocks.block, blocks.steps)), store.num_envs, *spec.shape)
-                dsets.append(
-                    f.create_dataset(path, shape=shape, dtype=spec.dtype, **dataset_options(options.compression, chunk))
-                )
-            for a, leaves in blocks:
-                lo = a - blocks.first
-                for dset, values in zip(dsets, leaves):
-                    dset[lo : lo + len(values)] = values
+                chunk = (max(1, min(blocks.block, blocks.steps)), *shape[1:])
+                opts = dataset_options(options.compression, chunk)
+                dsets.append(f.create_dataset(path, shape=shape, dtype=spec.dtype, **opts))
+            blocks.fill(dsets)
         return target.finish(0, blocks.rows)
 
 

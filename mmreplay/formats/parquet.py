@@ -143,7 +143,7 @@ def write(store: Exportable, out: str, options: ExportOptions, file_bytes: int =
     files: list[str] = []
     writer = None
     file_raw = 0
-    pending: list[tuple[Any, int]] = []
+    pending: list[Any] = []  # record batches
     pending_bytes = 0
 
     target = Target(out, "folder", "parquet", store, options)
@@ -171,8 +171,7 @@ def write(store: Exportable, out: str, options: ExportOptions, file_bytes: int =
                 writer.close()
             writer = open_writer()
             file_raw = 0
-        table = pa.Table.from_batches([b for b, _ in pending], schema=schema)
-        writer.write_table(table)
+        writer.write_table(pa.Table.from_batches(pending, schema=schema))
         file_raw += pending_bytes
         pending, pending_bytes = [], 0
 
@@ -192,10 +191,8 @@ def write(store: Exportable, out: str, options: ExportOptions, file_bytes: int =
                 ]
                 arrays += [arrow_column(pa, leaves[index[p]]) for _, p, _ in columns]
                 arrays += [pa.array(term), pa.array(trunc), pa.array(step == 0), pa.array(step == n - 1)]
-                batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
-                nbytes = sum(int(np.asarray(leaves[index[p]]).nbytes) for _, p, _ in columns)
-                pending.append((batch, nbytes))
-                pending_bytes += nbytes
+                pending.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+                pending_bytes += sum(int(np.asarray(leaves[index[p]]).nbytes) for _, p, _ in columns)
                 if pending_bytes >= BLOCK_BYTES:
                     flush()
                 count += 1

@@ -117,10 +117,7 @@ def _save_in_place(
 def _save_in_memory(torch: Any, store: Exportable, blocks: StepBlocks, specs: list[Any], path: str) -> None:
     """Without ``skip_data`` the tensors are assembled in memory, then saved."""
     arrays = [np.empty((blocks.steps, store.num_envs, *s.shape), s.dtype.newbyteorder("=")) for s in specs]
-    for a, leaves in blocks:
-        lo = a - blocks.first
-        for arr, values in zip(arrays, leaves):
-            arr[lo : lo + len(values)] = values
+    blocks.fill(arrays)
     torch.save({p: torch.from_numpy(arr) for p, arr in zip(store.leaf_paths, arrays)}, path)
 
 
