@@ -209,7 +209,7 @@ def _recognise_zarr(path: str) -> bool:
     meta = _json_file(os.path.join(path, "zarr.json"))
     attrs = meta.get("attributes", {}) if isinstance(meta, dict) else {}
     info = attrs.get("mmreplay") if isinstance(attrs, dict) else None
-    return isinstance(info, dict) and info.get("format") == "mmreplay-arrays/1"
+    return isinstance(info, dict) and info.get("format") == ARRAYS_FORMAT
 
 
 def _recognise_parquet(path: str) -> bool:

@@ -102,13 +102,11 @@ def read(src: str, files: ExitStack) -> Source:
             raise CorruptBufferError(f"{src}: episode {i} has no observations")
         return names
 
-    first = [f[n] for n in obs_names(0)]
-    obs_specs = [ArraySpec(d.shape[1:], d.dtype) for d in first]
+    obs_specs = [ArraySpec(f[n].shape[1:], f[n].dtype) for n in obs_names(0)]
     act = f["actions_0"]
-    act_shape = act.shape[1:]
     spec = {
         "observation": obs_specs[0] if "observations_0" in f else tuple(obs_specs),
-        "action": ArraySpec(act_shape, act.dtype),
+        "action": ArraySpec(act.shape[1:], act.dtype),
         "reward": ArraySpec((), f["rewards_0"].dtype),
         "terminated": ArraySpec((), "bool"),
         "truncated": ArraySpec((), "bool"),

@@ -116,7 +116,7 @@ def read(src: str, files: ExitStack, num_envs: int | None = None) -> Source:
         if not name.endswith(".npy"):
             continue
         key = name[:-4]
-        if key == "__mmreplay__":
+        if key == META_KEY:
             arr = np.load(zf.open(name), allow_pickle=False)
             meta = json.loads(str(arr))
             continue
