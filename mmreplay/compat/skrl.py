@@ -269,7 +269,7 @@ class Memory(StoreShell):
         ahead = holds & (steps == store.total_steps) if self._rows.env_index else np.zeros(flat.shape, bool)  # type: ignore[union-attr]
         stored = holds & ~ahead
         if stored.all() and names and store is not None:  # the common case: every row is a stored one
-            return read_rows(store, steps, envs)  # the store's flat dict of tensors, by name
+            return read_rows(store, steps, envs)  # the store is a flat dict: arrays by tensor name
         out = {n: unwritten((*flat.shape, *self._tensors[n].shape), self._tensors[n].dtype) for n in names}
         if stored.any():
             by_name = read_rows(store, steps[stored], envs[stored])  # type: ignore[arg-type]
