@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..spec import ArraySpec, flatten, is_namedtuple, to_spec, unflatten
+from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
 from ..values import StepValidator
 from ._shared import StoreOptions, StoreShell, attach_store, flatten_like, positive
 
@@ -27,21 +26,6 @@ def _is_array_spec(x: Any) -> bool:
     if hasattr(x, "sample") and hasattr(x, "contains"):  # a gymnasium space
         return False
     return isinstance(x.dtype, np.dtype) or (isinstance(x.dtype, type) and issubclass(x.dtype, np.generic))
-
-
-def _nest_leaves(nest: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(path, leaf) of a raw spec nest, before conversion (dict keys sorted)."""
-    if isinstance(nest, dict):
-        items: Any = ((str(k), nest[k]) for k in sorted(nest))
-    elif is_namedtuple(nest):
-        items = zip(nest._fields, nest)
-    elif isinstance(nest, (tuple, list)):
-        items = ((str(i), v) for i, v in enumerate(nest))
-    else:
-        yield prefix or "data_spec", nest
-        return
-    for key, value in items:
-        yield from _nest_leaves(value, f"{prefix}/{key}" if prefix else key)
 
 
 def broadcast_leaves(spec: Any, value: Any, lead: tuple[int, ...]) -> Any:
@@ -107,11 +91,11 @@ class NumpyStorage(StoreShell):
         backend: str | None = None,
         compression: Any = None,
     ):
-        for where, leaf in _nest_leaves(data_spec):
+        for where, leaf in zip(leaf_paths(data_spec), flatten(data_spec)):
             if not _is_array_spec(leaf):
                 raise ValueError(
                     "The data_spec parameter must be an instance or nest of array_spec.ArraySpec. "
-                    f"Got: {leaf!r} at leaf {where!r}"
+                    f"Got: {leaf!r} at leaf {'data_spec' if leaf is data_spec else where!r}"
                 )
         self._capacity = positive("capacity", capacity)
         self._data_spec = data_spec

@@ -16,12 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import numpy as np
-
 from ..creation import create
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
-from ..read import gather
 from ..read.request import positive
 from ..roles import infer_roles, validate_roles
 from ..spec import flatten, is_namedtuple, leaf_paths
@@ -39,7 +36,6 @@ __all__ = [
     "lenient_roles",
     "describe",
     "flatten_like",
-    "read_rows",
     "read_origin",
     "write_origin",
 ]
@@ -209,12 +205,6 @@ def flatten_like(spec: Any, value: Any) -> list[Any] | None:
         return True
 
     return out if walk(spec, value) else None
-
-
-def read_rows(store: Store, steps: np.ndarray, envs: np.ndarray) -> list[np.ndarray]:
-    """Leaf arrays (flatten order) of the rows ``(steps, envs)``, broadcast together; a
-    writer reads its uncommitted rows too."""
-    return [np.asarray(x) for x in flatten(gather.read_rows(store, steps, envs))]
 
 
 #: the store attribute holding the global step id a layer's own cursor counts from

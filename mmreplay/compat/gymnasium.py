@@ -31,7 +31,7 @@ from ..errors import SpecMismatchError
 from ..metadata import METADATA_FILE
 from ..spaces import SPACES_ATTR, space_to_json
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
-from ..store import DEFAULT_COMMIT_EVERY, Store
+from ..store import Store
 from ..store import open as open_store
 from ._shared import describe, flatten_like
 
@@ -47,14 +47,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: role -> leaf of the transition spec
+#: role -> leaf of the transition spec (each leaf is named after its role)
 TRANSITION_ROLES = {
-    "observation": "observation",
-    "action": "action",
-    "reward": "reward",
-    "terminated": "terminated",
-    "truncated": "truncated",
-    "next_observation": "next_observation",
+    role: role for role in ("observation", "action", "reward", "terminated", "truncated", "next_observation")
 }
 
 
@@ -134,7 +129,6 @@ class _Writer:
     def __init__(self, target: Any, observation_space: Any, action_space: Any, num_envs: int, env_spec: Any,
                  capacity: int | None, reward_dtype: Any, options: dict[str, Any]):  # fmt: skip
         self.spec, roles = spec_from_spaces(observation_space, action_space, reward_dtype)
-        options.setdefault("commit_every", DEFAULT_COMMIT_EVERY)
         self.owns_store = not isinstance(target, Store)
         self.store = _attach(target, self.spec, roles, num_envs, capacity, options)
         record_spaces(self.store, observation_space, action_space, env_spec)

@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - torch is an install extra
 from ..convert import convert, unwritten
 from ..formats import export, import_dataset
 from ..metadata import METADATA_FILE
-from ..read import SampleRequest
+from ..read import SampleRequest, read_rows
 from ..read import sample as sample_store
 from ..samplers.torch_rule import MemoryEmptyError, PhysicalRows, TorchDrawRule
 from ..spec import ArraySpec
@@ -40,7 +40,6 @@ from ._shared import (
     create_store,
     positive,
     read_origin,
-    read_rows,
     ring_capacity,
     temporary,
     write_origin,
@@ -270,10 +269,10 @@ class Memory(StoreShell):
         ahead = holds & (steps == store.total_steps) if self._rows.env_index else np.zeros(flat.shape, bool)  # type: ignore[union-attr]
         stored = holds & ~ahead
         if stored.all() and names and store is not None:  # the common case: every row is a stored one
-            return dict(zip(store.leaf_paths, read_rows(store, steps, envs)))  # type: ignore[arg-type]
+            return read_rows(store, steps, envs)  # the store is a flat dict: arrays by tensor name
         out = {n: unwritten((*flat.shape, *self._tensors[n].shape), self._tensors[n].dtype) for n in names}
         if stored.any():
-            by_name = dict(zip(store.leaf_paths, read_rows(store, steps[stored], envs[stored])))  # type: ignore[union-attr,arg-type]
+            by_name = read_rows(store, steps[stored], envs[stored])  # type: ignore[arg-type]
             for name in names:
                 out[name][stored] = by_name[name]
         if ahead.any():

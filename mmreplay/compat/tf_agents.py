@@ -159,9 +159,7 @@ class UniformReplayBuffer(StoreShell):
         del device, stateful_dataset  # see the class docstring
         self._batch_size = positive("batch_size", batch_size)
         self._max_length = positive("max_length", max_length)
-        self._window_shift = (
-            None if dataset_window_shift is None else positive("dataset_window_shift", dataset_window_shift)
-        )
+        self._window_shift = positive("dataset_window_shift", dataset_window_shift, allow_none=True)
         self._drop_remainder = bool(dataset_drop_remainder)
         self._data_spec = data_spec
         self._spec = to_spec(data_spec)
@@ -362,10 +360,8 @@ class UniformReplayBuffer(StoreShell):
                 > batch_size`` or ``num_steps > max_length``).
         """
         del num_parallel_calls  # one generator feeds the dataset
-        if sample_batch_size is not None:
-            positive("sample_batch_size", sample_batch_size)
-        if num_steps is not None:
-            positive("num_steps", num_steps)
+        positive("sample_batch_size", sample_batch_size, allow_none=True)
+        positive("num_steps", num_steps, allow_none=True)
         if single_deterministic_pass:
             if self._drop_remainder and (
                 (sample_batch_size is not None and sample_batch_size > self._batch_size)

@@ -26,8 +26,9 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -200,22 +201,17 @@ class SampleDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        if self.seed is not None:
-            gen = np.random.default_rng([self.seed, worker])
-        else:
-            gen = np.random.default_rng(torch.initial_seed() % (1 << 63))
-        count = None
-        if self.num_batches is not None:
-            count = self.num_batches // workers + (1 if worker < self.num_batches % workers else 0)
+        seed = torch.initial_seed() % (1 << 63) if self.seed is None else [self.seed, worker]
+        if self.num_batches is None:
+            batches: Iterable[int] = itertools.count()
+        else:  # this worker's share
+            batches = range(self.num_batches // workers + (1 if worker < self.num_batches % workers else 0))
         store = self._opened.get()
-        set_rng(store, gen)  # the store's own generator: the next batch is prefetched
-        done = 0
-        while count is None or done < count:
+        set_rng(store, np.random.default_rng(seed))  # the store's own generator: the next batch is prefetched
+        for _ in batches:
             if self.refresh:
                 store.refresh()
-            batch = sample(store, self.request)
-            yield _tensors(batch)
-            done += 1
+            yield _tensors(sample(store, self.request))
 
     def close(self) -> None:
         self._opened.close()

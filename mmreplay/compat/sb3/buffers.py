@@ -46,10 +46,6 @@ _LAYOUT = ("_obs_step_shape", "_obs_keys", "_action_shape", "_reward_shape", "_n
 _BOOL, _FLOAT32, _FLOAT64 = np.dtype(bool), np.dtype(np.float32), np.dtype(np.float64)
 
 
-def _leaf(space: Any, shape: tuple[int, ...]) -> ArraySpec:
-    return ArraySpec(tuple(int(n) for n in shape), np.dtype(space.dtype).name)
-
-
 def _as_leaf(value: Any, dtype: np.dtype, shape: tuple[int, ...], also: np.dtype | None = None) -> np.ndarray:
     """``value`` as an array of ``dtype`` and ``shape``: itself when it already is one, or
     one of dtype ``also`` (which the store casts as it writes). Dtypes compare by
@@ -145,8 +141,8 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             need = "DictReplayBuffer" if isinstance(space, spaces.Dict) else "ReplayBuffer"
             raise BadInputError(f"{type(self).__name__}: {space} takes a {need}")
         if self._obs_keys is None:
-            return _leaf(space, self.obs_shape)
-        return {k: _leaf(space[k], shape) for k, shape in self.obs_shape.items()}
+            return ArraySpec(self.obs_shape, space.dtype)
+        return {k: ArraySpec(shape, space[k].dtype) for k, shape in self.obs_shape.items()}
 
     def _create(self, folder: str, **options: Any) -> Store:
         """Create the store in ``folder``, or reopen the one of the same layout there."""

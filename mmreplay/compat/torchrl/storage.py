@@ -5,7 +5,6 @@ maps to the store's leaves by key path, and back by the layout kept in its attri
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import warnings
@@ -20,6 +19,8 @@ from torchrl.data.replay_buffers.storages import TensorStorage
 from ...backends.base import MappedLeaf
 from ...creation import create
 from ...errors import BadInputError, CorruptBufferError, ReadOnlyError
+from ...formats.base import nest
+from ...metadata import METADATA_FILE
 from ...spec import ArraySpec, unflatten
 from ...store import Store
 from ...store import open as open_store
@@ -106,7 +107,7 @@ class MMReplayStorage(TensorStorage):
         self.store: Store | None = None
         self._origin = 0  # global step id of TorchRL's slot 0 (moved by an empty)
         self._tensorclass: type | None = None  # the written tensorclass, while this object lives
-        exists = os.path.exists(os.path.join(self.path, "mmreplay.json"))
+        exists = os.path.exists(os.path.join(self.path, METADATA_FILE))
         if exists:
             store = open_store(self.path, mode=mode)
             size = store.capacity * (store.num_envs if ndim == 2 else 1)
@@ -164,11 +165,8 @@ class MMReplayStorage(TensorStorage):
         if capacity < 1 or capacity * num_envs != self.max_size:
             raise BadInputError(f"{self.path}: max_size {self.max_size} is not a multiple of {num_envs} envs")
         row_dims = lead + self.ndim - 1  # the data's leading dims that are not a row's
-        spec: Any = {}
-        for path, value in _entries(data).items():
-            leaf = ArraySpec(tuple(value.shape[row_dims:]), str(value.dtype).removeprefix("torch."))
-            *parents, name = path.split("/")
-            functools.reduce(lambda node, part: node.setdefault(part, {}), parents, spec)[name] = leaf
+        entries = _entries(data)
+        spec: Any = nest(list(entries), [ArraySpec(v.shape[row_dims:], v.dtype) for v in entries.values()])
         if isinstance(data, torch.Tensor):
             spec, layout = spec["value"], {}
         elif is_tensor_collection(data):
