@@ -358,23 +358,20 @@ def _download(location: ObjectPrefix, meta: Metadata, tmp: str) -> None:
         if k not in (STATE_FILE, MANIFEST) and not any(k == a or k.startswith(a + "/") for a in mapped)
     ]
 
-    async def fetch(key: str) -> None:
-        raw, _ = await location.get_async(key)
-        path = os.path.join(tmp, *key.split("/"))
-        if os.path.relpath(path, tmp).startswith(".."):
-            raise CorruptBufferError(f"{location.where(key)}: the key leaves the store's folder")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(bytes(raw))
-
     async def fetch_all() -> None:
         limit = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
 
-        async def one(key: str) -> None:
+        async def fetch(key: str) -> None:
             async with limit:
-                await fetch(key)
+                raw, _ = await location.get_async(key)
+                path = os.path.join(tmp, *key.split("/"))
+                if os.path.relpath(path, tmp).startswith(".."):
+                    raise CorruptBufferError(f"{location.where(key)}: the key leaves the store's folder")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(bytes(raw))
 
-        await gather_all(*(one(k) for k in wanted))
+        await gather_all(*(fetch(k) for k in wanted))
 
     location.run(fetch_all())
     for leaf in mapped.values():
