@@ -324,7 +324,7 @@ def run(
         if line.startswith("committed "):
             reported = int(line.split()[1])
             if reported >= c.kill_after:
-                os.kill(proc.pid, signal.SIGKILL)
+                proc.kill()
                 break
     proc.wait()
     err = proc.stderr.read() if proc.stderr else ""
