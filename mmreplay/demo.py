@@ -203,8 +203,7 @@ def collect(
     """
     pixels = isinstance(store.spec["observation"], dict)
     env = resume_env(store, seed, **env_kw)
-    g = store.committed_steps
-    last = store.committed_steps
+    g = last = store.committed_steps
     while g < stop:
         k = min(block, stop - g)
         steps = rollout(env, g, g + k, pixels)
