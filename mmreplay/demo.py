@@ -27,12 +27,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .files import disk_usage
-from .spec import ArraySpec
+from .spec import ArraySpec, flatten, map_structure
 
 if TYPE_CHECKING:
     from .store import Store
@@ -150,15 +151,10 @@ def rollout(env: PointChase, start: int, stop: int, pixels: bool = False) -> Any
         act[i] = env.policy(obs[i], g)
         nxt[i], rew[i], term[i], trunc[i] = env.step(act[i])
         env.reset_envs(term[i] | trunc[i], g + 1)
-    return _steps(obs, act, rew, term, trunc, nxt, pixels)
-
-
-def _steps(obs: Any, act: Any, rew: Any, term: Any, trunc: Any, nxt: Any, pixels: bool) -> dict[str, Any]:
     if pixels:
-        shape = obs.shape[:2]
 
         def wrap(o: np.ndarray) -> dict[str, np.ndarray]:
-            return {"pixels": render(o.reshape(-1, OBS_DIM)).reshape(*shape, IMAGE, IMAGE, 3), "state": o}
+            return {"pixels": render(o.reshape(-1, OBS_DIM)).reshape(T, n, IMAGE, IMAGE, 3), "state": o}
 
         obs, nxt = wrap(obs), wrap(nxt)
     return {
@@ -207,23 +203,16 @@ def collect(
     """
     pixels = isinstance(store.spec["observation"], dict)
     env = resume_env(store, seed, **env_kw)
-    g = store.committed_steps
-    last = store.committed_steps
+    g = last = store.committed_steps
     while g < stop:
         k = min(block, stop - g)
         steps = rollout(env, g, g + k, pixels)
         for i in range(k):
-            store.add(_index(steps, i))
+            store.add(map_structure(itemgetter(i), steps))
             if on_commit is not None and store.committed_steps != last:
                 last = store.committed_steps
                 on_commit(last)
         g += k
-
-
-def _index(nest: Any, i: int) -> Any:
-    if isinstance(nest, dict):
-        return {k: _index(v, i) for k, v in nest.items()}
-    return nest[i]
 
 
 # --- the collector process -----------------------------------------------------------------
@@ -270,16 +259,9 @@ def _mb(path: str) -> float:
     return disk_usage(path) / 2**20
 
 
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, dict):
-        return all(_equal(a[k], b[k]) for k in a)
-    return np.array_equal(np.asarray(a), np.asarray(b))
-
-
-def _slice(nest: Any, a: int, b: int) -> Any:
-    if isinstance(nest, dict):
-        return {k: _slice(v, a, b) for k, v in nest.items()}
-    return nest[a:b]
+def _equal(got: Any, ref: Any, first: int, end: int) -> bool:
+    """Whether ``got`` holds exactly steps ``[first, end)`` of the reference run ``ref``."""
+    return all(np.array_equal(a, b[first:end]) for a, b in zip(flatten(got), flatten(ref), strict=True))
 
 
 def run(
@@ -341,7 +323,7 @@ def run(
         if line.startswith("committed "):
             reported = int(line.split()[1])
             if reported >= c.kill_after:
-                os.kill(proc.pid, signal.SIGKILL)
+                proc.kill()
                 break
     proc.wait()
     err = proc.stderr.read() if proc.stderr else ""
@@ -361,8 +343,7 @@ def run(
     open_ms = (time.perf_counter() - t) * 1e3
     end = store.committed_steps
     ref = reference(c.steps, c.num_envs, c.seed)
-    got = store.get(slice(None))
-    exact = _equal(got, _slice(ref, store.first_step, end))
+    exact = _equal(store.get(slice(None)), ref, store.first_step, end)
     store.close()
     if end < reported or not exact:
         raise RuntimeError(f"committed data lost or changed: reported {reported}, found {end}, exact={exact}")
@@ -378,7 +359,7 @@ def run(
         collect(store, c.steps, seed=c.seed)
     resume_s = time.perf_counter() - t
     with open_store(path, mode="r") as store:
-        exact = _equal(store.get(slice(None)), _slice(ref, store.first_step, store.committed_steps))
+        exact = _equal(store.get(slice(None)), ref, store.first_step, store.committed_steps)
         total, commits = store.committed_steps, store.state.commits
         if not exact:
             raise RuntimeError("the resumed store differs from an uninterrupted run")
@@ -428,7 +409,7 @@ def run(
 
 def _check_minari(root: str, result: Any, store: Store, echo: Callable[[str], Any]) -> bool:
     try:
-        import minari  # noqa: F401
+        import minari
     except ImportError:
         echo("   minari is not installed: skipped loading the export back (pip install 'mmreplay[export]')")
         return False
@@ -436,8 +417,6 @@ def _check_minari(root: str, result: Any, store: Store, echo: Callable[[str], An
     old = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = root
     try:
-        import minari
-
         ds = minari.load_dataset(result.info["dataset_id"])
         mismatched = 0
         for ep, span in zip(ds.iterate_episodes(), store.episodes()):

@@ -75,7 +75,7 @@ def close_when_dropped(store: object, at_exit: bool) -> weakref.finalize:
     if at_exit:
         _open_writers.add(finalizer)
         _register_exit_hooks()
-        _handle_stop_signals()
+        _swap_stop_handlers(signal.SIG_DFL, _stop)
     return finalizer
 
 
@@ -99,7 +99,7 @@ def closing(finalizer: weakref.finalize) -> Iterator[None]:
     finally:
         _open_writers.discard(finalizer)
         if not _open_writers:
-            _restore_stop_signals()
+            _swap_stop_handlers(_stop, signal.SIG_DFL)
         _closing -= waits  # last: a signal handled before this still waits for the check below
         if waits and not _closing and not _collecting:
             _end_if_stopped(collected=False)
@@ -211,26 +211,17 @@ def _close_before_threads_end() -> None:
 # --- the stop signals ---------------------------------------------------------------------
 
 
-def _handle_stop_signals() -> None:
-    """Handle SIGTERM and SIGHUP as Ctrl-C while writers are open: where the program left
-    them at their default action, and from the main thread (the only one that may)."""
+def _swap_stop_handlers(old: Any, new: Any) -> None:
+    """Set ``new`` for each stop signal whose handler is ``old``: a writer handles SIGTERM
+    and SIGHUP as Ctrl-C only where the program left them at their default action, and
+    gives them back the default as the last writer closes. From the main thread (the only
+    one that may; elsewhere :func:`_stop` acts as the default once no writer is open)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in STOP_SIGNALS:
         with contextlib.suppress(ValueError, OSError):
-            if signal.getsignal(sig) is signal.SIG_DFL:
-                signal.signal(sig, _stop)
-
-
-def _restore_stop_signals() -> None:
-    """The default action again for the stop signals this module handles (from the main
-    thread; elsewhere :func:`_stop` acts as the default once no writer is open)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in STOP_SIGNALS:
-        with contextlib.suppress(ValueError, OSError):
-            if signal.getsignal(sig) is _stop:
-                signal.signal(sig, signal.SIG_DFL)
+            if signal.getsignal(sig) is old:
+                signal.signal(sig, new)
 
 
 def _stop(signum: int, frame: Any) -> None:

@@ -29,7 +29,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .backends import zarr_v3
@@ -168,7 +168,7 @@ def _read_manifest(location: ObjectPrefix) -> dict[str, str]:
         return {}
 
 
-def _gap_state(old: State, new: State, capacity: int) -> State:
+def _gap_state(old: State, new: State) -> State:
     """The previous snapshot without the steps whose slots the push overwrites."""
     if new.end < old.end or new.start < old.start:  # another history: keep none of the old rows
         return old.next(start=old.end, reserved=max(old.reserved, old.end))
@@ -234,7 +234,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     # covers every step whose slot that object's bytes may have rewritten
     shown = [old_state.reserved if old_state is not None else 0]
     if old_state is not None:
-        gap = _gap_state(old_state, state, meta.capacity)
+        gap = _gap_state(old_state, state)
         if gap.first(meta.capacity) != old_state.first(meta.capacity):
             location.put(STATE_FILE, fresh_bytes(gap))
             shown[0] = gap.reserved
@@ -250,20 +250,14 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
             return
         async with state_lock:
             if now.reserved > shown[0]:
-                moved = State(**{**state.__dict__, "reserved": max(state.reserved, now.reserved)})
-                gap = _gap_state(old_state, moved, meta.capacity)
+                moved = replace(state, reserved=max(state.reserved, now.reserved))
+                gap = _gap_state(old_state, moved)
                 await location.put_async(STATE_FILE, fresh_bytes(gap))
                 shown[0] = gap.reserved
 
     sent = [0, 0]
     total = [0, 0]
     hashes: dict[str, str] = {}
-
-    async def send(key: str, data: bytes) -> None:
-        await location.put_async(key, data)
-        sent[0] += 1
-        sent[1] += len(data)
-        log.info("%s: uploaded %s (%d bytes)", location.url, key, len(data))
 
     async def upload_changed(items: list[tuple[str, Any]]) -> None:
         limit = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
@@ -277,7 +271,10 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
                 total[1] += len(data)
                 if manifest.get(key) != digest:
                     await reserve_for_readers()
-                    await send(key, data)
+                    await location.put_async(key, data)
+                    sent[0] += 1
+                    sent[1] += len(data)
+                    log.info("%s: uploaded %s (%d bytes)", location.url, key, len(data))
 
         await gather_all(*(one(key, what) for key, what in items))
 
@@ -289,15 +286,14 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     # A writer in another process may have overwritten steps while they were read:
     # publish without them, as a local reader's seqlock check drops them.
     now = read_state(folder)
-    published = State(**{**state.__dict__, "reserved": max(state.reserved, now.reserved)})
+    published = replace(state, reserved=max(state.reserved, now.reserved))
     location.put(
         MANIFEST, json.dumps({"format": MANIFEST_FORMAT, "objects": hashes}, sort_keys=True).encode()
     )
     with open(os.path.join(folder, METADATA_FILE), "rb") as f:
         location.put(METADATA_FILE, f.read())
     location.put(STATE_FILE, fresh_bytes(published))
-    stale = sorted(set(manifest) - set(hashes))
-    location.delete(stale)
+    location.delete(sorted(set(manifest) - set(hashes)))
     log.info("%s: pushed %d of %d objects (%d bytes)", location.url, sent[0], total[0], sent[1])
     steps = published.end - published.first(meta.capacity)
     return PushReport(location.url, steps, sent[0], sent[1], total[0], total[1], published)
@@ -337,7 +333,7 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
                 f"{location.url}: a push of another history replaced the store while it was pulled; pull again"
             )
         # steps a push overwrote while they were downloaded are left out, as a reader would
-        state = State(**{**first.__dict__, "reserved": max(first.reserved, last.reserved)})
+        state = replace(first, reserved=max(first.reserved, last.reserved))
         write_fresh(tmp, state, fsync=True)
         if os.path.isdir(folder):
             os.rmdir(folder)
@@ -358,23 +354,20 @@ def _download(location: ObjectPrefix, meta: Metadata, tmp: str) -> None:
         if k not in (STATE_FILE, MANIFEST) and not any(k == a or k.startswith(a + "/") for a in mapped)
     ]
 
-    async def fetch(key: str) -> None:
-        raw, _ = await location.get_async(key)
-        path = os.path.join(tmp, *key.split("/"))
-        if os.path.relpath(path, tmp).startswith(".."):
-            raise CorruptBufferError(f"{location.where(key)}: the key leaves the store's folder")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(bytes(raw))
-
     async def fetch_all() -> None:
         limit = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
 
-        async def one(key: str) -> None:
+        async def fetch(key: str) -> None:
             async with limit:
-                await fetch(key)
+                raw, _ = await location.get_async(key)
+                path = os.path.join(tmp, *key.split("/"))
+                if os.path.relpath(path, tmp).startswith(".."):
+                    raise CorruptBufferError(f"{location.where(key)}: the key leaves the store's folder")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(bytes(raw))
 
-        await gather_all(*(one(k) for k in wanted))
+        await gather_all(*(fetch(k) for k in wanted))
 
     location.run(fetch_all())
     for leaf in mapped.values():

@@ -4,6 +4,7 @@ reports of one run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -174,10 +175,8 @@ def _where_refused(message: str) -> str:
 
 
 def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _sleep(seconds: float) -> None:

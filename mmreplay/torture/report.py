@@ -45,16 +45,16 @@ class Summary:
         return f"trials {self.trials}, kills {self.kills}, failures {self.failures}"
 
     def details(self) -> str:
-        targets = ", ".join(f"{k} {v}" for k, v in sorted(self.kills_by_target.items()))
-        layouts = ", ".join(f"{k} {v}" for k, v in sorted(self.trials_by_layout.items()))
-        endings = ", ".join(f"{k} {v}" for k, v in sorted(self.runs_by_ending.items()))
+        def counts(counter: Counter) -> str:
+            return ", ".join(f"{k} {v}" for k, v in sorted(counter.items()))
+
         text = (
             f"writer runs {self.writer_runs}, steps checked bit-exact {self.steps_checked}, "
-            f"{self.seconds:.1f} s\nwriter runs by ending: {endings}\nsignals by moment: {targets}\n"
-            f"trials by layout: {layouts}"
+            f"{self.seconds:.1f} s\nwriter runs by ending: {counts(self.runs_by_ending)}\n"
+            f"signals by moment: {counts(self.kills_by_target)}\ntrials by layout: {counts(self.trials_by_layout)}"
         )
         if self.enospc_at:
-            text += "\nfull disk at: " + ", ".join(f"{k} {v}" for k, v in sorted(self.enospc_at.items()))
+            text += f"\nfull disk at: {counts(self.enospc_at)}"
         for note in self.notes:
             text += f"\nnote: {note}"
         if self.warnings:

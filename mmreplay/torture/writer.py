@@ -17,7 +17,6 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,50 +36,43 @@ def _refusal(exc: BaseException) -> str:
     return f"F {type(exc).__name__} {json.dumps(str(exc))}"
 
 
-def _writer(
-    path: str,
-    seed: int,
-    run_steps: int,
-    send: Callable[[str], None],
-    layout: Layout | None = None,
-    ending: str = "kill",
-    request: dict | None = None,
-) -> None:
-    """Collect ``run_steps`` steps into ``path`` in random add / extend / commit calls.
+def _writer(request: dict) -> None:
+    """Collect ``request["run_steps"]`` steps into ``request["path"]`` in random add /
+    extend / commit calls.
 
-    Reports through ``send``: ``O g c`` opened at step g with c committed; ``W g n flags``
+    Reports on fd 1: ``O g c`` opened at step g with c committed; ``W g n flags``
     about to write steps [g, g + n) (flags: c may commit, k may write a compressed chunk,
     w wraps the ring; an explicit commit is ``W g 0 c``); ``C end`` a commit completed;
     ``F class message`` a write refused as the ending expects (a full disk, the program's
     end); ``Z g`` about to close, drop the store or leave it to the exit hooks, with
     ``g`` steps added; ``D end`` closed cleanly.
-    ``ending`` ``sigint`` / ``sigterm`` closes in a ``finally``, keeps the store for the exit
+    Ending ``sigint`` / ``sigterm`` closes in a ``finally``, keeps the store for the exit
     hooks or drops it (``request["keep"]``); ``enospc`` goes on as ``request["after"]``
     says once a write is refused.
     """
     from ..errors import ClosedError, DiskFullError, ShutdownError
     from ..store import open as open_store
 
-    request = request or {}
-    layout = layout or Layout("zarr", False, 1)
+    ending = request.get("ending", "kill")
+    layout = Layout(**request["layout"]) if "layout" in request else Layout("zarr", False, 1)
     refused = (DiskFullError,) if ending == "enospc" else (ClosedError, ShutdownError) if ending == "thread" else ()
     try:
         # each step's values are a function of its id: a resumed writer continues the
         # episodes it finds open, so none is marked truncated at the cut
-        store = open_store(path, "a", continue_episodes=True)
+        store = open_store(request["path"], "a", continue_episodes=True)
     except refused as exc:  # (a thread that opens the store after the main thread returned)
-        send(_refusal(exc))
+        _send(_refusal(exc))
         return
     if request.get("keep") == "exit":
         _KEPT.append(store)  # the exit hooks close it
     num_envs, capacity = store.num_envs, store.capacity
     meta = store.metadata
     compressed = [leaf.chunk_steps for leaf in meta.leaves if leaf.compression is not None]
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(request["seed"])
     g = store.total_steps
-    send(f"O {g} {store.committed_steps}")
+    _send(f"O {g} {store.committed_steps}")
     last = store.committed_steps
-    target = g + run_steps
+    target = g + request["run_steps"]
     after = request.get("after", "close")
     failed = False
     try:
@@ -102,7 +94,7 @@ def _writer(
             # the write crosses from the ring's last slot to its first
             wrap = n > 0 and ((g + n - 1) // capacity > g // capacity or (g > 0 and g % capacity == 0))
             flags = ("c" if commit else "") + ("k" if chunk else "") + ("w" if wrap else "")
-            send(f"W {g} {n} {flags or '-'}")
+            _send(f"W {g} {n} {flags or '-'}")
             try:
                 if n == 0:
                     store.commit()
@@ -111,7 +103,7 @@ def _writer(
                 else:
                     store.extend(unflatten(store.spec, rows_of(layout, num_envs, np.arange(g, g + n))))
             except refused as exc:
-                send(_refusal(exc))
+                _send(_refusal(exc))
                 failed = True
                 if ending == "thread" or after == "exit":
                     return  # the exit hooks close it
@@ -123,21 +115,21 @@ def _writer(
             g = store.total_steps
             if store.committed_steps != last:
                 last = store.committed_steps
-                send(f"C {last}")
+                _send(f"C {last}")
         if request.get("keep") in ("drop", "exit"):
-            send(f"Z {g}")
+            _send(f"Z {g}")
             if request["keep"] == "drop":
                 del store  # the last reference: the store is closed when collected
             return
     finally:
         if request.get("keep", "finally") == "finally" and not (failed and after == "exit"):
-            send(f"Z {g}")
+            _send(f"Z {g}")
             try:
                 store.close()
             except refused as exc:
-                send(_refusal(exc))
+                _send(_refusal(exc))
                 return
-    send(f"D {store.committed_steps}")
+    _send(f"D {store.committed_steps}")
 
 
 #: stores a writer leaves open for the exit hooks
@@ -156,16 +148,14 @@ def _child(request: dict) -> int:
         "L " + json.dumps(f"{category.__name__}: {message}")
     )
     ending = request.get("ending", "kill")
-    layout = Layout(**request["layout"]) if "layout" in request else None
-    args = (request["path"], request["seed"], request["run_steps"], _send, layout, ending, request)
     try:
         _send(f"S {os.getpid()}")
         if ending == "thread":
-            thread = threading.Thread(target=_in_thread, args=args, daemon=request["daemon"])
+            thread = threading.Thread(target=_in_thread, args=(request,), daemon=request["daemon"])
             thread.start()
             time.sleep(request["main_for"])  # then the main thread returns, the thread still writing
         else:
-            _writer(*args)
+            _writer(request)
     except BaseException as exc:
         if ending in ("sigint", "sigterm") and isinstance(exc, (KeyboardInterrupt, SystemExit)):
             _send(f"I {type(exc).__name__}")  # the ending this run was sent
@@ -175,9 +165,9 @@ def _child(request: dict) -> int:
     return 0
 
 
-def _in_thread(*args: Any) -> None:
+def _in_thread(request: dict) -> None:
     try:
-        _writer(*args)
+        _writer(request)
     except BaseException:
         _send(_raised())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -229,22 +230,16 @@ def newest_in_slots(first: int, end: int, capacity: int, a: int, b: int) -> int 
 def _read_state_file(folder: str) -> State | None:
     """The committed state in the state file, None when it does not read."""
     try:
-        state_file = StateFile(folder, False)
-        try:
+        with contextlib.closing(StateFile(folder, False)) as state_file:
             return state_file.read()
-        finally:
-            state_file.close()
     except Error:
         return None
 
 
 def _write_state(folder: str, state: State) -> None:
     """Commit ``state`` as a writer does (its slot, then to the disk)."""
-    state_file = StateFile(folder, True)
-    try:
+    with contextlib.closing(StateFile(folder, True)) as state_file:
         state_file.write(state, fsync=True)
-    finally:
-        state_file.close()
 
 
 def _rewrite_damaged_slot(folder: str, meta: Metadata, out: Recovery) -> Metadata:

@@ -8,6 +8,7 @@ damaged ``ref`` is rebuilt from them and loses no step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -123,19 +124,15 @@ def _side_ref(module: Any, side_folder: str, side: Metadata, found: list[str]) -
     except Error as exc:
         found.append(f"does not open: {exc}")
         return None
-    try:
+    with contextlib.closing(leaf):
         return np.array(leaf.read(slice(None))).reshape(-1, 2)
-    finally:
-        leaf.close()
 
 
 def _write_ref(module: Any, side_folder: str, side: Metadata, ref: np.ndarray) -> None:
     (leaf,) = module.open_leaves(LocalFolder(side_folder), only_ref(side), True)
-    try:
+    with contextlib.closing(leaf):
         leaf.write_slots(np.arange(len(ref)), ref[:, None])
         leaf.flush(True)
-    finally:
-        leaf.close()
 
 
 @dataclass
