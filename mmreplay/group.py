@@ -461,9 +461,6 @@ class Group(OverShards):
         """Each shard's :class:`mmreplay.samplers.Mass` for ``num_steps`` sequences:
         the weights :meth:`sample` splits a batch by."""
         self._check_open()
-        return self._masses(num_steps, options)
-
-    def _masses(self, num_steps: int | None, options: dict[str, Any]) -> list[Any]:
         steps = self._steps(num_steps)
         options = {k: v for k, v in options.items() if v is not None}
         return [store.sampler.mass(store.window, steps, **options) for store in self._shards]
@@ -477,7 +474,7 @@ class Group(OverShards):
         transform = request.transform
         spec = self.spec if transform is None else transform.batch_spec(self.spec, self._shards[0].roles)
         gen = self._own_gen() if request.rng is None else request.rng
-        masses = self._masses(request.num_steps, request.draw_options())
+        masses = self.masses(request.num_steps, **request.draw_options())
         totals = np.array([m.total for m in masses], np.float64)
         if not totals.sum() > 0:
             raise NotEnoughDataError(
