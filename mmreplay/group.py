@@ -150,12 +150,6 @@ def _check_count(shards: Any) -> int:
     return int(shards)
 
 
-def _check_index(path: str, shard: Any, count: int) -> int:
-    if not isinstance(shard, (int, np.integer)) or isinstance(shard, bool) or not 0 <= shard < count:
-        raise IndexError(f"{path}: shard must be an int in [0, {count}), got {shard!r}")
-    return int(shard)
-
-
 # --- create / open ----------------------------------------------------------------------
 
 
@@ -247,8 +241,9 @@ def open_shard(path: str | os.PathLike, shard: int, mode: str = "a") -> Store:
     owns it (resuming after its committed steps), ``"r"`` to read it alone."""
     path = os.fspath(path)
     names = _read_manifest(path)
-    index = _check_index(path, shard, len(names))
-    return open_store(os.path.join(path, names[index]), mode)
+    if not isinstance(shard, (int, np.integer)) or isinstance(shard, bool) or not 0 <= shard < len(names):
+        raise IndexError(f"{path}: shard must be an int in [0, {len(names)}), got {shard!r}")
+    return open_store(os.path.join(path, names[int(shard)]), mode)
 
 
 def _check_alike(path: str, stores: list[Store]) -> None:
