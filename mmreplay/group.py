@@ -150,12 +150,6 @@ def _check_count(shards: Any) -> int:
     return int(shards)
 
 
-def _check_index(path: str, shard: Any, count: int) -> int:
-    if not isinstance(shard, (int, np.integer)) or isinstance(shard, bool) or not 0 <= shard < count:
-        raise IndexError(f"{path}: shard must be an int in [0, {count}), got {shard!r}")
-    return int(shard)
-
-
 # --- create / open ----------------------------------------------------------------------
 
 
@@ -247,8 +241,9 @@ def open_shard(path: str | os.PathLike, shard: int, mode: str = "a") -> Store:
     owns it (resuming after its committed steps), ``"r"`` to read it alone."""
     path = os.fspath(path)
     names = _read_manifest(path)
-    index = _check_index(path, shard, len(names))
-    return open_store(os.path.join(path, names[index]), mode)
+    if not isinstance(shard, (int, np.integer)) or isinstance(shard, bool) or not 0 <= shard < len(names):
+        raise IndexError(f"{path}: shard must be an int in [0, {len(names)}), got {shard!r}")
+    return open_store(os.path.join(path, names[int(shard)]), mode)
 
 
 def _check_alike(path: str, stores: list[Store]) -> None:
@@ -461,9 +456,6 @@ class Group(OverShards):
         """Each shard's :class:`mmreplay.samplers.Mass` for ``num_steps`` sequences:
         the weights :meth:`sample` splits a batch by."""
         self._check_open()
-        return self._masses(num_steps, options)
-
-    def _masses(self, num_steps: int | None, options: dict[str, Any]) -> list[Any]:
         steps = self._steps(num_steps)
         options = {k: v for k, v in options.items() if v is not None}
         return [store.sampler.mass(store.window, steps, **options) for store in self._shards]
@@ -477,7 +469,7 @@ class Group(OverShards):
         transform = request.transform
         spec = self.spec if transform is None else transform.batch_spec(self.spec, self._shards[0].roles)
         gen = self._own_gen() if request.rng is None else request.rng
-        masses = self._masses(request.num_steps, request.draw_options())
+        masses = self.masses(request.num_steps, **request.draw_options())
         totals = np.array([m.total for m in masses], np.float64)
         if not totals.sum() > 0:
             raise NotEnoughDataError(

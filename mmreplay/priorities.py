@@ -152,11 +152,13 @@ class PriorityFile:
 # --- verify and recover -----------------------------------------------------------------
 
 
-def _read_problems(
-    folder: str, capacity: int, num_envs: int, first: int, end: int
-) -> tuple[list[str], float]:
-    """What is wrong with the priority file, and the running maximum its header holds
-    (1.0 when it cannot be read or is not a valid priority)."""
+def _read_problems(folder: str, meta: Any) -> tuple[list[str], float]:
+    """What is wrong with the priority file of a buffer whose sampler is prioritized
+    (nothing for other samplers), and the running maximum its header holds (1.0 when it
+    cannot be read or is not a valid priority)."""
+    if not meta.sampler or meta.sampler.get("name") != "prioritized":
+        return [], 1.0
+    capacity, num_envs = meta.capacity, meta.num_envs
     path = os.path.join(folder, PRIORITY_FILE)
     if not os.path.exists(path):
         return [f"{path}: missing (the buffer's sampler is prioritized)"], 1.0
@@ -170,7 +172,8 @@ def _read_problems(
         if not (np.isfinite(top) and top > 0):
             problems.append(f"{path}: the running maximum priority in the header is {top}, expected > 0")
             top = 1.0
-        slots = np.arange(max(first, end - capacity), end) % capacity
+        end = meta.state.end
+        slots = np.arange(max(meta.state.first(capacity), end - capacity), end) % capacity
         values = file.values[slots]
         bad = ~np.isfinite(values) | (values < 0)
         if bad.any():
@@ -187,19 +190,13 @@ def _read_problems(
 def check_priority_file(folder: str, meta: Any) -> list[str]:
     """Problems of the priority file of a buffer whose sampler is prioritized (size,
     header, committed rows finite and >= 0); nothing for other samplers."""
-    if not meta.sampler or meta.sampler.get("name") != "prioritized":
-        return []
-    first, end = meta.state.first(meta.capacity), meta.state.end
-    return _read_problems(folder, meta.capacity, meta.num_envs, first, end)[0]
+    return _read_problems(folder, meta)[0]
 
 
 def reset_priority_file(folder: str, meta: Any) -> str | None:
     """Rewrite a damaged priority file with every row at the running maximum (1.0 when
     the header's is lost); what was done, or None when the file was sound."""
-    if not meta.sampler or meta.sampler.get("name") != "prioritized":
-        return None
-    first, end = meta.state.first(meta.capacity), meta.state.end
-    problems, top = _read_problems(folder, meta.capacity, meta.num_envs, first, end)
+    problems, top = _read_problems(folder, meta)
     if not problems:
         return None
     alpha = float(meta.sampler.get("alpha", 0.6))

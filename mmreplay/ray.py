@@ -38,7 +38,7 @@ except ImportError as exc:  # ray is an install extra
 
 from .creation import create
 from .errors import NotEnoughDataError
-from .group import OverShards, join_parts, open_group, shard_name, split_batch
+from .group import OverShards, is_group, join_parts, open_group, shard_name, split_batch
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .roles import validate_roles
@@ -300,8 +300,6 @@ class StoreDatasource(Datasource):
         self.steps_per_task = steps_per_task
         # (store path, shard index or None, first step, end step, num_envs, bytes per row)
         self.parts: list[tuple[str, int | None, int, int, int, int]] = []
-        from .group import is_group
-
         if is_group(self.path):
             with open_group(self.path) as group:
                 for index, store in enumerate(group.shards):

@@ -46,7 +46,7 @@ def to_uint8(x: np.ndarray) -> np.ndarray:
 def frame_leaves(store: Store) -> list[str]:
     """Paths of the leaves whose shape is recognised as frames, observation first."""
     # the spec's leaves (frames once: rebuilt)
-    out = [leaf.path for leaf in (leaf.info for leaf in store.leaves) if is_image(leaf.spec)]
+    out = [leaf.info.path for leaf in store.leaves if is_image(leaf.info.spec)]
     obs = store.roles.get("observation")
     return sorted(out, key=lambda p: not (obs is not None and (p == obs or p.startswith(obs + "/"))))
 
@@ -58,7 +58,7 @@ def pick_leaf(store: Store, leaf: str | None) -> str:
         return leaf
     found = frame_leaves(store)
     if not found:
-        shapes = ", ".join(f"{p} {s.spec.shape}" for p, s in zip(store.leaf_paths, (leaf.info for leaf in store.leaves)))
+        shapes = ", ".join(f"{leaf.info.path} {leaf.info.spec.shape}" for leaf in store.leaves)
         raise BadInputError(
             f"{store.path}: no leaf looks like frames ({shapes}); name one with leaf=/--leaf and its layout"
         )

@@ -15,7 +15,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -121,17 +121,7 @@ class SizeEstimate:
             "data_bytes": self.data_bytes,
             "bytes_per_step": self.bytes_per_step,
             "exact": self.exact,
-            "leaves": [
-                {
-                    "path": leaf.path,
-                    "raw_bytes": leaf.raw_bytes,
-                    "bytes": leaf.bytes,
-                    "compression": leaf.compression,
-                    "ratio": leaf.ratio,
-                    "exact": leaf.exact,
-                }
-                for leaf in self.leaves
-            ],
+            "leaves": [{**asdict(leaf), "exact": leaf.exact} for leaf in self.leaves],
         }
 
 

@@ -126,7 +126,7 @@ class EpisodeIndex:
 
     def _write_file(self, origin: int, rec: np.ndarray) -> None:
         """Replace the file atomically with these records, and reopen the append handle."""
-        self._close_fd()
+        self.close()
         generation = write_index(self.path, origin, rec, self.fsync)
         self._open_append(IndexFile(origin, generation, rec, HEADER_BYTES + RECORD.itemsize * len(rec)))
 
@@ -140,13 +140,10 @@ class EpisodeIndex:
         self.appending = False
         self.compact_at = max(COMPACT_MIN_RECORDS, 2 * len(file.records))
 
-    def _close_fd(self) -> None:
+    def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-    def close(self) -> None:
-        self._close_fd()
 
     # --- writer -------------------------------------------------------------------
 

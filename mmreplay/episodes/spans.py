@@ -107,19 +107,13 @@ def from_records(rec: np.ndarray, first: int, end: int, num_envs: int, origin: i
     cut_a = np.r_[cut, ~has_end[tail] & ~fresh[tail]]
     # Boundary rows belong to no episode: drop them from the span they close.
     boundary = code == BOUNDARY
+    keep = slice(None)
     if boundary.any():
         last_a = np.where(boundary, last_a - 1, last_a)
         code = np.where(boundary, TRUNCATED, code).astype(np.uint8)
         keep = last_a >= first_a
-        env, first_a, last_a, code, cut_a = (
-            env[keep],
-            first_a[keep],
-            last_a[keep],
-            code[keep],
-            cut_a[keep],
-        )
-    order = np.lexsort((first_a, env))
-    return Spans(env[order], first_a[order], last_a[order], code[order], cut_a[order])
+    spans = Spans(env, first_a, last_a, code, cut_a).select(keep)
+    return spans.select(np.lexsort((spans.first, spans.env)))
 
 
 def moved_start(spans: Spans, was: int, first: int, heads: np.ndarray | None = None) -> Spans:
@@ -134,9 +128,8 @@ def moved_start(spans: Spans, was: int, first: int, heads: np.ndarray | None = N
         ends = np.append(heads[1:], len(spans))
         kept = [(h + int(np.searchsorted(spans.last[h:e], first)), e) for h, e in zip(heads.tolist(), ends.tolist())]
         kept = [(a, e) for a, e in kept if a < e]
-        if len(kept) == 1:
-            a, e = kept[0]
-            spans = Spans(spans.env[a:e], spans.first[a:e], spans.last[a:e], spans.code[a:e], spans.cut[a:e])
+        if len(kept) == 1:  # one env's spans: views, not copies
+            spans = spans.select(slice(*kept[0]))
         else:
             spans = spans.select(np.concatenate([np.arange(a, e) for a, e in kept] or [np.zeros(0, np.int64)]))
         heads = np.cumsum([0] + [e - a for a, e in kept[:-1]])

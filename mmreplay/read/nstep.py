@@ -115,10 +115,10 @@ class NStep:
         def column(path: str) -> np.ndarray:
             return batch.take(path, ids).reshape(*lead, n)
 
-        ended = _flags(column(roles["terminated"])) | (window == newest)  # the newest step ends it too
-        truncated_path = roles.get("truncated")
-        if truncated_path is not None:
-            ended |= _flags(column(truncated_path))
+        end_paths = [roles[role] for role in ("terminated", "truncated") if role in roles]
+        ended = window == newest  # the newest step ends it too
+        for path in end_paths:
+            ended |= _flags(column(path))
         ended[..., -1] = True  # or its n-th step
         last = ended.argmax(-1)  # the offset of the window's last step
         # as SB3's NStepReplayBuffer: float32 gamma**i weights, a masked sum along the window
@@ -133,9 +133,7 @@ class NStep:
         nxt = roles["next_observation"]
         last_ids = batch.row_ids(step + last, env)
         out = {path: batch.take(path, last_ids) for path in rows if path == nxt or path.startswith(nxt + "/")}
-        out[roles["terminated"]] = batch.take(roles["terminated"], last_ids)
-        if truncated_path is not None:
-            out[truncated_path] = batch.take(truncated_path, last_ids)
+        out.update({path: batch.take(path, last_ids) for path in end_paths})
         out[roles["reward"]] = returns.reshape(reward.shape)
         out[DISCOUNT] = self._discounts[last].reshape(reward.shape)
         return out

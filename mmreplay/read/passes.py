@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotEnoughDataError
-from .gather import Reader, reader_for
+from .gather import reader_for
 from .readable import Readable
 from .request import as_generator, positive
 
@@ -88,23 +88,7 @@ def iterate(
         groups = env_group_batches(store.num_envs, len(env) // store.num_envs, batch_size, drop_remainder)
     else:
         groups = pass_batches(length, batch_size, drop_remainder, as_generator(rng) if shuffle else None)
-    return _pass(
-        store, reader_for(store), groups, env, start, length, batch_size, num_steps, shuffle, return_steps
-    )
-
-
-def _pass(
-    store: Readable,
-    reader: Reader,
-    groups: Iterator[np.ndarray],
-    env: np.ndarray,
-    start: np.ndarray,
-    length: np.ndarray,
-    batch_size: int | None,
-    num_steps: int | None,
-    shuffle: bool,
-    return_steps: bool,
-) -> Iterator[Any]:
+    reader = reader_for(store)
     capacity, num_envs = reader.capacity, reader.num_envs
 
     def steps_for(group: np.ndarray) -> np.ndarray:
@@ -121,28 +105,31 @@ def _pass(
             envs = np.expand_dims(envs, -1)
         return (steps_for(group) % capacity) * num_envs + envs
 
-    pattern = "random" if shuffle and num_steps is None else "normal"
-    group = next(groups, None)
-    while group is not None:
-        store.check_open()
-        rows = rows_for(group)
-        nxt = next(groups, None)
-        if reader.advising:
-            reader.advise(pattern, store)
-        if reader.prefetch and shuffle and nxt is not None:
-            reader.prefetch_later(rows_for(nxt))
-        elif pattern == "random" and reader.disk_reads is not None:
-            reader.willneed_if_cold(rows)
-        out = reader.take(rows)
-        if store.mode == "r":
-            lowest = int(start[group].min())
-            if lowest < store.live_first():
-                raise NotEnoughDataError(
-                    f"{store.path}: step {lowest} was overwritten by the writer during the pass; "
-                    "a pass over a ring being written must keep ahead of the writer"
-                )
-        yield (reader.pack(out), steps_for(group)) if return_steps else reader.pack(out)
-        group = nxt
+    def batches() -> Iterator[Any]:
+        pattern = "random" if shuffle and num_steps is None else "normal"
+        group = next(groups, None)
+        while group is not None:
+            store.check_open()
+            rows = rows_for(group)
+            nxt = next(groups, None)
+            if reader.advising:
+                reader.advise(pattern, store)
+            if reader.prefetch and shuffle and nxt is not None:
+                reader.prefetch_later(rows_for(nxt))
+            elif pattern == "random" and reader.disk_reads is not None:
+                reader.willneed_if_cold(rows)
+            out = reader.take(rows)
+            if store.mode == "r":
+                lowest = int(start[group].min())
+                if lowest < store.live_first():
+                    raise NotEnoughDataError(
+                        f"{store.path}: step {lowest} was overwritten by the writer during the pass; "
+                        "a pass over a ring being written must keep ahead of the writer"
+                    )
+            yield (reader.pack(out), steps_for(group)) if return_steps else reader.pack(out)
+            group = nxt
+
+    return batches()
 
 
 def pass_windows(
