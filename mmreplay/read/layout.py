@@ -14,13 +14,14 @@ stored, contiguous.
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..backends.native_rows import disabled, extension
 from ..spec import frame_layout
 
 __all__ = ["LAYOUTS", "LeafPlan", "check_layout", "gather_rows", "plans", "shape_in"]
@@ -102,6 +103,17 @@ def _into(leaf: Any, a: int, b: int, item: int) -> Any:
     return decoded
 
 
+def _extension() -> Any:
+    """The C extension ``mmreplay._rowdecode``, or None where it is not built or
+    ``MMREPLAY_NATIVE=0`` is set (as for decoding)."""
+    if os.environ.get("MMREPLAY_NATIVE", "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        return importlib.import_module("mmreplay._rowdecode")
+    except ImportError:
+        return None
+
+
 def gather_rows(
     src: Any, stride: int, offset: int, rows: np.ndarray, out: np.ndarray, a: int, b: int, item: int
 ) -> None:
@@ -110,7 +122,7 @@ def gather_rows(
     ``src``, transposed (``a == 1``: as it is): HWC -> CHW is ``a = H * W, b = C``. One
     pass without the GIL in the C extension, else numpy."""
     rows = np.ascontiguousarray(rows, np.int64)
-    ext = None if disabled() else extension()  # (MMREPLAY_NATIVE=0: numpy, as for decoding)
+    ext = _extension()
     if ext is not None and hasattr(ext, "gather_rows"):
         ext.gather_rows(src, stride, offset, rows, out, a, b, item)
         return
