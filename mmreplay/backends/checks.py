@@ -1,6 +1,6 @@
-"""What every backend's ``verify_leaves`` and ``repair`` share: the committed window in
-slots and chunks, and the record of what a repair did (damaged files are moved aside,
-never deleted)."""
+"""What every backend's ``verify_leaves`` and ``repair`` share: a leaf's shape and bytes,
+the committed window in slots and chunks, and the record of what a repair did (damaged
+files are moved aside, never deleted)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from ..metadata import LeafInfo, Metadata
 from ..statefile import slot_ranges
 
-__all__ = ["Repairs", "retained_ranges", "chunks_of", "leaf_shape"]
+__all__ = ["Repairs", "retained_ranges", "chunks_of", "leaf_shape", "leaf_nbytes"]
 
 
 def retained_ranges(meta: Metadata) -> list[tuple[int, int]]:
@@ -28,6 +28,10 @@ def chunks_of(meta: Metadata, leaf: LeafInfo) -> list[int]:
 
 def leaf_shape(meta: Metadata, leaf: LeafInfo) -> tuple[int, ...]:
     return (meta.capacity, meta.num_envs, *leaf.spec.shape)
+
+
+def leaf_nbytes(meta: Metadata, leaf: LeafInfo) -> int:
+    return meta.capacity * meta.num_envs * leaf.spec.nbytes
 
 
 @dataclass

@@ -15,7 +15,6 @@ A ``rows:`` leaf (``rows:lz4``, ``rows:zstd[:LEVEL]``) is one shard per segment 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import warnings
@@ -40,13 +39,15 @@ from .base import (
     preallocate,
     shutdown_error,
 )
-from .checks import Repairs, chunks_of, leaf_shape, retained_ranges
+from .checks import Repairs, chunks_of, leaf_nbytes, leaf_shape, retained_ranges
 from .row_codec import check_frames, is_row_compression, parse_row_compression, require_row_codecs
 from .row_frames import RowFrameLeaf, create_staging
 from .row_reads import STAGING_FILE, STAGING_MAGIC, read_shard_index, shard_limit, staging_bytes
 from .zarr_source import RangedLeaf, open_array
 
 DATA_DIR = "data.zarr"
+
+
 def _compressor(text: str) -> Any:
     c = parse_compression(text)
     if c.codec == "zstd":
@@ -69,7 +70,7 @@ def check_compression(text: str) -> None:
         _compressor(text)
 
 
-def _row_serializer(leaf: LeafInfo, num_envs: int) -> ShardingCodec:
+def _row_serializer(leaf: LeafInfo) -> ShardingCodec:
     """Shards of one segment, inner chunks of one row, each its own compressed frame."""
     codec = parse_row_compression(leaf.compression or "").zarr_codec
     if codec["name"] == "zstd":
@@ -85,73 +86,72 @@ def _row_serializer(leaf: LeafInfo, num_envs: int) -> ShardingCodec:
     )
 
 
-def _fill(dtype: np.dtype) -> Any:
-    return np.zeros((), dtype)[()]
-
-
 def _create_array(
     root: Any, leaf: LeafInfo, capacity: int, num_envs: int, shard_chunks: int | None = None
-) -> tuple[Any, int, int]:
-    """The leaf's array in ``root`` (metadata only); for an uncompressed leaf also the
-    chunks of its one shard and the bytes of each (0, 0 for a compressed leaf).
-    ``shard_chunks``: shards of that many chunks instead of one shard of the whole leaf."""
+) -> Any:
+    """The leaf's array in ``root`` (metadata only). ``shard_chunks``: an uncompressed leaf
+    in shards of that many chunks instead of one shard of the whole leaf."""
     dtype = leaf.spec.dtype.newbyteorder("<")
-    shape = (capacity, num_envs, *leaf.spec.shape)
     inner = (leaf.chunk_steps, num_envs, *leaf.spec.shape)
-    if is_row_compression(leaf.compression):
-        with warnings.catch_warnings():  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
+    rows = is_row_compression(leaf.compression)
+    layout: dict[str, Any]
+    if rows:
+        layout = {"chunks": inner, "serializer": _row_serializer(leaf), "compressors": None, "filters": None}
+    elif leaf.compression is not None:
+        # a CRC-32C per chunk: a damaged chunk is an error, never other rows
+        layout = {"chunks": inner, "compressors": [_compressor(leaf.compression), Crc32cCodec()]}
+    else:
+        shard_steps = (shard_chunks or -(-capacity // leaf.chunk_steps)) * leaf.chunk_steps
+        sharding = ShardingCodec(chunk_shape=inner, codecs=[BytesCodec()], index_codecs=[BytesCodec()])
+        layout = {
+            "chunks": (shard_steps, *inner[1:]),
+            "serializer": sharding,
+            "compressors": None,
+            "filters": None,
+        }
+    with warnings.catch_warnings():
+        if rows:  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
             warnings.simplefilter("ignore")
-            arr = root.create_array(
-                leaf.path,
-                shape=shape,
-                dtype=dtype,
-                chunks=(leaf.chunk_steps, num_envs, *leaf.spec.shape),
-                serializer=_row_serializer(leaf, num_envs),
-                compressors=None,
-                filters=None,
-                fill_value=_fill(dtype),
-            )
-        return arr, 0, 0
-    if leaf.compression is not None:
-        arr = root.create_array(
-            leaf.path,
-            shape=shape,
-            dtype=dtype,
-            chunks=inner,
-            # a CRC-32C per chunk: a damaged chunk is an error, never other rows
-            compressors=[_compressor(leaf.compression), Crc32cCodec()],
-            fill_value=_fill(dtype),
+        return root.create_array(
+            leaf.path, shape=(capacity, *inner[1:]), dtype=dtype, fill_value=np.zeros((), dtype)[()], **layout
         )
-        return arr, 0, 0
-    nchunks = -(-capacity // leaf.chunk_steps)
-    arr = root.create_array(
-        leaf.path,
-        shape=shape,
-        dtype=dtype,
-        chunks=((shard_chunks or nchunks) * leaf.chunk_steps, *inner[1:]),
-        serializer=ShardingCodec(chunk_shape=inner, codecs=[BytesCodec()], index_codecs=[BytesCodec()]),
-        compressors=None,
-        filters=None,
-        fill_value=_fill(dtype),
-    )
-    return arr, nchunks, math.prod(inner) * dtype.itemsize
+
+
+def _chunk_key(arr: Any, k: int = 0) -> str:
+    """The key of chunk (or shard) ``k`` along the step axis of ``arr``."""
+    return arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1))
+
+
+def _placed(leaf: LeafInfo, arr: Any) -> LeafInfo:
+    """The leaf as :func:`create` places it (an uncompressed leaf: at the start of its shard)."""
+    if leaf.compression is not None:
+        return replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None)
+    return replace(leaf, file=f"{DATA_DIR}/{leaf.path}/{_chunk_key(arr)}", offset=0)
 
 
 def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
     root = zarr.open_group(os.path.join(folder, DATA_DIR), mode="w-", zarr_format=3)
     out = []
     for leaf in leaves:
-        arr, nchunks, chunk_bytes = _create_array(root, leaf, capacity, num_envs)
-        if leaf.compression is not None:
-            if is_row_compression(leaf.compression):
-                staging = os.path.join(folder, DATA_DIR, leaf.path, STAGING_FILE)
-                create_staging(staging, leaf.chunk_steps, num_envs, leaf.spec.nbytes)
-            out.append(replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None))
-            continue
-        rel = f"{DATA_DIR}/{leaf.path}/{arr.metadata.encode_chunk_key((0,) * arr.ndim)}"
-        _write_shard(os.path.join(folder, rel), nchunks, chunk_bytes)
-        out.append(replace(leaf, file=rel, offset=0))
+        placed = _placed(leaf, _create_array(root, leaf, capacity, num_envs))
+        path = os.path.join(folder, placed.file or "")
+        if placed.mapped:
+            _write_shard(path, leaf, capacity, num_envs)
+        elif is_row_compression(leaf.compression):
+            create_staging(os.path.join(path, STAGING_FILE), leaf.chunk_steps, num_envs, leaf.spec.nbytes)
+        out.append(placed)
     return out
+
+
+def _in_memory(
+    leaves: list[LeafInfo], capacity: int, num_envs: int, shard_chunks: int | None = None
+) -> tuple[dict[str, Any], list[Any]]:
+    """The files and arrays :func:`create` makes for ``leaves``, made in memory."""
+    files: dict[str, Any] = {}
+    with interrupts_deferred():  # zarr-python runs it on its own thread: Ctrl-C would leave it pending
+        root = zarr.open_group(zarr.storage.MemoryStore(files), mode="w-", zarr_format=3)
+        arrays = [_create_array(root, leaf, capacity, num_envs, shard_chunks) for leaf in leaves]
+    return files, arrays
 
 
 def planned_bytes(
@@ -160,44 +160,25 @@ def planned_bytes(
     """What :func:`create` makes, without writing it: the leaves as it places them, the
     shard file bytes of each uncompressed leaf, and the bytes of the zarr metadata files
     (made in memory)."""
-    files: dict[str, Any] = {}
-    with interrupts_deferred():  # (as in array_metadata)
-        root = zarr.open_group(zarr.storage.MemoryStore(files), mode="w-", zarr_format=3)
-        made = [_create_array(root, leaf, capacity, num_envs) for leaf in leaves]
-    placed, shards = [], {}
-    for leaf, (arr, nchunks, chunk_bytes) in zip(leaves, made):
+    files, arrays = _in_memory(leaves, capacity, num_envs)
+    shards = {}
+    for leaf in leaves:
         if leaf.compression is None:
-            shards[leaf.path] = _shard_bytes(nchunks, chunk_bytes)
-            rel = f"{DATA_DIR}/{leaf.path}/{arr.metadata.encode_chunk_key((0,) * arr.ndim)}"
-            placed.append(replace(leaf, file=rel, offset=0))
-        else:
-            placed.append(replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None))
-            if is_row_compression(leaf.compression):
-                shards[leaf.path] = staging_bytes(leaf.chunk_steps, num_envs, leaf.spec.nbytes)
+            shards[leaf.path] = _shard_layout(leaf, capacity, num_envs)[1]
+        elif is_row_compression(leaf.compression):
+            shards[leaf.path] = staging_bytes(leaf.chunk_steps, num_envs, leaf.spec.nbytes)
+    placed = [_placed(leaf, arr) for leaf, arr in zip(leaves, arrays)]
     return placed, shards, sum(len(buf) for buf in files.values())
 
 
 def array_metadata(leaf: LeafInfo, capacity: int, num_envs: int, shard_chunks: int | None = None) -> bytes:
     """The ``zarr.json`` of a leaf's array as :func:`create` writes it (``shard_chunks``:
     a mapped leaf cut into shards of that many chunks, as object storage holds it)."""
-    files: dict[str, Any] = {}
-    with interrupts_deferred():  # zarr-python runs it on its own thread: Ctrl-C would leave it pending
-        root = zarr.open_group(zarr.storage.MemoryStore(files), mode="w-", zarr_format=3)
-        _create_array(root, leaf, capacity, num_envs, shard_chunks)
+    files, _ = _in_memory([leaf], capacity, num_envs, shard_chunks)
     return files[f"{leaf.path}/zarr.json"].to_bytes()
 
 
 def shard_index(nchunks: int, chunk_bytes: int) -> np.ndarray:
-    """The index of a shard whose inner chunks lie one after the other from its start."""
-    return _shard_index(nchunks, chunk_bytes)
-
-
-def _shard_bytes(nchunks: int, chunk_bytes: int) -> int:
-    """A shard file: the raw chunks, then an index of two uint64 per chunk."""
-    return nchunks * chunk_bytes + nchunks * 16
-
-
-def _shard_index(nchunks: int, chunk_bytes: int) -> np.ndarray:
     """The index of a shard whose inner chunks lie one after the other from its start."""
     index = np.empty((nchunks, 2), "<u8")
     index[:, 0] = np.arange(nchunks, dtype="<u8") * chunk_bytes
@@ -205,21 +186,25 @@ def _shard_index(nchunks: int, chunk_bytes: int) -> np.ndarray:
     return index
 
 
-def _write_shard(path: str, nchunks: int, chunk_bytes: int) -> None:
+def _shard_layout(leaf: LeafInfo, capacity: int, num_envs: int) -> tuple[int, int, np.ndarray]:
+    """(data bytes, file bytes, index) of an uncompressed leaf's shard file: the raw
+    chunks, then an index of two uint64 per chunk."""
+    nchunks = -(-capacity // leaf.chunk_steps)
+    chunk_bytes = leaf.chunk_steps * num_envs * leaf.spec.nbytes
+    index = shard_index(nchunks, chunk_bytes)
+    return nchunks * chunk_bytes, nchunks * chunk_bytes + index.nbytes, index
+
+
+def _write_shard(path: str, leaf: LeafInfo, capacity: int, num_envs: int) -> None:
     """An all-zero shard: the data block (preallocated, never written) and its index."""
+    data_bytes, file_bytes, index = _shard_layout(leaf, capacity, num_envs)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    index = _shard_index(nchunks, chunk_bytes)
-    data_bytes = nchunks * chunk_bytes
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        preallocate(fd, _shard_bytes(nchunks, chunk_bytes), path)
+        preallocate(fd, file_bytes, path)
         os.pwrite(fd, index.tobytes(), data_bytes)
     finally:
         os.close(fd)
-
-
-def leaf_nbytes(meta: Metadata, leaf: LeafInfo) -> int:
-    return meta.capacity * meta.num_envs * leaf.spec.nbytes
 
 
 def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf]:
@@ -242,7 +227,7 @@ def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf
         elif is_row_compression(leaf.compression):
             out.append(_row_leaf(source, rel, arr, leaf, meta, writable))
         else:
-            expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
+            expected = leaf_shape(meta, leaf)
             chunks = (leaf.chunk_steps, *expected[1:])
             if arr.shape != expected or arr.dtype != leaf.spec.dtype or arr.chunks != chunks or arr.shards is not None:
                 raise CorruptBufferError(
@@ -253,12 +238,13 @@ def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf
     return out
 
 
-def _open_read_only(folder: str, meta: Metadata, leaf: LeafInfo) -> Any:
-    return open_array(LocalFolder(folder), f"{DATA_DIR}/{leaf.path}", leaf, meta.num_envs, meta.capacity, False)
+def _open_local(folder: str, meta: Metadata, leaf: LeafInfo, writable: bool = False) -> Any:
+    rel = f"{DATA_DIR}/{leaf.path}"
+    return open_array(LocalFolder(folder), rel, leaf, meta.num_envs, meta.capacity, writable)
 
 
 def _row_leaf(source: ByteSource, rel: str, arr: Any, leaf: LeafInfo, meta: Metadata, writable: bool) -> RowFrameLeaf:
-    expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
+    expected = leaf_shape(meta, leaf)
     if arr.shape != expected or arr.dtype != leaf.spec.dtype or arr.shards != (leaf.chunk_steps, *expected[1:]):
         raise CorruptBufferError(
             f"{source.where(rel)}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype} in shards of "
@@ -355,14 +341,6 @@ class _ZarrLeafState:
     bad_staging: str | None = None  # a row-frames leaf's staging file, and why
 
 
-def _shard_layout(meta: Metadata, leaf: LeafInfo) -> tuple[int, int, np.ndarray]:
-    """(data bytes, file bytes, expected index) of a mapped leaf's shard file."""
-    nchunks = -(-meta.capacity // leaf.chunk_steps)
-    chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
-    index = _shard_index(nchunks, chunk_bytes)
-    return nchunks * chunk_bytes, nchunks * chunk_bytes + index.nbytes, index
-
-
 def _zarr_leaf(
     folder: str, meta: Metadata, leaf: LeafInfo, deep: bool, problems: list[str]
 ) -> _ZarrLeafState:
@@ -373,49 +351,42 @@ def _zarr_leaf(
     def problem(text: str) -> None:
         problems.append(f"{where}: {text}")
 
+    def unusable(why: str, meta_bad: bool = False) -> _ZarrLeafState:
+        found.unusable, found.meta_bad = why, meta_bad
+        problem(why)
+        return found
+
     if not os.path.isfile(os.path.join(arr_dir, "zarr.json")):
-        found.unusable = f"{arr_dir}/zarr.json is missing"
-        found.meta_bad = True
-        problem(found.unusable)
-        return found
+        return unusable(f"{arr_dir}/zarr.json is missing", meta_bad=True)
     try:
-        arr = _open_read_only(folder, meta, leaf)
+        arr = _open_local(folder, meta, leaf)
     except Exception as exc:
-        found.unusable = f"zarr cannot open {arr_dir}: {exc}"
-        found.meta_bad = True
-        problem(found.unusable)
-        return found
+        return unusable(f"zarr cannot open {arr_dir}: {exc}", meta_bad=True)
     expected = leaf_shape(meta, leaf)
     if arr.shape != expected or arr.dtype != little_endian(leaf.spec.dtype):
-        found.unusable = (
+        return unusable(
             f"{arr_dir}: expected {expected} {leaf.spec.dtype}, the array is {arr.shape} {arr.dtype}"
         )
-        problem(found.unusable)
-        return found
     if is_row_compression(leaf.compression):
         _row_leaf_checks(arr_dir, arr, meta, leaf, deep, found, problem)
         return found
     if leaf.mapped:
-        nchunks = -(-meta.capacity // leaf.chunk_steps)
-        key = arr.metadata.encode_chunk_key((0,) * arr.ndim)
-        want_file = f"{DATA_DIR}/{leaf.path}/{key}"
-        if arr.shards != (nchunks * leaf.chunk_steps, *expected[1:]) or arr.chunks != (
-            leaf.chunk_steps,
-            *expected[1:],
-        ):
-            found.unusable = f"{arr_dir}: expected one shard of chunks of {leaf.chunk_steps} steps, found shards {arr.shards} chunks {arr.chunks}"
-            problem(found.unusable)
-            return found
+        shard_steps = -(-meta.capacity // leaf.chunk_steps) * leaf.chunk_steps
+        want_file = f"{DATA_DIR}/{leaf.path}/{_chunk_key(arr)}"
+        if arr.shards != (shard_steps, *expected[1:]) or arr.chunks != (leaf.chunk_steps, *expected[1:]):
+            return unusable(
+                f"{arr_dir}: expected one shard of chunks of {leaf.chunk_steps} steps, "
+                f"found shards {arr.shards} chunks {arr.chunks}"
+            )
         if arr.compressors:
-            found.unusable = f"{arr_dir}: a mapped leaf must be uncompressed, the array has {arr.compressors}"
-            problem(found.unusable)
-            return found
+            return unusable(f"{arr_dir}: a mapped leaf must be uncompressed, the array has {arr.compressors}")
         if leaf.file != want_file or leaf.offset != 0:
-            found.unusable = f"metadata says file {leaf.file!r} offset {leaf.offset}, the array stores {want_file!r} offset 0"
-            problem(found.unusable)
-            return found
+            return unusable(
+                f"metadata says file {leaf.file!r} offset {leaf.offset}, "
+                f"the array stores {want_file!r} offset 0"
+            )
         shard = os.path.join(folder, want_file)
-        data_bytes, file_bytes, index = _shard_layout(meta, leaf)
+        data_bytes, file_bytes, index = _shard_layout(leaf, meta.capacity, meta.num_envs)
         if os.path.lexists(shard) and not os.path.isfile(shard):
             found.shard_short = 0
             problem(f"data file {shard} is not a regular file")
@@ -448,15 +419,11 @@ def _zarr_leaf(
                 problem(f"zarr cannot read {shard}: {exc}")
         return found
     if arr.chunks != (leaf.chunk_steps, *expected[1:]) or arr.shards is not None:
-        found.unusable = f"{arr_dir}: expected chunks of {leaf.chunk_steps} steps, the array has {arr.chunks}"
-        problem(found.unusable)
-        return found
+        return unusable(f"{arr_dir}: expected chunks of {leaf.chunk_steps} steps, the array has {arr.chunks}")
     if not arr.compressors:
-        found.unusable = f"{arr_dir}: metadata says compression {leaf.compression!r}, the array has none"
-        problem(found.unusable)
-        return found
+        return unusable(f"{arr_dir}: metadata says compression {leaf.compression!r}, the array has none")
     for k in chunks_of(meta, leaf):
-        chunk = os.path.join(arr_dir, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
+        chunk = os.path.join(arr_dir, _chunk_key(arr, k))
         if not os.path.isfile(chunk):
             found.bad_chunks[k] = f"chunk file {chunk} is missing"
             continue
@@ -515,7 +482,7 @@ def _row_leaf_checks(
         )
         if not steps:
             continue
-        shard = os.path.join(arr_dir, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
+        shard = os.path.join(arr_dir, _chunk_key(arr, k))
         named = f"shard file {shard} (segment {k}, slots {k * seg}..{min((k + 1) * seg, meta.capacity) - 1})"
         try:
             data = read_inside(arr_dir, os.path.relpath(shard, arr_dir), shard_limit(seg * envs, leaf.spec.nbytes), "a shard")
@@ -572,17 +539,15 @@ def _repair_rows(folder: str, meta: Metadata, leaf: LeafInfo, s: _ZarrLeafState,
 
 def _open_row_leaf(folder: str, meta: Metadata, leaf: LeafInfo) -> RowFrameLeaf:
     """A row-frames leaf opened for writing, without its staging segment (for repair)."""
-    arr = _open_read_only(folder, meta, leaf)
+    arr = _open_local(folder, meta, leaf)
     return _row_leaf(LocalFolder(folder), f"{DATA_DIR}/{leaf.path}", arr, leaf, meta, True)
 
 
 def _groups(meta: Metadata) -> list[str]:
     """The zarr groups of the nest, root first ("" is the root)."""
-    out = {""}
-    for leaf in meta.leaves:
-        parts = leaf.path.split("/")[:-1]
-        out.update("/".join(parts[: i + 1]) for i in range(len(parts)))
-    return sorted(out, key=lambda g: (g.count("/"), g))
+    paths = [leaf.path.split("/") for leaf in meta.leaves]
+    groups = {""} | {"/".join(parts[:i]) for parts in paths for i in range(1, len(parts))}
+    return sorted(groups, key=lambda g: (g.count("/"), g))
 
 
 def _bad_groups(folder: str, meta: Metadata) -> list[str]:
@@ -659,7 +624,7 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
                 continue
             if leaf.mapped and (s.shard_short is not None or s.bad_index):
                 shard = os.path.join(folder, leaf.file or "")
-                data_bytes, file_bytes, index = _shard_layout(meta, leaf)
+                data_bytes, file_bytes, index = _shard_layout(leaf, meta.capacity, meta.num_envs)
                 short = s.shard_short
                 if os.path.lexists(shard) and not os.path.isfile(shard):
                     repairs.move_aside(shard)
@@ -686,11 +651,10 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
                 damaged += _repair_rows(folder, meta, leaf, s, repairs)
                 continue
             if s.bad_chunks:
-                arr = open_array(LocalFolder(folder), f"{DATA_DIR}/{leaf.path}", leaf, meta.num_envs, meta.capacity, True)
-                arr = arr.with_config({"write_empty_chunks": True})
+                arr = _open_local(folder, meta, leaf, True).with_config({"write_empty_chunks": True})
                 for k, why in sorted(s.bad_chunks.items()):
                     a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
-                    chunk = os.path.join(arr_dir, arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1)))
+                    chunk = os.path.join(arr_dir, _chunk_key(arr, k))
                     repairs.move_aside(chunk)
                     arr[a:b] = np.zeros((b - a, *arr.shape[1:]), arr.dtype)
                     repairs.actions.append(f"leaf {leaf.path!r}: rewrote chunk {k} (slots {a}..{b - 1}) as zeros")
