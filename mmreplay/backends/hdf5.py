@@ -32,7 +32,7 @@ from ..io.local import checked_inside
 from ..lock import holder_pid
 from ..metadata import LeafInfo, Metadata
 from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, parse_compression, preallocate
-from .checks import Repairs, chunks_of, leaf_shape
+from .checks import Repairs, chunks_of, leaf_nbytes, leaf_shape
 from .h5chunks import (
     JOURNAL_SUFFIX,
     ChunkGroup,
@@ -112,14 +112,8 @@ def planned_bytes(
         path = os.path.join(tmp, DATA_FILE)
         placed = _write_file(path, leaves, capacity, num_envs)
         total = os.path.getsize(path)
-    data = {
-        leaf.path: leaf_nbytes_for(leaf, capacity, num_envs) for leaf in leaves if leaf.compression is None
-    }
+    data = {leaf.path: capacity * num_envs * leaf.spec.nbytes for leaf in leaves if leaf.compression is None}
     return placed, data, total - sum(data.values())
-
-
-def leaf_nbytes_for(leaf: LeafInfo, capacity: int, num_envs: int) -> int:
-    return capacity * num_envs * leaf.spec.nbytes
 
 
 def _write_file(path: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
@@ -162,8 +156,10 @@ def _write_file(path: str, leaves: list[LeafInfo], capacity: int, num_envs: int)
     return out
 
 
-def leaf_nbytes(meta: Metadata, leaf: LeafInfo) -> int:
-    return leaf_nbytes_for(leaf, meta.capacity, meta.num_envs)
+def _mapped_end(meta: Metadata) -> int:
+    """The byte of ``data.h5`` where the last mapped leaf ends (0: none is mapped)."""
+    ends = ((leaf.offset or 0) + leaf_nbytes(meta, leaf) for leaf in meta.leaves if leaf.mapped)
+    return max(ends, default=0)
 
 
 def _file_access() -> Any:
@@ -233,8 +229,7 @@ def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf
     folder = source.path
     path = os.path.join(folder, DATA_FILE)
     mapped = [leaf for leaf in meta.leaves if leaf.mapped]
-    need = max(((leaf.offset or 0) + leaf_nbytes(meta, leaf) for leaf in mapped), default=0)
-    mm = source.map(DATA_FILE, writable, need) if mapped else None
+    mm = source.map(DATA_FILE, writable, _mapped_end(meta)) if mapped else None
     if len(mapped) < len(meta.leaves):
         try:
             path = checked_inside(folder, DATA_FILE)  # h5py opens it by name
@@ -251,7 +246,7 @@ def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf
                 continue
             assert handle is not None
             dset = leaf_dataset(handle.file, leaf.path, path)
-            expected = (meta.capacity, meta.num_envs, *leaf.spec.shape)
+            expected = leaf_shape(meta, leaf)
             chunks = (leaf.chunk_steps, *expected[1:])
             if (
                 not isinstance(dset, h5py.Dataset)
@@ -468,16 +463,18 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
     returns what :func:`repair` acts on."""
     found = _Hdf5State()
     path = os.path.join(folder, DATA_FILE)
-    if not os.path.isfile(path):
-        found.unusable = f"data file {path} is missing"
-        problems.append(found.unusable)
+
+    def unusable(why: str) -> _Hdf5State:
+        found.unusable = why
+        problems.append(why)
         return found
+
+    if not os.path.isfile(path):
+        return unusable(f"data file {path} is missing")
     size = os.path.getsize(path)
     status = hdf5_status(path)
     if status is None:
-        found.unusable = f"{path}: not an HDF5 file with a version 2/3 superblock"
-        problems.append(found.unusable)
-        return found
+        return unusable(f"{path}: not an HDF5 file with a version 2/3 superblock")
     flags, eof = status
     if size < eof:
         why = tail_in_use(path, size)
@@ -491,7 +488,7 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
         else:
             found.short = size
             problems.append(f"data file {path} is truncated: {size} bytes, HDF5 expects {eof}, and {why}")
-    need = max((leaf.offset + leaf_nbytes(meta, leaf) for leaf in meta.leaves if leaf.mapped), default=0)
+    need = _mapped_end(meta)
     if size < need:
         found.short = size if found.short is None else min(found.short, size)
         problems.append(f"data file {path} has {size} bytes, the mapped leaves need {need}")
@@ -512,44 +509,41 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
     try:
         f = h5py.File(path, "r", libver="latest", swmr=True)
     except Exception as exc:
-        found.unusable = f"h5py cannot open {path}: {exc}"
-        problems.append(found.unusable)
-        return found
+        return unusable(f"h5py cannot open {path}: {exc}")
     with f:
         for leaf in meta.leaves:
             where = f"leaf {leaf.path!r}"
             try:
                 dset = leaf_dataset(f, leaf.path, path)
             except CorruptBufferError as exc:
-                found.unusable = found.links_out = str(exc)
-                problems.append(found.unusable)
+                found.links_out = str(exc)
+                unusable(found.links_out)
                 continue
             expected = leaf_shape(meta, leaf)
             if not isinstance(dset, h5py.Dataset):
-                found.unusable = f"{path}: {where}: no dataset {leaf.path!r}"
-                problems.append(found.unusable)
+                unusable(f"{path}: {where}: no dataset {leaf.path!r}")
                 continue
             if dset.shape != expected or dset.dtype != leaf.spec.dtype:
-                found.unusable = (
+                unusable(
                     f"{path}: {where}: expected {expected} {leaf.spec.dtype}, found {dset.shape} {dset.dtype}"
                 )
-                problems.append(found.unusable)
                 continue
             if leaf.mapped:
                 offset = dset.id.get_offset()
                 if dset.chunks is not None or offset is None or int(offset) != leaf.offset:
-                    found.unusable = (
+                    unusable(
                         f"{path}: {where}: metadata maps offset {leaf.offset}, the dataset is "
                         f"{'chunked' if dset.chunks else 'at offset ' + str(offset)}"
                     )
-                    problems.append(found.unusable)
                 continue
             if (
                 dset.chunks != (leaf.chunk_steps, *expected[1:])
                 or dset.id.get_create_plist().get_nfilters() == 0
             ):
-                found.unusable = f"{path}: {where}: expected compressed chunks of {leaf.chunk_steps} steps, found {dset.chunks}"
-                problems.append(found.unusable)
+                unusable(
+                    f"{path}: {where}: expected compressed chunks of {leaf.chunk_steps} steps, "
+                    f"found {dset.chunks}"
+                )
                 continue
             journaled = found.journal.get(leaf.path, {})
             tail = (0,) * (dset.ndim - 1)
@@ -610,34 +604,19 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
     damaged: list[tuple[int, int, str]] = []
     if found.short is not None and found.unusable is None:
         status = hdf5_status(path)
-        need = max(
-            [status[1] if status else 0]
-            + [leaf.offset + leaf_nbytes(meta, leaf) for leaf in meta.leaves if leaf.mapped]
-        )
+        need = max(status[1] if status else 0, _mapped_end(meta))
         short = found.short
         with open(path, "r+b") as f:
             f.truncate(need)
             os.fsync(f.fileno())
         repairs.actions.append(f"extended the truncated {DATA_FILE} from {short} to {need} bytes")
         for leaf in meta.leaves:
-            if leaf.mapped:
-                step_bytes = meta.num_envs * leaf.spec.nbytes
-                if leaf.offset + leaf_nbytes(meta, leaf) > short:
-                    lo = max(0, (short - leaf.offset) // max(1, step_bytes))
-                    damaged.append(
-                        (
-                            min(lo, meta.capacity),
-                            meta.capacity,
-                            f"leaf {leaf.path!r}: {DATA_FILE} was truncated",
-                        )
-                    )
-            else:
-                damaged.append(
-                    (
-                        0, meta.capacity,
-                        f"leaf {leaf.path!r}: {DATA_FILE} was truncated (its chunks may be gone)",
-                    )
-                )
+            why = f"leaf {leaf.path!r}: {DATA_FILE} was truncated"
+            if not leaf.mapped:
+                damaged.append((0, meta.capacity, f"{why} (its chunks may be gone)"))
+            elif leaf.offset + leaf_nbytes(meta, leaf) > short:
+                lo = max(0, (short - leaf.offset) // max(1, meta.num_envs * leaf.spec.nbytes))
+                damaged.append((min(lo, meta.capacity), meta.capacity, why))
         problems = []
         found = verify_leaves(folder, meta, True, problems)
     restored = restore_recorded_end(path, fsync=True) if found.unused_tail else None
