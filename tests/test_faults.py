@@ -703,6 +703,19 @@ def test_zarr_mapped_leaf_missing(tmp_path):
     assert assert_exact(path) == (30, 30)
 
 
+def test_zarr_data_folder_missing_is_recreated_empty(tmp_path):
+    path = fill(tmp_path / "b", 30, compression={"obs/pixels": "zstd"})
+    shutil.rmtree(os.path.join(path, "data.zarr"))
+    assert_detected(path, "data folder is missing")
+    report = recover_cli(path)
+    assert report.ok and report.lost == (0, 30), str(report)
+    assert assert_exact(path) == (30, 30)
+    assert_healthy(path)
+    with mr.open(path, "a") as store:
+        store.extend(steps(30, 33))
+    assert assert_exact(path) == (30, 33)
+
+
 def test_zarr_shard_index_damaged(tmp_path):
     """The mapped rows are intact but zarr readers would read garbage through the index."""
     path = fill(tmp_path / "b", 30)

@@ -403,13 +403,10 @@ class TakenLeaf:
 
 
 class ChunkIO(Protocol):
-    """Encoded chunks of one compressed leaf. ``in_place``: a chunk is rewritten where
-    it is stored (else replaced whole by rename)."""
+    """Whole-chunk storage of one compressed leaf (zarr chunk files, HDF5 chunks).
+    ``in_place``: a chunk is rewritten where it is stored (else replaced whole by rename)."""
 
     in_place: bool
-
-    """Whole-chunk storage of one compressed leaf (zarr chunk files, HDF5 chunks)."""
-
     shape: tuple[int, ...]
 
     def read(self, k: int, a: int, b: int) -> np.ndarray:

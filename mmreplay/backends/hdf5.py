@@ -597,8 +597,7 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
     file places its leaves anew: the caller records them) and the slot ranges ``[a, b)``
     whose rows are gone, with why."""
     path = os.path.join(folder, DATA_FILE)
-    problems: list[str] = []
-    found = verify_leaves(folder, meta, True, problems)
+    found = verify_leaves(folder, meta, True, [])
     if found.links_out is not None:
         raise CorruptBufferError(f"{found.links_out}; recover changes nothing in such a buffer")
     damaged: list[tuple[int, int, str]] = []
@@ -617,8 +616,7 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
             elif leaf.offset + leaf_nbytes(meta, leaf) > short:
                 lo = max(0, (short - leaf.offset) // max(1, meta.num_envs * leaf.spec.nbytes))
                 damaged.append((min(lo, meta.capacity), meta.capacity, why))
-        problems = []
-        found = verify_leaves(folder, meta, True, problems)
+        found = verify_leaves(folder, meta, True, [])
     restored = restore_recorded_end(path, fsync=True) if found.unused_tail else None
     if restored is not None:
         repairs.actions.append(
@@ -634,8 +632,7 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
         with h5py.File(path, "r+", libver="latest") as f:
             count = sum(len(c) for c in replay(f, Journal(path, journal_limits(meta))).values())
         repairs.actions.append(f"wrote {count} chunks back from the chunk journal into {DATA_FILE}")
-        problems = []
-        found = verify_leaves(folder, meta, True, problems)
+        found = verify_leaves(folder, meta, True, [])
     if found.missing_chunks and found.unusable is None and not found.bad_chunks:
         with h5py.File(path, "r+", libver="latest") as f:  # zeros, checksummed; the steps are dropped
             for leaf_path, chunks in found.missing_chunks.items():

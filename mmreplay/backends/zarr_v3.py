@@ -584,17 +584,15 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
 def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, list[tuple[int, int, str]]]:
     """Restore what :func:`verify_leaves` finds damaged; returns the metadata and the slot
     ranges ``[a, b)`` whose rows are gone, with why."""
-    problems: list[str] = []
-    found = verify_leaves(folder, meta, True, problems)
+    found = verify_leaves(folder, meta, True, [])
     damaged: list[tuple[int, int, str]] = []
     fresh: str | None = None
     try:
         if any(s.unusable for s in found.values()) and not os.path.isdir(os.path.join(folder, DATA_DIR)):
-            fresh, infos = repairs.fresh_layout(meta, create)
+            fresh, _ = repairs.fresh_layout(meta, create)
             os.replace(os.path.join(fresh, DATA_DIR), os.path.join(folder, DATA_DIR))
             repairs.actions.append(f"recreated the missing {DATA_DIR} folder, empty")
-            damaged.append((0, meta.capacity, f"{DATA_DIR} was missing"))
-            return meta, damaged
+            return meta, [(0, meta.capacity, f"{DATA_DIR} was missing")]
         bad_groups = _bad_groups(folder, meta)
         if bad_groups or any(s.meta_bad for s in found.values()):
             fresh, _ = repairs.fresh_layout(meta, create)
