@@ -565,7 +565,7 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
                 try:
                     np.asarray(dset[a:b])
                 except Exception as exc:
-                    if _journal_decodes(dset, found.journal.get(leaf.path, {}).get(k), f"{path}: {where}"):
+                    if _journal_decodes(dset, journaled.get(k), f"{path}: {where}"):
                         continue
                     found.bad_chunks.setdefault(leaf.path, {})[k] = str(exc)
                     problems.append(

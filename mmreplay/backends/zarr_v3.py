@@ -398,10 +398,9 @@ def _zarr_leaf(
             problem(f"data file {shard} is missing")
             return found
         if size != file_bytes:
-            if size < file_bytes:
-                found.shard_short = size
             problem(f"data file {shard} has {size} bytes, expected {file_bytes}")
             if size < file_bytes:
+                found.shard_short = size
                 return found
         with open(shard, "rb") as f:
             f.seek(data_bytes)
@@ -522,13 +521,13 @@ def _repair_rows(folder: str, meta: Metadata, leaf: LeafInfo, s: _ZarrLeafState,
             last = (end - 1) % meta.capacity
             damaged.append((last - last % seg, last + 1, f"leaf {leaf.path!r}: {s.bad_staging}"))
     if s.bad_chunks:
-        zero = np.zeros((1, meta.num_envs, *leaf.spec.shape), leaf.spec.dtype)
+        zero = np.zeros((meta.num_envs, *leaf.spec.shape), leaf.spec.dtype)
         store = _open_row_leaf(folder, meta, leaf)
         try:
             for k, why in sorted(s.bad_chunks.items()):
                 a, b = k * seg, min((k + 1) * seg, meta.capacity)
                 repairs.move_aside(store.shard_path(k))
-                frames = store._encode_step(zero[0]) * (b - a)
+                frames = store._encode_step(zero) * (b - a)
                 store._write_shard(k, frames + [None] * (seg * meta.num_envs - len(frames)))
                 repairs.actions.append(f"leaf {leaf.path!r}: rewrote segment {k} (slots {a}..{b - 1}) as zeros")
                 damaged.append((a, b, f"leaf {leaf.path!r}: {why}"))
