@@ -49,13 +49,8 @@ def _top_keys(spec: Any) -> list[str]:
 def infer_roles(spec: Any) -> dict[str, str]:
     """Roles found among the spec's top-level names."""
     keys = _top_keys(spec)
-    out = {}
-    for role, names in ROLES.items():
-        for name in names:
-            if name in keys:
-                out[role] = name
-                break
-    return out
+    firsts = {role: next((name for name in names if name in keys), None) for role, names in ROLES.items()}
+    return {role: name for role, name in firsts.items() if name is not None}
 
 
 def subtree(spec: Any, path: str) -> Any:
