@@ -88,11 +88,7 @@ def validate_roles(spec: Any, roles: Mapping[str, str] | None) -> dict[str, str]
             ) from None
         if role in ("terminated", "truncated", "reward", "discount", "step_type", "next_step_type"):
             if not isinstance(node, ArraySpec) or node.shape not in ((), (1,)):
-                raise SpecError(
-                    f"role {role!r} needs a scalar leaf, but {path!r} is {node!r:.80}"
-                )
-            if role in ("step_type", "next_step_type") and not np.issubdtype(
-                node.dtype, np.integer
-            ):
+                raise SpecError(f"role {role!r} needs a scalar leaf, but {path!r} is {node!r:.80}")
+            if role in ("step_type", "next_step_type") and not np.issubdtype(node.dtype, np.integer):
                 raise SpecError(f"role {role!r} needs an integer leaf, {path!r} is {node.dtype}")
     return out

@@ -76,8 +76,7 @@ class State:
 
     def next(self, **changes: int | float | None) -> State:
         """This state with ``changes``, one generation later."""
-        fields = {**self.__dict__, **changes, "generation": self.generation + 1}
-        return State(**fields)
+        return State(**{**self.__dict__, **changes, "generation": self.generation + 1})
 
 
 def oldest_retained(floor: int, end: int, capacity: int) -> int:
