@@ -40,10 +40,7 @@ class Compression:
     cname: str | None = None
 
     def __str__(self) -> str:
-        parts = [self.codec] + ([self.cname] if self.cname else []) + (
-            [str(self.level)] if self.level is not None else []
-        )
-        return ":".join(parts)
+        return ":".join(str(part) for part in (self.codec, self.cname, self.level) if part is not None)
 
 
 def describe(accepted: Mapping[str, tuple[int, int] | None]) -> str:

@@ -152,8 +152,7 @@ def convert(
                         progress((b - a) * meta.num_envs)
             finally:
                 dst.close()
-            result = ConvertResult(scratch.commit(), end - first, dst.backend, cap)
-    return result
+            return ConvertResult(scratch.commit(), end - first, dst.backend, cap)
 
 
 def unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -17,11 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import backends, frames_layout
-from .errors import (
-    DiskFullError,
-    SpecError,
-    SpecMismatchError,
-)
+from .errors import DiskFullError, SpecError, SpecMismatchError
 from .files import interrupts_deferred, make_folders, remove_dead_scratch, scratch_path
 from .lock import WriterLock
 from .metadata import (
@@ -45,22 +41,18 @@ log = logging.getLogger(__name__)
 #: aimed size of one chunk of a chunk-compressed leaf
 CHUNK_TARGET_BYTES = 4 << 20
 
+
 def _chunk_steps(leaf: ArraySpec, num_envs: int, capacity: int, given: Any, path: str) -> int:
     if isinstance(given, Mapping):
         given = given.get(path)
     if given is None:
         step_bytes = max(1, num_envs * leaf.nbytes)
         return max(1, min(capacity, CHUNK_TARGET_BYTES // step_bytes))
-    if not isinstance(given, (int, np.integer)) or isinstance(given, bool) or given < 1:
-        raise SpecError(f"leaf {path!r}: chunk_steps must be a positive int, got {given!r}")
-    return int(min(given, capacity))
+    return min(_check_int(f"leaf {path!r}: chunk_steps", given, 1), capacity)
 
 
 def _compression_for(given: Any, path: str) -> str | None:
     if isinstance(given, Mapping):
-        unknown = [k for k in given if not isinstance(k, str)]
-        if unknown:
-            raise SpecError(f"compression keys must be leaf paths, got {unknown[0]!r}")
         given = given.get(path)
     if given is None or given is False:
         return None
@@ -103,14 +95,10 @@ def plan(
     backend = backends.for_new_buffer(backend)
     module = backends.get(backend)
     paths = leaf_paths(spec)
-    if isinstance(compression, Mapping):
-        unknown = sorted(set(compression) - set(paths))
+    for name, given in (("compression", compression), ("chunk_steps", chunk_steps)):
+        unknown = sorted(set(given) - set(paths), key=str) if isinstance(given, Mapping) else []
         if unknown:
-            raise SpecError(f"compression names leaves not in the spec: {unknown}")
-    if isinstance(chunk_steps, Mapping):
-        unknown = sorted(set(chunk_steps) - set(paths))
-        if unknown:
-            raise SpecError(f"chunk_steps names leaves not in the spec: {unknown}")
+            raise SpecError(f"{name} names leaves not in the spec: {unknown}")
     infos = []
     for p, s in zip(paths, leaves_spec):
         if 0 in s.shape:
@@ -290,8 +278,6 @@ def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:
             f"the file system has {free} ({free / 2**30:.2f} GiB) free"
         )
     return need
-
-
 
 
 def _check_same_layout(store: Store, meta: Metadata) -> None:

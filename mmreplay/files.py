@@ -99,7 +99,8 @@ def atomic_write(path: str, data: bytes, fsync: bool = False) -> None:
     """
     folder = os.path.dirname(path) or "."
     tmp = f"{path}.{os.getpid()}.tmp"
-    _unlink_quietly(tmp)  # a dead process's (or a link placed there: never written through)
+    with contextlib.suppress(OSError):  # a dead process's (or a link placed there: never written through)
+        os.unlink(tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644)
     try:
         view = memoryview(data)
@@ -109,7 +110,8 @@ def atomic_write(path: str, data: bytes, fsync: bool = False) -> None:
             os.fsync(fd)
     except BaseException as exc:
         os.close(fd)
-        _unlink_quietly(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(f"{path}: no space left on the file system to write it; the previous one is intact") from exc
         raise
@@ -117,7 +119,8 @@ def atomic_write(path: str, data: bytes, fsync: bool = False) -> None:
     try:
         os.replace(tmp, path)
     except BaseException:
-        _unlink_quietly(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
     if fsync:
         dfd = os.open(folder, os.O_RDONLY)
@@ -125,13 +128,6 @@ def atomic_write(path: str, data: bytes, fsync: bool = False) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 # --- outputs made under a scratch name ------------------------------------------------------

@@ -6,6 +6,7 @@ decided by the kernel, which drops it when the holder's process ends however it 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -58,20 +59,16 @@ class WriterLock:
                     f"{os.path.dirname(self.path)}: buffer is open for writing by {who}; "
                     "open it with mode='r' to read, or stop that writer first"
                 ) from None
-        try:  # the pid is for messages only: a full disk that refuses it does not stop a writer
+        with contextlib.suppress(OSError):  # the pid is for messages only: a full disk does not stop a writer
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            pass
         self.fd = fd
 
     def release(self) -> None:
         if self.fd is not None:
             fd, self.fd = self.fd, None
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
-            except OSError:
-                pass
             os.close(fd)  # closing drops the flock
 
 

@@ -35,7 +35,7 @@ from .files import atomic_write
 from .frames_layout import FramesLayout, layout_from_json
 from .io import ByteSource, open_source
 from .spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json, validate_leaf_path
-from .statefile import STATE_FILE, State, StateFile, write_fresh
+from .statefile import MAX_STEP, STATE_FILE, State, StateFile, write_fresh
 
 __all__ = [
     "FORMAT",
@@ -219,10 +219,8 @@ def _int(obj: dict, key: str, lo: int, hi: int, where: str) -> int:
 
 
 def _parse_format(fmt: Any, where: str) -> int:
-    if not isinstance(fmt, str) or not fmt.startswith(FORMAT_NAME + "/"):
-        raise CorruptBufferError(f"{where}: expected format {FORMAT!r}, got {fmt!r:.80}")
-    version = fmt.split("/", 1)[1]
-    if not version.isdigit():
+    name, _, version = fmt.partition("/") if isinstance(fmt, str) else ("", "", "")
+    if name != FORMAT_NAME or not version.isdigit():
         raise CorruptBufferError(f"{where}: expected format {FORMAT!r}, got {fmt!r:.80}")
     if int(version) > FORMAT_VERSION:
         raise UnsupportedFormatError(
@@ -285,7 +283,7 @@ def chunk_too_large(compression: str | None, chunk_steps: int, num_envs: int, sp
     )
 
 
-def parse_metadata(raw: bytes, where: str) -> Metadata:
+def _load_json(raw: bytes, where: str) -> dict:
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -296,6 +294,11 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         raise CorruptBufferError(f"{where}: metadata is nested too deeply to be a buffer's") from None
     if not isinstance(obj, dict):
         raise CorruptBufferError(f"{where}: metadata must be a JSON object")
+    return obj
+
+
+def parse_metadata(raw: bytes, where: str) -> Metadata:
+    obj = _load_json(raw, where)
     version = _parse_format(obj.get("format"), where)
     check_checksum(raw, obj, where)
     backend = obj.get("backend")
@@ -352,7 +355,7 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         attrs=attrs,
         # format 1 holds the state; format 2 reads it from the state file (read_metadata)
         state=parse_state(obj.get("state"), where) if version == 1 else State(),
-        attrs_generation=0 if version == 1 else _int(obj, "attrs_generation", 0, 1 << 62, where),
+        attrs_generation=0 if version == 1 else _int(obj, "attrs_generation", 0, MAX_STEP, where),
         format_version=version,
         previous_attrs=None if version == 1 else _previous_attrs(obj, where),
         sampler=sampler,
@@ -366,7 +369,7 @@ def _previous_attrs(obj: dict, where: str) -> tuple[int, dict[str, Any]] | None:
         return None
     if not isinstance(prev, dict) or not isinstance(prev.get("attrs"), dict):
         raise CorruptBufferError(f"{where}: 'previous_attrs' must be an object with 'generation' and 'attrs'")
-    return _int(prev, "generation", 0, 1 << 62, f"{where} previous_attrs"), prev["attrs"]
+    return _int(prev, "generation", 0, MAX_STEP, f"{where} previous_attrs"), prev["attrs"]
 
 
 def pair_attrs(meta: Metadata, state: State) -> Metadata | None:
@@ -383,10 +386,9 @@ def pair_attrs(meta: Metadata, state: State) -> Metadata | None:
 def parse_state(obj: Any, where: str) -> State:
     if not isinstance(obj, dict):
         raise CorruptBufferError(f"{where}: 'state' must be an object")
-    hi = 1 << 62
-    start = _int(obj, "start", 0, hi, f"{where} state")
-    end = _int(obj, "end", 0, hi, f"{where} state")
-    reserved = _int(obj, "reserved", 0, hi, f"{where} state")
+    start = _int(obj, "start", 0, MAX_STEP, f"{where} state")
+    end = _int(obj, "end", 0, MAX_STEP, f"{where} state")
+    reserved = _int(obj, "reserved", 0, MAX_STEP, f"{where} state")
     if not start <= end <= reserved:
         raise CorruptBufferError(
             f"{where}: state must have start <= end <= reserved, got {start}, {end}, {reserved}"
@@ -394,14 +396,8 @@ def parse_state(obj: Any, where: str) -> State:
     commit_time = obj.get("commit_time")
     if commit_time is not None and not isinstance(commit_time, (int, float)):
         raise CorruptBufferError(f"{where}: state commit_time must be a number or null")
-    commits = _int(obj, "commits", 0, hi, f"{where} state")
+    commits = _int(obj, "commits", 0, MAX_STEP, f"{where} state")
     return State(start, end, reserved, commits, commit_time)
-
-
-def _read_bounded(source: ByteSource) -> bytes:
-    """The metadata file's bytes, refusing one larger than any real metadata (or not a
-    regular file of the folder) before reading it."""
-    return source.read(METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
 
 
 def read_metadata(where: str | os.PathLike | ByteSource) -> Metadata:
@@ -431,7 +427,7 @@ def read_static(where: str | os.PathLike | ByteSource) -> Metadata:
     source = open_source(where)
     path = source.where(METADATA_FILE)
     try:
-        raw = _read_bounded(source)
+        raw = source.read(METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
     except (FileNotFoundError, NotADirectoryError) as exc:
         if isinstance(exc, Error) and not isinstance(exc, ObjectNotFoundError):
             raise  # the object store's own answer (no bucket...)
@@ -466,17 +462,10 @@ class JsonState:
         if self.file is not None:
             return self.file.read()
         try:
-            obj = json.loads(_read_bounded(self.source))
+            raw = self.source.read(METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
         except FileNotFoundError:
             raise NotABufferError(f"{self.source.url}: not an mmreplay buffer (no {METADATA_FILE})") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptBufferError(f"{self.path}: metadata is not valid JSON ({exc})") from None
-        except ValueError:
-            raise CorruptBufferError(f"{self.path}: metadata holds a number too long to be a buffer's") from None
-        except RecursionError:
-            raise CorruptBufferError(f"{self.path}: metadata is nested too deeply to be a buffer's") from None
-        if not isinstance(obj, dict):
-            raise CorruptBufferError(f"{self.path}: metadata must be a JSON object")
+        obj = _load_json(raw, self.path)
         if "state" not in obj and _parse_format(obj.get("format"), self.path) >= 2:
             self.file = StateFile(self.source, False)
             return self.file.read()

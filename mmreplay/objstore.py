@@ -65,6 +65,7 @@ def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, 
     """Run ``write(local_path)`` into a temporary folder, then upload what it wrote under
     ``url``: a file to the URL's key, a folder's files below it. The result names the URL."""
     import dataclasses
+    import pathlib
     import tempfile
 
     from .errors import TargetError
@@ -98,7 +99,7 @@ def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, 
 
             async def one(path: str, key: str) -> None:
                 async with limit:
-                    data = await asyncio.to_thread(_read_file, path)
+                    data = await asyncio.to_thread(pathlib.Path(path).read_bytes)
                     await location.put_async(key, data)
 
             await gather_all(*(one(p, k) for p, k in files))
@@ -118,11 +119,6 @@ def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, 
     return dataclasses.replace(
         result, path=remote(result.path), info={k: remote(v) for k, v in result.info.items()}
     )
-
-
-def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | None = None) -> list[str]:

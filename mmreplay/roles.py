@@ -49,13 +49,8 @@ def _top_keys(spec: Any) -> list[str]:
 def infer_roles(spec: Any) -> dict[str, str]:
     """Roles found among the spec's top-level names."""
     keys = _top_keys(spec)
-    out = {}
-    for role, names in ROLES.items():
-        for name in names:
-            if name in keys:
-                out[role] = name
-                break
-    return out
+    firsts = {role: next((name for name in names if name in keys), None) for role, names in ROLES.items()}
+    return {role: name for role, name in firsts.items() if name is not None}
 
 
 def subtree(spec: Any, path: str) -> Any:
@@ -93,11 +88,7 @@ def validate_roles(spec: Any, roles: Mapping[str, str] | None) -> dict[str, str]
             ) from None
         if role in ("terminated", "truncated", "reward", "discount", "step_type", "next_step_type"):
             if not isinstance(node, ArraySpec) or node.shape not in ((), (1,)):
-                raise SpecError(
-                    f"role {role!r} needs a scalar leaf, but {path!r} is {node!r:.80}"
-                )
-            if role in ("step_type", "next_step_type") and not np.issubdtype(
-                node.dtype, np.integer
-            ):
+                raise SpecError(f"role {role!r} needs a scalar leaf, but {path!r} is {node!r:.80}")
+            if role in ("step_type", "next_step_type") and not np.issubdtype(node.dtype, np.integer):
                 raise SpecError(f"role {role!r} needs an integer leaf, {path!r} is {node.dtype}")
     return out

@@ -297,12 +297,12 @@ def to_spec(obj: Any, _path: str = "") -> Any:
         out = {}
         for key in sorted(obj):
             _check_key(key, where)
-            out[key] = to_spec(obj[key], _join(_path, key))
+            out[key] = to_spec(obj[key], join_path(_path, key))
         return out
     if is_namedtuple(obj):
-        return type(obj)(*(to_spec(v, _join(_path, f)) for f, v in zip(obj._fields, obj)))
+        return type(obj)(*(to_spec(v, join_path(_path, f)) for f, v in zip(obj._fields, obj)))
     if isinstance(obj, (tuple, list)):
-        return type(obj)(to_spec(v, _join(_path, str(i))) for i, v in enumerate(obj))
+        return type(obj)(to_spec(v, join_path(_path, str(i))) for i, v in enumerate(obj))
     if _is_space_container(obj):
         return to_spec(obj.spaces, _path)
     if isinstance(obj, (bool, np.bool_)):
@@ -322,14 +322,17 @@ def to_spec(obj: Any, _path: str = "") -> Any:
     )
 
 
+def _bad_name(name: str) -> bool:
+    """Whether ``name`` cannot be one name of a leaf path (it could leave the folder)."""
+    return name in ("", ".", "..") or any(c in name for c in _FORBIDDEN_PATH_CHARS)
+
+
 def _check_key(key: str, where: str) -> None:
-    if key in ("", ".", "..") or any(c in key for c in _FORBIDDEN_PATH_CHARS):
-        raise SpecError(
-            f"{where}: key {key!r} cannot name a leaf (no empty, '.', '..', '/', '\\\\' or NUL)"
-        )
+    if _bad_name(key):
+        raise SpecError(f"{where}: key {key!r} cannot name a leaf (no empty, '.', '..', '/', '\\\\' or NUL)")
 
 
-def _join(path: str, key: str) -> str:
+def join_path(path: str, key: str) -> str:
     return f"{path}/{key}" if path else key
 
 
@@ -340,11 +343,8 @@ def validate_leaf_path(path: str) -> str:
     parts = path.split("/")
     if len(parts) > MAX_LEAF_PATH_PARTS:
         raise SpecError(f"leaf path {path!r} is nested deeper than {MAX_LEAF_PATH_PARTS}")
-    for part in parts:
-        if part in ("", ".", "..") or "\\" in part or "\x00" in part:
-            raise SpecError(
-                f"leaf path {path!r}: expected '/'-joined names, none empty, '.' or '..'"
-            )
+    if any(map(_bad_name, parts)):
+        raise SpecError(f"leaf path {path!r}: expected '/'-joined names, none empty, '.' or '..'")
     return path
 
 
@@ -387,7 +387,7 @@ def leaf_paths(nest: Any, _prefix: str = "") -> list[str]:
         return [_prefix or BARE_LEAF_PATH]
     out: list[str] = []
     for key, child in _items(nest):
-        out.extend(leaf_paths(child, _join(_prefix, key)))
+        out.extend(leaf_paths(child, join_path(_prefix, key)))
     return out
 
 
@@ -469,14 +469,14 @@ def spec_from_json(obj: Any, _path: str = "") -> Any:
         out = {}
         for key, value in obj["dict"].items():
             _check_key(key, where)
-            out[key] = spec_from_json(value, _join(_path, key))
+            out[key] = spec_from_json(value, join_path(_path, key))
         return out
     if len(obj) == 1 and isinstance(obj.get("tuple", obj.get("list")), list):
         kind = "tuple" if "tuple" in obj else "list"
-        items = [spec_from_json(v, _join(_path, str(i))) for i, v in enumerate(obj[kind])]
+        items = [spec_from_json(v, join_path(_path, str(i))) for i, v in enumerate(obj[kind])]
         return tuple(items) if kind == "tuple" else items
     if isinstance(obj.get("namedtuple"), str) and isinstance(obj.get("fields"), dict):
         fields = obj["fields"]
         cls = _namedtuple(obj["namedtuple"], tuple(fields))
-        return cls(*(spec_from_json(v, _join(_path, f)) for f, v in fields.items()))
+        return cls(*(spec_from_json(v, join_path(_path, f)) for f, v in fields.items()))
     raise SpecError(f"{where}: unrecognised spec description {obj!r:.80}")

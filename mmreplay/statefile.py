@@ -26,7 +26,7 @@ import math
 import os
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import CorruptBufferError
 from .files import atomic_write
@@ -76,8 +76,7 @@ class State:
 
     def next(self, **changes: int | float | None) -> State:
         """This state with ``changes``, one generation later."""
-        fields = {**self.__dict__, **changes, "generation": self.generation + 1}
-        return State(**fields)
+        return State(**{**self.__dict__, **changes, "generation": self.generation + 1})
 
 
 def oldest_retained(floor: int, end: int, capacity: int) -> int:
@@ -183,8 +182,8 @@ def fresh_bytes(state: State) -> bytes:
     generation older, in the other (so both slots are valid from the start). The
     generation is raised past ``attrs_generation`` where needed, so both slots name it."""
     gen = max(state.generation, state.attrs_generation + 1)
-    state = State(**{**state.__dict__, "generation": gen})
-    older = State(**{**state.__dict__, "generation": gen - 1})
+    state = replace(state, generation=gen)
+    older = replace(state, generation=gen - 1)
     slots = [b"", b""]
     for s in (state, older):
         slots[s.generation % 2] = encode_slot(s).ljust(SLOT_BYTES, b"\0")

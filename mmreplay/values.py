@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputError
-from .spec import ArraySpec, flatten, is_namedtuple, leaf_paths
+from .spec import ArraySpec, flatten, is_namedtuple, join_path, leaf_paths
 
 __all__ = ["StepValidator", "cast_needs_no_values", "cast_refusal", "float_overflow", "flatten_value"]
 
@@ -91,12 +91,12 @@ def _structure(spec: Any, value: Any, path: str, out: list[Any], root: str = "th
         if missing or extra:
             parts = []
             if missing:
-                parts.append("missing " + ", ".join(repr(_j(path, k)) for k in sorted(missing)))
+                parts.append("missing " + ", ".join(repr(join_path(path, k)) for k in sorted(missing)))
             if extra:
-                parts.append("unexpected " + ", ".join(repr(_j(path, str(k))) for k in extra))
+                parts.append("unexpected " + ", ".join(repr(join_path(path, str(k))) for k in extra))
             raise BadInputError(f"{where}: {'; '.join(parts)} (expected keys {sorted(spec)})")
         for key in sorted(spec):
-            _structure(spec[key], value[key], _j(path, key), out, root)
+            _structure(spec[key], value[key], join_path(path, key), out, root)
     elif is_namedtuple(spec):
         if isinstance(value, Mapping):
             value = tuple(_pick(value, spec._fields, where))
@@ -105,13 +105,13 @@ def _structure(spec: Any, value: Any, path: str, out: list[Any], root: str = "th
                 f"{where}: expected {type(spec).__name__} with fields {spec._fields}, got {type(value).__name__}"
             )
         for field, s, v in zip(spec._fields, spec, value):
-            _structure(s, v, _j(path, field), out, root)
+            _structure(s, v, join_path(path, field), out, root)
     elif isinstance(spec, (tuple, list)):
         if not isinstance(value, (tuple, list)) or is_namedtuple(value) or len(value) != len(spec):
             got = f"{type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list)) else type(value).__name__
             raise BadInputError(f"{where}: expected a {type(spec).__name__} of {len(spec)} items, got {got}")
         for i, (s, v) in enumerate(zip(spec, value)):
-            _structure(s, v, _j(path, str(i)), out, root)
+            _structure(s, v, join_path(path, str(i)), out, root)
     else:
         out.append(value)
 
@@ -122,10 +122,6 @@ def _pick(value: Mapping, fields: tuple[str, ...], where: str) -> list[Any]:
     if missing or extra:
         raise BadInputError(f"{where}: expected fields {fields}, missing {missing}, unexpected {extra}")
     return [value[f] for f in fields]
-
-
-def _j(path: str, key: str) -> str:
-    return f"{path}/{key}" if path else key
 
 
 def _dict_plan(spec: Any, num_envs: int) -> tuple | None:

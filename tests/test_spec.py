@@ -134,6 +134,15 @@ def test_non_string_keys_are_refused():
         to_spec({1: mr.ArraySpec(())})
 
 
+@pytest.mark.parametrize("option", ["compression", "chunk_steps"])
+def test_per_leaf_options_naming_no_leaf_are_refused_whatever_their_keys(tmp_path, option):
+    path = tmp_path / "b"
+    # keys of mixed types: named in the error, not a failure to sort them
+    with pytest.raises(mr.SpecError, match=rf"{option} names leaves not in the spec: \[1, None\]"):
+        mr.create(path, {"x": mr.ArraySpec(())}, 4, **{option: {None: 2, 1: 2}})
+    assert not path.exists()
+
+
 def test_to_spec_refuses_non_spec_leaves():
     with pytest.raises(mr.SpecError, match="obs/x.*object"):
         to_spec({"obs": {"x": object()}})

@@ -10,6 +10,7 @@ itself, as the caller names it, may be a link (run folders often are).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -245,10 +246,8 @@ def replace_inside(folder: str | os.PathLike, rel: str, data: bytes | memoryview
             else:
                 os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
         finally:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
     finally:
         os.close(dfd)
 
@@ -271,10 +270,8 @@ def unsafe_entries(folder: str | os.PathLike) -> list[str]:
 
 def _advise(fd: int, offset: int, nbytes: int) -> None:
     """Ask the disk for a range now (``POSIX_FADV_WILLNEED``), where the OS has it."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
-    except (OSError, AttributeError):
-        pass
 
 
 class LocalHandle(Handle):
