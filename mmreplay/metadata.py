@@ -220,7 +220,7 @@ def _int(obj: dict, key: str, lo: int, hi: int, where: str) -> int:
 
 def _parse_format(fmt: Any, where: str) -> int:
     name, _, version = fmt.partition("/") if isinstance(fmt, str) else ("", "", "")
-    if name != FORMAT_NAME or not version.isdigit():
+    if name != FORMAT_NAME or not (version.isascii() and version.isdigit()):  # int() takes no "²"
         raise CorruptBufferError(f"{where}: expected format {FORMAT!r}, got {fmt!r:.80}")
     if int(version) > FORMAT_VERSION:
         raise UnsupportedFormatError(

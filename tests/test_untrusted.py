@@ -147,6 +147,8 @@ ABSURD = {
     "backend unknown": lambda o: o.update(backend="pickle"),
     "format missing": lambda o: o.pop("format"),
     "format other": lambda o: o.update(format="numpy/1"),
+    "format version a superscript digit": lambda o: o.update(format="mmreplay/\u00b2"),
+    "format version a non-ASCII digit": lambda o: o.update(format="mmreplay/\u0663"),
     "roles not a dict": lambda o: o.update(roles=["obs"]),
     "metadata a list": lambda o: (o.clear(), o.update({"__list__": 1})),
 }
