@@ -44,6 +44,7 @@ __all__ = [
     "LeafInfo",
     "State",
     "Metadata",
+    "json_object",
     "read_metadata",
     "read_state",
     "write_metadata",
@@ -283,7 +284,8 @@ def chunk_too_large(compression: str | None, chunk_steps: int, num_envs: int, sp
     )
 
 
-def _load_json(raw: bytes, where: str) -> dict:
+def json_object(raw: bytes, where: str) -> dict:
+    """The metadata file's JSON object; every way it is not one is a one-line refusal."""
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -298,7 +300,7 @@ def _load_json(raw: bytes, where: str) -> dict:
 
 
 def parse_metadata(raw: bytes, where: str) -> Metadata:
-    obj = _load_json(raw, where)
+    obj = json_object(raw, where)
     version = _parse_format(obj.get("format"), where)
     check_checksum(raw, obj, where)
     backend = obj.get("backend")
@@ -465,7 +467,7 @@ class JsonState:
             raw = self.source.read(METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
         except FileNotFoundError:
             raise NotABufferError(f"{self.source.url}: not an mmreplay buffer (no {METADATA_FILE})") from None
-        obj = _load_json(raw, self.path)
+        obj = json_object(raw, self.path)
         if "state" not in obj and _parse_format(obj.get("format"), self.path) >= 2:
             self.file = StateFile(self.source, False)
             return self.file.read()

@@ -21,6 +21,7 @@ from ..metadata import (
     STATE_FILE,
     Metadata,
     State,
+    json_object,
     migrate,
     parse_metadata,
     read_metadata,
@@ -279,12 +280,7 @@ def _rebuild_state(folder: str, static: Metadata, out: Recovery, why: str, repai
 
 def _ignoring_checksum(raw: bytes, where: str) -> Metadata:
     """Parse metadata whose checksum failed: the JSON without its checksum member."""
-    try:
-        obj = json.loads(raw)
-    except RecursionError:
-        raise CorruptBufferError(f"{where}: metadata is nested too deeply to be a buffer's") from None
-    if not isinstance(obj, dict):
-        raise CorruptBufferError(f"{where}: metadata must be a JSON object")
+    obj = json_object(raw, where)
     obj.pop("checksum", None)
     return parse_metadata(json.dumps(obj).encode(), where)
 
