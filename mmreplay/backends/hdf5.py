@@ -31,7 +31,7 @@ from ..io import ByteSource
 from ..io.local import checked_inside
 from ..lock import holder_pid
 from ..metadata import LeafInfo, Metadata
-from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, parse_compression, preallocate
+from .base import ChunkedLeaf, Leaf, MappedLeaf, disk_full_as, fsync_path, parse_compression, preallocate
 from .checks import Repairs, chunks_of, leaf_nbytes, leaf_shape
 from .h5chunks import (
     JOURNAL_SUFFIX,
@@ -208,11 +208,7 @@ class _SwmrFile:
     def flush_file(self, fsync: bool) -> None:
         self.file.flush()
         if fsync:
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(self.path)
 
     def close(self) -> None:
         try:

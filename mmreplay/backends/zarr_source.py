@@ -97,8 +97,7 @@ class BufferStore(zarr.storage.LocalStore):
         return data
 
     async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
-        data = await asyncio.to_thread(self._read, key, byte_range)
-        return None if data is None else (prototype or default_buffer_prototype()).buffer.from_bytes(data)
+        return await asyncio.to_thread(self.get_sync, key, prototype=prototype, byte_range=byte_range)
 
     def get_sync(self, key: str, *, prototype: Any = None, byte_range: Any = None) -> Any:
         data = self._read(key, byte_range)

@@ -14,6 +14,7 @@ A ``rows:`` leaf (``rows:lz4``, ``rows:zstd[:LEVEL]``) is one shard per segment 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -250,11 +251,7 @@ def _row_leaf(source: ByteSource, rel: str, arr: Any, leaf: LeafInfo, meta: Meta
             f"{source.where(rel)}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype} in shards of "
             f"{leaf.chunk_steps} steps, found {arr.shape} {arr.dtype} shards {arr.shards}"
         )
-    tail = (0,) * (arr.ndim - 1)
-
-    def chunk_key(k: int) -> str:
-        return arr.metadata.encode_chunk_key((k, *tail))
-
+    chunk_key = functools.partial(_chunk_key, arr)
     return RowFrameLeaf(leaf, meta.capacity, meta.num_envs, source, rel, chunk_key, writable)
 
 
@@ -272,7 +269,7 @@ class ZarrChunks:
         self.written: set[int] = set()  # chunks stored since the last flush
 
     def _key(self, k: int) -> str:
-        return f"{self.rel}/{self.arr.metadata.encode_chunk_key((k,) + (0,) * (self.arr.ndim - 1))}"
+        return f"{self.rel}/{_chunk_key(self.arr, k)}"
 
     def read(self, k: int, a: int, b: int) -> np.ndarray:
         return np.asarray(self.arr[a:b])
