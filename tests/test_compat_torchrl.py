@@ -299,6 +299,21 @@ def test_non_tensor_entries_are_refused_and_nothing_is_written(tmp_path):
     assert storage.store is None and not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("data", ["tensordict", "pytree"])
+def test_a_key_holding_a_slash_is_refused_and_nothing_is_written(tmp_path, data):
+    """'a/b' would be the leaf path of the nested key ('a', 'b'): the two entries would
+    share one leaf, the second silently overwriting the first."""
+    ones, zeros = torch.ones(3, 2), torch.zeros(3, 2)
+    if data == "tensordict":
+        written = TensorDict({"a": TensorDict({"b": zeros}, [3]), "a/b": ones}, [3])
+    else:
+        written = {"a": {"b": zeros}, "a/b": ones}
+    storage = MMReplayStorage(tmp_path / "b", max_size=10)
+    with pytest.raises(mr.BadInputError, match=r"key 'a/b' holds '/'"):
+        storage.set(range(3), written)
+    assert storage.store is None and not (tmp_path / "b").exists()
+
+
 def test_lazy_stacks_are_stored_as_their_rows_and_ragged_ones_refused(tmp_path):
     rb = ReplayBuffer(storage=MMReplayStorage(tmp_path / "b", max_size=20))
     stack = LazyStackedTensorDict.lazy_stack([steps(i, i + 1)[0] for i in range(6)], dim=0)

@@ -51,11 +51,24 @@ def _entries(data: Any) -> dict[str, Any]:
     ``value`` for a plain tensor (the store's name for a spec's one unnamed leaf)."""
     if is_tensor_collection(data):
         td = data._tensordict if is_tensorclass(data) else data
-        items = {"/".join(k) if isinstance(k, tuple) else k: v for k, v in td.items(True, True, is_leaf=_is_leaf)}
+        pairs = td.items(True, True, is_leaf=_is_leaf)
+        items = {_path(k if isinstance(k, tuple) else (k,)): v for k, v in pairs}
         if others := sorted(k for k, v in items.items() if not isinstance(v, torch.Tensor)):
             raise BadInputError(f"MMReplayStorage: entries {others} are not tensors; only tensors are stored")
         return items
-    return {"/".join(map(_part, path)) or "value": leaf for path, leaf in pytree.tree_flatten_with_path(data)[0]}
+    flat = pytree.tree_flatten_with_path(data)[0]
+    return {_path(tuple(map(_part, path))) or "value": leaf for path, leaf in flat}
+
+
+def _path(parts: tuple[str, ...]) -> str:
+    """The leaf path of a key's parts. A part holding "/" is refused: it would name the
+    leaf of another key (``"a/b"`` is the path of ``("a", "b")``), one overwriting the other."""
+    for part in parts:
+        if "/" in part:
+            raise BadInputError(
+                f"MMReplayStorage: key {part!r} holds '/', which joins a leaf path's names; rename it"
+            )
+    return "/".join(parts)
 
 
 def _first_leaf(data: Any) -> Any:
