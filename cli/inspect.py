@@ -42,13 +42,12 @@ def _hdf5_storage(folder: str, leaves: list[Any]) -> dict[str, int]:
     if not paths:
         return {}
     try:
-        import h5py
-
+        from mmreplay.backends.h5chunks import open_swmr_reader
         from mmreplay.backends.hdf5 import DATA_FILE, leaf_dataset
         from mmreplay.io.local import checked_inside
 
         path = checked_inside(folder, DATA_FILE)
-        with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        with open_swmr_reader(path) as f:
             return {p: int(leaf_dataset(f, p, path).id.get_storage_size()) for p in paths}
     except Exception:
         return {}

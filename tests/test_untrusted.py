@@ -640,6 +640,24 @@ def _h5_external_storage(leaf: str) -> Callable:
     return change
 
 
+def _h5_root_header(store) -> int:
+    """Where data.h5's root group object header starts (its version 2/3 superblock says)."""
+    return int.from_bytes((store / "data.h5").read_bytes()[36:44], "little")
+
+
+def _h5_flip_root_header(store, outside):
+    """One byte of the root group's object header flipped: its checksum no longer matches."""
+    with open(store / "data.h5", "r+b") as f:
+        f.seek(_h5_root_header(store) + 8)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+def _h5_cut_in_root_header(store, outside):
+    os.truncate(store / "data.h5", _h5_root_header(store) + 16)
+
+
 #: name -> (base store, change(store, outside))
 HOSTILE: dict[str, tuple[str, Callable]] = {
     # links out of the store, for each kind of file (and folder) it holds
@@ -704,6 +722,9 @@ HOSTILE: dict[str, tuple[str, Callable]] = {
     "hdf5 virtual dataset": ("hdf5", _h5(_h5_virtual)),
     "hdf5 external storage (compressed leaf)": ("hdf5", _h5(_h5_external_storage("obs"))),
     "hdf5 external storage (mapped leaf)": ("hdf5", _h5(_h5_external_storage("action"))),
+    # HDF5 metadata whose checksum fails: a reader gives up instead of re-reading forever
+    "data.h5 root header byte flipped": ("hdf5", _h5_flip_root_header),
+    "data.h5 cut inside its root header": ("hdf5", _h5_cut_in_root_header),
     # sizes and numbers
     "capacity 2**40": ("zarr", edit_metadata(lambda o: o.update(capacity=2**40))),
     "hdf5 capacity 2**40": ("hdf5", edit_metadata(lambda o: o.update(capacity=2**40))),

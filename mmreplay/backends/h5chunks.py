@@ -27,6 +27,8 @@ So mmreplay encodes chunks itself and writes them with ``write_direct_chunk``:
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import struct
 import time
@@ -35,6 +37,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from h5py._objects import phil
 
 from ..errors import CorruptBufferError, SpecError
 from ..io.local import read_inside
@@ -50,6 +53,38 @@ _PLUGIN_FILTERS = {_BLOSC, _ZSTD}
 _ZSTD_SKIPPABLE = 0x184D2A50
 _FILTER_NAMES = {_DEFLATE: "gzip", _LZF: "lzf", _BLOSC: "blosc", _ZSTD: "zstd", 3: "Fletcher-32"}
 PLUGIN_INSTALL = "pip install 'mmreplay[hdf5plugin]'"
+
+
+#: reads of a piece of HDF5 metadata before its checksum counts as wrong. A SWMR reader
+#: reads a piece again while its checksum fails (a writer may be writing it), sleeping
+#: twice as long each time from 1 ns: HDF5's 100 tries keep a reader of a damaged file
+#: waiting for ever, 30 give up after half a second.
+METADATA_READ_ATTEMPTS = 30
+
+
+@functools.cache
+def _set_metadata_read_attempts() -> Any:
+    """HDF5's ``H5Pset_metadata_read_attempts``, which h5py does not wrap, looked up through
+    an h5py extension: its dependencies hold the HDF5 library h5py itself calls."""
+    function = ctypes.CDLL(h5py.h5p.__file__).H5Pset_metadata_read_attempts
+    function.argtypes = [ctypes.c_int64, ctypes.c_uint]
+    return function
+
+
+def file_access() -> Any:
+    """The file access property list of ``data.h5``: the latest format, and metadata read
+    at most :data:`METADATA_READ_ATTEMPTS` times."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    with phil:  # (h5py's lock: no other thread is inside HDF5 meanwhile)
+        _set_metadata_read_attempts()(fapl.id, METADATA_READ_ATTEMPTS)
+    return fapl
+
+
+def open_swmr_reader(path: str) -> h5py.File:
+    """``path`` opened read-only in SWMR mode, as a writer may be writing it."""
+    flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ
+    return h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=file_access()))
 
 
 def fletcher32(data: bytes | memoryview) -> int:
@@ -186,7 +221,7 @@ def require_file_filters(h5_path: str) -> None:
     """:func:`require_filters` for every chunked dataset of an HDF5 file; a file that does
     not open is left to the checks that report damage."""
     try:
-        f = h5py.File(h5_path, "r", libver="latest", swmr=True)
+        f = open_swmr_reader(h5_path)
     except Exception:
         return
     chunked: list[str] = []
@@ -196,7 +231,10 @@ def require_file_filters(h5_path: str) -> None:
             chunked.append(name)
 
     with f:
-        f.visititems(collect)
+        try:
+            f.visititems(collect)
+        except (RuntimeError, OSError):
+            return
         for name in chunked:
             require_filters(f[name], f"{h5_path}: leaf {name!r}")
 
@@ -409,6 +447,10 @@ class H5Chunks:
             self._codec = None
 
 
+class UnreadableMetadataError(CorruptBufferError):
+    """Metadata of an HDF5 file that fails its checksum or does not parse."""
+
+
 def leaf_dataset(f: h5py.File, path: str, where: str) -> Any:
     """The object at ``path`` in the open file (None: nothing there), reached through hard
     links only; a dataset must hold its data in the file itself.
@@ -416,13 +458,17 @@ def leaf_dataset(f: h5py.File, path: str, where: str) -> Any:
     HDF5 can link a name to another file (an external link), to another name (a soft
     link, which can loop), and can keep a dataset's data in other files (external
     storage, virtual datasets): following any of them reads, or writes, outside the
-    buffer, so each is refused.
+    buffer, so each is refused. Metadata that does not read (its checksum fails) is a
+    corrupt buffer too.
     """
     node = f
     for part in path.split("/"):
         if not isinstance(node, h5py.Group):
             return None
-        link = node.get(part, getlink=True)
+        try:
+            link = node.get(part, getlink=True)
+        except (RuntimeError, OSError) as exc:
+            raise UnreadableMetadataError(f"{where}: the HDF5 metadata of {path!r} does not read ({exc})") from None
         if link is None:
             return None
         if not isinstance(link, h5py.HardLink):

@@ -39,10 +39,13 @@ from .h5chunks import (
     Codec,
     H5Chunks,
     Journal,
+    UnreadableMetadataError,
     check_filters,
+    file_access,
     journal_limits,
     journal_path,
     leaf_dataset,
+    open_swmr_reader,
     replay,
     require_file_filters,
     require_filters,
@@ -163,8 +166,7 @@ def _mapped_end(meta: Metadata) -> int:
 
 
 def _file_access() -> Any:
-    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    fapl = file_access()
     # no HDF5 chunk cache: chunks are rewritten in place, and the leaves keep their own
     fapl.set_cache(0, 0, 0, 0.0)
     return fapl
@@ -333,7 +335,7 @@ def tail_in_use(path: str, size: int) -> str | None:
             where.append(f"{len(past)} chunks of {name!r} end past it, the last at byte {max(past)}")
 
     try:
-        with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        with open_swmr_reader(path) as f:
             f.visititems(check)
     except Exception as exc:
         return f"its metadata does not read ({type(exc).__name__}: {exc})"
@@ -503,7 +505,7 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
         found.bad_journal = True
         problems.append(f"{exc}; the chunks it protects are unprotected until the next commit")
     try:
-        f = h5py.File(path, "r", libver="latest", swmr=True)
+        f = open_swmr_reader(path)
     except Exception as exc:
         return unusable(f"h5py cannot open {path}: {exc}")
     with f:
@@ -511,6 +513,9 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
             where = f"leaf {leaf.path!r}"
             try:
                 dset = leaf_dataset(f, leaf.path, path)
+            except UnreadableMetadataError as exc:
+                unusable(str(exc))
+                continue
             except CorruptBufferError as exc:
                 found.links_out = str(exc)
                 unusable(found.links_out)
