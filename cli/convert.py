@@ -13,13 +13,13 @@ from mmreplay.convert import convert
 from mmreplay.files import disk_usage
 
 from .inspect import human_bytes
-from .options import backend_option, count_option, quiet_option
+from .options import LocalPath, backend_option, count_option, quiet_option
 from .progress import LazyBar
 
 
 @click.command("convert")
 @click.argument("path", type=click.Path())
-@click.argument("out", type=click.Path())
+@click.argument("out", type=LocalPath())
 @backend_option("[the source's]")
 @click.option(
     "--compression",

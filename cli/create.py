@@ -18,7 +18,7 @@ from mmreplay.sizes import SizeEstimate, estimate
 from mmreplay.spec import spec_from_json
 
 from .inspect import human_bytes
-from .options import backend_option, compression_option, count_option
+from .options import LocalPath, backend_option, compression_option, count_option
 
 #: steps of a --sample store read to estimate compressed leaves from (its newest)
 SAMPLE_STEPS = 512
@@ -73,7 +73,7 @@ def load_spec_file(path: str) -> dict[str, Any]:
 
 
 @click.command("create", epilog=SPEC_HELP)
-@click.argument("path", type=click.Path())
+@click.argument("path", type=LocalPath())
 @click.option("--spec", "spec_file", required=True, type=click.Path(), help="JSON or YAML spec file.")
 @count_option("--capacity", "Steps the ring holds.")
 @count_option("--num-envs", "Parallel envs per step [1].")

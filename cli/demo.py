@@ -6,11 +6,11 @@ import click
 
 from mmreplay.demo import DemoConfig, run
 
-from .options import backend_option
+from .options import LocalPath, backend_option
 
 
 @click.command("demo")
-@click.argument("folder", metavar="[DIR]", required=False, type=click.Path())
+@click.argument("folder", metavar="[DIR]", required=False, type=LocalPath())
 @click.option(
     "--steps",
     type=click.IntRange(min=100),

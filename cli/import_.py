@@ -11,13 +11,13 @@ from mmreplay.files import disk_usage
 from mmreplay.formats import FORMATS, import_dataset
 
 from .inspect import human_bytes
-from .options import backend_option, compression_option, count_option, quiet_option
+from .options import LocalPath, backend_option, compression_option, count_option, quiet_option
 from .progress import LazyBar
 
 
 @click.command("import")
 @click.argument("src", type=click.Path())
-@click.argument("path", type=click.Path())
+@click.argument("path", type=LocalPath())
 @click.option("--format", "fmt", default="auto", show_default=True, help="auto, " + ", ".join(FORMATS) + ".")
 @backend_option()
 @compression_option

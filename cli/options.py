@@ -8,6 +8,17 @@ import click
 
 from mmreplay.codecs import STORE_HELP
 
+
+class LocalPath(click.Path):
+    """A path the command writes on this machine: an s3:// URL there would be a folder
+    ``s3:`` in the working directory, so it is refused (export and push publish)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if str(value).startswith("s3://"):
+            self.fail(f"{value}: expected a local path (export and push write to object storage)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 #: --quiet of the commands with a progress bar
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 

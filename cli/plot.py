@@ -12,6 +12,8 @@ import mmreplay as mr
 from mmreplay.errors import BadInputError
 from mmreplay.roles import subtree
 
+from .options import LocalPath
+
 
 def _pyplot():
     try:
@@ -40,7 +42,7 @@ def check_image_type(plt: Any, output: str) -> None:
 @click.command("plot")
 @click.argument("path", type=click.Path())
 @click.option(
-    "-o", "--output", required=True, type=click.Path(), help="Image file to write (.png, .svg, .pdf)."
+    "-o", "--output", required=True, type=LocalPath(), help="Image file to write (.png, .svg, .pdf)."
 )
 @click.option("--force", is_flag=True, help="Overwrite the output file.")
 def command(path: str, output: str, force: bool) -> None:

@@ -6,10 +6,12 @@ import click
 
 import mmreplay as mr
 
+from .options import LocalPath
+
 
 @click.command("pull")
 @click.argument("url")
-@click.argument("folder", type=click.Path())
+@click.argument("folder", type=LocalPath())
 def command(url: str, folder: str) -> None:
     """Download the snapshot at URL (s3://bucket/prefix) into the new FOLDER, in the
     local layout: open it for writing, and push it back when done."""

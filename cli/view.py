@@ -13,7 +13,7 @@ from mmreplay.pictures import SHEET_MAX_FRAMES, ViewOptions, frames
 from mmreplay.selection import select
 
 from .inspect import human_bytes
-from .options import quiet_option
+from .options import LocalPath, quiet_option
 from .progress import LazyBar
 
 #: ranges shorter than this draw without a progress bar
@@ -23,13 +23,13 @@ PROGRESS_MIN_FRAMES = 500
 @click.command("view")
 @click.argument("path", type=click.Path())
 @click.option(
-    "-o", "--output", default=None, type=click.Path(), help="out.gif, out.mp4 or out.png (contact sheet)."
+    "-o", "--output", default=None, type=LocalPath(), help="out.gif, out.mp4 or out.png (contact sheet)."
 )
 @click.option(
     "--rerun",
     "rrd",
     default=None,
-    type=click.Path(),
+    type=LocalPath(),
     help="out.rrd: every leaf of every env (or --env, --episode, --steps) as a Rerun recording.",
 )
 @click.option(

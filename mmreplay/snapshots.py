@@ -187,6 +187,7 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     from .store import Store
     from .store import open as open_store
 
+    split_url(url)  # a mistyped URL before anything is read or committed
     if isinstance(source, Store):
         if source.mode == "a":
             source.commit()
@@ -210,7 +211,6 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
             f"{folder}: a {meta.backend} store cannot be pushed to object storage; "
             "convert it to the zarr backend first (mmreplay convert --backend zarr)"
         )
-    split_url(url)
     location = ObjectPrefix(url, storage_options)
     try:
         remote_meta_raw = location.read(METADATA_FILE, MAX_METADATA_BYTES, "a store's metadata")

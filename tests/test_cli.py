@@ -379,6 +379,10 @@ def test_create_from_json_and_yaml(tmp_path):
         (["create", "{tmp}/new", "--spec", "{tmp}/ok.json"], "--capacity", 2),
         (["create", "{tmp}/new", "--spec", "{tmp}/badleaf.json", "--capacity", "5"], "cannot name a leaf", 2),
         (["torture", "--layout", "nope"], "--layout", 2),
+        # an object-storage URL that names no bucket, or a path where a URL goes
+        (["push", VECTOR, "{tmp}/pushed"], "expected an s3://bucket/prefix URL", 2),
+        (["pull", "s3://", "{tmp}/new"], "names no bucket", 2),
+        (["inspect", "s3:///prefix"], "names no bucket", 2),
         (["inspect"], "Missing argument 'PATH'", 2),
         (["no-such-command"], "No such command", 2),
     ],
@@ -392,6 +396,30 @@ def test_user_mistakes_are_one_line_errors(tmp_path, args, needle, code):
     out = shell(*[a.replace("{tmp}", str(tmp_path)) for a in args])
     one_line_error(out, code, needle)
     assert sorted(os.listdir(tmp_path)) == before  # a refusal writes nothing
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["convert", VECTOR, "s3://bucket/copy"],
+        ["import", VECTOR, "s3://bucket/copy"],
+        ["create", "s3://bucket/new", "--spec", "spec.json", "--capacity", "5"],
+        ["pull", "s3://bucket/store", "s3://bucket/copy"],
+        ["plot", VECTOR, "-o", "s3://bucket/plot.png"],
+        ["view", PIXELS, "-o", "s3://bucket/view.gif"],
+        ["view", PIXELS, "--rerun", "s3://bucket/view.rrd"],
+        ["demo", "s3://bucket/demo"],
+    ],
+    ids=lambda args: f"{args[0]} {args[-1] if args[-1].startswith('s3') else args[1]}",
+)
+def test_an_s3_url_where_a_command_writes_local_files_is_refused(tmp_path, args):
+    """Only export writes to object storage: elsewhere s3://bucket/x would be a local
+    folder s3: in the working directory, and the user would think it was published."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mmreplay.cli", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    one_line_error(out, 2, "s3://bucket/", "a local path")
+    assert os.listdir(tmp_path) == []
 
 
 def test_compression_help_lists_only_what_each_format_takes():

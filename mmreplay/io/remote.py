@@ -43,10 +43,10 @@ TIMEOUT_VARIABLE = "MMREPLAY_S3_TIMEOUT"
 def split_url(url: str) -> tuple[str, str]:
     """``s3://bucket/prefix`` -> ``(bucket, prefix)`` (no slashes around the prefix)."""
     if not url.startswith(SCHEME):
-        raise ValueError(f"{url!r}: expected an s3://bucket/prefix URL")
+        raise errors.BadInputError(f"{url!r}: expected an s3://bucket/prefix URL")
     bucket, _, prefix = url[len(SCHEME) :].partition("/")
     if not bucket:
-        raise ValueError(f"{url!r}: the URL names no bucket (expected s3://bucket/prefix)")
+        raise errors.BadInputError(f"{url!r}: the URL names no bucket (expected s3://bucket/prefix)")
     return bucket, prefix.strip("/")
 
 
