@@ -6,6 +6,7 @@ the one place where library errors become one line on stderr and an exit status.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import select
@@ -127,9 +128,17 @@ class LazyGroup(click.Group):
         except Exception as exc:
             for cls, code in EXIT_CODES:
                 if isinstance(exc, cls):
-                    click.echo(f"Error: {exc}", err=True)
-                    ctx.exit(code)
+                    click.echo(f"Error: {error_line(exc)}", err=True)
+                    ctx.exit(6 if getattr(exc, "errno", None) == errno.EROFS else code)
             raise
+
+
+def error_line(exc: Exception) -> str:
+    """The error's message; Python's ``[Errno 30] Read-only file system: 'x'`` as
+    ``x: Read-only file system``."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None and exc.filename2 is None:
+        return f"{os.fsdecode(exc.filename)}: {exc.strerror}"
+    return str(exc)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -334,18 +334,22 @@ class AtomicOutput:
                     os.rmdir(folder)
 
     def named(self, exc: BaseException) -> BaseException:
-        """``exc`` told about ``out`` (the scratch name means nothing to the user)."""
-        if isinstance(exc, Error) or not isinstance(exc, Exception):
-            return exc
-        if _disk_full(exc):
-            return DiskFullError(
-                f"{self.out}: no space left on the file system; the {self.what} stopped and left nothing behind"
-            )
-        if not isinstance(exc, OSError):
-            return exc
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        if exc.errno == errno.EROFS or isinstance(exc, PermissionError):
-            return ReadOnlyError(f"{self.out}: cannot write the {self.what} there ({reason})")
-        if self.tmp in str(exc) or exc.filename == self.tmp:
-            return type(exc)(f"{self.out}: {reason} (writing the {self.what})")
+        return named_error(exc, self.out, self.what, self.tmp)
+
+
+def named_error(exc: BaseException, out: str, what: str, tmp: str) -> BaseException:
+    """``exc`` told about ``out`` (the scratch name ``tmp`` means nothing to the user): a
+    full disk is a :class:`DiskFullError`, a read-only or forbidden place a
+    :class:`ReadOnlyError`; what is neither comes back as it is."""
+    if isinstance(exc, Error) or not isinstance(exc, Exception):
         return exc
+    if _disk_full(exc):
+        return DiskFullError(f"{out}: no space left on the file system; the {what} stopped and left nothing behind")
+    if not isinstance(exc, OSError):
+        return exc
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno == errno.EROFS or isinstance(exc, PermissionError):
+        return ReadOnlyError(f"{out}: cannot write the {what} there ({reason})")
+    if tmp in str(exc) or exc.filename == tmp:
+        return type(exc)(f"{out}: {reason} (writing the {what})")
+    return exc

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
+from .files import named_error
 from .selection import READ_BLOCK_FRAMES, read_leaf, select, to_uint8
 from .spec import Layout
 
@@ -91,6 +92,13 @@ def log_rerun(
     layouts = _layouts(store)
     name = os.path.basename(os.path.normpath(store.path)) or "store"
     tmp = f"{path}.tmp-{os.getpid()}.rrd"
+    try:
+        open(tmp, "wb").close()  # a place rerun cannot write: an OSError here, not rerun's RuntimeError
+    except OSError as exc:
+        named = named_error(exc, path, "Rerun recording", tmp)
+        if named is exc:
+            raise
+        raise named from exc
     rec = rr.RecordingStream(f"mmreplay {name}")
     rec.save(tmp)
     try:

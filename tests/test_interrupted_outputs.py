@@ -318,3 +318,25 @@ def test_export_to_a_read_only_place_names_the_target(tmpfs):  # noqa: F811
     for r in outputs_into(PIXELS, fs, available([*FORMATS, "convert"])):
         assert r["error"] and r["error"].startswith("ReadOnlyError: " + os.path.join(fs, "out")), r
         assert ".partial" not in r["error"], r
+
+
+def test_every_command_writing_to_a_read_only_place_is_one_line_exit_6(tmpfs, tmp_path):  # noqa: F811
+    """create named its scratch folder (.NAME.creating-PID) and exited 2, as plot, view and
+    demo did with Python's errno text; view --rerun ended in rerun's traceback."""
+    fs = tmpfs("4m")
+    remount(fs, "ro")
+    (tmp_path / "spec.json").write_text('{"x": {"shape": [], "dtype": "int64"}}')
+    runs = {
+        "create": ["create", "{out}", "--spec", tmp_path / "spec.json", "--capacity", "5"],
+        "plot.png": ["plot", PIXELS, "-o", "{out}"],
+        "view.gif": ["view", PIXELS, "-o", "{out}", "-q"],
+        "view.rrd": ["view", PIXELS, "--rerun", "{out}", "-q"],
+        "demo": ["demo", "{out}", "--steps", "100"],
+    }
+    for name, args in runs.items():
+        if name == "view.rrd":
+            pytest.importorskip("rerun")
+        target = os.path.join(fs, name)
+        out = run_cli(*[target if a == "{out}" else a for a in args])
+        line = one_line_error(out, 6, target, "Read-only file system")
+        assert ".creating-" not in line and "[Errno" not in line, line
