@@ -317,6 +317,26 @@ def test_the_store_generator_can_be_seeded_and_prefetches_the_next_batch(tmp_pat
         assert (reader.pending is not None) == bool(reader.mapped)  # the next batch, drawn and prefetched
 
 
+@pytest.mark.parametrize("who", ["writer", "reader"])
+def test_a_batch_drawn_ahead_is_drawn_again_once_set_moved_an_episode_end(tmp_path, who):
+    with make(tmp_path, 64, 2, 40) as writer:  # one episode per env, 40 steps long
+        store = writer if who == "writer" else mr.open(tmp_path / "b")
+        read.set_prefetch(store, True)
+        read.set_rng(store, 0)
+        store.sample(16, num_steps=4, within_episodes=True)  # and the next batch, drawn ahead
+        ends = steps_of(0, 40, 2, {(t, e) for t in range(1, 40, 4) for e in range(2)})
+        writer.set(slice(None), ends)  # episodes of 4 steps: 2-5, 6-9...
+        if store is not writer:  # (the writer samples what it set before any commit)
+            writer.commit()
+            store.refresh()
+        batch, info = store.sample(16, num_steps=4, within_episodes=True, return_info=True)
+        steps = info.step[:, None] + np.arange(4)
+        check_rows(batch, steps, np.broadcast_to(info.env[:, None], steps.shape))
+        assert not batch["terminated"][:, :-1].any()  # no sequence runs past an episode's end
+        if store is not writer:
+            store.close()
+
+
 def test_page_advice_defaults(tmp_path):
     with make(tmp_path, 64, 4, 100) as writer:
         writer.sample(8, rng=0)

@@ -281,7 +281,10 @@ def sample(store: Readable, request: SampleRequest) -> Any:
     if gen is None:
         gen = reader.own_gen()
         if reader.prefetch and getattr(sampler, "draws_ahead", False):
-            key = (request, store.window)
+            # what a draw is made from: the window, and the episode ends of the committed
+            # state, which a reader's refresh may move without the window (a writer's own
+            # set() drops the draw made ahead)
+            key = (request, store.window, store.state)
             if reader.pending is not None and reader.pending[0] == key:
                 draw = reader.pending[1]
             reader.pending = None
