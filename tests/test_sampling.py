@@ -4,6 +4,7 @@ uniformity, reproducibility on every backend, readers re-sampling overwritten ro
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -231,6 +232,21 @@ def test_bad_arguments_are_refused(tmp_path):
             store.sample(2, rng="x")
     with pytest.raises(mr.ClosedError):
         store.sample(1)
+
+
+def test_a_window_must_be_two_step_ids_and_one_outside_the_retained_steps_says_so(tmp_path):
+    with make(tmp_path, 10, 2, 14) as store:  # steps 4-13 retained
+        for bad in ((5,), (4.5, 9), ("a", 9), (4, 9, 1), 7, (True, 9)):
+            with pytest.raises(ValueError, match=r"window must be a pair of int global step ids \(first, end\), got"):
+                store.sample(4, window=bad)
+            with pytest.raises(ValueError, match="window must be a pair"):
+                next(store.iterate(window=bad))
+        batch, info = store.sample(64, window=(np.int64(5), np.int64(7)), return_info=True, rng=0)
+        assert set(info.step.tolist()) == {5, 6}
+        check_rows(batch, info.step, info.env)
+        for outside in ((0, 4), (20, 30), (9, 9)):
+            with pytest.raises(mr.NotEnoughDataError, match=rf"window={re.escape(str(outside))} holds none of the steps retained, \[4, 14\)"):
+                store.sample(4, window=outside)
 
 
 # --- episodes -------------------------------------------------------------------------

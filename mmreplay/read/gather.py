@@ -350,7 +350,13 @@ def _window(store: Readable, request: SampleRequest) -> Window:
     window = store.window
     if request.window is not None:  # a caller's narrower window (framework layers' own views)
         first, end = request.window
-        window = window._replace(first=max(window.first, first), end=min(window.end, end))
+        narrowed = window._replace(first=max(window.first, first), end=min(window.end, end))
+        if narrowed.end <= narrowed.first and window.end > window.first:
+            raise NotEnoughDataError(
+                f"{store.path}: cannot sample: window={request.window} holds none of the steps retained, "
+                f"[{window.first}, {window.end}): it is empty"
+            )
+        window = narrowed
     return window
 
 
