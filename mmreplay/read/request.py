@@ -94,8 +94,8 @@ class SampleRequest:
     ) -> SampleRequest:
         """The request, checked: ``batch_size`` and ``num_steps`` positive ints and ``window``
         a pair of ints (ValueError naming the argument), ``rng`` an int seed, a Generator
-        or None (TypeError),
-        ``layout`` one of :data:`~mmreplay.read.layout.LAYOUTS` or None (ValueError)."""
+        or None (TypeError), ``layout`` one of :data:`~mmreplay.read.layout.LAYOUTS` or
+        None (ValueError)."""
         if type(batch_size) is not int or batch_size < 1:  # (the common call skips the checks)
             # (None says "a positive int", other values "a positive int or None", as ever)
             batch_size = positive("batch_size", batch_size, allow_none=batch_size is not None)
