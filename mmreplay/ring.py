@@ -249,6 +249,9 @@ class Ring:
             changed = np.asarray(steps).reshape(-1)
             for hook in self._hooks:
                 hook.on_set(changed)
+            reads = self._parts.get("reads")
+            if reads is not None:  # a batch drawn ahead may cross an episode end set here
+                reads.pending = None
 
     # --- the commit protocol ------------------------------------------------------
 

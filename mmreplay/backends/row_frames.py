@@ -447,6 +447,11 @@ class RowFrameLeaf(RowFrameReads):
             self.header[3] = step
             return
         if segment == k and self.pending is not None and base <= step <= filled:
+            if step < filled:
+                # rows [step, filled) are read from the shard again, which may have been
+                # sealed since a reader indexed it (a ring of one segment wraps): readers
+                # see the sequence number change and index it anew
+                self.header[0] = seq + 1
             self.header[3] = step
             return
         if segment >= 0 and filled > base:
