@@ -13,7 +13,7 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
-from mmreplay.formats import FORMATS, export
+from mmreplay.formats import FORMATS, export, import_dataset
 from mmreplay.formats.parquet import decode_image
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
@@ -417,6 +417,17 @@ def test_zarr_export_compressed_chunks_read_back(vector, tmp_path, compression):
     assert g.attrs["mmreplay"]["num_envs"] == vector.num_envs
     for p, w in zip(vector.leaf_paths, _retained(vector)):
         assert g[p].compressors and np.array_equal(g[p][...], w)
+
+
+@pytest.mark.parametrize("fmt, compression", [("hdf5", "gzip"), ("hdf5", "lzf"), ("zarr", "zstd"), ("npz", "deflate")])
+def test_a_compressed_export_of_an_empty_store_holds_empty_arrays(tmp_path, fmt, compression):
+    with mr.create(tmp_path / "b", spec(), capacity=10, num_envs=2) as store:
+        result = export(store, tmp_path / f"x.{fmt}", fmt, compression=compression)
+    assert result.steps == 0
+    with mr.open(tmp_path / "b") as store:
+        import_dataset(result.path, tmp_path / "back")
+        with mr.open(tmp_path / "back") as back:
+            assert len(back) == 0 and back.num_envs == 2 and back.spec == store.spec
 
 
 def test_minari_from_a_tf_agents_trajectory_store_takes_final_observations_from_boundary_rows(
