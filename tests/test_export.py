@@ -6,6 +6,8 @@ import glob
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
-from mmreplay.formats import FORMATS, export, import_dataset
+from mmreplay.formats import FORMATS, export, import_dataset, parquet
 from mmreplay.formats.parquet import decode_image
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
@@ -241,6 +243,34 @@ def test_parquet_rolls_files_and_keeps_rows(vector, tmp_path):
     assert len(files) >= 1 and files[0] == "part-00000.parquet"
     assert pq.read_table(tmp_path / "pq").num_rows == result.steps == len(vector) * vector.num_envs
     assert pq.ParquetFile(tmp_path / "pq" / files[0]).metadata.row_group(0).column(0).compression == "ZSTD"
+
+
+IMPORT_PEAK = """
+import sys
+import pyarrow as pa
+from mmreplay.formats import import_dataset, parquet
+parquet.BLOCK_BYTES = 1 << 18
+import_dataset(sys.argv[1], sys.argv[2])
+print(pa.default_memory_pool().max_memory())
+"""
+
+
+def test_parquet_import_reads_in_bounded_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet, "BLOCK_BYTES", 1 << 18)  # the rows the writer groups
+    s = {"observation": mr.ArraySpec((64, 64), "uint8"), "terminated": mr.ArraySpec((), "bool")}
+    rng = np.random.default_rng(0)
+    with mr.create(tmp_path / "b", s, capacity=2000) as store:
+        store.extend({"observation": rng.integers(0, 255, (2000, 1, 64, 64), np.uint8),
+                      "terminated": (np.arange(2000) % 20 == 19).reshape(2000, 1)})
+        store.commit()
+        export(store, tmp_path / "pq", "parquet", compression="none")
+        want = _retained(store)
+    out = subprocess.run([sys.executable, "-c", IMPORT_PEAK, tmp_path / "pq", tmp_path / "back"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) < 2 << 20  # the frames are 8 MiB
+    with mr.open(tmp_path / "back") as back:
+        assert all(np.array_equal(g, w) for g, w in zip(_retained(back), want))
 
 
 # --- step-major formats ----------------------------------------------------------------------

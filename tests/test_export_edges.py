@@ -310,6 +310,16 @@ def test_every_export_imports_back(tmp_path, fmt):
         ]
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "d4rl", "npz"])
+def test_an_export_of_an_empty_store_imports_back_empty(tmp_path, fmt):
+    with mr.create(tmp_path / "src", spec(), capacity=10, num_envs=2) as store:
+        out = export(store, tmp_path / ("out" if fmt == "parquet" else f"out.{fmt}"), fmt).path
+    result = import_dataset(out, tmp_path / "back")
+    assert result.steps == 0 and result.episodes in (None, 0)
+    with mr.open(tmp_path / "back") as back:
+        assert len(back) == 0 and back.episode_index() == []
+
+
 def test_import_finds_the_dataset_in_a_minari_root_and_refuses_a_root_with_several(tmp_path):
     with mr.open(WRAPPED) as store:
         export(store, tmp_path / "root", "minari", dataset_id="ns/one-v0")
