@@ -226,6 +226,20 @@ def test_d4rl_import_then_export_keeps_infos_at_their_path(tmp_path):
         assert np.array_equal(f["infos/qpos"][()], g["infos/qpos"][()])
 
 
+def test_minari_import_then_export_keeps_infos_at_their_path(tmp_path, monkeypatch):
+    s = {**QUICK_START, "log_prob": mr.ArraySpec((), "float32")}
+    with mr.create(tmp_path / "b", s, capacity=10) as store:
+        store.extend({k: np.ones((10, 1, *v.shape), v.dtype) for k, v in s.items()})
+        store.commit()
+        export(store, tmp_path / "root", "minari", dataset_id="first-v0")
+    import_dataset(tmp_path / "root", tmp_path / "store")
+    with mr.open(tmp_path / "store") as store:
+        assert "infos/log_prob" in store.leaf_paths
+        export(store, tmp_path / "again", "minari", dataset_id="again-v0")
+    ds = load_minari(tmp_path / "again", "again-v0", monkeypatch)
+    assert [sorted(e.infos) for e in ds.iterate_episodes()] == [["log_prob"]] * len(ds)
+
+
 # --- a store with no next_observation leaf (the quick start's) --------------------------------
 
 

@@ -373,6 +373,12 @@ def nest_leaves(name: str, spec: Any, value: Any) -> Iterator[tuple[str, ArraySp
     return zip([f"{name}/{p}" for p in leaf_paths(spec)], flatten(spec), flatten(value))
 
 
+def info_key(path: str) -> str:
+    """Where a leaf with no role goes: ``infos/<leaf path>``; a leaf already under
+    ``infos`` (a D4RL or Minari dataset imported earlier) keeps its path, so nothing nests twice."""
+    return path if path.startswith("infos/") else f"infos/{path}"
+
+
 def episode_flags(episode: Any, truncated: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``terminations`` and ``truncations`` of length N: only the last step may be set.
 
