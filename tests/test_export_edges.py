@@ -395,6 +395,34 @@ def test_csv_gzip_is_a_csv_gz_that_pandas_reads_with_step_and_env_columns(tmp_pa
     assert json.dumps(list(pd.read_csv(again.path).columns)) == json.dumps(list(table.columns))
 
 
+def test_csv_quotes_leaf_names_a_csv_reader_would_split(tmp_path):
+    import csv as pycsv
+
+    names = ["a,b", 'say "hi"', "two\nlines", "caf\u00e9"]
+    s = {name: mr.ArraySpec((2,), "float32") for name in names}
+    with mr.create(tmp_path / "b", s, capacity=4) as store:
+        store.extend({name: np.full((3, 1, 2), i, "float32") for i, name in enumerate(names)})
+        store.commit()
+        export(store, tmp_path / "x.csv", "csv")
+        paths = store.leaf_paths
+    with open(tmp_path / "x.csv", newline="", encoding="utf-8") as f:
+        header, *rows = list(pycsv.reader(f))
+    assert header == ["step", "env", *(f"{n}.{i}" for n in paths for i in range(2))]
+    assert len(rows) == 3 and all(len(r) == len(header) for r in rows)
+    assert rows[0][2:] == [str(names.index(n)) for n in paths for _ in range(2)]
+    import_dataset(tmp_path / "x.csv", tmp_path / "back")
+    with mr.open(tmp_path / "back") as back:
+        assert sorted(back.leaf_paths) == sorted(paths)
+
+
+def test_csv_force_replaces_an_earlier_csv_export_of_another_store(tmp_path):
+    for name in ("a", "b"):
+        with mr.create(tmp_path / name, {name: mr.ArraySpec((), "int64")}, capacity=4) as store:
+            store.add({name: np.ones(1, "int64")})
+            export(store, tmp_path / "x.csv", "csv", force=True)
+    assert (tmp_path / "x.csv").read_text().splitlines()[0] == "step,env,b"
+
+
 @pytest.mark.parametrize(
     "name, fmt",
     [("a.npz", "npz"), ("a.NPZ", "npz"), ("a.parquet", "parquet"), ("a.csv", "csv"), ("a.csv.gz", "csv"),
