@@ -394,6 +394,10 @@ def test_unknown_format_bad_compression_and_complete_only_on_step_formats(vector
     assert sorted(os.listdir(tmp_path)) == ["vector"]  # the refusals made nothing
     export(vector, tmp_path / "missing" / "x.npz", "npz")  # parent folders are made, as mkdir -p
     assert sorted(os.listdir(tmp_path / "missing")) == ["x.npz"]
+    result = export(vector, tmp_path / "new" / "root", "minari", dataset_id="ns/v-v0")  # a Minari root too
+    assert result.path == str(tmp_path / "new" / "root" / "ns" / "v-v0" / "data")
+    with pytest.raises(TypeError, match="it takes no options"):
+        export(vector, tmp_path / "y.npz", "npz", dataset_id="ns/v-v0")
 
 
 def test_failed_export_leaves_nothing(tmp_path):

@@ -244,9 +244,6 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
     spaces = _spaces(store, obs_spec, act_spec)
 
     root = os.path.abspath(out)
-    parent = os.path.dirname(root)
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"{parent}: folder does not exist (the Minari datasets root's parent)")
     if os.path.exists(root) and not os.path.isdir(root):
         raise FileExistsError(
             f"{root}: is not a folder; the minari export writes into a datasets root folder"
