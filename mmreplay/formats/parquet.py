@@ -236,6 +236,8 @@ def _leaf_values(column: Any, spec: ArraySpec, image: bool) -> np.ndarray:
 def read(src: str, files: ExitStack) -> Source:
     _, pq = pyarrow("the parquet format", "export")
     parts = [files.enter_context(pq.ParquetFile(p)) for p in parquet_files(src)]
+    if not parts:
+        raise UnsupportedFormatError(f"{src}: no .parquet files in the folder")
     raw = (parts[0].schema_arrow.metadata or {}).get(b"mmreplay")
     if raw is None:
         raise UnsupportedFormatError(f"{src}: parquet files without mmreplay's metadata (not its export)")
@@ -252,12 +254,12 @@ def read(src: str, files: ExitStack) -> Source:
     names = [columns.get(p, flags.get(p)) for p in paths]
     images = [p in columns and is_image(s) for p, s in zip(paths, specs)]
 
-    def row_groups(*names: str) -> Iterator[Any]:
+    def row_groups(*wanted: str) -> Iterator[Any]:
         # a row group at a time: what the writer wrote at once (iter_batches reads ahead
         # through the whole file)
         for part in parts:
             for i in range(part.metadata.num_row_groups):
-                yield part.read_row_group(i, columns=list(names))
+                yield part.read_row_group(i, columns=list(wanted))
 
     episodes, last = 0, None
     for group in row_groups("episode_index"):  # rows are episode after episode
