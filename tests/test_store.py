@@ -512,6 +512,33 @@ def test_a_forked_worker_of_a_killed_writer_does_not_hold_its_lock(tmp_path, wri
         os.kill(worker, signal.SIGKILL)
 
 
+
+HDF5_READER = """
+import sys, mmreplay as mr
+store = mr.open(sys.argv[1])  # a learner, opened while no writer had the file open
+print(len(store), flush=True)
+sys.stdin.readline()
+store.refresh()
+print(len(store), store.get(-1)["x"].tolist(), flush=True)
+"""
+
+
+def test_an_hdf5_writer_resumes_while_a_reader_process_holds_the_file(tmp_path, writers):
+    """HDF5's own file lock, taken by a reader that opened a compressed hdf5 store while
+    no writer had it, kept every writer out (said as a damaged file)."""
+    path = str(tmp_path / "b")
+    spec = {"x": mr.ArraySpec((4,), "float32")}
+    with mr.create(path, spec, capacity=32, backend="hdf5", compression="gzip") as store:
+        store.extend({"x": np.zeros((5, 1, 4), "float32")})
+    reader = writers.start(HDF5_READER, path, stdin=subprocess.PIPE)
+    assert reader.stdout.readline().split() == ["5"]
+    with mr.open(path, "a") as store:
+        store.add({"x": np.ones((1, 4), "float32")})
+    reader.stdin.write("\n")
+    reader.stdin.flush()
+    assert reader.stdout.readline().split() == ["6", "[[1.0,", "1.0,", "1.0,", "1.0]]"]
+
+
 PROBE = """
 import sys, time
 from mmreplay.lock import holder_pid
