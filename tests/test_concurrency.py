@@ -176,10 +176,13 @@ def test_readers_see_committed_bit_exact_rows_while_a_writer_runs(tmp_path, back
 
 
 @pytest.mark.long
-@pytest.mark.parametrize(("backend", "compression"), [("zarr", "zstd"), ("hdf5", None)])
-def test_readers_long(tmp_path, backend, compression):
+@pytest.mark.parametrize(
+    ("backend", "compression", "chunk_steps"),
+    [("zarr", "zstd", 16), ("hdf5", None, 16), ("zarr", "rows:lz4", 16), ("zarr", "rows:lz4", 256)],
+)
+def test_readers_long(tmp_path, backend, compression, chunk_steps):
     path = str(tmp_path / "b")
     mr.create(
-        path, SPEC, capacity=256, num_envs=ENVS, backend=backend, compression=compression, chunk_steps=16
+        path, SPEC, capacity=256, num_envs=ENVS, backend=backend, compression=compression, chunk_steps=chunk_steps
     ).close()
     _check(path, seconds=60, readers=4)
