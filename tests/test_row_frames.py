@@ -127,6 +127,22 @@ def test_a_reader_of_a_one_segment_ring_reads_the_new_lap_once_the_writer_wraps(
             np.testing.assert_array_equal(batch["obs"][:, 0, 0], info.step)
 
 
+def test_a_reader_reads_a_one_segment_ring_its_writer_came_round_and_sealed_again(tmp_path):
+    """With one segment (``chunk_steps`` = capacity) the write head leaves the segment and
+    comes back into it: a reader that read the shard before must read the new one, not be
+    told the buffer is damaged nor given the last lap's rows."""
+    path = tmp_path / "b"
+    with mr.create(path, {"x": mr.ArraySpec((), "int64")}, capacity=8, compression="rows:lz4", commit_every=10**6) as store:
+        store.extend({"x": np.arange(10).reshape(10, 1)})  # wrapped: steps 8 and 9 staged
+        store.commit()
+        with mr.open(path) as reader:
+            np.testing.assert_array_equal(reader.get(slice(None))["x"][:, 0], np.arange(3, 10))
+            for t in range(10, 17):  # round again: the segment is sealed, step 16 staged
+                store.add({"x": np.array([t])})
+            assert reader.live_first() <= 9  # step 9 is still retained
+            np.testing.assert_array_equal(reader.read_steps([9])[0][:, 0], [9])
+
+
 WRITER = textwrap.dedent(
     """
     import sys, numpy as np, mmreplay as mr

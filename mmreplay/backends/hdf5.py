@@ -167,6 +167,9 @@ def _file_access() -> Any:
     fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
     # no HDF5 chunk cache: chunks are rewritten in place, and the leaves keep their own
     fapl.set_cache(0, 0, 0, 0.0)
+    # no HDF5 file lock: the buffer's own lock keeps writers apart, and HDF5's, held by a
+    # reader that opened the file while no writer had it, refused every writer after
+    fapl.set_file_locking(False, True)
     return fapl
 
 
@@ -333,7 +336,7 @@ def tail_in_use(path: str, size: int) -> str | None:
             where.append(f"{len(past)} chunks of {name!r} end past it, the last at byte {max(past)}")
 
     try:
-        with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        with h5py.File(path, "r", libver="latest", swmr=True, locking=False) as f:
             f.visititems(check)
     except Exception as exc:
         return f"its metadata does not read ({type(exc).__name__}: {exc})"
@@ -503,7 +506,7 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
         found.bad_journal = True
         problems.append(f"{exc}; the chunks it protects are unprotected until the next commit")
     try:
-        f = h5py.File(path, "r", libver="latest", swmr=True)
+        f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
     except Exception as exc:
         return unusable(f"h5py cannot open {path}: {exc}")
     with f:
