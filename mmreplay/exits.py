@@ -190,6 +190,23 @@ def _stop_writes(parts: dict[str, Any], timeout: float) -> bool:
     return True
 
 
+def _forget_writers_in_child() -> None:
+    """A forked child (multiprocessing's fork, ``os.fork``) holds copies of its parent's
+    writers, a snapshot of their cursors over the parent's files: a commit from it would
+    write that older state over the parent's newer commits. Its copies are left
+    unwritable, and neither its exit hooks nor a collection nor ``close()`` commit them."""
+    for finalizer in list(_open_writers):
+        got = finalizer.detach()
+        if got is not None:
+            parts = got[2][1]  # (store, _close_parts, (cls, parts), {})
+            parts["_writable"] = False
+            parts["_forked"] = True
+    _open_writers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_writers_in_child)
+
+
 def _register_exit_hooks() -> None:
     """Register the exit hooks. Exit hooks run last registered first, and the early one
     must run before the thread pools stop: it is registered again whenever a library

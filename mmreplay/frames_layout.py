@@ -141,6 +141,12 @@ class FramesLayout:
         return out
 
 
+def commit_slots(capacity: int, num_envs: int, commit_every: int) -> int:
+    """Side-ring slots the commits of a ring's worth of steps take: one per env each."""
+    ahead = max(1, min(commit_every, capacity // 8))  # steps between a writer's commits at most
+    return num_envs * -(-capacity // ahead)
+
+
 def plan_layout(
     spec: Any, roles: dict[str, str], frames: Frames, capacity: int, num_envs: int, commit_every: int
 ) -> FramesLayout:
@@ -191,8 +197,7 @@ def plan_layout(
         raise SpecError(f"frames.frame_stack={k} needs a capacity of at least {k} steps, got {capacity}")
     slots = frames.final_slots
     if slots is None:  # each commit takes one slot per env, each episode end one
-        ahead = max(1, min(commit_every, capacity // 8))  # steps between a writer's commits at most
-        slots = num_envs * (-(-capacity // ahead) + 4) + capacity * num_envs // 64
+        slots = commit_slots(capacity, num_envs, commit_every) + num_envs * 4 + capacity * num_envs // 64
     if not isinstance(slots, (int, np.integer)) or isinstance(slots, bool) or slots < 2 * num_envs:
         raise SpecError(f"frames.final_slots must be an int >= 2 * num_envs = {2 * num_envs}, got {slots!r}")
     return FramesLayout(derived, int(k), frames.pad, int(slots) if derived else 0, tuple(pairs))

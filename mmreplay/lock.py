@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 import time
+import weakref
 
 try:
     import fcntl  # POSIX: Linux and macOS
@@ -25,6 +26,9 @@ LOCK_FILE = ".lock"
 #: is also held for an instant by :func:`holder_pid`'s probe (``verify``, an HDF5 open),
 #: and by a child process of a writer between its fork and its exec
 LOCK_WAIT_S = 0.25
+
+#: the locks this process holds: a forked child closes its copies (see _forget_in_child)
+_held: weakref.WeakSet[WriterLock] = weakref.WeakSet()
 
 
 class WriterLock:
@@ -63,6 +67,7 @@ class WriterLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
+        _held.add(self)
 
     def release(self) -> None:
         if self.fd is not None:
@@ -70,6 +75,22 @@ class WriterLock:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
             os.close(fd)  # closing drops the flock
+
+
+def _forget_in_child() -> None:
+    """A forked child (multiprocessing's fork, ``os.fork``) shares its parent's lock: its
+    copy would keep the buffer locked after the parent ends (a killed writer's successor
+    would be refused, naming the dead parent). The child closes its copies, leaving the
+    lock with the parent."""
+    for lock in list(_held):
+        if lock.fd is not None:
+            fd, lock.fd = lock.fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)  # (another descriptor of the locked file: the parent keeps the lock)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def holder_pid(folder: str) -> int | None:

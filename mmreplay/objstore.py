@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptBufferError, RemoteError
-from .io.remote import ObjectPrefix, gather_all, split_url
+from .io.remote import ObjectPrefix, gather_bounded, split_url
 from .metadata import LeafInfo, Metadata, read_metadata
 from .statefile import State
 
@@ -94,17 +94,11 @@ def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, 
                 f"{url}: objects exist there already; pass force=True (--force) to replace them"
             )
 
-        async def upload() -> None:
-            limit = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
+        async def upload(file: tuple[str, str]) -> None:
+            data = await asyncio.to_thread(pathlib.Path(file[0]).read_bytes)
+            await location.put_async(file[1], data)
 
-            async def one(path: str, key: str) -> None:
-                async with limit:
-                    data = await asyncio.to_thread(pathlib.Path(path).read_bytes)
-                    await location.put_async(key, data)
-
-            await gather_all(*(one(p, k) for p, k in files))
-
-        location.run(upload())
+        location.run(gather_bounded(upload, files, UPLOADS_IN_FLIGHT))
         location.delete(sorted(set(there) - {k for _, k in files}))
     base = url.rstrip("/")
 
@@ -158,7 +152,7 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
 def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[str]:
     """:func:`verify_url`'s checks of the leaves of ``meta`` under ``location``."""
     from .backends.checks import chunks_of
-    from .backends.zarr_source import open_array
+    from .backends.zarr_source import chunk_key, open_array
     from .backends.zarr_v3 import shard_index
 
     problems: list[str] = []
@@ -197,7 +191,7 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
             problems.append(f"{where}: {exc}")
             continue
         for k in chunks_of(meta, leaf):
-            key = f"{rel}/{arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1))}"
+            key = f"{rel}/{chunk_key(arr, k)}"
             if key not in listing:
                 problems.append(
                     f"{where}: chunk object {location.where(key)} is missing (it holds committed steps)"

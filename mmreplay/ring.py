@@ -54,6 +54,7 @@ class Ring:
         self._touched = self._written
         self._busy = False  # a write is under way (see exits._stop_writes)
         self._exiting = False  # the program ends: the exit hooks close this writer
+        self._forked = False  # a copy in a forked child: the parent writes (exits._forget_writers_in_child)
         self._ahead = max(1, min(self._meta.commit_every, self._capacity // 8))
         self._dirty = False
         self._dropped_early = False  # the side ring of next frames dropped steps (warned once)
@@ -249,6 +250,9 @@ class Ring:
             changed = np.asarray(steps).reshape(-1)
             for hook in self._hooks:
                 hook.on_set(changed)
+            reads = self._parts.get("reads")
+            if reads is not None:  # a batch drawn ahead may cross an episode end set here
+                reads.pending = None
 
     # --- the commit protocol ------------------------------------------------------
 
@@ -282,6 +286,11 @@ class Ring:
             self._meta = new
 
     def _check_writable(self) -> None:
+        if self._forked:
+            raise ClosedError(
+                f"{self.path}: the store was opened for writing by the process this one was forked from, "
+                "which writes it; open the store here to read it (mode='r')"
+            )
         if self._exiting:
             raise ClosedError(
                 f"{self.path}: the program is ending, and the store was closed for it; a thread that "

@@ -35,7 +35,7 @@ from typing import Any
 from .backends import zarr_v3
 from .errors import CorruptBufferError, SpecMismatchError, TargetError
 from .io.local import unsafe_entries
-from .io.remote import ObjectPrefix, gather_all, split_url
+from .io.remote import ObjectPrefix, gather_bounded, split_url
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
 from .objstore import UPLOADS_IN_FLIGHT, shard_key, shard_layout
 from .spec import spec_to_json
@@ -259,30 +259,25 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     total = [0, 0]
     hashes: dict[str, str] = {}
 
-    async def upload_changed(items: list[tuple[str, Any]]) -> None:
-        limit = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
-
-        async def one(key: str, what: Any) -> None:
-            async with limit:
-                data = await asyncio.to_thread(_bytes_of, what)
-                digest = _digest(data)
-                hashes[key] = digest
-                total[0] += 1
-                total[1] += len(data)
-                if manifest.get(key) != digest:
-                    await reserve_for_readers()
-                    await location.put_async(key, data)
-                    sent[0] += 1
-                    sent[1] += len(data)
-                    log.info("%s: uploaded %s (%d bytes)", location.url, key, len(data))
-
-        await gather_all(*(one(key, what) for key, what in items))
+    async def upload_changed(item: tuple[str, Any]) -> None:
+        key, what = item
+        data = await asyncio.to_thread(_bytes_of, what)
+        digest = _digest(data)
+        hashes[key] = digest
+        total[0] += 1
+        total[1] += len(data)
+        if manifest.get(key) != digest:
+            await reserve_for_readers()
+            await location.put_async(key, data)
+            sent[0] += 1
+            sent[1] += len(data)
+            log.info("%s: uploaded %s (%d bytes)", location.url, key, len(data))
 
     items = list(_objects(folder, meta))
     data_items = [(k, w) for k, w in items if not k.endswith("zarr.json")]
     meta_items = [(k, w) for k, w in items if k.endswith("zarr.json")]
-    location.run(upload_changed(data_items))
-    location.run(upload_changed(meta_items))
+    location.run(gather_bounded(upload_changed, data_items, UPLOADS_IN_FLIGHT))
+    location.run(gather_bounded(upload_changed, meta_items, UPLOADS_IN_FLIGHT))
     # A writer in another process may have overwritten steps while they were read:
     # publish without them, as a local reader's seqlock check drops them.
     now = read_state(folder)
@@ -354,22 +349,16 @@ def _download(location: ObjectPrefix, meta: Metadata, tmp: str) -> None:
         if k not in (STATE_FILE, MANIFEST) and not any(k == a or k.startswith(a + "/") for a in mapped)
     ]
 
-    async def fetch_all() -> None:
-        limit = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
+    async def fetch(key: str) -> None:
+        raw, _ = await location.get_async(key)
+        path = os.path.join(tmp, *key.split("/"))
+        if os.path.relpath(path, tmp).startswith(".."):
+            raise CorruptBufferError(f"{location.where(key)}: the key leaves the store's folder")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(bytes(raw))
 
-        async def fetch(key: str) -> None:
-            async with limit:
-                raw, _ = await location.get_async(key)
-                path = os.path.join(tmp, *key.split("/"))
-                if os.path.relpath(path, tmp).startswith(".."):
-                    raise CorruptBufferError(f"{location.where(key)}: the key leaves the store's folder")
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as f:
-                    f.write(bytes(raw))
-
-        await gather_all(*(fetch(k) for k in wanted))
-
-    location.run(fetch_all())
+    location.run(gather_bounded(fetch, wanted, UPLOADS_IN_FLIGHT))
     for leaf in mapped.values():
         _assemble(location, meta, leaf, tmp)
 

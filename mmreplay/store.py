@@ -221,6 +221,9 @@ class Store(Ring):
         """
         if self._closed:
             return
+        if self._forked:  # the parent's writer: its files and commits are the parent's
+            self._closed = True
+            return
         with exits.closing(self._finalizer):  # a stop signal waits for the last commit
             self._close()
 

@@ -216,9 +216,9 @@ class _Trajectories:
     an env that ends an episode reports its terminal observation in ``next_obs`` and
     starts the next episode from a reset observation."""
 
-    def __init__(self, n_envs: int, seed: int, shape=(3,), dtype=np.float32):
+    def __init__(self, n_envs: int, seed: int, shape=(3,), dtype=np.float32, end=0.3):
         self.rng = np.random.default_rng(seed)
-        self.n_envs, self.shape, self.dtype = n_envs, shape, dtype
+        self.n_envs, self.shape, self.dtype, self.end = n_envs, shape, dtype, end
         self.obs = self._draw()
 
     def _draw(self):
@@ -228,7 +228,7 @@ class _Trajectories:
 
     def step(self):
         obs, next_obs = self.obs, self._draw()
-        done = self.rng.random(self.n_envs) < 0.3
+        done = self.rng.random(self.n_envs) < self.end
         infos = [{"TimeLimit.truncated": bool(d and self.rng.random() < 0.5)} for d in done]
         self.obs = np.where(done.reshape(-1, *[1] * len(self.shape)), self._draw(), next_obs)
         action = self.rng.integers(0, 3, (self.n_envs,))
@@ -283,6 +283,29 @@ def test_optimize_memory_usage_stores_each_observation_once_and_keeps_timeouts_r
         path=tmp_path / "buf", final_slots=200, **kw,
     )
     _assert_same_rows(full, again, np.arange(full.size()), seed=1)
+    again.close()
+
+
+def test_optimize_memory_usage_keeps_every_step_when_committing_often(tmp_path, caplog):
+    """Each commit keeps the newest step's next observations in the side ring: the default
+    ``final_slots`` makes room for those of a ring's worth of commits, so few episode
+    ends drop no step, and the folder reopens with another ``commit_every``."""
+    full = sb3_buffers.ReplayBuffer(64, BOX, spaces.Discrete(3), "cpu", n_envs=2)
+    kw = dict(device="cpu", n_envs=2, optimize_memory_usage=True, path=tmp_path / "buf")
+    ours = ReplayBuffer(64, BOX, spaces.Discrete(3), commit_every=1, **kw)
+    steps = _Trajectories(2, seed=3, end=0.02)
+    with caplog.at_level("WARNING", logger="mmreplay"):
+        for _ in range(100):
+            step = steps.step()
+            full.add(*step)
+            ours.add(*step)
+        ours.sample(4)
+    assert not [r for r in caplog.records if "side ring" in r.getMessage()]
+    assert (ours.pos, ours.full, ours.size()) == (full.pos, full.full, full.size())
+    _assert_same_rows(full, ours, np.arange(full.size()), seed=1)
+    ours.close()
+    again = ReplayBuffer(64, BOX, spaces.Discrete(3), **kw)
+    _assert_same_rows(full, again, np.arange(full.size()), seed=2)
     again.close()
 
 

@@ -71,6 +71,19 @@ def test_storage_inplace_writing(tmp_path):
     assert rb[40:42]["a"].tolist() == [40, 41]  # untouched rows
 
 
+def test_negative_indices_write_the_slots_they_read_as_torchrls_storages_do(tmp_path):
+    theirs = ReplayBuffer(storage=LazyTensorStorage(6))
+    ours = ReplayBuffer(storage=MMReplayStorage(tmp_path / "b", max_size=6))
+    for rb in (theirs, ours):
+        rb.extend(steps(0, 8))  # full: every slot holds a row
+        rb[-1] = steps(100, 101)[0]
+        rb[torch.tensor([-2, 1])] = steps(200, 202)
+        rb[[-6]] = steps(300, 301)
+    assert ours[:]["a"].tolist() == theirs[:]["a"].tolist() == [300, 201, 2, 3, 200, 100]
+    with pytest.raises(IndexError):  # past the storage's start: refused, as TorchRL does
+        ours[[-7]] = steps(0, 1)
+
+
 def test_a_partial_overwrite_keeps_the_entries_it_does_not_name(tmp_path):
     rb = TensorDictReplayBuffer(storage=MMReplayStorage(tmp_path / "b", max_size=8))
     rb.extend(steps(0, 5))  # the buffer adds an "index" entry, stored as a leaf too

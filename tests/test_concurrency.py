@@ -157,21 +157,32 @@ def _check(path, seconds: float, readers: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("backend", "compression"), [("zarr", None), ("zarr", "zstd"), ("hdf5", None), ("hdf5", "gzip")]
+    ("backend", "compression", "chunk_steps"),
+    [
+        ("zarr", None, 4),
+        ("zarr", "zstd", 4),
+        ("hdf5", None, 4),
+        ("hdf5", "gzip", 4),
+        ("zarr", "rows:lz4", 4),
+        ("zarr", "rows:zstd:1", 32),  # one segment: the head comes round to the segment it sealed
+    ],
 )
-def test_readers_see_committed_bit_exact_rows_while_a_writer_runs(tmp_path, backend, compression):
+def test_readers_see_committed_bit_exact_rows_while_a_writer_runs(tmp_path, backend, compression, chunk_steps):
     path = str(tmp_path / "b")
     mr.create(
-        path, SPEC, capacity=32, num_envs=ENVS, backend=backend, compression=compression, chunk_steps=4
+        path, SPEC, capacity=32, num_envs=ENVS, backend=backend, compression=compression, chunk_steps=chunk_steps
     ).close()
     _check(path, seconds=1, readers=2)
 
 
 @pytest.mark.long
-@pytest.mark.parametrize(("backend", "compression"), [("zarr", "zstd"), ("hdf5", None)])
-def test_readers_long(tmp_path, backend, compression):
+@pytest.mark.parametrize(
+    ("backend", "compression", "chunk_steps"),
+    [("zarr", "zstd", 16), ("hdf5", None, 16), ("zarr", "rows:lz4", 16), ("zarr", "rows:lz4", 256)],
+)
+def test_readers_long(tmp_path, backend, compression, chunk_steps):
     path = str(tmp_path / "b")
     mr.create(
-        path, SPEC, capacity=256, num_envs=ENVS, backend=backend, compression=compression, chunk_steps=16
+        path, SPEC, capacity=256, num_envs=ENVS, backend=backend, compression=compression, chunk_steps=chunk_steps
     ).close()
     _check(path, seconds=60, readers=4)

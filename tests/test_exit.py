@@ -644,3 +644,42 @@ def test_a_thread_writing_zarr_chunks_after_main_returns_is_told_the_program_is_
         x = store.get(slice(None))["x"][:, 0, 0] if len(store) else np.zeros(0)
         np.testing.assert_array_equal(x, np.arange(store.first_step, store.committed_steps))
     assert verify_cli(path) == (0, [])
+
+
+FORKED_CHILD = """
+import os, signal, sys, numpy as np, mmreplay as mr
+store = mr.create({path!r}, {{"x": mr.ArraySpec((), "int64")}}, capacity=100, commit_every=10**6,
+                  backend={backend!r}, compression={compression!r})
+store.extend({{"x": np.arange(10).reshape(10, 1)}})
+store.commit()
+go, ready = os.pipe()
+if os.fork() == 0:  # a forked helper: it ends normally, closing what it holds
+    os.read(go, 1)  # once the parent has committed more
+    try:
+        store.add({{"x": np.array([-1])}})
+    except mr.ClosedError as exc:
+        print("child:", exc, flush=True)
+    store.close()
+    sys.exit(0)
+store.add({{"x": np.array([10])}})
+store.commit()
+os.write(ready, b"x")
+os.wait()
+store.add({{"x": np.array([11])}})
+store.commit()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize(("backend", "compression"), [("zarr", None), ("zarr", "zstd"), ("hdf5", None)])
+def test_a_forked_child_never_commits_its_parents_writer(tmp_path, writers, backend, compression):
+    """A forked process (``os.fork``, multiprocessing's fork) holds a copy of the writer as
+    it was at the fork: its close and its exit hooks must not write that older state over
+    the commits the parent made since, nor may it write."""
+    path = str(tmp_path / "b")
+    done = writers.run_killed(textwrap.dedent(FORKED_CHILD.format(path=path, backend=backend, compression=compression)))
+    with mr.open(path) as store:
+        assert store.committed_steps == 12
+        np.testing.assert_array_equal(store.get(slice(None))["x"][:, 0], np.arange(12))
+    assert verify(path) == []
+    assert "forked from" in done.stdout, done.stdout + done.stderr  # what the child was told

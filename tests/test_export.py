@@ -6,6 +6,8 @@ import glob
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.demo import collect, spec
-from mmreplay.formats import FORMATS, export
+from mmreplay.formats import FORMATS, export, import_dataset, parquet
 from mmreplay.formats.parquet import decode_image
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
@@ -243,6 +245,34 @@ def test_parquet_rolls_files_and_keeps_rows(vector, tmp_path):
     assert pq.ParquetFile(tmp_path / "pq" / files[0]).metadata.row_group(0).column(0).compression == "ZSTD"
 
 
+IMPORT_PEAK = """
+import sys
+import pyarrow as pa
+from mmreplay.formats import import_dataset, parquet
+parquet.BLOCK_BYTES = 1 << 18
+import_dataset(sys.argv[1], sys.argv[2])
+print(pa.default_memory_pool().max_memory())
+"""
+
+
+def test_parquet_import_reads_in_bounded_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet, "BLOCK_BYTES", 1 << 18)  # the rows the writer groups
+    s = {"observation": mr.ArraySpec((64, 64), "uint8"), "terminated": mr.ArraySpec((), "bool")}
+    rng = np.random.default_rng(0)
+    with mr.create(tmp_path / "b", s, capacity=2000) as store:
+        store.extend({"observation": rng.integers(0, 255, (2000, 1, 64, 64), np.uint8),
+                      "terminated": (np.arange(2000) % 20 == 19).reshape(2000, 1)})
+        store.commit()
+        export(store, tmp_path / "pq", "parquet", compression="none")
+        want = _retained(store)
+    out = subprocess.run([sys.executable, "-c", IMPORT_PEAK, tmp_path / "pq", tmp_path / "back"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) < 2 << 20  # the frames are 8 MiB
+    with mr.open(tmp_path / "back") as back:
+        assert all(np.array_equal(g, w) for g, w in zip(_retained(back), want))
+
+
 # --- step-major formats ----------------------------------------------------------------------
 
 
@@ -364,6 +394,10 @@ def test_unknown_format_bad_compression_and_complete_only_on_step_formats(vector
     assert sorted(os.listdir(tmp_path)) == ["vector"]  # the refusals made nothing
     export(vector, tmp_path / "missing" / "x.npz", "npz")  # parent folders are made, as mkdir -p
     assert sorted(os.listdir(tmp_path / "missing")) == ["x.npz"]
+    result = export(vector, tmp_path / "new" / "root", "minari", dataset_id="ns/v-v0")  # a Minari root too
+    assert result.path == str(tmp_path / "new" / "root" / "ns" / "v-v0" / "data")
+    with pytest.raises(TypeError, match="it takes no options"):
+        export(vector, tmp_path / "y.npz", "npz", dataset_id="ns/v-v0")
 
 
 def test_failed_export_leaves_nothing(tmp_path):
@@ -417,6 +451,17 @@ def test_zarr_export_compressed_chunks_read_back(vector, tmp_path, compression):
     assert g.attrs["mmreplay"]["num_envs"] == vector.num_envs
     for p, w in zip(vector.leaf_paths, _retained(vector)):
         assert g[p].compressors and np.array_equal(g[p][...], w)
+
+
+@pytest.mark.parametrize("fmt, compression", [("hdf5", "gzip"), ("hdf5", "lzf"), ("zarr", "zstd"), ("npz", "deflate")])
+def test_a_compressed_export_of_an_empty_store_holds_empty_arrays(tmp_path, fmt, compression):
+    with mr.create(tmp_path / "b", spec(), capacity=10, num_envs=2) as store:
+        result = export(store, tmp_path / f"x.{fmt}", fmt, compression=compression)
+    assert result.steps == 0
+    with mr.open(tmp_path / "b") as store:
+        import_dataset(result.path, tmp_path / "back")
+        with mr.open(tmp_path / "back") as back:
+            assert len(back) == 0 and back.num_envs == 2 and back.spec == store.spec
 
 
 def test_minari_from_a_tf_agents_trajectory_store_takes_final_observations_from_boundary_rows(

@@ -226,6 +226,20 @@ def test_d4rl_import_then_export_keeps_infos_at_their_path(tmp_path):
         assert np.array_equal(f["infos/qpos"][()], g["infos/qpos"][()])
 
 
+def test_minari_import_then_export_keeps_infos_at_their_path(tmp_path, monkeypatch):
+    s = {**QUICK_START, "log_prob": mr.ArraySpec((), "float32")}
+    with mr.create(tmp_path / "b", s, capacity=10) as store:
+        store.extend({k: np.ones((10, 1, *v.shape), v.dtype) for k, v in s.items()})
+        store.commit()
+        export(store, tmp_path / "root", "minari", dataset_id="first-v0")
+    import_dataset(tmp_path / "root", tmp_path / "store")
+    with mr.open(tmp_path / "store") as store:
+        assert "infos/log_prob" in store.leaf_paths
+        export(store, tmp_path / "again", "minari", dataset_id="again-v0")
+    ds = load_minari(tmp_path / "again", "again-v0", monkeypatch)
+    assert [sorted(e.infos) for e in ds.iterate_episodes()] == [["log_prob"]] * len(ds)
+
+
 # --- a store with no next_observation leaf (the quick start's) --------------------------------
 
 
@@ -310,6 +324,16 @@ def test_every_export_imports_back(tmp_path, fmt):
         ]
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "d4rl", "npz"])
+def test_an_export_of_an_empty_store_imports_back_empty(tmp_path, fmt):
+    with mr.create(tmp_path / "src", spec(), capacity=10, num_envs=2) as store:
+        out = export(store, tmp_path / ("out" if fmt == "parquet" else f"out.{fmt}"), fmt).path
+    result = import_dataset(out, tmp_path / "back")
+    assert result.steps == 0 and result.episodes in (None, 0)
+    with mr.open(tmp_path / "back") as back:
+        assert len(back) == 0 and back.episode_index() == []
+
+
 def test_import_finds_the_dataset_in_a_minari_root_and_refuses_a_root_with_several(tmp_path):
     with mr.open(WRAPPED) as store:
         export(store, tmp_path / "root", "minari", dataset_id="ns/one-v0")
@@ -369,6 +393,34 @@ def test_csv_gzip_is_a_csv_gz_that_pandas_reads_with_step_and_env_columns(tmp_pa
         again = export(store, tmp_path / "named.csv.gz", "csv", compression="gzip")
     assert again.path == str(tmp_path / "named.csv.gz")
     assert json.dumps(list(pd.read_csv(again.path).columns)) == json.dumps(list(table.columns))
+
+
+def test_csv_quotes_leaf_names_a_csv_reader_would_split(tmp_path):
+    import csv as pycsv
+
+    names = ["a,b", 'say "hi"', "two\nlines", "caf\u00e9"]
+    s = {name: mr.ArraySpec((2,), "float32") for name in names}
+    with mr.create(tmp_path / "b", s, capacity=4) as store:
+        store.extend({name: np.full((3, 1, 2), i, "float32") for i, name in enumerate(names)})
+        store.commit()
+        export(store, tmp_path / "x.csv", "csv")
+        paths = store.leaf_paths
+    with open(tmp_path / "x.csv", newline="", encoding="utf-8") as f:
+        header, *rows = list(pycsv.reader(f))
+    assert header == ["step", "env", *(f"{n}.{i}" for n in paths for i in range(2))]
+    assert len(rows) == 3 and all(len(r) == len(header) for r in rows)
+    assert rows[0][2:] == [str(names.index(n)) for n in paths for _ in range(2)]
+    import_dataset(tmp_path / "x.csv", tmp_path / "back")
+    with mr.open(tmp_path / "back") as back:
+        assert sorted(back.leaf_paths) == sorted(paths)
+
+
+def test_csv_force_replaces_an_earlier_csv_export_of_another_store(tmp_path):
+    for name in ("a", "b"):
+        with mr.create(tmp_path / name, {name: mr.ArraySpec((), "int64")}, capacity=4) as store:
+            store.add({name: np.ones(1, "int64")})
+            export(store, tmp_path / "x.csv", "csv", force=True)
+    assert (tmp_path / "x.csv").read_text().splitlines()[0] == "step,env,b"
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ def codecs() -> list[str]:
 
 def chunk_where(path: str, leaf: str, k: int) -> tuple[int, int]:
     """(byte offset, stored length) of chunk ``k`` of a leaf in data.h5."""
-    with h5py.File(os.path.join(path, "data.h5"), "r", libver="latest", swmr=True) as f:
+    with h5py.File(os.path.join(path, "data.h5"), "r", libver="latest", swmr=True, locking=False) as f:
         dset = f[leaf]
         info = dset.id.get_chunk_info_by_coord((k * dset.chunks[0],) + (0,) * (dset.ndim - 1))
         return int(info.byte_offset), int(info.size)

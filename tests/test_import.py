@@ -8,6 +8,7 @@ import zipfile
 import h5py
 import numpy as np
 import pytest
+from conftest import one_line_error, run_cli
 
 import mmreplay as mr
 from mmreplay.formats import detect_format, export, import_dataset
@@ -199,6 +200,13 @@ def test_import_errors(tmp_path):
     with pytest.raises(FileExistsError):
         import_dataset(tmp_path / "ok.npz", tmp_path / "s")
     assert not any(n.startswith(".") for n in os.listdir(tmp_path))
+
+
+def test_import_of_a_folder_with_no_parquet_files_as_parquet_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = run_cli("import", tmp_path / "empty", tmp_path / "s", "--format", "parquet")
+    one_line_error(out, 4, "no .parquet files")
+    assert sorted(os.listdir(tmp_path)) == ["empty"]
 
 
 # --- import -> export -> import ----------------------------------------------------------------

@@ -102,6 +102,47 @@ def test_a_reader_sees_the_committed_rows_of_the_segment_being_written(tmp_path)
             np.testing.assert_array_equal(reader.get(slice(None))["x"], data[:12])
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_reader_of_a_one_segment_ring_reads_the_new_lap_once_the_writer_wraps(tmp_path, codec):
+    # The whole ring is one segment: when the writer wraps, the segment is sealed and
+    # staging starts over in it. A reader that had indexed the shard of the lap before
+    # must not read the rows that left staging from that old shard.
+    spec = {"obs": mr.ArraySpec((8, 8), "uint8"), "step": mr.ArraySpec((), "int64")}
+    path = tmp_path / "b"
+
+    def step(t: int) -> dict[str, np.ndarray]:
+        return {"obs": np.full((1, 8, 8), t, np.uint8), "step": np.array([t])}
+
+    with mr.create(path, spec, capacity=8, compression={"obs": codec}) as store:
+        for t in range(13):  # one lap sealed (steps 0-7), steps 8-12 staged
+            store.add(step(t))
+        store.commit()
+        with mr.open(path) as reader:
+            assert reader.window[:2] == (6, 13)
+            reader.get(slice(None))  # indexes the shard of steps 0-7
+            for t in range(13, 17):  # step 15 ends the lap (sealed), step 16 starts the next
+                store.add(step(t))
+            batch, info = reader.sample(64, return_info=True, rng=0)
+            assert info.step.min() >= 9  # (the reader's window moved past the overwritten step 8)
+            np.testing.assert_array_equal(batch["obs"][:, 0, 0], info.step)
+
+
+def test_a_reader_reads_a_one_segment_ring_its_writer_came_round_and_sealed_again(tmp_path):
+    """With one segment (``chunk_steps`` = capacity) the write head leaves the segment and
+    comes back into it: a reader that read the shard before must read the new one, not be
+    told the buffer is damaged nor given the last lap's rows."""
+    path = tmp_path / "b"
+    with mr.create(path, {"x": mr.ArraySpec((), "int64")}, capacity=8, compression="rows:lz4", commit_every=10**6) as store:
+        store.extend({"x": np.arange(10).reshape(10, 1)})  # wrapped: steps 8 and 9 staged
+        store.commit()
+        with mr.open(path) as reader:
+            np.testing.assert_array_equal(reader.get(slice(None))["x"][:, 0], np.arange(3, 10))
+            for t in range(10, 17):  # round again: the segment is sealed, step 16 staged
+                store.add({"x": np.array([t])})
+            assert reader.live_first() <= 9  # step 9 is still retained
+            np.testing.assert_array_equal(reader.read_steps([9])[0][:, 0], [9])
+
+
 WRITER = textwrap.dedent(
     """
     import sys, numpy as np, mmreplay as mr

@@ -4,6 +4,7 @@ uniformity, reproducibility on every backend, readers re-sampling overwritten ro
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -233,6 +234,21 @@ def test_bad_arguments_are_refused(tmp_path):
         store.sample(1)
 
 
+def test_a_window_must_be_two_step_ids_and_one_outside_the_retained_steps_says_so(tmp_path):
+    with make(tmp_path, 10, 2, 14) as store:  # steps 4-13 retained
+        for bad in ((5,), (4.5, 9), ("a", 9), (4, 9, 1), 7, (True, 9)):
+            with pytest.raises(ValueError, match=r"window must be a pair of int global step ids \(first, end\), got"):
+                store.sample(4, window=bad)
+            with pytest.raises(ValueError, match="window must be a pair"):
+                next(store.iterate(window=bad))
+        batch, info = store.sample(64, window=(np.int64(5), np.int64(7)), return_info=True, rng=0)
+        assert set(info.step.tolist()) == {5, 6}
+        check_rows(batch, info.step, info.env)
+        for outside in ((0, 4), (20, 30), (9, 9)):
+            with pytest.raises(mr.NotEnoughDataError, match=rf"window={re.escape(str(outside))} holds none of the steps retained, \[4, 14\)"):
+                store.sample(4, window=outside)
+
+
 # --- episodes -------------------------------------------------------------------------
 
 
@@ -315,6 +331,26 @@ def test_the_store_generator_can_be_seeded_and_prefetches_the_next_batch(tmp_pat
         assert all(np.array_equal(a, b) for a, b in zip(plain, ahead))
         reader = gather.reader_for(store)
         assert (reader.pending is not None) == bool(reader.mapped)  # the next batch, drawn and prefetched
+
+
+@pytest.mark.parametrize("who", ["writer", "reader"])
+def test_a_batch_drawn_ahead_is_drawn_again_once_set_moved_an_episode_end(tmp_path, who):
+    with make(tmp_path, 64, 2, 40) as writer:  # one episode per env, 40 steps long
+        store = writer if who == "writer" else mr.open(tmp_path / "b")
+        read.set_prefetch(store, True)
+        read.set_rng(store, 0)
+        store.sample(16, num_steps=4, within_episodes=True)  # and the next batch, drawn ahead
+        ends = steps_of(0, 40, 2, {(t, e) for t in range(1, 40, 4) for e in range(2)})
+        writer.set(slice(None), ends)  # episodes of 4 steps: 2-5, 6-9...
+        if store is not writer:  # (the writer samples what it set before any commit)
+            writer.commit()
+            store.refresh()
+        batch, info = store.sample(16, num_steps=4, within_episodes=True, return_info=True)
+        steps = info.step[:, None] + np.arange(4)
+        check_rows(batch, steps, np.broadcast_to(info.env[:, None], steps.shape))
+        assert not batch["terminated"][:, :-1].any()  # no sequence runs past an episode's end
+        if store is not writer:
+            store.close()
 
 
 def test_page_advice_defaults(tmp_path):

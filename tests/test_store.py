@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -477,6 +478,65 @@ def test_second_writer_is_refused_with_the_holders_pid(tmp_path):
         proc.wait()
     with mr.open(path, "a") as store:  # the dead holder's lock went with its process
         assert store.mode == "a"
+
+
+
+FORKED_WORKER = """
+import multiprocessing, os, signal, sys, time, numpy as np, mmreplay as mr
+def work():  # an env worker, a data loader...: outlives the writer by a while
+    time.sleep(60)
+if __name__ == "__main__":
+    store = mr.create(sys.argv[1], {"x": mr.ArraySpec((), "int64")}, capacity=10)
+    store.add({"x": np.arange(1)})
+    store.commit()
+    worker = multiprocessing.get_context("fork").Process(target=work)
+    worker.start()
+    print(worker.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_forked_worker_of_a_killed_writer_does_not_hold_its_lock(tmp_path, writers):
+    """A process forked from the writer shares its lock file: its copy must not keep the
+    buffer locked (and blame the dead writer) once the writer is gone."""
+    path = str(tmp_path / "b")
+    proc = writers.start(FORKED_WORKER, path)
+    worker = int(proc.stdout.readline())
+    assert proc.wait() == -signal.SIGKILL
+    try:
+        with mr.open(path, "a") as store:
+            store.add({"x": np.arange(1)})
+        with mr.open(path) as store:
+            assert store.committed_steps == 2
+    finally:
+        os.kill(worker, signal.SIGKILL)
+
+
+
+HDF5_READER = """
+import sys, mmreplay as mr
+store = mr.open(sys.argv[1])  # a learner, opened while no writer had the file open
+print(len(store), flush=True)
+sys.stdin.readline()
+store.refresh()
+print(len(store), store.get(-1)["x"].tolist(), flush=True)
+"""
+
+
+def test_an_hdf5_writer_resumes_while_a_reader_process_holds_the_file(tmp_path, writers):
+    """HDF5's own file lock, taken by a reader that opened a compressed hdf5 store while
+    no writer had it, kept every writer out (said as a damaged file)."""
+    path = str(tmp_path / "b")
+    spec = {"x": mr.ArraySpec((4,), "float32")}
+    with mr.create(path, spec, capacity=32, backend="hdf5", compression="gzip") as store:
+        store.extend({"x": np.zeros((5, 1, 4), "float32")})
+    reader = writers.start(HDF5_READER, path, stdin=subprocess.PIPE)
+    assert reader.stdout.readline().split() == ["5"]
+    with mr.open(path, "a") as store:
+        store.add({"x": np.ones((1, 4), "float32")})
+    reader.stdin.write("\n")
+    reader.stdin.flush()
+    assert reader.stdout.readline().split() == ["6", "[[1.0,", "1.0,", "1.0,", "1.0]]"]
 
 
 PROBE = """

@@ -72,10 +72,13 @@ def _set_metadata_read_attempts() -> Any:
 
 
 def file_access() -> Any:
-    """The file access property list of ``data.h5``: the latest format, and metadata read
-    at most :data:`METADATA_READ_ATTEMPTS` times."""
+    """The file access property list of ``data.h5``: the latest format, no HDF5 file lock,
+    and metadata read at most :data:`METADATA_READ_ATTEMPTS` times."""
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
     fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    # no HDF5 file lock: the buffer's own lock keeps writers apart, and HDF5's, held by a
+    # reader that opened the file while no writer had it, refused every writer after
+    fapl.set_file_locking(False, True)
     with phil:  # (h5py's lock: no other thread is inside HDF5 meanwhile)
         _set_metadata_read_attempts()(fapl.id, METADATA_READ_ATTEMPTS)
     return fapl

@@ -447,7 +447,15 @@ class RowFrameLeaf(RowFrameReads):
             self.header[3] = step
             return
         if segment == k and self.pending is not None and base <= step <= filled:
-            self.header[3] = step
+            if step < filled:
+                # rows staged this lap are written again: the head of a one-segment ring
+                # came round (the segment was sealed as it left), or a write cut short is
+                # done again. A reader holding the header, or the shard index, of before
+                # must read again: as below, the sequence number moves on.
+                self.header[1] = -1
+                self.header[0] = seq + 1
+                self.header[3] = step
+                self.header[1] = k
             return
         if segment >= 0 and filled > base:
             if self.pending is None:  # rows a dead writer left in staging

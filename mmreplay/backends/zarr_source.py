@@ -28,7 +28,7 @@ from ..metadata import LeafInfo
 from .base import TakenLeaf
 from .row_reads import is_row_compression, shard_limit
 
-__all__ = ["BufferStore", "RangedLeaf", "open_array"]
+__all__ = ["BufferStore", "RangedLeaf", "chunk_key", "open_array"]
 
 #: the largest ``zarr.json`` read (mmreplay writes a few kB)
 ZARR_JSON_BYTES = 1 << 20
@@ -132,6 +132,11 @@ def _declared_bytes(data: bytes) -> int | None:
     return None
 
 
+def chunk_key(arr: Any, k: int = 0) -> str:
+    """The key of chunk (or shard) ``k`` along the step axis of ``arr``."""
+    return arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1))
+
+
 def open_array(source: ByteSource, rel: str, leaf: LeafInfo, num_envs: int, capacity: int, writable: bool) -> Any:
     """The zarr array of a leaf (the objects under ``rel``), read through :class:`BufferStore`."""
     store = BufferStore.for_leaf(source, rel, leaf, num_envs, capacity, read_only=not writable)
@@ -179,11 +184,10 @@ class RangedLeaf(TakenLeaf):
         self.row_bytes = info.spec.nbytes
         self.step_bytes = num_envs * self.row_bytes
         self.shard_steps = shards[0]
-        self.tail = (0,) * (arr.ndim - 1)
         self.array_key, self.arr = rel, arr
 
     def _key(self, k: int) -> str:
-        return f"{self.array_key}/{self.arr.metadata.encode_chunk_key((k, *self.tail))}"
+        return f"{self.array_key}/{chunk_key(self.arr, k)}"
 
     async def take_async(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, np.int64)

@@ -44,7 +44,7 @@ from .checks import Repairs, chunks_of, leaf_nbytes, leaf_shape, retained_ranges
 from .row_codec import check_frames, is_row_compression, parse_row_compression, require_row_codecs
 from .row_frames import RowFrameLeaf, create_staging
 from .row_reads import STAGING_FILE, STAGING_MAGIC, read_shard_index, shard_limit, staging_bytes
-from .zarr_source import RangedLeaf, open_array
+from .zarr_source import RangedLeaf, chunk_key, open_array
 
 DATA_DIR = "data.zarr"
 
@@ -118,16 +118,11 @@ def _create_array(
         )
 
 
-def _chunk_key(arr: Any, k: int = 0) -> str:
-    """The key of chunk (or shard) ``k`` along the step axis of ``arr``."""
-    return arr.metadata.encode_chunk_key((k,) + (0,) * (arr.ndim - 1))
-
-
 def _placed(leaf: LeafInfo, arr: Any) -> LeafInfo:
     """The leaf as :func:`create` places it (an uncompressed leaf: at the start of its shard)."""
     if leaf.compression is not None:
         return replace(leaf, file=f"{DATA_DIR}/{leaf.path}", offset=None)
-    return replace(leaf, file=f"{DATA_DIR}/{leaf.path}/{_chunk_key(arr)}", offset=0)
+    return replace(leaf, file=f"{DATA_DIR}/{leaf.path}/{chunk_key(arr)}", offset=0)
 
 
 def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
@@ -251,8 +246,7 @@ def _row_leaf(source: ByteSource, rel: str, arr: Any, leaf: LeafInfo, meta: Meta
             f"{source.where(rel)}: leaf {leaf.path!r} expected {expected} {leaf.spec.dtype} in shards of "
             f"{leaf.chunk_steps} steps, found {arr.shape} {arr.dtype} shards {arr.shards}"
         )
-    chunk_key = functools.partial(_chunk_key, arr)
-    return RowFrameLeaf(leaf, meta.capacity, meta.num_envs, source, rel, chunk_key, writable)
+    return RowFrameLeaf(leaf, meta.capacity, meta.num_envs, source, rel, functools.partial(chunk_key, arr), writable)
 
 
 class ZarrChunks:
@@ -269,7 +263,7 @@ class ZarrChunks:
         self.written: set[int] = set()  # chunks stored since the last flush
 
     def _key(self, k: int) -> str:
-        return f"{self.rel}/{_chunk_key(self.arr, k)}"
+        return f"{self.rel}/{chunk_key(self.arr, k)}"
 
     def read(self, k: int, a: int, b: int) -> np.ndarray:
         return np.asarray(self.arr[a:b])
@@ -369,7 +363,7 @@ def _zarr_leaf(
         return found
     if leaf.mapped:
         shard_steps = -(-meta.capacity // leaf.chunk_steps) * leaf.chunk_steps
-        want_file = f"{DATA_DIR}/{leaf.path}/{_chunk_key(arr)}"
+        want_file = f"{DATA_DIR}/{leaf.path}/{chunk_key(arr)}"
         if arr.shards != (shard_steps, *expected[1:]) or arr.chunks != (leaf.chunk_steps, *expected[1:]):
             return unusable(
                 f"{arr_dir}: expected one shard of chunks of {leaf.chunk_steps} steps, "
@@ -419,7 +413,7 @@ def _zarr_leaf(
     if not arr.compressors:
         return unusable(f"{arr_dir}: metadata says compression {leaf.compression!r}, the array has none")
     for k in chunks_of(meta, leaf):
-        chunk = os.path.join(arr_dir, _chunk_key(arr, k))
+        chunk = os.path.join(arr_dir, chunk_key(arr, k))
         if not os.path.isfile(chunk):
             found.bad_chunks[k] = f"chunk file {chunk} is missing"
             continue
@@ -478,7 +472,7 @@ def _row_leaf_checks(
         )
         if not steps:
             continue
-        shard = os.path.join(arr_dir, _chunk_key(arr, k))
+        shard = os.path.join(arr_dir, chunk_key(arr, k))
         named = f"shard file {shard} (segment {k}, slots {k * seg}..{min((k + 1) * seg, meta.capacity) - 1})"
         try:
             data = read_inside(arr_dir, os.path.relpath(shard, arr_dir), shard_limit(seg * envs, leaf.spec.nbytes), "a shard")
@@ -648,7 +642,7 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
                 arr = _open_local(folder, meta, leaf, True).with_config({"write_empty_chunks": True})
                 for k, why in sorted(s.bad_chunks.items()):
                     a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
-                    chunk = os.path.join(arr_dir, _chunk_key(arr, k))
+                    chunk = os.path.join(arr_dir, chunk_key(arr, k))
                     repairs.move_aside(chunk)
                     arr[a:b] = np.zeros((b - a, *arr.shape[1:]), arr.dtype)
                     repairs.actions.append(f"leaf {leaf.path!r}: rewrote chunk {k} (slots {a}..{b - 1}) as zeros")

@@ -191,7 +191,8 @@ def export(
     accepted = [p for p in inspect.signature(module.write).parameters if p not in ("store", "out", "options")]
     unknown = sorted(set(format_options) - set(accepted))
     if unknown:
-        raise TypeError(f"{name} export: unexpected options {unknown}; it takes {', '.join(accepted)}")
+        takes = ", ".join(accepted) or "no options"
+        raise TypeError(f"{name} export: unexpected options {unknown}; it takes {takes}")
     if complete_only and FORMATS[name].kind == "steps":
         raise BadInputError(
             f"{name} export writes every retained step as [steps, num_envs, ...] arrays, so it cannot "

@@ -228,19 +228,15 @@ def _recognise_minari(path: str) -> bool:
     )
 
 
-def first_line_is(line: str) -> Callable[[str], bool]:
-    """A recogniser for a text export (gzipped or not) whose first line is ``line``."""
-
-    def recognise(path: str) -> bool:
-        if not os.path.isfile(path):
-            return False
-        with open(path, "rb") as raw:
-            gz = raw.read(2) == b"\x1f\x8b"
-            raw.seek(0)
-            f = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
-            return f.readline(len(line) + 2).rstrip(b"\r\n") == line.encode()
-
-    return recognise
+def _recognise_csv(path: str) -> bool:
+    """A csv export, gzipped or not: its first line starts with the step and env columns."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        f = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        return f.readline(16).startswith(b"step,env,")
 
 
 #: format -> how an earlier export of it is recognised (by what mmreplay writes into it)
@@ -250,6 +246,7 @@ RECOGNISERS: dict[str, Callable[[str], bool]] = {
     "zarr": _recognise_zarr,
     "parquet": _recognise_parquet,
     "minari": _recognise_minari,
+    "csv": _recognise_csv,
     "hdf5": _hdf5_marked("hdf5", lambda a: "mmreplay" in a),
     "d4rl": _hdf5_marked("d4rl", lambda a: "source" in a and {"episode_starts", "episode_envs"} <= a["/"]),
     "d3rlpy": _hdf5_marked("d3rlpy"),
@@ -371,6 +368,12 @@ def nest_leaves(name: str, spec: Any, value: Any) -> Iterator[tuple[str, ArraySp
     if isinstance(spec, ArraySpec):
         return iter([(name, spec, value)])
     return zip([f"{name}/{p}" for p in leaf_paths(spec)], flatten(spec), flatten(value))
+
+
+def info_key(path: str) -> str:
+    """Where a leaf with no role goes: ``infos/<leaf path>``; a leaf already under
+    ``infos`` (a D4RL or Minari dataset imported earlier) keeps its path, so nothing nests twice."""
+    return path if path.startswith("infos/") else f"infos/{path}"
 
 
 def episode_flags(episode: Any, truncated: str | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ naming the ``.csv`` inside; an ``out`` ending in ``.gz`` is gzipped without it t
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import math
@@ -22,7 +23,7 @@ import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from .base import Source, StepBlocks, Target, arrays_source, first_line_is
+from .base import Source, StepBlocks, Target, arrays_source
 
 if TYPE_CHECKING:
     from contextlib import ExitStack
@@ -61,17 +62,17 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     comp = options.compression or ("gzip" if out.endswith(".gz") else None)
     specs = flatten(store.spec)
     paths = store.leaf_paths
-    first_line = ",".join([*INDEX_COLUMNS, *header(paths, specs)])
+    names = io.StringIO()  # (quoted where a leaf name holds a comma, a quote or a line break)
+    csv.writer(names, lineterminator="\n").writerow([*INDEX_COLUMNS, *header(paths, specs)])
     cells = [_format(s.dtype, p) for p, s in zip(paths, specs) for _ in range(_width(s))]
-    recognise = first_line_is(first_line)
-    with Target(target_name(out, comp), "file", "csv", store, options, recognise=recognise) as target:
+    with Target(target_name(out, comp), "file", "csv", store, options) as target:
         blocks = StepBlocks(store, options.progress, block_bytes=4 << 20)
         raw = open(target.path(), "wb")
         inner = os.path.basename(target.out)
         f = gzip.GzipFile(filename=inner, fileobj=raw, mode="wb", mtime=0) if comp else raw
         try:
-            text = io.TextIOWrapper(f, encoding="ascii", newline="")
-            text.write(first_line + "\n")
+            text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+            text.write(names.getvalue())
             line = ",".join(["%d", "%d", *cells]) + "\n"
             envs = np.arange(store.num_envs)
             for a, leaves in blocks:
@@ -100,10 +101,8 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 
 
 def read(src: str, files: ExitStack) -> Source:
-    import csv
-
     opener = gzip.open if _is_gzip(src) else open
-    with opener(src, "rt", newline="") as f:
+    with opener(src, "rt", newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         head = next(reader, None)
         rows = np.array([[float(x) for x in r] for r in reader], np.float64).reshape(-1, len(head or []))

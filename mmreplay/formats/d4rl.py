@@ -32,6 +32,7 @@ from .base import (
     Target,
     arrays_source,
     episode_flags,
+    info_key,
     nest_leaves,
 )
 from .hdf5 import dataset_options, datasets, hdf5_output
@@ -101,12 +102,6 @@ class Appender:
         if len(values):
             dset.resize(n + len(values), axis=0)
             dset[n:] = values
-
-
-def info_key(path: str) -> str:
-    """Where a leaf with no role goes: ``infos/<leaf path>``; a leaf already under
-    ``infos`` (a D4RL file imported earlier) keeps its path, so nothing nests twice."""
-    return path if path.startswith("infos/") else f"infos/{path}"
 
 
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:

@@ -82,7 +82,8 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
             for path, spec in zip(store.leaf_paths, flatten(store.spec)):
                 shape = (blocks.steps, store.num_envs, *spec.shape)
                 chunk = (max(1, min(blocks.block, blocks.steps)), *shape[1:])
-                opts = dataset_options(options.compression, chunk)
+                # (HDF5 filters need chunks, and no chunk fits in an empty dataset)
+                opts = dataset_options(options.compression, chunk) if blocks.steps else {}
                 dsets.append(f.create_dataset(path, shape=shape, dtype=spec.dtype, **opts))
             blocks.fill(dsets)
         return target.finish(0, blocks.rows)

@@ -13,7 +13,8 @@ bit-exact. ``minari_version`` is the oldest release that reads the file correctl
 Minari (0.5.3 would try to JPEG-decode it).
 
 Leaves with no role (log-probs, goals, policy info...) go under each episode's
-``infos`` group by their leaf path, one row per step. The flags follow how each
+``infos`` group by their leaf path (one already under ``infos``, as an import
+makes, keeps its path), one row per step. The flags follow how each
 episode's last step ended, also when the ring overwrote its start; a step that both
 terminated and was truncated keeps both flags.
 
@@ -50,7 +51,17 @@ from ..joined import JoinedShards
 from ..roles import subtree
 from ..spaces import SPACES_ATTR, spec_from_space_json, spec_to_space_json
 from ..spec import ArraySpec, flatten, is_namedtuple, map_structure, unflatten
-from .base import FIELD_ROLES, Episodes, Roles, Source, Target, episode_flags, episodes_source, nest
+from .base import (
+    FIELD_ROLES,
+    Episodes,
+    Roles,
+    Source,
+    Target,
+    episode_flags,
+    episodes_source,
+    info_key,
+    nest,
+)
 from .hdf5 import array_options, datasets, hdf5_output
 
 if TYPE_CHECKING:
@@ -233,9 +244,6 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
     spaces = _spaces(store, obs_spec, act_spec)
 
     root = os.path.abspath(out)
-    parent = os.path.dirname(root)
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"{parent}: folder does not exist (the Minari datasets root's parent)")
     if os.path.exists(root) and not os.path.isdir(root):
         raise FileExistsError(
             f"{root}: is not a folder; the minari export writes into a datasets root folder"
@@ -280,10 +288,8 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
                 g.create_dataset("rewards", data=rew)
                 g.create_dataset("terminations", data=term)
                 g.create_dataset("truncations", data=trunc)
-                if extras:
-                    infos = g.create_group("infos")
-                    for p in extras:
-                        _write_leaf(infos, p, np.asarray(subtree(ep.data, p))[:n], opts)
+                for p in extras:
+                    _write_leaf(g, info_key(p), np.asarray(subtree(ep.data, p))[:n], opts)
                 count += 1
                 steps += n
         image = looks_like_image(obs_spec) or looks_like_image(act_spec)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,8 +32,8 @@ from .base import (
     Roles,
     Source,
     Target,
+    block_steps,
     episode_flags,
-    episodes_source,
     pyarrow,
     spec_json,
 )
@@ -221,11 +222,23 @@ def parquet_files(src: str) -> list[str]:
     )
 
 
+def _leaf_values(column: Any, spec: ArraySpec, image: bool) -> np.ndarray:
+    """The ``[rows, *shape]`` values of a leaf's column (a pyarrow array)."""
+    if image:
+        values = decode_image(column, spec.shape, spec.dtype)
+    elif spec.shape:
+        values = column.flatten().to_numpy(zero_copy_only=False)
+    else:
+        values = column.to_numpy(zero_copy_only=False)
+    return np.asarray(values).astype(spec.dtype, copy=False).reshape(-1, *spec.shape)
+
+
 def read(src: str, files: ExitStack) -> Source:
     _, pq = pyarrow("the parquet format", "export")
-    parts = parquet_files(src)
-    schema = pq.read_schema(parts[0])
-    raw = (schema.metadata or {}).get(b"mmreplay")
+    parts = [files.enter_context(pq.ParquetFile(p)) for p in parquet_files(src)]
+    if not parts:
+        raise UnsupportedFormatError(f"{src}: no .parquet files in the folder")
+    raw = (parts[0].schema_arrow.metadata or {}).get(b"mmreplay")
     if raw is None:
         raise UnsupportedFormatError(f"{src}: parquet files without mmreplay's metadata (not its export)")
     meta = json.loads(raw)
@@ -238,23 +251,32 @@ def read(src: str, files: ExitStack) -> Source:
     missing = [p for p in paths if p not in columns and p not in flags]
     if missing:
         raise UnsupportedFormatError(f"{src}: no column holds the leaves {missing}")
-    whole = pq.ParquetFile(parts[0]).read() if len(parts) == 1 else pq.read_table(parts)
-    ep_index = whole.column("episode_index").to_numpy()
-    bounds = np.flatnonzero(np.r_[True, ep_index[1:] != ep_index[:-1], True])
-    episodes = [((int(a), int(b)), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
+    names = [columns.get(p, flags.get(p)) for p in paths]
+    images = [p in columns and is_image(s) for p, s in zip(paths, specs)]
 
-    def load(rows: tuple[int, int]) -> list[np.ndarray]:
-        part = whole.slice(rows[0], rows[1] - rows[0])
-        out = []
-        for p, s in zip(paths, specs):
-            column = part.column(columns[p] if p in columns else flags[p])
-            if p in columns and is_image(s):
-                values = decode_image(column, s.shape, s.dtype)
-            elif s.shape:
-                values = np.asarray(column.combine_chunks().flatten().to_numpy(zero_copy_only=False))
-            else:
-                values = column.to_numpy()
-            out.append(np.asarray(values).astype(s.dtype, copy=False).reshape(-1, *s.shape))
-        return out
+    def row_groups(*wanted: str) -> Iterator[Any]:
+        # a row group at a time: what the writer wrote at once (iter_batches reads ahead
+        # through the whole file)
+        for part in parts:
+            for i in range(part.metadata.num_row_groups):
+                yield part.read_row_group(i, columns=list(wanted))
 
-    return episodes_source(spec, episodes, load, roles)
+    episodes, last = 0, None
+    for group in row_groups("episode_index"):  # rows are episode after episode
+        index = group.column(0).to_numpy()
+        if len(index):
+            episodes += int(np.count_nonzero(index[1:] != index[:-1])) + int(index[0] != last)
+            last = index[-1]
+
+    def blocks() -> Iterator[list[np.ndarray]]:
+        k = block_steps(sum(s.nbytes for s in specs), BLOCK_BYTES)
+        for group in row_groups(*names):
+            for a in range(0, group.num_rows, k):
+                rows = group.slice(a, k)
+                yield [
+                    _leaf_values(rows.column(name).combine_chunks(), s, image).reshape(-1, 1, *s.shape)
+                    for name, s, image in zip(names, specs, images)
+                ]
+
+    steps = sum(part.metadata.num_rows for part in parts)
+    return Source(spec, 1, steps, blocks, roles, episodes)

@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -33,7 +33,7 @@ import numpy as np
 from .. import errors
 from .base import SCHEME, ByteSource, Handle, ObjectChanged, Range
 
-__all__ = ["ObjectPrefix", "Traffic", "gather_all", "split_url"]
+__all__ = ["ObjectPrefix", "Traffic", "gather_all", "gather_bounded", "split_url"]
 
 #: seconds a request may go unanswered, retries included (else obstore's own limits:
 #: 30 s a try, retried for up to 3 minutes)
@@ -230,6 +230,18 @@ async def gather_all(*aws: Awaitable[Any]) -> list[Any]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def gather_bounded(job: Callable[[Any], Awaitable[Any]], items: Iterable[Any], limit: int) -> list[Any]:
+    """``job(item)`` for every item, at most ``limit`` running at once, as :func:`gather_all`
+    runs them: a transfer of many objects keeps a bounded number of requests in flight."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(item: Any) -> Any:
+        async with slots:
+            return await job(item)
+
+    return await gather_all(*(one(item) for item in items))
 
 
 @dataclass

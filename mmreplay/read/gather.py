@@ -281,7 +281,10 @@ def sample(store: Readable, request: SampleRequest) -> Any:
     if gen is None:
         gen = reader.own_gen()
         if reader.prefetch and getattr(sampler, "draws_ahead", False):
-            key = (request, store.window)
+            # what a draw is made from: the window, and the episode ends of the committed
+            # state, which a reader's refresh may move without the window (a writer's own
+            # set() drops the draw made ahead)
+            key = (request, store.window, store.state)
             if reader.pending is not None and reader.pending[0] == key:
                 draw = reader.pending[1]
             reader.pending = None
@@ -347,7 +350,13 @@ def _window(store: Readable, request: SampleRequest) -> Window:
     window = store.window
     if request.window is not None:  # a caller's narrower window (framework layers' own views)
         first, end = request.window
-        window = window._replace(first=max(window.first, first), end=min(window.end, end))
+        narrowed = window._replace(first=max(window.first, first), end=min(window.end, end))
+        if narrowed.end <= narrowed.first and window.end > window.first:
+            raise NotEnoughDataError(
+                f"{store.path}: cannot sample: window={request.window} holds none of the steps retained, "
+                f"[{window.first}, {window.end}): it is empty"
+            )
+        window = narrowed
     return window
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import NotEnoughDataError
 from .gather import reader_for
 from .readable import Readable
-from .request import as_generator, positive
+from .request import as_generator, positive, step_range
 
 __all__ = ["env_group_batches", "iterate", "pass_batches", "pass_windows"]
 
@@ -71,7 +71,8 @@ def iterate(
         raise ValueError("group_envs keeps the pass order: it cannot be shuffled")
     first, end = store.window[:2]
     if window is not None:  # a caller's narrower window (framework layers' own views)
-        first, end = max(first, int(window[0])), min(end, int(window[1]))
+        lo, hi = step_range("window", window)
+        first, end = max(first, lo), min(end, hi)
     env, start, length = pass_windows(first, end, store.num_envs, num_steps, window_shift, drop_remainder)
     if drop_remainder and end > first and not group_envs:  # (TF-Agents' order yields nothing then)
         if len(env) == 0:

@@ -34,6 +34,7 @@ class Readable(Protocol):
     stored_leaves: list[Any]  # the leaves as kept on disk, for page-cache advice
     location: Any  # object storage: reads the ranges of every leaf together; None locally
     window: Window  # the steps retained now
+    state: Any  # the committed state (mmreplay.statefile.State), new at each commit a reader sees
     total_steps: int
     sampler: Drawing
 

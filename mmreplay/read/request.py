@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SampleRequest", "as_generator", "positive"]
+__all__ = ["SampleRequest", "as_generator", "positive", "step_range"]
 
 
 def positive(name: str, value: Any, allow_none: bool = False) -> Any:
@@ -25,6 +25,17 @@ def positive(name: str, value: Any, allow_none: bool = False) -> Any:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
     return int(value)
+
+
+def step_range(name: str, value: Any) -> tuple[int, int]:
+    """``value`` as a pair of int global step ids ``(first, end)``; ValueError naming ``name`` otherwise."""
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value)
+    ):
+        return int(value[0]), int(value[1])
+    raise ValueError(f"{name} must be a pair of int global step ids (first, end), got {value!r}")
 
 
 def as_generator(rng: Any) -> np.random.Generator:
@@ -81,9 +92,10 @@ class SampleRequest:
         layout: str | None = None,
         transform: Any = None,
     ) -> SampleRequest:
-        """The request, checked: ``batch_size`` and ``num_steps`` positive ints (ValueError
-        naming the argument), ``rng`` an int seed, a Generator or None (TypeError),
-        ``layout`` one of :data:`~mmreplay.read.layout.LAYOUTS` or None (ValueError)."""
+        """The request, checked: ``batch_size`` and ``num_steps`` positive ints and ``window``
+        a pair of ints (ValueError naming the argument), ``rng`` an int seed, a Generator
+        or None (TypeError), ``layout`` one of :data:`~mmreplay.read.layout.LAYOUTS` or
+        None (ValueError)."""
         if type(batch_size) is not int or batch_size < 1:  # (the common call skips the checks)
             # (None says "a positive int", other values "a positive int or None", as ever)
             batch_size = positive("batch_size", batch_size, allow_none=batch_size is not None)
@@ -91,6 +103,10 @@ class SampleRequest:
             num_steps = positive("num_steps", num_steps, allow_none=True)
         if rng is not None and type(rng) is not np.random.Generator:
             rng = as_generator(rng)
+        if window is not None and not (
+            type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int
+        ):
+            window = step_range("window", window)
         if layout is not None:
             from .layout import check_layout
 

@@ -21,7 +21,8 @@ except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install
 
 from ...creation import create
 from ...errors import BadInputError, NotEnoughDataError, SpecMismatchError
-from ...frames_layout import Frames
+from ...frames_layout import Frames, commit_slots
+from ...metadata import METADATA_FILE, read_static
 from ...read import SampleRequest
 from ...read import sample as sample_store
 from ...spec import ArraySpec, unflatten
@@ -158,8 +159,13 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         frames = None
         if self.optimize_memory_usage:  # the store's frames-once layout
             slots = self._final_slots
-            if slots is None:
-                slots = max(4 * self.n_envs, self.buffer_size * self.n_envs // 16)
+            if slots is None and os.path.exists(os.path.join(folder, METADATA_FILE)):
+                recorded = read_static(folder).frames  # (whatever default made it)
+                slots = None if recorded is None else recorded.final_slots
+            if slots is None:  # one per 16 rows for episode ends, plus what commits take
+                every = options.get("commit_every", DEFAULT_COMMIT_EVERY)
+                ends = max(4 * self.n_envs, self.buffer_size * self.n_envs // 16)
+                slots = commit_slots(self.buffer_size, self.n_envs, every) + ends
             frames = Frames(frame_stack=self._frame_stack, pad=self._frame_pad, final_slots=slots)
         options["backend"] = self._backend
         return create(folder, spec, self.buffer_size, self.n_envs, exist_ok=True, frames=frames, **options)

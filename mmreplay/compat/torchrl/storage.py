@@ -290,13 +290,18 @@ class MMReplayStorage(TensorStorage):
         self._align_writers()
 
     def _slots(self, cursor: Any) -> tuple[np.ndarray, bool]:
-        if isinstance(cursor, (int, np.integer)):
+        """The slots an index names; negative ones count from the storage's end, as in
+        TorchRL's storages (those before its start stay negative: refused)."""
+        if isinstance(cursor, (int, np.integer)) and cursor >= 0:
             return np.array([int(cursor)]), True
         if isinstance(cursor, slice):
             return np.arange(self._max_size_along_dim0())[cursor], False
         if isinstance(cursor, tuple):
             raise BadInputError(f"{self.path}: MMReplayStorage writes whole steps; got a tuple index")
         slots = torch.as_tensor(cursor).cpu().numpy().astype(np.int64)
+        if self.store is not None and slots.size and slots.min() < 0:
+            size = self.store.capacity
+            slots = np.where(slots >= -size, slots % size, slots)
         return slots.reshape(-1), slots.ndim == 0
 
     def _values(self, data: Any, single: bool, slots: np.ndarray | None = None) -> Any:
