@@ -65,8 +65,12 @@ METADATA_READ_ATTEMPTS = 30
 @functools.cache
 def _set_metadata_read_attempts() -> Any:
     """HDF5's ``H5Pset_metadata_read_attempts``, which h5py does not wrap, looked up through
-    an h5py extension: its dependencies hold the HDF5 library h5py itself calls."""
-    function = ctypes.CDLL(h5py.h5p.__file__).H5Pset_metadata_read_attempts
+    an h5py extension: its dependencies hold the HDF5 library h5py itself calls. None
+    where a build hides it (HDF5's own count then stands)."""
+    try:
+        function = ctypes.CDLL(h5py.h5p.__file__).H5Pset_metadata_read_attempts
+    except (OSError, AttributeError):
+        return None
     function.argtypes = [ctypes.c_int64, ctypes.c_uint]
     return function
 
@@ -79,8 +83,10 @@ def file_access() -> Any:
     # no HDF5 file lock: the buffer's own lock keeps writers apart, and HDF5's, held by a
     # reader that opened the file while no writer had it, refused every writer after
     fapl.set_file_locking(False, True)
-    with phil:  # (h5py's lock: no other thread is inside HDF5 meanwhile)
-        _set_metadata_read_attempts()(fapl.id, METADATA_READ_ATTEMPTS)
+    set_attempts = _set_metadata_read_attempts()
+    if set_attempts is not None:
+        with phil:  # (h5py's lock: no other thread is inside HDF5 meanwhile)
+            set_attempts(fapl.id, METADATA_READ_ATTEMPTS)
     return fapl
 
 
