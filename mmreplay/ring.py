@@ -28,7 +28,7 @@ from .errors import BadInputError, ClosedError, ReadOnlyError
 from .metadata import State, write_metadata
 from .read.gather import steps_of
 from .samplers.base import Window
-from .statefile import oldest_retained, slot_ranges
+from .statefile import oldest_retained
 
 __all__ = ["Ring"]
 
@@ -460,9 +460,11 @@ class Ring:
         new = self.live_state()
         if new == old:
             return False
-        changed = slot_ranges(old.end, new.end, self.capacity)
+        # besides the steps committed since, a set() may have rewritten any committed
+        # slot, and the state does not say which: every cached copy goes (a shared
+        # mapping is never stale)
         for leaf in self._leaves:
-            leaf.invalidate(changed)
+            leaf.invalidate([(0, self.capacity)])
         for leaf in self._storage[len(self._leaves) :]:  # the side ring: any slot may have changed
             leaf.invalidate([(0, self._meta.frames.final_slots)])
         self._set_state(new)

@@ -121,3 +121,53 @@ def test_export_from_a_writer_commits_first(tmp_path):
     with np.load(tmp_path / "out.npz") as data:
         x = [data[k] for k in data.files if k.endswith("x")]
     assert x and sorted(x[0].reshape(-1).tolist()) == sorted(100 * t + e for t in range(5) for e in range(2))
+
+
+READ_AROUND_A_COMMIT = """
+import sys, numpy as np, mmreplay as mr
+reader = mr.open(sys.argv[1])
+def show():
+    rows = reader.get(slice(None))["x"]
+    print((rows[:, 0] // 100).tolist(), sorted(set((reader.sample(200, rng=0)["x"] // 100).tolist())), flush=True)
+show()  # every chunk, shard and the draw ahead are now cached
+sys.stdin.readline()
+reader.refresh()
+show()
+"""
+
+
+@pytest.mark.parametrize(
+    "layout, frames",
+    [(layout, None) for layout in WITH_ROWS] + [(("zarr", {"obs": "rows:lz4", "x": "zstd"}), mr.Frames())],
+    ids=WITH_ROWS_IDS + ["zarr-frames-zstd"],
+)
+def test_reader_sees_rows_set_by_the_writer_after_refresh(tmp_path, writers, layout, frames):
+    """A reader's refresh picks up committed rows the writer rewrote with set(), as a
+    mapped leaf shows them, not only the steps committed since (one commit with both)."""
+    backend, compression = layout
+    spec, extra = SPEC, {}
+    if frames is not None:
+        obs = mr.ArraySpec((3, 3), "uint8")
+        spec = {**SPEC, "obs": obs, "next_obs": obs}
+        extra = {"frames": frames, "roles": {"observation": "obs", "next_observation": "next_obs"}}
+
+    def full(t: int) -> dict:
+        frame = {"obs": np.full((2, 3, 3), t, np.uint8), "next_obs": np.full((2, 3, 3), t + 1, np.uint8)}
+        return {**step(t), **(frame if frames is not None else {})}
+
+    path = tmp_path / "b"
+    with mr.create(path, spec, 40, num_envs=2, backend=backend, compression=compression, chunk_steps=4, **extra) as store:
+        for t in range(10):
+            store.add(full(t))
+        store.commit()
+        reader = writers.start(READ_AROUND_A_COMMIT, path, stdin=subprocess.PIPE)
+        assert reader.stdout.readline().strip() == f"{list(range(10))} {list(range(10))}"
+        rewritten = store.get(slice(0, 10))  # (a frames-once store's frames stay as they are)
+        rewritten.update(x=step(50)["x"] + np.zeros((10, 1), np.int64), terminated=np.zeros((10, 2), bool))
+        store.set(slice(0, 10), rewritten)  # every committed step: step 50's x
+        store.add(full(10))
+        store.commit()
+        reader.stdin.write("\n")
+        reader.stdin.close()
+        assert reader.stdout.readline().strip() == f"{[50] * 10 + [10]} [10, 50]"
+        assert reader.wait() == 0
