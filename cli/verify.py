@@ -10,7 +10,7 @@ import os
 
 import click
 
-from mmreplay import NotABufferError
+from mmreplay.io.local import LocalFolder
 from mmreplay.lock import holder_pid
 from mmreplay.metadata import METADATA_FILE
 from mmreplay.verify import checked, leftovers, verify
@@ -38,7 +38,7 @@ def command(path: str, quick: bool) -> None:
         verify_group(path, quick)
         return
     if not os.path.exists(os.path.join(path, METADATA_FILE)) and not leftovers(path):
-        raise NotABufferError(f"{path}: not an mmreplay buffer (no {METADATA_FILE})")
+        raise LocalFolder(path).no_store()
     pid = holder_pid(path)
     if pid is not None:
         who = f"process {pid}" if pid > 0 else "a live writer"

@@ -41,7 +41,7 @@ from .errors import (
     SpecMismatchError,
 )
 from .files import atomic_write
-from .io.local import folder_inside, read_inside
+from .io.local import GROUP_FILE, folder_inside, read_inside
 from .opening import MODES
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
@@ -63,7 +63,6 @@ __all__ = [
     "write_manifest",
 ]
 
-GROUP_FILE = "mmreplay-group.json"
 GROUP_FORMAT = "mmreplay-group/1"
 MAX_SHARDS = 4096
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptBufferError, Error, NotABufferError, ObjectNotFoundError, UnsupportedFormatError
+from .errors import CorruptBufferError, Error, ObjectNotFoundError, UnsupportedFormatError
 from .files import atomic_write
 from .frames_layout import FramesLayout, layout_from_json
 from .io import ByteSource, open_source
@@ -466,7 +466,7 @@ class JsonState:
         try:
             raw = self.source.read(METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
         except FileNotFoundError:
-            raise NotABufferError(f"{self.source.url}: not an mmreplay buffer (no {METADATA_FILE})") from None
+            raise self.source.no_store() from None
         obj = json_object(raw, self.path)
         if "state" not in obj and _parse_format(obj.get("format"), self.path) >= 2:
             self.file = StateFile(self.source, False)

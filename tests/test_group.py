@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import one_line_error, run_cli
 
 import mmreplay as mr
 from mmreplay.group import GROUP_FILE
@@ -350,6 +351,39 @@ def test_the_cli_inspects_verifies_summarises_and_exports_a_group(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "problem: shard-001:" in out.stdout and f"{path / 'shard-000'}: ok" in out.stdout
     assert "1 of 2 shards have problems" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sample", "{g}"],
+        ["recover", "{g}"],
+        ["convert", "{g}", "{out}"],
+        ["plot", "{g}", "-o", "{out}.png"],
+        ["view", "{g}", "-o", "{out}.gif"],
+        ["push", "{g}", "s3://bucket/run"],
+    ],
+    ids=lambda args: args[0],
+)
+def test_a_command_that_takes_one_store_names_a_groups_folder_as_such(tmp_path, args):
+    """A group's folder where one store is expected: one line that says it is a group and
+    what takes it, not that no buffer is there; nothing is written."""
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=20).close()
+    before = sorted(os.listdir(tmp_path))
+    out = run_cli(*(a.format(g=path, out=tmp_path / "out") for a in args))
+    one_line_error(out, 3, f"{path}: a group of stores", "mmreplay.open_group", str(path / "shard-000"), "inspect")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_open_names_a_groups_folder_as_such(tmp_path):
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=20).close()
+    for mode in ("r", "a"):
+        with pytest.raises(mr.NotABufferError, match="a group of stores .* mmreplay.open_group"):
+            mr.open(path, mode)
+    with mr.open(path / "shard-000") as store:  # what the message names opens
+        assert len(store) == 0
 
 
 def test_minari_export_of_a_group_never_ends_an_episode_with_the_next_shards_row(tmp_path, monkeypatch):

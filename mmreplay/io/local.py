@@ -27,6 +27,7 @@ from ..errors import CorruptBufferError, NotABufferError
 from .base import ByteSource, Handle, Range
 
 __all__ = [
+    "GROUP_FILE",
     "LocalFolder",
     "checked_inside",
     "folder_inside",
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+#: the manifest of a group of stores (:mod:`mmreplay.group`): a folder that holds it is
+#: no store, and says so where a store is expected
+GROUP_FILE = "mmreplay-group.json"
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | NO_FOLLOW
 
 
@@ -360,6 +364,12 @@ class LocalFolder(ByteSource):
             return NotABufferError(f"{self.path}: no such folder")
         if not os.path.isdir(self.path):
             return NotABufferError(f"{self.path}: not a folder")
+        if os.path.isfile(os.path.join(self.path, GROUP_FILE)):
+            return NotABufferError(
+                f"{self.path}: a group of stores ({GROUP_FILE}), not one store: open it with "
+                f"mmreplay.open_group, or name one of its stores ({os.path.join(self.path, 'shard-000')}); "
+                "the commands inspect, stats, export and verify take a group's folder"
+            )
         return NotABufferError(f"{self.path}: not an mmreplay buffer (no mmreplay.json)")
 
     def handle(self, key: str, writable: bool = False) -> LocalHandle:

@@ -14,7 +14,7 @@ from ..backends.checks import Repairs
 from ..episodes.index_file import INDEX_FILE
 from ..errors import CorruptBufferError, Error, NotABufferError, UnsupportedFormatError
 from ..frames_layout import SIDE_DIR, side_metadata
-from ..io.local import unsafe_entries
+from ..io.local import LocalFolder, unsafe_entries
 from ..lock import WriterLock
 from ..metadata import (
     METADATA_FILE,
@@ -111,7 +111,7 @@ def recover(path: str | os.PathLike) -> Recovery:
     if not os.path.isdir(folder):
         raise NotABufferError(f"{folder}: no such folder")
     if not os.path.exists(os.path.join(folder, METADATA_FILE)) and not temporary_copies(folder, METADATA_FILE):
-        raise NotABufferError(f"{folder}: not an mmreplay buffer (no {METADATA_FILE})")
+        raise LocalFolder(folder).no_store()
     unsafe = unsafe_entries(folder)
     if unsafe:
         more = f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""
