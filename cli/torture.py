@@ -14,7 +14,7 @@ import contextlib
 
 import click
 
-from mmreplay.torture import ENDINGS, LAYOUTS, run
+from mmreplay.torture import ENDINGS, LAYOUTS, make_root, run
 
 LAYOUT_NAMES = {str(layout): layout for layout in LAYOUTS}
 
@@ -69,6 +69,8 @@ def command(
     """Crash-torture writers and check that no committed step is ever lost or wrong."""
     chosen = [LAYOUT_NAMES[name] for name in layouts] or list(LAYOUTS)
     seconds = None if minutes is None else minutes * 60
+    if root is not None:  # an error first, before the progress bar prints its label
+        make_root(root)
     bar = None if quiet else click.progressbar(length=trials, label="torture")
     with bar if bar is not None else contextlib.nullcontext():
         summary = run(

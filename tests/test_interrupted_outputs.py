@@ -340,3 +340,8 @@ def test_every_command_writing_to_a_read_only_place_is_one_line_exit_6(tmpfs, tm
         out = run_cli(*[target if a == "{out}" else a for a in args])
         line = one_line_error(out, 6, target, "Read-only file system")
         assert ".creating-" not in line and "[Errno" not in line, line
+    # torture printed its progress header first (a folder to make), or failed each trial
+    # with a traceback and exit status 1 (a folder there)
+    for target in (os.path.join(fs, "torture"), fs):
+        out = run_cli("torture", "--dir", target, "--trials", "2", "--kills", "1")
+        one_line_error(out, 6, f"{target}: cannot write", "Read-only file system")

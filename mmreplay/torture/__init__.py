@@ -53,7 +53,7 @@ from .endings import run_writer
 from .layouts import ENDINGS, KILL_TARGETS, LAYOUTS, Layout, TrialConfig, draw_config, rows_of
 from .report import Summary, TortureFailure
 from .rows import FRAME_STACK, FRAMES_SPEC, SPEC, frame_values, step_values
-from .trial import run, run_trial
+from .trial import make_root, run, run_trial
 from .writer import WriterServer, serve
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "frame_values",
     "rows_of",
     "draw_config",
+    "make_root",
     "run",
     "run_trial",
     "run_writer",

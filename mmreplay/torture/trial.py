@@ -74,6 +74,21 @@ def run_trial(path: str, config: TrialConfig, server: WriterServer, out: Summary
     return out
 
 
+def make_root(root: str) -> None:
+    """Make the folder of the buffers and check a trial can write there: a place none
+    can is one error, raised before anything starts, not a failure in every trial."""
+    from ..files import named_error
+
+    try:
+        os.makedirs(root, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=root))
+    except OSError as exc:
+        named = named_error(exc, root, "torture's buffers", root)
+        if named is exc:
+            raise
+        raise named from exc
+
+
 def run(
     trials: int,
     root: str | None = None,
@@ -113,7 +128,7 @@ def run(
             raise ValueError(f"{name} must be among {known}, got {unknown}")
     own_root = root is None
     root = tempfile.mkdtemp(prefix="mmreplay-torture-") if root is None else root
-    os.makedirs(root, exist_ok=True)
+    make_root(root)
     rng = np.random.default_rng(seed)
     total = Summary()
     endings = list(endings)
