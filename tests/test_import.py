@@ -209,6 +209,19 @@ def test_import_of_a_folder_with_no_parquet_files_as_parquet_is_one_line(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["empty"]
 
 
+def test_import_of_a_store_names_convert(tmp_path):
+    """A store given to import said it was neither a Minari dataset, a zarr export nor
+    parquet files, whatever the --format."""
+    for backend in ("zarr", "hdf5"):
+        src = tmp_path / backend
+        with mr.create(src, {"x": mr.ArraySpec((), "int64")}, 10, backend=backend) as store:
+            store.add({"x": np.array([1])})
+        for fmt in ("auto", "zarr", "hdf5", "minari"):
+            out = run_cli("import", src, tmp_path / "s", "--format", fmt)
+            one_line_error(out, 4, f"{src}: an mmreplay store", f"mmreplay convert {src} {tmp_path / 's'}")
+    assert sorted(os.listdir(tmp_path)) == ["hdf5", "zarr"]
+
+
 # --- import -> export -> import ----------------------------------------------------------------
 
 

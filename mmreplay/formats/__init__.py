@@ -35,6 +35,7 @@ from ..convert import begin_at
 from ..creation import create
 from ..errors import BadInputError, NotABufferError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target
+from ..metadata import METADATA_FILE
 from ..spec import unflatten
 from .base import (
     HDF5_MAGIC,
@@ -300,6 +301,11 @@ def import_dataset(
         An :class:`ImportResult`.
     """
     src = os.fspath(src)
+    if os.path.isfile(os.path.join(src, METADATA_FILE)):
+        raise UnsupportedFormatError(
+            f"{src}: an mmreplay store, not a dataset to import; to copy it to another backend, chunking, "
+            f"compression or capacity: mmreplay convert {src} {os.fspath(path)}"
+        )
     fmt = detect_format(src) if format in (None, "auto") else str(format).lower()
     path = check_target(path, [src], what="imported store")
     module = get(fmt, "import")
