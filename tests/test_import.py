@@ -11,7 +11,7 @@ import pytest
 from conftest import one_line_error, run_cli
 
 import mmreplay as mr
-from mmreplay.formats import detect_format, export, import_dataset
+from mmreplay.formats import FORMATS, detect_format, export, import_dataset
 
 DATASETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets")
 
@@ -220,6 +220,18 @@ def test_import_of_a_store_names_convert(tmp_path):
             out = run_cli("import", src, tmp_path / "s", "--format", fmt)
             one_line_error(out, 4, f"{src}: an mmreplay store", f"mmreplay convert {src} {tmp_path / 's'}")
     assert sorted(os.listdir(tmp_path)) == ["hdf5", "zarr"]
+
+
+def test_import_of_a_folder_as_a_file_format_or_a_file_as_a_folder_format_is_one_line(tmp_path):
+    """h5py's error (two lines, with a time stamp) for a folder given as hdf5 / d4rl /
+    d3rlpy, zarr's "No group found" or Python's errno text for the others."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("hello")
+    for fmt, info in FORMATS.items():
+        src = tmp_path / ("folder" if info.target == "file" else "file")
+        out = run_cli("import", src, tmp_path / "s", "--format", fmt)
+        one_line_error(out, 4, f"{src}: ", f"the {fmt} import reads a {info.target}")
+    assert sorted(os.listdir(tmp_path)) == ["file", "folder"]
 
 
 # --- import -> export -> import ----------------------------------------------------------------

@@ -309,6 +309,10 @@ def import_dataset(
     fmt = detect_format(src) if format in (None, "auto") else str(format).lower()
     path = check_target(path, [src], what="imported store")
     module = get(fmt, "import")
+    reads = FORMATS[fmt].target
+    if os.path.exists(src) and os.path.isdir(src) != (reads == "folder"):
+        found = "a folder" if reads == "file" else "not a folder"
+        raise UnsupportedFormatError(f"{src}: {found}; the {fmt} import reads a {reads}")
     if num_envs is not None and fmt != "npz":
         raise BadInputError(f"num_envs applies to a plain npz import, not to {fmt}")
     with contextlib.ExitStack() as files:  # what the reader opened, closed whatever happens
