@@ -234,6 +234,26 @@ def test_import_of_a_folder_as_a_file_format_or_a_file_as_a_folder_format_is_one
     assert sorted(os.listdir(tmp_path)) == ["file", "folder"]
 
 
+def test_import_of_a_file_in_another_format_is_one_line(tmp_path):
+    """--format npz of a file that is no zip ended in BadZipFile's traceback, hdf5 and
+    d3rlpy of an HDF5 file without their datasets in a KeyError's, and the HDF5 formats of
+    a file that is no HDF5 in h5py's "file signature not found", naming no file."""
+    (tmp_path / "text").write_text("hello")
+    with h5py.File(tmp_path / "plain.h5", "w") as f:
+        f["a"] = np.zeros(3)
+    for src, fmt, needle in [
+        ("text", "npz", "not an npz"),
+        ("text", "hdf5", "not an HDF5 file"),
+        ("text", "d4rl", "not an HDF5 file"),
+        ("text", "d3rlpy", "not an HDF5 file"),
+        ("plain.h5", "hdf5", "not an hdf5 export of mmreplay"),
+        ("plain.h5", "d3rlpy", "not a d3rlpy file"),
+    ]:
+        out = run_cli("import", tmp_path / src, tmp_path / "s", "--format", fmt)
+        one_line_error(out, 4, f"{tmp_path / src}: ", needle)
+    assert sorted(os.listdir(tmp_path)) == ["plain.h5", "text"]
+
+
 # --- import -> export -> import ----------------------------------------------------------------
 
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError
+from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
 from ..roles import subtree
 from ..spec import ArraySpec, flatten
 from .base import EXPORT_MARK, Episodes, Roles, Source, Target, episode_flags, episodes_source
-from .hdf5 import array_options, hdf5_output
+from .hdf5 import array_options, hdf5_output, open_hdf5
 
 if TYPE_CHECKING:
     from contextlib import ExitStack
@@ -84,9 +84,9 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 
 
 def read(src: str, files: ExitStack) -> Source:
-    import h5py
-
-    f = files.enter_context(h5py.File(src, "r"))
+    f = open_hdf5(src, files, "d3rlpy")
+    if "num_episodes" not in f:
+        raise UnsupportedFormatError(f"{src}: no 'num_episodes' dataset; not a d3rlpy file")
     count = int(f["num_episodes"][()])
     if count < 1:
         raise BadInputError(f"{src}: the d3rlpy file holds no episodes")

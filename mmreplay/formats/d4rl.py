@@ -35,7 +35,7 @@ from .base import (
     info_key,
     nest_leaves,
 )
-from .hdf5 import dataset_options, datasets, hdf5_output
+from .hdf5 import dataset_options, datasets, hdf5_output, open_hdf5
 
 if TYPE_CHECKING:
     from contextlib import ExitStack
@@ -146,7 +146,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 def read(src: str, files: ExitStack) -> Source:
     import h5py
 
-    f = files.enter_context(h5py.File(src, "r"))
+    f = open_hdf5(src, files, "d4rl")
     if "observations" not in f:
         raise UnsupportedFormatError(f"{src}: no 'observations' dataset; not a D4RL-style file")
     obs = f["observations"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import UnsupportedFormatError
 from ..spec import flatten
 from .base import EXPORT_MARK, Source, StepBlocks, Target, arrays_source, spec_json
 
@@ -92,10 +93,20 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 # --- the import ------------------------------------------------------------------------
 
 
-def read(src: str, files: ExitStack) -> Source:
+def open_hdf5(src: str, files: ExitStack, fmt: str) -> Any:
+    """``src`` opened read-only (closed with ``files``); a file that is no HDF5 is one
+    error naming it, not h5py's."""
     import h5py
 
-    f = files.enter_context(h5py.File(src, "r"))
+    if not h5py.is_hdf5(src):
+        raise UnsupportedFormatError(f"{src}: not an HDF5 file, which the {fmt} import reads")
+    return files.enter_context(h5py.File(src, "r"))
+
+
+def read(src: str, files: ExitStack) -> Source:
+    f = open_hdf5(src, files, "hdf5")
+    if "mmreplay" not in f.attrs:
+        raise UnsupportedFormatError(f"{src}: no 'mmreplay' attribute; not an hdf5 export of mmreplay")
     return arrays_source(f, json.loads(f.attrs["mmreplay"]), None, src)
 
 

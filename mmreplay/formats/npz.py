@@ -109,6 +109,8 @@ class _NpyMember:
 
 
 def read(src: str, files: ExitStack, num_envs: int | None = None) -> Source:
+    if not zipfile.is_zipfile(src):
+        raise UnsupportedFormatError(f"{src}: not an npz file (a zip of .npy arrays)")
     zf = files.enter_context(zipfile.ZipFile(src))
     members = {}
     meta = None
