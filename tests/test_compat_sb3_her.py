@@ -157,6 +157,27 @@ def test_the_stores_own_relabelling_takes_an_sb3_vec_env_and_pickles(tmp_path):
     ours.close()
 
 
+
+def test_a_batch_with_nothing_to_relabel_does_not_call_compute_reward(tmp_path):
+    """BitFlippingEnv's compute_reward fails on zero goals: a batch of one (no virtual
+    transition at her_ratio 0.8), n_sampled_goal=0, or a draw relabelling none is the stored one."""
+    _, ours = _her_pair(tmp_path, 1, size=40)
+    steps = GoalSteps(1, seed=6)
+    for _ in range(30):
+        ours.add(*steps())
+    stored = ours.store.sample(16, rng=0)
+    one = ours.sample(1)
+    assert one.rewards.shape == (1, 1)
+    none = ours.store.sample(16, rng=0, transform=mr.Hindsight(ours.env, fraction=0.0))
+    np.testing.assert_array_equal(none["reward"], stored["reward"])
+    np.testing.assert_array_equal(none["observation"]["desired_goal"], stored["observation"]["desired_goal"])
+    ours.close()
+    _, real_only = _her_pair(tmp_path / "zero", 1, size=40, n_sampled_goal=0)
+    for _ in range(30):
+        real_only.add(*steps())
+    assert real_only.her_ratio == 0 and real_only.sample(8).rewards.shape == (8, 1)
+    real_only.close()
+
 KILLED_WRITER = textwrap.dedent(
     """
     import pickle, sys
