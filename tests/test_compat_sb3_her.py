@@ -227,6 +227,30 @@ def test_a_buffer_killed_mid_episode_resumes_as_sb3s_truncated_one(tmp_path, wri
     ours.close()
 
 
+
+def test_a_reopened_folder_draws_the_episodes_left_open_before_its_first_add(tmp_path):
+    """Started again on its folder, the buffer is SB3's after load_replay_buffer: the
+    episodes left open end truncated at once, so sampling (offline, or before the first
+    add) draws them as SB3 does."""
+    theirs, ours = _her_pair(tmp_path, 2, size=40, strategy="episode")
+    steps = GoalSteps(2, seed=7, limit=30)
+    for _ in range(9):
+        step = steps()
+        theirs.add(*step)
+        ours.add(*step)
+    ours.close()
+    ours = HerReplayBuffer(
+        40, *_spaces(2), _vec_env(2), "cpu", n_envs=2, goal_selection_strategy="episode", path=tmp_path / "buf"
+    )
+    with pytest.warns(UserWarning, match="will be truncated"):
+        theirs.truncate_last_trajectory()
+    _assert_same_episodes(theirs, ours)
+    np.random.seed(0)
+    expected = theirs.sample(32)
+    np.random.seed(0)
+    _assert_same(expected, ours.sample(32))
+    ours.close()
+
 def _spaces(n_envs: int):
     env = _vec_env(n_envs)
     return env.observation_space, env.action_space
