@@ -251,8 +251,8 @@ class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
         self._autoreset = np.zeros(env.num_envs, bool)
 
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        mask = None if options is None else options.get("reset_mask")  # gymnasium's vector envs pop it
         obs, info = self.env.reset(seed=seed, options=options)
-        mask = None if options is None else options.get("reset_mask")
         if mask is None or self._obs is None:
             envs = np.arange(self.num_envs)
             self._obs = _map(np.array, obs)
