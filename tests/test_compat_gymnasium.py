@@ -84,6 +84,16 @@ def test_spec_from_spaces():
         spec_from_spaces(spaces.Text(5), spaces.Discrete(2))
 
 
+def test_a_space_the_recorder_cannot_describe_is_refused_before_the_folder_is_made(tmp_path):
+    class OneOfEnv(gymnasium.Env):
+        observation_space = spaces.OneOf((spaces.Discrete(2), spaces.Box(0, 1, (2,))))
+        action_space = spaces.Discrete(2)
+
+    with pytest.raises(TypeError, match="cannot describe OneOf"):
+        RecordTransitions(OneOfEnv(), tmp_path / "b", capacity=10)
+    assert not (tmp_path / "b").exists()
+
+
 # --- a single env ---------------------------------------------------------------------
 
 
