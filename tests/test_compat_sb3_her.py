@@ -157,7 +157,6 @@ def test_the_stores_own_relabelling_takes_an_sb3_vec_env_and_pickles(tmp_path):
     ours.close()
 
 
-
 def test_a_batch_with_nothing_to_relabel_does_not_call_compute_reward(tmp_path):
     """BitFlippingEnv's compute_reward fails on zero goals: a batch of one (no virtual
     transition at her_ratio 0.8), n_sampled_goal=0, or a draw relabelling none is the stored one."""
@@ -177,6 +176,7 @@ def test_a_batch_with_nothing_to_relabel_does_not_call_compute_reward(tmp_path):
         real_only.add(*steps())
     assert real_only.her_ratio == 0 and real_only.sample(8).rewards.shape == (8, 1)
     real_only.close()
+
 
 KILLED_WRITER = textwrap.dedent(
     """
@@ -227,7 +227,6 @@ def test_a_buffer_killed_mid_episode_resumes_as_sb3s_truncated_one(tmp_path, wri
     ours.close()
 
 
-
 def test_a_reopened_folder_draws_the_episodes_left_open_before_its_first_add(tmp_path):
     """Started again on its folder, the buffer is SB3's after load_replay_buffer: the
     episodes left open end truncated at once, so sampling (offline, or before the first
@@ -240,7 +239,13 @@ def test_a_reopened_folder_draws_the_episodes_left_open_before_its_first_add(tmp
         ours.add(*step)
     ours.close()
     ours = HerReplayBuffer(
-        40, *_spaces(2), _vec_env(2), "cpu", n_envs=2, goal_selection_strategy="episode", path=tmp_path / "buf"
+        40,
+        *_spaces(2),
+        _vec_env(2),
+        "cpu",
+        n_envs=2,
+        goal_selection_strategy="episode",
+        path=tmp_path / "buf",
     )
     with pytest.warns(UserWarning, match="will be truncated"):
         theirs.truncate_last_trajectory()
@@ -250,6 +255,7 @@ def test_a_reopened_folder_draws_the_episodes_left_open_before_its_first_add(tmp
     np.random.seed(0)
     _assert_same(expected, ours.sample(32))
     ours.close()
+
 
 def _spaces(n_envs: int):
     env = _vec_env(n_envs)
