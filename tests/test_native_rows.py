@@ -141,8 +141,9 @@ def hostile_frames() -> list[tuple[str, str, bytes]]:
 @pytest.mark.parametrize("case", range(4))
 def test_a_frame_that_is_not_its_row_is_a_corrupt_buffer_error_on_both_paths(tmp_path, way, case):
     """A hostile shard (its index and CRC valid) whose frame decodes to another size than
-    the row's: both paths refuse it. The Python path used to return the row half
-    undecoded (whatever the batch's memory held) or the next rows shifted by one."""
+    the row's: both paths refuse it, naming the shard. The Python path used to return the
+    row half undecoded (whatever the batch's memory held) or the next rows shifted by one;
+    neither path said which store or file."""
     name, codec, frame = hostile_frames()[case]
     if way == "native":
         need_native(f"rows:{codec}")
@@ -158,9 +159,10 @@ def test_a_frame_that_is_not_its_row_is_a_corrupt_buffer_error_on_both_paths(tmp
     shard.write_bytes(row_frames.shard_bytes(frames))
     with open_with(path, way) as reader:
         np.testing.assert_array_equal(reader.get([0, 2])["obs"][:, 0], rows[[0, 2], 0])
-        for batch in ([1], [0, 1, 2, 3]):
-            with pytest.raises(mr.CorruptBufferError, match="leaf 'obs'.*(does not decode|not the row)"):
+        for batch in ([1], [0, 1, 2, 3], [1, 5]):  # the damaged shard's message names its file
+            with pytest.raises(mr.CorruptBufferError, match="leaf 'obs'.*(does not decode|not the row)") as caught:
                 reader.get(batch)
+            assert str(shard) in str(caught.value)
 
 
 def test_the_extension_refuses_frames_outside_their_buffer_and_writes_nothing():
