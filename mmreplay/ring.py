@@ -28,7 +28,7 @@ from .errors import BadInputError, ClosedError, ReadOnlyError
 from .metadata import State, write_metadata
 from .read.gather import steps_of
 from .samplers.base import Window
-from .statefile import oldest_retained
+from .statefile import oldest_retained, slot_ranges
 
 __all__ = ["Ring"]
 
@@ -365,6 +365,7 @@ class Ring:
             reserved=reserved,
             commits=self._state.commits + 1,
             commit_time=time.time(),
+            rewrites=(self._state.rewrites or 0) + int(self._dirty),
         )
         if written > self._state.end:  # hooks persist what they derive before the state commits it
             for hook in self._hooks:
@@ -460,11 +461,12 @@ class Ring:
         new = self.live_state()
         if new == old:
             return False
-        # besides the steps committed since, a set() may have rewritten any committed
-        # slot, and the state does not say which: every cached copy goes (a shared
-        # mapping is never stale)
+        if new.rewrites is not None and new.rewrites == old.rewrites:
+            changed = slot_ranges(old.end, new.end, self.capacity)
+        else:  # committed rows were rewritten (set()), which the state does not locate
+            changed = [(0, self.capacity)]
         for leaf in self._leaves:
-            leaf.invalidate([(0, self.capacity)])
+            leaf.invalidate(changed)
         for leaf in self._storage[len(self._leaves) :]:  # the side ring: any slot may have changed
             leaf.invalidate([(0, self._meta.frames.final_slots)])
         self._set_state(new)
