@@ -58,10 +58,13 @@ leaves, rng = flatten(store.spec), np.random.default_rng({seed})
 out = dict(reads=0, samples=0, sequences=0, rows=0, retries=0, refreshes=0, overlapped=0, problems=[])
 print("ready", flush=True)
 last_first = last_end = 0
-# read for `seconds`, and on until {overlaps} reads overlapped the writer (a loaded machine
-# may give this process little time), up to a limit that fails the test's count instead
+# read for `seconds`, and on until {overlaps} reads overlapped the writer and the ring
+# wrapped twice (a loaded machine may give these processes little time), up to a limit
+# that fails the test's counts instead
 deadline, limit = time.monotonic() + {seconds}, time.monotonic() + {seconds} + 120
-while time.monotonic() < deadline or (out["overlapped"] < {overlaps} and time.monotonic() < limit):
+while time.monotonic() < deadline or (
+    (out["overlapped"] < {overlaps} or store.committed_steps <= 2 * store.capacity) and time.monotonic() < limit
+):
     out["refreshes"] += store.refresh()
     first, end = store.first_step, store.committed_steps
     # the committed cursor never moves back (the oldest step may: a writer that gives back
