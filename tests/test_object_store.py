@@ -3,6 +3,7 @@ once per session on 127.0.0.1, reached over HTTP by obstore (no mock of the clie
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -428,3 +429,98 @@ def test_a_store_keeping_each_frame_once_reads_and_verifies_in_object_storage(tm
     side.delete([key for key in side.list() if "ref" in key][:1])
     code, out = finished(cli("verify", url))
     assert code == 1 and "side ring" in out and "ref" in out, out
+
+
+FRAME_SPEC = {"frame": mr.ArraySpec((8, 8), "uint8"), "step": mr.ArraySpec((), "int64")}
+
+
+def frame_steps(first: int, n: int) -> dict[str, np.ndarray]:
+    step = np.arange(first, first + n)[:, None]
+    return {"frame": np.broadcast_to((step % 256).astype(np.uint8)[..., None, None], (n, 1, 8, 8)), "step": step}
+
+
+@contextlib.contextmanager
+def on_upload(monkeypatch, act):
+    """Runs ``act(key)`` as a push reports each object it uploaded, one upload at a time
+    in the order the push lists them."""
+    import logging
+
+    import mmreplay.snapshots
+
+    class Hook(logging.Handler):
+        def emit(self, record):
+            text = record.getMessage()
+            if ": uploaded " in text:
+                act(text.split(": uploaded ", 1)[1].rsplit(" (", 1)[0])
+
+    monkeypatch.setattr(mmreplay.snapshots, "UPLOADS_IN_FLIGHT", 1)
+    log = logging.getLogger("mmreplay.snapshots")
+    level, hook = log.level, Hook()
+    log.setLevel(logging.INFO)
+    log.addHandler(hook)
+    try:
+        yield
+    finally:
+        log.removeHandler(hook)
+        log.setLevel(level)
+
+
+def test_a_push_keeps_the_rows_a_writer_seals_while_it_runs(tmp_path, url, monkeypatch):
+    """A row-frame leaf's staging segment is sealed into a shard while a push runs: the
+    snapshot holds its committed rows (raw in the staging object the push lists with the
+    shards), not a staging object that points at a shard the push never saw."""
+    writer = mr.create(tmp_path / "s", FRAME_SPEC, capacity=16, chunk_steps=4, compression={"frame": "rows:lz4"})
+    writer.extend(frame_steps(0, 6))  # segment 0 sealed; steps 4, 5 staged in segment 1
+    writer.commit()
+
+    def writer_moves_on(key):
+        if writer.total_steps == 6:  # at the first upload
+            writer.extend(frame_steps(6, 3))  # segment 1 sealed, staging in segment 2
+            writer.commit()
+
+    with on_upload(monkeypatch, writer_moves_on):
+        report = mr.push(writer, url)
+    assert writer.total_steps == 9 and report.state.end == 6
+    with mr.open(url) as remote:
+        got = remote.get(slice(None))
+    np.testing.assert_array_equal(got["step"], np.arange(6)[:, None])
+    np.testing.assert_array_equal(got["frame"], frame_steps(0, 6)["frame"])
+    writer.close()
+
+
+READ_WHOLE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import mmreplay as mr
+
+    with mr.open(sys.argv[1]) as remote:
+        got = remote.get(slice(None))
+    step = got["step"][:, 0]
+    assert (got["frame"] == (step % 256).astype(np.uint8)[:, None, None, None]).all(), step
+    print(step.min(), step.max())
+    """
+)
+
+
+def test_a_reader_during_a_push_never_sees_staging_ahead_of_its_shards(tmp_path, url, monkeypatch):
+    """A push sends a row-frame leaf's staging object after the shards it sealed: a reader
+    of the previous snapshot finds the rows that left staging in their new shard."""
+    path = tmp_path / "s"
+    with mr.create(path, FRAME_SPEC, capacity=16, chunk_steps=4, compression={"frame": "rows:lz4"}) as writer:
+        writer.extend(frame_steps(0, 6))
+        writer.commit()
+        mr.push(writer, url)  # steps 4, 5 staged in segment 1
+        writer.extend(frame_steps(6, 3))  # segment 1 sealed, staging in segment 2
+        writer.commit()
+        reads = []
+
+        def read_the_url(key):
+            if key.endswith("rows.staging"):  # the moment readers see the new staging
+                reads.append(subprocess.run([sys.executable, "-c", READ_WHOLE, url], capture_output=True, text=True))
+
+        with on_upload(monkeypatch, read_the_url):
+            mr.push(writer, url)
+    assert len(reads) == 1
+    assert reads[0].returncode == 0 and reads[0].stdout.split() == ["0", "5"], reads[0].stderr[-2000:]
+
