@@ -338,12 +338,14 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     try:
         _download(location, meta, tmp)
         last = read_state(location)
-        if last.end < first.end or last.start > first.start:
+        if last.end < first.end or last.start < first.start:
             raise CorruptBufferError(
                 f"{location.url}: a push of another history replaced the store while it was pulled; pull again"
             )
-        # steps a push overwrote while they were downloaded are left out, as a reader would
-        state = replace(first, reserved=max(first.reserved, last.reserved))
+        # steps a push overwrote or dropped while they were downloaded are left out, as a reader would
+        state = replace(
+            first, start=min(first.end, max(first.start, last.start)), reserved=max(first.reserved, last.reserved)
+        )
         write_fresh(tmp, state, fsync=True)
         if os.path.isdir(folder):
             os.rmdir(folder)

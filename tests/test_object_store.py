@@ -524,3 +524,38 @@ def test_a_reader_during_a_push_never_sees_staging_ahead_of_its_shards(tmp_path,
     assert len(reads) == 1
     assert reads[0].returncode == 0 and reads[0].stdout.split() == ["0", "5"], reads[0].stderr[-2000:]
 
+
+PUSH_LOOP = textwrap.dedent(
+    """
+    import sys
+    import mmreplay as mr
+
+    while True:
+        mr.push(sys.argv[1], sys.argv[2])
+    """
+)
+
+
+@pytest.mark.parametrize("compression", [None, "rows:lz4"])
+def test_a_pull_while_a_running_writer_is_pushed_brings_back_its_committed_rows(tmp_path, url, writers, compression):
+    """Pushes of a running writer move the ring's oldest step on: a pull they overlap is
+    of the same history, and brings back whole rows of one committed prefix."""
+    from mmreplay.verify import verify
+
+    local = str(tmp_path / "buf")  # wrapped: every push of the writer moves its oldest step on
+    with mr.create(local, SPEC, CAPACITY, num_envs=NUM_ENVS, chunk_steps=4, compression={"pixels": compression}) as s:
+        s.extend(steps(0, 55))
+    mr.push(local, url)
+    writers.start(WRITER, local, os.path.dirname(__file__))
+    writers.start(PUSH_LOOP, local, url)
+    with mr.open(url) as remote:  # pushes of the running writer have begun
+        deadline = time.monotonic() + 60
+        while remote.total_steps < 70 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            remote.refresh()
+    for i in range(4):
+        back = mr.pull(url, tmp_path / f"back{i}")
+        with mr.open(back) as s:
+            g = check_rows(s.get(slice(None)))
+            assert (np.diff(g[:, 0]) == 1).all() and g[-1, 0] == s.total_steps - 1
+        assert verify(str(back), deep=True) == []
