@@ -559,3 +559,18 @@ def test_a_pull_while_a_running_writer_is_pushed_brings_back_its_committed_rows(
             g = check_rows(s.get(slice(None)))
             assert (np.diff(g[:, 0]) == 1).all() and g[-1, 0] == s.total_steps - 1
         assert verify(str(back), deep=True) == []
+
+
+def test_an_export_of_a_store_in_object_storage_names_its_url_as_the_source(tmp_path, url):
+    import json
+
+    import h5py
+
+    mr.push(make(tmp_path / "buf", 20), url)
+    with mr.open(url) as remote:
+        mr.export(remote, tmp_path / "d4rl.h5", format="d4rl")
+        minari = mr.export(remote, tmp_path / "minari", format="minari", dataset_id="pointchase/remote-v0")
+    with h5py.File(tmp_path / "d4rl.h5") as f:
+        assert f.attrs["source"] == url
+    with open(os.path.join(minari.path, "metadata.json")) as f:
+        assert json.load(f)["description"].endswith(f"from {url}")
