@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptBufferError, RemoteError
-from .io.remote import ObjectPrefix, gather_bounded, split_url
+from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import LeafInfo, Metadata, read_metadata
 from .statefile import State
 
@@ -130,7 +130,7 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
     except CorruptBufferError as exc:
         return [str(exc)]
     if meta.backend != "zarr":
-        return [f"{location.url}: a {meta.backend} store; only zarr stores are read from object storage"]
+        return [f"{location.url}: {HDF5_REFUSED}"]
     problems = _verify_leaves(location, meta, deep)
     if meta.frames is not None and meta.frames.side:
         side_location = location.child(frames.SIDE_DIR)

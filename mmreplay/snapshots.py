@@ -36,7 +36,7 @@ from .backends import zarr_v3
 from .backends.row_reads import STAGING_FILE
 from .errors import CorruptBufferError, SpecMismatchError, TargetError
 from .io.local import unsafe_entries
-from .io.remote import ObjectPrefix, gather_bounded, split_url
+from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
 from .objstore import UPLOADS_IN_FLIGHT, shard_key, shard_layout
 from .spec import spec_to_json
@@ -328,9 +328,7 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     meta = read_metadata(location)
     first = meta.state
     if meta.backend != "zarr":
-        raise CorruptBufferError(
-            f"{location.url}: a {meta.backend} store; only zarr stores are in object storage"
-        )
+        raise CorruptBufferError(f"{location.url}: {HDF5_REFUSED}")
     parent = os.path.dirname(folder)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(folder)}.pulling-{os.getpid()}")

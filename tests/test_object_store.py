@@ -574,3 +574,22 @@ def test_an_export_of_a_store_in_object_storage_names_its_url_as_the_source(tmp_
         assert f.attrs["source"] == url
     with open(os.path.join(minari.path, "metadata.json")) as f:
         assert json.load(f)["description"].endswith(f"from {url}")
+
+
+def test_an_hdf5_store_copied_to_object_storage_is_refused_with_what_works(tmp_path, url):
+    """push refuses an hdf5 store; one copied there by other means is refused by open and
+    pull alike, each saying to convert it (neither sends the user to the other)."""
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    path = tmp_path / "h5"
+    with mr.create(path, {"x": mr.ArraySpec((2,), "float32")}, capacity=8, backend="hdf5") as s:
+        s.add({"x": np.ones((1, 2), "float32")})
+    with pytest.raises(mr.CorruptBufferError, match="convert --backend zarr"):
+        mr.push(path, url)
+    location = Location(url)
+    for name in os.listdir(path):
+        location.put(name, (path / name).read_bytes())
+    for attempt in (lambda: mr.open(url), lambda: mr.pull(url, tmp_path / "back")):
+        with pytest.raises(mr.CorruptBufferError, match="convert --backend zarr") as refused:
+            attempt()
+        assert "pull" not in str(refused.value)
