@@ -629,3 +629,13 @@ def test_verify_finds_a_mapped_leafs_array_metadata_changed(tmp_path, url):
     location.put("data.zarr/reward/zarr.json", json.dumps({**doc, "data_type": "float64"}).encode())
     problems = verify_url(url)
     assert len(problems) == 1 and "reward" in problems[0] and "float64" in problems[0], problems
+
+
+def test_a_missing_array_metadata_names_the_object_not_a_local_path(tmp_path, url):
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    mr.push(make(tmp_path / "buf", 5), url)
+    Location(url).delete(["data.zarr/reward/zarr.json"])
+    with pytest.raises(mr.CorruptBufferError, match="reward") as refused:
+        mr.open(url)
+    assert "file://" not in str(refused.value) and "s3:/" + BUCKET not in str(refused.value), refused.value
