@@ -164,7 +164,7 @@ def render_estimate(size: SizeEstimate, path: str) -> str:
         + (
             f"{human_bytes(total)} ({total:,} bytes" + (", exact)" if size.exact else ", estimated)")
             if total is not None
-            else f"at most {human_bytes(size.upper_bound)} (compressed leaves without a sample at their raw size)"
+            else f"at most {human_bytes(size.upper_bound)} (compressed leaves without a sample at their worst case)"
         )
         + f"; preallocated at creation {human_bytes(size.preallocated)}"
     )

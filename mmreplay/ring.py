@@ -365,6 +365,7 @@ class Ring:
             reserved=reserved,
             commits=self._state.commits + 1,
             commit_time=time.time(),
+            rewrites=(self._state.rewrites or 0) + int(self._dirty),
         )
         if written > self._state.end:  # hooks persist what they derive before the state commits it
             for hook in self._hooks:
@@ -460,7 +461,10 @@ class Ring:
         new = self.live_state()
         if new == old:
             return False
-        changed = slot_ranges(old.end, new.end, self.capacity)
+        if new.rewrites is not None and new.rewrites == old.rewrites:
+            changed = slot_ranges(old.end, new.end, self.capacity)
+        else:  # committed rows were rewritten (set()), which the state does not locate
+            changed = [(0, self.capacity)]
         for leaf in self._leaves:
             leaf.invalidate(changed)
         for leaf in self._storage[len(self._leaves) :]:  # the side ring: any slot may have changed

@@ -4,9 +4,9 @@ Uncompressed leaves are exact: the bytes come from the layout the backend would 
 (zarr: each leaf's shard with its chunk padding and index; HDF5: the file's own
 metadata), without allocating it. Compressed leaves are estimated from a sample of
 values the caller passes, encoded in a small trial buffer of the same backend, codec
-and chunking; with no sample their raw size is the upper bound and the estimate is
-unknown. A row-frame leaf's files of a fixed size (its raw staging segment, a zstd
-dictionary) are counted once, not scaled with the rows.
+and chunking; with no sample the estimate is unknown and their worst case (values
+that do not compress) is the upper bound. A row-frame leaf's files of a fixed size
+(its raw staging segment, a zstd dictionary) are counted once, not scaled with the rows.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class LeafSize:
             an estimate from the sample for a compressed one, None without a sample.
         compression: the codec, or None (memory-mapped, preallocated at creation).
         ratio: raw / stored for a compressed leaf with a sample.
+        most_bytes: the most a compressed leaf can take when full, whatever its values
+            (values that do not compress); None for an uncompressed one (``bytes`` is exact).
     """
 
     path: str
@@ -49,6 +51,7 @@ class LeafSize:
     bytes: int | None
     compression: str | None
     ratio: float | None = None
+    most_bytes: int | None = None
 
     @property
     def exact(self) -> bool:
@@ -94,10 +97,8 @@ class SizeEstimate:
 
     @property
     def upper_bound(self) -> int:
-        """``total`` with every unknown compressed leaf at its raw size."""
-        return self.overhead + sum(
-            leaf.raw_bytes if leaf.bytes is None else leaf.bytes for leaf in self.leaves
-        )
+        """``total`` with every unknown compressed leaf at its worst case."""
+        return self.overhead + sum(leaf.most_bytes if leaf.bytes is None else leaf.bytes for leaf in self.leaves)  # type: ignore[misc]
 
     @property
     def exact(self) -> bool:
@@ -163,15 +164,36 @@ def estimate(
         if leaf.compression is None:
             out.append(LeafSize(leaf.path, raw, shards[leaf.path], None))
             continue
+        most = _most_bytes(meta, leaf) + shards.get(leaf.path, 0)  # (row frames: the staging file)
         rows = samples.get(leaf.path)
         if rows is None:
-            out.append(LeafSize(leaf.path, raw, None, leaf.compression))
+            out.append(LeafSize(leaf.path, raw, None, leaf.compression, most_bytes=most))
             continue
         ratio, fixed = _trial_ratio(meta, leaf, rows)
-        stored = int(round(raw / ratio)) + fixed + shards.get(leaf.path, 0)  # (row frames: the staging file)
-        out.append(LeafSize(leaf.path, raw, stored, leaf.compression, round(raw / stored, 3)))
+        stored = int(round(raw / ratio)) + fixed + shards.get(leaf.path, 0)
+        out.append(LeafSize(leaf.path, raw, stored, leaf.compression, round(raw / stored, 3), most))
     metadata_file = len(render(replace(meta, leaves=tuple(placed)))) + STATE_BYTES
     return SizeEstimate(meta.backend, meta.capacity, meta.num_envs, tuple(out), data_meta, metadata_file)
+
+
+def _most_bytes(meta: Metadata, leaf: Any) -> int:
+    """The most a compressed leaf's chunks or frames take when full, whatever the values:
+    a row frame's bound is the one its shards are read with (the lz4 and zstd bounds),
+    plus a trained dictionary; a chunk's is above zstd's, blosc's and gzip's, plus its
+    entry in the shard index. HDF5 never frees a chunk's slot that grew (a reader may
+    still read it) and grows it by half each time, so a chunk takes up to three times its
+    largest slot, and one more for the journal of the chunks the head is in."""
+    from .backends.row_codec import DICTIONARY_BYTES, is_row_compression, parse_row_compression
+    from .backends.row_reads import shard_limit  # (not imported with mmreplay)
+
+    chunks = -(-meta.capacity // leaf.chunk_steps)
+    rows = leaf.chunk_steps * meta.num_envs
+    if is_row_compression(leaf.compression):
+        dictionary = DICTIONARY_BYTES if parse_row_compression(leaf.compression).dictionary else 0
+        return chunks * shard_limit(rows, leaf.spec.nbytes) + dictionary
+    raw = rows * leaf.spec.nbytes
+    chunk = raw + raw // 128 + 128
+    return chunks * chunk if meta.backend == "zarr" else (3 * chunks + 1) * chunk
 
 
 def _sample_by_path(meta: Metadata, sample: Any) -> dict[str, np.ndarray]:

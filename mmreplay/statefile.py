@@ -45,6 +45,10 @@ _MAGIC = b"MMRSTAT2"
 # magic, generation, start, end, reserved, commits, commit time (NaN: none), attrs generation
 _SLOT = struct.Struct("<8sQQQQQdQ")
 _CRC = struct.Struct("<I")
+# After the slot's CRC, in the same sector: the generation again, ``rewrites`` and their
+# CRC-32. Versions without it write the slot alone and leave an older generation's bytes
+# here, which read as unknown (None).
+_REWRITES = struct.Struct("<QQ")
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,10 @@ class State:
       ``reserved - capacity`` without a further state write, so readers treat those as gone;
     - ``generation``: counts state writes (it picks the newest slot);
     - ``attrs_generation``: the generation at which the user attributes in the metadata
-      that belong to this state were written (see :meth:`mmreplay.Store.set_attrs`).
+      that belong to this state were written (see :meth:`mmreplay.Store.set_attrs`);
+    - ``rewrites``: counts the commits that rewrote committed rows (``set``, an episode
+      end marked on resume), so a reader knows when a cached copy of any row may be stale
+      (None: written by a version that did not count them).
 
     The retained committed steps are ``[max(start, reserved - capacity), end)``.
     """
@@ -69,6 +76,7 @@ class State:
     commit_time: float | None = None
     generation: int = 0
     attrs_generation: int = 0
+    rewrites: int | None = 0
 
     def first(self, capacity: int) -> int:
         """Global id of the oldest retained committed step."""
@@ -111,7 +119,20 @@ def encode_slot(state: State) -> bytes:
         t,
         state.attrs_generation,
     )
-    return body + _CRC.pack(zlib.crc32(body))
+    extra = _REWRITES.pack(state.generation, state.rewrites or 0)
+    return body + _CRC.pack(zlib.crc32(body)) + extra + _CRC.pack(zlib.crc32(extra))
+
+
+def _rewrites(raw: bytes, at: int, generation: int) -> int | None:
+    """The ``rewrites`` written with the slot at ``at`` of generation ``generation``, or None."""
+    at += _SLOT.size + _CRC.size
+    if len(raw) < at + _REWRITES.size + _CRC.size:
+        return None
+    extra = raw[at : at + _REWRITES.size]
+    if zlib.crc32(extra) != _CRC.unpack_from(raw, at + _REWRITES.size)[0]:
+        return None
+    gen, rewrites = _REWRITES.unpack(extra)
+    return rewrites if gen == generation else None
 
 
 def _fields(raw: bytes, index: int) -> tuple | str:
@@ -130,12 +151,12 @@ def _fields(raw: bytes, index: int) -> tuple | str:
         return f"generation {gen} in slot {index}"
     if not start <= end <= reserved < MAX_STEP or attrs_gen > gen:
         return f"impossible numbers (start {start}, end {end}, reserved {reserved})"
-    return fields
+    return (*fields, _rewrites(raw, at, gen))
 
 
 def _state(fields: tuple) -> State:
-    _, gen, start, end, reserved, commits, t, attrs_gen = fields
-    return State(start, end, reserved, commits, None if math.isnan(t) else t, gen, attrs_gen)
+    _, gen, start, end, reserved, commits, t, attrs_gen, rewrites = fields
+    return State(start, end, reserved, commits, None if math.isnan(t) else t, gen, attrs_gen, rewrites)
 
 
 def decode_slot(raw: bytes, index: int) -> State | str:

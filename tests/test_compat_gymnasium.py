@@ -84,6 +84,16 @@ def test_spec_from_spaces():
         spec_from_spaces(spaces.Text(5), spaces.Discrete(2))
 
 
+def test_a_space_the_recorder_cannot_describe_is_refused_before_the_folder_is_made(tmp_path):
+    class OneOfEnv(gymnasium.Env):
+        observation_space = spaces.OneOf((spaces.Discrete(2), spaces.Box(0, 1, (2,))))
+        action_space = spaces.Discrete(2)
+
+    with pytest.raises(TypeError, match="cannot describe OneOf"):
+        RecordTransitions(OneOfEnv(), tmp_path / "b", capacity=10)
+    assert not (tmp_path / "b").exists()
+
+
 # --- a single env ---------------------------------------------------------------------
 
 
@@ -328,8 +338,19 @@ def test_same_step_autoreset_takes_the_final_observation_from_info(tmp_path):
     venv.close()
 
 
-def test_disabled_autoreset_takes_reset_observations_from_a_masked_reset(tmp_path):
-    venv = RecordVectorTransitions(CartPoles(2, "Disabled"), tmp_path / "v", capacity=500)
+def _disabled_sync_cartpoles(n):
+    """gymnasium's own SyncVectorEnv, whose reset pops ``reset_mask`` out of the options."""
+    mode = getattr(gymnasium.vector, "AutoresetMode", None)
+    if mode is None:
+        pytest.skip("gymnasium < 1.1 has next-step autoreset only")
+    return gymnasium.vector.SyncVectorEnv(
+        [lambda: gymnasium.make("CartPole-v1")] * n, autoreset_mode=mode.DISABLED
+    )
+
+
+@pytest.mark.parametrize("make", [lambda n: CartPoles(n, "Disabled"), _disabled_sync_cartpoles])
+def test_disabled_autoreset_takes_reset_observations_from_a_masked_reset(tmp_path, make):
+    venv = RecordVectorTransitions(make(2), tmp_path / "v", capacity=500)
     assert venv.autoreset_mode == "disabled"
     obs, _ = venv.reset(seed=4)
     resets = 0

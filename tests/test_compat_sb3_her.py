@@ -157,6 +157,27 @@ def test_the_stores_own_relabelling_takes_an_sb3_vec_env_and_pickles(tmp_path):
     ours.close()
 
 
+def test_a_batch_with_nothing_to_relabel_does_not_call_compute_reward(tmp_path):
+    """BitFlippingEnv's compute_reward fails on zero goals: a batch of one (no virtual
+    transition at her_ratio 0.8), n_sampled_goal=0, or a draw relabelling none is the stored one."""
+    _, ours = _her_pair(tmp_path, 1, size=40)
+    steps = GoalSteps(1, seed=6)
+    for _ in range(30):
+        ours.add(*steps())
+    stored = ours.store.sample(16, rng=0)
+    one = ours.sample(1)
+    assert one.rewards.shape == (1, 1)
+    none = ours.store.sample(16, rng=0, transform=mr.Hindsight(ours.env, fraction=0.0))
+    np.testing.assert_array_equal(none["reward"], stored["reward"])
+    np.testing.assert_array_equal(none["observation"]["desired_goal"], stored["observation"]["desired_goal"])
+    ours.close()
+    _, real_only = _her_pair(tmp_path / "zero", 1, size=40, n_sampled_goal=0)
+    for _ in range(30):
+        real_only.add(*steps())
+    assert real_only.her_ratio == 0 and real_only.sample(8).rewards.shape == (8, 1)
+    real_only.close()
+
+
 KILLED_WRITER = textwrap.dedent(
     """
     import pickle, sys
@@ -203,6 +224,36 @@ def test_a_buffer_killed_mid_episode_resumes_as_sb3s_truncated_one(tmp_path, wri
         expected = theirs.sample(32)
         np.random.seed(t)
         _assert_same(expected, ours.sample(32))
+    ours.close()
+
+
+def test_a_reopened_folder_draws_the_episodes_left_open_before_its_first_add(tmp_path):
+    """Started again on its folder, the buffer is SB3's after load_replay_buffer: the
+    episodes left open end truncated at once, so sampling (offline, or before the first
+    add) draws them as SB3 does."""
+    theirs, ours = _her_pair(tmp_path, 2, size=40, strategy="episode")
+    steps = GoalSteps(2, seed=7, limit=30)
+    for _ in range(9):
+        step = steps()
+        theirs.add(*step)
+        ours.add(*step)
+    ours.close()
+    ours = HerReplayBuffer(
+        40,
+        *_spaces(2),
+        _vec_env(2),
+        "cpu",
+        n_envs=2,
+        goal_selection_strategy="episode",
+        path=tmp_path / "buf",
+    )
+    with pytest.warns(UserWarning, match="will be truncated"):
+        theirs.truncate_last_trajectory()
+    _assert_same_episodes(theirs, ours)
+    np.random.seed(0)
+    expected = theirs.sample(32)
+    np.random.seed(0)
+    _assert_same(expected, ours.sample(32))
     ours.close()
 
 

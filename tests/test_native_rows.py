@@ -22,7 +22,7 @@ import pytest
 from conftest import run_cli
 
 import mmreplay as mr
-from mmreplay.backends import native_rows
+from mmreplay.backends import native_rows, row_frames, row_reads
 
 pytest.importorskip("zstandard")
 pytest.importorskip("cramjam")
@@ -118,6 +118,51 @@ def test_a_damaged_zstd_frame_is_a_corrupt_buffer_error_on_both_paths(tmp_path, 
         np.testing.assert_array_equal(reader.get([8])["obs"][0, 0], np.arange(64, 72, dtype=np.uint8))
         with pytest.raises(mr.CorruptBufferError, match="leaf 'obs'.*does not decode"):
             reader.get([4])
+
+
+def hostile_frames() -> list[tuple[str, str, bytes]]:
+    """Frames of a 16-byte row a shard with a valid index may hold that are not the row:
+    (name, codec, frame)."""
+    import cramjam
+    import zstandard
+
+    row = bytes(range(16))
+    block = lambda data: bytes(cramjam.lz4.compress_block(data, store_size=False))  # noqa: E731
+    zstd = zstandard.ZstdCompressor(level=1, write_checksum=True).compress
+    return [
+        ("lz4 block of half a row", "lz4", (16).to_bytes(4, "little") + block(row[:8])),
+        ("lz4 size field not the row's", "lz4", (8).to_bytes(4, "little") + block(row)),
+        ("zstd frame of half a row", "zstd", zstd(row[:8])),
+        ("zstd frame of two rows", "zstd", zstd(row * 2)),
+    ]
+
+
+@pytest.mark.parametrize("way", ["native", "python"])
+@pytest.mark.parametrize("case", range(4))
+def test_a_frame_that_is_not_its_row_is_a_corrupt_buffer_error_on_both_paths(tmp_path, way, case):
+    """A hostile shard (its index and CRC valid) whose frame decodes to another size than
+    the row's: both paths refuse it, naming the shard. The Python path used to return the
+    row half undecoded (whatever the batch's memory held) or the next rows shifted by one;
+    neither path said which store or file."""
+    name, codec, frame = hostile_frames()[case]
+    if way == "native":
+        need_native(f"rows:{codec}")
+    path = tmp_path / "b"
+    rows = np.arange(8 * 16, dtype=np.uint8).reshape(8, 1, 16)
+    with mr.create(path, {"obs": mr.ArraySpec((16,), "uint8")}, 8, compression=f"rows:{codec}", chunk_steps=4) as store:
+        store.extend({"obs": rows})
+    shard = path / "data.zarr" / "obs" / "c" / "0" / "0" / "0"  # steps 0-3
+    raw = shard.read_bytes()
+    offsets, lengths = row_reads.read_shard_index(raw, 4, str(shard))
+    frames = [raw[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
+    frames[1] = frame
+    shard.write_bytes(row_frames.shard_bytes(frames))
+    with open_with(path, way) as reader:
+        np.testing.assert_array_equal(reader.get([0, 2])["obs"][:, 0], rows[[0, 2], 0])
+        for batch in ([1], [0, 1, 2, 3], [1, 5]):  # the damaged shard's message names its file
+            with pytest.raises(mr.CorruptBufferError, match="leaf 'obs'.*(does not decode|not the row)") as caught:
+                reader.get(batch)
+            assert str(shard) in str(caught.value)
 
 
 def test_the_extension_refuses_frames_outside_their_buffer_and_writes_nothing():

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from v1format import to_v1
 
 import mmreplay as mr
 from mmreplay.metadata import METADATA_FILE, STATE_FILE, read_metadata
-from mmreplay.statefile import FILE_BYTES, SLOT_BYTES, State, decode_slot, encode_slot, fresh_bytes
+from mmreplay.statefile import FILE_BYTES, SLOT_BYTES, State, StateFile, decode_slot, encode_slot, fresh_bytes
 from mmreplay.verify import recover, verify
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,7 +91,11 @@ def test_slot_bytes_round_trip_and_refuse_every_damage():
     for i in range(len(encode_slot(state))):  # any flipped byte is found
         bad = bytearray(raw)
         bad[SLOT_BYTES + i] ^= 0x40
-        assert isinstance(decode_slot(bytes(bad), 1), str), i
+        found = decode_slot(bytes(bad), 1)
+        if i < 68:  # the slot proper: refused
+            assert isinstance(found, str), i
+        else:  # its rewrites count: unknown, so a reader forgets every cached row
+            assert found == replace(state, rewrites=None), i
     assert decode_slot(raw[: SLOT_BYTES + 20], 1) == "cut short"
     for absurd in (State(9, 1, 9, generation=1), State(0, 5, 3, generation=1), State(0, 1, 2**63, generation=1)):
         raw = b"\0" * SLOT_BYTES + encode_slot(absurd)  # checksummed, but impossible
@@ -433,3 +438,25 @@ def test_a_power_durable_commit_syncs_the_data_then_the_state(tmp_path, backend,
         after = calls[state_write + 1 :]
         assert after and after[0].startswith("fdatasync(") and STATE_FILE in after[0], calls
         assert not [c for c in calls if METADATA_FILE in c], calls
+
+
+def test_rewrites_count_the_commits_that_rewrote_committed_rows_and_an_older_slot_reads_unknown(tmp_path):
+    path = str(tmp_path / "b")
+    with mr.create(path, {"x": mr.ArraySpec((), "int64")}, capacity=8) as store:
+        store.extend({"x": np.arange(4).reshape(4, 1)})
+        store.commit()
+        assert StateFile(path, False).read().rewrites == 0
+        store.set(1, {"x": np.array([9])})
+        store.commit()
+        assert StateFile(path, False).read().rewrites == 1
+        store.add({"x": np.array([5])})
+        store.commit()
+        state = StateFile(path, False).read()
+        assert state.rewrites == 1 and state.end == 5
+    # a version without the count writes the slot alone, in place, over a slot whose
+    # count belongs to an older generation
+    raw = bytearray(open(os.path.join(path, STATE_FILE), "rb").read())
+    newer = replace(state, generation=state.generation + 2, end=6, reserved=max(state.reserved, 6))
+    at = (newer.generation % 2) * SLOT_BYTES
+    raw[at : at + 68] = encode_slot(newer)[:68]
+    assert decode_slot(bytes(raw), newer.generation % 2) == replace(newer, rewrites=None)

@@ -271,11 +271,13 @@ class FrameCodec:
             zstd.BufferWithSegmentsCollection(*buffers), threads=threads
         )
         where = np.concatenate([s[1] for s in sources])
-        pos = 0
-        for i in range(len(decoded)):
-            part = np.frombuffer(decoded[i], np.uint8).reshape(-1, self.row_bytes)
-            out[where[pos : pos + len(part)]] = part
-            pos += len(part)
+        offsets = np.concatenate([s[2] for s in sources])
+        for i in range(len(decoded)):  # one decoded frame each, in the order given
+            if len(decoded[i]) != self.row_bytes:
+                raise ValueError(
+                    f"zstd frame (offset {offsets[i]}) decodes to {len(decoded[i])} bytes, not the row's {self.row_bytes}"
+                )
+            out[where[i]] = np.frombuffer(decoded[i], np.uint8)
 
     def _decode_lz4(
         self, sources: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]], out: np.ndarray, threads: int
@@ -292,7 +294,10 @@ class FrameCodec:
         def run(part: list[tuple[memoryview, list[int], list[int], list[int]]]) -> None:
             for view, places, starts, stops in part:
                 for w, a, b in zip(places, starts, stops):
-                    decode_into(view[a:b], target[w : w + rb])
+                    # the size field and the block must both say a whole row, as natively
+                    size = int.from_bytes(view[a - 4 : a], "little") if b >= a else -1
+                    if size != rb or decode_into(view[a:b], target[w : w + rb]) != rb:
+                        raise ValueError(f"lz4 frame (offset {a - 4}) does not decode to the row's {rb} bytes")
 
         if threads == 1 or total < 64 or len(jobs) < 2:
             run(jobs)

@@ -313,12 +313,17 @@ class RowFrameReads(TakenLeaf):
             return seq
         if where is None:
             where = np.arange(flat.size)
+        batch = native_rows.FrameBatch(self.buffers, which, where, offsets, lengths)
         try:
-            self.frames.decode(native_rows.FrameBatch(self.buffers, which, where, offsets, lengths), out, permute)
+            self.frames.decode(batch, out, permute)
         except CorruptBufferError:
             raise
         except Exception as exc:
-            raise CorruptBufferError(f"{self.where}: a row frame does not decode: {exc}") from exc
+            k = self._undecodable(batch, segments, out)
+            raise CorruptBufferError(
+                f"{self.where}: a row frame of shard {self.shard_path(k)} (segment {k}) does not decode: {exc}; "
+                "see `mmreplay verify`"
+            ) from exc
         finally:
             self.buffers[self.nseg] = None
             while self.shards and _mapped[0] > MAPPED_SHARDS:  # the budget was lowered
@@ -326,6 +331,17 @@ class RowFrameReads(TakenLeaf):
             while self.files and _kept_open[0] > OPEN_SHARDS:
                 self._close_file(next(iter(self.files)))
         return seq
+
+    def _undecodable(self, batch: native_rows.FrameBatch, segments: np.ndarray, out: np.ndarray) -> int:
+        """The segment of a batch that did not decode whose frames do not (for the error:
+        the batch's frames are decoded again, a shard at a time)."""
+        for k in np.unique(segments).tolist():
+            mine = segments == k
+            try:
+                self.frames.decode(native_rows.FrameBatch(batch.buffers, *(a[mine] for a in batch[1:])), out)
+            except Exception:
+                return k
+        return int(segments[0])
 
     async def _staging_header(self) -> tuple[int, int, int, int, Handle | None]:
         """(seq, segment, base, filled) of staging, and the handle of a staging object."""

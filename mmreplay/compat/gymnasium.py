@@ -129,6 +129,8 @@ class _Writer:
     def __init__(self, target: Any, observation_space: Any, action_space: Any, num_envs: int, env_spec: Any,
                  capacity: int | None, reward_dtype: Any, options: dict[str, Any]):  # fmt: skip
         self.spec, roles = spec_from_spaces(observation_space, action_space, reward_dtype)
+        for space in (observation_space, action_space):  # a space record_spaces refuses makes no folder
+            space_to_json(space)
         self.owns_store = not isinstance(target, Store)
         self.store = _attach(target, self.spec, roles, num_envs, capacity, options)
         record_spaces(self.store, observation_space, action_space, env_spec)
@@ -251,8 +253,8 @@ class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
         self._autoreset = np.zeros(env.num_envs, bool)
 
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        mask = None if options is None else options.get("reset_mask")  # gymnasium's vector envs pop it
         obs, info = self.env.reset(seed=seed, options=options)
-        mask = None if options is None else options.get("reset_mask")
         if mask is None or self._obs is None:
             envs = np.arange(self.num_envs)
             self._obs = _map(np.array, obs)

@@ -161,7 +161,10 @@ def relabel(
     reward_fn: RewardFunction,
 ) -> None:
     """Give the batch's ``items`` the desired goal ``goals`` (observation and next
-    observation) and the reward ``reward_fn`` computes for it, in place."""
+    observation) and the reward ``reward_fn`` computes for it, in place; ``reward_fn`` is
+    not called for no items (goal envs such as SB3's ``BitFlippingEnv`` fail on zero goals)."""
+    if not len(items):
+        return
     leaves[goal.desired][items] = goals
     leaves[goal.next_desired][items] = goals
     achieved = leaves[goal.next_achieved][items]
