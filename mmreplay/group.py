@@ -54,6 +54,7 @@ __all__ = [
     "Group",
     "GroupSampleInfo",
     "OverShards",
+    "by_shard",
     "create_group",
     "is_group",
     "open_group",
@@ -327,6 +328,28 @@ def join_parts(
 # --- the group ------------------------------------------------------------------------
 
 
+def by_shard(
+    where: str, num_shards: int, shard: Any, step: Any, env: Any, priorities: Any
+) -> list[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """Priority updates (``info.shard``, ``info.step``, ``info.env`` of a batch drawn over
+    shards) as ``(shard, (step, env, priorities))`` per shard, checked before any is sent."""
+    shard = np.asarray(shard)
+    if shard.dtype.kind not in "iu":
+        raise BadInputError(f"{where}: shard must be an integer array, got {shard.dtype}")
+    shard, step, env = np.broadcast_arrays(shard, np.asarray(step), np.asarray(env))
+    shard, step, env = shard.reshape(-1), step.reshape(-1), env.reshape(-1)
+    p = np.asarray(priorities)
+    if p.shape[:1] != shard.shape:
+        raise BadInputError(
+            f"{where}: expected {shard.size} priorities (one per item, or [items, num_steps]), got shape {p.shape}"
+        )
+    if shard.size and (shard.min() < 0 or shard.max() >= num_shards):
+        raise BadInputError(
+            f"{where}: shard index out of range for {num_shards} shards (got {shard.min()}..{shard.max()})"
+        )
+    return [(int(i), (step[shard == i], env[shard == i], p[shard == i])) for i in np.unique(shard)]
+
+
 class OverShards(ABC):
     """A batch split over shards (:class:`Group`, :class:`mmreplay.ray.RaySampler`): the
     one ``sample`` signature, its request built and checked once; ``_sample`` splits it."""
@@ -493,24 +516,8 @@ class Group(OverShards):
         of :meth:`sample`), each sent to its shard's priority file; returns how many were
         applied (updates for steps a shard's ring has dropped since are skipped)."""
         self._check_open()
-        shard = np.asarray(shard)
-        if shard.dtype.kind not in "iu":
-            raise BadInputError(f"{self.path}: shard must be an integer array, got {shard.dtype}")
-        shard, step, env = np.broadcast_arrays(shard, np.asarray(step), np.asarray(env))
-        shard, step, env = shard.reshape(-1), step.reshape(-1), env.reshape(-1)
-        p = np.asarray(priorities)
-        if p.shape[:1] != shard.shape:
-            raise BadInputError(
-                f"{self.path}: expected {shard.size} priorities (one per item, or [items, num_steps]), "
-                f"got shape {p.shape}"
-            )
-        if shard.size and (shard.min() < 0 or shard.max() >= self.num_shards):
-            raise BadInputError(f"{self.path}: shard index out of range for {self.num_shards} shards")
-        applied = 0
-        for index in np.unique(shard):
-            mine = shard == index
-            applied += self._shards[index].update_priorities(step[mine], env[mine], p[mine])
-        return applied
+        parts = by_shard(self.path, self.num_shards, shard, step, env, priorities)
+        return sum(self._shards[index].update_priorities(*part) for index, part in parts)
 
     # --- passes -----------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptBufferError, RemoteError
-from .io.remote import ObjectPrefix, gather_bounded, split_url
-from .metadata import LeafInfo, Metadata, read_metadata
+from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
+from .metadata import LeafInfo, Metadata, little_endian, read_metadata
 from .statefile import State
 
 __all__ = ["UPLOADS_IN_FLIGHT", "export_to_url", "shard_key", "shard_layout", "verify_url"]
@@ -130,7 +130,7 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
     except CorruptBufferError as exc:
         return [str(exc)]
     if meta.backend != "zarr":
-        return [f"{location.url}: a {meta.backend} store; only zarr stores are read from object storage"]
+        return [f"{location.url}: {HDF5_REFUSED}"]
     problems = _verify_leaves(location, meta, deep)
     if meta.frames is not None and meta.frames.side:
         side_location = location.child(frames.SIDE_DIR)
@@ -151,7 +151,8 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
 
 def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[str]:
     """:func:`verify_url`'s checks of the leaves of ``meta`` under ``location``."""
-    from .backends.checks import chunks_of
+    from .backends.checks import chunks_of, leaf_shape
+    from .backends.row_codec import is_row_compression
     from .backends.zarr_source import chunk_key, open_array
     from .backends.zarr_v3 import shard_index
 
@@ -165,6 +166,17 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
             except CorruptBufferError as exc:
                 problems.append(f"{where}: {exc}")
                 continue
+            expected = leaf_shape(meta, leaf)
+            try:
+                arr = open_array(location, array_key, leaf, meta.num_envs, meta.capacity, False)
+            except CorruptBufferError as exc:
+                problems.append(f"{where}: {exc}")
+                continue
+            if arr.shape != expected or arr.dtype != little_endian(leaf.spec.dtype):
+                problems.append(
+                    f"{where}: {location.where(array_key)}/zarr.json: expected {expected} {leaf.spec.dtype}, "
+                    f"the array is {arr.shape} {arr.dtype} (zarr readers would read other values)"
+                )
             m = steps // leaf.chunk_steps
             chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
             index = shard_index(m, chunk_bytes).tobytes()
@@ -190,6 +202,9 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
         except CorruptBufferError as exc:
             problems.append(f"{where}: {exc}")
             continue
+        if is_row_compression(leaf.compression):
+            problems.extend(_row_leaf_problems(location, meta, leaf, listing, deep))
+            continue
         for k in chunks_of(meta, leaf):
             key = f"{rel}/{chunk_key(arr, k)}"
             if key not in listing:
@@ -204,4 +219,40 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
                     raise  # the object store failed, not the chunk
                 except Exception as exc:
                     problems.append(f"{where}: chunk object {location.where(key)} does not decode ({exc})")
+    return problems
+
+
+def _row_leaf_problems(location: ObjectPrefix, meta: Metadata, leaf: LeafInfo, listing: dict[str, int], deep: bool) -> list[str]:
+    """A row-frame leaf's staging object, and the shard object of each segment with
+    retained committed rows outside staging (``deep``: those rows read as a reader reads
+    them, each frame decoded)."""
+    from dataclasses import replace
+
+    from .backends.row_reads import STAGING_FILE
+    from .backends.zarr_v3 import STAGING_HEAD_BYTES, open_leaves, segments_outside_staging, staging_segment
+
+    where = f"leaf {leaf.path!r}"
+    key = f"data.zarr/{leaf.path}/{STAGING_FILE}"
+    if key not in listing:
+        return [f"{where}: staging file {location.where(key)} is missing"]
+    head = location.read(key, STAGING_HEAD_BYTES, "a staging header", 0, min(listing[key], STAGING_HEAD_BYTES))
+    staged, why = staging_segment(head, listing[key], location.where(key), meta, leaf)
+    if why:
+        return [f"{where}: {why}"]
+    try:
+        (reads,) = open_leaves(location, replace(meta, leaves=(leaf,)), False)
+    except CorruptBufferError as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    for k, steps in segments_outside_staging(meta, leaf, staged):
+        shard = reads.shard_key(k)
+        if shard not in listing:
+            problems.append(f"{where}: shard object {location.where(shard)} (segment {k}) is missing (it holds committed steps)")
+        elif deep:
+            rows = (k * leaf.chunk_steps + np.asarray(steps))[:, None] * meta.num_envs + np.arange(meta.num_envs)
+            try:
+                reads.take(rows.reshape(-1))
+            except CorruptBufferError as exc:
+                problems.append(str(exc))
+    reads.close()
     return problems

@@ -38,7 +38,7 @@ except ImportError as exc:  # ray is an install extra
 
 from .creation import create
 from .errors import NotEnoughDataError
-from .group import OverShards, is_group, join_parts, open_group, shard_name, split_batch
+from .group import OverShards, by_shard, is_group, join_parts, open_group, shard_name, split_batch
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .roles import validate_roles
@@ -273,15 +273,8 @@ class RaySampler(OverShards):
 
     def update_priorities(self, shard: Any, step: Any, env: Any, priorities: Any) -> int:
         """Send new priorities to the actors of their shards (``info.shard``...)."""
-        shard, step, env = (np.asarray(a).reshape(-1) for a in np.broadcast_arrays(shard, step, env))
-        p = np.asarray(priorities)
-        if p.shape[:1] != shard.shape:
-            raise ValueError(f"expected {shard.size} priorities, got shape {p.shape}")
-        refs = [
-            self.writers[int(s)].update_priorities.remote(step[shard == s], env[shard == s], p[shard == s])
-            for s in np.unique(shard)
-        ]
-        return int(sum(ray.get(refs)))
+        parts = by_shard("RaySampler.update_priorities", len(self.writers), shard, step, env, priorities)
+        return int(sum(ray.get([self.writers[index].update_priorities.remote(*part) for index, part in parts])))
 
 
 # --- offline reads -------------------------------------------------------------------

@@ -33,9 +33,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .backends import zarr_v3
+from .backends.row_reads import STAGING_FILE
 from .errors import CorruptBufferError, SpecMismatchError, TargetError
 from .io.local import unsafe_entries
-from .io.remote import ObjectPrefix, gather_bounded, split_url
+from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
 from .objstore import UPLOADS_IN_FLIGHT, shard_key, shard_layout
 from .spec import spec_to_json
@@ -101,6 +102,10 @@ def _objects(folder: str, meta: Metadata) -> Iterator[tuple[str, Any]]:
             if leaf is not None:  # the sharded array's metadata
                 m = shard_chunks(leaf, meta.num_envs, meta.capacity)
                 yield key, zarr_v3.array_metadata(leaf, meta.capacity, meta.num_envs, m)
+            elif name == STAGING_FILE:
+                # read before its shards are listed: a segment the writer seals later is
+                # still in this copy, and one it left is in a shard the listing finds
+                yield key, _bytes_of(path)
             else:
                 size = os.lstat(path).st_size
                 if size > largest:
@@ -273,11 +278,12 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
             sent[1] += len(data)
             log.info("%s: uploaded %s (%d bytes)", location.url, key, len(data))
 
+    # in phases: a row-frame leaf's staging after the shards its writer sealed (readers
+    # then find the rows that left staging), the arrays' metadata after their data
     items = list(_objects(folder, meta))
-    data_items = [(k, w) for k, w in items if not k.endswith("zarr.json")]
-    meta_items = [(k, w) for k, w in items if k.endswith("zarr.json")]
-    location.run(gather_bounded(upload_changed, data_items, UPLOADS_IN_FLIGHT))
-    location.run(gather_bounded(upload_changed, meta_items, UPLOADS_IN_FLIGHT))
+    for phase in (_DATA, _STAGING, _ARRAY_METADATA):
+        in_phase = [item for item in items if _phase(item[0]) == phase]
+        location.run(gather_bounded(upload_changed, in_phase, UPLOADS_IN_FLIGHT))
     # A writer in another process may have overwritten steps while they were read:
     # publish without them, as a local reader's seqlock check drops them.
     now = read_state(folder)
@@ -292,6 +298,15 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     log.info("%s: pushed %d of %d objects (%d bytes)", location.url, sent[0], total[0], sent[1])
     steps = published.end - published.first(meta.capacity)
     return PushReport(location.url, steps, sent[0], sent[1], total[0], total[1], published)
+
+
+_DATA, _STAGING, _ARRAY_METADATA = range(3)
+
+
+def _phase(key: str) -> int:
+    if key.endswith("zarr.json"):
+        return _ARRAY_METADATA
+    return _STAGING if key.rsplit("/", 1)[-1] == STAGING_FILE else _DATA
 
 
 def _bytes_of(what: Any) -> bytes:
@@ -313,9 +328,7 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     meta = read_metadata(location)
     first = meta.state
     if meta.backend != "zarr":
-        raise CorruptBufferError(
-            f"{location.url}: a {meta.backend} store; only zarr stores are in object storage"
-        )
+        raise CorruptBufferError(f"{location.url}: {HDF5_REFUSED}")
     parent = os.path.dirname(folder)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(folder)}.pulling-{os.getpid()}")
@@ -323,12 +336,14 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     try:
         _download(location, meta, tmp)
         last = read_state(location)
-        if last.end < first.end or last.start > first.start:
+        if last.end < first.end or last.start < first.start:
             raise CorruptBufferError(
                 f"{location.url}: a push of another history replaced the store while it was pulled; pull again"
             )
-        # steps a push overwrote while they were downloaded are left out, as a reader would
-        state = replace(first, reserved=max(first.reserved, last.reserved))
+        # steps a push overwrote or dropped while they were downloaded are left out, as a reader would
+        state = replace(
+            first, start=min(first.end, max(first.start, last.start)), reserved=max(first.reserved, last.reserved)
+        )
         write_fresh(tmp, state, fsync=True)
         if os.path.isdir(folder):
             os.rmdir(folder)
@@ -358,7 +373,11 @@ def _download(location: ObjectPrefix, meta: Metadata, tmp: str) -> None:
         with open(path, "wb") as f:
             f.write(bytes(raw))
 
-    location.run(gather_bounded(fetch, wanted, UPLOADS_IN_FLIGHT))
+    # staging first: a push sends it after the shards its writer sealed, so the shards
+    # fetched next hold the rows that left the staging fetched
+    staging = [k for k in wanted if _phase(k) == _STAGING]
+    for keys in (staging, [k for k in wanted if k not in staging]):
+        location.run(gather_bounded(fetch, keys, UPLOADS_IN_FLIGHT))
     for leaf in mapped.values():
         _assemble(location, meta, leaf, tmp)
 

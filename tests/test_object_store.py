@@ -3,6 +3,7 @@ once per session on 127.0.0.1, reached over HTTP by obstore (no mock of the clie
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -428,3 +429,215 @@ def test_a_store_keeping_each_frame_once_reads_and_verifies_in_object_storage(tm
     side.delete([key for key in side.list() if "ref" in key][:1])
     code, out = finished(cli("verify", url))
     assert code == 1 and "side ring" in out and "ref" in out, out
+
+
+FRAME_SPEC = {"frame": mr.ArraySpec((8, 8), "uint8"), "step": mr.ArraySpec((), "int64")}
+
+
+def frame_steps(first: int, n: int) -> dict[str, np.ndarray]:
+    step = np.arange(first, first + n)[:, None]
+    return {"frame": np.broadcast_to((step % 256).astype(np.uint8)[..., None, None], (n, 1, 8, 8)), "step": step}
+
+
+@contextlib.contextmanager
+def on_upload(monkeypatch, act):
+    """Runs ``act(key)`` as a push reports each object it uploaded, one upload at a time
+    in the order the push lists them."""
+    import logging
+
+    import mmreplay.snapshots
+
+    class Hook(logging.Handler):
+        def emit(self, record):
+            text = record.getMessage()
+            if ": uploaded " in text:
+                act(text.split(": uploaded ", 1)[1].rsplit(" (", 1)[0])
+
+    monkeypatch.setattr(mmreplay.snapshots, "UPLOADS_IN_FLIGHT", 1)
+    log = logging.getLogger("mmreplay.snapshots")
+    level, hook = log.level, Hook()
+    log.setLevel(logging.INFO)
+    log.addHandler(hook)
+    try:
+        yield
+    finally:
+        log.removeHandler(hook)
+        log.setLevel(level)
+
+
+def test_a_push_keeps_the_rows_a_writer_seals_while_it_runs(tmp_path, url, monkeypatch):
+    """A row-frame leaf's staging segment is sealed into a shard while a push runs: the
+    snapshot holds its committed rows (raw in the staging object the push lists with the
+    shards), not a staging object that points at a shard the push never saw."""
+    writer = mr.create(tmp_path / "s", FRAME_SPEC, capacity=16, chunk_steps=4, compression={"frame": "rows:lz4"})
+    writer.extend(frame_steps(0, 6))  # segment 0 sealed; steps 4, 5 staged in segment 1
+    writer.commit()
+
+    def writer_moves_on(key):
+        if writer.total_steps == 6:  # at the first upload
+            writer.extend(frame_steps(6, 3))  # segment 1 sealed, staging in segment 2
+            writer.commit()
+
+    with on_upload(monkeypatch, writer_moves_on):
+        report = mr.push(writer, url)
+    assert writer.total_steps == 9 and report.state.end == 6
+    with mr.open(url) as remote:
+        got = remote.get(slice(None))
+    np.testing.assert_array_equal(got["step"], np.arange(6)[:, None])
+    np.testing.assert_array_equal(got["frame"], frame_steps(0, 6)["frame"])
+    writer.close()
+
+
+READ_WHOLE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import mmreplay as mr
+
+    with mr.open(sys.argv[1]) as remote:
+        got = remote.get(slice(None))
+    step = got["step"][:, 0]
+    assert (got["frame"] == (step % 256).astype(np.uint8)[:, None, None, None]).all(), step
+    print(step.min(), step.max())
+    """
+)
+
+
+def test_a_reader_during_a_push_never_sees_staging_ahead_of_its_shards(tmp_path, url, monkeypatch):
+    """A push sends a row-frame leaf's staging object after the shards it sealed: a reader
+    of the previous snapshot finds the rows that left staging in their new shard."""
+    path = tmp_path / "s"
+    with mr.create(path, FRAME_SPEC, capacity=16, chunk_steps=4, compression={"frame": "rows:lz4"}) as writer:
+        writer.extend(frame_steps(0, 6))
+        writer.commit()
+        mr.push(writer, url)  # steps 4, 5 staged in segment 1
+        writer.extend(frame_steps(6, 3))  # segment 1 sealed, staging in segment 2
+        writer.commit()
+        reads = []
+
+        def read_the_url(key):
+            if key.endswith("rows.staging"):  # the moment readers see the new staging
+                reads.append(subprocess.run([sys.executable, "-c", READ_WHOLE, url], capture_output=True, text=True))
+
+        with on_upload(monkeypatch, read_the_url):
+            mr.push(writer, url)
+    assert len(reads) == 1
+    assert reads[0].returncode == 0 and reads[0].stdout.split() == ["0", "5"], reads[0].stderr[-2000:]
+
+
+PUSH_LOOP = textwrap.dedent(
+    """
+    import sys
+    import mmreplay as mr
+
+    while True:
+        mr.push(sys.argv[1], sys.argv[2])
+    """
+)
+
+
+@pytest.mark.parametrize("compression", [None, "rows:lz4"])
+def test_a_pull_while_a_running_writer_is_pushed_brings_back_its_committed_rows(tmp_path, url, writers, compression):
+    """Pushes of a running writer move the ring's oldest step on: a pull they overlap is
+    of the same history, and brings back whole rows of one committed prefix."""
+    from mmreplay.verify import verify
+
+    local = str(tmp_path / "buf")  # wrapped: every push of the writer moves its oldest step on
+    with mr.create(local, SPEC, CAPACITY, num_envs=NUM_ENVS, chunk_steps=4, compression={"pixels": compression}) as s:
+        s.extend(steps(0, 55))
+    mr.push(local, url)
+    writers.start(WRITER, local, os.path.dirname(__file__))
+    writers.start(PUSH_LOOP, local, url)
+    with mr.open(url) as remote:  # pushes of the running writer have begun
+        deadline = time.monotonic() + 60
+        while remote.total_steps < 70 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            remote.refresh()
+    for i in range(4):
+        back = mr.pull(url, tmp_path / f"back{i}")
+        with mr.open(back) as s:
+            if s.window.first == s.window.end:  # the writer went round the ring while it was pulled
+                continue
+            g = check_rows(s.get(slice(None)))
+            assert (np.diff(g[:, 0]) == 1).all() and g[-1, 0] == s.total_steps - 1
+        assert verify(str(back), deep=True) == []
+
+
+def test_an_export_of_a_store_in_object_storage_names_its_url_as_the_source(tmp_path, url):
+    import json
+
+    import h5py
+
+    mr.push(make(tmp_path / "buf", 20), url)
+    with mr.open(url) as remote:
+        mr.export(remote, tmp_path / "d4rl.h5", format="d4rl")
+        minari = mr.export(remote, tmp_path / "minari", format="minari", dataset_id="pointchase/remote-v0")
+    with h5py.File(tmp_path / "d4rl.h5") as f:
+        assert f.attrs["source"] == url
+    with open(os.path.join(minari.path, "metadata.json")) as f:
+        assert json.load(f)["description"].endswith(f"from {url}")
+
+
+def test_an_hdf5_store_copied_to_object_storage_is_refused_with_what_works(tmp_path, url):
+    """push refuses an hdf5 store; one copied there by other means is refused by open and
+    pull alike, each saying to convert it (neither sends the user to the other)."""
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    path = tmp_path / "h5"
+    with mr.create(path, {"x": mr.ArraySpec((2,), "float32")}, capacity=8, backend="hdf5") as s:
+        s.add({"x": np.ones((1, 2), "float32")})
+    with pytest.raises(mr.CorruptBufferError, match="convert --backend zarr"):
+        mr.push(path, url)
+    location = Location(url)
+    for name in os.listdir(path):
+        location.put(name, (path / name).read_bytes())
+    for attempt in (lambda: mr.open(url), lambda: mr.pull(url, tmp_path / "back")):
+        with pytest.raises(mr.CorruptBufferError, match="convert --backend zarr") as refused:
+            attempt()
+        assert "pull" not in str(refused.value)
+
+
+def test_verify_checks_a_row_frame_leaf_as_readers_read_it(tmp_path, url):
+    """Rows a live writer still stages have no shard object: that is health. The staging
+    object readers need is checked, as is each committed row's frame."""
+    from mmreplay.io.remote import ObjectPrefix as Location
+    from mmreplay.objstore import verify_url
+
+    with mr.create(tmp_path / "s", FRAME_SPEC, capacity=16, chunk_steps=4, compression={"frame": "rows:lz4"}) as w:
+        w.extend(frame_steps(0, 6))  # segment 1 staged: no shard of it yet
+        mr.push(w, url)
+    assert verify_url(url) == [] and verify_url(url, deep=False) == []
+    location = Location(url)
+    staging = "data.zarr/frame/rows.staging"
+    location.put(staging, location.get(staging)[:100])
+    problems = verify_url(url, deep=False)
+    assert len(problems) == 1 and "staging" in problems[0] and "100 bytes" in problems[0], problems
+    location.delete([staging])
+    problems = verify_url(url)
+    assert len(problems) == 1 and "staging" in problems[0] and "missing" in problems[0], problems
+
+
+def test_verify_finds_a_mapped_leafs_array_metadata_changed(tmp_path, url):
+    """A mapped leaf is read by byte range whatever its zarr.json says; zarr readers
+    follow it, so a changed shape or dtype is damage."""
+    import json
+
+    from mmreplay.io.remote import ObjectPrefix as Location
+    from mmreplay.objstore import verify_url
+
+    mr.push(make(tmp_path / "buf", 33), url)
+    location = Location(url)
+    doc = json.loads(location.get("data.zarr/reward/zarr.json"))
+    location.put("data.zarr/reward/zarr.json", json.dumps({**doc, "data_type": "float64"}).encode())
+    problems = verify_url(url)
+    assert len(problems) == 1 and "reward" in problems[0] and "float64" in problems[0], problems
+
+
+def test_a_missing_array_metadata_names_the_object_not_a_local_path(tmp_path, url):
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    mr.push(make(tmp_path / "buf", 5), url)
+    Location(url).delete(["data.zarr/reward/zarr.json"])
+    with pytest.raises(mr.CorruptBufferError, match="reward") as refused:
+        mr.open(url)
+    assert "file://" not in str(refused.value) and "s3:/" + BUCKET not in str(refused.value), refused.value

@@ -121,6 +121,13 @@ def test_priorities_go_back_to_the_actor_of_each_item(cluster, tmp_path):
     _, info = sampler.sample(2000, rng=0, return_info=True)
     assert abs(np.mean(info.shard == 1) - 0.9) < 0.03
     np.testing.assert_allclose(info.weight, np.where(info.shard == 1, 9**-0.5, 1.0), rtol=1e-5)
+    # a shard index that names no actor (-1 is not the last one), or is not an integer,
+    # is refused before any actor is sent its part, as a group refuses it
+    steps, envs = np.arange(4), np.zeros(4, int)
+    for shard in (np.array([0, 0, 1, -1]), np.array([0, 0, 1, 2]), np.array([0.0, 0.0, 1.0, 1.0])):
+        with pytest.raises(mr.BadInputError, match="shard"):
+            sampler.update_priorities(shard, steps, envs, np.full(4, 50.0))
+    assert [m.total for m in sampler.masses()] == [10.0, 90.0]
 
 
 @pytest.mark.long

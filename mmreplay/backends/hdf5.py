@@ -221,9 +221,9 @@ class _SwmrFile:
 
 def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf]:
     if not source.local:
-        raise CorruptBufferError(
-            f"{source.url}: an hdf5 store cannot be read from object storage; pull it to a folder first"
-        )
+        from ..io.remote import HDF5_REFUSED
+
+        raise CorruptBufferError(f"{source.url}: {HDF5_REFUSED}")
     folder = source.path
     path = os.path.join(folder, DATA_FILE)
     mapped = [leaf for leaf in meta.leaves if leaf.mapped]

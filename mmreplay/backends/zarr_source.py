@@ -64,6 +64,9 @@ class BufferStore(zarr.storage.LocalStore):
         # compressed data can be a little larger than the raw bytes it holds
         return cls(source, rel, read_only=read_only, limit=raw + raw // 128 + (1 << 16), chunk_bytes=chunk_bytes)
 
+    def __str__(self) -> str:  # zarr's messages name the store: its objects' place, not a local path
+        return self.source.where(self.rel)
+
     def with_read_only(self, read_only: bool = False) -> BufferStore:
         return type(self)(self.source, self.rel, read_only=read_only, limit=self.limit, chunk_bytes=self.chunk_bytes)
 

@@ -428,16 +428,28 @@ def _zarr_leaf(
     return found
 
 
+#: bytes of a staging file's header that :func:`staging_segment` reads
+STAGING_HEAD_BYTES = len(STAGING_MAGIC) + 32
+
+
 def _staging_segment(arr_dir: str, meta: Metadata, leaf: LeafInfo) -> tuple[tuple[int, int, int] | None, str | None]:
     """(segment, base, filled) of a row-frames leaf's staging file, or why it is unusable."""
     path = os.path.join(arr_dir, STAGING_FILE)
-    need = staging_bytes(leaf.chunk_steps, meta.num_envs, leaf.spec.nbytes)
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            head = f.read(len(STAGING_MAGIC) + 32)
+            head = f.read(STAGING_HEAD_BYTES)
     except (FileNotFoundError, IsADirectoryError):
         return None, f"staging file {path} is missing"
+    return staging_segment(head, size, path, meta, leaf)
+
+
+def staging_segment(
+    head: bytes, size: int, path: str, meta: Metadata, leaf: LeafInfo
+) -> tuple[tuple[int, int, int] | None, str | None]:
+    """(segment, base, filled) from the first bytes of a staging file of ``size`` bytes
+    (at ``path``), or why it is unusable."""
+    need = staging_bytes(leaf.chunk_steps, meta.num_envs, leaf.spec.nbytes)
     if size < need:
         return None, f"staging file {path} has {size} bytes, expected {need}"
     if not head.startswith(STAGING_MAGIC):
@@ -446,6 +458,26 @@ def _staging_segment(arr_dir: str, meta: Metadata, leaf: LeafInfo) -> tuple[tupl
     if not (-1 <= segment < -(-meta.capacity // leaf.chunk_steps) and 0 <= base <= filled <= leaf.chunk_steps):
         return None, f"staging file {path} is damaged (header segment {segment} steps {base}..{filled})"
     return (segment, base, filled), None
+
+
+def segments_outside_staging(
+    meta: Metadata, leaf: LeafInfo, staged: tuple[int, int, int] | None
+) -> list[tuple[int, list[int]]]:
+    """(segment, its steps) of a row-frames leaf's retained committed steps that are not
+    in staging (``staged``: its segment, base, filled), so in their segment's shard."""
+    seg = leaf.chunk_steps
+    segment, base, filled = staged or (-1, 0, 0)
+    out = []
+    for k in chunks_of(meta, leaf):
+        steps = sorted(
+            t - k * seg
+            for a, b in retained_ranges(meta)
+            for t in range(max(a, k * seg), min(b, (k + 1) * seg))
+            if not (k == segment and base <= t - k * seg < filled)
+        )
+        if steps:
+            out.append((k, steps))
+    return out
 
 
 def _row_leaf_checks(
@@ -462,16 +494,7 @@ def _row_leaf_checks(
     if why:
         found.bad_staging = why
         problem(why)
-    segment, base, filled = staged or (-1, 0, 0)
-    for k in chunks_of(meta, leaf):
-        steps = sorted(
-            t - k * seg
-            for a, b in retained_ranges(meta)
-            for t in range(max(a, k * seg), min(b, (k + 1) * seg))
-            if not (k == segment and base <= t - k * seg < filled)
-        )
-        if not steps:
-            continue
+    for k, steps in segments_outside_staging(meta, leaf, staged):
         shard = os.path.join(arr_dir, chunk_key(arr, k))
         named = f"shard file {shard} (segment {k}, slots {k * seg}..{min((k + 1) * seg, meta.capacity) - 1})"
         try:

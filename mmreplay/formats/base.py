@@ -28,6 +28,7 @@ from ..codecs import LEVELS, parse
 from ..episodes import fresh_envs
 from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target, disk_usage
+from ..io import is_url
 from ..roles import subtree
 from ..spec import ArraySpec, flatten, leaf_paths, spec_from_json, spec_to_json
 
@@ -42,6 +43,7 @@ __all__ = [
     "Target",
     "check_compression",
     "episode_flags",
+    "source_name",
 ]
 
 #: bytes of store data read per block by the step-major exporters
@@ -360,6 +362,12 @@ class Roles:
         """Leaf paths not under any of the given role names."""
         taken = {leaf for role in used if role in self.roles for leaf in self.leaves_of(self.roles[role])}
         return [p for p in self.paths if p not in taken]
+
+
+def source_name(store: Exportable) -> str:
+    """Where an export came from, as its metadata records it: the store's URL, or its
+    folder's absolute path."""
+    return store.path if is_url(store.path) else os.path.abspath(store.path)
 
 
 def nest_leaves(name: str, spec: Any, value: Any) -> Iterator[tuple[str, ArraySpec, Any]]:

@@ -15,7 +15,6 @@ began and which env it came from.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from .base import (
     episode_flags,
     info_key,
     nest_leaves,
+    source_name,
 )
 from .hdf5 import dataset_options, datasets, hdf5_output, open_hdf5
 
@@ -135,7 +135,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
             app.close()
             f.create_dataset("episode_starts", data=np.asarray(starts, np.int64))
             f.create_dataset("episode_envs", data=np.asarray(envs, np.int64))
-            f.attrs["source"] = os.path.abspath(store.path)
+            f.attrs["source"] = source_name(store)
             f.attrs[EXPORT_MARK] = "d4rl"
         return target.finish(count, steps)
 

@@ -61,6 +61,7 @@ from .base import (
     episodes_source,
     info_key,
     nest,
+    source_name,
 )
 from .hdf5 import array_options, datasets, hdf5_output
 
@@ -302,7 +303,7 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
             **spaces,
             "jpeg_encoding": False,
             "algorithm_name": "mmreplay export",
-            "description": f"Exported by mmreplay from {os.path.abspath(store.path)}",
+            "description": f"Exported by mmreplay from {source_name(store)}",
             "dataset_size": round(disk_usage(folder) / 2**20, 1),
         }
         with open(os.path.join(folder, "metadata.json"), "w") as fm:

@@ -38,6 +38,11 @@ __all__ = ["ObjectPrefix", "Traffic", "gather_all", "gather_bounded", "split_url
 #: seconds a request may go unanswered, retries included (else obstore's own limits:
 #: 30 s a try, retried for up to 3 minutes)
 TIMEOUT_VARIABLE = "MMREPLAY_S3_TIMEOUT"
+#: why a store of the hdf5 backend found in object storage is neither read nor pulled
+HDF5_REFUSED = (
+    "an hdf5 store is not read from object storage: copy its folder to a local disk, "
+    "where `mmreplay convert --backend zarr` makes a store that push can publish"
+)
 
 
 def split_url(url: str) -> tuple[str, str]:
