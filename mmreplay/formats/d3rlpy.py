@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
+from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError
 from ..roles import subtree
 from ..spec import ArraySpec, flatten
 from .base import EXPORT_MARK, Episodes, Roles, Source, Target, episode_flags, episodes_source
@@ -84,9 +84,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 
 
 def read(src: str, files: ExitStack) -> Source:
-    f = open_hdf5(src, files, "d3rlpy")
-    if "num_episodes" not in f:
-        raise UnsupportedFormatError(f"{src}: no 'num_episodes' dataset; not a d3rlpy file")
+    f = open_hdf5(src, files, "d3rlpy", "num_episodes", "a d3rlpy file")
     count = int(f["num_episodes"][()])
     if count < 1:
         raise BadInputError(f"{src}: the d3rlpy file holds no episodes")

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import UnsupportedFormatError
 from ..roles import subtree
 from ..spec import ArraySpec, flatten
 from .base import (
@@ -146,9 +145,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 def read(src: str, files: ExitStack) -> Source:
     import h5py
 
-    f = open_hdf5(src, files, "d4rl")
-    if "observations" not in f:
-        raise UnsupportedFormatError(f"{src}: no 'observations' dataset; not a D4RL-style file")
+    f = open_hdf5(src, files, "d4rl", "observations", "a D4RL-style file")
     obs = f["observations"]
     steps = len(obs) if isinstance(obs, h5py.Dataset) else len(next(iter(datasets(obs).values())))
     arrays: dict[str, Any] = {}

@@ -93,14 +93,17 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 # --- the import ------------------------------------------------------------------------
 
 
-def open_hdf5(src: str, files: ExitStack, fmt: str) -> Any:
-    """``src`` opened read-only (closed with ``files``); a file that is no HDF5 is one
-    error naming it, not h5py's."""
+def open_hdf5(src: str, files: ExitStack, fmt: str, dataset: str | None = None, kind: str = "") -> Any:
+    """``src`` opened read-only (closed with ``files``); a file that is no HDF5, or holds
+    no ``dataset`` (the one a file of ``kind`` always has), is one error naming it, not h5py's."""
     import h5py
 
     if not h5py.is_hdf5(src):
         raise UnsupportedFormatError(f"{src}: not an HDF5 file, which the {fmt} import reads")
-    return files.enter_context(h5py.File(src, "r"))
+    f = files.enter_context(h5py.File(src, "r"))
+    if dataset is not None and dataset not in f:
+        raise UnsupportedFormatError(f"{src}: no {dataset!r} dataset; not {kind}")
+    return f
 
 
 def read(src: str, files: ExitStack) -> Source:
