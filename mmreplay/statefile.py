@@ -128,11 +128,11 @@ def _rewrites(raw: bytes, at: int, generation: int) -> int | None:
     at += _SLOT.size + _CRC.size
     if len(raw) < at + _REWRITES.size + _CRC.size:
         return None
-    extra = raw[at : at + _REWRITES.size]
-    if zlib.crc32(extra) != _CRC.unpack_from(raw, at + _REWRITES.size)[0]:
+    gen, rewrites = _REWRITES.unpack_from(raw, at)
+    crc = _CRC.unpack_from(raw, at + _REWRITES.size)[0]
+    if gen != generation or zlib.crc32(raw[at : at + _REWRITES.size]) != crc:
         return None
-    gen, rewrites = _REWRITES.unpack(extra)
-    return rewrites if gen == generation else None
+    return rewrites
 
 
 def _fields(raw: bytes, index: int) -> tuple | str:
@@ -151,28 +151,29 @@ def _fields(raw: bytes, index: int) -> tuple | str:
         return f"generation {gen} in slot {index}"
     if not start <= end <= reserved < MAX_STEP or attrs_gen > gen:
         return f"impossible numbers (start {start}, end {end}, reserved {reserved})"
-    return (*fields, _rewrites(raw, at, gen))
+    return fields
 
 
-def _state(fields: tuple) -> State:
-    _, gen, start, end, reserved, commits, t, attrs_gen, rewrites = fields
+def _state(fields: tuple, raw: bytes, index: int) -> State:
+    _, gen, start, end, reserved, commits, t, attrs_gen = fields
+    rewrites = _rewrites(raw, index * SLOT_BYTES, gen)
     return State(start, end, reserved, commits, None if math.isnan(t) else t, gen, attrs_gen, rewrites)
 
 
 def decode_slot(raw: bytes, index: int) -> State | str:
     """Slot ``index`` of the file's bytes ``raw``: its state, or why it is not valid."""
     fields = _fields(raw, index)
-    return fields if isinstance(fields, str) else _state(fields)
+    return fields if isinstance(fields, str) else _state(fields, raw, index)
 
 
 def newest(raw: bytes) -> State | None:
     """The newest valid state of the file's bytes, or None when neither slot is valid."""
     a, b = _fields(raw, 0), _fields(raw, 1)
     if isinstance(a, str):
-        return None if isinstance(b, str) else _state(b)
+        return None if isinstance(b, str) else _state(b, raw, 1)
     if isinstance(b, str) or a[1] > b[1]:
-        return _state(a)
-    return _state(b)
+        return _state(a, raw, 0)
+    return _state(b, raw, 1)
 
 
 def salvage(path: str) -> tuple[int, int]:
