@@ -34,7 +34,7 @@ from typing import Any
 
 from .backends import zarr_v3
 from .backends.row_reads import STAGING_FILE
-from .errors import CorruptBufferError, SpecMismatchError, TargetError
+from .errors import BadInputError, CorruptBufferError, SpecMismatchError, TargetError
 from .io.local import unsafe_entries
 from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
@@ -199,8 +199,12 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
         folder = source.path
         if source.location is not None:
             raise TargetError(f"{folder}: is already in object storage; pull it to push it elsewhere")
-    else:
+    elif isinstance(source, (str, os.PathLike)):
         folder = os.fspath(source)
+    else:  # (a Group: each of its shards is a store to push)
+        raise BadInputError(
+            f"push takes a store or its folder, got a {type(source).__name__}; push a group's shards one by one"
+        )
     unsafe = unsafe_entries(folder)  # every file is read and sent: none may lead outside
     if unsafe:
         raise CorruptBufferError(f"{unsafe[0]}; push sends nothing from a folder holding such files")

@@ -641,3 +641,11 @@ def test_a_missing_array_metadata_names_the_object_not_a_local_path(tmp_path, ur
     with pytest.raises(mr.CorruptBufferError, match="reward") as refused:
         mr.open(url)
     assert "file://" not in str(refused.value) and "s3:/" + BUCKET not in str(refused.value), refused.value
+
+
+def test_push_of_an_open_group_names_what_it_takes(tmp_path):
+    folder = str(tmp_path / "g")
+    mr.create_group(folder, {"x": mr.ArraySpec((), "int64")}, 2, capacity=8).close()
+    with mr.open_group(folder) as group:
+        with pytest.raises(mr.BadInputError, match="push takes a store or its folder, got a Group"):
+            mr.push(group, "s3://bucket/x")
