@@ -18,7 +18,7 @@ import numpy as np
 
 from . import backends, frames_layout
 from .errors import DiskFullError, SpecError, SpecMismatchError
-from .files import interrupts_deferred, make_folders, named_error, remove_dead_scratch, scratch_path
+from .files import interrupts_deferred, make_folders, raise_named, remove_dead_scratch, scratch_path
 from .lock import WriterLock
 from .metadata import (
     DURABILITIES,
@@ -252,10 +252,7 @@ def create(
             if exist_ok and isinstance(exc, BufferExistsError):  # reopen what the other process made
                 return create(path, spec, capacity, num_envs, backend, chunk_steps, compression, commit_every,
                               durability, roles, exist_ok, chosen, frames)
-            named = named_error(exc, path, "buffer", tmp)
-            if named is exc:
-                raise
-            raise named from exc
+            raise_named(exc, path, "buffer", tmp)
         lock.path = os.path.join(path, os.path.basename(lock.path))
     if durability == "power":
         for folder in {parent, *(os.path.dirname(m) for m in made)}:  # the new entries

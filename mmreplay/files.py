@@ -15,6 +15,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
+from typing import NoReturn
 
 from .errors import DiskFullError, Error, ReadOnlyError, TargetError
 from .io.local import NO_FOLLOW
@@ -26,6 +27,8 @@ __all__ = [
     "disk_usage",
     "interrupts_deferred",
     "make_folders",
+    "named_error",
+    "raise_named",
     "remove_dead_scratch",
     "scratch_path",
 ]
@@ -335,6 +338,14 @@ class AtomicOutput:
 
     def named(self, exc: BaseException) -> BaseException:
         return named_error(exc, self.out, self.what, self.tmp)
+
+
+def raise_named(exc: BaseException, out: str, what: str, tmp: str) -> NoReturn:
+    """Raise :func:`named_error` of ``exc``: ``exc`` itself where it is neither."""
+    named = named_error(exc, out, what, tmp)
+    if named is exc:
+        raise exc
+    raise named from exc
 
 
 def named_error(exc: BaseException, out: str, what: str, tmp: str) -> BaseException:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
-from .files import named_error
+from .files import raise_named
 from .selection import READ_BLOCK_FRAMES, frame_leaves, pick_leaf, read_leaf, select, step_ends, to_uint8
 from .spec import Layout
 
@@ -393,10 +393,7 @@ class FrameView:
                 self._write_mp4(tmp, progress)
             os.replace(tmp, path)
         except OSError as exc:
-            named = named_error(exc, path, f"{suffix[1:]} file", tmp)
-            if named is exc:
-                raise
-            raise named from exc
+            raise_named(exc, path, f"{suffix[1:]} file", tmp)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import BadInputError, NotEnoughDataError
-from .files import named_error
+from .files import raise_named
 from .selection import READ_BLOCK_FRAMES, read_leaf, select, to_uint8
 from .spec import Layout
 
@@ -95,10 +95,7 @@ def log_rerun(
     try:
         open(tmp, "wb").close()  # a place rerun cannot write: an OSError here, not rerun's RuntimeError
     except OSError as exc:
-        named = named_error(exc, path, "Rerun recording", tmp)
-        if named is exc:
-            raise
-        raise named from exc
+        raise_named(exc, path, "Rerun recording", tmp)
     rec = rr.RecordingStream(f"mmreplay {name}")
     rec.save(tmp)
     try:

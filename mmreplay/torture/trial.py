@@ -77,16 +77,13 @@ def run_trial(path: str, config: TrialConfig, server: WriterServer, out: Summary
 def make_root(root: str) -> None:
     """Make the folder of the buffers and check a trial can write there: a place none
     can is one error, raised before anything starts, not a failure in every trial."""
-    from ..files import named_error
+    from ..files import raise_named
 
     try:
         os.makedirs(root, exist_ok=True)
         os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=root))
     except OSError as exc:
-        named = named_error(exc, root, "torture's buffers", root)
-        if named is exc:
-            raise
-        raise named from exc
+        raise_named(exc, root, "torture's buffers", root)
 
 
 def run(
