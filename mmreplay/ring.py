@@ -301,26 +301,41 @@ class Ring:
         if self.mode != "a":
             raise ReadOnlyError(f"{self.path}: store is open read-only (mode='r'); open it with mode='a' to write")
 
-    def _before_write(self) -> None:
-        """The first step written by a writer that reopened the store: it resumes
-        collection, so the episodes the last writer left open end first."""
-        self._check_writable()
-        self._end_open_episodes()
-        self._writable = True
+    def end_episodes(self, envs: Any = None) -> np.ndarray:
+        """End the episodes of ``envs`` (None: every env) that are still open at the newest
+        step, as a reset or a restart cut them short: that step is marked truncated
+        (TF-Agents: ``LAST`` with its discount), then everything added is committed.
+        Returns the envs whose episode ended here; an env already at an episode end, or a
+        store without a leaf that marks a truncation, is left as it is (:mod:`mmreplay.episodes`)."""
+        with self._writing():
+            if not self._writable:  # a reopened writer: every env's open episode ends, as at its first step
+                return self._before_write()
+            return self._end_episodes(self._written - 1, envs)
 
-    def _end_open_episodes(self) -> None:
-        """Mark truncated each env's episode left open at the last committed step
-        (:func:`mmreplay.episodes.open_ends`): in place, committed, then recorded in the
-        episode index. A crash before the commit leaves the mark to be made again by
-        the next writer; one after it, the index to be mended when it is next loaded."""
-        mark = _episodes.open_ends(self)
+    def _before_write(self) -> np.ndarray:
+        """The first step written by a writer that reopened the store: it resumes
+        collection, so the episodes the last writer left open end first (the envs returned)."""
+        self._check_writable()
+        ended = self._end_episodes(self._state.end - 1)
+        self._writable = True
+        return ended
+
+    def _end_episodes(self, step: int, envs: Any = None) -> np.ndarray:
+        """Mark ``step`` truncated in the envs whose episode is open there: in place, then
+        committed, and a step committed before recorded in the episode index. A crash
+        before the commit leaves the mark to be made again; one after it, the index to be
+        mended when it is next loaded."""
+        mark = _episodes.open_ends(self, step, envs)
         if mark is None:
-            return
-        leaf, step, row = mark
+            return np.zeros(0, np.int64)
+        leaf, row, ended = mark
         leaf.write_slots(np.array([step % self._capacity]), row)
-        self._dirty = True
+        rewritten = step < self._state.end  # (a step not committed yet is indexed by the commit)
+        self._dirty |= rewritten
         self._commit()
-        _episodes.index_for(self).rescan(self._view, np.array([step]))
+        if rewritten:
+            _episodes.index_for(self).rescan(self._view, np.array([step]))
+        return ended
 
     def commit(self) -> None:
         """Make every step added so far durable; cheap when nothing is new."""

@@ -257,6 +257,36 @@ def test_a_reopened_folder_draws_the_episodes_left_open_before_its_first_add(tmp
     ours.close()
 
 
+def test_truncating_the_last_trajectory_mid_run_ends_the_episodes_sb3_ends(tmp_path, count=10):
+    """``truncate_last_trajectory`` with steps not committed yet marks the newest step of
+    the envs still in an episode there, as SB3 does: not an env whose episode ended at it."""
+    theirs, ours = _her_pair(tmp_path, 3, size=40, strategy="episode")
+    ours.store.close()  # (_her_pair's commit_every=3 would commit the newest step)
+    ours = HerReplayBuffer(40, *_spaces(3), _vec_env(3), "cpu", n_envs=3, goal_selection_strategy="episode",
+                           path=tmp_path / "other", commit_every=1000)  # fmt: skip
+    steps = GoalSteps(3, seed=11, limit=30)
+    for t in range(count):
+        obs, next_obs, action, reward, done, infos = steps()
+        if t == count - 1:  # env 0's episode ends at the newest step, the others' run on
+            done = np.array([True, False, False])
+            infos = [{"TimeLimit.truncated": False}] * 3
+        theirs.add(obs, next_obs, action, reward, done, infos)
+        ours.add(obs, next_obs, action, reward, done, infos)
+    assert ours.store.committed_steps < count  # the newest steps are not committed
+    with pytest.warns(UserWarning, match="will be truncated"):
+        theirs.truncate_last_trajectory()
+    with pytest.warns(UserWarning, match="will be truncated"):
+        ours.truncate_last_trajectory()
+    np.testing.assert_array_equal(ours.dones[:count], theirs.dones[:count])
+    np.testing.assert_array_equal(ours.timeouts[:count], theirs.timeouts[:count])
+    _assert_same_episodes(theirs, ours)
+    np.random.seed(0)
+    expected = theirs.sample(32)
+    np.random.seed(0)
+    _assert_same(expected, ours.sample(32))
+    ours.close()
+
+
 def _spaces(n_envs: int):
     env = _vec_env(n_envs)
     return env.observation_space, env.action_space

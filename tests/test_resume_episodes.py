@@ -1,6 +1,7 @@
 """A writer that resumes a store ends the episodes the last one left open: the store's
 rule (after a kill or a clean close, on every layout, crash-safe), and every layer that
-resumes a folder gets it through the store."""
+resumes a folder gets it through the store. ``Store.end_episodes`` is the same rule on
+demand, for a reset or a restart mid-episode."""
 
 from __future__ import annotations
 
@@ -132,6 +133,44 @@ def test_an_end_marked_but_not_yet_indexed_is_indexed_by_the_next_writer(tmp_pat
         assert spans(writer) == [(0, 0, 2, "terminated"), (0, 3, 5, "truncated"), (1, 0, 5, "truncated")]
     with mr.open(tmp_path / "b") as reader:
         assert spans(reader)[-1] == (1, 0, 5, "truncated")
+
+
+def test_end_episodes_marks_the_newest_step_of_the_envs_still_in_an_episode(tmp_path, layout):
+    path = tmp_path / "b"
+    with mr.create(path, SPEC, 50, num_envs=2, commit_every=1000, **layout) as store:
+        store.extend(steps(0, 6, {5: [0]}))  # env 0's episode ends at the newest step, env 1's runs on
+        rewrites = store.state.rewrites
+        assert store.end_episodes().tolist() == [1]
+        assert store.committed_steps == 6  # with the mark
+        assert store.state.rewrites == rewrites  # the step was not committed: nothing was rewritten
+        assert store.end_episodes().tolist() == []  # every episode has ended there now
+        with mr.open(path) as reader:
+            assert reader.get(5)["truncated"].tolist() == [False, True]
+            assert spans(reader) == [(0, 0, 5, "terminated"), (1, 0, 5, "truncated")]
+        store.extend(steps(6, 2))
+        store.commit()
+        with mr.open(path) as reader:
+            assert store.end_episodes([0]).tolist() == [0]  # a committed step: rewritten, counted
+            assert store.state.rewrites == rewrites + 1
+            reader.refresh()
+            assert reader.get(7)["truncated"].tolist() == [True, False]
+            assert spans(reader) == [(0, 0, 5, "terminated"), (0, 6, 7, "truncated"), (1, 0, 5, "truncated"),
+                                     (1, 6, 7, "open")]  # fmt: skip
+    with mr.open(path) as reader:
+        with pytest.raises(mr.ReadOnlyError):
+            reader.end_episodes()
+
+
+def test_end_episodes_of_a_reopened_writer_ends_every_episode_left_open(tmp_path):
+    with mr.create(tmp_path / "b", SPEC, 50, num_envs=2) as store:
+        store.extend(steps(0, 6, {2: [0]}))
+    with mr.open(tmp_path / "b", "a") as writer:  # its envs are new: env 1's episode cannot go on either
+        assert writer.end_episodes([0]).tolist() == [0, 1]
+        assert spans(writer) == [(0, 0, 2, "terminated"), (0, 3, 5, "truncated"), (1, 0, 5, "truncated")]
+    with mr.open(tmp_path / "b", "a", continue_episodes=True) as writer:
+        writer.extend(steps(6, 2))
+        assert writer.end_episodes([1]).tolist() == [1]
+        assert spans(writer)[2:] == [(0, 6, 7, "open"), (1, 0, 5, "truncated"), (1, 6, 7, "truncated")]
 
 
 # --- every layer that resumes a folder ---------------------------------------------------

@@ -164,13 +164,8 @@ class _Writer:
                 self.queues[i][-1][self.truncated] = np.True_
             elif open_[i]:
                 written.append(i)
-        store = self.store
-        if written and len(store):
-            store.commit()
-            step = flatten(store.get(-1))
-            step[self.truncated][written] = True
-            store.set(-1, unflatten(self.spec, step))
-            store.commit()
+        if written:
+            self.store.end_episodes(written)
 
     def waiting(self) -> int:
         return sum(len(q) for q in self.queues)

@@ -10,7 +10,8 @@ end roles each env's retained stream is one open episode.
 A writer that reopens a store resumes collection: the episodes the last writer left
 open cannot go on (its environments are gone), so before the first step it writes, the
 last committed step of each env whose episode is still open is marked truncated
-(:func:`open_ends`), whether the last writer was killed or closed cleanly. The mark is
+(:func:`open_ends`), whether the last writer was killed or closed cleanly; a writer ends
+them on demand at its newest step with ``Store.end_episodes``. The mark is
 the ``truncated`` leaf set, or for TF-Agents trajectories ``next_step_type`` set to
 ``LAST`` (with a non-zero ``discount``: a time limit). A store without such a leaf
 (only ``terminated`` / ``done``, only ``step_type``, or no end roles) cannot say
@@ -106,18 +107,21 @@ class EndRule:
             yield self.records(np.arange(a, min(hi, a + SCAN_STEPS), dtype=np.int64))
 
 
-def open_ends(store: EpisodeSource) -> tuple[Any, int, np.ndarray] | None:
-    """How a resuming writer ends the episodes left open (see the module docstring):
-    ``(leaf, step, row)``, the end leaf, the last committed step and that leaf's new
-    row ``[1, num_envs, *shape]``; None when no episode is open there or the store has
-    no leaf that marks a truncation."""
-    end = store.state.end
-    if end == 0 or end - 1 < store.first_step:
+def open_ends(store: EpisodeSource, step: int, envs: Any = None) -> tuple[Any, np.ndarray, np.ndarray] | None:
+    """How the episodes of ``envs`` (None: every env) open at ``step`` end (see the module
+    docstring): ``(leaf, row, ended)``, the end leaf, its new row at ``step``
+    ``[1, num_envs, *shape]`` and the envs it ends; None when none of them is open there,
+    ``step`` is not retained, or the store has no leaf that marks a truncation."""
+    if step < max(0, store.first_step):
         return None
     rule = EndRule(store)
-    slot = np.array([(end - 1) % store.capacity])
-    open_ = rule.codes(slot)[0] == 0 if rule.kind is not None else None
-    if open_ is None or not open_.any():
+    if rule.kind is None:
+        return None
+    slot = np.array([step % store.capacity])
+    open_ = rule.codes(slot)[0] == 0
+    if envs is not None:
+        open_ &= np.isin(np.arange(store.num_envs), envs)
+    if not open_.any():
         return None
     if rule.kind == "flags" and "truncated" in rule.leaves:
         leaf, value = rule.leaves["truncated"], 1
@@ -134,4 +138,4 @@ def open_ends(store: EpisodeSource) -> tuple[Any, int, np.ndarray] | None:
         return None
     row = np.array(leaf.read(slot))
     row.reshape(1, store.num_envs, -1)[0, open_] = value
-    return leaf, end - 1, row
+    return leaf, row, np.flatnonzero(open_)

@@ -98,7 +98,7 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
             **store_options,
         )
         self.env = env
-        self._end_running()  # a resumed folder's, as SB3's load_replay_buffer ends them: drawn at once
+        self._live().end_episodes()  # a resumed folder's, as SB3's load_replay_buffer ends them: drawn at once
         self.copy_info_dict = False
         self.goal_selection_strategy = KEY_TO_GOAL_STRATEGY[strategy]
         self.n_sampled_goal = int(n_sampled_goal)
@@ -164,24 +164,13 @@ class HerReplayBuffer(DictReplayBuffer, sb3_her.HerReplayBuffer):
 
     def truncate_last_trajectory(self) -> None:
         """As SB3's: the episode each env is in ends at the newest step (marked truncated)."""
-        if self._end_running():
+        if len(self._live().end_episodes()):
             warnings.warn(
                 "The last trajectory in the replay buffer will be truncated.\n"
                 "If you are in the same episode as when the replay buffer was saved,\n"
                 "you should use `truncate_last_trajectory=False` to avoid that issue.",
                 stacklevel=2,
             )
-
-    def _end_running(self) -> bool:
-        """Mark the newest step truncated in each env whose episode runs there; whether any did."""
-        store = self._live()
-        spans = index_for(store).spans(store)
-        running = np.unique(spans.env[spans.code == 0])
-        if running.size:
-            newest = store.get(-1)
-            newest["truncated"][running] = True
-            store.set(-1, newest)
-        return bool(running.size)
 
     # --- reads ---------------------------------------------------------------------------
 
