@@ -756,8 +756,21 @@ def test_zarr_compressed_chunk_damaged(tmp_path, damage):
         store.get(20)
         with pytest.raises(mr.CorruptBufferError, match="chunk 2"):
             store.get(9)
+    # the one line says which file holds the chunk
+    one_line_error(run_cli("export", path, str(tmp_path / "out.npz"), "-f", "npz", "-q"), 4, chunk, "chunk 2")
     assert_detected(path, "obs/state")
     _recovered_keeps_the_rest(path, lost_through=12)
+
+
+def test_hdf5_compressed_chunk_garbled_names_its_file(tmp_path):
+    path = fill(tmp_path / "b", 30, "hdf5", "gzip")
+    data = os.path.join(path, "data.h5")
+    with h5py.File(data, "r") as f:
+        info = f["obs/state"].id.get_chunk_info_by_coord((8,) + (0,) * (f["obs/state"].ndim - 1))  # steps 8..11
+    with open(data, "r+b") as f:
+        f.seek(info.byte_offset)
+        f.write(bytes(info.size))
+    one_line_error(run_cli("export", path, str(tmp_path / "out.npz"), "-f", "npz", "-q"), 4, data, "chunk 2")
 
 
 def test_hdf5_mapped_file_truncated(tmp_path):

@@ -422,6 +422,9 @@ class ChunkIO(Protocol):
     def exists(self, k: int) -> bool:
         """Whether chunk ``k`` was ever stored (a committed chunk that is not is damage)."""
 
+    def file(self, k: int) -> str:
+        """The file or object that holds chunk ``k``, as a message names it."""
+
     def refresh(self) -> None:
         """See the writer's latest chunks (a reader)."""
 
@@ -475,7 +478,7 @@ class ChunkedLeaf:
         chunk = self.cache.get(k)
         if chunk is None:
             a, b = self._bounds(k)
-            where = f"leaf {self.info.path!r}: chunk {k} (slots {a}..{b - 1})"
+            where = f"{self.io.file(k)}: leaf {self.info.path!r}: chunk {k} (slots {a}..{b - 1})"
             if committed and not self.io.exists(k):
                 raise CorruptBufferError(f"{where} holds committed steps but is missing; see `mmreplay verify`")
             try:

@@ -391,6 +391,9 @@ class H5Chunks:
     def exists(self, k: int) -> bool:
         return self.slot(k) is not None
 
+    def file(self, k: int) -> str:
+        return self.group.journal.h5_path
+
     def read(self, k: int, a: int, b: int) -> np.ndarray:
         error: Exception | None = None
         for attempt in range(4):

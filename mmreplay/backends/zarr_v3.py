@@ -283,6 +283,9 @@ class ZarrChunks:
     def exists(self, k: int) -> bool:
         return self.source.exists(self._key(k))
 
+    def file(self, k: int) -> str:
+        return self.source.where(self._key(k))
+
     def refresh(self) -> None:
         pass  # every read goes to the chunk objects
 
