@@ -34,14 +34,23 @@ from .base import Draw, Host, Mass, Sampler, Window
 __all__ = ["PrioritizedSampler"]
 
 REDUCTIONS = ("start", "max", "mean")
+# the priorities are stored as float32: a larger one would be stored as inf
+LARGEST = float(np.finfo(np.float32).max)
 
 
 def _number(name: str, value: Any, lo: float, hi: float = np.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    if not lo <= float(value) <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
+    if not (lo <= float(value) <= hi and np.isfinite(value)):
+        bounds = f"in [{lo}, {hi}]" if hi < np.inf else f">= {lo}"
+        raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
     return float(value)
+
+
+def _check_envs(store: Host, env: np.ndarray) -> None:
+    # one reduction for both bounds: a negative env reads as a huge unsigned number
+    if env.size and env.view(np.uint64).max() >= store.num_envs:
+        raise BadInputError(f"{store.path}: env index out of range for {store.num_envs} envs")
 
 
 class PrioritizedSampler(Sampler):
@@ -269,7 +278,7 @@ class PrioritizedSampler(Sampler):
         step, env = np.asarray(step), np.asarray(env)
         if step.shape != env.shape:
             step, env = np.broadcast_arrays(step, env)
-        if step.dtype.kind not in "iu" or env.dtype.kind not in "iu":
+        if step.size and (step.dtype.kind not in "iu" or env.dtype.kind not in "iu"):
             raise BadInputError(
                 f"{store.path}: step and env must be integer arrays, got {step.dtype} and {env.dtype}"
             )
@@ -281,17 +290,16 @@ class PrioritizedSampler(Sampler):
                 f"{store.path}: expected {step.size} priorities (one per item, or [items, num_steps]), "
                 f"got shape {np.shape(priorities)}"
             )
-        if p.size and not (0.0 <= p.min() and p.max() < np.inf):  # NaN fails both
-            bad = ~np.isfinite(p) | (p < 0)
+        if p.size and not (0.0 <= p.min() and p.max() + self.eps <= LARGEST):  # NaN fails both
+            bad = ~(p >= 0) | ~(p + self.eps <= LARGEST)
             raise BadInputError(
-                f"{store.path}: priorities must be finite and >= 0; {int(bad.sum())} are not "
-                f"(the first is {p[bad][0]!r} at position {np.argwhere(bad)[0].tolist()})"
+                f"{store.path}: priorities must be finite and >= 0 (at most {LARGEST:.4g}, stored as "
+                f"float32); {int(bad.sum())} are not "
+                f"(the first is {float(p[bad][0])!r} at position {np.argwhere(bad)[0].tolist()})"
             )
         if p.ndim == 2:
             p = self._reduce(p)
-        # one reduction for both bounds: a negative env reads as a huge unsigned number
-        if step.size and env.view(np.uint64).max() >= store.num_envs:
-            raise BadInputError(f"{store.path}: env index out of range for {store.num_envs} envs")
+        _check_envs(store, env)
         p = (p + self.eps).astype(np.float32)
         file = self._file()
         if not file.writable:
@@ -340,6 +348,7 @@ class PrioritizedSampler(Sampler):
         own uncommitted steps included), as float32."""
         store = self.store
         step, env = np.broadcast_arrays(np.asarray(step, np.int64), np.asarray(env, np.int64))
+        _check_envs(store, env)
         if store.mode == "a":
             self._fill(store.total_steps)
             first, end = store.first_step, store.total_steps
