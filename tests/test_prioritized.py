@@ -120,7 +120,6 @@ def test_negative_or_nan_priorities_are_refused_and_change_nothing(tmp_path):
     np.testing.assert_array_equal(store.sampler.priorities(step, env), before)
 
 
-
 def test_a_priority_too_large_for_float32_is_refused_and_changes_nothing(tmp_path):
     # finite as a Python float, infinite once stored: it would poison the running maximum
     store = filled(tmp_path / "b", capacity=8, steps=8)
@@ -130,7 +129,8 @@ def test_a_priority_too_large_for_float32_is_refused_and_changes_nothing(tmp_pat
         store.update_priorities(step[:2], env[:2], [1.0, 1e39])
     np.testing.assert_array_equal(store.sampler.priorities(step, env), before)
     assert store.sampler.file.max_priority == 1.0
-    store.update_priorities(step[:1], env[:1], [float(np.finfo(np.float32).max)])  # the largest float32 is fine
+    largest = float(np.finfo(np.float32).max)  # is fine
+    store.update_priorities(step[:1], env[:1], [largest])
     _, info = store.sample(64, rng=0, return_info=True)
     assert np.isfinite(info.weight).all() and np.isfinite(info.probability).all()
 
@@ -154,6 +154,7 @@ def test_stored_priorities_of_an_env_out_of_range_are_refused(tmp_path):
 def test_an_empty_update_applies_nothing(tmp_path):
     store = filled(tmp_path / "b", capacity=8, steps=8)
     assert store.update_priorities([], [], []) == 0
+
 
 def test_priorities_survive_close_and_reopen(tmp_path):
     store = filled(tmp_path / "b", capacity=16, steps=16)
