@@ -156,6 +156,16 @@ def test_an_empty_update_applies_nothing(tmp_path):
     assert store.update_priorities([], [], []) == 0
 
 
+def test_within_episodes_false_is_the_prioritized_draw_and_true_is_refused(tmp_path):
+    store = filled(tmp_path / "b", capacity=8, steps=8)
+    _, info = store.sample(16, num_steps=2, within_episodes=False, rng=0, return_info=True)
+    _, again = store.sample(16, num_steps=2, rng=0, return_info=True)
+    np.testing.assert_array_equal(info.step, again.step)
+    np.testing.assert_array_equal(info.weight, again.weight)
+    with pytest.raises(ValueError, match="prioritized sampler.*within_episodes=True"):
+        store.sample(16, num_steps=2, within_episodes=True)
+
+
 def test_priorities_survive_close_and_reopen(tmp_path):
     store = filled(tmp_path / "b", capacity=16, steps=16)
     step, env = all_rows(store)

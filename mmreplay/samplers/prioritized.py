@@ -53,6 +53,14 @@ def _check_envs(store: Host, env: np.ndarray) -> None:
         raise BadInputError(f"{store.path}: env index out of range for {store.num_envs} envs")
 
 
+def _across_episodes(within_episodes: bool | None) -> None:
+    if within_episodes:
+        raise ValueError(
+            "the prioritized sampler draws sequences across episode ends; within_episodes=True is not "
+            "supported (leave it unset or False)"
+        )
+
+
 class PrioritizedSampler(Sampler):
     """Rows (or the starts of ``num_steps`` sequences) drawn in proportion to
     ``priority ** alpha``, with importance weights in ``SampleInfo.weight``.
@@ -228,8 +236,15 @@ class PrioritizedSampler(Sampler):
             for (x, y), values in zip(tail, saved):
                 tree.set_range(x * num_envs, y * num_envs, values)
 
-    def mass(self, window: Window, num_steps: int = 1, beta: float | None = None) -> Mass:
+    def mass(
+        self,
+        window: Window,
+        num_steps: int = 1,
+        beta: float | None = None,
+        within_episodes: bool | None = None,
+    ) -> Mass:
         """The sum and the smallest of ``priority ** alpha`` over the valid starts."""
+        _across_episodes(within_episodes)
         if window.steps < num_steps:
             return Mass(0.0, np.inf)
         with self._starts(window, num_steps) as tree:
@@ -243,9 +258,11 @@ class PrioritizedSampler(Sampler):
         num_steps: int = 1,
         replacement: bool = True,
         beta: float | None = None,
+        within_episodes: bool | None = None,
     ) -> Draw:
         if not replacement:
             raise ValueError("the prioritized sampler draws with replacement; pass replacement=True")
+        _across_episodes(within_episodes)
         beta = self.beta if beta is None else _number("beta", beta, 0.0)
         f, e, capacity, num_envs = window.first, window.end, window.capacity, window.num_envs
         if e - f < num_steps:
