@@ -169,6 +169,18 @@ def test_the_stores_prioritized_sampler_draws_by_priority_and_resumes_them(tmp_p
     assert weight[18] / weight[19] == pytest.approx(3.0)
 
 
+def test_store_sampler_takes_a_td_error_with_grad_or_one_number_as_torchrls_does(tmp_path):
+    storage = MMReplayStorage(tmp_path / "b", max_size=50, sampler="prioritized", alpha=1.0)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=StoreSampler(), batch_size=64)
+    rb.extend(steps(0, 20))
+    td_error = torch.tensor([0.0] * 18 + [1.0, 3.0], requires_grad=True) * 1.0
+    rb.update_priority(torch.arange(20), td_error)
+    assert set(rb.sample()["a"].tolist()) == {18, 19}
+    rb.update_priority(torch.arange(19), 0.0)  # one number for every index
+    assert set(rb.sample()["a"].tolist()) == {19}
+    storage.close()
+
+
 def test_store_sampler_with_envs_takes_back_slot_and_env_pairs(tmp_path):
     storage = MMReplayStorage(tmp_path / "b", max_size=40, ndim=2, sampler="prioritized", alpha=1.0)
     rb = TensorDictReplayBuffer(storage=storage, sampler=StoreSampler(), batch_size=32)

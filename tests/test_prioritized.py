@@ -120,6 +120,52 @@ def test_negative_or_nan_priorities_are_refused_and_change_nothing(tmp_path):
     np.testing.assert_array_equal(store.sampler.priorities(step, env), before)
 
 
+def test_a_priority_too_large_for_float32_is_refused_and_changes_nothing(tmp_path):
+    # finite as a Python float, infinite once stored: it would poison the running maximum
+    store = filled(tmp_path / "b", capacity=8, steps=8)
+    step, env = all_rows(store)
+    before = store.sampler.priorities(step, env)
+    with pytest.raises(BadInputError, match=r"finite and >= 0.*the first is 1e\+39"):
+        store.update_priorities(step[:2], env[:2], [1.0, 1e39])
+    np.testing.assert_array_equal(store.sampler.priorities(step, env), before)
+    assert store.sampler.file.max_priority == 1.0
+    largest = float(np.finfo(np.float32).max)  # is fine
+    store.update_priorities(step[:1], env[:1], [largest])
+    _, info = store.sample(64, rng=0, return_info=True)
+    assert np.isfinite(info.weight).all() and np.isfinite(info.probability).all()
+
+
+@pytest.mark.parametrize("name", ["alpha", "beta", "eps"])
+def test_an_infinite_alpha_beta_or_eps_is_refused(tmp_path, name):
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        filled(tmp_path / "b", capacity=8, steps=8, **{name: float("inf")})
+    store = filled(tmp_path / "c", capacity=8, steps=8)
+    with pytest.raises(ValueError, match="beta must be"):
+        store.sample(4, beta=float("inf"))
+
+
+def test_stored_priorities_of_an_env_out_of_range_are_refused(tmp_path):
+    store = filled(tmp_path / "b", capacity=8, steps=8)
+    for bad_env in (-1, 2):
+        with pytest.raises(BadInputError, match="env index out of range for 2 envs"):
+            store.sampler.priorities([3], [bad_env])
+
+
+def test_an_empty_update_applies_nothing(tmp_path):
+    store = filled(tmp_path / "b", capacity=8, steps=8)
+    assert store.update_priorities([], [], []) == 0
+
+
+def test_within_episodes_false_is_the_prioritized_draw_and_true_is_refused(tmp_path):
+    store = filled(tmp_path / "b", capacity=8, steps=8)
+    _, info = store.sample(16, num_steps=2, within_episodes=False, rng=0, return_info=True)
+    _, again = store.sample(16, num_steps=2, rng=0, return_info=True)
+    np.testing.assert_array_equal(info.step, again.step)
+    np.testing.assert_array_equal(info.weight, again.weight)
+    with pytest.raises(ValueError, match="prioritized sampler.*within_episodes=True"):
+        store.sample(16, num_steps=2, within_episodes=True)
+
+
 def test_priorities_survive_close_and_reopen(tmp_path):
     store = filled(tmp_path / "b", capacity=16, steps=16)
     step, env = all_rows(store)

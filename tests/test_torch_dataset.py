@@ -88,6 +88,15 @@ def test_sample_dataset_with_two_workers(tmp_path, layout):
     assert all(torch.equal(a["step"], b["step"]) for a, b in zip(batches, again))
 
 
+def test_sample_dataset_over_a_prioritized_store_in_a_worker(tmp_path):
+    with make(tmp_path, 32, 2, 20, sampler="prioritized") as store:
+        store.update_priorities([19], [1], [1e6])  # nearly every draw
+    ds = SampleDataset(tmp_path / "b", batch_size=8, num_batches=2, seed=0)
+    for b in DataLoader(ds, batch_size=None, num_workers=1):
+        assert b["obs"].shape == (8, 3)
+        assert (b["step"] == 19).sum() > 4
+
+
 def test_sample_dataset_picks_up_new_commits(tmp_path):
     with make(tmp_path, 100, 1, 4) as writer:
         it = iter(SampleDataset(writer.path, batch_size=64, seed=0))

@@ -34,14 +34,31 @@ from .base import Draw, Host, Mass, Sampler, Window
 __all__ = ["PrioritizedSampler"]
 
 REDUCTIONS = ("start", "max", "mean")
+# the priorities are stored as float32: a larger one would be stored as inf
+LARGEST = float(np.finfo(np.float32).max)
 
 
 def _number(name: str, value: Any, lo: float, hi: float = np.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    if not lo <= float(value) <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
+    if not (lo <= float(value) <= hi and np.isfinite(value)):
+        bounds = f"in [{lo}, {hi}]" if hi < np.inf else f">= {lo}"
+        raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
     return float(value)
+
+
+def _check_envs(store: Host, env: np.ndarray) -> None:
+    # one reduction for both bounds: a negative env reads as a huge unsigned number
+    if env.size and env.view(np.uint64).max() >= store.num_envs:
+        raise BadInputError(f"{store.path}: env index out of range for {store.num_envs} envs")
+
+
+def _across_episodes(within_episodes: bool | None) -> None:
+    if within_episodes:
+        raise ValueError(
+            "the prioritized sampler draws sequences across episode ends; within_episodes=True is not "
+            "supported (leave it unset or False)"
+        )
 
 
 class PrioritizedSampler(Sampler):
@@ -219,8 +236,15 @@ class PrioritizedSampler(Sampler):
             for (x, y), values in zip(tail, saved):
                 tree.set_range(x * num_envs, y * num_envs, values)
 
-    def mass(self, window: Window, num_steps: int = 1, beta: float | None = None) -> Mass:
+    def mass(
+        self,
+        window: Window,
+        num_steps: int = 1,
+        beta: float | None = None,
+        within_episodes: bool | None = None,
+    ) -> Mass:
         """The sum and the smallest of ``priority ** alpha`` over the valid starts."""
+        _across_episodes(within_episodes)
         if window.steps < num_steps:
             return Mass(0.0, np.inf)
         with self._starts(window, num_steps) as tree:
@@ -234,9 +258,11 @@ class PrioritizedSampler(Sampler):
         num_steps: int = 1,
         replacement: bool = True,
         beta: float | None = None,
+        within_episodes: bool | None = None,
     ) -> Draw:
         if not replacement:
             raise ValueError("the prioritized sampler draws with replacement; pass replacement=True")
+        _across_episodes(within_episodes)
         beta = self.beta if beta is None else _number("beta", beta, 0.0)
         f, e, capacity, num_envs = window.first, window.end, window.capacity, window.num_envs
         if e - f < num_steps:
@@ -269,7 +295,7 @@ class PrioritizedSampler(Sampler):
         step, env = np.asarray(step), np.asarray(env)
         if step.shape != env.shape:
             step, env = np.broadcast_arrays(step, env)
-        if step.dtype.kind not in "iu" or env.dtype.kind not in "iu":
+        if step.size and (step.dtype.kind not in "iu" or env.dtype.kind not in "iu"):
             raise BadInputError(
                 f"{store.path}: step and env must be integer arrays, got {step.dtype} and {env.dtype}"
             )
@@ -281,17 +307,16 @@ class PrioritizedSampler(Sampler):
                 f"{store.path}: expected {step.size} priorities (one per item, or [items, num_steps]), "
                 f"got shape {np.shape(priorities)}"
             )
-        if p.size and not (0.0 <= p.min() and p.max() < np.inf):  # NaN fails both
-            bad = ~np.isfinite(p) | (p < 0)
+        if p.size and not (0.0 <= p.min() and p.max() + self.eps <= LARGEST):  # NaN fails both
+            bad = ~(p >= 0) | ~(p + self.eps <= LARGEST)
             raise BadInputError(
-                f"{store.path}: priorities must be finite and >= 0; {int(bad.sum())} are not "
-                f"(the first is {p[bad][0]!r} at position {np.argwhere(bad)[0].tolist()})"
+                f"{store.path}: priorities must be finite and >= 0 (at most {LARGEST:.4g}, stored as "
+                f"float32); {int(bad.sum())} are not "
+                f"(the first is {float(p[bad][0])!r} at position {np.argwhere(bad)[0].tolist()})"
             )
         if p.ndim == 2:
             p = self._reduce(p)
-        # one reduction for both bounds: a negative env reads as a huge unsigned number
-        if step.size and env.view(np.uint64).max() >= store.num_envs:
-            raise BadInputError(f"{store.path}: env index out of range for {store.num_envs} envs")
+        _check_envs(store, env)
         p = (p + self.eps).astype(np.float32)
         file = self._file()
         if not file.writable:
@@ -340,6 +365,7 @@ class PrioritizedSampler(Sampler):
         own uncommitted steps included), as float32."""
         store = self.store
         step, env = np.broadcast_arrays(np.asarray(step, np.int64), np.asarray(env, np.int64))
+        _check_envs(store, env)
         if store.mode == "a":
             self._fill(store.total_steps)
             first, end = store.first_step, store.total_steps

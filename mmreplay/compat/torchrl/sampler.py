@@ -51,7 +51,10 @@ class StoreSampler(Sampler):
         index = torch.as_tensor(index).cpu().numpy().astype(np.int64)
         slots, envs = (index[..., 0], index[..., 1]) if storage.ndim == 2 else (index, np.zeros_like(index))
         steps = steps_of(store, slots.reshape(-1))
-        store.update_priorities(steps, envs.reshape(-1), torch.as_tensor(priority).reshape(-1).cpu().numpy())
+        priority = torch.as_tensor(priority).detach().reshape(-1).cpu().numpy()
+        if priority.size == 1:  # one number for every index, as TorchRL's takes
+            priority = np.broadcast_to(priority, steps.shape)
+        store.update_priorities(steps, envs.reshape(-1), priority)
 
     def _empty(self) -> None:
         """The store's sampler follows the store's own clear."""
