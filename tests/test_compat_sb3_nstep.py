@@ -28,9 +28,9 @@ spaces = gym.spaces
 ACTIONS = spaces.Discrete(3)
 
 
-def _pair(tmp_path, n_envs: int, n_steps: int, handle_timeout: bool = True, size: int = 14, **kw):
+def _pair(tmp_path, n_envs: int, n_steps: int, handle_timeout: bool = True, size: int = 14, gamma=0.9, **kw):
     common = dict(
-        device="cpu", n_envs=n_envs, handle_timeout_termination=handle_timeout, n_steps=n_steps, gamma=0.9
+        device="cpu", n_envs=n_envs, handle_timeout_termination=handle_timeout, n_steps=n_steps, gamma=gamma
     )
     theirs = sb3_buffers.NStepReplayBuffer(size, BOX, ACTIONS, **common)
     ours = NStepReplayBuffer(size, BOX, ACTIONS, path=tmp_path / "buf", commit_every=3, **common, **kw)
@@ -44,11 +44,11 @@ def _seeded(seed: int, method, *args):
 
 
 @pytest.mark.parametrize("handle_timeout", [True, False])
-@pytest.mark.parametrize("n_envs, n_steps", [(1, 3), (3, 4), (2, 1), (2, 20)])
-def test_same_adds_give_the_same_samples_as_sb3(tmp_path, n_envs, n_steps, handle_timeout):
+@pytest.mark.parametrize("n_envs, n_steps, gamma", [(1, 3, 0.9), (3, 4, 0.9), (2, 1, 0.9), (2, 20, 0.9), (2, 3, 0.0)])
+def test_same_adds_give_the_same_samples_as_sb3(tmp_path, n_envs, n_steps, gamma, handle_timeout):
     BOX.seed(0)
     ACTIONS.seed(0)
-    theirs, ours = _pair(tmp_path, n_envs, n_steps, handle_timeout)
+    theirs, ours = _pair(tmp_path, n_envs, n_steps, handle_timeout, gamma=gamma)
     rng = np.random.default_rng(n_envs)
     for t in range(3 * theirs.buffer_size + 2):  # wraps the ring more than twice
         step = _random_step(rng, BOX, ACTIONS, n_envs)
@@ -99,7 +99,7 @@ def test_rewards_normalized_one_by_one_before_the_sum_as_sb3_does(tmp_path):
 def test_bad_n_steps_or_gamma_is_refused_before_anything_is_written(tmp_path):
     for n_steps, gamma, match in (
         (0, 0.99, "n must be an int >= 1"),
-        (3, 1.01, r"gamma must be a number in \(0, 1\]"),
+        (3, 1.01, r"gamma must be a number in \[0, 1\]"),
     ):
         with pytest.raises(mr.BadInputError, match=match):
             NStepReplayBuffer(10, BOX, ACTIONS, "cpu", n_steps=n_steps, gamma=gamma, path=tmp_path / "buf")

@@ -300,7 +300,7 @@ def test_windows_stop_where_a_killed_writer_left_its_episode(tmp_path):
         (0, 0.9, "n must be an int >= 1, got 0"),
         (2.0, 0.9, "n must be an int >= 1, got 2.0"),
         (True, 0.9, "n must be an int >= 1"),
-        (3, 0.0, r"gamma must be a number in \(0, 1\], got 0.0"),
+        (3, -0.1, r"gamma must be a number in \[0, 1\], got -0.1"),
         (3, 1.5, "gamma must be a number in"),
         (3, float("nan"), "gamma must be a number in"),
         (3, "0.9", "gamma must be a number in"),

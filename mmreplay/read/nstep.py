@@ -48,7 +48,7 @@ class NStep:
     Args:
         n: steps summed at most, ``>= 1`` (1 gives the stored transitions, with ``discount``
             ``gamma``).
-        gamma: the discount factor, in ``(0, 1]``.
+        gamma: the discount factor, in ``[0, 1]`` (0: the one-step reward, never bootstrapped).
         reward_map: applied to the rewards of each window before they are summed (such as
             a ``VecNormalize``'s ``normalize_reward``); None: the stored rewards.
 
@@ -73,10 +73,10 @@ class NStep:
         if (
             not isinstance(gamma, (int, float, np.floating, np.integer))
             or isinstance(gamma, bool)
-            or not 0 < gamma <= 1
+            or not 0 <= gamma <= 1
             or not math.isfinite(gamma)
         ):
-            raise BadInputError(f"NStep: gamma must be a number in (0, 1], got {gamma!r}")
+            raise BadInputError(f"NStep: gamma must be a number in [0, 1], got {gamma!r}")
         object.__setattr__(self, "n", int(n))
         object.__setattr__(self, "gamma", float(gamma))
         object.__setattr__(self, "_offsets", np.arange(self.n, dtype=np.int64))
