@@ -34,7 +34,7 @@ def iterate(
     group_envs: bool = False,
     return_steps: bool = False,
 ) -> Iterator[Any]:
-    """One deterministic pass over every committed row, env by env in time order.
+    """One deterministic pass over every retained row (a writer's uncommitted ones too), env by env in time order.
 
     The window is read when this is called. Items are windows of ``num_steps``
     starting every ``window_shift`` steps (default ``num_steps``) within one env's
