@@ -198,14 +198,16 @@ def create(
     meta = plan(
         spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles, chosen, frames
     )
-    backend = meta.backend  # hdf5 where zarr-python 3 does not import
+    backend_given, backend = backend, meta.backend  # hdf5 where zarr-python 3 does not import
     module = backends.get(backend)
     if os.path.lexists(path):
         if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
             store = open(path, "a")
-            _check_same_layout(store, meta)
+            _check_same_layout(store, meta, backend_named=backend_given is not None)
             return store
         if not (os.path.isdir(path) and not os.listdir(path)):
+            if exist_ok:
+                raise BufferExistsError(f"{path}: already exists and is not a buffer (no {METADATA_FILE}); choose a new path")
             raise BufferExistsError(
                 f"{path}: already exists; pass exist_ok=True to reopen a buffer, or choose a new path"
             )
@@ -280,12 +282,13 @@ def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:
     return need
 
 
-def _check_same_layout(store: Store, meta: Metadata) -> None:
+def _check_same_layout(store: Store, meta: Metadata, backend_named: bool) -> None:
+    """Refuse to reopen a buffer of another layout; a backend left out takes the one there."""
     have, want = store.metadata, meta
     diffs = []
     if spec_to_json(have.spec) != spec_to_json(want.spec):
         diffs.append(f"spec: existing {have.spec} vs new {want.spec}")
-    for name in ("capacity", "num_envs", "backend"):
+    for name in ("capacity", "num_envs", "backend") if backend_named else ("capacity", "num_envs"):
         if getattr(have, name) != getattr(want, name):
             diffs.append(f"{name}: existing {getattr(have, name)} vs new {getattr(want, name)}")
     frames_have = None if have.frames is None else {**have.frames.to_json(), "side": None}

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import episodes as _episodes
 from .errors import BadInputError, ClosedError, ReadOnlyError
-from .metadata import State, write_metadata
+from .metadata import State, read_metadata, write_metadata
 from .read.gather import steps_of
 from .samplers.base import Window
 from .statefile import oldest_retained, slot_ranges
@@ -435,7 +435,9 @@ class Ring:
         """
         with self._writing():
             if next_slot is not None and not (
-                isinstance(next_slot, (int, np.integer)) and 0 <= next_slot < self.capacity
+                isinstance(next_slot, (int, np.integer))
+                and not isinstance(next_slot, bool)
+                and 0 <= next_slot < self.capacity
             ):
                 raise BadInputError(f"{self.path}: next_slot must be a slot in [0, {self.capacity}), got {next_slot!r}")
             self._commit()
@@ -463,6 +465,7 @@ class Ring:
     def live_state(self) -> State:
         """The committed state on disk now (for a writer, its own): one ``pread`` of the
         state file, the newest valid slot."""
+        self.check_open()
         if self.mode == "a":
             return self._state
         return self._state_file.read()
@@ -476,6 +479,10 @@ class Ring:
         new = self.live_state()
         if new == old:
             return False
+        if new.attrs_generation != self._meta.attrs_generation:  # set_attrs committed new ones
+            paired = read_metadata(self._source)  # (the attributes with the state that names them)
+            new = paired.state
+            self._meta = replace(self._meta, attrs=paired.attrs, attrs_generation=paired.attrs_generation)
         if new.rewrites is not None and new.rewrites == old.rewrites:
             changed = slot_ranges(old.end, new.end, self.capacity)
         else:  # committed rows were rewritten (set()), which the state does not locate

@@ -142,8 +142,8 @@ class Store(Ring):
 
     @property
     def attrs(self) -> dict[str, Any]:
-        """User attributes kept in the metadata (JSON values), as of open or the last
-        :meth:`set_attrs`."""
+        """User attributes kept in the metadata (JSON values), as of open, the last
+        :meth:`set_attrs` or (readers) the last :meth:`refresh` that found new ones."""
         return json.loads(json.dumps(self._meta.attrs))
 
     @property

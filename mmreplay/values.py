@@ -59,7 +59,7 @@ def cast_needs_no_values(src: np.dtype, dst: np.dtype) -> bool:
     its values: safe casts, and integers into float32 or wider."""
     if src == dst or np.can_cast(src, dst, "safe"):
         return True
-    return src.kind in "iu" and dst.kind in "fc" and np.finfo(dst).max >= 2.0**64
+    return src.kind in "iu" and dst.kind in "fc" and float(np.finfo(dst).max) >= 2.0**64
 
 
 def _squares_limit(src: np.dtype, dst: np.dtype) -> float | None:

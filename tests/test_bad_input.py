@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -305,3 +306,16 @@ def test_a_dtype_accepted_once_passes_again_but_values_are_checked_every_time(tm
         assert store.get(2)["reward"].dtype == np.float32
         np.testing.assert_array_equal(store.get(3)["reward"], [np.inf, np.nan])
         np.testing.assert_array_equal(store.get(4)["reward"], np.array([3.4028235e38, -3.4028235e38], np.float32))
+
+
+def test_integers_into_a_float16_leaf_warn_nothing(tmp_path):
+    """float16 is the one float too narrow for every integer: its values are looked at,
+    without a numpy overflow warning on every add."""
+    with mr.create(tmp_path / "b", {"x": mr.ArraySpec((), "float16")}, capacity=4, num_envs=2) as store:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            store.add({"x": np.array([1, 65504], np.int64)})
+            with pytest.raises(mr.BadInputError, match="past the range of float16"):
+                store.add({"x": np.array([1, 70000], np.int64)})
+        np.testing.assert_array_equal(store.get(0)["x"], np.array([1, 65504], np.float16))
+        assert store.total_steps == 1

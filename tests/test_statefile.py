@@ -326,6 +326,20 @@ store.set_attrs(checkpoint=2)
 """
 
 
+def test_a_reader_sees_new_attrs_after_refresh(tmp_path, layout):
+    """Attributes are committed with a state: a reader that picks the state up has them."""
+    path = make(tmp_path / "b", 6, **layout)
+    with mr.open(path, "a") as writer, mr.open(path) as reader:
+        writer.set_attrs(step=1, run="a")
+        assert reader.attrs == {}
+        assert reader.refresh() and reader.attrs == {"step": 1, "run": "a"}
+        writer.set_attrs(step=2, run=None)
+        writer.extend(rows(6, 7))
+        writer.commit()
+        assert reader.refresh() and reader.attrs == {"step": 2}
+        assert reader.committed_steps == writer.committed_steps == 7
+
+
 def test_attrs_written_but_not_committed_are_not_read(tmp_path, writers):
     path = make(tmp_path / "b", 5)
     code = textwrap.dedent(KILLED_IN_SET_ATTRS.format(path=path))

@@ -113,6 +113,8 @@ def test_get_and_set_follow_numpy_storage_indexing(tmp_path, layout):
         assert store.get(-1)["a"].tolist() == [[5, 5]]
         assert store.get([0, 3])["b"].tolist() == [[2.0], [5.0]]
         assert store.get(np.array([-1]))["b"].tolist() == [[5.0]]
+        assert store.get([])["a"].shape == (0, 1, 2)  # an empty list: no steps, as numpy reads it
+        store.set([], {"a": np.zeros((0, 1, 2), "int64"), "b": np.zeros((0, 1), "float32")})
         with pytest.raises(IndexError):
             store.get(4)
         with pytest.raises(IndexError):
@@ -153,8 +155,9 @@ def test_clear_to_a_slot_moves_the_cursor_there(tmp_path, layout):
     spec = {"x": mr.ArraySpec((), "int32")}
     with mr.create(tmp_path / "b", spec, capacity=4, chunk_steps=2, **layout) as store:
         store.extend({"x": np.arange(3, dtype="int32")[:, None]})
-        with pytest.raises(mr.BadInputError, match=r"next_slot must be a slot in \[0, 4\), got 4"):
-            store.clear(next_slot=4)
+        for bad in (4, True, -1):
+            with pytest.raises(mr.BadInputError, match=rf"next_slot must be a slot in \[0, 4\), got {bad}"):
+                store.clear(next_slot=bad)
         assert len(store) == 3
         store.clear(next_slot=0)
         assert (len(store), store.total_steps, store.cursor) == (0, 4, 0)
@@ -278,6 +281,31 @@ def test_create_refuses_an_existing_path_unless_exist_ok(tmp_path):
         mr.create(tmp_path / "file", spec, capacity=4)
 
 
+def test_exist_ok_refuses_what_is_not_a_buffer_and_says_so(tmp_path):
+    spec = {"x": mr.ArraySpec(())}
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.txt").write_text("x")
+    (tmp_path / "file").write_text("x")
+    for path in (tmp_path / "folder", tmp_path / "file"):
+        with pytest.raises(mr.BufferExistsError, match="not a buffer") as err:
+            mr.create(path, spec, capacity=4, exist_ok=True)
+        assert "pass exist_ok=True" not in str(err.value)  # it was passed
+    assert sorted(os.listdir(tmp_path / "folder")) == ["notes.txt"]
+
+
+def test_exist_ok_reopens_with_the_backend_left_out(tmp_path):
+    """A backend not named takes the one there, whatever the default is here."""
+    spec = {"obs": mr.ArraySpec((2,))}
+    path = tmp_path / "b"
+    mr.create(path, spec, capacity=4, backend="hdf5").close()
+    with mr.create(path, spec, capacity=4, exist_ok=True) as store:
+        assert store.backend == "hdf5"
+    before = folder_digest(path)
+    with pytest.raises(mr.SpecMismatchError, match="backend: existing hdf5 vs new zarr"):
+        mr.create(path, spec, capacity=4, backend="zarr", exist_ok=True)
+    assert folder_digest(path) == before
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -327,6 +355,9 @@ def test_readers_cannot_write_and_closed_stores_say_so(tmp_path):
     assert repr(store).startswith("<closed mmreplay.Store")
     with pytest.raises(mr.ClosedError):
         store.get(0)
+    for method in (store.live_state, store.live_first, store.refresh):  # not the closed file's error
+        with pytest.raises(mr.ClosedError, match="store is closed"):
+            method()
 
 
 # --- bad input --------------------------------------------------------------------

@@ -481,6 +481,8 @@ def steps_of(store: Readable, index: Any) -> tuple[np.ndarray | int, bool]:
     if isinstance(index, slice):
         return first + np.arange(n)[index], False
     idx = np.asarray(index)
+    if idx.size == 0 and idx.dtype.kind == "f":  # [] reads as float64: no steps
+        idx = idx.astype(np.int64)
     if idx.dtype.kind not in "iu":
         raise IndexError(f"{store.path}: expected an int, a slice or an integer array, got {idx.dtype}")
     if idx.size and (idx.min() < -n or idx.max() >= n):
