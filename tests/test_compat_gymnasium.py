@@ -100,12 +100,19 @@ def test_the_json_of_every_storable_space_gives_back_its_spec():
 
 
 def test_a_space_the_recorder_cannot_describe_is_refused_before_the_folder_is_made(tmp_path):
-    class OneOfEnv(gymnasium.Env):
-        observation_space = spaces.OneOf((spaces.Discrete(2), spaces.Box(0, 1, (2,))))
+    class Shaped(spaces.Space):  # a fixed shape, so a spec, but no JSON for Minari
+        def __init__(self):
+            super().__init__((2,), np.float32)
+
+    class OddEnv(gymnasium.Env):
+        observation_space = Shaped()
         action_space = spaces.Discrete(2)
 
-    with pytest.raises(TypeError, match="cannot describe OneOf"):
-        RecordTransitions(OneOfEnv(), tmp_path / "b", capacity=10)
+    with pytest.raises(TypeError, match="cannot describe Shaped"):
+        RecordTransitions(OddEnv(), tmp_path / "b", capacity=10)
+    OddEnv.observation_space = spaces.OneOf((spaces.Discrete(2), spaces.Box(0, 1, (2,))))
+    with pytest.raises(mr.SpecError, match="OneOf space has no fixed shape"):
+        RecordTransitions(OddEnv(), tmp_path / "b", capacity=10)
     assert not (tmp_path / "b").exists()
 
 
