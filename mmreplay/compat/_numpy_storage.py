@@ -135,12 +135,11 @@ class NumpyStorage(StoreShell):
         slots, scalar = self._slots(idx)
         lead = () if scalar else slots.shape
         # Validate everything (in the shapes of this call) before the first byte, or zero gap, is written.
-        validator = self._validator
+        values = self._validator.leaf_values(broadcast_leaves(self._spec, value, lead))
         leaves = [
-            validator.coerce(i, v, (*lead, *s.shape), "[*index, *shape] =").reshape(-1, 1, *s.shape)
-            for i, (v, s) in enumerate(zip(validator.leaf_values(broadcast_leaves(self._spec, value, lead)),
-                                           self._leaf_specs))
-        ]  # fmt: skip
+            self._validator.coerce(i, v, (*lead, *s.shape), "[*index, *shape] =").reshape(-1, 1, *s.shape)
+            for i, (v, s) in enumerate(zip(values, self._leaf_specs))
+        ]
         flat = slots.reshape(-1)
         store = self.store
         gap = (int(flat.max()) + 1 if flat.size else 0) - store.total_steps
