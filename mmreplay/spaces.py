@@ -105,7 +105,7 @@ def spec_from_space_json(space: Any, where: str) -> Any:
     if kind == "Discrete":
         return ArraySpec((), space.get("dtype", "int64"))
     if kind == "MultiDiscrete":
-        return ArraySpec((len(space["nvec"]),), space.get("dtype", "int64"))
+        return ArraySpec(np.shape(space["nvec"]), space.get("dtype", "int64"))
     if kind == "MultiBinary":
         n = space["n"]
         return ArraySpec(tuple(n) if isinstance(n, list) else (n,), "int8")

@@ -276,8 +276,16 @@ def is_namedtuple(x: Any) -> bool:
 
 
 def _is_space_container(x: Any) -> bool:
-    """gymnasium ``Dict`` / ``Tuple`` spaces, recognised without importing gymnasium."""
-    return hasattr(x, "spaces") and getattr(x, "shape", None) is None
+    """gymnasium ``Dict`` / ``Tuple`` spaces, recognised without importing gymnasium
+    (``OneOf`` has ``spaces`` too, but its samples are ``(index, value)``)."""
+    return hasattr(x, "spaces") and getattr(x, "shape", None) is None and not _is_unshaped_space(x)
+
+
+def _is_unshaped_space(x: Any) -> bool:
+    """A gymnasium space whose samples have no fixed shape (``OneOf``, ``Text``, ``Sequence``, ``Graph``)."""
+    return hasattr(x, "sample") and hasattr(x, "contains") and getattr(x, "shape", None) is None and (
+        not hasattr(x, "spaces") or any(c.__name__ == "OneOf" for c in type(x).__mro__)
+    )
 
 
 def to_spec(obj: Any, _path: str = "") -> Any:
@@ -305,6 +313,11 @@ def to_spec(obj: Any, _path: str = "") -> Any:
         return type(obj)(to_spec(v, join_path(_path, str(i))) for i, v in enumerate(obj))
     if _is_space_container(obj):
         return to_spec(obj.spaces, _path)
+    if _is_unshaped_space(obj):
+        raise SpecError(
+            f"{where}: a gymnasium {type(obj).__name__} space has no fixed shape; expected Box, Discrete, "
+            "MultiDiscrete, MultiBinary, or a Dict / Tuple of them"
+        )
     if isinstance(obj, (bool, np.bool_)):
         return ArraySpec((), "bool")
     if isinstance(obj, (int, float, complex, np.generic)):

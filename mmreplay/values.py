@@ -183,7 +183,8 @@ class StepValidator:
         self._fast_nest = None if flat else _dict_plan(spec, num_envs)
         self._step_what = f"[num_envs={num_envs}, *shape] ="
 
-    def _flatten(self, value: Any) -> list[Any]:
+    def leaf_values(self, value: Any) -> list[Any]:
+        """The values of ``value``'s leaves in flatten order (a structure mismatch named)."""
         keys = self.flat_keys
         if keys is not None and type(value) is dict and len(value) == len(keys):
             try:
@@ -251,14 +252,14 @@ class StepValidator:
             out = []
             if _collect(self._fast_nest, value, out):
                 return out
-        vals = self._flatten(value)
+        vals = self.leaf_values(value)
         what = self._step_what
         return [self.coerce(i, v, self.step_shapes[i], what) for i, v in enumerate(vals)]
 
     def batch(self, value: Any, lead: tuple[int, ...] | None = None) -> tuple[int, list[np.ndarray]]:
         """Leaves of ``T`` steps, each ``[T, num_envs, *shape]``; T from the first leaf
         unless ``lead`` fixes the leading axes."""
-        vals = self._flatten(value)
+        vals = self.leaf_values(value)
         if lead is None:
             first = vals[0]
             n = getattr(first, "shape", None)

@@ -84,13 +84,35 @@ def test_spec_from_spaces():
         spec_from_spaces(spaces.Text(5), spaces.Discrete(2))
 
 
+def test_the_json_of_every_storable_space_gives_back_its_spec():
+    from mmreplay.spaces import space_to_json, spec_from_space_json
+
+    for space in [
+        spaces.MultiDiscrete([[3, 4], [2, 2]]),
+        spaces.MultiDiscrete([3, 4], dtype=np.int32, start=[1, -1]),
+        spaces.MultiBinary((2, 3)),
+        spaces.Discrete(5, start=-2),
+        spaces.Box(np.zeros((2, 1), np.float16), np.ones((2, 1), np.float16), dtype=np.float16),
+        spaces.Box(0, 1, (2,), dtype=np.bool_),
+        spaces.Dict({"z": spaces.Discrete(3), "a": spaces.Tuple((spaces.Discrete(2), spaces.Box(0, 9, (), np.int16)))}),
+    ]:
+        assert spec_from_space_json(space_to_json(space), "obs") == mr.to_spec(space), space
+
+
 def test_a_space_the_recorder_cannot_describe_is_refused_before_the_folder_is_made(tmp_path):
-    class OneOfEnv(gymnasium.Env):
-        observation_space = spaces.OneOf((spaces.Discrete(2), spaces.Box(0, 1, (2,))))
+    class Shaped(spaces.Space):  # a fixed shape, so a spec, but no JSON for Minari
+        def __init__(self):
+            super().__init__((2,), np.float32)
+
+    class OddEnv(gymnasium.Env):
+        observation_space = Shaped()
         action_space = spaces.Discrete(2)
 
-    with pytest.raises(TypeError, match="cannot describe OneOf"):
-        RecordTransitions(OneOfEnv(), tmp_path / "b", capacity=10)
+    with pytest.raises(TypeError, match="cannot describe Shaped"):
+        RecordTransitions(OddEnv(), tmp_path / "b", capacity=10)
+    OddEnv.observation_space = spaces.OneOf((spaces.Discrete(2), spaces.Box(0, 1, (2,))))
+    with pytest.raises(mr.SpecError, match="OneOf space has no fixed shape"):
+        RecordTransitions(OddEnv(), tmp_path / "b", capacity=10)
     assert not (tmp_path / "b").exists()
 
 

@@ -145,6 +145,33 @@ def test_numpy_storage_set_broadcasts_scalars_and_checks_structure(tmp_path):
         assert not s.get(3)["a"].any()
 
 
+def test_numpy_storage_shape_errors_name_the_shapes_of_the_call_and_bools_are_no_index(tmp_path):
+    with NumpyStorage({"a": ArraySpec((4,), np.uint8)}, 5, path=tmp_path / "s") as s:
+        with pytest.raises(mr.BadInputError, match=r"leaf 'a': expected .*\(4,\), got shape \(3,\)$"):
+            s.set(0, {"a": np.ones(3, np.uint8)})
+        with pytest.raises(mr.BadInputError, match=r"leaf 'a': expected .*\(2, 4\), got shape \(2, 3\)$"):
+            s.set(slice(0, 2), {"a": np.ones((2, 3), np.uint8)})
+        for flag in (True, np.True_):  # numpy reads a bool as a new axis over every slot
+            with pytest.raises(IndexError, match="capacity 5"):
+                s.get(flag)
+            with pytest.raises(IndexError, match="capacity 5"):
+                s.set(flag, {"a": np.ones((1, 5, 4), np.uint8)})
+        assert s.store.total_steps == 0
+
+
+def test_deterministic_pass_overtaken_by_adds_raises_instead_of_yielding_newer_frames(tmp_path):
+    rb = UniformReplayBuffer(ArraySpec((), np.int64), batch_size=1, max_length=5, path=tmp_path / "rb")
+    for t in range(5):
+        rb.add_batch(np.array([t]))
+    passed = rb.as_dataset(num_steps=2, single_deterministic_pass=True)
+    assert next(passed)[0].tolist() == [0, 1]
+    for t in range(5, 12):  # the ring wraps over frames 2..4 of the pass
+        rb.add_batch(np.array([t]))
+    with pytest.raises(mr.NotEnoughDataError, match="overwritten"):
+        next(passed)
+    rb.close()
+
+
 def test_numpy_storage_tuple_and_single_leaf_specs(tmp_path):
     with NumpyStorage(ArraySpec((2,), np.float64), 3, path=tmp_path / "one") as s:
         s.set(2, np.array([1.5, 2.5]))

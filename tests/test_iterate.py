@@ -123,6 +123,18 @@ def test_a_reader_pass_overtaken_by_the_writer_says_so(tmp_path, layout):
                 next(it)
 
 
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_writer_pass_overtaken_by_its_own_adds_says_so(tmp_path, layout, commit):
+    with make(tmp_path, 8, 1, 8, layout) as store:
+        it = store.iterate(num_steps=2)
+        assert next(it)["step"].tolist() == [0, 1]
+        store.extend(steps_of(8, 5, 1))  # steps 2..4 now hold 8..12
+        if commit:
+            store.commit()
+        with pytest.raises(mr.NotEnoughDataError, match="step 2 was overwritten by the writer during the pass"):
+            next(it)
+
+
 def test_pass_in_prefetch_mode_is_the_same(tmp_path, layout):
     from mmreplay import read
 

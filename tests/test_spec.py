@@ -106,6 +106,21 @@ def test_to_spec_from_gymnasium_spaces():
     assert spec["tup"] == (mr.ArraySpec((), "int64"), mr.ArraySpec((4,), "uint8"))
 
 
+@pytest.mark.parametrize("kind", ["OneOf", "Text", "Sequence", "Graph"])
+def test_to_spec_refuses_spaces_without_a_fixed_shape_naming_the_space(kind):
+    gym = pytest.importorskip("gymnasium")
+    spaces = gym.spaces
+    space = {
+        "OneOf": spaces.OneOf((spaces.Discrete(3), spaces.Discrete(4))),  # samples are (index, value)
+        "Text": spaces.Text(5),
+        "Sequence": spaces.Sequence(spaces.Discrete(3)),
+        "Graph": spaces.Graph(spaces.Box(0, 1, (2,)), spaces.Discrete(3)),
+    }[kind]
+    with pytest.raises(mr.SpecError, match=f"^obs/0: a gymnasium {kind} space .*Box") as err:
+        to_spec({"obs": spaces.Tuple((space,))})
+    assert "\n" not in str(err.value)
+
+
 def test_to_spec_from_example_values():
     spec = to_spec({"obs": np.zeros((3,), np.float16), "done": False, "n": 3, "r": 0.5, "img": np.zeros((2, 2), np.uint8)})
     assert spec == {

@@ -44,14 +44,6 @@ def broadcast_leaves(spec: Any, value: Any, lead: tuple[int, ...]) -> Any:
     ])  # fmt: skip
 
 
-def _add_env_axis(spec: Any, value: Any, axis: int) -> Any:
-    """Insert the store's env axis (one env) into every leaf of ``value`` at ``axis``."""
-    values = flatten_like(spec, value)
-    if values is None:
-        return value
-    return unflatten(spec, [v if v is None else np.expand_dims(np.asarray(v), axis) for v in values])
-
-
 class NumpyStorage(StoreShell):
     """``tf_agents.utils.numpy_storage.NumpyStorage`` on disk: one array per leaf.
 
@@ -116,6 +108,8 @@ class NumpyStorage(StoreShell):
     def _slots(self, idx: Any) -> tuple[np.ndarray, bool]:
         scalar = isinstance(idx, (int, np.integer)) and not isinstance(idx, bool)
         try:
+            if isinstance(idx, (bool, np.bool_)):  # numpy would read it as a new axis over every slot
+                raise IndexError
             slots = np.arange(self._capacity)[idx]
         except IndexError as exc:
             raise IndexError(
@@ -140,14 +134,12 @@ class NumpyStorage(StoreShell):
         """Store ``value`` (the spec's nest; ``[k, ...]`` leaves for a slice or index array)."""
         slots, scalar = self._slots(idx)
         lead = () if scalar else slots.shape
-        value = _add_env_axis(self._spec, broadcast_leaves(self._spec, value, lead), len(lead))
-        # Validate everything before the first byte (or zero gap) is written.
-        if scalar:
-            leaves = [v[None] for v in self._validator.step(value)]
-        else:
-            leaves = [
-                v.reshape(-1, *v.shape[len(lead) :]) for v in self._validator.batch(value, lead=lead)[1]
-            ]
+        # Validate everything (in the shapes of this call) before the first byte, or zero gap, is written.
+        values = self._validator.leaf_values(broadcast_leaves(self._spec, value, lead))
+        leaves = [
+            self._validator.coerce(i, v, (*lead, *s.shape), "[*index, *shape] =").reshape(-1, 1, *s.shape)
+            for i, (v, s) in enumerate(zip(values, self._leaf_specs))
+        ]
         flat = slots.reshape(-1)
         store = self.store
         gap = (int(flat.max()) + 1 if flat.size else 0) - store.total_steps

@@ -358,6 +358,8 @@ class UniformReplayBuffer(StoreShell):
         Raises:
             ValueError: ``dataset_drop_remainder`` would drop all data (``sample_batch_size
                 > batch_size`` or ``num_steps > max_length``).
+            mmreplay.NotEnoughDataError: while iterating, adds made since the pass began
+                overwrote frames it had still to read.
         """
         del num_parallel_calls  # one generator feeds the dataset
         positive("sample_batch_size", sample_batch_size, allow_none=True)

@@ -2,7 +2,8 @@
 
 A pass cuts each env's stream into windows of ``num_steps`` (:func:`pass_windows`),
 groups them into batches (:func:`pass_batches`, or :func:`env_group_batches` for
-TF-Agents' order) and reads each batch with one ``take`` per leaf. A reader cannot draw again, so a pass the writer overtakes raises
+TF-Agents' order) and reads each batch with one ``take`` per leaf. A pass cannot draw
+again, so one the writer (another process's, or the store's own adds) overtakes raises
 :class:`~mmreplay.NotEnoughDataError` instead.
 """
 
@@ -120,13 +121,14 @@ def iterate(
             elif pattern == "random" and reader.disk_reads is not None:
                 reader.willneed_if_cold(rows)
             out = reader.take(rows)
-            if store.mode == "r":
-                lowest = int(start[group].min())
-                if lowest < store.live_first():
-                    raise NotEnoughDataError(
-                        f"{store.path}: step {lowest} was overwritten by the writer during the pass; "
-                        "a pass over a ring being written must keep ahead of the writer"
-                    )
+            # a reader sees the writer's commits; a writer's own adds (committed or not) reuse slots too
+            oldest = store.live_first() if store.mode == "r" else store.total_steps - capacity
+            lowest = int(start[group].min())
+            if lowest < oldest:
+                raise NotEnoughDataError(
+                    f"{store.path}: step {lowest} was overwritten by the writer during the pass; "
+                    "a pass over a ring being written must keep ahead of the writer"
+                )
             yield (reader.pack(out), steps_for(group)) if return_steps else reader.pack(out)
             group = nxt
 
