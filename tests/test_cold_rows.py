@@ -90,10 +90,10 @@ def test_cold_batches_return_the_rows_of_a_store_that_never_prefetches(store_pat
             for key in SPEC:
                 np.testing.assert_array_equal(got[key], want[key])
         shuffled = list(store.iterate(batch_size=16, shuffle=True, rng=5, return_steps=True))
-        assert sorted(int(s) for _, steps in shuffled for s in steps) == sorted(
+        assert sorted(int(s) for _, steps, _ in shuffled for s in steps) == sorted(
             int(s) for s in np.repeat(np.arange(STEPS), NUM_ENVS)
         )
-        for batch, steps in shuffled:
+        for batch, steps, _ in shuffled:
             np.testing.assert_array_equal(batch["frame"], frames_of(steps))
         assert gather.reader_for(plain).disk_reads is None  # set_prefetch(False): never
         assert gather.reader_for(store).disk_reads.prefetched >= 1

@@ -413,7 +413,8 @@ def test_deterministic_pass_buffer_info_and_errors(tmp_path):  # 20, 21
         passed = rb.as_dataset(sample_batch_size=2, num_steps=2, single_deterministic_pass=True)
         for items, info in numpy_items(passed):
             assert info.probabilities == ()
-            assert (info.ids == items % 100).all() and info.ids.shape == (2, 2)
+            # table rows: the segment (items // 100) times max_length, plus the frame id
+            assert (info.ids == items // 100 * 5 + items % 100).all() and info.ids.shape == (2, 2)
 
 
 def test_deterministic_pass_reads_the_frames_present_when_its_iteration_starts(tmp_path):

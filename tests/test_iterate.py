@@ -151,19 +151,19 @@ def test_env_groups_a_narrower_window_and_step_ids(tmp_path):
     for t in range(6):
         store.add({"x": np.array([t, 100 + t, 200 + t])})
     got = [
-        (b["x"].tolist(), steps.tolist())
-        for b, steps in store.iterate(
+        (b["x"].tolist(), steps.tolist(), envs.tolist())
+        for b, steps, envs in store.iterate(
             batch_size=2, num_steps=2, window=(1, 6), group_envs=True, return_steps=True
         )
     ]
     # the same window of envs 0 and 1, then of env 2 alone; a shorter last window is kept
     assert got == [
-        ([[1, 2], [101, 102]], [[1, 2], [1, 2]]),
-        ([[3, 4], [103, 104]], [[3, 4], [3, 4]]),
-        ([[5], [105]], [[5], [5]]),
-        ([[201, 202]], [[1, 2]]),
-        ([[203, 204]], [[3, 4]]),
-        ([[205]], [[5]]),
+        ([[1, 2], [101, 102]], [[1, 2], [1, 2]], [[0, 0], [1, 1]]),
+        ([[3, 4], [103, 104]], [[3, 4], [3, 4]], [[0, 0], [1, 1]]),
+        ([[5], [105]], [[5], [5]], [[0], [1]]),
+        ([[201, 202]], [[1, 2]], [[2, 2]]),
+        ([[203, 204]], [[3, 4]], [[2, 2]]),
+        ([[205]], [[5]], [[2]]),
     ]
     dropped = store.iterate(batch_size=2, num_steps=2, window=(1, 6), group_envs=True, drop_remainder=True)
     assert [b["x"].tolist() for b in dropped] == [[[1, 2], [101, 102]], [[3, 4], [103, 104]]]

@@ -398,7 +398,7 @@ class UniformReplayBuffer(StoreShell):
         if hi <= lo:
             raise _not_enough(_EMPTY)
         # the store's pass stacks a group of segments at the same window, as TF-Agents does
-        for nest, steps in self.store.iterate(
+        for nest, steps, envs in self.store.iterate(
             batch_size=sample_batch_size,
             num_steps=num_steps,
             window_shift=None if num_steps is None else self._window_shift,
@@ -407,7 +407,9 @@ class UniformReplayBuffer(StoreShell):
             group_envs=True,
             return_steps=True,
         ):
-            yield unflatten(self._spec, flatten(nest)), BufferInfo(steps - self._origin, ())
+            # TF-Agents' ids here are table rows: the segment's offset plus the frame id
+            ids = steps - self._origin + envs * self._max_length
+            yield unflatten(self._spec, flatten(nest)), BufferInfo(ids, ())
 
     # --- life cycle -----------------------------------------------------------------
 

@@ -48,8 +48,8 @@ def iterate(
     ``batch_size`` consecutive envs, env group by env group, each in time order
     (TF-Agents' order; a last smaller group is kept unless ``drop_remainder``, and
     a pass that drops everything yields nothing instead of raising).
-    ``return_steps`` yields ``(batch, steps)``: the global step ids of the batch's
-    rows, shaped as its outer axes.
+    ``return_steps`` yields ``(batch, steps, envs)``: the global step id and env of
+    each of the batch's rows, shaped as its outer axes.
 
     Yields:
         Nests of ``[*shape]`` (no sizes), ``[n, *shape]`` (``num_steps`` or
@@ -93,19 +93,18 @@ def iterate(
     reader = reader_for(store)
     capacity, num_envs = reader.capacity, reader.num_envs
 
-    def steps_for(group: np.ndarray) -> np.ndarray:
-        """Global step ids of the group's rows, in the shape of the batch's outer axes."""
+    def ids_for(group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global step ids and envs of the group's rows, in the shape of the batch's outer axes."""
         n = int(length[group[0]])
         steps = start[group][:, None] + np.arange(n, dtype=np.int64)
+        envs = np.broadcast_to(env[group][:, None], steps.shape)
         if num_steps is None:
-            steps = steps[:, 0]
-        return steps if batch_size is not None else steps[0]
+            steps, envs = steps[:, 0], envs[:, 0]
+        return (steps, envs) if batch_size is not None else (steps[0], envs[0])
 
     def rows_for(group: np.ndarray) -> np.ndarray:
-        envs = env[group] if batch_size is not None else env[group[0]]
-        if num_steps is not None:
-            envs = np.expand_dims(envs, -1)
-        return (steps_for(group) % capacity) * num_envs + envs
+        steps, envs = ids_for(group)
+        return (steps % capacity) * num_envs + envs
 
     def batches() -> Iterator[Any]:
         pattern = "random" if shuffle and num_steps is None else "normal"
@@ -129,7 +128,7 @@ def iterate(
                     f"{store.path}: step {lowest} was overwritten by the writer during the pass; "
                     "a pass over a ring being written must keep ahead of the writer"
                 )
-            yield (reader.pack(out), steps_for(group)) if return_steps else reader.pack(out)
+            yield (reader.pack(out), *ids_for(group)) if return_steps else reader.pack(out)
             group = nxt
 
     return batches()
