@@ -772,7 +772,7 @@ def test_hdf5_mapped_file_truncated(tmp_path):
     _recovered_keeps_the_rest(path, lost_through=26)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing", "garbled"])
+@pytest.mark.parametrize("damage", ["truncated", "cut-at-objects", "cut-at-index", "missing", "garbled"])
 def test_hdf5_compressed_file_damaged(tmp_path, damage):
     path = fill(tmp_path / "b", 30, "hdf5", "gzip")
     with mr.open(path, "a") as store:  # a later commit: the chunk journal holds only its chunks
@@ -780,6 +780,8 @@ def test_hdf5_compressed_file_damaged(tmp_path, damage):
     data = os.path.join(path, "data.h5")
     if damage == "truncated":
         _truncate(data, os.path.getsize(data) * 2 // 3)
+    elif damage.startswith("cut-at"):  # recover extends it: zeros where checksummed metadata was
+        _truncate(data, os.path.getsize(data) // (40 if damage == "cut-at-objects" else 8))
     elif damage == "missing":
         os.remove(data)
     else:

@@ -550,7 +550,12 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
             tail = (0,) * (dset.ndim - 1)
             for k in chunks_of(meta, leaf):  # stored at all (h5py reads one never stored as zeros)
                 a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
-                if dset.id.get_chunk_info_by_coord((a, *tail)).byte_offset is None:
+                try:
+                    stored = dset.id.get_chunk_info_by_coord((a, *tail)).byte_offset is not None
+                except RuntimeError as exc:  # the chunk index's checksum fails
+                    unusable(f"{path}: {where}: its chunk index does not read ({exc})")
+                    break
+                if not stored:
                     why = f"{path}: {where}: chunk {k} (slots {a}..{b - 1}) holds committed steps but was never stored"
                     if k in journaled:
                         why += " (the chunk journal holds it: the next writer or `mmreplay recover` writes it back)"
