@@ -7,6 +7,8 @@ The numbered comments refer to the conformance checks of the reference semantics
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -229,6 +231,13 @@ def test_an_interrupted_tensor_migration_is_finished_on_reopen(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["m"]
     # a crash while the copy was being built: the old memory stays, the copy goes
     shutil.copytree(tmp_path / "m", tmp_path / ".m.migrating")
+    with memory(tmp_path, 4) as m:
+        assert len(m) == 2
+    assert sorted(os.listdir(tmp_path)) == ["m"]
+    # killed earlier, while the copy was under its scratch name: a whole memory's size of disk
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    shutil.copytree(tmp_path / "m", tmp_path / f"..m.migrating.partial-{int(dead.stdout)}")
+    shutil.copytree(tmp_path / "m", tmp_path / f".m.partial-{int(dead.stdout)}")  # a load's import
     with memory(tmp_path, 4) as m:
         assert len(m) == 2
     assert sorted(os.listdir(tmp_path)) == ["m"]

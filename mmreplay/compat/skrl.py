@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - torch is an install extra
 
 from ..convert import convert, unwritten
 from ..creation import create
+from ..files import remove_dead_scratch, scratch_path
 from ..formats import export, import_dataset
 from ..metadata import METADATA_FILE
 from ..read import SampleRequest, read_rows
@@ -338,7 +338,8 @@ class Memory(StoreShell):
         """Replace the memory with the steps and tensors of a file :meth:`save` (or
         ``mmreplay export``) wrote; declared tensors the file lacks read unwritten."""
         fmt = skrl_args.file_format(os.fspath(path).rpartition(".")[2], f"Unsupported format: {path}")
-        scratch = tempfile.mkdtemp(prefix=".load-", dir=os.path.dirname(os.path.abspath(self._store_path())))
+        scratch = scratch_path(self._store_path(), "partial")  # removed at reopen if killed (_finish_swap)
+        os.makedirs(scratch, exist_ok=True)
         try:
             imported = import_dataset(path, os.path.join(scratch, "store"), format=fmt, backend=self._options.backend,
                                       compression=self._options.compression)  # fmt: skip
@@ -464,3 +465,5 @@ def _finish_swap(path: str) -> None:
         shutil.rmtree(replaced, ignore_errors=True)
     if os.path.exists(building):
         shutil.rmtree(building, ignore_errors=True)  # an unfinished copy; the old memory is intact
+    for scratch_of in (building, path):  # a copy, or a load's import, killed unfinished
+        remove_dead_scratch(scratch_of)
