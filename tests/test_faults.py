@@ -857,6 +857,17 @@ def test_dead_writers_lock_is_released_by_the_os(tmp_path, writers, backend, com
     assert_healthy(path)
 
 
+def test_recover_after_a_killed_hdf5_writer_clears_its_flags(tmp_path, writers):
+    """recover holds the lock itself: the flags are a dead writer's, though a live holder shows."""
+    path = fill(tmp_path / "b", 10, "hdf5", "gzip")
+    writers.kill(_writer(writers, path, "time.sleep(60)"))
+    assert any("writer that died" in p for p in verify_cli(path)[1])
+    report = recover_cli(path)
+    assert report.ok and report.lost is None, str(report)
+    assert verify_cli(path) == (0, [])
+    assert assert_exact(path) == (0, 15)
+
+
 # --- the episode index ---------------------------------------------------------------------
 
 EPISODE_DAMAGE = {

@@ -629,8 +629,8 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
             f"extended {DATA_FILE} from {restored[0]} to {restored[1]} bytes, the end HDF5 recorded "
             "(a refused chunk write left it short; no committed chunk was in the missing bytes)"
         )
-    if found.flags_set:
-        clear_status_flags(path)
+    # verify_leaves sees recover's own lock as a live writer's: the flags are a dead one's
+    if found.unusable is None and clear_status_flags(path):
         repairs.actions.append(f"cleared the HDF5 status flags a dead writer left in {DATA_FILE}")
     if found.bad_journal:
         repairs.move_aside(journal_path(path))
