@@ -366,7 +366,7 @@ class Memory(StoreShell):
             values = dict(zip(found.leaf_paths, found.read_steps(steps)))
         lead = (len(steps), self.num_envs)
         for name, leaf in spec.items():
-            shape, columns = (*lead, *leaf.shape), values[name][0, 0].size
+            shape, columns = (*lead, *leaf.shape), math.prod(values[name].shape[2:])
             if columns != math.prod(leaf.shape):
                 raise ValueError(f"tensor {name!r}: declared of size {leaf.shape}, the file has {columns} columns of it")
             values[name] = skrl_args.as_values(name, values[name].reshape(shape), shape, leaf.dtype)
