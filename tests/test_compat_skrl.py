@@ -7,6 +7,8 @@ The numbered comments refer to the conformance checks of the reference semantics
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -232,6 +234,13 @@ def test_an_interrupted_tensor_migration_is_finished_on_reopen(tmp_path):
     with memory(tmp_path, 4) as m:
         assert len(m) == 2
     assert sorted(os.listdir(tmp_path)) == ["m"]
+    # killed earlier, while the copy was under its scratch name: a whole memory's size of disk
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    shutil.copytree(tmp_path / "m", tmp_path / f"..m.migrating.partial-{int(dead.stdout)}")
+    shutil.copytree(tmp_path / "m", tmp_path / f".m.partial-{int(dead.stdout)}")  # a load's import
+    with memory(tmp_path, 4) as m:
+        assert len(m) == 2
+    assert sorted(os.listdir(tmp_path)) == ["m"]
 
 
 # --- sampling -------------------------------------------------------------------------
@@ -432,6 +441,35 @@ def test_load_restores_the_saved_steps(tmp_path):  # 39, adapted: mmreplay impor
         with pytest.raises(ValueError, match="Unsupported format"):
             w.load(str(tmp_path / "x.json"))
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no folder left aside
+
+
+def test_a_csv_load_keeps_the_declared_dtypes_and_shapes(tmp_path):
+    """csv keeps no dtype: whole-number floats and flags must not turn a declared tensor int64."""
+    with memory(tmp_path, 4, 2, name="src") as m:
+        m.create_tensor("x", 1)
+        m.create_tensor("done", 1, dtype=torch.bool)
+        m.create_tensor("k", (2, 2), dtype=torch.uint8, keep_dimensions=True)
+        for t in range(3):
+            m.add_samples(x=torch.full((2, 1), float(t)), done=torch.full((2, 1), t == 2),
+                          k=torch.full((2, 2, 2), t, dtype=torch.uint8))  # fmt: skip
+        path = m.save(str(tmp_path / "out"), "csv")
+        want = {n: m.get_tensor_by_name(n) for n in ("x", "done", "k")}
+    with memory(tmp_path, 4, 2, name="dst") as d:
+        d.create_tensor("x", 1)
+        d.create_tensor("done", 1, dtype=torch.bool)
+        d.create_tensor("k", (2, 2), dtype=torch.uint8, keep_dimensions=True)
+        d.load(path)
+        for name, value in want.items():
+            got = d.get_tensor_by_name(name)
+            assert (got.dtype, got.shape) == (value.dtype, value.shape), name
+            assert torch.equal(got[:3], value[:3]), name
+        d.add_samples(x=torch.full((2, 1), 0.5), done=torch.zeros((2, 1), dtype=torch.bool),
+                      k=torch.zeros((2, 2, 2), dtype=torch.uint8))  # fmt: skip
+        assert d.get_tensor_by_name("x")[3].flatten().tolist() == [0.5, 0.5]
+    with memory(tmp_path, 4, 2, name="wrong") as w:
+        w.create_tensor("x", 3)  # the file has 1 column of x
+        with pytest.raises(ValueError, match="x"):
+            w.load(path)
 
 
 def test_export_when_the_memory_fills(tmp_path):  # 40

@@ -785,7 +785,7 @@ def test_hdf5_mapped_file_truncated(tmp_path):
     _recovered_keeps_the_rest(path, lost_through=26)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing", "garbled"])
+@pytest.mark.parametrize("damage", ["truncated", "cut-at-objects", "cut-at-index", "missing", "garbled"])
 def test_hdf5_compressed_file_damaged(tmp_path, damage):
     path = fill(tmp_path / "b", 30, "hdf5", "gzip")
     with mr.open(path, "a") as store:  # a later commit: the chunk journal holds only its chunks
@@ -793,6 +793,8 @@ def test_hdf5_compressed_file_damaged(tmp_path, damage):
     data = os.path.join(path, "data.h5")
     if damage == "truncated":
         _truncate(data, os.path.getsize(data) * 2 // 3)
+    elif damage.startswith("cut-at"):  # recover extends it: zeros where checksummed metadata was
+        _truncate(data, os.path.getsize(data) // (40 if damage == "cut-at-objects" else 8))
     elif damage == "missing":
         os.remove(data)
     else:
@@ -866,6 +868,17 @@ def test_dead_writers_lock_is_released_by_the_os(tmp_path, writers, backend, com
         store.extend(steps(15, 20))
     assert assert_exact(path) == (0, 20)
     assert_healthy(path)
+
+
+def test_recover_after_a_killed_hdf5_writer_clears_its_flags(tmp_path, writers):
+    """recover holds the lock itself: the flags are a dead writer's, though a live holder shows."""
+    path = fill(tmp_path / "b", 10, "hdf5", "gzip")
+    writers.kill(_writer(writers, path, "time.sleep(60)"))
+    assert any("writer that died" in p for p in verify_cli(path)[1])
+    report = recover_cli(path)
+    assert report.ok and report.lost is None, str(report)
+    assert verify_cli(path) == (0, [])
+    assert assert_exact(path) == (0, 15)
 
 
 # --- the episode index ---------------------------------------------------------------------

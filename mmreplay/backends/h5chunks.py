@@ -382,7 +382,10 @@ class H5Chunks:
         """Stored length of chunk ``k`` (None: never written)."""
         if k in self.slots:
             return self.slots[k]
-        info = self.dset.id.get_chunk_info_by_coord((k * self.cs, *self.tail))
+        try:
+            info = self.dset.id.get_chunk_info_by_coord((k * self.cs, *self.tail))
+        except RuntimeError as exc:  # the chunk index's checksum fails
+            raise CorruptBufferError(f"{self.where}: the HDF5 chunk index does not read ({exc})") from None
         size = None if info.byte_offset is None else int(info.size)
         if self.writable:  # only this process changes them
             self.slots[k] = size
@@ -479,14 +482,15 @@ def leaf_dataset(f: h5py.File, path: str, where: str) -> Any:
             return None
         try:
             link = node.get(part, getlink=True)
-        except (RuntimeError, OSError) as exc:
+            if isinstance(link, h5py.HardLink):
+                node = node[part]  # h5py says KeyError when the object's header does not read
+        except (RuntimeError, OSError, KeyError) as exc:
             raise UnreadableMetadataError(f"{where}: the HDF5 metadata of {path!r} does not read ({exc})") from None
         if link is None:
             return None
         if not isinstance(link, h5py.HardLink):
             kind = "an external link to another file" if isinstance(link, h5py.ExternalLink) else "a soft link"
             raise CorruptBufferError(f"{where}: {path!r} is {kind}; a buffer's datasets must be stored in its own file")
-        node = node[part]
     if isinstance(node, h5py.Dataset) and (node.is_virtual or node.external):
         kind = "a virtual dataset" if node.is_virtual else "a dataset with external storage"
         raise CorruptBufferError(f"{where}: {path!r} is {kind}, whose data lies in other files; a buffer's datasets must be stored in its own file")

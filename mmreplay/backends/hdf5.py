@@ -550,7 +550,12 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
             tail = (0,) * (dset.ndim - 1)
             for k in chunks_of(meta, leaf):  # stored at all (h5py reads one never stored as zeros)
                 a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
-                if dset.id.get_chunk_info_by_coord((a, *tail)).byte_offset is None:
+                try:
+                    stored = dset.id.get_chunk_info_by_coord((a, *tail)).byte_offset is not None
+                except RuntimeError as exc:  # the chunk index's checksum fails
+                    unusable(f"{path}: {where}: its chunk index does not read ({exc})")
+                    break
+                if not stored:
                     why = f"{path}: {where}: chunk {k} (slots {a}..{b - 1}) holds committed steps but was never stored"
                     if k in journaled:
                         why += " (the chunk journal holds it: the next writer or `mmreplay recover` writes it back)"
@@ -624,8 +629,8 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
             f"extended {DATA_FILE} from {restored[0]} to {restored[1]} bytes, the end HDF5 recorded "
             "(a refused chunk write left it short; no committed chunk was in the missing bytes)"
         )
-    if found.flags_set:
-        clear_status_flags(path)
+    # verify_leaves sees recover's own lock as a live writer's: the flags are a dead one's
+    if found.unusable is None and clear_status_flags(path):
         repairs.actions.append(f"cleared the HDF5 status flags a dead writer left in {DATA_FILE}")
     if found.bad_journal:
         repairs.move_aside(journal_path(path))
