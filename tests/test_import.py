@@ -316,3 +316,29 @@ def test_npz_export_is_a_plain_zip_of_npy_members(tmp_path):
             "truncated.npy",
         ]
     )
+
+
+def test_a_csv_import_takes_the_dtypes_and_shapes_it_is_given(tmp_path):
+    """csv keeps no dtype: whole numbers would come back int64 and flags as numbers."""
+    spec = {"x": mr.ArraySpec((), "float32"), "done": mr.ArraySpec((), "bool"), "k": mr.ArraySpec((2, 2), "uint8")}
+    with mr.create(tmp_path / "s", spec, 5, num_envs=2) as store:
+        for t in range(3):
+            store.add({"x": np.full(2, t, "float32"), "done": np.full(2, t == 2), "k": np.full((2, 2, 2), t, "uint8")})
+        export(store, tmp_path / "s.csv", format="csv")
+    guessed = import_dataset(tmp_path / "s.csv", tmp_path / "guessed")
+    with mr.open(guessed.path) as found:
+        assert {p: (s.shape, s.dtype.name) for p, s in found.spec.items()} == {
+            "x": ((), "int64"), "done": ((), "int64"), "k": ((4,), "int64")
+        }
+    typed = import_dataset(tmp_path / "s.csv", tmp_path / "typed", spec=spec)
+    with mr.open(typed.path) as found, mr.open(tmp_path / "s") as source:
+        assert found.spec == source.spec
+        for leaf, want in source.get(slice(None)).items():
+            np.testing.assert_array_equal(found.get(slice(None))[leaf], want)
+    with pytest.raises(mr.BadInputError, match="leaf 'k' has 4 columns, its declared shape \\(3,\\) takes 3"):
+        import_dataset(tmp_path / "s.csv", tmp_path / "wrong", spec={"k": mr.ArraySpec((3,), "uint8")})
+    with pytest.raises(mr.BadInputError, match="leaf 'x' holds values that are not bool"):
+        import_dataset(tmp_path / "s.csv", tmp_path / "wrong", spec={"x": mr.ArraySpec((), "bool")})
+    with pytest.raises(mr.BadInputError, match="spec applies to the csv import, not to npz"):
+        import_dataset(tmp_path / "s.csv", tmp_path / "wrong", format="npz", spec=spec)
+    assert not (tmp_path / "wrong").exists()

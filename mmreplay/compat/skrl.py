@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
 import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,7 +23,6 @@ except ImportError as exc:  # pragma: no cover - torch is an install extra
     raise ImportError("mmreplay.compat.skrl needs torch: pip install 'mmreplay[torch]'") from exc
 
 from ..convert import convert, unwritten
-from ..creation import create
 from ..files import remove_dead_scratch, scratch_path
 from ..formats import export, import_dataset
 from ..metadata import METADATA_FILE
@@ -342,38 +340,20 @@ class Memory(StoreShell):
         os.makedirs(scratch, exist_ok=True)
         try:
             imported = import_dataset(path, os.path.join(scratch, "store"), format=fmt, backend=self._options.backend,
-                                      compression=self._options.compression)  # fmt: skip
+                                      compression=self._options.compression,
+                                      spec=self._tensors if fmt == "csv" else None)  # fmt: skip
             if imported.num_envs != self.num_envs:
                 raise ValueError(f"{path}: holds {imported.num_envs} envs, the memory has {self.num_envs}")
-            src = imported.path if fmt != "csv" else self._as_declared(imported.path, os.path.join(scratch, "typed"))
-            with open_store(src) as found:
+            with open_store(imported.path) as found:
                 missing = {n: s for n, s in self._tensors.items() if n not in found.spec}
             if self.store is not None:
                 self.store.commit()
-            self._rebuild(src, missing)
+            self._rebuild(imported.path, missing)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         store = self._ensure_store()
         self._rows.origin = store.first_step
         write_origin(store, store.first_step)
-
-    def _as_declared(self, imported: str, out: str) -> str:
-        """A copy of an imported csv whose columns take the declared tensors' dtypes and
-        shapes: csv keeps neither, so whole numbers would come back int64."""
-        with open_store(imported) as found:
-            spec = {n: self._tensors.get(n, s) for n, s in found.spec.items()}
-            steps = np.arange(found.first_step, found.committed_steps)
-            values = dict(zip(found.leaf_paths, found.read_steps(steps)))
-        lead = (len(steps), self.num_envs)
-        for name, leaf in spec.items():
-            shape, columns = (*lead, *leaf.shape), math.prod(values[name].shape[2:])
-            if columns != math.prod(leaf.shape):
-                raise ValueError(f"tensor {name!r}: declared of size {leaf.shape}, the file has {columns} columns of it")
-            values[name] = skrl_args.as_values(name, values[name].reshape(shape), shape, leaf.dtype)
-        o = self._options
-        with create(out, spec, max(1, len(steps)), self.num_envs, backend=o.backend, compression=o.compression) as typed:
-            typed.extend(values)
-        return out
 
     def close(self) -> None:
         """Commit and release the store (a temporary one is deleted); a partial step is lost."""

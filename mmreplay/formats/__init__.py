@@ -25,7 +25,7 @@ import importlib
 import inspect
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -282,6 +282,7 @@ def import_dataset(
     num_envs: int | None = None,
     commit_every: int | None = None,
     progress: Callable[[int], Any] | None = None,
+    spec: Mapping[str, Any] | None = None,
 ) -> ImportResult:
     """Create a store at ``path`` holding the dataset at ``src``.
 
@@ -296,6 +297,8 @@ def import_dataset(
         num_envs: for a plain npz, read arrays as ``[T, num_envs, *shape]``.
         commit_every: as :func:`mmreplay.create`; default one commit per block.
         progress: called with the rows written after each block.
+        spec: for a csv, which keeps no dtype or shape: the ``ArraySpec`` of leaves it
+            holds, by path (the others' are inferred).
 
     Returns:
         An :class:`ImportResult`.
@@ -313,10 +316,12 @@ def import_dataset(
     if os.path.exists(src) and os.path.isdir(src) != (reads == "folder"):
         found = "a folder" if reads == "file" else "not a folder"
         raise UnsupportedFormatError(f"{src}: {found}; the {fmt} import reads a {reads}")
-    if num_envs is not None and fmt != "npz":
-        raise BadInputError(f"num_envs applies to a plain npz import, not to {fmt}")
+    given = {"num_envs": num_envs, "spec": spec}
+    for name, only in (("num_envs", "npz"), ("spec", "csv")):
+        if given[name] is not None and fmt != only:
+            raise BadInputError(f"{name} applies to the {only} import, not to {fmt}")
     with contextlib.ExitStack() as files:  # what the reader opened, closed whatever happens
-        source = module.read(src, files, **({"num_envs": num_envs} if num_envs is not None else {}))
+        source = module.read(src, files, **{k: v for k, v in given.items() if v is not None})
         cap = capacity if capacity is not None else max(1, source.steps)
         every = commit_every if commit_every is not None else max(1, min(cap, 1 << 30))
         with AtomicOutput(path, "folder", "imported store") as scratch:

@@ -26,6 +26,7 @@ from ..spec import flatten
 from .base import Source, StepBlocks, Target, arrays_source
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from contextlib import ExitStack
 
     from .base import Exportable, ExportOptions, ExportResult
@@ -100,7 +101,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 # --- the import ------------------------------------------------------------------------
 
 
-def read(src: str, files: ExitStack) -> Source:
+def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> Source:
     opener = gzip.open if _is_gzip(src) else open
     with opener(src, "rt", newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
@@ -120,6 +121,9 @@ def read(src: str, files: ExitStack) -> Source:
     arrays = {}
     for name, cols in groups.items():
         values = rows[:, cols]
+        if spec is not None and name in spec:  # the caller knows what the text cannot say
+            arrays[name] = _as_declared(values, spec[name], name, src).reshape(steps, envs, *spec[name].shape)
+            continue
         if np.all(np.isfinite(values)) and np.all(values == np.round(values)) and len(values):
             values = values.astype(np.int64)
         vector = len(cols) > 1 or head[cols[0]] != name
@@ -128,6 +132,17 @@ def read(src: str, files: ExitStack) -> Source:
     first = int(rows[0, 0]) if len(rows) else 0
     fresh = None if first == 0 else []  # csv does not say which episodes start whole
     return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh)
+
+
+def _as_declared(values: np.ndarray, leaf: Any, name: str, src: str) -> np.ndarray:
+    """The columns of leaf ``name`` in its declared dtype; BadInputError where they do not fit it."""
+    if values.shape[1] != math.prod(leaf.shape):
+        raise BadInputError(f"{src}: leaf {name!r} has {values.shape[1]} columns, its declared shape {leaf.shape} "
+                            f"takes {math.prod(leaf.shape)}")  # fmt: skip
+    typed = values.astype(leaf.dtype)
+    if leaf.dtype.kind != "f" and not np.array_equal(typed, values):
+        raise BadInputError(f"{src}: leaf {name!r} holds values that are not {leaf.dtype}")
+    return typed
 
 
 def _is_gzip(path: str) -> bool:
