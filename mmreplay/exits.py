@@ -12,7 +12,8 @@ What each ending of a program keeps is said once, in docs/reliability.md. Here:
   non-daemon thread of the program may still be writing (after the interpreter has waited
   for it). A daemon thread may still be writing then: the hook lets no write of that
   store start and waits for the one under way (:data:`WRITER_WAIT` seconds at most), so
-  the commit covers whole steps only.
+  the commit covers whole steps only; it waits as well for a writer such a thread is
+  opening (:func:`opening`), and a ``close()`` from that thread waits for the hook's.
 - SIGTERM and SIGHUP (what ``kill``, docker, Kubernetes and Slurm send to stop a
   program, and a closed terminal) end the program as Ctrl-C does while a writer is open:
   an exception in the main thread (``SystemExit(128 + signal)``), so ``finally`` blocks
@@ -36,9 +37,9 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import Error
+from .errors import ClosedError, Error
 
-__all__ = ["WRITER_WAIT", "STOP_SIGNALS", "close_when_dropped", "closing", "open_writers"]
+__all__ = ["WRITER_WAIT", "STOP_SIGNALS", "close_when_dropped", "closing", "opening", "open_writers"]
 
 log = logging.getLogger("mmreplay.store")
 
@@ -55,6 +56,7 @@ _exiting = False  # the exit hooks are closing the writers
 _closing = 0  # writers the main thread is closing: a stop signal waits for their commit
 _deferred: int | None = None  # the stop signal that landed meanwhile
 _collecting = False  # the main thread closes a dropped writer, in its finalizer
+_opening: list[object] = []  # a token per writer being opened (exits.opening): the exit hooks wait for it
 
 
 def open_writers() -> int:
@@ -77,6 +79,29 @@ def close_when_dropped(store: object, at_exit: bool) -> weakref.finalize:
         _register_exit_hooks()
         _swap_stop_handlers(signal.SIG_DFL, _stop)
     return finalizer
+
+
+@contextlib.contextmanager
+def opening(path: str, lock: Any) -> Iterator[None]:
+    """A writer being opened (its files, until its finalizer is registered): the exit
+    hooks wait for it, then close it. One another thread starts once the program is
+    ending is refused (releasing ``lock``): a daemon thread's open must not go on into
+    the file libraries past the program's end, where h5py's own exit hook tears its state
+    down under it (the main thread's own exit hooks may still open one)."""
+    token = object()
+    _opening.append(token)
+    try:
+        ending = not _register_exit_hooks() or _exiting
+        if ending and threading.current_thread() is not threading.main_thread():
+            if lock is not None:
+                lock.release()
+            raise ClosedError(
+                f"{path}: the program is ending, and no store opens for writing now; a thread that writes "
+                "must be joined before the program ends"
+            )
+        yield
+    finally:
+        _opening.remove(token)
 
 
 @contextlib.contextmanager
@@ -155,6 +180,9 @@ def _close_open_writers(before_threads_end: bool = False) -> None:
     ):
         return
     _exiting = True
+    deadline = time.monotonic() + WRITER_WAIT
+    while _opening and time.monotonic() < deadline:  # a writer another thread is opening
+        time.sleep(0.001)
     for finalizer in list(_open_writers):
         got = finalizer.peek()
         if got is None:
@@ -202,13 +230,15 @@ def _forget_writers_in_child() -> None:
             parts["_writable"] = False
             parts["_forked"] = True
     _open_writers.clear()
+    _opening.clear()  # (opens under way in the parent's other threads)
 
 
 os.register_at_fork(after_in_child=_forget_writers_in_child)
 
 
-def _register_exit_hooks() -> None:
-    """Register the exit hooks. Exit hooks run last registered first, and the early one
+def _register_exit_hooks() -> bool:
+    """Register the exit hooks; False if the interpreter is already exiting (too late
+    for the early one). Exit hooks run last registered first, and the early one
     must run before the thread pools stop: it is registered again whenever a library
     imported since (``concurrent.futures`` with zarr) registered its own after it."""
     global _atexit_registered
@@ -217,8 +247,11 @@ def _register_exit_hooks() -> None:
         _atexit_registered = True
     early = getattr(threading, "_threading_atexits", None)
     if early is not None and not (early and getattr(early[-1], "func", None) is _close_before_threads_end):
-        with contextlib.suppress(RuntimeError):  # the interpreter is already exiting
+        try:
             threading._register_atexit(_close_before_threads_end)  # type: ignore[attr-defined]
+        except RuntimeError:  # the interpreter is already exiting
+            return False
+    return True
 
 
 def _close_before_threads_end() -> None:

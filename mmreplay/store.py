@@ -7,8 +7,10 @@ its open modes, the writer lock, its description, reads and life cycle;
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +63,18 @@ class Store(Ring):
         sampler: Sampler | None = None,
         source: ByteSource | None = None,
     ):
+        with exits.opening(path, lock) if mode == "a" else contextlib.nullcontext():
+            self._open(path, meta, mode, lock, sampler, source)
+
+    def _open(
+        self,
+        path: str,
+        meta: Metadata,
+        mode: str,
+        lock: WriterLock | None,
+        sampler: Sampler | None,
+        source: ByteSource | None,
+    ) -> None:
         self.path = path
         # where the state and the leaves are read from: the folder ``path``, or an
         # object-store prefix (:mod:`mmreplay.io`)
@@ -73,6 +87,7 @@ class Store(Ring):
         self._validator = StepValidator(meta.spec, meta.num_envs)
         self._decode_setting: int | None = None  # set_decode_threads
         self._closed = False
+        self._close_lock = threading.RLock()  # one close at a time: a thread's and the exit hooks'
         self._plain_requests: dict[int, SampleRequest] = {}  # (see sample)
         # one check on the hot path: False once closed, and in a writer that reopened
         # the store until its first step (see _before_write)
@@ -224,8 +239,15 @@ class Store(Ring):
         if self._forked:  # the parent's writer: its files and commits are the parent's
             self._closed = True
             return
-        with exits.closing(self._finalizer):  # a stop signal waits for the last commit
-            self._close()
+        self._busy = True  # a close under way is a write: the exit hooks wait for it (exits._stop_writes)
+        try:
+            with self._close_lock:  # a thread's close as the exit hooks close the store: theirs first
+                if self._closed:
+                    return
+                with exits.closing(self._finalizer):  # a stop signal waits for the last commit
+                    self._close()
+        finally:
+            self._busy = False
 
     def _close(self) -> None:
         try:

@@ -621,6 +621,91 @@ def test_a_daemon_thread_still_adding_at_exit_leaves_only_whole_steps_committed(
     assert "the program is ending" in done.stdout, done.stdout  # what the thread was told
 
 
+THREAD_CLOSES_AT_EXIT = """
+import os, threading, time, numpy as np, mmreplay as mr
+from mmreplay.hooks import WriteHook
+store = mr.create({path!r}, {{"x": mr.ArraySpec((3,), "float32"), "terminated": mr.ArraySpec((), "bool")}},
+                  capacity=1000, commit_every=10**6, backend={backend!r}, compression={compression!r})
+running = threading.Event()
+class SlowExitCommit(WriteHook):
+    def on_commit(self, old_end, new_end, fsync):
+        if threading.current_thread() is threading.main_thread():  # the exit hooks' commit
+            time.sleep(0.3)  # the thread's next add is refused meanwhile, and it closes the store
+store.add_write_hook(SlowExitCommit())
+def collect():
+    try:
+        with store:
+            for t in range(10**6):
+                store.add({{"x": np.full((1, 3), t, "float32"), "terminated": np.array([t % 7 == 6])}})
+                if t >= 100:
+                    running.set()
+                    time.sleep(0.01)  # between steps: the program ends while the thread waits here
+    except mr.ClosedError as exc:
+        os.write(1, f"closed: {{exc}}\\n".encode())
+threading.Thread(target=collect, daemon=True).start()
+running.wait()
+"""
+
+
+@pytest.mark.parametrize(("backend", "compression"), [("zarr", None), ("hdf5", "gzip"), ("zarr", "rows:lz4")])
+def test_a_thread_closing_its_store_as_the_exit_hooks_close_it_waits_for_them(tmp_path, backend, compression):
+    """A daemon thread told the program is ending closes its store (``with store:``)
+    while the exit hooks commit it: its close waits for theirs instead of closing the
+    files under that commit (which then failed, or crashed in HDF5)."""
+    from conftest import verify_cli
+
+    path = str(tmp_path / "b")
+    code = THREAD_CLOSES_AT_EXIT.format(path=path, backend=backend, compression=compression)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "left open failed" not in done.stderr, done.stderr
+    with mr.open(path) as store:
+        assert store.committed_steps >= 101
+        np.testing.assert_array_equal(store.get(slice(None))["x"][:, 0, 0], np.arange(store.committed_steps))
+    assert verify_cli(path) == (0, [])
+
+
+THREAD_OPENS_AT_EXIT = """
+import atexit, os, sys, threading, time, numpy as np, mmreplay as mr
+from mmreplay.backends import hdf5  # noqa: F401 - imported before the program ends, as a program has
+stores, told, opening = [], threading.Event(), threading.Event()
+def report():  # an exit hook of the program's, run after mmreplay's (and before h5py's)
+    told.wait(5)
+    print("told", told.is_set(), "closed", [s.closed for s in stores], flush=True)
+atexit.register(report)
+def pause(frame, event, arg):  # the thread stops inside the store's open, before its data files
+    if event == "call" and frame.f_code.co_name == "open_contents":
+        sys.setprofile(None)
+        opening.set()
+        time.sleep(0.3)  # the main thread returns meanwhile
+def collect():
+    sys.setprofile(pause)
+    stores.append(mr.open({path!r}, "a"))
+    try:
+        for t in range(10**6):
+            stores[0].add({{"x": np.full((1, 16), t, "float32")}})
+    except mr.ClosedError:
+        told.set()
+threading.Thread(target=collect, daemon=True).start()
+opening.wait()
+"""
+
+
+def test_a_writer_a_daemon_thread_is_opening_as_the_program_ends_is_closed_by_the_exit_hooks(tmp_path):
+    """The exit hooks wait for a writer another thread is opening, then close it: the
+    thread's open must not go on into h5py past the program's end (whose own exit hook
+    tears its state down: the thread crashed there), and its next add is refused."""
+    path = str(tmp_path / "b")
+    mr.create(path, {"x": mr.ArraySpec((16,), "float32")}, capacity=64, backend="hdf5", compression="gzip",
+              chunk_steps=4, commit_every=10**6).close()
+    code = THREAD_OPENS_AT_EXIT.format(path=path)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["told", "True", "closed", "[True]"], (done.stdout, done.stderr)
+    with mr.open(path) as store:
+        assert store.committed_steps == store.total_steps
+
+
 def test_a_thread_writing_zarr_chunks_after_main_returns_is_told_the_program_is_ending(tmp_path):
     """zarr cannot write once the interpreter stopped its thread pools: the thread's add
     says so (ShutdownError), not that the buffer is damaged, and nothing unwritten is

@@ -91,8 +91,12 @@ def run_writer(
         msg = server.line(REPORT_TIMEOUT)
         if msg is None:
             if seen.pid:
+                _kill(seen.pid, signal.SIGABRT)  # its faulthandler prints every thread's stack
+                time.sleep(1)
                 _kill(seen.pid, signal.SIGKILL)
-            raise TortureFailure(f"the writer said nothing for {REPORT_TIMEOUT:.0f} s (hung; {how})")
+            raise TortureFailure(
+                f"the writer said nothing for {REPORT_TIMEOUT:.0f} s (hung; {how}); its stderr ends:\n{server.log_tail()}"
+            )
         kind, _, rest = msg.partition(" ")
         if kind == "S":
             seen.pid = int(rest)
@@ -148,7 +152,9 @@ def run_writer(
         # SIGTERM before the store handled it, or once it began to close (when close(),
         # a collection or the exit hooks are done, the default action is back)
         if not (seen.status == -signal.SIGTERM and ending == "sigterm" and (not seen.opened or seen.closed)):
-            raise TortureFailure(f"the writer exited with status {seen.status} ({how})")
+            raise TortureFailure(
+                f"the writer exited with status {seen.status} ({how}); its stderr ends:\n{server.log_tail()}"
+            )
     if ending in ("sigint", "sigterm") and seen.opened and seen.signalled and not seen.closing and not killed:
         exp.reported = max(exp.reported, seen.done_before)  # Ctrl-C and SIGTERM lose no added step
     if ending == "sigterm" and seen.closed and not killed:

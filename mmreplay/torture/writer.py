@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -147,6 +148,7 @@ def _child(request: dict) -> int:
     warnings.showwarning = lambda message, category, *a, **k: _send(
         "L " + json.dumps(f"{category.__name__}: {message}")
     )
+    faulthandler.enable()  # a crash prints every thread's stack to the server's log
     ending = request.get("ending", "kill")
     try:
         _send(f"S {os.getpid()}")
@@ -233,7 +235,7 @@ class WriterServer:
         try:
             self.proc.stdin.write(request.encode() + b"\n")
         except BrokenPipeError:
-            raise TortureFailure(f"the writer server died: {self._log_tail()}") from None
+            raise TortureFailure(f"the writer server died: {self.log_tail()}") from None
 
     def line(self, timeout: float) -> str | None:
         """The next report line, or None after ``timeout`` seconds of silence."""
@@ -245,14 +247,15 @@ class WriterServer:
                 return None
             chunk = os.read(fd, 1 << 16)
             if not chunk:
-                raise TortureFailure(f"the writer server died: {self._log_tail()}")
+                raise TortureFailure(f"the writer server died: {self.log_tail()}")
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         return line.decode()
 
-    def _log_tail(self) -> str:
+    def log_tail(self) -> str:
+        """The end of the writers' stderr (a crashed writer's stacks, from faulthandler)."""
         self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-2000:]
+        return self.log.read().decode(errors="replace")[-4000:]
 
     def close(self) -> None:
         if self.proc.poll() is None:
