@@ -60,15 +60,26 @@ class GoalSteps:
         return obs(), obs(), action, -rng.integers(0, 2, n_envs).astype(np.float32), done, infos
 
 
-def _her_pair(tmp_path, n_envs: int, size: int, strategy: str = "future", n_sampled_goal: int = 4, **kw):
+def _her_pair(
+    tmp_path, n_envs: int, size: int, strategy: str = "future", n_sampled_goal: int = 4, commit_every: int = 3, **kw
+):
     env = _vec_env(n_envs)
     args = (size, env.observation_space, env.action_space, env)
     options = dict(
         device="cpu", n_envs=n_envs, goal_selection_strategy=strategy, n_sampled_goal=n_sampled_goal, **kw
     )
     theirs = SB3HerReplayBuffer(*args, **options)
-    ours = HerReplayBuffer(*args, **options, path=tmp_path / "buf", commit_every=3)
+    ours = HerReplayBuffer(*args, **options, path=tmp_path / "buf", commit_every=commit_every)
     return theirs, ours
+
+
+def _assert_same_draws(theirs, ours) -> None:
+    """SB3's episode arrays, and its batch for the same ``np.random`` seed."""
+    _assert_same_episodes(theirs, ours)
+    np.random.seed(0)
+    expected = theirs.sample(32)
+    np.random.seed(0)
+    _assert_same(expected, ours.sample(32))
 
 
 def _assert_same(a, b) -> None:
@@ -249,21 +260,14 @@ def test_a_reopened_folder_draws_the_episodes_left_open_before_its_first_add(tmp
     )
     with pytest.warns(UserWarning, match="will be truncated"):
         theirs.truncate_last_trajectory()
-    _assert_same_episodes(theirs, ours)
-    np.random.seed(0)
-    expected = theirs.sample(32)
-    np.random.seed(0)
-    _assert_same(expected, ours.sample(32))
+    _assert_same_draws(theirs, ours)
     ours.close()
 
 
 def test_truncating_the_last_trajectory_mid_run_ends_the_episodes_sb3_ends(tmp_path, count=10):
     """``truncate_last_trajectory`` with steps not committed yet marks the newest step of
     the envs still in an episode there, as SB3 does: not an env whose episode ended at it."""
-    theirs, ours = _her_pair(tmp_path, 3, size=40, strategy="episode")
-    ours.store.close()  # (_her_pair's commit_every=3 would commit the newest step)
-    ours = HerReplayBuffer(40, *_spaces(3), _vec_env(3), "cpu", n_envs=3, goal_selection_strategy="episode",
-                           path=tmp_path / "other", commit_every=1000)  # fmt: skip
+    theirs, ours = _her_pair(tmp_path, 3, size=40, strategy="episode", commit_every=1000)
     steps = GoalSteps(3, seed=11, limit=30)
     for t in range(count):
         obs, next_obs, action, reward, done, infos = steps()
@@ -279,11 +283,7 @@ def test_truncating_the_last_trajectory_mid_run_ends_the_episodes_sb3_ends(tmp_p
         ours.truncate_last_trajectory()
     np.testing.assert_array_equal(ours.dones[:count], theirs.dones[:count])
     np.testing.assert_array_equal(ours.timeouts[:count], theirs.timeouts[:count])
-    _assert_same_episodes(theirs, ours)
-    np.random.seed(0)
-    expected = theirs.sample(32)
-    np.random.seed(0)
-    _assert_same(expected, ours.sample(32))
+    _assert_same_draws(theirs, ours)
     ours.close()
 
 
