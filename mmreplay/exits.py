@@ -84,15 +84,15 @@ def close_when_dropped(store: object, at_exit: bool) -> weakref.finalize:
 @contextlib.contextmanager
 def opening(path: str, lock: Any) -> Iterator[None]:
     """A writer being opened (its files, until its finalizer is registered): the exit
-    hooks wait for it, then close it. One another thread starts once the program is
-    ending is refused (releasing ``lock``): a daemon thread's open must not go on into
-    the file libraries past the program's end, where h5py's own exit hook tears its state
-    down under it (the main thread's own exit hooks may still open one)."""
+    hooks wait for it, then close it. One a daemon thread starts once the program is
+    ending is refused (releasing ``lock``): its open must not go on into the file
+    libraries past the program's end, where h5py's own exit hook tears its state down
+    under it. The interpreter waits for the other threads before that, so theirs open."""
     token = object()
     _opening.append(token)
     try:
         ending = not _register_exit_hooks() or _exiting
-        if ending and threading.current_thread() is not threading.main_thread():
+        if ending and threading.current_thread().daemon:
             if lock is not None:
                 lock.release()
             raise ClosedError(

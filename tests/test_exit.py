@@ -706,6 +706,29 @@ def test_a_writer_a_daemon_thread_is_opening_as_the_program_ends_is_closed_by_th
         assert store.committed_steps == store.total_steps
 
 
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_a_non_daemon_thread_opens_and_writes_after_the_main_thread_returns(tmp_path, backend):
+    """The interpreter waits for a non-daemon thread before its exit hooks: its writer
+    opens, writes and commits as at any other time, also where a library registered its
+    own thread-end hook after mmreplay's (which then cannot register its own again)."""
+    path = str(tmp_path / "b")
+    code = f"""
+    import threading, time, numpy as np, mmreplay as mr
+    mr.create({path!r}, {{"x": mr.ArraySpec((), "int64")}}, capacity=100, backend={backend!r}).close()
+    threading._register_atexit(lambda: None)  # a library's thread-end hook, after mmreplay's
+    def collect():
+        time.sleep(0.3)  # the main thread has returned
+        with mr.open({path!r}, "a") as store:
+            for t in range(10):
+                store.add({{"x": np.array([t])}})
+    threading.Thread(target=collect).start()
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    with mr.open(path) as store:
+        assert store.get(slice(None))["x"][:, 0].tolist() == list(range(10))
+
+
 def test_a_thread_writing_zarr_chunks_after_main_returns_is_told_the_program_is_ending(tmp_path):
     """zarr cannot write once the interpreter stopped its thread pools: the thread's add
     says so (ShutdownError), not that the buffer is damaged, and nothing unwritten is
