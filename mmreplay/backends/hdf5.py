@@ -552,9 +552,9 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
                 a, b = k * leaf.chunk_steps, min((k + 1) * leaf.chunk_steps, meta.capacity)
                 try:
                     stored = dset.id.get_chunk_info_by_coord((a, *tail)).byte_offset is not None
-                except RuntimeError as exc:  # the chunk index's checksum fails
-                    unusable(f"{path}: {where}: its chunk index does not read ({exc})")
-                    break
+                except RuntimeError as exc:  # the chunk index's checksum fails: the file's metadata is
+                    # damaged, and each further read of it takes HDF5's re-reads (about a second)
+                    return unusable(f"{path}: {where}: its chunk index does not read ({exc})")
                 if not stored:
                     why = f"{path}: {where}: chunk {k} (slots {a}..{b - 1}) holds committed steps but was never stored"
                     if k in journaled:
