@@ -304,9 +304,10 @@ class Ring:
     def end_episodes(self, envs: Any = None) -> np.ndarray:
         """End the episodes of ``envs`` (None: every env) that are still open at the newest
         step, as a reset or a restart cut them short: that step is marked truncated
-        (TF-Agents: ``LAST`` with its discount), then everything added is committed.
-        Returns the envs whose episode ended here; an env already at an episode end, or a
-        store without a leaf that marks a truncation, is left as it is (:mod:`mmreplay.episodes`)."""
+        (TF-Agents: ``LAST`` with its discount) and committed, with every step before it.
+        Returns the envs whose episode ended here; where none did (an env already at an
+        episode end, a store without a leaf that marks a truncation) nothing is written or
+        committed (:mod:`mmreplay.episodes`)."""
         with self._writing():
             if not self._writable:  # a reopened writer: every env's open episode ends, as at its first step
                 return self._before_write()

@@ -470,6 +470,11 @@ class ChunkedLeaf:
     def _bounds(self, k: int) -> tuple[int, int]:
         return k * self.cs, min((k + 1) * self.cs, self.capacity)
 
+    def _where(self, k: int) -> str:
+        """Chunk ``k`` as an error names it (made only for one: it is not free)."""
+        a, b = self._bounds(k)
+        return f"{self.io.file(k)}: leaf {self.info.path!r}: chunk {k} (slots {a}..{b - 1})"
+
     def _decoded(self, k: int, committed: bool = True) -> np.ndarray:
         """Chunk ``k`` decoded; ``committed``: it holds committed rows, so it must be stored."""
         staged = self.staged.get(k)
@@ -478,14 +483,14 @@ class ChunkedLeaf:
         chunk = self.cache.get(k)
         if chunk is None:
             a, b = self._bounds(k)
-            where = f"{self.io.file(k)}: leaf {self.info.path!r}: chunk {k} (slots {a}..{b - 1})"
             if committed and not self.io.exists(k):
-                raise CorruptBufferError(f"{where} holds committed steps but is missing; see `mmreplay verify`")
+                raise CorruptBufferError(f"{self._where(k)} holds committed steps but is missing; see `mmreplay verify`")
             try:
                 chunk = self.io.read(k, a, b)
             except RemoteError:
                 raise  # object storage failed to answer: the chunk may be fine
             except Exception as exc:
+                where = self._where(k)
                 raise shutdown_error(exc, where) or CorruptBufferError(f"{where} cannot be read: {exc}") from exc
             self._keep(k, chunk)
         else:
