@@ -478,9 +478,15 @@ class Group(OverShards):
         """Each shard's :class:`mmreplay.samplers.Mass` for ``num_steps`` sequences:
         the weights :meth:`sample` splits a batch by."""
         self._check_open()
-        steps = self._steps(num_steps)
+        within = options.pop("within_episodes", None)
         options = {k: v for k, v in options.items() if v is not None}
-        return [store.sampler.mass(store.window, steps, **options) for store in self._shards]
+        return self._masses(SampleRequest.build(1, num_steps, within_episodes=within, options=options))
+
+    def _masses(self, request: SampleRequest) -> list[Any]:
+        steps = self._steps(request.num_steps)
+        for store in self._shards:
+            request.check_options(store.sampler, store.path)
+        return [store.sampler.mass(store.window, request, steps) for store in self._shards]
 
     def _steps(self, num_steps: int | None) -> int:
         num_steps = self._shards[0].sampler.num_steps if num_steps is None else num_steps
@@ -491,7 +497,7 @@ class Group(OverShards):
         transform = request.transform
         spec = self.spec if transform is None else transform.batch_spec(self.spec, self._shards[0].roles)
         gen = self._own_gen() if request.rng is None else request.rng
-        masses = self.masses(request.num_steps, **request.draw_options())
+        masses = self._masses(request)
         totals = np.array([m.total for m in masses], np.float64)
         if not totals.sum() > 0:
             raise NotEnoughDataError(

@@ -112,9 +112,10 @@ class ShardWriter:
         :meth:`Group.masses`)."""
         store = self.store
         first, end = self._committed()
-        steps = store.sampler.num_steps if request.num_steps is None else request.num_steps
-        window = store.window._replace(first=first, end=end)
-        return tuple(store.sampler.mass(window, 1 if steps is None else steps, **request.draw_options()))
+        sampler = store.sampler
+        steps = sampler.num_steps if request.num_steps is None else request.num_steps
+        request.check_options(sampler, store.path)
+        return tuple(sampler.mass(store.window._replace(first=first, end=end), request, steps or 1))
 
     def sample(
         self, request: SampleRequest
@@ -214,7 +215,8 @@ class RaySampler(OverShards):
 
     def masses(self, num_steps: int | None = None, **options: Any) -> list[Mass]:
         """Ask every actor for its mass now (an actor that is down counts as empty)."""
-        return self._masses_of(SampleRequest.build(1, num_steps, options=options))
+        within = options.pop("within_episodes", None)
+        return self._masses_of(SampleRequest.build(1, num_steps, within_episodes=within, options=options))
 
     def _masses_of(self, request: SampleRequest) -> list[Mass]:
         replies = _gather([w.mass.remote(request) for w in self.writers])
@@ -225,7 +227,7 @@ class RaySampler(OverShards):
         answers again: the batch is drawn again from the others, so one actor's crash
         does not stop the learner."""
         gen = self._gen if request.rng is None else request.rng
-        key = (request.num_steps, request.draw_options())  # what the masses depend on
+        key = (request.num_steps, request.within_episodes, dict(request.options))  # what the masses depend on
         if self._masses is None or self._key != key:
             self._masses, self._key = self._masses_of(request), key
         for _ in range(len(self.writers)):  # each retry drops at least one actor that is down

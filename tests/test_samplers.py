@@ -34,9 +34,12 @@ class Newest(Sampler):
     def state_json(self):
         return {"name": self.name, "last": self.last}
 
-    def draw(self, batch_size, window, rng, num_steps=1, replacement=True):
-        recent = window._replace(first=max(window.first, window.end - self.last))
-        return draw_uniform(recent, batch_size, num_steps, replacement, rng)
+    options = frozenset({"last"})  # sample(..., last=k) overrides it for one call
+
+    def draw(self, window, request, size, steps, rng):
+        last = request.options.get("last", self.last)
+        recent = window._replace(first=max(window.first, window.end - last))
+        return draw_uniform(recent, size, steps, request.replacement, rng)
 
 
 def test_default_is_uniform_and_leaves_the_metadata_as_before(tmp_path):
@@ -72,6 +75,20 @@ def test_a_user_sampler_draws_through_the_store_and_is_restored(tmp_path):
         assert isinstance(r.sampler, Newest) and r.sampler.last == 2
         _, info = r.sample(10, rng=0, return_info=True)
         assert set(info.step.tolist()) <= {8, 9} and np.allclose(info.probability, 0.5)
+
+
+def test_a_sampler_reads_the_options_it_names_and_others_are_refused_before_a_draw(tmp_path):
+    with mr.create(tmp_path / "b", SPEC, 20, sampler="test-newest", last=3) as store:
+        fill(store, 10)
+        assert set(store.sample(50, rng=0, last=1)["x"].tolist()) == {9}
+        rng = np.random.default_rng(0)
+        with pytest.raises(TypeError, match=r"b: the 'test-newest' sampler takes no option 'beta' \(its options: 'last'\)"):
+            store.sample(5, rng=rng, beta=0.4)
+        assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state  # nothing drawn
+    with mr.create(tmp_path / "u", SPEC, 20) as store:
+        fill(store, 10)
+        with pytest.raises(TypeError, match="the 'uniform' sampler takes no option 'beta' \\(its options: none\\)"):
+            store.sample(5, beta=0.4)
 
 
 def test_an_instance_is_used_as_given(tmp_path):

@@ -22,7 +22,7 @@ class NextStep(Sampler):
 
     name = "next-step-test"
 
-    def draw(self, batch_size, window, rng, num_steps=1, replacement=True):
+    def draw(self, window, request, size, steps, rng):
         envs = np.arange(window.num_envs)
         start = (window.end % window.capacity) * window.num_envs + envs
         return Draw(start, window.num_envs, 1.0, flat=window.end * window.num_envs + envs)

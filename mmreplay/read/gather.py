@@ -293,7 +293,7 @@ def sample(store: Readable, request: SampleRequest) -> Any:
         if (
             request.window is None and request.within_episodes is None and not request.options
         ):  # the common call
-            draw = sampler.draw(batch_size, store.window, gen, steps, request.replacement)
+            draw = sampler.draw(store.window, request, batch_size, steps, gen)
         else:
             draw = _draw(store, sampler, request, batch_size, steps, gen)
     rows = draw.start if num_steps is None else rows_of(draw.start, num_steps, reader.num_envs)
@@ -342,7 +342,9 @@ def _draw(
     store: Readable, sampler: Drawing, request: SampleRequest, n: int, steps: int, gen: np.random.Generator
 ) -> Draw:
     """``n`` items drawn from the store's window (narrowed to ``request.window``)."""
-    return sampler.draw(n, _window(store, request), gen, steps, request.replacement, **request.draw_options())
+    if request.options:
+        request.check_options(sampler, store.path)
+    return sampler.draw(_window(store, request), request, n, steps, gen)
 
 
 def _window(store: Readable, request: SampleRequest) -> Window:

@@ -17,7 +17,8 @@ class Drawing(Protocol):
     """A sampler as the gather uses it (the contract: :mod:`mmreplay.samplers.base`)."""
 
     num_steps: int | None  # the sequence length of a ``sample`` without num_steps
-    draw: Callable[..., Draw]  # (batch_size, window, rng, num_steps, replacement, **options)
+    options: frozenset[str]  # the names of the request's options it reads
+    draw: Callable[..., Draw]  # (window, request, size, steps, rng)
 
 
 class Readable(Protocol):

@@ -154,8 +154,12 @@ class SampleRequest:
             batch_size, num_steps, replacement, rng, within_episodes, return_info, options=options, transform=transform
         )
 
-    def draw_options(self) -> dict[str, Any]:
-        """The keyword options of the sampler's ``draw`` and ``mass``."""
-        if self.within_episodes is None:
-            return dict(self.options)
-        return {**self.options, "within_episodes": self.within_episodes}
+    def check_options(self, sampler: Any, where: str) -> None:
+        """Refuse (TypeError naming ``where``) an option ``sampler`` does not read, before it draws."""
+        unknown = self.options.keys() - sampler.options
+        if unknown:
+            takes = ", ".join(map(repr, sorted(sampler.options))) or "none"
+            raise TypeError(
+                f"{where}: the {getattr(sampler, 'name', '') or type(sampler).__name__!r} sampler takes no option "
+                f"{', '.join(map(repr, sorted(unknown)))} (its options: {takes})"
+            )

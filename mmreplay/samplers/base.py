@@ -1,4 +1,4 @@
-"""The sampler protocol: how a store turns a batch size, a window and an rng into rows.
+"""The sampler protocol: how a store turns a sample request, a window and an rng into rows.
 
 A store draws every random batch through one sampler object (``store.sampler``); the
 fetch path in :mod:`mmreplay.read.gather` then gathers the rows, advises the page cache,
@@ -8,18 +8,26 @@ or writes leaf data itself. The registry that names samplers is
 
 Contract
 --------
-``draw(batch_size, window, rng, num_steps=1, replacement=True, **options) -> Draw``
-    Return ``batch_size`` items (without replacement: at most the number of valid
-    items) whose ``num_steps`` consecutive steps all lie in ``[window.first,
-    window.end)`` of one env. The :class:`~mmreplay.read.draws.Draw` holds the row id of
+``draw(window, request, size, steps, rng) -> Draw``
+    Return ``size`` items (without replacement, ``request.replacement`` False: at most
+    the number of valid items) whose ``steps`` consecutive steps all lie in
+    ``[window.first, window.end)`` of one env. ``request`` is the caller's
+    :class:`~mmreplay.read.request.SampleRequest`: a sampler reads what it understands
+    (``within_episodes``, its own ``options`` such as ``beta``, which it names in
+    ``options``) and refuses with ``ValueError`` what it cannot draw; ``size`` and
+    ``steps`` are the request's batch size and resolved sequence length, except that
+    ``draw`` may be called again for a subset of a batch (a reader's re-draw), with the
+    window moved forward. The :class:`~mmreplay.read.draws.Draw` holds the row id of
     each item's first step (``start``: ``slot * num_envs + env``, possibly not folded
     into the ring, ``< 2 * capacity * num_envs``), its global flat id (``flat``:
     ``step * num_envs + env``, hence ``step`` and ``env``) and the probability of
     drawing it in one draw (``probability``). All randomness comes from ``rng`` (a
     ``numpy.random.Generator``), so a seeded rng and an unchanged window give the same
-    draw. Raise :class:`~mmreplay.NotEnoughDataError` when nothing can be drawn. Unknown
-    ``options`` raise ``TypeError``. ``draw`` may be called again for a subset of a
-    batch (a reader's re-draw), with the window moved forward.
+    draw. Raise :class:`~mmreplay.NotEnoughDataError` when nothing can be drawn.
+
+``options``
+    The names of the ``request.options`` the sampler reads; the read path refuses any
+    other with ``TypeError`` before it draws.
 
 ``window``
     A :class:`Window`: ``first`` (oldest retained global step id), ``end`` (one past
@@ -39,11 +47,11 @@ Write hooks (no-op defaults, see :class:`mmreplay.hooks.WriteHook`)
     sampler keeps the store (:class:`Host`: ``path``, ``capacity``, ``num_envs``,
     ``mode``, ``window``...) as ``self.store`` until ``close()``, when the store closes.
 
-``mass(window, num_steps=1, **options) -> Mass``
+``mass(window, request, steps) -> Mass``
     The total draw weight of the window's valid starts and the smallest weight of one
-    (uniform: their count, and 1), so that a group of stores can split a batch between
-    them in proportion and renormalise importance weights over all of them. ``options``
-    are those ``draw`` takes.
+    (uniform: their count, and 1), for the items ``draw`` would draw for ``request``,
+    so that a group of stores can split a batch between them in proportion and
+    renormalise importance weights over all of them.
 
 ``update_priorities(step, env, priorities)``
     Samplers that keep priorities accept the learner's new priorities for items by
@@ -67,9 +75,11 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
+from numpy.random import Generator
 
 from ..hooks import WriteHook
 from ..read.draws import Draw, Window
+from ..read.request import SampleRequest
 
 __all__ = ["Draw", "Host", "Mass", "Sampler", "Window"]
 
@@ -102,6 +112,7 @@ class Sampler(WriteHook, ABC):
     """Base class of samplers: the hooks are no-ops, ``draw`` must be given."""
 
     name: ClassVar[str] = ""
+    options: ClassVar[frozenset[str]] = frozenset()
     num_steps: int | None = None
     store: Host | None = None
 
@@ -114,20 +125,12 @@ class Sampler(WriteHook, ABC):
         self.store = None
 
     @abstractmethod
-    def draw(
-        self,
-        batch_size: int,
-        window: Window,
-        rng: np.random.Generator,
-        num_steps: int = 1,
-        replacement: bool = True,
-        **options: Any,
-    ) -> Draw:
+    def draw(self, window: Window, request: SampleRequest, size: int, steps: int, rng: Generator) -> Draw:
         """Where the batch's items start (see the module docstring)."""
 
-    def mass(self, window: Window, num_steps: int = 1, **options: Any) -> Mass:
-        """Every start whose ``num_steps`` steps lie in the window weighs 1."""
-        count = max(0, window.steps - num_steps + 1) * window.num_envs
+    def mass(self, window: Window, request: SampleRequest, steps: int) -> Mass:
+        """Every start whose ``steps`` steps lie in the window weighs 1."""
+        count = max(0, window.steps - steps + 1) * window.num_envs
         return Mass(float(count), 1.0 if count else np.inf)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> None:

@@ -23,10 +23,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from numpy.random import Generator
 
 from ..errors import BadInputError, NotEnoughDataError, ReadOnlyError
 from ..priorities import PRIORITY_FILE, PriorityFile
-from ..read.request import positive
+from ..read.request import SampleRequest, positive
 from ..statefile import slot_ranges
 from ..sumtree import SumTree
 from .base import Draw, Host, Mass, Sampler, Window
@@ -78,6 +79,7 @@ class PrioritizedSampler(Sampler):
     """
 
     name = "prioritized"
+    options = frozenset({"beta"})
 
     def __init__(
         self,
@@ -236,46 +238,32 @@ class PrioritizedSampler(Sampler):
             for (x, y), values in zip(tail, saved):
                 tree.set_range(x * num_envs, y * num_envs, values)
 
-    def mass(
-        self,
-        window: Window,
-        num_steps: int = 1,
-        beta: float | None = None,
-        within_episodes: bool | None = None,
-    ) -> Mass:
+    def mass(self, window: Window, request: SampleRequest, steps: int) -> Mass:
         """The sum and the smallest of ``priority ** alpha`` over the valid starts."""
-        _across_episodes(within_episodes)
-        if window.steps < num_steps:
+        _across_episodes(request.within_episodes)
+        if window.steps < steps:
             return Mass(0.0, np.inf)
-        with self._starts(window, num_steps) as tree:
+        with self._starts(window, steps) as tree:
             return Mass(tree.total, tree.min)
 
-    def draw(
-        self,
-        batch_size: int,
-        window: Window,
-        rng: np.random.Generator,
-        num_steps: int = 1,
-        replacement: bool = True,
-        beta: float | None = None,
-        within_episodes: bool | None = None,
-    ) -> Draw:
-        if not replacement:
+    def draw(self, window: Window, request: SampleRequest, size: int, steps: int, rng: Generator) -> Draw:
+        if not request.replacement:
             raise ValueError("the prioritized sampler draws with replacement; pass replacement=True")
-        _across_episodes(within_episodes)
+        _across_episodes(request.within_episodes)
+        beta = request.options.get("beta")
         beta = self.beta if beta is None else _number("beta", beta, 0.0)
         f, e, capacity, num_envs = window.first, window.end, window.capacity, window.num_envs
-        if e - f < num_steps:
+        if e - f < steps:
             if e <= f:
                 raise NotEnoughDataError("cannot sample: the store holds no committed steps (it is empty)")
             raise NotEnoughDataError(
-                f"cannot sample sequences of num_steps={num_steps}: only {e - f} committed steps are retained"
+                f"cannot sample sequences of num_steps={steps}: only {e - f} committed steps are retained"
             )
-        with self._starts(window, num_steps) as tree:
+        with self._starts(window, steps) as tree:
             total, smallest = tree.total, tree.min
             if not total > 0:
                 raise NotEnoughDataError("cannot sample: every retained row has priority zero")
-            rows = tree.find(rng.random(batch_size) * total)
+            rows = tree.find(rng.random(size) * total)
             mass = tree.get(rows)
         p = mass / total
         # (N * P_i)^-beta / (N * P_min)^-beta: N and the total cancel

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotEnoughDataError
+from ..read.request import SampleRequest
 from .base import Draw, Host, Sampler, Window
 
 __all__ = ["MemoryEmptyError", "PhysicalRows", "TorchDrawRule"]
@@ -138,18 +139,11 @@ class TorchDrawRule(Sampler):
     def state_json(self) -> dict[str, Any]:
         raise TypeError("the skrl draw rule lives with its memory and is not recorded in a store")
 
-    def draw(
-        self,
-        batch_size: int,
-        window: Window,
-        rng: np.random.Generator,
-        num_steps: int = 1,
-        replacement: bool = True,
-    ) -> Draw:
+    def draw(self, window: Window, request: SampleRequest, size: int, steps: int, rng: Any) -> Draw:
         rows = self.rows
-        first = rows.draw(batch_size, num_steps, replacement).numpy().reshape(-1, num_steps)[:, 0]
-        steps, envs, _ = rows.locate(first)
-        flat = steps * window.num_envs + envs
-        start = (steps % window.capacity) * window.num_envs + envs
-        size = len(rows) - (num_steps - 1) * rows.num_envs
-        return Draw(start, window.num_envs, 1.0 / max(size, 1), flat=flat)
+        first = rows.draw(size, steps, request.replacement).numpy().reshape(-1, steps)[:, 0]
+        step, envs, _ = rows.locate(first)
+        flat = step * window.num_envs + envs
+        start = (step % window.capacity) * window.num_envs + envs
+        starts = len(rows) - (steps - 1) * rows.num_envs
+        return Draw(start, window.num_envs, 1.0 / max(starts, 1), flat=flat)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.random import Generator
 
 from ..read.draws import draw_in_spans, draw_uniform
-from ..read.request import positive
+from ..read.request import SampleRequest, positive
 from .base import Draw, Mass, Sampler, Window
 
 __all__ = ["SliceSampler", "UniformSampler"]
@@ -23,27 +24,20 @@ class UniformSampler(Sampler):
     draws_ahead = True
     within_episodes = False
 
-    def draw(
-        self,
-        batch_size: int,
-        window: Window,
-        rng: np.random.Generator,
-        num_steps: int = 1,
-        replacement: bool = True,
-        within_episodes: bool | None = None,
-    ) -> Draw:
-        if not (self.within_episodes if within_episodes is None else within_episodes):
-            return draw_uniform(window, batch_size, num_steps, replacement, rng)
+    def draw(self, window: Window, request: SampleRequest, size: int, steps: int, rng: Generator) -> Draw:
+        if not self._within(request):
+            return draw_uniform(window, size, steps, request.replacement, rng)
         s = self._spans()  # they cover the same window
-        return draw_in_spans(s.env, s.first, s.length, window, batch_size, num_steps, replacement, rng)
+        return draw_in_spans(s.env, s.first, s.length, window, size, steps, request.replacement, rng)
 
-    def mass(
-        self, window: Window, num_steps: int = 1, within_episodes: bool | None = None, **options: Any
-    ) -> Mass:
-        if not (self.within_episodes if within_episodes is None else within_episodes):
-            return super().mass(window, num_steps)
-        count = int(np.maximum(self._spans().length - num_steps + 1, 0).sum())
+    def mass(self, window: Window, request: SampleRequest, steps: int) -> Mass:
+        if not self._within(request):
+            return super().mass(window, request, steps)
+        count = int(np.maximum(self._spans().length - steps + 1, 0).sum())
         return Mass(float(count), 1.0 if count else np.inf)
+
+    def _within(self, request: SampleRequest) -> bool:
+        return self.within_episodes if request.within_episodes is None else request.within_episodes
 
     def _spans(self) -> Any:
         from ..episodes import index_for

@@ -70,13 +70,12 @@ class _Given:
     """The rows SB3's indices name, as the draw the store's read path gathers."""
 
     num_steps = None
+    options: frozenset[str] = frozenset()
 
     def __init__(self, steps: np.ndarray, envs: np.ndarray):
         self.steps, self.envs = steps, envs
 
-    def draw(
-        self, batch_size: int, window: Window, rng: Any, num_steps: int = 1, replacement: bool = True
-    ) -> Draw:
+    def draw(self, window: Window, request: SampleRequest, size: int, steps: int, rng: Any) -> Draw:
         num_envs = window.num_envs
         start = (self.steps % window.capacity) * num_envs + self.envs
         return Draw(start, num_envs, 1.0, flat=self.steps * num_envs + self.envs)

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from ...read import SampleRequest
 from ...store import Store
 from .storage import MMReplayStorage, steps_of
 
@@ -37,8 +38,9 @@ class StoreSampler(Sampler):
     def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict[str, Any]]:
         store = self._store(storage)
         seed = int(torch.randint(0, 2**62, (), generator=self._rng))
-        options = {} if self.beta is None else {"beta": self.beta}
-        draw = store.sampler.draw(batch_size, store.window, np.random.default_rng(seed), **options)
+        request = SampleRequest.build(batch_size, options=None if self.beta is None else {"beta": self.beta})
+        request.check_options(store.sampler, store.path)
+        draw = store.sampler.draw(store.window, request, batch_size, 1, np.random.default_rng(seed))
         slots = torch.from_numpy(draw.step % store.capacity)
         index = slots if storage.ndim == 1 else (slots, torch.from_numpy(draw.env))
         info = {} if draw.weight is None else {"priority_weight": torch.from_numpy(draw.weight)}
