@@ -152,8 +152,8 @@ def create(
     backend: str | None = None,
     chunk_steps: int | Mapping[str, int] | None = None,
     compression: str | Mapping[str, str | None] | None = None,
-    commit_every: int = DEFAULT_COMMIT_EVERY,
-    durability: str = "process",
+    commit_every: int | None = None,
+    durability: str | None = None,
     roles: Mapping[str, str] | None = None,
     exist_ok: bool = False,
     sampler: str | Sampler | None = None,
@@ -174,11 +174,12 @@ def create(
             about 4 MiB.
         compression: ``None`` (memory-mapped), a codec such as ``"zstd"``, ``"zstd:5"``,
             ``"blosc"`` or ``"gzip"``, or a dict leaf path -> codec.
-        commit_every: steps between automatic commits.
-        durability: ``"process"`` (survives the process being killed) or ``"power"``
-            (also syncs the data, then the state file, to the disk at each commit).
+        commit_every: steps between automatic commits (None: 1000).
+        durability: ``"process"`` (survives the process being killed; the default) or
+            ``"power"`` (also syncs the data, then the state file, to the disk at each commit).
         roles: role -> leaf path, overriding the roles inferred from the names.
         exist_ok: if a buffer with the same layout exists there, open it for writing.
+            Every other argument given (not None) must match the buffer's.
         sampler: what :meth:`Store.sample` draws through: ``"uniform"`` (the default),
             ``"slices"``, ``"prioritized"``, another registered name, or a
             :class:`mmreplay.samplers.Sampler`; recorded in the metadata, so
@@ -195,16 +196,18 @@ def create(
     """
     path = os.fspath(path)
     chosen = make_sampler(sampler, **sampler_options)
+    named = (backend, chunk_steps, compression, commit_every, durability, roles, sampler or sampler_options or None)
+    given = {name for name, value in zip(SETTINGS, named) if value is not None}
+    commit_every = DEFAULT_COMMIT_EVERY if commit_every is None else commit_every
+    durability = "process" if durability is None else durability
     meta = plan(
         spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles, chosen, frames
     )
-    backend_given, backend = backend, meta.backend  # hdf5 where zarr-python 3 does not import
+    backend = meta.backend  # hdf5 where zarr-python 3 does not import
     module = backends.get(backend)
     if os.path.lexists(path):
         if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
-            store = open(path, "a")
-            _check_same_layout(store, meta, backend_named=backend_given is not None)
-            return store
+            return _reopen(path, meta, given)
         if not (os.path.isdir(path) and not os.listdir(path)):
             if exist_ok:
                 raise BufferExistsError(f"{path}: already exists and is not a buffer (no {METADATA_FILE}); choose a new path")
@@ -252,8 +255,7 @@ def create(
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
             if exist_ok and isinstance(exc, BufferExistsError):  # reopen what the other process made
-                return create(path, spec, capacity, num_envs, backend, chunk_steps, compression, commit_every,
-                              durability, roles, exist_ok, chosen, frames)
+                return _reopen(path, meta, given)
             raise_named(exc, path, "buffer", tmp)
         lock.path = os.path.join(path, os.path.basename(lock.path))
     if durability == "power":
@@ -282,15 +284,30 @@ def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:
     return need
 
 
-def _check_same_layout(store: Store, meta: Metadata, backend_named: bool) -> None:
-    """Refuse to reopen a buffer of another layout; a backend left out takes the one there."""
+#: what ``create(..., exist_ok=True)`` compares with the buffer's when the caller names it
+SETTINGS = ("backend", "chunk_steps", "compression", "commit_every", "durability", "roles", "sampler")
+
+
+def _setting(meta: Metadata, name: str) -> Any:
+    if name in ("compression", "chunk_steps"):  # each leaf's
+        return {leaf.path: getattr(leaf, name) for leaf in meta.leaves}
+    if name == "sampler":
+        return meta.sampler or {"name": "uniform"}
+    return getattr(meta, name)
+
+
+def _reopen(path: str, meta: Metadata, given: set[str]) -> Store:
+    """The buffer at ``path`` opened for writing, if it has ``meta``'s layout and the
+    settings ``given`` (those a caller named; the others take the buffer's): otherwise a
+    SpecMismatchError naming each difference, as a setting silently ignored would mislead."""
+    store = open(path, "a")
     have, want = store.metadata, meta
     diffs = []
     if spec_to_json(have.spec) != spec_to_json(want.spec):
         diffs.append(f"spec: existing {have.spec} vs new {want.spec}")
-    for name in ("capacity", "num_envs", "backend") if backend_named else ("capacity", "num_envs"):
-        if getattr(have, name) != getattr(want, name):
-            diffs.append(f"{name}: existing {getattr(have, name)} vs new {getattr(want, name)}")
+    for name in ("capacity", "num_envs", *SETTINGS):
+        if (name in given or name in ("capacity", "num_envs")) and _setting(have, name) != _setting(want, name):
+            diffs.append(f"{name}: existing {_setting(have, name)} vs new {_setting(want, name)}")
     frames_have = None if have.frames is None else {**have.frames.to_json(), "side": None}
     frames_want = None if want.frames is None else {**want.frames.to_json(), "side": None}
     if frames_have != frames_want:
@@ -298,3 +315,4 @@ def _check_same_layout(store: Store, meta: Metadata, backend_named: bool) -> Non
     if diffs:
         store.close()
         raise SpecMismatchError(f"{store.path}: a different buffer exists there ({'; '.join(diffs)})")
+    return store

@@ -306,6 +306,42 @@ def test_exist_ok_reopens_with_the_backend_left_out(tmp_path):
     assert folder_digest(path) == before
 
 
+def test_exist_ok_refuses_a_setting_named_that_differs_from_the_buffers(tmp_path):
+    """A setting left out takes the buffer's; one named must match it, since a reopen
+    that ignored it (a prioritized sampler, power durability) would mislead."""
+    spec = {"obs": mr.ArraySpec((2,)), "reward": mr.ArraySpec(()), "bonus": mr.ArraySpec(())}
+    made = dict(
+        backend="zarr", chunk_steps=4, compression="zstd", commit_every=5, durability="power",
+        roles={"reward": "bonus"}, sampler="prioritized", alpha=0.5,
+    )
+    path = tmp_path / "b"
+    mr.create(path, spec, capacity=8, **made).close()
+    with mr.create(path, spec, capacity=8, exist_ok=True) as store:  # nothing named
+        assert (store.metadata.durability, store.metadata.commit_every, store.sampler.alpha) == ("power", 5, 0.5)
+    with mr.create(path, spec, capacity=8, exist_ok=True, **made) as store:  # all named alike
+        assert store.metadata.leaves[0].compression == "zstd"
+    before = folder_digest(path)
+    for name, other, match in [
+        ("chunk_steps", 2, "chunk_steps: existing {'bonus': 4"),
+        ("compression", None, None),  # None is "not named": the buffer's
+        ("compression", {"obs": "zstd"}, "compression: existing {'bonus': 'zstd', 'obs': 'zstd', 'reward': 'zstd'"),
+        ("commit_every", 6, "commit_every: existing 5 vs new 6"),
+        ("durability", "process", "durability: existing power vs new process"),
+        ("roles", {"reward": "reward"}, "'reward': 'bonus'} vs new {'observation': 'obs', 'reward': 'reward'}"),
+        ("sampler", "uniform", "sampler: existing {'name': 'prioritized'"),
+        ("alpha", 0.6, "'alpha': 0.5.* vs new .*'alpha': 0.6"),
+    ]:
+        kwargs = {**made, name: other}
+        if kwargs["sampler"] == "uniform":
+            del kwargs["alpha"]
+        if match is None:
+            mr.create(path, spec, capacity=8, exist_ok=True, **kwargs).close()
+            continue
+        with pytest.raises(mr.SpecMismatchError, match=match):
+            mr.create(path, spec, capacity=8, exist_ok=True, **kwargs)
+    assert folder_digest(path) == before
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -65,7 +65,8 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         path: the folder (a buffer of the same spaces there is resumed); None: a temporary
             folder removed with the buffer.
         commit_every, backend, compression, durability, sampler, sampler_options: the
-            store's (:func:`mmreplay.create`; ``sampler="prioritized", alpha=0.6``).
+            store's (:func:`mmreplay.create`; ``sampler="prioritized", alpha=0.6``); one
+            left out (None) takes the resumed buffer's.
         env: accepted for SB3's HER, unused.
         frame_stack, frame_pad, final_slots: with ``optimize_memory_usage``, frame stacks
             stored one frame per step (:class:`mmreplay.Frames`).
@@ -84,10 +85,10 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         optimize_memory_usage: bool = False,
         handle_timeout_termination: bool = True,
         path: str | os.PathLike | None = None,
-        commit_every: int = DEFAULT_COMMIT_EVERY,
+        commit_every: int | None = None,
         backend: str | None = None,
         compression: Any = None,
-        durability: str = "process",
+        durability: str | None = None,
         env: Any = None,
         sampler: str | None = None,
         frame_stack: int = 1,
@@ -163,7 +164,7 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
                 recorded = read_static(folder).frames  # (whatever default made it)
                 slots = None if recorded is None else recorded.final_slots
             if slots is None:  # one per 16 rows for episode ends, plus what commits take
-                every = options.get("commit_every", DEFAULT_COMMIT_EVERY)
+                every = options["commit_every"] or DEFAULT_COMMIT_EVERY
                 ends = max(4 * self.n_envs, self.buffer_size * self.n_envs // 16)
                 slots = commit_slots(self.buffer_size, self.n_envs, every) + ends
             frames = Frames(frame_stack=self._frame_stack, pad=self._frame_pad, final_slots=slots)
