@@ -342,3 +342,57 @@ def test_a_csv_import_takes_the_dtypes_and_shapes_it_is_given(tmp_path):
     with pytest.raises(mr.BadInputError, match="spec applies to the csv import, not to npz"):
         import_dataset(tmp_path / "s.csv", tmp_path / "wrong", format="npz", spec=spec)
     assert not (tmp_path / "wrong").exists()
+
+
+def _damaged_files(tmp_path) -> list[tuple[str, str]]:
+    """(file, format) pairs: an export of each kind cut short or with a bad value inside."""
+    spec = {"obs": mr.ArraySpec((3,), "float32"), "reward": mr.ArraySpec((), "float32")}
+    with mr.create(tmp_path / "s", spec, 50) as store:
+        store.extend({"obs": np.ones((40, 1, 3), "float32"), "reward": np.zeros((40, 1), "float32")})
+        for name, fmt in [("x.npz", "npz"), ("x.csv", "csv"), ("x.csv.gz", "csv"), ("x.h5", "hdf5"), ("x.pq", "parquet")]:
+            export(store, tmp_path / name, format=fmt, **({"compression": "gzip"} if name.endswith("gz") else {}))
+    cases = []
+    whole = (tmp_path / "x.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])  # its zip directory is gone
+    cases.append(("cut.npz", "auto"))
+    with zipfile.ZipFile(tmp_path / "x.npz") as src, zipfile.ZipFile(tmp_path / "short.npz", "w") as dst:
+        for name in src.namelist():  # a member shorter than its header says
+            data = src.read(name)
+            dst.writestr(name, data if name.startswith("__") else data[:-40])
+    cases.append(("short.npz", "auto"))
+    with zipfile.ZipFile(tmp_path / "badmeta.npz", "w") as zf:
+        zf.writestr("__mmreplay__.npy", b"\x93NUMPY not an array header")
+    cases.append(("badmeta.npz", "npz"))
+    text = (tmp_path / "x.csv").read_text().splitlines()
+    (tmp_path / "word.csv").write_text("\n".join([*text[:3], text[3].replace("1", "one", 1), *text[4:]]))
+    cases.append(("word.csv", "auto"))
+    (tmp_path / "cut.csv.gz").write_bytes((tmp_path / "x.csv.gz").read_bytes()[:-20])
+    cases.append(("cut.csv.gz", "auto"))
+    whole = (tmp_path / "x.h5").read_bytes()
+    (tmp_path / "cut.h5").write_bytes(whole[:64] + bytes(len(whole) - 64))
+    cases.append(("cut.h5", "auto"))
+    (tmp_path / "pq").mkdir()
+    part = sorted(p for p in os.listdir(tmp_path / "x.pq") if p.endswith(".parquet"))[0]
+    (tmp_path / "pq" / part).write_bytes(b"PAR1" + (tmp_path / "x.pq" / part).read_bytes()[-100:])
+    cases.append(("pq", "parquet"))
+    return cases
+
+
+def test_a_damaged_file_of_each_format_is_an_error_naming_it(tmp_path):
+    """A cut npz or pt ended in BadZipFile's traceback, a member shorter than its header in
+    numpy's reshape error, a word in a csv in float()'s, a cut csv.gz in EOFError (click's
+    "Aborted!" from the command line), a damaged parquet in pyarrow's ArrowInvalid, and an
+    HDF5 file with damaged metadata in h5py's message naming no file."""
+    for name, fmt in _damaged_files(tmp_path):
+        with pytest.raises(mr.CorruptBufferError, match=f"{tmp_path / name}: "):
+            import_dataset(tmp_path / name, tmp_path / "store", format=fmt)
+        assert not (tmp_path / "store").exists()
+
+
+def test_a_damaged_file_is_one_line_from_the_command_line(tmp_path):
+    cases = dict(_damaged_files(tmp_path))
+    for name in ("cut.npz", "cut.csv.gz"):
+        out = run_cli("import", tmp_path / name, tmp_path / "store", "--format", cases[name])
+        one_line_error(out, 4, f"{tmp_path / name}: ")
+    assert not (tmp_path / "store").exists()
+
