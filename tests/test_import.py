@@ -396,3 +396,22 @@ def test_a_damaged_file_is_one_line_from_the_command_line(tmp_path):
         one_line_error(out, 4, f"{tmp_path / name}: ")
     assert not (tmp_path / "store").exists()
 
+
+class _RunsOnLoad:
+    """Unpickling it would create the file ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pt_file_holding_python_objects_is_refused_in_one_line_without_unpickling(tmp_path):
+    """torch's refusal spans six lines and advises to load it with weights_only=False."""
+    torch = pytest.importorskip("torch")
+    torch.save({"obs": torch.zeros(3, 1), "x": _RunsOnLoad(tmp_path / "ran")}, tmp_path / "evil.pt")
+    out = run_cli("import", tmp_path / "evil.pt", tmp_path / "store")
+    line = one_line_error(out, 2, f"{tmp_path / 'evil.pt'}: ", "GLOBAL")
+    assert "weights_only` set to `False`" not in line
+    assert sorted(os.listdir(tmp_path)) == ["evil.pt"]
