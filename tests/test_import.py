@@ -153,6 +153,19 @@ def test_import_d4rl_file(tmp_path):
             assert np.array_equal(store.get(slice(None))["infos"]["qpos"][:, 0], f["infos/qpos"][()])
 
 
+
+def test_a_d4rl_field_with_another_row_count_than_observations_is_refused(tmp_path):
+    """The import skipped it with a log line: the store came without actions."""
+    with h5py.File(tmp_path / "d4rl.hdf5", "w") as f:
+        f["observations"] = np.zeros((10, 3), np.float32)
+        f["actions"] = np.zeros((9, 2), np.float32)
+        f["rewards"] = np.zeros(10, np.float32)
+        f["terminals"] = np.zeros(10, bool)
+        f["infos/goal"] = np.zeros(2)  # not per step: skipped
+    with pytest.raises(mr.BadInputError, match=r"d4rl.hdf5: 'actions' has 9 rows, 'observations' 10"):
+        import_dataset(tmp_path / "d4rl.hdf5", tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+
 def test_import_plain_npz_with_and_without_envs(tmp_path):
     x = np.arange(60, dtype=np.int16).reshape(10, 2, 3)
     np.savez(
