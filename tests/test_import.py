@@ -27,7 +27,7 @@ def assert_same_store(a: mr.Store, b: mr.Store) -> None:
         assert x.dtype == y.dtype and np.array_equal(x, y), p
 
 
-def minari_dataset(root, monkeypatch, images=False, jpeg=True):
+def minari_dataset(root, monkeypatch, images=False, jpeg=True, data_format="hdf5"):
     """A dataset written by Minari itself (create_dataset_from_buffers)."""
     minari = pytest.importorskip("minari")
     gym = pytest.importorskip("gymnasium")
@@ -68,7 +68,7 @@ def minari_dataset(root, monkeypatch, images=False, jpeg=True):
         buffers,
         observation_space=obs_space,
         action_space=act_space,
-        data_format="hdf5",
+        data_format=data_format,
         jpeg_encoding=jpeg,
     )
     return minari.load_dataset("test/made-v0"), root / "test" / "made-v0"
@@ -95,6 +95,17 @@ def test_import_a_dataset_minari_wrote(tmp_path, monkeypatch):
             assert np.array_equal(ep.data["action"], src.actions)
             assert np.array_equal(ep.data["reward"], src.rewards) and ep.data["reward"].dtype == np.float64
 
+
+
+def test_a_minari_dataset_in_the_arrow_format_is_refused_naming_its_format(tmp_path, monkeypatch):
+    """The import looked for main_data.hdf5 only, so it said the folder was no Minari
+    dataset, whether its format was given or not."""
+    pytest.importorskip("pyarrow")
+    _, folder = minari_dataset(tmp_path / "root", monkeypatch, data_format="arrow")
+    for fmt in ("auto", "minari"):
+        with pytest.raises(mr.UnsupportedFormatError, match="Minari data_format 'arrow'; only 'hdf5' imports"):
+            import_dataset(folder, tmp_path / "store", format=fmt)
+    assert not (tmp_path / "store").exists()
 
 def test_import_minari_jpeg_images_as_minari_decodes_them(tmp_path, monkeypatch):
     pytest.importorskip("PIL")
