@@ -27,7 +27,7 @@ def assert_same_store(a: mr.Store, b: mr.Store) -> None:
         assert x.dtype == y.dtype and np.array_equal(x, y), p
 
 
-def minari_dataset(root, monkeypatch, images=False, jpeg=True):
+def minari_dataset(root, monkeypatch, images=False, jpeg=True, data_format="hdf5"):
     """A dataset written by Minari itself (create_dataset_from_buffers)."""
     minari = pytest.importorskip("minari")
     gym = pytest.importorskip("gymnasium")
@@ -68,7 +68,7 @@ def minari_dataset(root, monkeypatch, images=False, jpeg=True):
         buffers,
         observation_space=obs_space,
         action_space=act_space,
-        data_format="hdf5",
+        data_format=data_format,
         jpeg_encoding=jpeg,
     )
     return minari.load_dataset("test/made-v0"), root / "test" / "made-v0"
@@ -95,6 +95,17 @@ def test_import_a_dataset_minari_wrote(tmp_path, monkeypatch):
             assert np.array_equal(ep.data["action"], src.actions)
             assert np.array_equal(ep.data["reward"], src.rewards) and ep.data["reward"].dtype == np.float64
 
+
+
+def test_a_minari_dataset_in_the_arrow_format_is_refused_naming_its_format(tmp_path, monkeypatch):
+    """The import looked for main_data.hdf5 only, so it said the folder was no Minari
+    dataset, whether its format was given or not."""
+    pytest.importorskip("pyarrow")
+    _, folder = minari_dataset(tmp_path / "root", monkeypatch, data_format="arrow")
+    for fmt in ("auto", "minari"):
+        with pytest.raises(mr.UnsupportedFormatError, match="Minari data_format 'arrow'; only 'hdf5' imports"):
+            import_dataset(folder, tmp_path / "store", format=fmt)
+    assert not (tmp_path / "store").exists()
 
 def test_import_minari_jpeg_images_as_minari_decodes_them(tmp_path, monkeypatch):
     pytest.importorskip("PIL")
@@ -152,6 +163,19 @@ def test_import_d4rl_file(tmp_path):
         with h5py.File(tmp_path / "d4rl.hdf5") as f:
             assert np.array_equal(store.get(slice(None))["infos"]["qpos"][:, 0], f["infos/qpos"][()])
 
+
+
+def test_a_d4rl_field_with_another_row_count_than_observations_is_refused(tmp_path):
+    """The import skipped it with a log line: the store came without actions."""
+    with h5py.File(tmp_path / "d4rl.hdf5", "w") as f:
+        f["observations"] = np.zeros((10, 3), np.float32)
+        f["actions"] = np.zeros((9, 2), np.float32)
+        f["rewards"] = np.zeros(10, np.float32)
+        f["terminals"] = np.zeros(10, bool)
+        f["infos/goal"] = np.zeros(2)  # not per step: skipped
+    with pytest.raises(mr.BadInputError, match=r"d4rl.hdf5: 'actions' has 9 rows, 'observations' 10"):
+        import_dataset(tmp_path / "d4rl.hdf5", tmp_path / "store")
+    assert not (tmp_path / "store").exists()
 
 def test_import_plain_npz_with_and_without_envs(tmp_path):
     x = np.arange(60, dtype=np.int16).reshape(10, 2, 3)
@@ -342,3 +366,76 @@ def test_a_csv_import_takes_the_dtypes_and_shapes_it_is_given(tmp_path):
     with pytest.raises(mr.BadInputError, match="spec applies to the csv import, not to npz"):
         import_dataset(tmp_path / "s.csv", tmp_path / "wrong", format="npz", spec=spec)
     assert not (tmp_path / "wrong").exists()
+
+
+def _damaged_files(tmp_path) -> list[tuple[str, str]]:
+    """(file, format) pairs: an export of each kind cut short or with a bad value inside."""
+    spec = {"obs": mr.ArraySpec((3,), "float32"), "reward": mr.ArraySpec((), "float32")}
+    with mr.create(tmp_path / "s", spec, 50) as store:
+        store.extend({"obs": np.ones((40, 1, 3), "float32"), "reward": np.zeros((40, 1), "float32")})
+        for name, fmt in [("x.npz", "npz"), ("x.csv", "csv"), ("x.csv.gz", "csv"), ("x.h5", "hdf5"), ("x.pq", "parquet")]:
+            export(store, tmp_path / name, format=fmt, **({"compression": "gzip"} if name.endswith("gz") else {}))
+    cases = []
+    whole = (tmp_path / "x.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])  # its zip directory is gone
+    cases.append(("cut.npz", "auto"))
+    with zipfile.ZipFile(tmp_path / "x.npz") as src, zipfile.ZipFile(tmp_path / "short.npz", "w") as dst:
+        for name in src.namelist():  # a member shorter than its header says
+            data = src.read(name)
+            dst.writestr(name, data if name.startswith("__") else data[:-40])
+    cases.append(("short.npz", "auto"))
+    with zipfile.ZipFile(tmp_path / "badmeta.npz", "w") as zf:
+        zf.writestr("__mmreplay__.npy", b"\x93NUMPY not an array header")
+    cases.append(("badmeta.npz", "npz"))
+    text = (tmp_path / "x.csv").read_text().splitlines()
+    (tmp_path / "word.csv").write_text("\n".join([*text[:3], text[3].replace("1", "one", 1), *text[4:]]))
+    cases.append(("word.csv", "auto"))
+    (tmp_path / "cut.csv.gz").write_bytes((tmp_path / "x.csv.gz").read_bytes()[:-20])
+    cases.append(("cut.csv.gz", "auto"))
+    whole = (tmp_path / "x.h5").read_bytes()
+    (tmp_path / "cut.h5").write_bytes(whole[:64] + bytes(len(whole) - 64))
+    cases.append(("cut.h5", "auto"))
+    (tmp_path / "pq").mkdir()
+    part = sorted(p for p in os.listdir(tmp_path / "x.pq") if p.endswith(".parquet"))[0]
+    (tmp_path / "pq" / part).write_bytes(b"PAR1" + (tmp_path / "x.pq" / part).read_bytes()[-100:])
+    cases.append(("pq", "parquet"))
+    return cases
+
+
+def test_a_damaged_file_of_each_format_is_an_error_naming_it(tmp_path):
+    """A cut npz or pt ended in BadZipFile's traceback, a member shorter than its header in
+    numpy's reshape error, a word in a csv in float()'s, a cut csv.gz in EOFError (click's
+    "Aborted!" from the command line), a damaged parquet in pyarrow's ArrowInvalid, and an
+    HDF5 file with damaged metadata in h5py's message naming no file."""
+    for name, fmt in _damaged_files(tmp_path):
+        with pytest.raises(mr.CorruptBufferError, match=f"{tmp_path / name}: "):
+            import_dataset(tmp_path / name, tmp_path / "store", format=fmt)
+        assert not (tmp_path / "store").exists()
+
+
+def test_a_damaged_file_is_one_line_from_the_command_line(tmp_path):
+    cases = dict(_damaged_files(tmp_path))
+    for name in ("cut.npz", "cut.csv.gz"):
+        out = run_cli("import", tmp_path / name, tmp_path / "store", "--format", cases[name])
+        one_line_error(out, 4, f"{tmp_path / name}: ")
+    assert not (tmp_path / "store").exists()
+
+
+class _RunsOnLoad:
+    """Unpickling it would create the file ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pt_file_holding_python_objects_is_refused_in_one_line_without_unpickling(tmp_path):
+    """torch's refusal spans six lines and advises to load it with weights_only=False."""
+    torch = pytest.importorskip("torch")
+    torch.save({"obs": torch.zeros(3, 1), "x": _RunsOnLoad(tmp_path / "ran")}, tmp_path / "evil.pt")
+    out = run_cli("import", tmp_path / "evil.pt", tmp_path / "store")
+    line = one_line_error(out, 2, f"{tmp_path / 'evil.pt'}: ", "GLOBAL")
+    assert "weights_only` set to `False`" not in line
+    assert sorted(os.listdir(tmp_path)) == ["evil.pt"]

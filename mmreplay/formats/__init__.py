@@ -25,7 +25,7 @@ import importlib
 import inspect
 import os
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..codecs import describe
 from ..convert import begin_at
 from ..creation import create
-from ..errors import BadInputError, NotABufferError, UnsupportedFormatError
+from ..errors import BadInputError, CorruptBufferError, Error, NotABufferError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target
 from ..metadata import METADATA_FILE
 from ..spec import unflatten
@@ -223,9 +223,36 @@ class ImportResult:
 
 # --- detection ---------------------------------------------------------------------------
 
+#: what a reader library raises on a file cut short or holding a bad value (zipfile,
+#: numpy, json, gzip, h5py, pyarrow, float())
+DAMAGE = (ValueError, KeyError, TypeError, EOFError, OSError, zipfile.BadZipFile)
+
+
+@contextlib.contextmanager
+def damaged(src: str, what: str) -> Iterator[None]:
+    """A reader library's error about a damaged ``src`` as one error naming it."""
+    try:
+        yield
+    except (Error, FileNotFoundError, PermissionError):
+        raise
+    except DAMAGE as exc:
+        detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise CorruptBufferError(f"{src}: damaged; {what}: {detail}") from exc
+
+
+def guarded(blocks: Iterator[Any], src: str, what: str) -> Iterator[Any]:
+    """``blocks`` with the errors of reading them as :func:`damaged` says."""
+    with damaged(src, what):
+        yield from blocks
+
 
 def detect_format(src: str) -> str:
     """The format of ``src`` from its contents: one of :data:`FORMATS`."""
+    with damaged(src, "its format cannot be told"):
+        return _detect_format(src)
+
+
+def _detect_format(src: str) -> str:
     from .minari import data_dir
     from .parquet import parquet_files
 
@@ -321,7 +348,9 @@ def import_dataset(
         if given[name] is not None and fmt != only:
             raise BadInputError(f"{name} applies to the {only} import, not to {fmt}")
     with contextlib.ExitStack() as files:  # what the reader opened, closed whatever happens
-        source = module.read(src, files, **{k: v for k, v in given.items() if v is not None})
+        what = f"the {fmt} import cannot read it"
+        with damaged(src, what):
+            source = module.read(src, files, **{k: v for k, v in given.items() if v is not None})
         cap = capacity if capacity is not None else max(1, source.steps)
         every = commit_every if commit_every is not None else max(1, min(cap, 1 << 30))
         with AtomicOutput(path, "folder", "imported store") as scratch:
@@ -342,7 +371,7 @@ def import_dataset(
                 if source.first_step:
                     fresh = range(source.num_envs) if source.fresh is None else source.fresh
                     store = begin_at(store, source.first_step, fresh)
-                for leaves in source.blocks():
+                for leaves in guarded(source.blocks(), src, what):
                     store.extend(unflatten(source.spec, leaves))
                     store.commit()
                     if progress is not None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import BadInputError
 from ..roles import subtree
 from ..spec import ArraySpec, flatten
 from .base import (
@@ -48,6 +49,8 @@ COMPRESSIONS = ("gzip", "lzf")
 CHUNK_BYTES = 1 << 20
 #: top-level D4RL keys that are no per-step leaves (mmreplay's d4rl export writes the last two)
 D4RL_BOOKKEEPING = ("metadata", "episode_starts", "episode_envs")
+#: the per-step fields of a D4RL file: one of another length is a damaged file, not a leaf to skip
+D4RL_FIELDS = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
 
 
 class Appender:
@@ -151,7 +154,10 @@ def read(src: str, files: ExitStack) -> Source:
     arrays: dict[str, Any] = {}
     for name, dset in datasets(f).items():
         top = name.split("/")[0]
-        if top in D4RL_BOOKKEEPING or dset.ndim == 0 or dset.shape[0] != steps:
+        rows = dset.shape[0] if dset.ndim else None
+        if top in D4RL_FIELDS and rows != steps:
+            raise BadInputError(f"{src}: {name!r} has {rows} rows, 'observations' {steps}; expected one per step")
+        if top in D4RL_BOOKKEEPING or rows != steps:
             log.info("%s: skipping %r (not one row per step)", src, name)
             continue
         arrays[name] = dset

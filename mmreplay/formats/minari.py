@@ -335,9 +335,19 @@ def _check_inside(root: str, parts: tuple[str, ...]) -> None:
 
 
 def _is_data_dir(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, "metadata.json")) and os.path.isfile(
-        os.path.join(folder, "main_data.hdf5")
-    )
+    """Whether ``folder`` is a Minari dataset's ``data`` folder, in any of its data formats
+    (the import then names one it does not read)."""
+    meta = os.path.join(folder, "metadata.json")
+    if not os.path.isfile(meta):
+        return False
+    if os.path.isfile(os.path.join(folder, "main_data.hdf5")):
+        return True
+    try:
+        with open(meta) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and "data_format" in found and "dataset_id" in found
 
 
 def data_dir(src: str) -> str | None:

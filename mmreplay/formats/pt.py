@@ -145,7 +145,12 @@ def read(src: str, files: ExitStack) -> Source:
     try:
         data = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch's restricted loader refuses anything but tensors
-        raise BadInputError(f"{src}: not tensors that torch.load(weights_only=True) reads: {exc}") from None
+        # its message spans lines around the reason (and advises weights_only=False)
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = next((line for line in lines if "GLOBAL" in line), lines[0] if lines else type(exc).__name__)
+        raise BadInputError(
+            f"{src}: not tensors that torch.load(weights_only=True) reads: {reason}"
+        ) from None
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         raise BadInputError(f"{src}: expected a dict of leaf path -> [steps, num_envs, ...] tensors")
     arrays = {k: v.numpy() for k, v in data.items()}
