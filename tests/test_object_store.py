@@ -649,3 +649,24 @@ def test_push_of_an_open_group_names_what_it_takes(tmp_path):
     with mr.open_group(folder) as group:
         with pytest.raises(mr.BadInputError, match="push takes a store or its folder, got a Group"):
             mr.push(group, "s3://bucket/x")
+
+
+def test_verify_reports_a_row_frame_leafs_damaged_array_metadata(tmp_path, url):
+    """A row-frame leaf's zarr.json gone or cut short is a problem verify lists (exit 1),
+    not a raw zarr error or a traceback."""
+    from conftest import run_cli
+
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    with mr.create(tmp_path / "s", FRAME_SPEC, capacity=16, chunk_steps=4, compression={"frame": "rows:lz4"}) as w:
+        w.extend(frame_steps(0, 6))
+        mr.push(w, url)
+    location = Location(url)
+    key = "data.zarr/frame/zarr.json"
+    for damage in (lambda raw: location.put(key, raw[:100]), lambda raw: location.delete([key])):
+        damage(location.get(key) or b"")
+        out = run_cli("verify", url)
+        assert out.returncode == 1, out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
+        assert "'frame'" in out.stdout and "data.zarr/frame" in out.stdout, out.stdout
+
