@@ -670,3 +670,18 @@ def test_verify_reports_a_row_frame_leafs_damaged_array_metadata(tmp_path, url):
         assert "Traceback" not in out.stderr, out.stderr
         assert "'frame'" in out.stdout and "data.zarr/frame" in out.stdout, out.stdout
 
+
+def test_a_shard_object_cut_before_the_rows_read_is_a_corrupt_store(tmp_path, url):
+    """A range past the end of a cut shard object (the server's InvalidRange) says the
+    object ends before its rows, as a range that ends past it does (exit 4, not 2)."""
+    from conftest import one_line_error, run_cli
+
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    mr.push(make(tmp_path / "buf", 33), url)
+    key = "data.zarr/reward/c/0/0"
+    Location(url).put(key, Location(url).get(key)[:8])
+    with mr.open(url) as remote, pytest.raises(mr.CorruptBufferError, match=key):
+        remote.get(32)
+    one_line_error(run_cli("stats", url), 4, key)
+
