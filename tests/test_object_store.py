@@ -685,3 +685,18 @@ def test_a_shard_object_cut_before_the_rows_read_is_a_corrupt_store(tmp_path, ur
         remote.get(32)
     one_line_error(run_cli("stats", url), 4, key)
 
+
+def test_a_pull_whose_copy_does_not_open_leaves_no_folder(tmp_path, url):
+    """What a pull brought back is checked before it is renamed into place: a failed pull
+    leaves no store behind (the next pull may go to the same folder), and names the URL."""
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    with mr.create(tmp_path / "s", FRAME_SPEC, capacity=16, chunk_steps=4, compression={"frame": "rows:lz4"}) as w:
+        w.extend(frame_steps(0, 6))
+        mr.push(w, url)
+    Location(url).delete(["data.zarr/frame/rows.staging"])
+    back = tmp_path / "back"
+    with pytest.raises(mr.CorruptBufferError, match="staging") as refused:
+        mr.pull(url, back)
+    assert url in str(refused.value) and str(tmp_path) not in str(refused.value), refused.value
+    assert not back.exists() and os.listdir(tmp_path) == ["s"]
