@@ -153,7 +153,7 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
     """:func:`verify_url`'s checks of the leaves of ``meta`` under ``location``."""
     from .backends.checks import chunks_of, leaf_shape
     from .backends.row_codec import is_row_compression
-    from .backends.zarr_source import chunk_key, open_array
+    from .backends.zarr_source import chunk_key
     from .backends.zarr_v3 import shard_index
 
     problems: list[str] = []
@@ -168,7 +168,7 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
                 continue
             expected = leaf_shape(meta, leaf)
             try:
-                arr = open_array(location, array_key, leaf, meta.num_envs, meta.capacity, False)
+                arr = _open_array(location, array_key, leaf, meta)
             except CorruptBufferError as exc:
                 problems.append(f"{where}: {exc}")
                 continue
@@ -198,7 +198,7 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
             continue
         rel = f"data.zarr/{leaf.path}"
         try:
-            arr = open_array(location, rel, leaf, meta.num_envs, meta.capacity, False)
+            arr = _open_array(location, rel, leaf, meta)
         except CorruptBufferError as exc:
             problems.append(f"{where}: {exc}")
             continue
@@ -220,6 +220,19 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
                 except Exception as exc:
                     problems.append(f"{where}: chunk object {location.where(key)} does not decode ({exc})")
     return problems
+
+
+def _open_array(location: ObjectPrefix, rel: str, leaf: LeafInfo, meta: Metadata) -> Any:
+    """The leaf's zarr array; zarr's refusal of its metadata (gone, cut short, not JSON)
+    is a :class:`CorruptBufferError` naming the object."""
+    from .backends.zarr_source import open_array
+
+    try:
+        return open_array(location, rel, leaf, meta.num_envs, meta.capacity, False)
+    except (CorruptBufferError, RemoteError):
+        raise
+    except Exception as exc:
+        raise CorruptBufferError(f"{location.where(rel)}/zarr.json: zarr cannot open the array ({exc})") from None
 
 
 def _row_leaf_problems(location: ObjectPrefix, meta: Metadata, leaf: LeafInfo, listing: dict[str, int], deep: bool) -> list[str]:

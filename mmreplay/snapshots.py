@@ -349,14 +349,25 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
             first, start=min(first.end, max(first.start, last.start)), reserved=max(first.reserved, last.reserved)
         )
         write_fresh(tmp, state, fsync=True)
+        _check_opens(tmp, location)
         if os.path.isdir(folder):
             os.rmdir(folder)
         os.rename(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    read_metadata(folder)  # what was pulled opens
     return folder
+
+
+def _check_opens(tmp: str, location: ObjectPrefix) -> None:
+    """What a pull downloaded opens as a store, before it takes the folder's name; its
+    damage is named in object storage."""
+    from .store import open as open_store
+
+    try:
+        open_store(tmp, "r", populate=False).close()
+    except CorruptBufferError as exc:
+        raise CorruptBufferError(f"{location.url}: the pulled copy does not open: {str(exc).replace(tmp, location.url)}") from None
 
 
 def _download(location: ObjectPrefix, meta: Metadata, tmp: str) -> None:

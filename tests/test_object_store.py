@@ -649,3 +649,54 @@ def test_push_of_an_open_group_names_what_it_takes(tmp_path):
     with mr.open_group(folder) as group:
         with pytest.raises(mr.BadInputError, match="push takes a store or its folder, got a Group"):
             mr.push(group, "s3://bucket/x")
+
+
+def test_verify_reports_a_row_frame_leafs_damaged_array_metadata(tmp_path, url):
+    """A row-frame leaf's zarr.json gone or cut short is a problem verify lists (exit 1),
+    not a raw zarr error or a traceback."""
+    from conftest import run_cli
+
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    with mr.create(tmp_path / "s", FRAME_SPEC, capacity=16, chunk_steps=4, compression={"frame": "rows:lz4"}) as w:
+        w.extend(frame_steps(0, 6))
+        mr.push(w, url)
+    location = Location(url)
+    key = "data.zarr/frame/zarr.json"
+    for damage in (lambda raw: location.put(key, raw[:100]), lambda raw: location.delete([key])):
+        damage(location.get(key) or b"")
+        out = run_cli("verify", url)
+        assert out.returncode == 1, out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
+        assert "'frame'" in out.stdout and "data.zarr/frame" in out.stdout, out.stdout
+
+
+def test_a_shard_object_cut_before_the_rows_read_is_a_corrupt_store(tmp_path, url):
+    """A range past the end of a cut shard object (the server's InvalidRange) says the
+    object ends before its rows, as a range that ends past it does (exit 4, not 2)."""
+    from conftest import one_line_error, run_cli
+
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    mr.push(make(tmp_path / "buf", 33), url)
+    key = "data.zarr/reward/c/0/0"
+    Location(url).put(key, Location(url).get(key)[:8])
+    with mr.open(url) as remote, pytest.raises(mr.CorruptBufferError, match=key):
+        remote.get(32)
+    one_line_error(run_cli("stats", url), 4, key)
+
+
+def test_a_pull_whose_copy_does_not_open_leaves_no_folder(tmp_path, url):
+    """What a pull brought back is checked before it is renamed into place: a failed pull
+    leaves no store behind (the next pull may go to the same folder), and names the URL."""
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    with mr.create(tmp_path / "s", FRAME_SPEC, capacity=16, chunk_steps=4, compression={"frame": "rows:lz4"}) as w:
+        w.extend(frame_steps(0, 6))
+        mr.push(w, url)
+    Location(url).delete(["data.zarr/frame/rows.staging"])
+    back = tmp_path / "back"
+    with pytest.raises(mr.CorruptBufferError, match="staging") as refused:
+        mr.pull(url, back)
+    assert url in str(refused.value) and str(tmp_path) not in str(refused.value), refused.value
+    assert not back.exists() and os.listdir(tmp_path) == ["s"]

@@ -374,7 +374,7 @@ class ObjectPrefix(ByteSource):
         except (BaseError, FileNotFoundError) as exc:
             raise self.remote_error(exc, key) from exc
 
-    def remote_error(self, exc: BaseException, key: str = "") -> errors.RemoteError:
+    def remote_error(self, exc: BaseException, key: str = "") -> errors.Error:
         """What an obstore error means for the user: the mmreplay error that says it."""
         text = str(exc)
         head = text.split("\n\nDebug source:", 1)[0]
@@ -438,6 +438,11 @@ class ObjectPrefix(ByteSource):
                 f"{self.url}: {server} answered {status.group(1)} {said}".rstrip()
                 + f" to {request} after every retry; try again later"
             )
+        if code == "InvalidRange":  # a read that begins past the object's end: it is cut short
+            size = re.search(r"<ActualObjectSize>(\d+)<", text)
+            start = re.search(r"<RangeRequested>bytes=(\d+)", text)
+            found = f" ({size.group(1)} bytes, read from byte {start.group(1)})" if size and start else ""
+            return errors.CorruptBufferError(f"{self.where(key)}: the object is cut short{found}; see `mmreplay verify`")
         if code == "InvalidBucketName":
             return errors.RemoteError(f"{self.url}: {self.bucket!r} is not a valid bucket name ({said})")
         first = " ".join(head.split())
