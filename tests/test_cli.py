@@ -270,6 +270,18 @@ def test_stats_counts_nans(tmp_path):
     assert (leaf["nan"], leaf["inf"], leaf["min"], leaf["max"]) == (2, 1, -3.0, 2.0)
 
 
+def test_stats_json_stays_json_when_returns_are_not_finite(tmp_path):
+    spec = {"reward": mr.ArraySpec((), "float64"), "terminated": mr.ArraySpec((), "bool")}
+    with mr.create(tmp_path / "r", spec, 10, num_envs=2) as store:  # env 0: return inf, env 1: nan
+        store.extend({"reward": np.array([[np.inf, np.nan], [1e308, 1e308], [1e308, 1e308]]),
+                      "terminated": np.array([[False, False], [False, False], [True, True]])})
+    out = run("stats", tmp_path / "r", "--json")
+    assert out.stderr == ""  # no numpy warning about the infinite return
+    info = json.loads(out.stdout, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert info["episodes"]["return"]["count"] == 2 and info["episodes"]["return"]["max"] is None
+    assert info["leaves"]["reward"]["mean"] is None and info["leaves"]["reward"]["max"] == 1e308
+
+
 def test_plot_writes_an_image(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "plot.png"
