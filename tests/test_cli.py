@@ -291,6 +291,18 @@ def test_plot_writes_an_image(tmp_path):
     assert exists.returncode != 0 and "--force" in exists.stderr
 
 
+@pytest.mark.parametrize("args", [["plot", VECTOR], ["view", PIXELS]], ids=lambda args: args[0])
+def test_plot_and_view_make_the_folders_of_their_output_as_export_does(tmp_path, args):
+    pytest.importorskip("matplotlib" if args[0] == "plot" else "PIL")
+    out = tmp_path / "figures" / "run" / "out.png"
+    run(*args, "-o", out, "-q" if args[0] == "view" else "--force")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert os.listdir(out.parent) == ["out.png"]  # no scratch file left beside it
+    missing = run_cli(args[0], tmp_path / "nothing", "-o", tmp_path / "more" / "out.png")
+    one_line_error(missing, 3, "nothing: no such folder")
+    assert not (tmp_path / "more").exists()  # a failed command makes no folder
+
+
 def test_plot_without_matplotlib_names_the_extra(tmp_path):
     blocker = tmp_path / "block" / "matplotlib"
     blocker.mkdir(parents=True)
