@@ -10,6 +10,7 @@ import numpy as np
 
 import mmreplay as mr
 from mmreplay.errors import BadInputError
+from mmreplay.files import AtomicOutput
 from mmreplay.roles import subtree
 
 from .options import LocalPath
@@ -79,6 +80,9 @@ def command(path: str, output: str, force: bool) -> None:
         ax2.hist(lengths, bins=min(50, max(1, len(set(lengths)))))
     ax2.set(title="episode length", xlabel="steps", ylabel="episodes")
     fig.tight_layout()
-    fig.savefig(output, dpi=100)
+    # under a scratch name, its folders made, as an export is written
+    with AtomicOutput(output, "file", "plot") as scratch:
+        fig.savefig(scratch.tmp, dpi=100, format=os.path.splitext(output)[1][1:].lower())
+        scratch.commit()
     plt.close(fig)
     click.echo(f"wrote {output}: {len(lengths):,} complete episodes")

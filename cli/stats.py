@@ -95,6 +95,15 @@ def leaf_stats(store: mr.Store) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _json_safe(x: Any) -> Any:
+    """``x`` with NaN and infinities as null: JSON has no number for them."""
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
+
+
 def _fmt(x: Any) -> str:
     if x is None:
         return "-"
@@ -110,7 +119,8 @@ def command(path: str, as_json: bool) -> None:
     """Episode return and length statistics and per-leaf min / max / mean / NaN counts.
 
     PATH may be a group's folder: the statistics are over all its shards."""
-    with open_source(path) as source:
+    # sums that overflow and the spread of infinite returns are inf and NaN, shown as such
+    with open_source(path) as source, np.errstate(over="ignore", invalid="ignore"):
         shards = getattr(source, "num_shards", None)
         store = source if shards is None else source.joined()
         info = {"path": store.path, "steps": len(store), "num_envs": store.num_envs}
@@ -119,7 +129,7 @@ def command(path: str, as_json: bool) -> None:
         info["episodes"] = episode_stats(store)
         info["leaves"] = leaf_stats(store)
     if as_json:
-        click.echo(json.dumps(info, indent=1))
+        click.echo(json.dumps(_json_safe(info), indent=1))
         return
     ep = info["episodes"]
     shards = f" in {info['shards']} shards" if "shards" in info else ""

@@ -9,6 +9,7 @@ import time
 import click
 
 import mmreplay as mr
+from mmreplay.files import folders_for
 from mmreplay.pictures import SHEET_MAX_FRAMES, ViewOptions, frames
 from mmreplay.selection import select
 
@@ -107,7 +108,8 @@ def command(
         # one unit per frame read and one per frame written
         with LazyBar(2 * n, f"drawing {n:,} frames", hidden) as bar:
             fv = frames(store, leaf, env, episode, steps, opts, bar.update)
-            written = fv.save(output, force=force, progress=bar.update)
+            with folders_for(output):
+                written = fv.save(output, force=force, progress=bar.update)
     seconds = time.perf_counter() - t
     h, w = fv.pictures.shape[1:3]
     click.echo(
@@ -129,6 +131,7 @@ def rerun_command(
     with mr.open(path, mode="r") as store:
         envs = store.num_envs if env is None and episode is None and steps is None else 1
         with LazyBar(len(store) * envs, "logging to rerun", quiet) as bar:
-            written = log_rerun(store, out, env, episode, steps, fps, force, bar.update)
+            with folders_for(out):
+                written = log_rerun(store, out, env, episode, steps, fps, force, bar.update)
     size, seconds = human_bytes(os.path.getsize(written)), time.perf_counter() - t
     click.echo(f"wrote {written}: {size}, {seconds:.2f} s; open it with: rerun {written}")

@@ -25,6 +25,7 @@ __all__ = [
     "atomic_write",
     "check_target",
     "disk_usage",
+    "folders_for",
     "interrupts_deferred",
     "make_folders",
     "named_error",
@@ -215,6 +216,21 @@ def make_folders(folder: str) -> list[str]:
                 os.rmdir(folder)
         raise
     return made
+
+
+@contextlib.contextmanager
+def folders_for(out: str) -> Iterator[None]:
+    """The missing folders of the file ``out``, made for the block and removed again if
+    it fails (for writers that pick the output's type by its name, so cannot write it
+    under :class:`AtomicOutput`'s scratch name)."""
+    made = make_folders(os.path.dirname(os.path.abspath(out)))
+    try:
+        yield
+    except BaseException:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
 
 
 @contextlib.contextmanager

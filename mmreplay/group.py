@@ -227,7 +227,7 @@ def open_group(path: str | os.PathLike, mode: str = "r") -> Group:
     stores: list[Store] = []
     try:
         for name in names:
-            stores.append(open_store(os.path.join(path, name), mode))
+            stores.append(open_store(_shard_folder(path, name), mode))
         _check_alike(path, stores)
     except BaseException:
         for store in stores:
@@ -243,7 +243,7 @@ def open_shard(path: str | os.PathLike, shard: int, mode: str = "a") -> Store:
     names = _read_manifest(path)
     if not isinstance(shard, (int, np.integer)) or isinstance(shard, bool) or not 0 <= shard < len(names):
         raise IndexError(f"{path}: shard must be an int in [0, {len(names)}), got {shard!r}")
-    return open_store(os.path.join(path, names[int(shard)]), mode)
+    return open_store(_shard_folder(path, names[int(shard)]), mode)
 
 
 def _check_alike(path: str, stores: list[Store]) -> None:

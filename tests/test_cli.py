@@ -270,6 +270,18 @@ def test_stats_counts_nans(tmp_path):
     assert (leaf["nan"], leaf["inf"], leaf["min"], leaf["max"]) == (2, 1, -3.0, 2.0)
 
 
+def test_stats_json_stays_json_when_returns_are_not_finite(tmp_path):
+    spec = {"reward": mr.ArraySpec((), "float64"), "terminated": mr.ArraySpec((), "bool")}
+    with mr.create(tmp_path / "r", spec, 10, num_envs=2) as store:  # env 0: return inf, env 1: nan
+        store.extend({"reward": np.array([[np.inf, np.nan], [1e308, 1e308], [1e308, 1e308]]),
+                      "terminated": np.array([[False, False], [False, False], [True, True]])})
+    out = run("stats", tmp_path / "r", "--json")
+    assert out.stderr == ""  # no numpy warning about the infinite return
+    info = json.loads(out.stdout, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert info["episodes"]["return"]["count"] == 2 and info["episodes"]["return"]["max"] is None
+    assert info["leaves"]["reward"]["mean"] is None and info["leaves"]["reward"]["max"] == 1e308
+
+
 def test_plot_writes_an_image(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "plot.png"
@@ -277,6 +289,18 @@ def test_plot_writes_an_image(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     exists = run("plot", VECTOR, "-o", out, ok=False)
     assert exists.returncode != 0 and "--force" in exists.stderr
+
+
+@pytest.mark.parametrize("args", [["plot", VECTOR], ["view", PIXELS]], ids=lambda args: args[0])
+def test_plot_and_view_make_the_folders_of_their_output_as_export_does(tmp_path, args):
+    pytest.importorskip("matplotlib" if args[0] == "plot" else "PIL")
+    out = tmp_path / "figures" / "run" / "out.png"
+    run(*args, "-o", out, "-q" if args[0] == "view" else "--force")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert os.listdir(out.parent) == ["out.png"]  # no scratch file left beside it
+    missing = run_cli(args[0], tmp_path / "nothing", "-o", tmp_path / "more" / "out.png")
+    one_line_error(missing, 3, "nothing: no such folder")
+    assert not (tmp_path / "more").exists()  # a failed command makes no folder
 
 
 def test_plot_without_matplotlib_names_the_extra(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -271,6 +272,27 @@ def test_slice_groups_split_by_the_starts_inside_episodes(tmp_path):
         check_rows(batch, info)
         assert not batch["terminated"][:, :-1].any()  # no sequence crosses an episode's end
         np.testing.assert_allclose(info.probability, 1 / 19)
+
+
+def test_a_shard_folder_that_is_a_link_is_refused_by_every_reader(tmp_path):
+    """A group's shards are its own folders: one that is a link elsewhere is refused when
+    the group or the shard is opened and by the CLI, as verify refuses it."""
+    mr.create_group(tmp_path / "other", SPEC, shards=2, capacity=10).close()
+    fill(tmp_path / "other", [3, 4], num_envs=1)
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=10).close()
+    shutil.rmtree(path / "shard-001")
+    os.symlink(tmp_path / "other" / "shard-001", path / "shard-001")
+    for mode in ("r", "a"):
+        with pytest.raises(mr.CorruptBufferError, match="shard-001: is a symbolic link"):
+            mr.open_group(path, mode)
+        with pytest.raises(mr.CorruptBufferError, match="shard-001: is a symbolic link"):
+            mr.open_shard(path, 1, mode)
+    with mr.open_shard(path, 0) as store:  # the others open
+        assert len(store) == 0
+    for args in (["inspect", path], ["stats", path], ["export", path, tmp_path / "out.npz"], ["verify", path]):
+        one_line_error(run_cli(*args), 4, "shard-001: is a symbolic link")
+    assert not (tmp_path / "out.npz").exists()
 
 
 def test_shards_written_apart_become_a_group(tmp_path):

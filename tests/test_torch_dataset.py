@@ -88,6 +88,21 @@ def test_sample_dataset_with_two_workers(tmp_path, layout):
     assert all(torch.equal(a["step"], b["step"]) for a, b in zip(batches, again))
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_unseeded_sample_dataset_draws_new_batches_each_epoch(tmp_path, workers):
+    with make(tmp_path, 400, 1, 400):
+        pass
+    ds = SampleDataset(tmp_path / "b", batch_size=16, num_batches=2)
+    # the same process iterates again: the main one, or a persistent worker
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
+    first, second = ([b["step"].tolist() for b in loader] for _ in range(2))
+    assert first != second
+    torch.manual_seed(3)
+    again = [b["step"].tolist() for b in DataLoader(ds, batch_size=None)]
+    torch.manual_seed(3)
+    assert [b["step"].tolist() for b in DataLoader(ds, batch_size=None)] == again  # torch's seed repeats a run
+
+
 def test_sample_dataset_over_a_prioritized_store_in_a_worker(tmp_path):
     with make(tmp_path, 32, 2, 20, sampler="prioritized") as store:
         store.update_priorities([19], [1], [1e6])  # nearly every draw

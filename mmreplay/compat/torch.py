@@ -166,8 +166,9 @@ class SampleDataset(IterableDataset):
     """Random batches from a store: ``store.sample(batch_size, num_steps, ...)`` as tensors.
 
     Each DataLoader worker opens its own reader and draws from its own generator, seeded
-    from ``seed`` and the worker id (or from torch's per-worker seed when ``seed`` is
-    None, so ``DataLoader(generator=...)`` makes runs repeatable). Before each batch the
+    from ``seed`` and the worker id (or, when ``seed`` is None, from torch's generator
+    at each pass: ``torch.manual_seed`` and ``DataLoader(generator=...)`` make runs
+    repeatable, and every epoch draws new batches). Before each batch the
     reader picks up the writer's newer commits (``refresh``), unless ``refresh=False``.
 
     Args:
@@ -201,7 +202,9 @@ class SampleDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        seed = torch.initial_seed() % (1 << 63) if self.seed is None else [self.seed, worker]
+        # unseeded: a draw of torch's generator (a worker's is seeded apart), so each pass
+        # over the dataset in one process (an epoch, a persistent worker) has new batches
+        seed = int(torch.randint(1 << 62, ())) if self.seed is None else [self.seed, worker]
         if self.num_batches is None:
             batches: Iterable[int] = itertools.count()
         else:  # this worker's share
