@@ -195,15 +195,9 @@ def create(
         >>> store.close()
     """
     path = os.fspath(path)
-    chosen = make_sampler(sampler, **sampler_options)
-    named = (backend, chunk_steps, compression, commit_every, durability, roles, sampler or sampler_options or None)
-    given = {name for name, value in zip(SETTINGS, named) if value is not None}
-    commit_every = DEFAULT_COMMIT_EVERY if commit_every is None else commit_every
-    durability = "process" if durability is None else durability
-    meta = plan(
-        spec, capacity, num_envs, backend, chunk_steps, compression, commit_every, durability, roles, chosen, frames
-    )
-    backend = meta.backend  # hdf5 where zarr-python 3 does not import
+    settings = dict(zip(SETTINGS, (backend, chunk_steps, compression, commit_every, durability, roles, sampler)))
+    meta, given, chosen = requested(spec, capacity, num_envs, {**settings, "frames": frames, **sampler_options})
+    backend, durability = meta.backend, meta.durability  # hdf5 where zarr-python 3 does not import
     module = backends.get(backend)
     if os.path.lexists(path):
         if exist_ok and os.path.exists(os.path.join(path, METADATA_FILE)):
@@ -288,6 +282,40 @@ def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:
 SETTINGS = ("backend", "chunk_steps", "compression", "commit_every", "durability", "roles", "sampler")
 
 
+def requested(
+    spec: Any, capacity: int, num_envs: int, options: Mapping[str, Any]
+) -> tuple[Metadata, set[str], Sampler]:
+    """What ``create(path, spec, capacity, num_envs, **options)`` asks: the metadata it
+    would write (validated; no I/O), the settings it names (not None; sampler options
+    name the sampler) and the sampler."""
+    options = dict(options)
+    frames = options.pop("frames", None)
+    settings = {name: options.pop(name, None) for name in SETTINGS}
+    given = {name for name, value in settings.items() if value is not None} | ({"sampler"} if options else set())
+    chosen = make_sampler(settings.pop("sampler"), **options)
+    if settings["commit_every"] is None:
+        settings["commit_every"] = DEFAULT_COMMIT_EVERY
+    if settings["durability"] is None:
+        settings["durability"] = "process"
+    return plan(spec, capacity, num_envs, sampler=chosen, frames=frames, **settings), given, chosen
+
+
+def differences(have: Metadata, want: Metadata, given: set[str]) -> list[str]:
+    """How a buffer ``have`` differs from the one ``want`` asks: its layout, and each
+    setting ``given`` (the others take the buffer's)."""
+    diffs = []
+    if spec_to_json(have.spec) != spec_to_json(want.spec):
+        diffs.append(f"spec: existing {have.spec} vs new {want.spec}")
+    for name in ("capacity", "num_envs", *SETTINGS):
+        if (name in given or name in ("capacity", "num_envs")) and _setting(have, name) != _setting(want, name):
+            diffs.append(f"{name}: existing {_setting(have, name)} vs new {_setting(want, name)}")
+    frames_have = None if have.frames is None else {**have.frames.to_json(), "side": None}
+    frames_want = None if want.frames is None else {**want.frames.to_json(), "side": None}
+    if frames_have != frames_want:
+        diffs.append(f"frames: existing {frames_have} vs new {frames_want}")
+    return diffs
+
+
 def _setting(meta: Metadata, name: str) -> Any:
     if name in ("compression", "chunk_steps"):  # each leaf's
         return {leaf.path: getattr(leaf, name) for leaf in meta.leaves}
@@ -301,17 +329,7 @@ def _reopen(path: str, meta: Metadata, given: set[str]) -> Store:
     settings ``given`` (those a caller named; the others take the buffer's): otherwise a
     SpecMismatchError naming each difference, as a setting silently ignored would mislead."""
     store = open(path, "a")
-    have, want = store.metadata, meta
-    diffs = []
-    if spec_to_json(have.spec) != spec_to_json(want.spec):
-        diffs.append(f"spec: existing {have.spec} vs new {want.spec}")
-    for name in ("capacity", "num_envs", *SETTINGS):
-        if (name in given or name in ("capacity", "num_envs")) and _setting(have, name) != _setting(want, name):
-            diffs.append(f"{name}: existing {_setting(have, name)} vs new {_setting(want, name)}")
-    frames_have = None if have.frames is None else {**have.frames.to_json(), "side": None}
-    frames_want = None if want.frames is None else {**want.frames.to_json(), "side": None}
-    if frames_have != frames_want:
-        diffs.append(f"frames: existing {frames_have} vs new {frames_want}")
+    diffs = differences(store.metadata, meta, given)
     if diffs:
         store.close()
         raise SpecMismatchError(f"{store.path}: a different buffer exists there ({'; '.join(diffs)})")

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .creation import create as create_store
+from .creation import differences, requested
 from .errors import (
     BadInputError,
     ClosedError,
@@ -176,7 +177,8 @@ def create_group(
         shards: how many shards (one per actor process).
         capacity: time steps each shard's ring holds.
         num_envs: parallel environments each actor writes per step.
-        exist_ok: open the group instead if one with the same shard count is there.
+        exist_ok: open the group instead if one of the same layout is there, as
+            :func:`mmreplay.create` reopens a buffer.
         options: the other arguments of :func:`mmreplay.create`.
 
     Example:
@@ -192,11 +194,12 @@ def create_group(
         if not exist_ok:
             raise BufferExistsError(f"{path}: a group already exists there; pass exist_ok=True to open it")
         group = open_group(path)
-        if group.num_shards != shards:
+        want, given, _ = requested(spec, capacity, num_envs, options)
+        diffs = [] if group.num_shards == shards else [f"shards: existing {group.num_shards} vs new {shards}"]
+        diffs += differences(group._shards[0].metadata, want, given)
+        if diffs:
             group.close()
-            raise SpecMismatchError(
-                f"{path}: a group exists there with {group.num_shards} shards, not {shards}"
-            )
+            raise SpecMismatchError(f"{path}: a different group exists there ({'; '.join(diffs)})")
         return group
     if os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path)):
         raise BufferExistsError(f"{path}: already exists and is not an empty folder")

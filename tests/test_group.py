@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import one_line_error, run_cli
+from conftest import folder_digest, one_line_error, run_cli
 
 import mmreplay as mr
 from mmreplay.group import GROUP_FILE
@@ -66,8 +66,16 @@ def test_create_and_open_refuse_what_is_not_a_group(tmp_path):
     with pytest.raises(mr.BufferExistsError, match="exist_ok"):
         mr.create_group(path, SPEC, shards=2, capacity=10)
     mr.create_group(path, SPEC, shards=2, capacity=10, exist_ok=True).close()
-    with pytest.raises(mr.SpecMismatchError, match="2 shards, not 3"):
-        mr.create_group(path, SPEC, shards=3, capacity=10, exist_ok=True)
+    before = folder_digest(path)
+    for kwargs, match in [
+        ({"shards": 3}, "shards: existing 2 vs new 3"),
+        ({"capacity": 11}, "capacity: existing 10 vs new 11"),
+        ({"spec": {"other": mr.ArraySpec(())}}, "spec: existing"),
+        ({"sampler": "prioritized"}, "sampler: existing {'name': 'uniform'} vs new {'name': 'prioritized'"),
+    ]:
+        with pytest.raises(mr.SpecMismatchError, match=match):
+            mr.create_group(path, **{"spec": SPEC, "shards": 2, "capacity": 10, **kwargs}, exist_ok=True)
+    assert folder_digest(path) == before
     with pytest.raises(IndexError, match=r"shard must be an int in \[0, 2\), got 2"):
         mr.open_shard(path, 2)
     with pytest.raises(mr.NotABufferError, match=GROUP_FILE):
