@@ -9,6 +9,8 @@ import pytest
 
 gymnasium = pytest.importorskip("gymnasium")
 
+from conftest import folder_digest  # noqa: E402
+
 import mmreplay as mr  # noqa: E402
 from mmreplay.compat.gymnasium import (  # noqa: E402
     RecordTransitions,
@@ -166,6 +168,23 @@ def test_reset_mid_episode_marks_it_truncated_and_reopen_resumes(tmp_path):
         RecordTransitions(gymnasium.make("CartPole-v1"), tmp_path / "b", capacity=50)
     with pytest.raises(ValueError, match="capacity="):
         RecordTransitions(gymnasium.make("CartPole-v1"), tmp_path / "new")
+
+
+@pytest.mark.parametrize("setting", [{"compression": "zstd"}, {"backend": "hdf5"}, {"commit_every": 7},
+                                     {"sampler": "prioritized"}, {"durability": "power"}])  # fmt: skip
+def test_a_resume_with_another_store_setting_is_refused_and_changes_nothing(tmp_path, setting):
+    path = tmp_path / "b"
+    env = RecordTransitions(gymnasium.make("CartPole-v1"), path, capacity=100, commit_every=3)
+    env.reset(seed=0)
+    env.step(0)
+    env.close()
+    before = folder_digest(path)
+    with pytest.raises(mr.SpecMismatchError, match=f"{next(iter(setting))}: existing"):
+        RecordTransitions(gymnasium.make("CartPole-v1"), path, capacity=100, **setting)
+    assert folder_digest(path) == before
+    env = RecordTransitions(gymnasium.make("CartPole-v1"), path, commit_every=3)  # the buffer's own: resumed
+    assert env.store.total_steps == 1
+    env.close()
 
 
 class DictEnv(gymnasium.Env):
