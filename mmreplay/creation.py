@@ -316,6 +316,16 @@ def differences(have: Metadata, want: Metadata, given: set[str]) -> list[str]:
     return diffs
 
 
+def named_differences(store: Store, options: Mapping[str, Any]) -> list[str]:
+    """How the settings named in ``options`` (create's keywords; None: not named) differ
+    from the open ``store``'s: what ``create(exist_ok=True)`` refuses, for the layers
+    that reopen a buffer themselves."""
+    asked, given, _ = requested(store.spec, store.capacity, store.num_envs, options)
+    if options.get("frames") is None:
+        asked = replace(asked, frames=store.metadata.frames)
+    return differences(store.metadata, asked, given)
+
+
 def _setting(meta: Metadata, name: str) -> Any:
     if name in ("compression", "chunk_steps"):  # each leaf's
         return {leaf.path: getattr(leaf, name) for leaf in meta.leaves}

@@ -17,6 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 gymnasium = pytest.importorskip("gymnasium")
 
+from conftest import folder_digest  # noqa: E402
+
 import mmreplay as mr  # noqa: E402
 from mmreplay.compat.skrl import Memory, MemoryEmptyError, RandomMemory  # noqa: E402
 
@@ -502,6 +504,12 @@ def test_reopen_resumes_and_refuses_another_memory(tmp_path):
         memory(tmp_path, 5, 2)
     with pytest.raises(mr.SpecMismatchError, match="num_envs: existing 2 vs new 3"):
         memory(tmp_path, 4, 3)
+    before = folder_digest(tmp_path / "m")
+    with pytest.raises(mr.SpecMismatchError, match="compression: existing"):
+        memory(tmp_path, 4, 2, compression="zstd")
+    with pytest.raises(mr.SpecMismatchError, match="sampler: existing"):
+        memory(tmp_path, 4, 2, sampler="prioritized")
+    assert folder_digest(tmp_path / "m") == before
 
 
 def test_without_path_the_store_is_temporary():

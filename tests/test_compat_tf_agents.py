@@ -471,6 +471,8 @@ def test_reopen_resumes_ids_frames_and_refuses_another_spec(tmp_path):  # 23, ad
         make_rb(tmp_path, batch_size=3)
     with pytest.raises(mr.SpecMismatchError, match="max_length: existing 5 vs new 6"):
         make_rb(tmp_path, max_length=6)
+    with pytest.raises(mr.SpecMismatchError, match="compression: existing"):
+        make_rb(tmp_path, compression="zstd")
     with pytest.raises(mr.SpecMismatchError, match="leaves differ"):
         UniformReplayBuffer(ArraySpec((), np.float32), 2, 5, path=tmp_path / "rb")
     with make_rb(tmp_path) as rb:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..creation import create
+from ..creation import create, named_differences
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
 from ..read.request import positive
@@ -161,14 +161,21 @@ def attach_store(
     if not os.path.exists(os.path.join(path, METADATA_FILE)):
         return create_store(path, spec, window, num_envs, options)
     store = open(path, "a")
-    check_same(store, spec, window, num_envs, what, window_name)
+    check_same(store, spec, window, num_envs, what, window_name, options)
     return store
 
 
-def check_same(store: Store, spec: Any, window: int, num_envs: int, what: str, window_name: str) -> None:
+def check_same(store: Store, spec: Any, window: int, num_envs: int, what: str, window_name: str,
+               options: StoreOptions | None = None) -> None:  # fmt: skip
     """Refuse (closing the store, leaving its folder as it is) a buffer other than the one
-    the caller describes (``spec`` None: any leaves)."""
+    the caller describes (``spec`` None: any leaves), or than ``options`` name: the store's
+    own commit policy and ``durability="process"`` (the layers' defaults) always pass."""
     diffs = []
+    if options is not None:
+        named = {k: v for k, v in options.create_kwargs().items() if k != "commit_every"}
+        if named["durability"] == "process":
+            del named["durability"]
+        diffs += named_differences(store, named)
     if spec is not None and (have := describe(store.spec)) != (want := describe(spec)):
         missing = ", ".join(f"{p} {s} {d}" for p, s, d in want if (p, s, d) not in have) or "nothing"
         extra = ", ".join(f"{p} {s} {d}" for p, s, d in have if (p, s, d) not in want) or "nothing"

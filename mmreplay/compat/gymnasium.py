@@ -26,7 +26,7 @@ try:
 except ImportError as exc:  # pragma: no cover - gymnasium is an install extra
     raise ImportError("mmreplay.compat.gymnasium needs gymnasium: pip install 'mmreplay[gymnasium]'") from exc
 
-from ..creation import create, differences, requested
+from ..creation import create, named_differences
 from ..errors import SpecMismatchError
 from ..metadata import METADATA_FILE
 from ..spaces import SPACES_ATTR, space_to_json
@@ -111,11 +111,8 @@ def _attach(target: str | os.PathLike | Store, spec: dict[str, Any], roles: dict
     problems = [] if describe(store.spec) == describe(spec) else [f"spec: existing {store.spec} vs new {spec}"]
     if owned and capacity is not None and store.capacity != capacity:
         problems.append(f"capacity: existing {store.capacity} vs new {capacity}")
-    if owned and options:  # as create(exist_ok=True): each setting named must be the buffer's
-        asked, given, _ = requested(store.spec, store.capacity, store.num_envs, options)
-        if "frames" not in options:
-            asked = dataclasses.replace(asked, frames=store.metadata.frames)
-        problems += differences(store.metadata, asked, given)
+    if owned:
+        problems += named_differences(store, options)
     if store.num_envs != num_envs:
         problems.append(f"num_envs: existing {store.num_envs} vs new {num_envs}")
     if store.mode != "a":

@@ -76,16 +76,16 @@ class Memory(StoreShell):
         if self._path is not None:
             _finish_swap(self._path)
             if os.path.exists(os.path.join(self._path, METADATA_FILE)):
-                self._attach(open_store(self._path, "a"))
+                self._attach(open_store(self._path, "a"), self._options)
 
     @property
     def store(self) -> Store | None:
         """The store holding the memory (None until it holds data)."""
         return self._rows.store
 
-    def _attach(self, store: Store) -> None:
+    def _attach(self, store: Store, options: StoreOptions | None = None) -> None:
         flat = isinstance(store.spec, dict) and all(isinstance(s, ArraySpec) for s in store.spec.values())
-        check_same(store, None if flat else {}, self.memory_size, self.num_envs, "memory", "memory_size")
+        check_same(store, None if flat else {}, self.memory_size, self.num_envs, "memory", "memory_size", options)
         self._rows.store, self._rows.origin, self._tensors = store, read_origin(store), dict(store.spec)
         if self._temp is not None:
             self._temp.store = store
