@@ -32,9 +32,10 @@ def make_store(path: str, capacity: int) -> mr.Store:
         "terminated": mr.ArraySpec((), "bool"),
         "truncated": mr.ArraySpec((), "bool"),
     }
-    if os.path.exists(os.path.join(path, "mmreplay.json")):
-        return mr.open(path, "a")
-    return mr.create(path, spec, capacity, commit_every=50, sampler="prioritized", alpha=0.6, beta=0.4)
+    # reopens the buffer made by an earlier run; another capacity is refused (SpecMismatchError)
+    return mr.create(
+        path, spec, capacity, commit_every=50, sampler="prioritized", alpha=0.6, beta=0.4, exist_ok=True
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
