@@ -77,6 +77,16 @@ def make_or_resume(run: str, n_bits: int, seed: int) -> DQN:
     return model
 
 
+def checkpoint(model: DQN, run: str) -> None:
+    """Save the model and the buffer's manifest under temporary names, then rename them
+    into place: a kill while SB3 writes them leaves the previous checkpoint whole."""
+    for name, save in (("model.zip", model.save), ("buffer.pkl", model.save_replay_buffer)):
+        stem, suffix = os.path.splitext(name)
+        tmp = os.path.join(run, f"{stem}.tmp{suffix}")  # SB3 adds the suffix a name lacks
+        save(tmp)
+        os.replace(tmp, os.path.join(run, name))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="folder of the model, the buffer and its manifest")
@@ -97,8 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     while model.num_timesteps < args.steps:
         model.learn(min(args.every, args.steps - model.num_timesteps), reset_num_timesteps=False)
-        model.save(os.path.join(args.run, "model.zip"))
-        model.save_replay_buffer(os.path.join(args.run, "buffer.pkl"))
+        checkpoint(model, args.run)
         rate = success_rate(model, args.bits, args.eval_episodes, seed=args.seed)
         print(f"checkpoint: step {model.num_timesteps}, success {rate:.2f}", flush=True)
     model.replay_buffer.close()
