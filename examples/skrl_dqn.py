@@ -78,7 +78,8 @@ def mean_return(returns: list[float], last: int = 10) -> float:
 
 def train(args: argparse.Namespace) -> None:
     os.makedirs(args.run, exist_ok=True)
-    agent_file = os.path.join(args.run, "agent.pt")
+    # progress.json names the agent file of its timestep and is replaced last: a kill
+    # between the two writes resumes from the previous pair, never a mixed one
     progress_file = os.path.join(args.run, "progress.json")
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # a 64-unit network is fastest on one thread
@@ -108,10 +109,10 @@ def train(args: argparse.Namespace) -> None:
     agent.init()
 
     start, returns = 0, []
-    if os.path.exists(agent_file):
-        agent.load(agent_file)
+    if os.path.exists(progress_file):
         with open(progress_file) as f:
             progress = json.load(f)
+        agent.load(os.path.join(args.run, progress["agent"]))
         start, returns = progress["timestep"], progress["returns"]
         torch.manual_seed(args.seed + start)
         print(
@@ -150,8 +151,12 @@ def train(args: argparse.Namespace) -> None:
         done = timestep + 1
         if done % args.checkpoint_every == 0:
             memory.store.commit()  # the rows of every step so far are durable
-            save_atomically(agent_file, agent.save)
-            save_progress(progress_file, {"timestep": done, "returns": returns})
+            agent_file = f"agent-{done}.pt"
+            save_atomically(os.path.join(args.run, agent_file), agent.save)
+            save_progress(progress_file, {"timestep": done, "returns": returns, "agent": agent_file})
+            for old in os.listdir(args.run):  # the agents of earlier checkpoints
+                if old.startswith("agent-") and old.endswith(".pt") and old != agent_file:
+                    os.remove(os.path.join(args.run, old))
         if done == args.kill_at:
             print(f"killed at step {done}: return before: {mean_return(returns):.1f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

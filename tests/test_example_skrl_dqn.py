@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -32,6 +33,10 @@ def test_skrl_dqn_example_survives_sigkill_and_resumes(tmp_path):
     assert resumed and resumed[1] == before[1], out
     assert re.search(r"return after: [\d.]+", out), out
     assert "done: 300 steps" in out and "the memory holds 300 rows" in out, out
+    # the checkpoint is a pair, the agent named by the progress file of its timestep
+    progress = json.loads((run / "progress.json").read_text())
+    assert (progress["timestep"], progress["agent"]) == (300, "agent-300.pt")
+    assert sorted(f for f in os.listdir(run) if f.startswith("agent")) == ["agent-300.pt"]
 
     from mmreplay.compat.skrl import RandomMemory
 
