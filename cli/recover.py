@@ -15,10 +15,11 @@ from mmreplay.files import remove_dead_scratch
 from mmreplay.verify import recover
 
 from . import buffer_folder
+from .options import LocalPath
 
 
 @click.command("recover")
-@click.argument("path", type=click.Path())
+@click.argument("path", type=LocalPath())
 def command(path: str) -> None:
     """Repair a damaged buffer, dropping the committed steps whose rows are gone."""
     cleared = remove_dead_scratch(path)  # what killed runs of create, export, convert, import left

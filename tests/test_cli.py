@@ -433,6 +433,7 @@ def test_user_mistakes_are_one_line_errors(tmp_path, args, needle, code):
         ["view", PIXELS, "-o", "s3://bucket/view.gif"],
         ["view", PIXELS, "--rerun", "s3://bucket/view.rrd"],
         ["demo", "s3://bucket/demo"],
+        ["recover", "s3://bucket/store"],
     ],
     ids=lambda args: f"{args[0]} {args[-1] if args[-1].startswith('s3') else args[1]}",
 )
