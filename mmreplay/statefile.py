@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from .errors import CorruptBufferError
 from .files import atomic_write
-from .io import ByteSource, open_source
+from .io import ByteSource, is_url, open_source
 from .io.local import open_inside
 
 __all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "oldest_retained", "salvage", "slot_ranges", "write_fresh"]
@@ -244,7 +244,8 @@ class StateFile:
             if state is not None:
                 return state
         why = "; ".join(f"slot {i}: {decode_slot(raw, i)}" for i in (0, 1))
-        raise CorruptBufferError(f"{self.path}: neither state slot is valid ({why}); see `mmreplay recover`")
+        fix = "push the store there again" if is_url(self.path) else "see `mmreplay recover`"
+        raise CorruptBufferError(f"{self.path}: neither state slot is valid ({why}); {fix}")
 
     def write(self, state: State, fsync: bool) -> None:
         """Write ``state`` into its slot (``generation % 2``): the slot of the older state."""

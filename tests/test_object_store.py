@@ -700,3 +700,17 @@ def test_a_pull_whose_copy_does_not_open_leaves_no_folder(tmp_path, url):
         mr.pull(url, back)
     assert url in str(refused.value) and str(tmp_path) not in str(refused.value), refused.value
     assert not back.exists() and os.listdir(tmp_path) == ["s"]
+
+
+def test_a_damaged_state_object_points_at_pushing_again_not_at_recover(tmp_path, url):
+    """recover repairs local folders only: the advice for a store in object storage whose
+    state object is damaged is to push it again."""
+    from conftest import one_line_error, run_cli
+
+    from mmreplay.io.remote import ObjectPrefix as Location
+    from mmreplay.statefile import STATE_FILE
+
+    mr.push(make(tmp_path / "buf", 5), url)
+    Location(url).put(STATE_FILE, b"\0" * len(Location(url).get(STATE_FILE)))
+    line = one_line_error(run_cli("inspect", url), 4, "neither state slot is valid", "push the store there again")
+    assert "recover" not in line, line
