@@ -207,6 +207,30 @@ def test_a_storage_resumes_from_its_folder_without_loads(tmp_path):
     assert again[:]["a"].tolist() == [10, 11, 12, 13, 14, 5, 6, 7, 8, 9]
 
 
+VIEWS_OUTLIVE = textwrap.dedent(
+    """
+    import gc, sys, torch
+    from tensordict import TensorDict
+    from mmreplay.compat.torchrl import MMReplayStorage
+    storage = MMReplayStorage(sys.argv[1], max_size=10)
+    storage.set(range(3), TensorDict({"a": torch.arange(3), "b": torch.ones(3)}, [3]))
+    view = storage[:]
+    storage.close()
+    print(view["a"].tolist(), flush=True)
+    view = MMReplayStorage(sys.argv[1])[1:]  # the storage itself is collected at once
+    gc.collect()
+    print(view["a"].tolist(), view["b"].tolist(), flush=True)
+    """
+)
+
+
+def test_views_stay_readable_after_their_storage_is_closed_or_collected(tmp_path):
+    # The rows' tensors view the store's mapping: it must stay mapped while they live.
+    out = subprocess.run([sys.executable, "-c", VIEWS_OUTLIVE, str(tmp_path / "b")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["[0, 1, 2]", "[1, 2] [1.0, 1.0]"]
+
+
 def test_empty_at_any_slot_drops_every_row_and_stays_dropped(tmp_path):
     storage = MMReplayStorage(tmp_path / "b", max_size=10)
     rb = ReplayBuffer(storage=storage, batch_size=2)

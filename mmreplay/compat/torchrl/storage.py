@@ -213,7 +213,7 @@ class MMReplayStorage(TensorStorage):
         """Commit and release the store; the storage holds no rows after this."""
         if self.store is not None:
             self.store.close()
-            self._storage = None  # the mapping closes once no tensor views it
+            self._storage = self._arrays = None  # the mapping closes once no tensor views it
             self.initialized = False
 
     def __getstate__(self) -> dict[str, Any]:
