@@ -231,6 +231,28 @@ def test_views_stay_readable_after_their_storage_is_closed_or_collected(tmp_path
     assert out.stdout.split("\n")[:2] == ["[0, 1, 2]", "[1, 2] [1.0, 1.0]"]
 
 
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda rb: rb.sample(),
+        lambda rb: rb[0],
+        lambda rb: rb.extend(steps(3, 5)),
+        lambda rb: rb.update_priority(torch.tensor([0]), 2.0),
+        lambda rb: rb.empty(),
+    ],
+    ids=["sample", "getitem", "extend", "update_priority", "empty"],
+)
+def test_a_closed_storage_says_it_is_closed(tmp_path, use):
+    storage = MMReplayStorage(tmp_path / "b", max_size=10, sampler="prioritized")
+    rb = TensorDictReplayBuffer(storage=storage, sampler=StoreSampler(), batch_size=2)
+    rb.extend(steps(0, 3))
+    storage.close()
+    assert len(rb) == 0  # holds no rows after close
+    with pytest.raises(mr.ClosedError, match="b: store is closed"):
+        use(rb)
+    assert MMReplayStorage(tmp_path / "b")[:]["a"].tolist() == [0, 1, 2]
+
+
 def test_empty_at_any_slot_drops_every_row_and_stays_dropped(tmp_path):
     storage = MMReplayStorage(tmp_path / "b", max_size=10)
     rb = ReplayBuffer(storage=storage, batch_size=2)
