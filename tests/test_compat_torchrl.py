@@ -231,6 +231,17 @@ def test_views_stay_readable_after_their_storage_is_closed_or_collected(tmp_path
     assert out.stdout.split("\n")[:2] == ["[0, 1, 2]", "[1, 2] [1.0, 1.0]"]
 
 
+def test_a_reader_reads_what_the_writer_committed_last(tmp_path):
+    writer = ReplayBuffer(storage=MMReplayStorage(tmp_path / "b", max_size=8))
+    writer.extend(steps(0, 3))
+    writer.storage.commit()
+    reader = ReplayBuffer(storage=MMReplayStorage(tmp_path / "b", mode="r"))
+    assert reader[:]["a"].tolist() == [0, 1, 2]
+    writer.extend(steps(3, 12))  # wraps the ring
+    writer.storage.commit()
+    assert reader[:]["a"].tolist() == [8, 9, 10, 11, 4, 5, 6, 7]  # not the first 3 slots alone
+
+
 @pytest.mark.parametrize(
     "use",
     [

@@ -237,9 +237,12 @@ class MMReplayStorage(TensorStorage):
         return None if store is None or store.closed else store
 
     def get(self, index: Any) -> Any:
-        """TorchRL's read; after :meth:`close`, a ClosedError naming the folder."""
+        """TorchRL's read, over what the writer committed last (for a reader); after
+        :meth:`close`, a ClosedError naming the folder."""
         if self.store is not None:
             self.store.check_open()
+            if self.store.mode == "r":
+                self.store.refresh()
         return super().get(index)
 
     @property
