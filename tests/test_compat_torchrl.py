@@ -207,6 +207,63 @@ def test_a_storage_resumes_from_its_folder_without_loads(tmp_path):
     assert again[:]["a"].tolist() == [10, 11, 12, 13, 14, 5, 6, 7, 8, 9]
 
 
+VIEWS_OUTLIVE = textwrap.dedent(
+    """
+    import gc, sys, torch
+    from tensordict import TensorDict
+    from mmreplay.compat.torchrl import MMReplayStorage
+    storage = MMReplayStorage(sys.argv[1], max_size=10)
+    storage.set(range(3), TensorDict({"a": torch.arange(3), "b": torch.ones(3)}, [3]))
+    view = storage[:]
+    storage.close()
+    print(view["a"].tolist(), flush=True)
+    view = MMReplayStorage(sys.argv[1])[1:]  # the storage itself is collected at once
+    gc.collect()
+    print(view["a"].tolist(), view["b"].tolist(), flush=True)
+    """
+)
+
+
+def test_views_stay_readable_after_their_storage_is_closed_or_collected(tmp_path):
+    # The rows' tensors view the store's mapping: it must stay mapped while they live.
+    out = subprocess.run([sys.executable, "-c", VIEWS_OUTLIVE, str(tmp_path / "b")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["[0, 1, 2]", "[1, 2] [1.0, 1.0]"]
+
+
+def test_a_reader_reads_what_the_writer_committed_last(tmp_path):
+    writer = ReplayBuffer(storage=MMReplayStorage(tmp_path / "b", max_size=8))
+    writer.extend(steps(0, 3))
+    writer.storage.commit()
+    reader = ReplayBuffer(storage=MMReplayStorage(tmp_path / "b", mode="r"))
+    assert reader[:]["a"].tolist() == [0, 1, 2]
+    writer.extend(steps(3, 12))  # wraps the ring
+    writer.storage.commit()
+    assert reader[:]["a"].tolist() == [8, 9, 10, 11, 4, 5, 6, 7]  # not the first 3 slots alone
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda rb: rb.sample(),
+        lambda rb: rb[0],
+        lambda rb: rb.extend(steps(3, 5)),
+        lambda rb: rb.update_priority(torch.tensor([0]), 2.0),
+        lambda rb: rb.empty(),
+    ],
+    ids=["sample", "getitem", "extend", "update_priority", "empty"],
+)
+def test_a_closed_storage_says_it_is_closed(tmp_path, use):
+    storage = MMReplayStorage(tmp_path / "b", max_size=10, sampler="prioritized")
+    rb = TensorDictReplayBuffer(storage=storage, sampler=StoreSampler(), batch_size=2)
+    rb.extend(steps(0, 3))
+    storage.close()
+    assert len(rb) == 0  # holds no rows after close
+    with pytest.raises(mr.ClosedError, match="b: store is closed"):
+        use(rb)
+    assert MMReplayStorage(tmp_path / "b")[:]["a"].tolist() == [0, 1, 2]
+
+
 def test_empty_at_any_slot_drops_every_row_and_stays_dropped(tmp_path):
     storage = MMReplayStorage(tmp_path / "b", max_size=10)
     rb = ReplayBuffer(storage=storage, batch_size=2)

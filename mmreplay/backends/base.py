@@ -256,7 +256,10 @@ class MappedLeaf:
         if mm is None:  # zero-byte leaf
             self.array = np.zeros(shape, dtype)
         else:
-            self.array = np.ndarray(shape, dtype, buffer=mm, offset=info.offset or 0)
+            # frombuffer holds an export of ``mm`` (np.ndarray(buffer=mm) does not): while an
+            # array viewing the rows lives, ``mm.close()`` refuses rather than unmap them.
+            count = int(np.prod(shape, dtype=np.int64))
+            self.array = np.frombuffer(mm, dtype, count, info.offset or 0).reshape(shape)
         self.num_envs = num_envs
         # Rows in (slot, env) order: one ``take`` gathers any (step, env) pairs.
         self.flat = self.array.reshape(capacity * num_envs, *info.spec.shape)

@@ -33,6 +33,7 @@ class StoreSampler(Sampler):
             raise TypeError(f"StoreSampler draws from an MMReplayStorage, got {type(storage).__name__}")
         if storage.store is None:
             raise RuntimeError(f"{storage.path}: nothing written yet")
+        storage.store.check_open()
         return storage.store
 
     def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict[str, Any]]:

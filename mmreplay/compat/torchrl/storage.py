@@ -200,7 +200,10 @@ class MMReplayStorage(TensorStorage):
         return self.store is not None and self.store.mode == "a" and self._pid == os.getpid()
 
     def _check_writer(self) -> None:
-        if self.store is not None and not self._writes_here():
+        if self.store is None:
+            return
+        self.store.check_open()
+        if not self._writes_here():
             raise ReadOnlyError(f"{self.path}: this storage reads only: the folder's one writer is the "
                                 "process that opened it with mode 'a', not one it was sent to")
 
@@ -213,7 +216,7 @@ class MMReplayStorage(TensorStorage):
         """Commit and release the store; the storage holds no rows after this."""
         if self.store is not None:
             self.store.close()
-            self._storage = None  # the mapping closes once no tensor views it
+            self._storage = self._arrays = None  # the mapping closes once no tensor views it
             self.initialized = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -228,9 +231,23 @@ class MMReplayStorage(TensorStorage):
 
     # --- TorchRL's storage interface ---------------------------------------------------
 
+    def _open_store(self) -> Store | None:
+        """The store while it holds rows: None before the first write and after close."""
+        store = self.__dict__.get("store")
+        return None if store is None or store.closed else store
+
+    def get(self, index: Any) -> Any:
+        """TorchRL's read, over what the writer committed last (for a reader); after
+        :meth:`close`, a ClosedError naming the folder."""
+        if self.store is not None:
+            self.store.check_open()
+            if self.store.mode == "r":
+                self.store.refresh()
+        return super().get(index)
+
     @property
     def _len(self) -> int:
-        store = self.__dict__.get("store")
+        store = self._open_store()
         if store is None:
             return 0
         if store.mode == "r":
@@ -245,12 +262,12 @@ class MMReplayStorage(TensorStorage):
     @property
     def _len_along_dim0(self) -> int:
         """Slots written since the start (or the last empty): what ``get`` and ``shape`` index."""
-        store = self.__dict__.get("store")
+        store = self._open_store()
         return 0 if store is None else min(store.total_steps - self._origin, store.capacity)
 
     @property
     def _is_full(self) -> bool:
-        store = self.__dict__.get("store")
+        store = self._open_store()
         return store is not None and store.total_steps - self._origin >= store.capacity
 
     def _rand_given_ndim(self, batch_size: int) -> Any:
