@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -464,6 +465,27 @@ def test_pickle_names_the_folder_and_stays_small_for_any_size(tmp_path):
     restored.close()
 
 
+def test_a_manifest_whose_folder_is_gone_is_refused_and_nothing_is_made(tmp_path):
+    rb = ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu", path=tmp_path / "buf")
+    _add_both(sb3_buffers.ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu"), rb, 4, seed=0)
+    blob = pickle.dumps(rb)
+    rb.close()
+    os.rename(tmp_path / "buf", tmp_path / "moved")  # the run folder moved, or another machine
+    with pytest.raises(mr.NotABufferError, match="buf"):
+        pickle.loads(blob)  # not an empty buffer that SB3 would train on
+    assert sorted(os.listdir(tmp_path)) == ["moved"]
+
+
+def test_a_manifest_over_a_folder_of_other_spaces_is_refused(tmp_path):
+    rb = ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu", path=tmp_path / "buf")
+    blob = pickle.dumps(rb)
+    rb.close()
+    shutil.rmtree(tmp_path / "buf")  # the folder made again for Discrete(4) actions: the same leaves
+    ReplayBuffer(10, BOX, spaces.Discrete(4), "cpu", path=tmp_path / "buf").close()
+    with pytest.raises(mr.SpecMismatchError, match="Discrete"):
+        pickle.loads(blob)
+
+
 def test_a_prioritized_sample_follows_the_priorities_sent_back(tmp_path):
     rb = ReplayBuffer(
         100, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf", sampler="prioritized", alpha=1.0
@@ -622,8 +644,6 @@ def test_seeded_dqn_runs_train_the_same_weights_as_with_sb3s_buffer(tmp_path):
 
 
 def test_two_runs_resumed_from_the_same_folder_and_seed_train_the_same_weights(tmp_path):
-    import shutil
-
     from stable_baselines3 import DQN
 
     model = _dqn(tmp_path, "buf", ReplayBuffer)

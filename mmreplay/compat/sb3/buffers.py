@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
 from ...creation import create
-from ...errors import BadInputError, NotEnoughDataError, SpecMismatchError
+from ...errors import BadInputError, NotABufferError, NotEnoughDataError, SpecMismatchError
 from ...frames_layout import Frames, commit_slots
 from ...metadata import METADATA_FILE, read_static
 from ...read import SampleRequest
@@ -442,8 +442,12 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         self.__dict__.setdefault("_filled", False)  # a manifest written before SB3's full could be set
         self._step_layout()
         self.store, self._rng, self.last_info = None, None, None
+        if not os.path.exists(os.path.join(path, METADATA_FILE)):  # not an empty buffer made in its place
+            raise NotABufferError(f"{path}: the replay buffer folder this manifest names is gone")
         self._take_over(path)
-        self._attach(self._create(path))
+        store = self._create(path)
+        self._check_spaces(store)
+        self._attach(store)
 
 
 class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
