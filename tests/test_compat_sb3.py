@@ -465,6 +465,43 @@ def test_pickle_names_the_folder_and_stays_small_for_any_size(tmp_path):
     restored.close()
 
 
+def test_a_manifest_loaded_in_the_process_that_saved_it_goes_on_with_its_episodes(tmp_path):
+    """As SB3's ``load_replay_buffer`` mid-run: the episodes the envs are in go on, no time
+    limit is marked where the manifest was saved (a false episode end in the batches)."""
+    theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 2, handle_timeout=False)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        obs, nxt, action, reward, _, infos = _random_step(rng, BOX, spaces.Discrete(3), 2)
+        theirs.add(obs, nxt, action, reward, np.zeros(2, bool), [{}, {}])
+        ours.add(obs, nxt, action, reward, np.zeros(2, bool), [{}, {}])
+    ours = pickle.loads(pickle.dumps(ours))
+    _add_both(theirs, ours, 3, seed=1)
+    np.testing.assert_array_equal(ours.dones, theirs.dones)
+    np.random.seed(0)
+    expected = theirs._get_samples(np.arange(7))
+    np.random.seed(0)
+    _assert_same(expected, ours._get_samples(np.arange(7)))
+    ours.close()
+
+
+def test_a_temporary_buffer_loaded_in_the_process_that_saved_it_keeps_its_folder(tmp_path):
+    import gc
+
+    rb = ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu")
+    _add_both(sb3_buffers.ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu"), rb, 4, seed=0)
+    with pytest.warns(UserWarning, match="temporary folder"):
+        blob = pickle.dumps(rb)
+    loaded = pickle.loads(blob)
+    folder = os.path.dirname(loaded.store.path)
+    del rb  # as load_replay_buffer drops the buffer it replaces
+    gc.collect()
+    _add_both(sb3_buffers.ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu"), loaded, 2, seed=1)
+    loaded.store.commit()
+    assert loaded.size() == 6
+    loaded.close()
+    assert not os.path.exists(folder)  # removed with the buffer that holds it now
+
+
 def test_a_manifest_whose_folder_is_gone_is_refused_and_nothing_is_made(tmp_path):
     rb = ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu", path=tmp_path / "buf")
     _add_both(sb3_buffers.ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu"), rb, 4, seed=0)
