@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -464,6 +465,64 @@ def test_pickle_names_the_folder_and_stays_small_for_any_size(tmp_path):
     restored.close()
 
 
+def test_a_manifest_loaded_in_the_process_that_saved_it_goes_on_with_its_episodes(tmp_path):
+    """As SB3's ``load_replay_buffer`` mid-run: the episodes the envs are in go on, no time
+    limit is marked where the manifest was saved (a false episode end in the batches)."""
+    theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 2, handle_timeout=False)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        obs, nxt, action, reward, _, infos = _random_step(rng, BOX, spaces.Discrete(3), 2)
+        theirs.add(obs, nxt, action, reward, np.zeros(2, bool), [{}, {}])
+        ours.add(obs, nxt, action, reward, np.zeros(2, bool), [{}, {}])
+    ours = pickle.loads(pickle.dumps(ours))
+    _add_both(theirs, ours, 3, seed=1)
+    np.testing.assert_array_equal(ours.dones, theirs.dones)
+    np.random.seed(0)
+    expected = theirs._get_samples(np.arange(7))
+    np.random.seed(0)
+    _assert_same(expected, ours._get_samples(np.arange(7)))
+    ours.close()
+
+
+def test_a_temporary_buffer_loaded_in_the_process_that_saved_it_keeps_its_folder(tmp_path):
+    import gc
+
+    rb = ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu")
+    _add_both(sb3_buffers.ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu"), rb, 4, seed=0)
+    with pytest.warns(UserWarning, match="temporary folder"):
+        blob = pickle.dumps(rb)
+    loaded = pickle.loads(blob)
+    folder = os.path.dirname(loaded.store.path)
+    del rb  # as load_replay_buffer drops the buffer it replaces
+    gc.collect()
+    _add_both(sb3_buffers.ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu"), loaded, 2, seed=1)
+    loaded.store.commit()
+    assert loaded.size() == 6
+    loaded.close()
+    assert not os.path.exists(folder)  # removed with the buffer that holds it now
+
+
+def test_a_manifest_whose_folder_is_gone_is_refused_and_nothing_is_made(tmp_path):
+    rb = ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu", path=tmp_path / "buf")
+    _add_both(sb3_buffers.ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu"), rb, 4, seed=0)
+    blob = pickle.dumps(rb)
+    rb.close()
+    os.rename(tmp_path / "buf", tmp_path / "moved")  # the run folder moved, or another machine
+    with pytest.raises(mr.NotABufferError, match="buf"):
+        pickle.loads(blob)  # not an empty buffer that SB3 would train on
+    assert sorted(os.listdir(tmp_path)) == ["moved"]
+
+
+def test_a_manifest_over_a_folder_of_other_spaces_is_refused(tmp_path):
+    rb = ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu", path=tmp_path / "buf")
+    blob = pickle.dumps(rb)
+    rb.close()
+    shutil.rmtree(tmp_path / "buf")  # the folder made again for Discrete(4) actions: the same leaves
+    ReplayBuffer(10, BOX, spaces.Discrete(4), "cpu", path=tmp_path / "buf").close()
+    with pytest.raises(mr.SpecMismatchError, match="Discrete"):
+        pickle.loads(blob)
+
+
 def test_a_prioritized_sample_follows_the_priorities_sent_back(tmp_path):
     rb = ReplayBuffer(
         100, BOX, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "buf", sampler="prioritized", alpha=1.0
@@ -622,8 +681,6 @@ def test_seeded_dqn_runs_train_the_same_weights_as_with_sb3s_buffer(tmp_path):
 
 
 def test_two_runs_resumed_from_the_same_folder_and_seed_train_the_same_weights(tmp_path):
-    import shutil
-
     from stable_baselines3 import DQN
 
     model = _dqn(tmp_path, "buf", ReplayBuffer)

@@ -287,6 +287,25 @@ def test_truncating_the_last_trajectory_mid_run_ends_the_episodes_sb3_ends(tmp_p
     ours.close()
 
 
+def test_a_manifest_loaded_without_truncating_goes_on_with_the_episodes_as_sb3s(tmp_path):
+    """``load_replay_buffer(..., truncate_last_traj=False)`` in the process that saved it,
+    mid-episode: the episodes go on, as in SB3's buffer."""
+    theirs, ours = _her_pair(tmp_path, 2, size=40, strategy="future")
+    steps = GoalSteps(2, seed=3, limit=30)
+    for _ in range(9):
+        step = steps()
+        theirs.add(*step)
+        ours.add(*step)
+    ours = pickle.loads(pickle.dumps(ours))
+    ours.set_env(_vec_env(2))
+    for _ in range(12):
+        step = steps()
+        theirs.add(*step)
+        ours.add(*step)
+    _assert_same_draws(theirs, ours)
+    ours.close()
+
+
 def _spaces(n_envs: int):
     env = _vec_env(n_envs)
     return env.observation_space, env.action_space

@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
 from ...creation import create
-from ...errors import BadInputError, NotEnoughDataError, SpecMismatchError
+from ...errors import BadInputError, NotABufferError, NotEnoughDataError, SpecMismatchError
 from ...frames_layout import Frames, commit_slots
 from ...metadata import METADATA_FILE, read_static
 from ...read import SampleRequest
@@ -43,6 +43,11 @@ _open_buffers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictiona
 
 #: what ReplayBuffer._step_layout() sets: not pickled, rebuilt when a manifest is loaded
 _LAYOUT = ("_obs_step_shape", "_obs_keys", "_action_shape", "_reward_shape", "_no_ends", "_no_ends_bytes")
+
+#: what a buffer handing its open store to a loaded manifest must share with it
+_SAME_LAYOUT = (
+    "buffer_size", "n_envs", "optimize_memory_usage", "_frame_stack", "_frame_pad", "observation_space", "action_space",
+)
 
 _BOOL, _FLOAT32, _FLOAT64 = np.dtype(bool), np.dtype(np.float32), np.dtype(np.float64)
 
@@ -191,12 +196,24 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             )
             raise SpecMismatchError(f"{store.path}: a replay buffer of other spaces exists there ({diffs})")
 
-    def _take_over(self, folder: str) -> None:
-        """Close the buffer of this process that holds ``folder`` (committing it)."""
+    def _take_over(self, folder: str, keep: bool = False) -> Store | None:
+        """Take ``folder`` from the buffer of this process that holds it. With ``keep`` (a
+        manifest loaded) and the same layout: its open store, whose envs go on with their
+        episodes as in SB3's buffer, and its temporary folder, now removed with this
+        buffer. Else it is closed (committing it), to be reopened."""
         other = _open_buffers.get(folder)
-        if other is not None and other is not self and other.store is not None:
-            other.store.close()
-            other.store = None
+        if other is None or other is self or other.store is None:
+            return None
+        store, other.store = other.store, None
+        if keep and all(getattr(other, k) == getattr(self, k) for k in _SAME_LAYOUT):
+            temp = getattr(other, "_temp", None)
+            if temp is not None:
+                other._cleanup.detach()
+                other._temp = other._cleanup = None
+                self._temp, self._cleanup = temp, weakref.finalize(self, temp.remove)
+            return store
+        store.close()
+        return None
 
     def _attach(self, store: Store) -> None:
         self.store = store
@@ -442,8 +459,11 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
         self.__dict__.setdefault("_filled", False)  # a manifest written before SB3's full could be set
         self._step_layout()
         self.store, self._rng, self.last_info = None, None, None
-        self._take_over(path)
-        self._attach(self._create(path))
+        if not os.path.exists(os.path.join(path, METADATA_FILE)):  # not an empty buffer made in its place
+            raise NotABufferError(f"{path}: the replay buffer folder this manifest names is gone")
+        store = self._take_over(path, keep=True) or self._create(path)
+        self._check_spaces(store)
+        self._attach(store)
 
 
 class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
