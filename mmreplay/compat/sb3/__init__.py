@@ -8,8 +8,9 @@ SB3 index ``i`` is store slot ``(origin + i) % buffer_size``: ``pos`` and ``full
 from the store's step count and the origin, a store attribute that ``reset()`` moves.
 """
 
-from .buffers import MANIFEST_KIND, DictReplayBuffer, ReplayBuffer
+from .buffers import DictReplayBuffer, ReplayBuffer
 from .her import HerReplayBuffer
+from .manifest import MANIFEST_KIND
 from .nstep import NStepReplayBuffer
 
 __all__ = ["ReplayBuffer", "DictReplayBuffer", "NStepReplayBuffer", "HerReplayBuffer", "MANIFEST_KIND"]

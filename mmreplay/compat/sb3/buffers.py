@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
-import weakref
 from typing import Any
 
 import numpy as np
@@ -20,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - stable-baselines3 is an install
     raise ImportError("mmreplay.compat.sb3 needs stable-baselines3: pip install 'mmreplay[sb3]'") from exc
 
 from ...creation import create
-from ...errors import BadInputError, NotABufferError, NotEnoughDataError, SpecMismatchError
+from ...errors import BadInputError, NotEnoughDataError, SpecMismatchError
 from ...frames_layout import Frames, commit_slots
 from ...metadata import METADATA_FILE, read_static
 from ...read import SampleRequest
@@ -28,26 +26,12 @@ from ...read import sample as sample_store
 from ...spec import ArraySpec, unflatten
 from ...store import DEFAULT_COMMIT_EVERY, Store
 from .._shared import StoreShell, read_origin, temporary, write_origin
+from .manifest import Manifested
 
-__all__ = ["ReplayBuffer", "DictReplayBuffer", "MANIFEST_KIND"]
+__all__ = ["ReplayBuffer", "DictReplayBuffer"]
 
 #: the store attribute recording the spaces a buffer was made for
 SPACES_ATTR = "sb3_spaces"
-
-#: ``kind`` of the manifest that pickling a buffer writes
-MANIFEST_KIND = "mmreplay.compat.sb3"
-
-# the open buffer of each folder in this process, so a manifest loaded in the process
-# that saved it takes the folder (and its writer lock) over from that buffer
-_open_buffers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-
-#: what ReplayBuffer._step_layout() sets: not pickled, rebuilt when a manifest is loaded
-_LAYOUT = ("_obs_step_shape", "_obs_keys", "_action_shape", "_reward_shape", "_no_ends", "_no_ends_bytes")
-
-#: what a buffer handing its open store to a loaded manifest must share with it
-_SAME_LAYOUT = (
-    "buffer_size", "n_envs", "optimize_memory_usage", "_frame_stack", "_frame_pad", "observation_space", "action_space",
-)
 
 _BOOL, _FLOAT32, _FLOAT64 = np.dtype(bool), np.dtype(np.float32), np.dtype(np.float64)
 
@@ -61,7 +45,7 @@ def _as_leaf(value: Any, dtype: np.dtype, shape: tuple[int, ...], also: np.dtype
     return np.asarray(value, dtype).reshape(shape)
 
 
-class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
+class ReplayBuffer(Manifested, StoreShell, sb3_buffers.ReplayBuffer):
     """SB3's ``ReplayBuffer`` over a store in the folder ``path``; ``close()`` commits and
     releases it (it is also a context manager).
 
@@ -196,30 +180,11 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
             )
             raise SpecMismatchError(f"{store.path}: a replay buffer of other spaces exists there ({diffs})")
 
-    def _take_over(self, folder: str, keep: bool = False) -> Store | None:
-        """Take ``folder`` from the buffer of this process that holds it. With ``keep`` (a
-        manifest loaded) and the same layout: its open store, whose envs go on with their
-        episodes as in SB3's buffer, and its temporary folder, now removed with this
-        buffer. Else it is closed (committing it), to be reopened."""
-        other = _open_buffers.get(folder)
-        if other is None or other is self or other.store is None:
-            return None
-        store, other.store = other.store, None
-        if keep and all(getattr(other, k) == getattr(self, k) for k in _SAME_LAYOUT):
-            temp = getattr(other, "_temp", None)
-            if temp is not None:
-                other._cleanup.detach()
-                other._temp = other._cleanup = None
-                self._temp, self._cleanup = temp, weakref.finalize(self, temp.remove)
-            return store
-        store.close()
-        return None
-
     def _attach(self, store: Store) -> None:
         self.store = store
         self._origin = read_origin(store)
         self._leaves = store.leaf_paths
-        _open_buffers[store.path] = self
+        self._register(store)
         self._count_retained()
 
     def _live(self) -> Store:
@@ -428,43 +393,6 @@ class ReplayBuffer(StoreShell, sb3_buffers.ReplayBuffer):
     def timeouts(self) -> np.ndarray:  # type: ignore[override]
         """SB3's ``timeouts``: 1.0 where it ended by a time limit, if handled (a copy)."""
         return self._column("truncated").astype(np.float32) * self.handle_timeout_termination
-
-    # --- pickling: a manifest naming the folder -----------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Commit, then describe the buffer without its rows: what ``save_replay_buffer`` writes."""
-        store = self._live()
-        store.commit()
-        if getattr(self, "_temp", None) is not None:
-            warnings.warn(
-                f"{store.path}: this replay buffer lives in a temporary folder removed with it, so the saved "
-                "manifest names a folder that will be gone; pass replay_buffer_kwargs={'path': ...} to keep it",
-                stacklevel=2,
-            )
-        skip = ("store", "_temp", "_cleanup", "_leaves", "_rng", "last_info", *_LAYOUT)
-        state = {k: v for k, v in self.__dict__.items() if k not in skip}
-        state["kind"] = MANIFEST_KIND
-        state["path"] = store.path
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Reopen the folder a manifest names (taking it over from this process's buffer), as
-        it is now: not a snapshot of when it was saved."""
-        if state.get("kind") != MANIFEST_KIND:
-            raise BadInputError(f"expected a manifest of kind {MANIFEST_KIND!r}, got {state.get('kind')!r}")
-        state = dict(state)
-        path = state.pop("path")
-        del state["kind"]
-        self.__dict__.update(state)
-        self.__dict__.setdefault("_filled", False)  # a manifest written before SB3's full could be set
-        self._step_layout()
-        self.store, self._rng, self.last_info = None, None, None
-        if not os.path.exists(os.path.join(path, METADATA_FILE)):  # not an empty buffer made in its place
-            raise NotABufferError(f"{path}: the replay buffer folder this manifest names is gone")
-        store = self._take_over(path, keep=True) or self._create(path)
-        self._check_spaces(store)
-        self._attach(store)
-
 
 class DictReplayBuffer(ReplayBuffer, sb3_buffers.DictReplayBuffer):
     """SB3's ``DictReplayBuffer`` (``Dict`` observation spaces) over a store; see :class:`ReplayBuffer`."""
