@@ -92,6 +92,30 @@ def test_a_resumed_writer_ends_the_episodes_left_open(tmp_path, layout, ending, 
         assert np.flatnonzero(f["timeouts"][:]).tolist() == [5, 6, 12, 13]
 
 
+def test_a_reader_that_asked_before_the_first_commit_sees_the_resumed_writers_ends(tmp_path):
+    """The episode index file appears at the first commit: a reader that asked for
+    episodes before it must still follow the file, which records the ends a resumed
+    writer marks on committed steps."""
+    path = str(tmp_path / "b")
+    with mr.create(path, SPEC, 50, num_envs=2) as store, mr.open(path) as reader:
+        assert spans(reader) == []  # asked while the store is empty
+        store.extend(steps(0, 6, {2: [0]}))
+        store.commit()
+        reader.refresh()
+        assert spans(reader) == LEFT
+        store.close()
+        done = subprocess.run(  # a writer that resumes in another process
+            [sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r}); import mmreplay as mr; "
+             f"from test_resume_episodes import steps; w = mr.open({path!r}, 'a'); "
+             "w.add({k: v[0] for k, v in steps(6, 1).items()}); w.close()"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert reader.refresh()
+        assert reader.get(5)["truncated"].tolist() == [True, True]
+        assert spans(reader) == RESUMED
+
+
 def test_a_writer_that_writes_nothing_changes_nothing(tmp_path):
     with mr.create(tmp_path / "b", SPEC, 50, num_envs=2) as store:
         store.extend(steps(0, 4))

@@ -52,6 +52,29 @@ def test_writer_reads_its_first_step_before_any_commit(tmp_path, layout):
         assert store.committed_steps == 0  # nothing above committed anything
 
 
+@pytest.mark.parametrize("layout", WITH_ROWS, ids=WITH_ROWS_IDS)
+def test_a_second_reader_in_one_process_sees_the_commits_made_since_the_first_opened(tmp_path, layout):
+    """Two readers of one store in one process (HDF5 shares the open file between them):
+    the one opened later reads the steps committed since, not the older one's view,
+    also where a rewritten chunk moved in the file (rows that compress worse)."""
+    backend, compression = layout
+    path = tmp_path / "b"
+    with mr.create(path, SPEC, 20, num_envs=2, backend=backend, compression=compression) as store:
+        for t in range(7):
+            store.add(step(t))
+    late = np.random.default_rng(0).integers(1 << 62, size=(6, 2))
+    with mr.open(path) as first:
+        assert first.get(-1)["x"].tolist() == [600, 601]
+        run_python(f"""
+            import numpy as np, mmreplay as mr
+            with mr.open({str(path)!r}, "a") as store:
+                store.extend({{"x": np.array({late.tolist()}), "terminated": np.zeros((6, 2), bool)}})
+            """)
+        with mr.open(path) as second:
+            assert second.get(slice(7, None))["x"].tolist() == late.tolist()
+        assert first.refresh() and first.get(slice(7, None))["x"].tolist() == late.tolist()
+
+
 def test_reader_process_sees_only_the_committed_prefix(tmp_path):
     path = tmp_path / "b"
     with mr.create(path, SPEC, 100, num_envs=2) as store:

@@ -371,6 +371,10 @@ class H5Chunks:
         self.slots: dict[int, int | None] = {}
         self.ready: dict[int, tuple[int, bytes]] = {}  # encoded, stored by the group's flush
         self.stored = False  # a chunk was stored since the last commit
+        # HDF5 shares one open file among a process's handles of it: a reader opened
+        # after another starts from that one's chunk index, which may be older than
+        # the commits it reads (a chunk that grew was since moved)
+        self.refresh()
 
     @property
     def codec(self) -> Codec:

@@ -253,7 +253,12 @@ class EpisodeIndex:
                 self._open_writer(state.end, store.first_step)
             self.synced = state
             return
-        if self.scan_mode:
+        if self.scan_mode and self.source.exists(INDEX_FILE):
+            # a writer's first commit made the file since: it alone records the ends a
+            # writer rewrites (set, a resume's marks), which scanning new steps misses
+            self.scan_mode = False
+            self._reload(store)
+        elif self.scan_mode:
             self._scan_up_to(store)
         else:
             self._read_new(store)
