@@ -5,7 +5,6 @@ maps to the store's leaves by key path, and back by the layout kept in its attri
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from typing import Any
@@ -24,16 +23,14 @@ from ...metadata import METADATA_FILE
 from ...spec import ArraySpec, unflatten
 from ...store import Store
 from ...store import open as open_store
-from ...values import StepValidator
 from .._shared import lenient_roles, read_origin, write_origin
+from .checkpoint import Checkpoints, first_leaf
 
 __all__ = ["MMReplayStorage"]
 
 #: store attribute saying how rows fold back into what was written: ``{"tree": <a torch
 #: pytree spec's JSON>}`` or ``{"batch_dims": <TensorDict batch dims past the storage's>}``
 LAYOUT_ATTR = "torchrl_layout"
-#: store attribute holding ``total_steps`` when the store was dumped into its own folder
-DUMPED_ATTR = "torchrl_dumped_steps"
 
 
 def _part(key: Any) -> str:
@@ -71,10 +68,6 @@ def _path(parts: tuple[str, ...]) -> str:
     return "/".join(parts)
 
 
-def _first_leaf(data: Any) -> Any:
-    return data if is_tensor_collection(data) or isinstance(data, torch.Tensor) else pytree.tree_leaves(data)[0]
-
-
 def _stack(items: list[Any]) -> Any:
     """A list of single elements as one batch, as TorchRL's storages take it."""
     try:
@@ -91,7 +84,7 @@ def steps_of(store: Store, slots: np.ndarray) -> np.ndarray:
     return end - 1 - ((end - 1 - slots) % store.capacity)
 
 
-class MMReplayStorage(TensorStorage):
+class MMReplayStorage(Checkpoints, TensorStorage):
     """A TorchRL storage over the store at ``path``, created from the first data written:
     TensorDicts, tensorclasses, plain tensors or pytrees of tensors, as TorchRL's hold.
 
@@ -173,7 +166,7 @@ class MMReplayStorage(TensorStorage):
 
     def _create_store(self, data: Any, batched: bool) -> None:
         lead = 1 if batched else 0
-        num_envs = int(_first_leaf(data).shape[lead]) if self.ndim == 2 else 1
+        num_envs = int(first_leaf(data).shape[lead]) if self.ndim == 2 else 1
         capacity = self.max_size // num_envs
         if capacity < 1 or capacity * num_envs != self.max_size:
             raise BadInputError(f"{self.path}: max_size {self.max_size} is not a multiple of {num_envs} envs")
@@ -382,86 +375,6 @@ class MMReplayStorage(TensorStorage):
             write_origin(self.store, self._origin)
         self.__dict__.pop("_rephase", None)
         self._bump_mutation_revision()
-
-    # --- checkpoints: a load replaces the store's rows, committed, or refuses ---------------
-
-    def _load(self, rows: Any, length: int) -> None:
-        """Make the store hold ``rows`` (a TorchRL storage's data, ``length`` elements
-        written from slot 0) and nothing else; checked before anything changes."""
-        steps = 0
-        if rows is not None and length:
-            lead = _first_leaf(rows).shape
-            per_step = lead[1] if self.ndim == 2 else 1
-            if lead[0] * per_step != self.max_size:
-                raise BadInputError(
-                    f"{self.path}: the state holds a storage of shape {list(lead[: self.ndim])}, "
-                    f"this one has max_size {self.max_size} (ndim={self.ndim})"
-                )
-            steps = -(-int(length) // per_step)
-            rows = rows[:steps] if is_tensor_collection(rows) else pytree.tree_map(lambda x: x[:steps], rows)
-            if self.store is not None:
-                StepValidator(self.store.spec, self.store.num_envs).batch(self._values(rows, False))
-        self._empty()
-        if steps:
-            self.set(torch.arange(steps), rows)
-            self._rephase = steps == self.store.capacity
-        self.commit()
-
-    def state_dict(self) -> dict[str, Any]:
-        """TorchRL's storage state: views of the rows (saving it copies them), and the length."""
-        self.commit()
-        rows = self._storage
-        if rows is not None and not isinstance(rows, torch.Tensor):
-            if not is_tensor_collection(rows):
-                raise TypeError(f"{self.path}: a storage of pytrees has no state_dict; use dumps/loads")
-            rows = rows.state_dict()
-        return {"_storage": {} if rows is None else rows, "initialized": self.store is not None, "_len": len(self)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a TorchRL storage's state (this one's or another's) into the store."""
-        if "_storage" not in state_dict:
-            raise BadInputError(f"{self.path}: not a TorchRL storage state: keys {sorted(state_dict)}")
-        rows = state_dict["_storage"]
-        if isinstance(rows, dict):
-            rows = TensorDict().load_state_dict(rows, strict=False) if rows else None
-        self._load(rows if state_dict["initialized"] else None, state_dict["_len"])
-
-    def dumps(self, path: Any) -> None:
-        """Commit, and copy every row to ``path`` in TorchRL's checkpoint layout (which any
-        TorchRL storage loads); into the store's own folder, commit and note the step count."""
-        self.commit()
-        if os.path.realpath(path) != os.path.realpath(self.path):
-            super().dumps(path)
-        elif self._writes_here():
-            self.store.set_attrs(**{DUMPED_ATTR: self.store.total_steps})
-
-    def loads(self, path: Any) -> None:
-        """Load a TorchRL storage checkpoint (:meth:`dumps`', or another storage's) into
-        the store; its own folder loads only while it holds what was dumped there."""
-        if os.path.realpath(path) == os.path.realpath(self.path):
-            then, now = self.store and self.store.attrs.get(DUMPED_ATTR), self.store and self.store.total_steps
-            if then is None or then != now:
-                raise BadInputError(
-                    f"{self.path}: the store has moved on since it was dumped here ({then} steps then, {now} "
-                    "now) and keeps no older rows: reopen the folder, without loads, to resume from its newest"
-                )
-            return self.commit()
-        try:
-            with open(os.path.join(path, "storage_metadata.json")) as file:
-                meta = json.load(file)
-        except FileNotFoundError:
-            raise BadInputError(f"{path}: not a TorchRL storage checkpoint (no storage_metadata.json)") from None
-        if meta["is_pytree"]:
-            if self.store is None:
-                raise RuntimeError(f"{self.path}: Cannot fill a non-initialized pytree-based TensorStorage")
-            scratch = TensorStorage(pytree.tree_map(torch.empty_like, self._storage))
-            self.checkpointer.loads(scratch, path)  # TorchRL's reader, into RAM
-            rows = scratch._storage
-        else:
-            rows = TensorDict.load_memmap(path)  # mapped, not read into RAM
-            for hook in self.checkpointer._load_hooks:
-                rows = hook(rows, out=None)
-        self._load(rows, meta["len"])
 
     def __repr__(self) -> str:
         return f"MMReplayStorage({self.path!r}, max_size={self.max_size}, ndim={self.ndim}, len={len(self)})"
