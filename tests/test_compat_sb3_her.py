@@ -73,6 +73,14 @@ def _her_pair(
     return theirs, ours
 
 
+def _add_both(theirs, ours, steps, n):
+    """The next ``n`` steps of ``steps``, added to both buffers."""
+    for _ in range(n):
+        step = steps()
+        theirs.add(*step)
+        ours.add(*step)
+
+
 def _assert_same_draws(theirs, ours) -> None:
     """SB3's episode arrays, and its batch for the same ``np.random`` seed."""
     _assert_same_episodes(theirs, ours)
@@ -132,10 +140,7 @@ def test_her_ratio_timeouts_and_draws_are_sb3s(tmp_path, n_sampled_goal):
         tmp_path, 2, size=40, n_sampled_goal=n_sampled_goal, handle_timeout_termination=False
     )
     steps = GoalSteps(2, seed=1)
-    for _ in range(50):
-        step = steps()
-        theirs.add(*step)
-        ours.add(*step)
+    _add_both(theirs, ours, steps, 50)
     assert ours.her_ratio == theirs.her_ratio
     np.random.seed(3)
     expected, after = theirs.sample(33), np.random.rand()
@@ -244,10 +249,7 @@ def test_a_reopened_folder_draws_the_episodes_left_open_before_its_first_add(tmp
     add) draws them as SB3 does."""
     theirs, ours = _her_pair(tmp_path, 2, size=40, strategy="episode")
     steps = GoalSteps(2, seed=7, limit=30)
-    for _ in range(9):
-        step = steps()
-        theirs.add(*step)
-        ours.add(*step)
+    _add_both(theirs, ours, steps, 9)
     ours.close()
     ours = HerReplayBuffer(
         40,
@@ -292,16 +294,10 @@ def test_a_manifest_loaded_without_truncating_goes_on_with_the_episodes_as_sb3s(
     mid-episode: the episodes go on, as in SB3's buffer."""
     theirs, ours = _her_pair(tmp_path, 2, size=40, strategy="future")
     steps = GoalSteps(2, seed=3, limit=30)
-    for _ in range(9):
-        step = steps()
-        theirs.add(*step)
-        ours.add(*step)
+    _add_both(theirs, ours, steps, 9)
     ours = pickle.loads(pickle.dumps(ours))
     ours.set_env(_vec_env(2))
-    for _ in range(12):
-        step = steps()
-        theirs.add(*step)
-        ours.add(*step)
+    _add_both(theirs, ours, steps, 12)
     _assert_same_draws(theirs, ours)
     ours.close()
 
