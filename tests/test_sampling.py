@@ -268,6 +268,19 @@ def test_within_episodes_never_crosses_an_end(tmp_path, layout):
             store.sample(1, num_steps=8, within_episodes=True)
 
 
+def test_within_episodes_draws_only_inside_a_narrower_window(tmp_path):
+    # env 0 ends at 2 and 5: episodes [0..2], [3..5], [6..9]; window (4, 8) cuts the first two
+    with make(tmp_path, 12, 1, 10, ends={(2, 0), (5, 0)}) as store:
+        batch, info = store.sample(
+            500, num_steps=2, within_episodes=True, window=(4, 8), rng=0, return_info=True
+        )
+        assert set(info.step.tolist()) == {4, 6}  # [4, 5] and [6, 7]: every 2-step start in both
+        check_rows(batch, info.step[:, None] + np.arange(2), np.repeat(info.env[:, None], 2, 1))
+        np.testing.assert_allclose(info.probability, 1 / 2)
+        _, info = store.sample(200, within_episodes=True, window=(4, 8), rng=1, return_info=True)
+        assert set(info.step.tolist()) == {4, 5, 6, 7}
+
+
 # --- uniformity -----------------------------------------------------------------------
 
 

@@ -27,22 +27,25 @@ class UniformSampler(Sampler):
     def draw(self, window: Window, request: SampleRequest, size: int, steps: int, rng: Generator) -> Draw:
         if not self._within(request):
             return draw_uniform(window, size, steps, request.replacement, rng)
-        s = self._spans()  # they cover the same window
-        return draw_in_spans(s.env, s.first, s.length, window, size, steps, request.replacement, rng)
+        return draw_in_spans(*self._spans(window), window, size, steps, request.replacement, rng)
 
     def mass(self, window: Window, request: SampleRequest, steps: int) -> Mass:
         if not self._within(request):
             return super().mass(window, request, steps)
-        count = int(np.maximum(self._spans().length - steps + 1, 0).sum())
+        count = int(np.maximum(self._spans(window)[2] - steps + 1, 0).sum())
         return Mass(float(count), 1.0 if count else np.inf)
 
     def _within(self, request: SampleRequest) -> bool:
         return self.within_episodes if request.within_episodes is None else request.within_episodes
 
-    def _spans(self) -> Any:
+    def _spans(self, window: Window) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each episode's env, first step and length inside ``window``: the spans cover
+        the store's window, a caller's may be narrower."""
         from ..episodes import index_for
 
-        return index_for(self.store).spans(self.store)
+        spans = index_for(self.store).spans(self.store)
+        first = np.maximum(spans.first, window.first)
+        return spans.env, first, np.maximum(np.minimum(spans.last, window.end - 1) - first + 1, 0)
 
 
 class SliceSampler(UniformSampler):
