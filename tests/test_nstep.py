@@ -6,12 +6,14 @@ every leaf."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -192,6 +194,21 @@ def test_every_sampler(tmp_path):
         )
         step = info.step[:, None] + np.arange(5)
         check(store, batch, step, np.broadcast_to(info.env[:, None], step.shape), n, gamma)
+
+
+def test_transforms_made_afresh_for_each_batch_are_not_kept(tmp_path):
+    """A reward_map made per batch (a lambda over the current scale) makes each call's
+    transform a new one: the store must not keep them all."""
+    with make(tmp_path, 20, 1, 10) as store:
+        made = []
+        for scale in range(50):
+            nstep = mr.NStep(3, 0.9, reward_map=lambda r, scale=scale: r * scale)
+            batch, info = store.sample(8, rng=scale, transform=nstep, return_info=True)
+            made.append(weakref.ref(nstep))
+            del nstep
+        check(store, {**batch, "reward": batch["reward"] / 49}, info.step, info.env, 3, 0.9)
+        gc.collect()
+        assert sum(ref() is not None for ref in made) <= 10
 
 
 def test_each_shard_of_a_group_keeps_its_own_episodes(tmp_path):

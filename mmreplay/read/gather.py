@@ -44,6 +44,9 @@ __all__ = [
 ]
 
 MAX_RESAMPLES = 16
+#: transforms whose batch packers a reader keeps (a transform made per batch, with a new
+#: reward_map each time, is a new one)
+MAX_PACKERS = 8
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ class Reader(PageCache):
                 pack = lambda leaves: {k: leaves[k] for k in keys}  # noqa: E731
             else:
                 pack = lambda leaves: unflatten(spec, [leaves[p] for p in paths])  # noqa: E731
+            if len(self.packers) >= MAX_PACKERS:  # transforms made afresh per batch must not pile up
+                del self.packers[next(iter(self.packers))]
             self.packers[transform] = pack
         return pack
 
