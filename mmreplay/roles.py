@@ -71,12 +71,16 @@ def subtree(spec: Any, path: str) -> Any:
 def validate_roles(spec: Any, roles: Mapping[str, str] | None) -> dict[str, str]:
     """Inferred roles overridden by the given ones, each checked against the spec."""
     out = infer_roles(spec)
+    if roles is not None and not isinstance(roles, Mapping):
+        raise SpecError(f"roles must map a role to a leaf path, e.g. {{'reward': 'r'}}; got {roles!r:.80}")
     for role, path in (roles or {}).items():
         if role not in ROLES:
             raise SpecError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
         if path is None:
             out.pop(role, None)
             continue
+        if not isinstance(path, str):
+            raise SpecError(f"role {role!r} must name a leaf path (a string) or None, got {path!r:.80}")
         out[role] = path
     for role, path in out.items():
         try:
