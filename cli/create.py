@@ -48,7 +48,10 @@ def _plain_spec(obj: Any, where: str) -> Any:
     if isinstance(obj, dict):
         if not obj:
             raise SpecError(f"{where}: the spec is empty")
-        return {str(k): _plain_spec(v, f"{where}/{k}") for k, v in obj.items()}
+        bad = [k for k in obj if not isinstance(k, str)]
+        if bad:  # YAML reads yes / on as True, ~ as None: a leaf named 'True' was never meant
+            raise SpecError(f"{where}: leaf name {bad[0]!r} is not a string; quote it in the file")
+        return {k: _plain_spec(v, f"{where}/{k}") for k, v in obj.items()}
     if isinstance(obj, list):
         return tuple(_plain_spec(v, f"{where}/{i}") for i, v in enumerate(obj))
     raise SpecError(f"{where}: expected a mapping of leaf names to {{shape, dtype}}, got {obj!r:.80}")

@@ -337,6 +337,10 @@ def test_create_from_json_and_yaml(tmp_path):
         "  action: {shape: [], dtype: int64}\n"
     )
     run("create", tmp_path / "b", "--spec", tmp_path / "spec.yaml")
+    # YAML reads an unquoted yes as True: refused, not stored as a leaf named 'True'
+    (tmp_path / "yes.yaml").write_text("capacity: 20\nspec:\n  yes: {shape: [], dtype: bool}\n")
+    one_line_error(run_cli("create", tmp_path / "c", "--spec", tmp_path / "yes.yaml"), 2, "True", "quote it")
+    assert not (tmp_path / "c").exists()
     with mr.open(tmp_path / "b") as store:
         assert store.backend == "hdf5" and store.spec["obs"]["pixels"].shape == (8, 8, 3)
         codecs = {leaf.path: leaf.compression for leaf in store.metadata.leaves}
