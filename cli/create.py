@@ -34,25 +34,42 @@ leaves (pictures such as [84, 84, 3]); LEAF=CODEC, or a mapping in the file, nam
 
 def _plain_spec(obj: Any, where: str) -> Any:
     """The spec JSON mmreplay writes ({"dict": ...}) or the plain nested-dict form."""
-    if isinstance(obj, dict) and (
-        "dict" in obj or "tuple" in obj or "list" in obj or "namedtuple" in obj or "dtype" in obj
-    ):
+    if isinstance(obj, dict) and (isinstance(obj.get("dtype"), str) or _is_shape(obj.get("shape"))):
+        missing = [key for key in ("shape", "dtype") if key not in obj]
+        unknown = sorted(set(obj) - {"shape", "dtype", "name"}, key=str)
+        if missing or unknown:
+            raise SpecError(
+                f'{where}: a leaf is {{"shape": [...], "dtype": "..."}} with an optional "name"; '
+                + (f"{missing[0]!r} is missing" if missing else f"unknown keys {unknown}")
+            )
+        return spec_from_json(obj, where)
+    if isinstance(obj, dict) and ("dict" in obj or "tuple" in obj or "list" in obj or "namedtuple" in obj):
         return spec_from_json(obj)
     if isinstance(obj, dict):
         if not obj:
             raise SpecError(f"{where}: the spec is empty")
-        return {str(k): _plain_spec(v, f"{where}/{k}") for k, v in obj.items()}
+        bad = [k for k in obj if not isinstance(k, str)]
+        if bad:  # YAML reads yes / on as True, ~ as None: a leaf named 'True' was never meant
+            raise SpecError(f"{where}: leaf name {bad[0]!r} is not a string; quote it in the file")
+        return {k: _plain_spec(v, f"{where}/{k}") for k, v in obj.items()}
     if isinstance(obj, list):
         return tuple(_plain_spec(v, f"{where}/{i}") for i, v in enumerate(obj))
     raise SpecError(f"{where}: expected a mapping of leaf names to {{shape, dtype}}, got {obj!r:.80}")
 
 
+def _is_shape(value: Any) -> bool:
+    return isinstance(value, list) and all(type(d) is int for d in value)
+
+
 def load_spec_file(path: str) -> dict[str, Any]:
-    """The spec file's content as a dict (JSON, or YAML by extension or content)."""
+    """The spec file's content as a dict (YAML for a .yaml / .yml file, else JSON)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: spec file not found")
-    with open(path) as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise mr.BadInputError(f"{path}: not a UTF-8 text file of JSON or YAML ({exc.reason} at byte {exc.start})") from None
     if path.endswith((".yaml", ".yml")):
         try:
             import yaml

@@ -91,9 +91,14 @@ def compression_by_leaf(given: Any, spec: Any) -> Any:
     image leaves' (:func:`mmreplay.spec.is_image`; small leaves grow when compressed one
     row at a time and gain little in chunks), ``LEAF=CODEC`` one leaf's whatever the
     order, ``none`` no codec. A mapping is taken as it is."""
-    if isinstance(given, Mapping):
+    if given is None or isinstance(given, Mapping):
         return given
-    settings = [given] if isinstance(given, str) else list(given)
+    settings = [given] if isinstance(given, str) else given
+    if not isinstance(settings, (list, tuple)) or not all(isinstance(text, str) for text in settings):
+        raise BadInputError(
+            f"compression {given!r}: expected a codec such as 'zstd', LEAF=CODEC, a list of them, "
+            "or a mapping of leaf path to codec"
+        )
     named = [text.partition("=")[::2] for text in settings if "=" in text]
     bare = [text for text in settings if "=" not in text]
     paths = leaf_paths(spec)

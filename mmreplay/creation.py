@@ -38,6 +38,9 @@ __all__ = ["create", "plan"]
 
 log = logging.getLogger(__name__)
 
+#: the most bytes a buffer's leaves may take when full (file offsets are signed 64-bit)
+MAX_BUFFER_BYTES = 2**63 - 1
+
 #: aimed size of one chunk of a chunk-compressed leaf
 CHUNK_TARGET_BYTES = 4 << 20
 
@@ -99,6 +102,14 @@ def plan(
         unknown = sorted(set(given) - set(paths), key=str) if isinstance(given, Mapping) else []
         if unknown:
             raise SpecError(f"{name} names leaves not in the spec: {unknown}")
+    full = {p: (capacity * num_envs * s.nbytes, s) for p, s in zip(paths, leaves_spec)}
+    if sum(n for n, _ in full.values()) > MAX_BUFFER_BYTES:
+        big = max(full, key=lambda p: full[p][0])
+        n, s = full[big]
+        raise SpecError(
+            f"leaf {big!r}: {capacity} steps x {num_envs} envs x {s.shape} {s.dtype} take {n} bytes, past the "
+            f"{MAX_BUFFER_BYTES} a buffer's files can address; choose a smaller capacity or shape"
+        )
     infos = []
     for p, s in zip(paths, leaves_spec):
         if 0 in s.shape:

@@ -71,12 +71,16 @@ def subtree(spec: Any, path: str) -> Any:
 def validate_roles(spec: Any, roles: Mapping[str, str] | None) -> dict[str, str]:
     """Inferred roles overridden by the given ones, each checked against the spec."""
     out = infer_roles(spec)
+    if roles is not None and not isinstance(roles, Mapping):
+        raise SpecError(f"roles must map a role to a leaf path, e.g. {{'reward': 'r'}}; got {roles!r:.80}")
     for role, path in (roles or {}).items():
         if role not in ROLES:
             raise SpecError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
         if path is None:
             out.pop(role, None)
             continue
+        if not isinstance(path, str):
+            raise SpecError(f"role {role!r} must name a leaf path (a string) or None, got {path!r:.80}")
         out[role] = path
     for role, path in out.items():
         try:
@@ -86,9 +90,12 @@ def validate_roles(spec: Any, roles: Mapping[str, str] | None) -> dict[str, str]
                 f"role {role!r} names {path!r}, which is not in the spec "
                 f"(leaves: {', '.join(leaf_paths(spec))})"
             ) from None
+        # a role found from a name the user did not mean as one: say how to keep the leaf
+        hint = f" (found from its name: pass roles={{{role!r}: None}} to store it without the role)"
+        hint = "" if role in (roles or {}) else hint
         if role in ("terminated", "truncated", "reward", "discount", "step_type", "next_step_type"):
             if not isinstance(node, ArraySpec) or node.shape not in ((), (1,)):
-                raise SpecError(f"role {role!r} needs a scalar leaf, but {path!r} is {node!r:.80}")
+                raise SpecError(f"role {role!r} needs a scalar leaf, but {path!r} is {node!r:.80}{hint}")
             if role in ("step_type", "next_step_type") and not np.issubdtype(node.dtype, np.integer):
-                raise SpecError(f"role {role!r} needs an integer leaf, {path!r} is {node.dtype}")
+                raise SpecError(f"role {role!r} needs an integer leaf, {path!r} is {node.dtype}{hint}")
     return out

@@ -337,6 +337,10 @@ def test_create_from_json_and_yaml(tmp_path):
         "  action: {shape: [], dtype: int64}\n"
     )
     run("create", tmp_path / "b", "--spec", tmp_path / "spec.yaml")
+    # YAML reads an unquoted yes as True: refused, not stored as a leaf named 'True'
+    (tmp_path / "yes.yaml").write_text("capacity: 20\nspec:\n  yes: {shape: [], dtype: bool}\n")
+    one_line_error(run_cli("create", tmp_path / "c", "--spec", tmp_path / "yes.yaml"), 2, "True", "quote it")
+    assert not (tmp_path / "c").exists()
     with mr.open(tmp_path / "b") as store:
         assert store.backend == "hdf5" and store.spec["obs"]["pixels"].shape == (8, 8, 3)
         codecs = {leaf.path: leaf.compression for leaf in store.metadata.leaves}
@@ -420,6 +424,32 @@ def test_user_mistakes_are_one_line_errors(tmp_path, args, needle, code):
     out = shell(*[a.replace("{tmp}", str(tmp_path)) for a in args])
     one_line_error(out, code, needle)
     assert sorted(os.listdir(tmp_path)) == before  # a refusal writes nothing
+
+
+LEAF = {"shape": [3], "dtype": "float32"}
+HUGE = {"shape": [2**40, 2**40], "dtype": "float32"}
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ({"capacity": 5, "compression": 5, "spec": {"obs": LEAF}}, "compression"),
+        ({"capacity": 5, "roles": {"observation": 3}, "spec": {"obs": LEAF}}, "role 'observation'"),
+        ({"capacity": 5, "roles": ["observation"], "spec": {"obs": LEAF}}, "roles"),
+        ({"capacity": 5, "spec": {"obs": {**LEAF, "shpe": [4]}}}, "'shpe'"),
+        ({"capacity": 5, "spec": {"obs": {"shape": [3]}}}, "'dtype' is missing"),
+        ({"capacity": 5, "spec": {"obs": HUGE}}, "leaf 'obs'"),
+        ({"capacity": 5, "backend": "hdf5", "spec": {"obs": HUGE}}, "leaf 'obs'"),
+        (b"\xff\xfe{}", "spec.json"),
+    ],
+    ids=["compression-int", "role-int", "roles-list", "leaf-typo", "no-dtype", "huge", "huge-hdf5", "binary"],
+)
+def test_bad_spec_files_are_one_line_errors_and_create_nothing(tmp_path, content, needle):
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    out = run_cli("create", tmp_path / "new", "--spec", spec_file)
+    one_line_error(out, 2, needle)
+    assert os.listdir(tmp_path) == ["spec.json"]
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -203,3 +204,22 @@ def test_a_bare_leaf_spec_has_one_named_leaf():
     spec = mr.ArraySpec((3,), "float32")
     assert leaf_paths(spec) == ["value"] and flatten(spec) == [spec]
     assert unflatten(spec, ["x"]) == "x"
+
+
+ODD_NAMES = ["with space", "a.b", "ünï€ode", "_lead", ".hidden", "0", "x" * 200, "c", "mmreplay.json", "*?:"]
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_unusual_leaf_names_round_trip_and_the_unstorable_are_refused_by_leaf(tmp_path, backend):
+    spec = {name: mr.ArraySpec((), "int16") for name in ODD_NAMES}
+    with mr.create(tmp_path / "b", {**spec, "obs": spec}, 4, backend=backend) as store:
+        store.add({**{n: [i] for i, n in enumerate(ODD_NAMES)}, "obs": {n: [-i] for i, n in enumerate(ODD_NAMES)}})
+    with mr.open(tmp_path / "b") as store:
+        got = store.get(0)
+        assert [int(got[n][0]) for n in ODD_NAMES] == list(range(len(ODD_NAMES)))
+        assert [int(got["obs"][n][0]) for n in ODD_NAMES] == [-i for i in range(len(ODD_NAMES))]
+    if backend == "zarr":  # each name is a folder beside its group's zarr.json
+        for bad in ({"obs": {"zarr.json": mr.ArraySpec(())}}, {"obs": {"y" * 256: mr.ArraySpec(())}}):
+            with pytest.raises(mr.SpecError, match=r"leaf 'obs/(zarr\.json|y+)'"):
+                mr.create(tmp_path / "bad", bad, 4, backend=backend)
+            assert sorted(os.listdir(tmp_path)) == ["b"]

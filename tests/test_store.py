@@ -354,12 +354,26 @@ def test_exist_ok_refuses_a_setting_named_that_differs_from_the_buffers(tmp_path
         ({"capacity": 4, "chunk_steps": 0}, "chunk_steps"),
         ({"capacity": 4, "roles": {"reward": "missing"}}, "not in the spec"),
         ({"capacity": 4, "roles": {"colour": "x"}}, "unknown role"),
+        ({"capacity": 4, "roles": {"reward": 3}}, "role 'reward' must name a leaf path"),
+        ({"capacity": 4, "roles": ["reward"]}, "roles must map a role to a leaf path"),
+        ({"capacity": 2**62}, "leaf 'x': 4611686018427387904 steps .* past the"),
+        ({"capacity": 2**62, "backend": "hdf5"}, "leaf 'x': 4611686018427387904 steps .* past the"),
     ],
 )
 def test_create_validates_arguments_before_touching_disk(tmp_path, kwargs, match):
     with pytest.raises(mr.Error, match=match):
         mr.create(tmp_path / "b", {"x": mr.ArraySpec(())}, **kwargs)
     assert os.listdir(tmp_path) == []
+
+
+def test_an_inferred_role_that_does_not_fit_says_how_to_keep_the_leaf(tmp_path):
+    """A vector reward (multi-objective RL) named "reward" is no reward role: the refusal
+    says how to store it anyway."""
+    spec = {"obs": mr.ArraySpec((3,)), "reward": mr.ArraySpec((2,))}
+    with pytest.raises(mr.SpecError, match=r"roles=\{'reward': None\}"):
+        mr.create(tmp_path / "b", spec, 4)
+    with mr.create(tmp_path / "b", spec, 4, roles={"reward": None}) as store:
+        assert store.roles == {"observation": "obs"}
 
 
 def test_disk_too_small_is_reported_at_creation(tmp_path):

@@ -48,6 +48,9 @@ from .zarr_source import RangedLeaf, chunk_key, open_array
 
 DATA_DIR = "data.zarr"
 
+#: the longest file name (in bytes) common file systems take: each part of a leaf path is a folder
+NAME_MAX_BYTES = 255
+
 
 def _compressor(text: str) -> Any:
     c = parse_compression(text)
@@ -125,6 +128,18 @@ def _placed(leaf: LeafInfo, arr: Any) -> LeafInfo:
     return replace(leaf, file=f"{DATA_DIR}/{leaf.path}/{chunk_key(arr)}", offset=0)
 
 
+def _check_names(leaves: list[LeafInfo]) -> None:
+    """Refuse leaf paths zarr cannot lay out as folders: a part named like the metadata file
+    beside it, or longer than a file name may be."""
+    for leaf in leaves:
+        for part in leaf.path.split("/"):
+            if part == "zarr.json" or len(os.fsencode(part)) > NAME_MAX_BYTES:
+                raise SpecError(
+                    f"leaf {leaf.path!r}: the zarr backend stores {part[:40]!r} as a folder, and it cannot be "
+                    f"'zarr.json' nor longer than {NAME_MAX_BYTES} bytes; rename the leaf or use backend='hdf5'"
+                )
+
+
 def create(folder: str, leaves: list[LeafInfo], capacity: int, num_envs: int) -> list[LeafInfo]:
     root = zarr.open_group(os.path.join(folder, DATA_DIR), mode="w-", zarr_format=3)
     out = []
@@ -156,6 +171,7 @@ def planned_bytes(
     """What :func:`create` makes, without writing it: the leaves as it places them, the
     shard file bytes of each uncompressed leaf, and the bytes of the zarr metadata files
     (made in memory)."""
+    _check_names(leaves)
     files, arrays = _in_memory(leaves, capacity, num_envs)
     shards = {}
     for leaf in leaves:
