@@ -985,6 +985,38 @@ def test_a_data_file_replaced_by_a_folder_is_an_error(tmp_path, mode):
     assert report.ok and report.lost == (0, 5), str(report)
 
 
+def unprivileged(*args) -> subprocess.CompletedProcess:
+    """``mmreplay ARGS...`` in a fresh process that file permissions apply to (as root:
+    without the capabilities that override them)."""
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv: file permissions cannot be made to apply")
+        caps = "-dac_override,-dac_read_search"
+        prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+    cmd = [*prefix, sys.executable, "-m", "mmreplay.cli", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("backend", "compression"), [("hdf5", "gzip"), ("zarr", "zstd")])
+def test_a_file_that_may_not_be_read_is_no_damage(tmp_path, backend, compression):
+    """verify called an unreadable data.h5 or chunk damage, and recover dropped every
+    committed step, moving the file aside and writing an empty one, then said ok."""
+    path = fill(str(tmp_path / "b"), 30, backend=backend, compression=compression)
+    window = assert_exact(path)
+    data = os.path.join(path, "data.h5") if backend == "hdf5" else _zarr_chunk(path, "obs/state", 0)
+    before = files_of(path)
+    os.chmod(data, 0)
+    try:
+        for command in ("verify", "recover"):
+            one_line_error(unprivileged(command, path), 6, data, "Permission denied")
+            assert files_of(path) == before
+    finally:
+        os.chmod(data, 0o644)
+    assert assert_exact(path) == window
+    assert_healthy(path)
+
+
 def test_cli_verify_on_a_folder_that_is_no_buffer(tmp_path):
     one_line_error(run_cli("verify", tmp_path), 3, "not an mmreplay buffer")
 
