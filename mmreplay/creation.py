@@ -227,7 +227,7 @@ def create(
             if advice is not None:
                 warnings.warn(advice, UserWarning, stacklevel=backends.outside_mmreplay())
     parent = os.path.dirname(os.path.abspath(path))
-    need = _check_free_space(_existing_ancestor(parent), module, meta)
+    need = _check_free_space(path, module, meta)
     log.info("creating %s: %s backend, preallocating %d bytes (%.2f GiB)", path, backend, need, need / 2**30)
     # made whole or not at all: a Ctrl-C waits (zarr-python writes on a thread it does not stop)
     with interrupts_deferred():
@@ -275,10 +275,14 @@ def _existing_ancestor(folder: str) -> str:
     return folder
 
 
-def _check_free_space(parent: str, module: Any, meta: Metadata) -> int:
+def _check_free_space(path: str, module: Any, meta: Metadata) -> int:
     """The bytes creation preallocates (the backend's layout of the uncompressed
     leaves and its metadata); a DiskFullError when the file system has less free."""
-    _, shards, overhead = module.planned_bytes(list(meta.leaves), meta.capacity, meta.num_envs)
+    try:
+        _, shards, overhead = module.planned_bytes(list(meta.leaves), meta.capacity, meta.num_envs)
+    except DiskFullError as exc:  # its plan of the files hit a file size limit: so would the buffer
+        raise DiskFullError(f"{path}: {exc}") from None
+    parent = _existing_ancestor(os.path.dirname(os.path.abspath(path)))
     need = sum(shards.values()) + overhead
     free = shutil.disk_usage(parent).free
     if need > free:

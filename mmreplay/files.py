@@ -254,12 +254,16 @@ def interrupts_deferred() -> Iterator[None]:
             previous(signal.SIGINT, caught[0])
 
 
-def _disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` says the file system is full (libraries that write through their
-    own code, as torch and pyarrow do, say it only in their message)."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    return os.strerror(errno.ENOSPC) in str(exc)
+def _no_room(exc: BaseException) -> str | None:
+    """Why there is no room for the write, when ``exc`` says so: a full file system or a
+    file size limit (libraries that write through their own code, as torch and pyarrow
+    do, say it only in their message); None otherwise."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code in (errno.ENOSPC, errno.EDQUOT) or os.strerror(errno.ENOSPC) in str(exc):
+        return "no space left on the file system"
+    if code == errno.EFBIG or os.strerror(errno.EFBIG) in str(exc):
+        return "a file reached the size limit (ulimit -f, or the file system's largest file)"
+    return None
 
 
 class AtomicOutput:
@@ -368,10 +372,15 @@ def named_error(exc: BaseException, out: str, what: str, tmp: str) -> BaseExcept
     """``exc`` told about ``out`` (the scratch name ``tmp`` means nothing to the user): a
     full disk is a :class:`DiskFullError`, a read-only or forbidden place a
     :class:`ReadOnlyError`; what is neither comes back as it is."""
-    if isinstance(exc, Error) or not isinstance(exc, Exception):
+    if not isinstance(exc, Exception):
         return exc
-    if _disk_full(exc):
-        return DiskFullError(f"{out}: no space left on the file system; the {what} stopped and left nothing behind")
+    if isinstance(exc, Error):  # already says what happened, maybe where in the scratch
+        if len(exc.args) == 1 and isinstance(exc.args[0], str):
+            exc.args = (exc.args[0].replace(tmp, out),)
+        return exc
+    reason = _no_room(exc)
+    if reason is not None:
+        return DiskFullError(f"{out}: {reason}; the {what} stopped and left nothing behind")
     if not isinstance(exc, OSError):
         return exc
     reason = os.strerror(exc.errno) if exc.errno else str(exc)

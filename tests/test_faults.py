@@ -432,6 +432,34 @@ def past_file_limit(tmp_path_factory) -> Callable[[str], dict]:
     return copy
 
 
+def cli_with_file_limit(limit: int, *args) -> subprocess.CompletedProcess:
+    """``mmreplay ARGS...`` in a fresh process under a file size limit (SIGXFSZ ignored)."""
+    code = f"import sys; sys.argv = ['mmreplay', *{list(map(str, args))!r}]; from mmreplay.cli import main; main()"
+    return run_with_file_limit(code, limit)
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_outputs_past_a_file_size_limit_name_the_output(tmp_path, backend):
+    """A create or convert past the limit named its scratch folder (``..OUT.partial-PID.
+    creating-PID/...``) or, for hdf5, a temporary file of its own in /tmp; an npz export
+    said ``[Errno 27] File too large`` and no file."""
+    src = str(tmp_path / "src")
+    with mr.create(src, {"x": mr.ArraySpec((256,), "float32")}, 2000, backend=backend) as store:
+        store.extend({"x": np.ones((2000, 1, 256), "float32")})
+    (tmp_path / "spec.json").write_text('{"x": {"shape": [256], "dtype": "float32"}}')
+    runs = {
+        "copy": ["convert", src, "{out}", "--compression", "none"],
+        "made": ["create", "{out}", "--spec", tmp_path / "spec.json", "--capacity", "2000", "--backend", backend],
+        "out.npz": ["export", src, "{out}", "-q"],
+    }
+    for name, args in runs.items():
+        out = str(tmp_path / name)
+        done = cli_with_file_limit(1 << 20, *[out if a == "{out}" else a for a in args])
+        line = one_line_error(done, 2, f"Error: {out}", "ulimit -f")
+        assert ".partial" not in line and ".creating" not in line and "[Errno" not in line, line
+        assert sorted(os.listdir(tmp_path)) == ["spec.json", "src"]
+
+
 def test_file_size_limit_during_chunk_writes_keeps_every_commit(tmp_path, past_file_limit):
     path = str(tmp_path / "b")
     report = past_file_limit(path)
@@ -955,6 +983,38 @@ def test_a_data_file_replaced_by_a_folder_is_an_error(tmp_path, mode):
     assert_detected(path, "not a regular file")
     report = recover_cli(path)
     assert report.ok and report.lost == (0, 5), str(report)
+
+
+def unprivileged(*args) -> subprocess.CompletedProcess:
+    """``mmreplay ARGS...`` in a fresh process that file permissions apply to (as root:
+    without the capabilities that override them)."""
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv: file permissions cannot be made to apply")
+        caps = "-dac_override,-dac_read_search"
+        prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+    cmd = [*prefix, sys.executable, "-m", "mmreplay.cli", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("backend", "compression"), [("hdf5", "gzip"), ("zarr", "zstd")])
+def test_a_file_that_may_not_be_read_is_no_damage(tmp_path, backend, compression):
+    """verify called an unreadable data.h5 or chunk damage, and recover dropped every
+    committed step, moving the file aside and writing an empty one, then said ok."""
+    path = fill(str(tmp_path / "b"), 30, backend=backend, compression=compression)
+    window = assert_exact(path)
+    data = os.path.join(path, "data.h5") if backend == "hdf5" else _zarr_chunk(path, "obs/state", 0)
+    before = files_of(path)
+    os.chmod(data, 0)
+    try:
+        for command in ("verify", "recover"):
+            one_line_error(unprivileged(command, path), 6, data, "Permission denied")
+            assert files_of(path) == before
+    finally:
+        os.chmod(data, 0o644)
+    assert assert_exact(path) == window
+    assert_healthy(path)
 
 
 def test_cli_verify_on_a_folder_that_is_no_buffer(tmp_path):

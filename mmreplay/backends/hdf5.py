@@ -26,7 +26,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import CorruptBufferError, Error, SpecError
+from ..errors import CorruptBufferError, DiskFullError, Error, SpecError
 from ..io import ByteSource
 from ..io.local import checked_inside
 from ..lock import holder_pid
@@ -113,7 +113,10 @@ def planned_bytes(
     takes no disk blocks."""
     with tempfile.TemporaryDirectory(prefix="mmreplay-plan-") as tmp:
         path = os.path.join(tmp, DATA_FILE)
-        placed = _write_file(path, leaves, capacity, num_envs)
+        try:
+            placed = _write_file(path, leaves, capacity, num_envs)
+        except DiskFullError as exc:  # past a file size limit: the temporary file means nothing to the user
+            raise DiskFullError(str(exc).replace(path, DATA_FILE)) from None
         total = os.path.getsize(path)
     data = {leaf.path: capacity * num_envs * leaf.spec.nbytes for leaf in leaves if leaf.compression is None}
     return placed, data, total - sum(data.values())

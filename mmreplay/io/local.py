@@ -272,6 +272,19 @@ def unsafe_entries(folder: str | os.PathLike) -> list[str]:
     return sorted(out)
 
 
+def require_readable(folder: str | os.PathLike) -> None:
+    """Raise ``PermissionError`` naming the first file under ``folder`` this process may
+    not read: no damage, so no check may take it for damage (recover would move it aside)."""
+    for root, _, files in os.walk(os.fspath(folder)):
+        for name in files:
+            try:
+                os.close(os.open(os.path.join(root, name), os.O_RDONLY | NO_FOLLOW | os.O_NONBLOCK))
+            except PermissionError:
+                raise
+            except OSError:
+                continue  # removed while walking, or what unsafe_entries refuses
+
+
 def _advise(fd: int, offset: int, nbytes: int) -> None:
     """Ask the disk for a range now (``POSIX_FADV_WILLNEED``), where the OS has it."""
     with contextlib.suppress(OSError, AttributeError):

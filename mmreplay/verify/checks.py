@@ -15,7 +15,7 @@ from ..backends.row_codec import is_row_compression
 from ..episodes.ends import EndRule
 from ..episodes.index_file import INDEX_FILE, index_limit, index_problems, parse_index, same_records
 from ..errors import CorruptBufferError, Error
-from ..io.local import read_inside, unsafe_entries
+from ..io.local import read_inside, require_readable, unsafe_entries
 from ..lock import holder_pid
 from ..metadata import METADATA_FILE, STATE_FILE, Metadata, read_metadata
 from ..priorities import check_priority_file
@@ -35,6 +35,7 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
     Raises:
         ImportError: a codec the data needs is missing (chunks that cannot be decoded
             for that reason are not damage), naming the extra to install.
+        PermissionError: a file this process may not read (no damage either).
 
     Example:
         >>> import mmreplay as mr, tempfile
@@ -48,6 +49,7 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
     unsafe = unsafe_entries(folder)
     if unsafe:  # nothing is opened in a folder holding what mmreplay must not open
         return unsafe
+    require_readable(folder)
     try:
         meta = read_metadata(folder)
     except Error as exc:

@@ -14,7 +14,7 @@ from ..backends.checks import Repairs
 from ..episodes.index_file import INDEX_FILE
 from ..errors import CorruptBufferError, Error, NotABufferError, UnsupportedFormatError
 from ..frames_layout import SIDE_DIR, side_metadata
-from ..io.local import LocalFolder, unsafe_entries
+from ..io.local import LocalFolder, require_readable, unsafe_entries
 from ..lock import WriterLock
 from ..metadata import (
     METADATA_FILE,
@@ -97,6 +97,7 @@ def recover(path: str | os.PathLike) -> Recovery:
             rebuild it from (the files are left as they are).
         ImportError: a codec the data needs is missing (``pip install
             'mmreplay[hdf5plugin]'``); nothing was changed.
+        PermissionError: a file this process may not read; nothing was changed.
 
     Example:
         >>> import mmreplay as mr, tempfile
@@ -116,6 +117,7 @@ def recover(path: str | os.PathLike) -> Recovery:
     if unsafe:
         more = f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""
         raise CorruptBufferError(f"{unsafe[0]}{more}; recover changes nothing in a folder holding such files")
+    require_readable(folder)
     lock = WriterLock(folder)
     lock.acquire()
     try:
