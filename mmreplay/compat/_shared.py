@@ -63,7 +63,7 @@ class StoreOptions:
     compression: Any = None
     chunk_steps: Any = None
     commit_every: int = 1
-    durability: str = "process"
+    durability: str | None = None
     sampler: Any = None
     sampler_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -169,12 +169,10 @@ def check_same(store: Store, spec: Any, window: int, num_envs: int, what: str, w
                options: StoreOptions | None = None) -> None:  # fmt: skip
     """Refuse (closing the store, leaving its folder as it is) a buffer other than the one
     the caller describes (``spec`` None: any leaves), or than ``options`` name: the store's
-    own commit policy and ``durability="process"`` (the layers' defaults) always pass."""
+    own commit policy (the layers size their ring by theirs) always passes."""
     diffs = []
     if options is not None:
         named = {k: v for k, v in options.create_kwargs().items() if k != "commit_every"}
-        if named["durability"] == "process":
-            del named["durability"]
         diffs += named_differences(store, named)
     if spec is not None and (have := describe(store.spec)) != (want := describe(spec)):
         missing = ", ".join(f"{p} {s} {d}" for p, s, d in want if (p, s, d) not in have) or "nothing"

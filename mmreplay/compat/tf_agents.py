@@ -140,7 +140,7 @@ class UniformReplayBuffer(StoreShell):
         commit_every: int = DEFAULT_COMMIT_EVERY,
         backend: str | None = None,
         compression: Any = None,
-        durability: str = "process",
+        durability: str | None = None,
         seed: Any = None,
         sampler: str | None = None,
         alpha: float | None = None,

@@ -266,6 +266,8 @@ def sample(store: Readable, request: SampleRequest) -> Any:
         store.check_open()
     reader = reader_for(store)
     sampler = store.sampler if request.sampler is None else request.sampler
+    if request.options:  # refused before anything is drawn
+        request.check_options(sampler, store.path)
     batch_size = request.batch_size
     num_steps = sampler.num_steps if request.num_steps is None else request.num_steps
     steps = 1 if num_steps is None else num_steps
@@ -347,8 +349,6 @@ def _draw(
     store: Readable, sampler: Drawing, request: SampleRequest, n: int, steps: int, gen: np.random.Generator
 ) -> Draw:
     """``n`` items drawn from the store's window (narrowed to ``request.window``)."""
-    if request.options:
-        request.check_options(sampler, store.path)
     return sampler.draw(_window(store, request), request, n, steps, gen)
 
 
