@@ -135,7 +135,9 @@ class LazyGroup(click.Group):
 
 def error_line(exc: Exception) -> str:
     """The error's message; Python's ``[Errno 30] Read-only file system: 'x'`` as
-    ``x: Read-only file system``."""
+    ``x: Read-only file system``, and a read lapped by a writer without the API's advice."""
+    if isinstance(exc, mmreplay.OverwrittenError):
+        return str(exc.by("the command"))
     if isinstance(exc, OSError) and exc.strerror and exc.filename is not None and exc.filename2 is None:
         return f"{os.fsdecode(exc.filename)}: {exc.strerror}"
     return str(exc)

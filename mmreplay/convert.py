@@ -19,7 +19,7 @@ import numpy as np
 
 from .creation import create
 from .episodes import continue_index, fresh_envs
-from .errors import NotEnoughDataError
+from .errors import OverwrittenError
 from .files import AtomicOutput, check_target
 from .spec import ArraySpec, flatten, unflatten
 from .statefile import StateFile
@@ -138,10 +138,8 @@ def convert(
                     b = min(end, a + k)
                     try:
                         values = store.read_steps(np.arange(a, b))
-                    except NotEnoughDataError as exc:
-                        raise NotEnoughDataError(
-                            f"{exc}; the writer overwrote rows before they were copied"
-                        ) from None
+                    except OverwrittenError as exc:
+                        raise exc.by("the copy") from None
                     steps = unflatten(store.spec, values)
                     if added:
                         steps.update(

@@ -51,6 +51,25 @@ class NotEnoughDataError(Error, ValueError):
     """A read that asks for more committed data than the buffer holds."""
 
 
+class OverwrittenError(NotEnoughDataError):
+    """Rows a reader was reading were overwritten by the writer meanwhile (the ring
+    lapped the read); ``step`` is the lowest such step, ``oldest`` the oldest kept now."""
+
+    def __init__(self, message: str, path: str, step: int, oldest: int) -> None:
+        super().__init__(message)
+        self.path, self.step, self.oldest = path, step, oldest
+
+    def by(self, reader: str) -> OverwrittenError:
+        """The same error told to one who did not call the read itself (``reader``: "the
+        export", "the command")."""
+        return OverwrittenError(
+            f"{self.path}: the writer overwrote step {self.step} before {reader} read it (the "
+            f"oldest step kept is now {self.oldest}); pause the writer, or give its ring more "
+            "capacity, and run it again",
+            self.path, self.step, self.oldest,
+        )
+
+
 class DiskFullError(Error, OSError):
     """The file system has no room for the buffer's files."""
 

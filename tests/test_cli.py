@@ -103,6 +103,39 @@ def test_inspect_while_a_writer_is_running(tmp_path):
         writer.wait()
 
 
+
+@pytest.mark.parametrize("command", [["stats", "{live}"], ["export", "{live}", "{tmp}/out.npz"]])
+def test_a_command_lapped_by_a_running_writer_says_what_to_do_from_the_shell(tmp_path, command):
+    """A writer lapping a 40 MiB ring in a few ms: the command's read falls behind it."""
+    path = tmp_path / "live"
+    code = textwrap.dedent(
+        f"""
+        import numpy as np, mmreplay as mr
+        spec = {{"frame": mr.ArraySpec((512, 1024), "uint8"), "reward": mr.ArraySpec((), "float32")}}
+        store = mr.create({str(path)!r}, spec, capacity=80, num_envs=1, commit_every=1)
+        step = {{"frame": np.zeros((1, 512, 1024), np.uint8), "reward": np.zeros(1, np.float32)}}
+        for i in range(80):
+            store.add(step)
+        print("ready", flush=True)
+        while True:
+            store.add(step)
+        """
+    )
+    writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        args = [arg.format(live=path, tmp=tmp_path) for arg in command]
+        for _ in range(5):  # each try is almost surely lapped; one is enough
+            out = shell(*args)
+            if out.returncode != 0:
+                break
+        one_line_error(out, 2, "the writer overwrote step", "before the command read it", "pause the writer")
+        assert "refresh()" not in out.stderr
+        assert writer.poll() is None  # the command took no lock and left the writer be
+    finally:
+        writer.kill()
+        writer.wait()
+
 # --- export / import / convert ---------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ import pytest
 from conftest import make_step
 
 import mmreplay as mr
+from mmreplay.convert import convert
 from mmreplay.demo import collect, spec
 from mmreplay.formats import FORMATS, export, format_of, import_dataset
 
@@ -444,3 +445,33 @@ def test_an_hdf5_name_needs_the_format_named(tmp_path, name):
     store.add({"x": np.ones(1, "float32")})
     assert mr.export(store, tmp_path / "x.npz").format == "npz"  # a writer's export, format from the name
     store.close()
+
+
+# --- a writer lapping the ring under an export or a copy ----------------------------------
+
+
+FRAME = {"frame": mr.ArraySpec((512, 1024), "uint8"), "reward": mr.ArraySpec((), "float32")}
+
+
+def test_an_export_or_copy_lapped_by_the_writer_says_so_in_their_words(tmp_path):
+    """Two 32 MiB blocks of 64 steps: the writer laps the ring once the first is read."""
+    path, capacity = tmp_path / "live", 80
+    with mr.create(path, FRAME, capacity=capacity, num_envs=1) as writer:
+        step = {"frame": np.zeros((1, 512, 1024), np.uint8), "reward": np.zeros(1, np.float32)}
+
+        def lap(rows):
+            for _ in range(capacity):
+                writer.add(step)
+            writer.commit()
+
+        lap(None)
+        for name, run in {
+            "the export": lambda reader: export(reader, tmp_path / "x.npz", progress=lap),
+            "the copy": lambda reader: convert(path, tmp_path / "copy", progress=lap),
+        }.items():
+            with mr.open(path, "r") as reader:
+                with pytest.raises(mr.OverwrittenError, match=f"before {name} read it") as caught:
+                    run(reader)
+            assert "refresh()" not in str(caught.value)
+            assert caught.value.step < caught.value.oldest
+        assert not (tmp_path / "x.npz").exists() and not (tmp_path / "copy").exists()

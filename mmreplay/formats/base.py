@@ -26,7 +26,7 @@ import numpy as np
 
 from ..codecs import LEVELS, parse
 from ..episodes import fresh_envs
-from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
+from ..errors import BadInputError, CorruptBufferError, OverwrittenError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target, disk_usage
 from ..io import is_url
 from ..roles import subtree
@@ -458,11 +458,8 @@ class StepBlocks:
             b = min(self.end, a + self.block)
             try:
                 leaves = self.store.read_steps(np.arange(a, b), leaves=self.leaves)
-            except NotEnoughDataError as exc:
-                raise NotEnoughDataError(
-                    f"{exc}; the writer overwrote rows the export had not read yet -- "
-                    "export a copy (mmreplay convert) or pause the writer"
-                ) from None
+            except OverwrittenError as exc:
+                raise exc.by("the export") from None
             yield a, leaves
             if self.progress is not None:
                 self.progress((b - a) * self.store.num_envs)

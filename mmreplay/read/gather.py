@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadInputError, NotEnoughDataError
+from ..errors import BadInputError, NotEnoughDataError, OverwrittenError
 from ..spec import ArraySpec, leaf_paths, unflatten
 from ..values import flatten_value
 from .advice import PageCache
@@ -470,9 +470,10 @@ def check_retained(store: Readable, lowest: int) -> None:
         return
     first = store.live_first()
     if lowest < first:
-        raise NotEnoughDataError(
+        raise OverwrittenError(
             f"{store.path}: step {lowest} was overwritten by the writer while it was read "
-            f"(the oldest retained is now {first}); call refresh() and read again"
+            f"(the oldest retained is now {first}); call refresh() and read again",
+            store.path, lowest, first,
         )
 
 

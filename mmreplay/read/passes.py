@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NotEnoughDataError
+from ..errors import NotEnoughDataError, OverwrittenError
 from .gather import reader_for
 from .readable import Readable
 from .request import as_generator, positive, step_range
@@ -124,9 +124,10 @@ def iterate(
             oldest = store.live_first() if store.mode == "r" else store.total_steps - capacity
             lowest = int(start[group].min())
             if lowest < oldest:
-                raise NotEnoughDataError(
+                raise OverwrittenError(
                     f"{store.path}: step {lowest} was overwritten by the writer during the pass; "
-                    "a pass over a ring being written must keep ahead of the writer"
+                    "a pass over a ring being written must keep ahead of the writer",
+                    store.path, lowest, oldest,
                 )
             yield (reader.pack(out), *ids_for(group)) if return_steps else reader.pack(out)
             group = nxt
