@@ -17,7 +17,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Protocol
 
 import numpy as np
@@ -372,10 +372,8 @@ class MappedLeaf:
         self.array = None  # type: ignore[assignment]
         self.flat = None  # type: ignore[assignment]
         if self.mm is not None:
-            try:
+            with suppress(BufferError):  # a caller still holds a view; the mapping closes with it
                 self.mm.close()
-            except BufferError:
-                pass  # a caller still holds a view; the mapping closes with it
             self.mm = None
 
 

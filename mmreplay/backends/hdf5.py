@@ -15,6 +15,7 @@ references lies in the missing bytes (:func:`restore_recorded_end`).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -216,10 +217,8 @@ class _SwmrFile:
             fsync_path(self.path)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.file.close()
-        except Exception:
-            pass
 
 
 def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf]:
