@@ -442,7 +442,7 @@ class ChunkedLeaf:
     mappable = False
     ranged_read = False
 
-    def __init__(self, info: LeafInfo, capacity: int, io: ChunkIO, cache_bytes: int = CHUNK_CACHE_BYTES):
+    def __init__(self, info: LeafInfo, capacity: int, io: ChunkIO):
         self.info = info
         self.in_place = io.in_place
         self.atomic_replace = not io.in_place
@@ -453,7 +453,7 @@ class ChunkedLeaf:
         self.shape = tuple(io.shape)
         self.staged: dict[int, np.ndarray] = {}
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self.set_cache_bytes(cache_bytes)
+        self.set_cache_bytes(CHUNK_CACHE_BYTES)  # until Store.set_chunk_cache says otherwise
 
     def set_cache_bytes(self, nbytes: int) -> None:
         """Keep about ``nbytes`` of decoded chunks (at least two; 0: none), oldest out first."""
