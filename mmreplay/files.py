@@ -42,10 +42,8 @@ def disk_usage(path: str | os.PathLike) -> int:
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):  # removed while walking
                 total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass  # removed while walking
     return total
 
 

@@ -61,7 +61,7 @@ class _Gather:
         self.i = pair_index
         self.pair = pair
         self.obs_spec = obs_spec
-        self.frames = parts.leaf(pair.obs)
+        self.frames = parts.stored[pair.obs]
         self.cached: tuple[Any, np.ndarray] | None = None  # (rows and writer's step count, gather)
         # [n, k, *frame] -> the observation's layout: the stack axis moved into place (a view)
         nd = 1 + len(obs_spec.shape)
@@ -187,9 +187,6 @@ class _Parts:
         self.side_frames = side[:-1]
         self.side_ref = side[-1] if side else None
         self.writer: FrameWriter | None = None
-
-    def leaf(self, path: str) -> Any:
-        return self.stored[path]
 
 
 class FrameLeaf:
@@ -726,8 +723,8 @@ def _newest(stack: np.ndarray, axis: int | None, k: int) -> np.ndarray:
     return np.array(stack) if axis is None else np.take(stack, k - 1, axis=axis + 1)
 
 
-def _part(stack: np.ndarray, axis: int, pos: int) -> np.ndarray:
-    """Frame ``pos`` of each stack along ``axis`` (a view)."""
+def _part(stack: np.ndarray, axis: int, pos: int | slice) -> np.ndarray:
+    """Frame ``pos`` (or frames) of each stack along ``axis`` (a view)."""
     index: list[Any] = [slice(None)] * stack.ndim
     index[axis] = pos
     return stack[tuple(index)]
@@ -746,9 +743,7 @@ def _follows(
     """
     ne = len(stack)
     if not shifted:
-        index: list[Any] = [slice(None)] * stack.ndim
-        index[axis] = slice(0, k - 1)
-        return _rows_equal(stack[tuple(index)], prev[tuple(index)])
+        return _rows_equal(_part(stack, axis, slice(0, k - 1)), _part(prev, axis, slice(0, k - 1)))
     words = _words(stack), _words(prev)
     item = stack.dtype.itemsize
     if words[0] is not None and words[1] is not None and stack.dtype == prev.dtype:
@@ -769,11 +764,7 @@ def _follows(
             differ ^= mine
             differ &= mask
             return ~differ.any(axis=1)
-    index = [slice(None)] * stack.ndim
-    index[axis] = slice(0, k - 1)
-    first = stack[tuple(index)]
-    index[axis] = slice(1, k)
-    return _rows_equal(first, prev[tuple(index)])
+    return _rows_equal(_part(stack, axis, slice(0, k - 1)), _part(prev, axis, slice(1, k)))
 
 
 def _words(a: np.ndarray) -> np.ndarray | None:

@@ -163,15 +163,11 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
         if leaf.mapped:
             try:
                 array_key, steps = shard_layout(location, leaf)
-            except CorruptBufferError as exc:
-                problems.append(f"{where}: {exc}")
-                continue
-            expected = leaf_shape(meta, leaf)
-            try:
                 arr = _open_array(location, array_key, leaf, meta)
             except CorruptBufferError as exc:
                 problems.append(f"{where}: {exc}")
                 continue
+            expected = leaf_shape(meta, leaf)
             if arr.shape != expected or arr.dtype != little_endian(leaf.spec.dtype):
                 problems.append(
                     f"{where}: {location.where(array_key)}/zarr.json: expected {expected} {leaf.spec.dtype}, "

@@ -27,6 +27,7 @@ Writes to the mapping survive a kill -9 of the process once made; with
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -95,10 +96,8 @@ class PriorityFile:
         _HEADER.pack_into(header, 0, MAGIC, VERSION, 0, capacity, num_envs, alpha)
         struct.pack_into("<d", header, MAX_OFFSET, fill)
         row = np.full(num_envs, fill, np.float32).tobytes()
-        try:  # a dead writer's, or a link placed there: never written through
+        with contextlib.suppress(FileNotFoundError):  # a dead writer's, or a link placed there: never written through
             os.unlink(os.path.join(folder, tmp))
-        except FileNotFoundError:
-            pass
         with os.fdopen(open_inside(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
             f.write(header)
             block = row * max(1, min(capacity, (1 << 20) // len(row)))
@@ -140,10 +139,8 @@ class PriorityFile:
 
     def close(self) -> None:
         self.values = self._max = None  # type: ignore[assignment]
-        try:
+        with contextlib.suppress(BufferError):  # a view still alive elsewhere; the mapping goes with it
             self.mm.close()
-        except BufferError:  # a view still alive elsewhere; the mapping goes with it
-            pass
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -17,7 +17,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Protocol
 
 import numpy as np
@@ -372,10 +372,8 @@ class MappedLeaf:
         self.array = None  # type: ignore[assignment]
         self.flat = None  # type: ignore[assignment]
         if self.mm is not None:
-            try:
+            with suppress(BufferError):  # a caller still holds a view; the mapping closes with it
                 self.mm.close()
-            except BufferError:
-                pass  # a caller still holds a view; the mapping closes with it
             self.mm = None
 
 
@@ -444,7 +442,7 @@ class ChunkedLeaf:
     mappable = False
     ranged_read = False
 
-    def __init__(self, info: LeafInfo, capacity: int, io: ChunkIO, cache_bytes: int = CHUNK_CACHE_BYTES):
+    def __init__(self, info: LeafInfo, capacity: int, io: ChunkIO):
         self.info = info
         self.in_place = io.in_place
         self.atomic_replace = not io.in_place
@@ -455,7 +453,7 @@ class ChunkedLeaf:
         self.shape = tuple(io.shape)
         self.staged: dict[int, np.ndarray] = {}
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self.set_cache_bytes(cache_bytes)
+        self.set_cache_bytes(CHUNK_CACHE_BYTES)  # until Store.set_chunk_cache says otherwise
 
     def set_cache_bytes(self, nbytes: int) -> None:
         """Keep about ``nbytes`` of decoded chunks (at least two; 0: none), oldest out first."""

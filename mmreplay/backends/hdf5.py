@@ -15,6 +15,7 @@ references lies in the missing bytes (:func:`restore_recorded_end`).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -216,10 +217,8 @@ class _SwmrFile:
             fsync_path(self.path)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.file.close()
-        except Exception:
-            pass
 
 
 def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf]:
@@ -448,7 +447,6 @@ def hdf5_status(path: str) -> tuple[int, int] | None:
 @dataclass
 class _Hdf5State:
     unusable: str | None = None
-    flags_set: bool = False
     short: int | None = None  # the file is shorter than HDF5's end-of-file address
     unused_tail: bool = False  # ... and nothing it references lies in the missing bytes
     bad_chunks: dict[str, dict[int, str]] = field(default_factory=dict)
@@ -494,7 +492,6 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
         found.short = size if found.short is None else min(found.short, size)
         problems.append(f"data file {path} has {size} bytes, the mapped leaves need {need}")
     if flags and holder_pid(folder) is None:
-        found.flags_set = True
         problems.append(
             f"{path}: marked open for writing by a writer that died (HDF5 status flags); "
             "plain h5py cannot open it until `mmreplay recover` or the next writer clears them"

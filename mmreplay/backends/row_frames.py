@@ -31,6 +31,7 @@ over the leaf's byte source, a local folder or an object store); here is the wri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -755,8 +756,6 @@ class RowFrameLeaf(RowFrameReads):
             self.header = None
             self.staged = None
             if self.mm is not None:
-                try:
+                with contextlib.suppress(BufferError):
                     self.mm.close()
-                except BufferError:
-                    pass
                 self.mm = None

@@ -13,6 +13,7 @@ at stale offsets (see :mod:`mmreplay.io`).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import warnings
@@ -547,10 +548,8 @@ class RowFrameReads(TakenLeaf):
         self.mapped[k] = False
         self.buffers[k] = None
         if isinstance(buf, mmap.mmap):
-            try:
+            with contextlib.suppress(BufferError):  # a decode still holds a view; the mapping closes with it
                 buf.close()
-            except BufferError:
-                pass  # a decode still holds a view; the mapping closes with it
 
     def _close_file(self, k: int) -> None:
         handle = self.files.pop(k, None)

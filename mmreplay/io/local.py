@@ -131,10 +131,9 @@ def _walk(folder: str, parts: list[str], create: bool) -> int:
                 except FileNotFoundError:
                     if not create:
                         raise
-                    try:  # (made only where missing: most folders are there, and a failed mkdir costs more)
+                    # (made only where missing: most folders are there, and a failed mkdir costs more)
+                    with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass
                     inner = os.open(part, _FOLDER, dir_fd=fd)
             except OSError as exc:
                 where = os.path.join(folder, *parts[: i + 1])

@@ -19,6 +19,7 @@ parallel again while page-cached batches pay no per-row syscall.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import threading
@@ -284,10 +285,8 @@ def memory_available() -> int:
                     best = int(line.split()[1]) * 1024
                     break
     except (OSError, ValueError):  # no /proc (macOS): the physical memory
-        try:
+        with contextlib.suppress(OSError, ValueError):
             best = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError):
-            pass
     try:
         with open("/proc/self/cgroup") as f:
             lines = f.read().splitlines()
