@@ -398,6 +398,27 @@ def test_convert_copies_a_frames_store_into_one_that_keeps_every_leaf(tmp_path):
         _compare_window(copy, src)
 
 
+def test_a_copy_compresses_the_derived_next_observations_as_their_frames_were(tmp_path):
+    """compression="same" (the default): next_obs, kept as its observation's frames, gets
+    that leaf's codec and chunking, not uncompressed stacks of four."""
+    pytest.importorskip("zstandard")
+    pytest.importorskip("cramjam")
+    from mmreplay.convert import convert
+
+    with mr.create(
+        tmp_path / "a", spec(FRAME, 4, -1), 30, num_envs=2, chunk_steps=6,
+        compression={"obs": "rows:zstd:3"}, frames=mr.Frames(frame_stack=4),
+    ) as store:  # fmt: skip
+        episodes = Episodes(2, FRAME, 4, -1, "repeat", 0.05, 0)
+        for _ in range(40):
+            store.add(episodes.step())
+    convert(tmp_path / "a", tmp_path / "b")
+    with mr.open(tmp_path / "a") as src, mr.open(tmp_path / "b") as copy:
+        kept = {leaf.path: (leaf.compression, leaf.chunk_steps) for leaf in copy.metadata.leaves}
+        assert kept["obs"] == kept["next_obs"] == ("rows:zstd:3", 6), kept
+        _compare_window(copy, src)
+
+
 @pytest.mark.parametrize("codec", ["rows:lz4", "rows:zstd:1"])
 @pytest.mark.parametrize("axis", [-1, 0])
 def test_row_frame_leaves_store_frames_once_across_seals_wraps_and_reopening(tmp_path, codec, axis):
