@@ -98,12 +98,16 @@ def convert(
     out = check_target(out, [src], what="converted store")
     with open_store(src, mode="r") as store:
         meta = store.metadata
-        # the spec's leaves: a copy of a store that keeps each frame once keeps every leaf
-        leaves = [leaf for leaf in meta.leaves if leaf.path in set(store.leaf_paths)]
+        # the spec's leaves: a copy of a store that keeps each frame once keeps every leaf,
+        # a derived next observation as its observation's frames are kept
+        stored = {leaf.path: leaf for leaf in meta.leaves}
+        pairs = meta.frames.pairs if meta.frames is not None else ()
+        stored.update({p.next: stored[p.obs] for p in pairs if p.next is not None and p.next not in stored})
+        leaves = [(path, stored[path]) for path in store.leaf_paths]
         if compression == "same":
-            compression = {leaf.path: leaf.compression for leaf in leaves if leaf.compression}
+            compression = {path: leaf.compression for path, leaf in leaves if leaf.compression}
         if chunk_steps is None and backend in (None, meta.backend) and capacity in (None, meta.capacity):
-            chunk_steps = {leaf.path: leaf.chunk_steps for leaf in leaves}
+            chunk_steps = {path: leaf.chunk_steps for path, leaf in leaves}
         cap = capacity or meta.capacity
         first, end = store.first_step, store.committed_steps
         first = max(first, end - cap)

@@ -394,7 +394,7 @@ class FrameWriter:
         out = []
         for leaf, value in zip(leaves, values):
             if isinstance(leaf, FrameLeaf):
-                if not np.array_equal(leaf.read(slots), value):
+                if not np.array_equal(leaf.read(slots), value, equal_nan=True):
                     raise BadInputError(
                         f"{where}: set() cannot change leaf {leaf.info.path!r} of a store that keeps each frame "
                         "once (a row's frames are its neighbours' too); only the other leaves can be set"
@@ -529,8 +529,8 @@ class FrameWriter:
             is_start = np.ones(len(envs), bool)
             for pos in range(k - 1):
                 before = _part(stacks, a, pos)
-                pad_ok = (before == 0) if self.layout.pad == "zeros" else (before == newest)
-                is_start &= pad_ok.reshape(len(envs), -1).all(axis=1)
+                zeros = self.layout.pad == "zeros"
+                is_start &= (before == 0).reshape(len(envs), -1).all(axis=1) if zeros else _rows_equal(before, newest)
             if not is_start.all():
                 raise BadInputError(
                     f"leaf {self.layout.pairs[j].obs!r}, env {int(envs[~is_start][0])}: a frame stack must be "
@@ -777,9 +777,15 @@ def _words(a: np.ndarray) -> np.ndarray | None:
 
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per env (leading axis): are ``a`` and ``b`` equal? Compared as 64-bit words when
-    both are contiguous."""
+    both are contiguous; floats bit for bit (a NaN pixel, a depth camera's missing return,
+    equals itself)."""
     ne = len(a)
+    if a.dtype == b.dtype and a.dtype.kind == "f" and a.dtype.itemsize in (2, 4, 8):
+        a, b = a.view(f"u{a.dtype.itemsize}"), b.view(f"u{a.dtype.itemsize}")
     wa, wb = _words(a), _words(b)
     if wa is not None and wb is not None and a.dtype == b.dtype and a.shape == b.shape:
         return (wa == wb).all(axis=1)
-    return (a == b).reshape(ne, -1).all(axis=1)
+    same = a == b
+    if "f" in (a.dtype.kind, b.dtype.kind):
+        same |= np.isnan(a) & np.isnan(b)
+    return same.reshape(ne, -1).all(axis=1)

@@ -27,11 +27,16 @@ READ_BLOCK_FRAMES = 256
 
 def to_uint8(x: np.ndarray) -> np.ndarray:
     """Pixel values as uint8: uint8 as is, bool as 0/255, floats in [0, 1] times 255,
-    anything else scaled from its range to 0..255."""
+    anything else scaled from its range to 0..255; NaN and infinite pixels (a depth
+    camera's missing returns) show as the lowest finite value, the range is the rest's."""
     if x.dtype == np.uint8:
         return x
     if x.dtype == np.bool_:
         return x.astype(np.uint8) * np.uint8(255)
+    if x.dtype.kind == "f":
+        finite = np.isfinite(x)
+        if not finite.all():
+            x = np.where(finite, x, np.min(x, initial=np.inf, where=finite) if finite.any() else 0)
     if x.size == 0:
         return x.astype(np.uint8)
     lo, hi = float(np.min(x)), float(np.max(x))

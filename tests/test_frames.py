@@ -272,6 +272,42 @@ def test_a_stack_that_does_not_follow_is_refused_and_changes_nothing(tmp_path):
         assert store.get(0)["truncated"].all() and not store.get(1)["truncated"].any()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_depth_stacks_with_nan_pixels_are_taken_and_read_back_bit_for_bit(tmp_path, dtype):
+    """A depth camera's missing returns are NaN: a repeated first frame, a stack that
+    follows and an unchanged row given to set() compare their NaN pixels equal."""
+    sp = spec((6, 8), 4, -1)
+    sp["obs"] = sp["next_obs"] = mr.ArraySpec((6, 8, 4), dtype)
+    full = mr.create(tmp_path / "full", sp, 12, num_envs=2)
+    once = mr.create(tmp_path / "once", sp, 12, num_envs=2, frames=mr.Frames(frame_stack=4))
+    rng = np.random.default_rng(0)
+
+    def frame() -> np.ndarray:
+        f = rng.uniform(0.2, 5.0, (2, 6, 8)).astype(dtype)
+        f[:, 0, :3] = np.nan
+        f[:, 1, 0] = -0.0
+        return f
+
+    obs = np.repeat(frame()[..., None], 4, axis=-1)
+    for t in range(30):
+        nxt = np.concatenate([obs[..., 1:], frame()[..., None]], axis=-1)
+        ends = np.array([t % 7 == 6, t % 5 == 4])
+        step = {"obs": obs, "next_obs": nxt, "action": np.zeros((2, 2), "float32"),
+                "reward": np.zeros(2, "float32"), "terminated": ends, "truncated": np.zeros(2, bool)}  # fmt: skip
+        full.add(step)
+        once.add(step)
+        obs = np.where(ends[:, None, None, None], np.repeat(frame()[..., None], 4, axis=-1), nxt)
+    first, end = once.window[:2]
+    steps = np.arange(first, end)
+    bits = f"u{np.dtype(dtype).itemsize}"
+    for p, a, b in zip(full.leaf_paths, full.read_steps(steps), once.read_steps(steps)):
+        assert np.array_equal(a.view(bits) if a.dtype == dtype else a, b.view(bits) if b.dtype == dtype else b), p
+    once.set(0, dict(once.get(0), truncated=np.array([True, False])))  # frames unchanged, NaN and all
+    assert once.get(0)["truncated"].tolist() == [True, False]
+    full.close()
+    once.close()
+
+
 def test_a_full_side_ring_drops_the_oldest_steps_never_a_wrong_frame(tmp_path):
     full, once = _stores(tmp_path, 2, 1, -1, "repeat", 50, final_slots=4)
     episodes = Episodes(2, FRAME, 1, -1, "repeat", 0.5, 3)
@@ -395,6 +431,27 @@ def test_convert_copies_a_frames_store_into_one_that_keeps_every_leaf(tmp_path):
     convert(tmp_path / "a", tmp_path / "b", backend="hdf5")
     with mr.open(tmp_path / "a") as src, mr.open(tmp_path / "b") as copy:
         assert copy.frames is None and copy.window[:2] == src.window[:2]
+        _compare_window(copy, src)
+
+
+def test_a_copy_compresses_the_derived_next_observations_as_their_frames_were(tmp_path):
+    """compression="same" (the default): next_obs, kept as its observation's frames, gets
+    that leaf's codec and chunking, not uncompressed stacks of four."""
+    pytest.importorskip("zstandard")
+    pytest.importorskip("cramjam")
+    from mmreplay.convert import convert
+
+    with mr.create(
+        tmp_path / "a", spec(FRAME, 4, -1), 30, num_envs=2, chunk_steps=6,
+        compression={"obs": "rows:zstd:3"}, frames=mr.Frames(frame_stack=4),
+    ) as store:  # fmt: skip
+        episodes = Episodes(2, FRAME, 4, -1, "repeat", 0.05, 0)
+        for _ in range(40):
+            store.add(episodes.step())
+    convert(tmp_path / "a", tmp_path / "b")
+    with mr.open(tmp_path / "a") as src, mr.open(tmp_path / "b") as copy:
+        kept = {leaf.path: (leaf.compression, leaf.chunk_steps) for leaf in copy.metadata.leaves}
+        assert kept["obs"] == kept["next_obs"] == ("rows:zstd:3", 6), kept
         _compare_window(copy, src)
 
 

@@ -461,6 +461,26 @@ def test_a_picture_leaf_compressed_in_chunks_is_told_the_row_setting_at_creation
     assert cli.stderr.startswith("Warning: leaf 'obs'") and cli.stderr.count("\n") == 1, cli.stderr
 
 
+def test_creating_an_lz4_row_leaf_warns_nothing_from_python_or_the_cli(tmp_path):
+    """zarr's "numcodecs codecs are not in the v3 spec" is no news to a user: zarr reads them."""
+    import warnings
+
+    spec = {"obs": mr.ArraySpec((16, 16, 3), "uint8")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with mr.create(tmp_path / "b", spec, 10, compression="rows:lz4") as store:
+            store.extend({"obs": np.ones((12, 1, 16, 16, 3), "uint8")})
+        with mr.open(tmp_path / "b") as reader:
+            assert reader.sample(4, rng=0)["obs"].min() == 1
+    (tmp_path / "spec.json").write_text('{"obs": {"shape": [16, 16, 3], "dtype": "uint8"}}')
+    cli = subprocess.run(
+        [sys.executable, "-m", "mmreplay.cli", "create", str(tmp_path / "c"), "--spec", str(tmp_path / "spec.json"),
+         "--capacity", "10", "--compression", "rows:lz4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert cli.returncode == 0 and cli.stderr == "", cli.stderr
+
+
 def test_without_the_pixels_extra_the_error_names_it(tmp_path):
     path = tmp_path / "b"
     mr.create(path, {"x": mr.ArraySpec((2,), "uint8")}, 8, compression="rows:zstd").close()

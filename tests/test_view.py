@@ -165,6 +165,23 @@ def test_float_frames_in_0_1_are_scaled_to_bytes(tmp_path):
     assert np.array_equal(np.stack(got)[..., 0], np.rint(x[:, 0] * 255).astype(np.uint8))
 
 
+def test_depth_frames_with_nan_and_inf_pixels_show_the_finite_ones_scaled(tmp_path):
+    """A depth camera's missing returns (NaN, inf) once made every pixel of the clip 0."""
+    import warnings
+
+    metres = np.linspace(0.5, 4.0, 16, dtype=np.float32)
+    depth = np.stack([np.tile(np.roll(metres, t), (1, 16, 1)) for t in range(6)])  # [T, 1, H, W]
+    depth[:, 0, 3, 3], depth[:, 0, 5, 5] = np.nan, np.inf
+    with mr.create(tmp_path / "b", {"obs": mr.ArraySpec((16, 16), "float32")}, 6) as store:
+        store.extend({"obs": depth})
+    with warnings.catch_warnings(), mr.open(tmp_path / "b") as reader:
+        warnings.simplefilter("error")
+        got = np.stack(gif_frames(mr.view(reader, tmp_path / "d.gif", scale=1)))[..., 0]
+    shown = np.where(np.isfinite(depth[:, 0]), depth[:, 0], 0.5)  # as the lowest finite value
+    want = np.rint((shown.astype(np.float64) - 0.5) * 255 / 3.5).astype(np.uint8)
+    assert np.array_equal(got, want)
+
+
 # --- contact sheet -----------------------------------------------------------------------
 
 

@@ -100,7 +100,10 @@ def _create_array(
     rows = is_row_compression(leaf.compression)
     layout: dict[str, Any]
     if rows:
-        layout = {"chunks": inner, "serializer": _row_serializer(leaf), "compressors": None, "filters": None}
+        with warnings.catch_warnings():  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
+            warnings.simplefilter("ignore")
+            serializer = _row_serializer(leaf)
+        layout = {"chunks": inner, "serializer": serializer, "compressors": None, "filters": None}
     elif leaf.compression is not None:
         # a CRC-32C per chunk: a damaged chunk is an error, never other rows
         layout = {"chunks": inner, "compressors": [_compressor(leaf.compression), Crc32cCodec()]}
