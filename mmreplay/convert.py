@@ -10,8 +10,9 @@ may keep running (the copy is of the state when it started).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from .creation import create
 from .episodes import continue_index, fresh_envs
-from .errors import OverwrittenError
+from .errors import OverwrittenError, SpecError
 from .files import AtomicOutput, check_target
 from .spec import ArraySpec, flatten, unflatten
 from .statefile import StateFile
@@ -104,7 +105,8 @@ def convert(
         pairs = meta.frames.pairs if meta.frames is not None else ()
         stored.update({p.next: stored[p.obs] for p in pairs if p.next is not None and p.next not in stored})
         leaves = [(path, stored[path]) for path in store.leaf_paths]
-        if compression == "same":
+        kept = compression == "same"
+        if kept:
             compression = {path: leaf.compression for path, leaf in leaves if leaf.compression}
         if chunk_steps is None and backend in (None, meta.backend) and capacity in (None, meta.capacity):
             chunk_steps = {path: leaf.chunk_steps for path, leaf in leaves}
@@ -118,20 +120,21 @@ def convert(
             spec = {**spec, **added}
         recorded = dict(store.sampler.state_json() if sampler is None else sampler)
         with AtomicOutput(out, "folder", "converted store") as scratch:
-            dst = create(
-                scratch.tmp,
-                spec,
-                capacity=cap,
-                num_envs=meta.num_envs,
-                backend=backend or meta.backend,
-                chunk_steps=chunk_steps,
-                compression=compression,
-                commit_every=commit_every or meta.commit_every,
-                durability=meta.durability,
-                roles=meta.roles,
-                sampler=recorded.pop("name"),
-                **recorded,
-            )
+            with _kept_codecs_named(kept):
+                dst = create(
+                    scratch.tmp,
+                    spec,
+                    capacity=cap,
+                    num_envs=meta.num_envs,
+                    backend=backend or meta.backend,
+                    chunk_steps=chunk_steps,
+                    compression=compression,
+                    commit_every=commit_every or meta.commit_every,
+                    durability=meta.durability,
+                    roles=meta.roles,
+                    sampler=recorded.pop("name"),
+                    **recorded,
+                )
             try:
                 if meta.attrs:
                     dst.set_attrs(**meta.attrs)
@@ -160,3 +163,15 @@ def convert(
 def unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Values of rows never written: NaN for floating dtypes, zero otherwise."""
     return np.full(shape, np.nan if dtype.kind in "fc" else 0, dtype)
+
+
+@contextlib.contextmanager
+def _kept_codecs_named(kept: bool) -> Iterator[None]:
+    """A codec the new backend cannot take, which the caller did not ask for but the copy
+    kept from the source: say how to choose another."""
+    try:
+        yield
+    except SpecError as exc:
+        if not kept or "compression" not in str(exc):
+            raise
+        raise SpecError(f"{exc} (kept from the source: choose one with compression=, --compression)") from None

@@ -234,8 +234,10 @@ def test_convert_of_row_frames_to_hdf5_names_the_leaf_and_what_hdf5_takes(tmp_pa
     with mr.create(tmp_path / "src", spec, 16, compression={"obs": "rows:lz4"}) as store:
         store.add({"obs": np.ones((1, 8, 8), "uint8"), "reward": np.zeros(1, "float32")})
     out = shell("convert", tmp_path / "src", tmp_path / "h5", "--backend", "hdf5")
-    one_line_error(out, 2, "leaf 'obs', hdf5 backend: compression 'rows:lz4'")
+    one_line_error(out, 2, "leaf 'obs', hdf5 backend: compression 'rows:lz4'", "kept from the source", "--compression")
     assert "zarr backend only" in out.stderr and not (tmp_path / "h5").exists()
+    out = shell("convert", tmp_path / "src", tmp_path / "h5", "--backend", "hdf5", "--compression", "rows:zstd")
+    assert "kept from the source" not in one_line_error(out, 2, "compression 'rows:zstd'")  # asked for, not kept
     run("convert", tmp_path / "src", tmp_path / "h5", "--backend", "hdf5", "--compression", "gzip", "-q")
 
 
