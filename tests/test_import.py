@@ -363,6 +363,20 @@ def test_npz_export_is_a_plain_zip_of_npy_members(tmp_path):
     )
 
 
+def test_a_csv_import_keeps_whole_numbers_beyond_float64s_exact_range(tmp_path):
+    """Cells were parsed as float64: an int64 id of 2**53 + 1 came back as 2**53."""
+    big = np.array([2**53 + 1, -(2**62) - 3, 2**63 - 1], np.int64)
+    spec = {"id": mr.ArraySpec((), "int64"), "x": mr.ArraySpec((), "float64")}
+    with mr.create(tmp_path / "s", spec, 5, num_envs=3) as store:
+        store.add({"id": big, "x": np.array([0.1, 1e300, -2.5])})
+        export(store, tmp_path / "s.csv", format="csv")
+    import_dataset(tmp_path / "s.csv", tmp_path / "b")
+    with mr.open(tmp_path / "b") as b:
+        got = b.get(slice(None))
+    assert got["id"].dtype == np.int64 and got["id"][0].tolist() == big.tolist()
+    assert got["x"][0].tolist() == [0.1, 1e300, -2.5]
+
+
 def test_a_csv_import_takes_the_dtypes_and_shapes_it_is_given(tmp_path):
     """csv keeps no dtype: whole numbers would come back int64 and flags as numbers."""
     spec = {"x": mr.ArraySpec((), "float32"), "done": mr.ArraySpec((), "bool"), "k": mr.ArraySpec((2, 2), "uint8")}
