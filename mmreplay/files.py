@@ -80,16 +80,16 @@ def check_target(
         return out
     if recognise is None:
         raise TargetError(f"{out}: already exists; choose a new path for the {what}")
-    if not force:
-        raise TargetError(f"{out}: already exists; pass --force (force=True) to replace an earlier {what}")
     try:
         known = recognise(out)
     except Exception:  # noqa: BLE001 - whatever cannot be read is not an earlier export
         known = False
-    if not known:
+    if not known:  # said first, so that no message asks for a --force that would not help
         raise TargetError(
             f"{out}: exists and is not an earlier {what}; refusing to replace it even with --force"
         )
+    if not force:
+        raise TargetError(f"{out}: already exists; pass --force (force=True) to replace an earlier {what}")
     return out
 
 

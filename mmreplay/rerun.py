@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import BadInputError, NotEnoughDataError
+from .errors import BadInputError, NotEnoughDataError, TargetError
 from .files import raise_named
 from .selection import READ_BLOCK_FRAMES, read_leaf, select, to_uint8
 from .spec import Layout
@@ -82,6 +82,8 @@ def log_rerun(
     path = os.fspath(out)
     if not path.lower().endswith(".rrd"):
         raise BadInputError(f"{path}: a Rerun recording's name ends with .rrd")
+    if os.path.isdir(path):
+        raise TargetError(f"{path}: is a folder; a Rerun recording is a file, and force replaces only a file")
     if os.path.lexists(path) and not force:
         raise FileExistsError(f"{path}: already exists; pass force=True (--force) to overwrite it")
     if not (isinstance(fps, (int, float)) and fps > 0):
@@ -155,7 +157,8 @@ def _log_episodes(
         index[(ids >= span.first_step) & (ids <= span.last_step)] = k
         if span.first_step >= lo:
             marks.append((span.first_step, "INFO", f"episode {k} starts"))
-        if span.status != "open" and span.last_step <= hi:
+        ended = span.ended  # also for an episode whose start the ring overwrote ("open")
+        if ended != "running" and span.last_step <= hi:
             ret = ""
             if reward in store.leaf_paths:
                 r = read_leaf(
@@ -166,8 +169,9 @@ def _log_episodes(
                     None,
                 )
                 ret = f", return {float(np.sum(r, dtype=np.float64)):.6g}"
-            level = "WARN" if span.status == "terminated" else "INFO"
-            marks.append((span.last_step, level, f"episode {k} {span.status} (length {span.length}{ret})"))
+            level = "WARN" if ended == "terminated" else "INFO"
+            length = f"length {span.length}" if span.status != "open" else f"its last {span.length} steps"
+            marks.append((span.last_step, level, f"episode {k} {ended} ({length}{ret})"))
     if marks:
         at = np.array([m[0] for m in marks], np.int64)
         rec.send_columns(

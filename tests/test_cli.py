@@ -392,7 +392,7 @@ def test_create_from_json_and_yaml(tmp_path):
         (["inspect", "{tmp}"], "not an mmreplay buffer", 3),
         (["export", WRAPPED, "{tmp}/x", "--format", "tfrecord"], "unknown export format", 4),
         (["export", "{tmp}/missing", "{tmp}/x", "--format", "npz"], "no such folder", 3),
-        (["export", WRAPPED, "{tmp}/exists", "--format", "npz"], "already exists", 2),
+        (["export", WRAPPED, "{tmp}/exists", "--format", "npz"], "exists and is not an earlier npz export", 2),
         (["import", "{tmp}/missing.npz", "{tmp}/new"], "no such file", 3),
         (["import", WRAPPED + "/mmreplay.json", "{tmp}/new"], "not a Minari dataset", 4),
         (["convert", WRAPPED, "{tmp}/exists"], "already exists", 2),

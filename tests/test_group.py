@@ -349,6 +349,27 @@ def test_a_group_exports_as_one_dataset_shard_after_shard(tmp_path):
         assert len(set(obs[ids == episode, 0])) == 1  # one shard per episode
 
 
+@pytest.mark.parametrize("fmt", ["npz", "hdf5", "zarr"])
+def test_a_group_export_imports_back_with_no_episode_running_from_one_shard_into_the_next(tmp_path, fmt):
+    spec = {**SPEC, "truncated": mr.ArraySpec((), "bool")}
+    path = tmp_path / "g"
+    mr.create_group(path, spec, shards=3, capacity=30, num_envs=2).close()
+    for shard, n in enumerate([12, 0, 40]):  # shard 0 ends mid-episode (steps 7..11)
+        with mr.open_shard(path, shard) as store:
+            store.extend({**steps_of(shard, store.total_steps, n, 2), "truncated": np.zeros((n, 2), bool)})
+    out = tmp_path / f"all.{fmt}"
+    with mr.open_group(path) as group:
+        group.export(out, format=fmt)
+        want = [(e.env, e.first_step, e.last_step) for e in group.joined().episodes()]
+    mr.import_dataset(out, tmp_path / "back")
+    with mr.open(tmp_path / "back") as back:
+        got = sorted((e.env, e.first_step, e.last_step) for e in back.episodes())
+        obs = back.get(slice(None))["obs"]
+    assert got == sorted(want)
+    assert (0, 7, 11) in got  # shard 0's open episode ends with its shard, now truncated
+    np.testing.assert_array_equal(obs[:, 0, 0], [0] * 12 + [2] * 30)
+
+
 def test_the_cli_inspects_verifies_summarises_and_exports_a_group(tmp_path):
     pytest.importorskip("zarr")
     path = tmp_path / "g"

@@ -324,6 +324,27 @@ def test_step_major_export_imports_back_exactly(tmp_path, name, fmt):
             assert [s.status for s in copy.episode_index()] == [s.status for s in src.episode_index()]
 
 
+@pytest.mark.parametrize("roles", [{"terminated": "flag"}, None])
+def test_a_parquet_export_imports_back_with_its_episode_ends(tmp_path, roles):
+    """Episodes end where the export's flag columns say, also for a store whose spec has no
+    truncated (or no terminated) leaf: an open episode, written truncated, does not run on
+    into the next env's."""
+    spec = {"x": mr.ArraySpec((2,), "float32"), "flag": mr.ArraySpec((), "bool")}
+    with mr.create(tmp_path / "s", spec, capacity=10, num_envs=2, roles=roles) as s:
+        for t in range(14):
+            s.add({"x": np.full((2, 2), t, np.float32), "flag": np.array([t == 5, t == 8])})
+    with mr.open(tmp_path / "s") as s:
+        export(s, tmp_path / "x.parquet", "parquet")
+        want = [(e.length, e.status) for e in s.episodes()]
+    import_dataset(tmp_path / "x.parquet", tmp_path / "b")
+    with mr.open(tmp_path / "b") as b:
+        got = [(e.length, e.status) for e in b.episodes()]
+    # every episode back, each of the same length: those that ended terminated (also when
+    # the ring overwrote their start), the ones still open truncated
+    assert [n for n, _ in got] == [n for n, _ in want] == ([2, 8, 5, 5] if roles else [10, 10])
+    assert [st for _, st in got] == (["terminated", "truncated"] * 2 if roles else ["truncated"] * 2)
+
+
 def test_npz_export_is_a_plain_zip_of_npy_members(tmp_path):
     with mr.open(os.path.join(DATASETS, "pointchase-wrapped")) as src:
         export(src, tmp_path / "x.npz", "npz")
@@ -340,6 +361,20 @@ def test_npz_export_is_a_plain_zip_of_npy_members(tmp_path):
             "truncated.npy",
         ]
     )
+
+
+def test_a_csv_import_keeps_whole_numbers_beyond_float64s_exact_range(tmp_path):
+    """Cells were parsed as float64: an int64 id of 2**53 + 1 came back as 2**53."""
+    big = np.array([2**53 + 1, -(2**62) - 3, 2**63 - 1], np.int64)
+    spec = {"id": mr.ArraySpec((), "int64"), "x": mr.ArraySpec((), "float64")}
+    with mr.create(tmp_path / "s", spec, 5, num_envs=3) as store:
+        store.add({"id": big, "x": np.array([0.1, 1e300, -2.5])})
+        export(store, tmp_path / "s.csv", format="csv")
+    import_dataset(tmp_path / "s.csv", tmp_path / "b")
+    with mr.open(tmp_path / "b") as b:
+        got = b.get(slice(None))
+    assert got["id"].dtype == np.int64 and got["id"][0].tolist() == big.tolist()
+    assert got["x"][0].tolist() == [0.1, 1e300, -2.5]
 
 
 def test_a_csv_import_takes_the_dtypes_and_shapes_it_is_given(tmp_path):

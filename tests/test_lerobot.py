@@ -281,6 +281,22 @@ def test_a_stack_that_is_no_sliding_window_is_refused_and_nothing_is_written(tmp
     assert sorted(os.listdir(tmp_path)) == ["s"]
 
 
+def test_frames_the_av1_encoder_crashes_on_are_refused_in_one_line_and_export_with_another_codec(tmp_path):
+    """SVT-AV1 killed the export with SIGFPE on frames 8 to 24 px wide (16x16 images)."""
+    spec = {"obs": mr.ArraySpec((16, 16, 3), "uint8"), "terminated": mr.ArraySpec((), "bool")}
+    frames = np.random.default_rng(0).integers(0, 255, (6, 1, 16, 16, 3), dtype=np.uint8)
+    with mr.create(tmp_path / "s", spec, 10) as store:
+        store.extend({"obs": frames, "terminated": (np.arange(6) == 2)[:, None]})
+    out = run_cli("export", tmp_path / "s", tmp_path / "out", "-f", "lerobot", "-q")
+    one_line_error(out, 2, "'obs'", "16 px wide", "--codec libx264")
+    assert sorted(os.listdir(tmp_path)) == ["s"]
+    ok = run_cli("export", tmp_path / "s", tmp_path / "out", "-f", "lerobot", "--lossless", "-q")
+    assert ok.returncode == 0, ok.stderr
+    import_dataset(tmp_path / "out", tmp_path / "back")
+    with mr.open(tmp_path / "back") as back:
+        np.testing.assert_array_equal(back.get(slice(None))["obs"], frames)
+
+
 def test_cli_options_and_one_line_errors(source, tmp_path):
     ok = run_cli(
         "export",

@@ -98,3 +98,27 @@ def test_cli_logs_one_episode_of_one_env_and_refuses_what_it_cannot_do(store, tm
     one_line_error(run_cli("view", store.path, "--rerun", tmp_path / "one.rrd"), 2, "already exists")
     one_line_error(run_cli("view", store.path, "--rerun", tmp_path / "x.gif"), 2, ".rrd")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.rrd"]
+
+
+def test_a_wrapped_ring_marks_the_end_of_an_episode_whose_start_it_overwrote(tmp_path):
+    """Steady state: each env's oldest retained episode lost its start, and its end is
+    still an end in the recording."""
+    spec = {"reward": mr.ArraySpec((), "float32"), "terminated": mr.ArraySpec((), "bool")}
+    with mr.create(tmp_path / "s", spec, capacity=10, num_envs=1) as s:
+        for t in range(25):  # episodes end at steps 7, 17; the ring keeps 15..24
+            s.add({"reward": np.ones(1, np.float32), "terminated": np.array([t % 10 == 7])})
+    with mr.open(tmp_path / "s") as s:
+        spans = s.episode_index()
+        assert [(x.first_step, x.last_step, x.status) for x in spans] == [(15, 17, "open"), (18, 24, "open")]
+        texts = read(mr.view(s, out=tmp_path / "w.rrd"))["/env/0/episodes"]["TextLog:text"]
+    assert texts[17] == ["episode 0 terminated (its last 3 steps, return 3)"]
+    assert texts[15] == ["episode 0 starts"] and texts[18] == ["episode 1 starts"]
+
+
+def test_a_folder_in_the_recordings_place_is_refused_in_one_line_even_with_force(store, tmp_path):
+    (tmp_path / "x.rrd").mkdir()
+    (tmp_path / "x.rrd" / "mine").write_text("x")
+    out = run_cli("view", store.path, "--rerun", tmp_path / "x.rrd", "--force", "-q")
+    one_line_error(out, 2, f"{tmp_path / 'x.rrd'}: is a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.rrd"]
+    assert [p.name for p in (tmp_path / "x.rrd").iterdir()] == ["mine"]

@@ -64,9 +64,11 @@ def test_force_keeps_a_file_or_folder_that_is_no_export(tmp_path, fmt):
         if fmt != "minari":
             mine = mine / "mmreplay" / "pointchase-zarr-v0"
     before = sorted(os.listdir(tmp_path)), tree(mine)
-    out = run_cli("export", VECTOR, mine, "-f", fmt, "-q", "--force")
-    one_line_error(out, 2, "not an earlier", f"{fmt} export", "refusing")
-    assert (sorted(os.listdir(tmp_path)), tree(mine)) == before
+    # without --force too: the message does not ask for a --force that would be refused
+    for force in ([], ["--force"]):
+        out = run_cli("export", VECTOR, mine, "-f", fmt, "-q", *force)
+        one_line_error(out, 2, "not an earlier", f"{fmt} export", "refusing")
+        assert (sorted(os.listdir(tmp_path)), tree(mine)) == before
 
 
 @pytest.mark.parametrize(

@@ -371,9 +371,16 @@ def import_dataset(
                 if source.first_step:
                     fresh = range(source.num_envs) if source.fresh is None else source.fresh
                     store = begin_at(store, source.first_step, fresh)
+                done = 0
                 for leaves in guarded(source.blocks(), src, what):
-                    store.extend(unflatten(source.spec, leaves))
+                    n = len(leaves[0])
+                    cuts = sorted({b - done for b in source.breaks if done < b < done + n})
+                    for a, b in zip([0, *cuts], [*cuts, n]):
+                        store.extend(unflatten(source.spec, [v[a:b] for v in leaves]))
+                        if done + b in source.breaks:
+                            store.end_episodes()  # (commits)
                     store.commit()
+                    done += n
                     if progress is not None:
                         progress(len(leaves[0]) * source.num_envs)
             finally:

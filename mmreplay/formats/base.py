@@ -520,6 +520,8 @@ class Source:
     first_step: int = 0  # the global step id of the first step (continues the source's)
     fresh: list[int] | None = None  # envs whose first episode starts whole (None: all)
     attrs: dict[str, Any] | None = None
+    # steps (from the first) after which every env's open episode ends: a group's shards
+    breaks: tuple[int, ...] = ()
 
 
 def nest(paths: list[str], specs: list[ArraySpec]) -> dict[str, Any]:
@@ -564,6 +566,8 @@ def arrays_source(
         first_step = int(meta.get("first_step", 0))
         # older exports do not say which episodes start whole: only from step 0 on
         fresh = meta.get("fresh_envs", None if first_step == 0 else [])
+        # a group's export: no episode runs on from one shard into the next
+        breaks = tuple(int(shard["first_step"]) for shard in meta.get("shards", [])[1:])
     else:
         paths = sorted(k for k in arrays if not k.startswith("__"))
         if not paths:
@@ -580,7 +584,7 @@ def arrays_source(
         spec = nest(paths, specs)
         paths = leaf_paths(spec)
         roles = None
-        first_step, fresh = 0, None
+        first_step, fresh, breaks = 0, None, ()
     lengths = {p: int(arrays[p].shape[0]) for p in paths}
     if len(set(lengths.values())) > 1:
         raise BadInputError(f"{where}: arrays differ in length: {lengths}")
@@ -597,7 +601,7 @@ def arrays_source(
                 out.append(v.reshape(b - a, envs, *s.shape))
             yield out
 
-    return Source(spec, envs, steps, blocks, roles, first_step=first_step, fresh=fresh)
+    return Source(spec, envs, steps, blocks, roles, first_step=first_step, fresh=fresh, breaks=breaks)
 
 
 def episodes_source(

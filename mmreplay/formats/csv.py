@@ -106,7 +106,8 @@ def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> S
     with opener(src, "rt", newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         head = next(reader, None)
-        rows = np.array([[float(x) for x in r] for r in reader], np.float64).reshape(-1, len(head or []))
+        text = np.array(list(reader), str).reshape(-1, len(head or []))
+    rows = _numbers(text)
     if not head or head[:2] != ["step", "env"]:
         raise UnsupportedFormatError(f"{src}: a csv without the step and env columns mmreplay writes")
     envs = int(rows[:, 1].max()) + 1 if len(rows) else 1
@@ -120,11 +121,16 @@ def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> S
         groups.setdefault(key, []).append(i)
     arrays = {}
     for name, cols in groups.items():
-        values = rows[:, cols]
+        values = _numbers(text[:, cols])
         if spec is not None and name in spec:  # the caller knows what the text cannot say
             arrays[name] = _as_declared(values, spec[name], name, src).reshape(steps, envs, *spec[name].shape)
             continue
-        if np.all(np.isfinite(values)) and np.all(values == np.round(values)) and len(values):
+        if (
+            values.dtype.kind == "f"
+            and np.all(np.isfinite(values))
+            and np.all(values == np.round(values))
+            and len(values)
+        ):
             values = values.astype(np.int64)
         vector = len(cols) > 1 or head[cols[0]] != name
         arrays[name] = values.reshape(steps, envs, *((len(cols),) if vector else ()))
@@ -132,6 +138,18 @@ def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> S
     first = int(rows[0, 0]) if len(rows) else 0
     fresh = None if first == 0 else []  # csv does not say which episodes start whole
     return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh)
+
+
+def _numbers(text: np.ndarray) -> np.ndarray:
+    """Cells as int64 when every one is a whole number (exact beyond 2**53, where float64
+    is not), else as float64."""
+    for dtype in (np.int64, np.uint64, np.float64):
+        try:
+            return text.astype(dtype)
+        except (ValueError, OverflowError):
+            if dtype is np.float64:
+                raise
+    raise AssertionError  # (unreachable: float64 returned or raised)
 
 
 def _as_declared(values: np.ndarray, leaf: Any, name: str, src: str) -> np.ndarray:

@@ -425,6 +425,12 @@ def write(
         if c.stacks[0] > 1 and layout is not None and layout.stacked:
             c.pad = layout.pad  # the store checked its stacks as they came
     encoder = video_encoder(codec, crf, preset, lossless) if videos else None
+    for c in videos:  # SVT-AV1 (PyAV 15.1's) kills the process with SIGFPE on these widths
+        if encoder is not None and encoder.codec == "libsvtav1" and 8 <= c.stacks[2] <= 24:
+            raise BadInputError(
+                f"lerobot export: leaf {c.leaf!r} has frames {c.stacks[2]} px wide, on which the AV1 encoder "
+                "(libsvtav1) crashes (widths 8 to 24); give --codec libx264 (codec=) or --lossless"
+            )
     episodes = Episodes(store, options)
     if not episodes.count:
         raise NotEnoughDataError(f"{store.path}: no episodes to export (a LeRobot dataset holds episodes)")

@@ -243,7 +243,10 @@ def read(src: str, files: ExitStack) -> Source:
         raise UnsupportedFormatError(f"{src}: parquet files without mmreplay's metadata (not its export)")
     meta = json.loads(raw)
     spec = spec_from_json(meta["spec"])
-    roles = meta.get("roles") or {}
+    roles = dict(meta.get("roles") or {})
+    for role in ("terminated", "truncated"):  # the flag columns keep where each episode ended
+        if role not in roles and isinstance(spec, dict) and role not in spec:
+            spec, roles[role] = {**spec, role: ArraySpec((), "bool")}, role
     columns = {p: c for c, p in meta["columns"].items()}
     flags = {roles.get("terminated"): "terminated", roles.get("truncated"): "truncated"}
     paths = leaf_paths(spec)
