@@ -12,6 +12,7 @@ naming the ``.csv`` inside; an ``out`` ending in ``.gz`` is gzipped without it t
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -143,13 +144,10 @@ def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> S
 def _numbers(text: np.ndarray) -> np.ndarray:
     """Cells as int64 when every one is a whole number (exact beyond 2**53, where float64
     is not), else as float64."""
-    for dtype in (np.int64, np.uint64, np.float64):
-        try:
+    for dtype in (np.int64, np.uint64):
+        with contextlib.suppress(ValueError, OverflowError):
             return text.astype(dtype)
-        except (ValueError, OverflowError):
-            if dtype is np.float64:
-                raise
-    raise AssertionError  # (unreachable: float64 returned or raised)
+    return text.astype(np.float64)
 
 
 def _as_declared(values: np.ndarray, leaf: Any, name: str, src: str) -> np.ndarray:
