@@ -475,3 +475,16 @@ def test_an_export_or_copy_lapped_by_the_writer_says_so_in_their_words(tmp_path)
             assert "refresh()" not in str(caught.value)
             assert caught.value.step < caught.value.oldest
         assert not (tmp_path / "x.npz").exists() and not (tmp_path / "copy").exists()
+
+
+@pytest.mark.parametrize("steps", [0, 1])
+def test_a_minari_export_with_no_episode_to_write_is_refused_from_the_shell(tmp_path, steps):
+    """Before, it wrote a dataset of no episode (exit 0) that the import then refused."""
+    from conftest import one_line_error, run_cli
+
+    with mr.create(tmp_path / "b", QUICK_START, capacity=20, num_envs=1) as store:
+        if steps:
+            store.add({k: np.zeros((1, *s.shape), s.dtype) for k, s in QUICK_START.items()})
+    out = run_cli("export", tmp_path / "b", tmp_path / "root", "-f", "minari", "-q")
+    one_line_error(out, 2, "no episodes to export", "a Minari dataset needs at least one")
+    assert not (tmp_path / "root").exists()

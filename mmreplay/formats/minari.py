@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import BadInputError, CorruptBufferError, UnsupportedFormatError
+from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError, UnsupportedFormatError
 from ..files import disk_usage
 from ..joined import JoinedShards
 from ..roles import subtree
@@ -293,6 +293,12 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
                     _write_leaf(g, info_key(p), np.asarray(subtree(ep.data, p))[:n], opts)
                 count += 1
                 steps += n
+        if count == 0:  # (minari.load_dataset takes it; nothing can be read back from it)
+            complete = "complete " if options.complete_only else ""
+            raise NotEnoughDataError(
+                f"{store.path}: no {complete}episodes to export; a Minari dataset needs at least one "
+                "(without a next observation, an episode needs two steps: its last is the final observation)"
+            )
         image = looks_like_image(obs_spec) or looks_like_image(act_spec)
         metadata = {
             "dataset_id": dataset_id,
