@@ -117,8 +117,8 @@ def _close(*socks: socket.socket) -> None:
 
 
 @contextmanager
-def slow_link(endpoint: str, method: str):
-    link = SlowLink(endpoint, method)
+def slow_link(endpoint: str, method: str, delay: float = 0.6):
+    link = SlowLink(endpoint, method, delay)
     try:
         yield link
     finally:
@@ -173,15 +173,16 @@ def push_cli(
 
 @pytest.mark.parametrize("trials", [8, pytest.param(200, marks=pytest.mark.long)])
 def test_ctrl_c_during_push_ends_as_aborted_and_the_snapshot_stays_whole(tmp_path, s3_server, trials):
-    """Ctrl-C at random moments of pushes to a server whose uploads take 0.6 s to answer
-    (uploads are in flight most of the time): always "Aborted!" (or done, when the push finished
-    first), and the snapshot there verifies and holds whole rows after each."""
+    """Ctrl-C at random moments of pushes to a server whose uploads take 0.3 s to answer
+    (uploads are in flight most of the time: a push waits for six rounds of them, and does
+    about 0.3 s of its own work): always "Aborted!" (or done, when the push finished first),
+    and the snapshot there verifies and holds whole rows after each."""
     local = make(tmp_path / "buf", 30)
     url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:12]}/buffer"
     rng = random.Random(0)
     total = 30
     outcomes = {"aborted": 0, "done": 0}
-    with slow_link(s3_server, "PUT") as link:
+    with slow_link(s3_server, "PUT", 0.3) as link:
         env = {**os.environ, "AWS_ENDPOINT_URL": link.endpoint}
         code, out, err, _ = push_cli(local, url, env, None)
         assert code == 0, err
