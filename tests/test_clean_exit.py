@@ -53,6 +53,8 @@ class SlowLink:
         self.delay = delay
         self.abandoned = 0
         self.connections = 0
+        self.requests: list[str] = []  # the request line of each request of ``method``
+        self.held = self.most_held = 0  # answers held now, and the most held at once
         self.lock = threading.Lock()
         self.server = socket.socket()
         self.server.bind(("127.0.0.1", 0))
@@ -76,6 +78,11 @@ class SlowLink:
             while data := client.recv(1 << 16):
                 if not asked:
                     asked.append(data[: len(self.method)])
+                    if asked[0] == self.method:
+                        with self.lock:
+                            self.requests.append(data.split(b"\r\n", 1)[0].decode(errors="replace"))
+                            self.held += 1
+                            self.most_held = max(self.most_held, self.held)
                 far.sendall(data)
         with self.lock:
             self.connections -= 1
@@ -88,6 +95,8 @@ class SlowLink:
                 if asked:  # the first bytes of an answer
                     if asked[0] == self.method:
                         time.sleep(self.delay)
+                        with self.lock:
+                            self.held -= 1
                     asked.clear()
                 client.sendall(data)
         _close(client, far)
@@ -108,8 +117,8 @@ def _close(*socks: socket.socket) -> None:
 
 
 @contextmanager
-def slow_link(endpoint: str, method: str):
-    link = SlowLink(endpoint, method)
+def slow_link(endpoint: str, method: str, delay: float = 0.6):
+    link = SlowLink(endpoint, method, delay)
     try:
         yield link
     finally:
@@ -164,15 +173,16 @@ def push_cli(
 
 @pytest.mark.parametrize("trials", [8, pytest.param(200, marks=pytest.mark.long)])
 def test_ctrl_c_during_push_ends_as_aborted_and_the_snapshot_stays_whole(tmp_path, s3_server, trials):
-    """Ctrl-C at random moments of pushes to a server whose uploads take 0.6 s to answer
-    (uploads are in flight most of the time): always "Aborted!" (or done, when the push finished
-    first), and the snapshot there verifies and holds whole rows after each."""
+    """Ctrl-C at random moments of pushes to a server whose uploads take 0.3 s to answer
+    (uploads are in flight most of the time: a push waits for six rounds of them, and does
+    about 0.3 s of its own work): always "Aborted!" (or done, when the push finished first),
+    and the snapshot there verifies and holds whole rows after each."""
     local = make(tmp_path / "buf", 30)
     url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:12]}/buffer"
     rng = random.Random(0)
     total = 30
     outcomes = {"aborted": 0, "done": 0}
-    with slow_link(s3_server, "PUT") as link:
+    with slow_link(s3_server, "PUT", 0.3) as link:
         env = {**os.environ, "AWS_ENDPOINT_URL": link.endpoint}
         code, out, err, _ = push_cli(local, url, env, None)
         assert code == 0, err
@@ -287,6 +297,23 @@ def test_zarr_loop_still_busy_at_exit_ends_before_the_interpreter(tmp_path):
     )
     no_crash(out.stdout, out.stderr, out.returncode)
     assert out.returncode == 0 and out.stdout == "done\n", out.stderr
+
+
+def test_opening_a_store_in_object_storage_reads_its_leaves_metadata_together(tmp_path, s3_server):
+    """One request per leaf for its array's metadata (zarr.json: no zarr v2 objects asked
+    for), all of them in flight at once: a far store opens in one round trip for its
+    leaves, not one per leaf."""
+    url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:12]}/buffer"
+    mr.push(make(tmp_path / "buf", 10), url)
+    with slow_link(s3_server, "GET") as link:
+        env = {**os.environ, "AWS_ENDPOINT_URL": link.endpoint}
+        out = run_script("import sys, mmreplay as mr\nmr.open(sys.argv[1]).close()\nprint('done')", url, env=env)
+        assert out.returncode == 0 and out.stdout == "done\n", out.stderr
+        assert link.gave_up() == 0
+    arrays = [r for r in link.requests if "/data.zarr/" in r]
+    assert len(arrays) == len(steps(0, 1)), link.requests
+    assert all(r.split()[1].endswith("/zarr.json") for r in arrays), link.requests
+    assert link.most_held == len(arrays), (link.most_held, link.requests)
 
 
 @pytest.mark.parametrize("trials", [4, pytest.param(80, marks=pytest.mark.long)])

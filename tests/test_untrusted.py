@@ -994,3 +994,29 @@ def test_open_inside_refuses_the_same_in_one_call_or_folder_by_folder(tmp_path, 
     with pytest.raises(FileNotFoundError) as missing:
         local.open_inside(store, "sub/missing/file")
     assert missing.value.filename.startswith(str(store / "sub" / "missing"))  # (the folder, or the file in it)
+
+
+def _read_calls() -> int:
+    """read(2) calls of this process so far (Linux counts them in /proc/self/io)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("syscr:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts reads through /proc/self/io (Linux)")
+def test_a_root_group_that_does_not_read_is_read_once_not_once_per_leaf(corpus_bases, tmp_path):
+    """Damaged HDF5 metadata is read METADATA_READ_ATTEMPTS times (a SWMR writer may be
+    writing it) before it counts as damaged: verify reads the root group's links once,
+    and each leaf below it is reported with that one failure."""
+    from mmreplay.backends.h5chunks import METADATA_READ_ATTEMPTS
+    from mmreplay.verify import verify
+
+    store, _ = build_case(corpus_bases, "data.h5 root header byte flipped", tmp_path / "damaged")
+    verify(str(store))  # (imports what verify imports on first use)
+    before = _read_calls()
+    problems = verify(str(store))
+    reads = _read_calls() - before
+    leaves = [leaf.path for leaf in read_metadata(str(store)).leaves]
+    assert len(leaves) > 2
+    for leaf in leaves:
+        assert any(f"the HDF5 metadata of {leaf!r} does not read" in p for p in problems), (leaf, problems)
+    assert reads < 2 * METADATA_READ_ATTEMPTS, f"{reads} reads for {len(leaves)} leaves below one damaged group"

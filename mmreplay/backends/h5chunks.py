@@ -470,7 +470,7 @@ class UnreadableMetadataError(CorruptBufferError):
     """Metadata of an HDF5 file that fails its checksum or does not parse."""
 
 
-def leaf_dataset(f: h5py.File, path: str, where: str) -> Any:
+def leaf_dataset(f: h5py.File, path: str, where: str, unreadable: dict[str, str] | None = None) -> Any:
     """The object at ``path`` in the open file (None: nothing there), reached through hard
     links only; a dataset must hold its data in the file itself.
 
@@ -479,17 +479,29 @@ def leaf_dataset(f: h5py.File, path: str, where: str) -> Any:
     storage, virtual datasets): following any of them reads, or writes, outside the
     buffer, so each is refused. Metadata that does not read (its checksum fails) is a
     corrupt buffer too.
+
+    ``unreadable`` (group path -> why), shared by the calls for one file's leaves: a
+    group whose links do not read is read once, not once per leaf below it (each read
+    of damaged metadata takes HDF5's re-reads, about a second).
     """
-    node = f
+    node, group = f, ""
     for part in path.split("/"):
         if not isinstance(node, h5py.Group):
             return None
+        if unreadable is not None and group in unreadable:
+            raise UnreadableMetadataError(f"{where}: the HDF5 metadata of {path!r} does not read ({unreadable[group]})")
         try:
             link = node.get(part, getlink=True)
+        except (RuntimeError, OSError, KeyError) as exc:
+            if unreadable is not None:
+                unreadable[group] = str(exc)
+            raise UnreadableMetadataError(f"{where}: the HDF5 metadata of {path!r} does not read ({exc})") from None
+        try:
             if isinstance(link, h5py.HardLink):
                 node = node[part]  # h5py says KeyError when the object's header does not read
         except (RuntimeError, OSError, KeyError) as exc:
             raise UnreadableMetadataError(f"{where}: the HDF5 metadata of {path!r} does not read ({exc})") from None
+        group = f"{group}/{part}"
         if link is None:
             return None
         if not isinstance(link, h5py.HardLink):

@@ -508,11 +508,12 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
         f = open_swmr_reader(path)
     except Exception as exc:
         return unusable(f"h5py cannot open {path}: {exc}")
+    unreadable: dict[str, str] = {}  # groups whose links do not read
     with f:
         for leaf in meta.leaves:
             where = f"leaf {leaf.path!r}"
             try:
-                dset = leaf_dataset(f, leaf.path, path)
+                dset = leaf_dataset(f, leaf.path, path, unreadable)
             except UnreadableMetadataError as exc:
                 unusable(str(exc))
                 continue

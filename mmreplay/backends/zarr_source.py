@@ -21,6 +21,7 @@ import zarr
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.codecs import ShardingCodec
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
 
 from ..errors import CorruptBufferError, ReadOnlyError
 from ..io import ByteSource, coalesce
@@ -28,7 +29,7 @@ from ..metadata import LeafInfo
 from .base import TakenLeaf
 from .row_reads import is_row_compression, shard_limit
 
-__all__ = ["BufferStore", "RangedLeaf", "chunk_key", "open_array"]
+__all__ = ["BufferStore", "RangedLeaf", "chunk_key", "open_array", "open_arrays"]
 
 #: the largest ``zarr.json`` read (mmreplay writes a few kB)
 ZARR_JSON_BYTES = 1 << 20
@@ -142,10 +143,45 @@ def chunk_key(arr: Any, k: int = 0) -> str:
 
 def open_array(source: ByteSource, rel: str, leaf: LeafInfo, num_envs: int, capacity: int, writable: bool) -> Any:
     """The zarr array of a leaf (the objects under ``rel``), read through :class:`BufferStore`."""
-    store = BufferStore.for_leaf(source, rel, leaf, num_envs, capacity, read_only=not writable)
+    got = open_arrays(source, [(rel, leaf)], num_envs, capacity, writable)[0]
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+def open_arrays(
+    source: ByteSource, leaves: list[tuple[str, LeafInfo]], num_envs: int, capacity: int, writable: bool
+) -> list[Any]:
+    """:func:`open_array` of several leaves ``(rel, leaf)`` at once: their metadata is read
+    together (from object storage, one round trip for all, not one per leaf). Each entry
+    is the array, or the exception its opening raised."""
+
+    async def one(rel: str, leaf: LeafInfo) -> Any:
+        store = BufferStore.for_leaf(source, rel, leaf, num_envs, capacity, read_only=not writable)
+        # zarr_format 3, what mmreplay writes: no requests for the objects of zarr v2 (.zarray, .zattrs)
+        return await zarr.api.asynchronous.open_array(store=store, mode="r+" if writable else "r", zarr_format=3)
+
+    async def every() -> list[Any]:
+        return await asyncio.gather(*(one(rel, leaf) for rel, leaf in leaves), return_exceptions=True)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
-        arr = zarr.open_array(store=store, mode="r+" if writable else "r")
+        opened = sync(every())
+    out: list[Any] = []
+    for (rel, _), got in zip(leaves, opened):
+        if isinstance(got, BaseException):
+            if not isinstance(got, Exception):
+                raise got
+            out.append(got)
+            continue
+        try:
+            out.append(_checked(source, rel, zarr.Array(got)))
+        except CorruptBufferError as exc:
+            out.append(exc)
+    return out
+
+
+def _checked(source: ByteSource, rel: str, arr: Any) -> Any:
     names = _codec_names(arr.metadata.codecs)
     if not names <= KNOWN_CODECS:
         raise CorruptBufferError(

@@ -44,7 +44,7 @@ from .checks import Repairs, chunks_of, leaf_nbytes, leaf_shape, retained_ranges
 from .row_codec import check_frames, is_row_compression, parse_row_compression, require_row_codecs
 from .row_frames import RowFrameLeaf, create_staging
 from .row_reads import STAGING_FILE, STAGING_MAGIC, read_shard_index, shard_limit, staging_bytes
-from .zarr_source import RangedLeaf, chunk_key, open_array
+from .zarr_source import RangedLeaf, chunk_key, open_array, open_arrays
 
 DATA_DIR = "data.zarr"
 
@@ -224,14 +224,19 @@ def _write_shard(path: str, leaf: LeafInfo, capacity: int, num_envs: int) -> Non
 
 def open_leaves(source: ByteSource, meta: Metadata, writable: bool) -> list[Leaf]:
     out: list[Leaf] = []
+    # the arrays' metadata, read together (the array of a mapped leaf's file is its shard)
+    arrays = [(f"{DATA_DIR}/{leaf.path}", leaf) for leaf in meta.leaves if not (leaf.mapped and source.local)]
+    opened = dict(zip((rel for rel, _ in arrays), open_arrays(source, arrays, meta.num_envs, meta.capacity, writable)))
     for leaf in meta.leaves:
         if leaf.mapped and source.local:
             mm = source.map(leaf.file or "", writable, (leaf.offset or 0) + leaf_nbytes(meta, leaf))
             out.append(MappedLeaf(leaf, meta.capacity, meta.num_envs, mm))
             continue
-        rel = f"{DATA_DIR}/{leaf.path}"  # the array (a mapped leaf's file is its shard)
+        rel = f"{DATA_DIR}/{leaf.path}"
         try:
-            arr = open_array(source, rel, leaf, meta.num_envs, meta.capacity, writable)
+            arr = opened[rel]
+            if isinstance(arr, Exception):
+                raise arr
         except CorruptBufferError:
             raise
         except Exception as exc:
