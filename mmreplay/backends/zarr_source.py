@@ -156,6 +156,9 @@ def open_arrays(
     together (from object storage, one round trip for all, not one per leaf). Each entry
     is the array, or the exception its opening raised."""
 
+    if not leaves:  # (a store of mapped leaves only: no trip through zarr's event loop)
+        return []
+
     async def one(rel: str, leaf: LeafInfo) -> Any:
         store = BufferStore.for_leaf(source, rel, leaf, num_envs, capacity, read_only=not writable)
         # zarr_format 3, what mmreplay writes: no requests for the objects of zarr v2 (.zarray, .zattrs)
