@@ -129,3 +129,21 @@ def test_dataset_needs_data(tmp_path):
     with pytest.raises(ValueError, match="num_steps"):
         StoreDataset(tmp_path / "b", num_steps=0)
 
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_send_back_the_items_of_a_namedtuple_spec(tmp_path, context):
+    # the namedtuple class is rebuilt from the folder's JSON, so no module holds it: its
+    # values still pickle, or a worker's batch never reaches the main process
+    import collections
+
+    Step = collections.namedtuple("Step", ["obs", "act"])
+    with mr.create(tmp_path / "b", Step(mr.ArraySpec((2,), "float32"), (mr.ArraySpec((), "int64"),)), 20) as w:
+        w.extend(Step(np.arange(24, dtype=np.float32).reshape(12, 1, 2), (np.arange(12).reshape(12, 1),)))
+    for ds, kwargs in [(StoreDataset(tmp_path / "b", num_steps=2), {"batch_size": 4}),
+                       (SampleDataset(tmp_path / "b", 4, num_batches=2, seed=0), {"batch_size": None})]:  # fmt: skip
+        batches = list(DataLoader(ds, num_workers=2, multiprocessing_context=context, timeout=60, **kwargs))
+        assert len(batches) == (3 if kwargs["batch_size"] else 2)
+        for b in batches:
+            assert type(b).__name__ == "Step" and b._fields == ("obs", "act")
+            np.testing.assert_array_equal(b.obs[..., 0].numpy(), 2 * b.act[0].numpy())
