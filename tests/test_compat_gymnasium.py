@@ -94,6 +94,7 @@ def test_the_json_of_every_storable_space_gives_back_its_spec():
         spaces.MultiDiscrete([3, 4], dtype=np.int32, start=[1, -1]),
         spaces.MultiBinary((2, 3)),
         spaces.Discrete(5, start=-2),
+        spaces.Discrete(5, dtype=np.int32),
         spaces.Box(np.zeros((2, 1), np.float16), np.ones((2, 1), np.float16), dtype=np.float16),
         spaces.Box(0, 1, (2,), dtype=np.bool_),
         spaces.Dict({"z": spaces.Discrete(3), "a": spaces.Tuple((spaces.Discrete(2), spaces.Box(0, 9, (), np.int16)))}),
