@@ -147,3 +147,17 @@ def test_workers_send_back_the_items_of_a_namedtuple_spec(tmp_path, context):
         for b in batches:
             assert type(b).__name__ == "Step" and b._fields == ("obs", "act")
             np.testing.assert_array_equal(b.obs[..., 0].numpy(), 2 * b.act[0].numpy())
+
+
+def test_a_step_overwritten_since_the_dataset_was_made_says_to_make_it_again(tmp_path):
+    with make(tmp_path, 10, 2, 10) as writer:
+        ds = StoreDataset(writer.path)
+        first = ds.first
+        writer.extend(steps_of(10, 3, 2))
+        writer.commit()
+        with mr.open(writer.path) as reader:
+            oldest = reader.first_step
+        for index in (0, len(ds) // 2):  # env 0's and env 1's first step
+            with pytest.raises(mr.OverwrittenError, match=f"step {first} of this StoreDataset.*make the dataset again"):
+                ds[index]
+        assert ds[oldest - first]["step"].item() == oldest  # steps still kept read as before
