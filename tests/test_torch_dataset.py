@@ -161,3 +161,15 @@ def test_a_step_overwritten_since_the_dataset_was_made_says_to_make_it_again(tmp
             with pytest.raises(mr.OverwrittenError, match=f"step {first} of this StoreDataset.*make the dataset again"):
                 ds[index]
         assert ds[oldest - first]["step"].item() == oldest  # steps still kept read as before
+
+
+def test_workers_find_a_relative_path_after_the_working_directory_changed(tmp_path, monkeypatch):
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with make(tmp_path, 20, 1, 6):
+        pass
+    datasets = [StoreDataset("b"), SampleDataset("b", batch_size=4, num_batches=1, seed=0)]
+    monkeypatch.chdir(tmp_path / "run")  # as a launcher moves into a run folder
+    steps, samples = (list(DataLoader(ds, batch_size=bs, num_workers=1)) for ds, bs in zip(datasets, [6, None]))
+    assert steps[0]["step"].tolist() == list(range(6))
+    assert samples[0]["step"].shape == (4,) and torch.all(samples[0]["obs"][:, 2] == samples[0]["step"] * 10)

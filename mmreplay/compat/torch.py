@@ -9,7 +9,7 @@
   for a learner reading a store that is still being collected. Use it with
   ``DataLoader(..., batch_size=None)``.
 
-Both hold only the buffer's path and the window they were made for: every process (each
+Both hold only the buffer's (absolute) path and the window they were made for: every process (each
 ``DataLoader`` worker, with fork or spawn) opens its own read-only store on first use,
 mapping the files itself.
 
@@ -41,6 +41,7 @@ except ImportError as exc:  # torch is an install extra
 
 from ..episodes import index_for
 from ..errors import OverwrittenError
+from ..io import is_url
 from ..read import SampleRequest, read_rows, sample, set_rng
 from ..read.request import positive
 from ..spec import map_structure
@@ -81,7 +82,9 @@ class _Opened:
 
 
 def _path_of(store: str | os.PathLike | Store) -> str:
-    return store.path if isinstance(store, Store) else os.fspath(store)
+    """The buffer's path as every process finds it, whatever its working directory then."""
+    path = store.path if isinstance(store, Store) else os.fspath(store)
+    return path if is_url(path) else os.path.abspath(path)
 
 
 class StoreDataset(Dataset):
