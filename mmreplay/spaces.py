@@ -40,7 +40,7 @@ def space_to_json(space: Any) -> dict[str, Any]:
             "high": space.high.tolist(),
         }
     if isinstance(space, spaces.Discrete):
-        return {"type": "Discrete", "dtype": "int64", "start": int(space.start), "n": int(space.n)}
+        return {"type": "Discrete", "dtype": str(space.dtype), "start": int(space.start), "n": int(space.n)}
     if isinstance(space, spaces.MultiDiscrete):
         return {
             "type": "MultiDiscrete",

@@ -462,8 +462,16 @@ def _namedtuple(name: str, fields: tuple[str, ...]) -> type:
             raise SpecError(f"namedtuple name or field {ident!r} is not a valid identifier")
     key = (name, fields)
     if key not in _NAMEDTUPLES:
-        _NAMEDTUPLES[key] = collections.namedtuple(name, fields)  # type: ignore[misc]
+        cls = collections.namedtuple(name, fields)  # type: ignore[misc]
+        # no module holds the class, so a value pickles as its name, fields and items (a
+        # DataLoader worker's batch goes back to the main process that way)
+        cls.__reduce__ = lambda self: (_namedtuple_value, (name, fields, tuple(self)))  # type: ignore[method-assign]
+        _NAMEDTUPLES[key] = cls
     return _NAMEDTUPLES[key]
+
+
+def _namedtuple_value(name: str, fields: tuple[str, ...], values: tuple) -> Any:
+    return _namedtuple(name, fields)(*values)
 
 
 def spec_from_json(obj: Any, _path: str = "") -> Any:

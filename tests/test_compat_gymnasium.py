@@ -94,6 +94,7 @@ def test_the_json_of_every_storable_space_gives_back_its_spec():
         spaces.MultiDiscrete([3, 4], dtype=np.int32, start=[1, -1]),
         spaces.MultiBinary((2, 3)),
         spaces.Discrete(5, start=-2),
+        spaces.Discrete(5, dtype=np.int32),
         spaces.Box(np.zeros((2, 1), np.float16), np.ones((2, 1), np.float16), dtype=np.float16),
         spaces.Box(0, 1, (2,), dtype=np.bool_),
         spaces.Dict({"z": spaces.Discrete(3), "a": spaces.Tuple((spaces.Discrete(2), spaces.Box(0, 9, (), np.int16)))}),
@@ -116,6 +117,31 @@ def test_a_space_the_recorder_cannot_describe_is_refused_before_the_folder_is_ma
     with pytest.raises(mr.SpecError, match="OneOf space has no fixed shape"):
         RecordTransitions(OddEnv(), tmp_path / "b", capacity=10)
     assert not (tmp_path / "b").exists()
+
+
+def test_values_the_store_refuses_are_refused_by_the_recorder_not_cast(tmp_path):
+    class PixelEnv(gymnasium.Env):  # observations past its uint8 Box, as a buggy env gives
+        observation_space = spaces.Box(0, 255, (2,), np.uint8)
+        action_space = spaces.Discrete(3)
+
+        def reset(self, *, seed=None, options=None):
+            return np.array([0, 255]), {}
+
+        def step(self, action):
+            return np.array([300, -1]), 1.0, False, False, {}
+
+    env = RecordTransitions(PixelEnv(), tmp_path / "b", capacity=10)
+    env.reset()
+    with pytest.raises(mr.BadInputError, match="leaf 'next_observation': values -1..300 do not fit uint8"):
+        env.step(1)
+    env.env.step = lambda action: (np.array([7, 8]), 1.0, False, False, {})
+    with pytest.raises(mr.BadInputError, match="leaf 'action': casting float64 to int64 is not safe"):
+        env.step(1.7)
+    env.step(2)
+    env.store.commit()
+    got = env.store.get(slice(None))
+    assert got["action"].tolist() == [[2]] and got["next_observation"].tolist() == [[[7, 8]]]
+    env.close()
 
 
 # --- a single env ---------------------------------------------------------------------

@@ -129,3 +129,47 @@ def test_dataset_needs_data(tmp_path):
     with pytest.raises(ValueError, match="num_steps"):
         StoreDataset(tmp_path / "b", num_steps=0)
 
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_send_back_the_items_of_a_namedtuple_spec(tmp_path, context):
+    # the namedtuple class is rebuilt from the folder's JSON, so no module holds it: its
+    # values still pickle, or a worker's batch never reaches the main process
+    import collections
+
+    Step = collections.namedtuple("Step", ["obs", "act"])
+    with mr.create(tmp_path / "b", Step(mr.ArraySpec((2,), "float32"), (mr.ArraySpec((), "int64"),)), 20) as w:
+        w.extend(Step(np.arange(24, dtype=np.float32).reshape(12, 1, 2), (np.arange(12).reshape(12, 1),)))
+    for ds, kwargs in [(StoreDataset(tmp_path / "b", num_steps=2), {"batch_size": 4}),
+                       (SampleDataset(tmp_path / "b", 4, num_batches=2, seed=0), {"batch_size": None})]:  # fmt: skip
+        batches = list(DataLoader(ds, num_workers=2, multiprocessing_context=context, timeout=60, **kwargs))
+        assert len(batches) == (3 if kwargs["batch_size"] else 2)
+        for b in batches:
+            assert type(b).__name__ == "Step" and b._fields == ("obs", "act")
+            np.testing.assert_array_equal(b.obs[..., 0].numpy(), 2 * b.act[0].numpy())
+
+
+def test_a_step_overwritten_since_the_dataset_was_made_says_to_make_it_again(tmp_path):
+    with make(tmp_path, 10, 2, 10) as writer:
+        ds = StoreDataset(writer.path)
+        first = ds.first
+        writer.extend(steps_of(10, 3, 2))
+        writer.commit()
+        with mr.open(writer.path) as reader:
+            oldest = reader.first_step
+        for index in (0, len(ds) // 2):  # env 0's and env 1's first step
+            with pytest.raises(mr.OverwrittenError, match=f"step {first} of this StoreDataset.*make the dataset again"):
+                ds[index]
+        assert ds[oldest - first]["step"].item() == oldest  # steps still kept read as before
+
+
+def test_workers_find_a_relative_path_after_the_working_directory_changed(tmp_path, monkeypatch):
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with make(tmp_path, 20, 1, 6):
+        pass
+    datasets = [StoreDataset("b"), SampleDataset("b", batch_size=4, num_batches=1, seed=0)]
+    monkeypatch.chdir(tmp_path / "run")  # as a launcher moves into a run folder
+    steps, samples = (list(DataLoader(ds, batch_size=bs, num_workers=1)) for ds, bs in zip(datasets, [6, None]))
+    assert steps[0]["step"].tolist() == list(range(6))
+    assert samples[0]["step"].shape == (4,) and torch.all(samples[0]["obs"][:, 2] == samples[0]["step"] * 10)

@@ -33,6 +33,7 @@ from ..spaces import SPACES_ATTR, space_to_json
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
 from ..store import Store
 from ..store import open as open_store
+from ..values import StepValidator
 from ._shared import describe, flatten_like
 
 __all__ = [
@@ -137,6 +138,7 @@ class _Writer:
         self.store = _attach(target, self.spec, roles, num_envs, capacity, options)
         record_spaces(self.store, observation_space, action_space, env_spec)
         self.leaf_specs: list[ArraySpec] = flatten(self.spec)
+        self.validator = StepValidator(self.spec, num_envs)
         self.truncated = leaf_paths(self.spec).index("truncated")
         self.queues: list[deque[list[Any]]] = [deque() for _ in range(num_envs)]
 
@@ -145,7 +147,12 @@ class _Writer:
         values = flatten_like(self.spec, transition)
         if values is None:
             raise ValueError(f"the transition does not match the spec {self.spec}")
-        return [np.asarray(v, s.dtype) for v, s in zip(values, self.leaf_specs)]
+        # the store's checks, before a cast: an observation past a uint8 Box, or a float
+        # action for a Discrete one, is refused, never wrapped or truncated
+        check = self.validator
+        what = "[num_envs, *shape] ="
+        return [np.asarray(check.coerce(i, v, check.step_shapes[i], what), s.dtype)
+                for i, (v, s) in enumerate(zip(values, self.leaf_specs))]  # fmt: skip
 
     def push(self, leaves: list[np.ndarray], envs: Any = None) -> None:
         """Write the transitions of ``envs`` (None: all), or queue them while other envs lag."""

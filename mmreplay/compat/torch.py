@@ -9,7 +9,7 @@
   for a learner reading a store that is still being collected. Use it with
   ``DataLoader(..., batch_size=None)``.
 
-Both hold only the buffer's path and the window they were made for: every process (each
+Both hold only the buffer's (absolute) path and the window they were made for: every process (each
 ``DataLoader`` worker, with fork or spawn) opens its own read-only store on first use,
 mapping the files itself.
 
@@ -40,6 +40,8 @@ except ImportError as exc:  # torch is an install extra
     raise ImportError("mmreplay.compat.torch needs torch: pip install 'mmreplay[torch]'") from exc
 
 from ..episodes import index_for
+from ..errors import OverwrittenError
+from ..io import is_url
 from ..read import SampleRequest, read_rows, sample, set_rng
 from ..read.request import positive
 from ..spec import map_structure
@@ -80,7 +82,9 @@ class _Opened:
 
 
 def _path_of(store: str | os.PathLike | Store) -> str:
-    return store.path if isinstance(store, Store) else os.fspath(store)
+    """The buffer's path as every process finds it, whatever its working directory then."""
+    path = store.path if isinstance(store, Store) else os.fspath(store)
+    return path if is_url(path) else os.path.abspath(path)
 
 
 class StoreDataset(Dataset):
@@ -97,7 +101,7 @@ class StoreDataset(Dataset):
         within_episodes: only sequences that do not cross an episode end.
 
     Reading a step the writer has overwritten since raises
-    :class:`~mmreplay.NotEnoughDataError`; for a store still being written, prefer
+    :class:`~mmreplay.OverwrittenError`; for a store still being written, prefer
     :class:`SampleDataset`.
     """
 
@@ -146,7 +150,15 @@ class StoreDataset(Dataset):
         if self.num_steps is not None:
             step = step[..., None] + np.arange(self.num_steps, dtype=np.int64)
             env = env[..., None]
-        return read_rows(self._opened.get(), step, env)
+        try:
+            return read_rows(self._opened.get(), step, env)
+        except OverwrittenError as exc:  # a refresh() would not help: the window is the dataset's
+            raise OverwrittenError(
+                f"{exc.path}: the writer overwrote step {exc.step} of this StoreDataset, made over steps "
+                f"{self.first}..{self.end - 1} (the oldest kept is now {exc.oldest}); make the dataset "
+                "again, or use SampleDataset for a store still being written",
+                exc.path, exc.step, exc.oldest,
+            ) from None
 
     def __getitem__(self, index: int) -> Any:
         return _tensors(self._read(int(index)))
