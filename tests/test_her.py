@@ -238,3 +238,26 @@ def test_bad_input_is_refused_with_one_clear_error_and_nothing_written(tmp_path)
         fill(store, range(5))
         with pytest.raises(mr.BadInputError, match="relabels transitions"):
             store.sample(4, num_steps=2, transform=mr.Hindsight(compute_reward))
+
+
+def test_a_reward_function_that_is_not_vectorised_or_does_not_fit_the_reward_leaf_is_refused(tmp_path):
+    """compute_reward returning one number for a batch (a per-transition function), or
+    rewards the reward leaf cannot hold (-1 into uint8), is refused: it used to be a bare
+    numpy reshape error, or the -1 stored as 255."""
+
+    def not_vectorised(achieved, desired, infos):
+        return -float(np.abs(achieved - desired).sum() > 0)
+
+    with mr.create(tmp_path / "b", SPEC, capacity=20) as store:
+        fill(store, range(10))
+        with pytest.raises(mr.BadInputError, match=r"returned float64 \(\); .* one number per transition, \(8,\)"):
+            store.sample(8, rng=0, transform=mr.Hindsight(not_vectorised, fraction=1.0))
+    small = {**SPEC, "reward": mr.ArraySpec((), "uint8")}
+    with mr.create(tmp_path / "c", small, capacity=20) as store:
+        for t in range(10):
+            step = goal_step(t, 1, ends_at(t, 1))
+            store.add({**step, "reward": step["reward"].astype(np.uint8)})
+        with pytest.raises(mr.BadInputError, match=r"that the 'reward' leaf \(uint8\) holds"):
+            store.sample(8, rng=0, transform=mr.Hindsight(compute_reward, fraction=1.0))
+        batch = store.sample(8, rng=0, transform=mr.Hindsight(lambda a, d, i: (a == d).all(-1), fraction=1.0))
+        assert set(np.unique(batch["reward"])) <= {0, 1}

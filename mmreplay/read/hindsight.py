@@ -20,6 +20,7 @@ at that step: its transitions are relabelled with goals it has achieved so far.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -168,9 +169,20 @@ def relabel(
     leaves[goal.desired][items] = goals
     leaves[goal.next_desired][items] = goals
     achieved = leaves[goal.next_achieved][items]
-    rewards = np.asarray(reward_fn(achieved, goals, [{} for _ in range(len(items))]))
+    got = reward_fn(achieved, goals, [{} for _ in range(len(items))])
+    rewards = np.asarray(got)
     target = leaves[goal.reward]
-    target[items] = rewards.astype(target.dtype, copy=False).reshape((len(items), *target.shape[1:]))
+    shape = (len(items), *target.shape[1:])
+    cast = rewards.astype(target.dtype) if rewards.dtype.kind in "biuf" else None
+    lossy = cast is not None and target.dtype.kind != "f" and not np.array_equal(cast, rewards)
+    if cast is None or cast.size != math.prod(shape) or lossy:  # (an int or bool reward leaf: exactly)
+        what = f"{rewards.dtype} {rewards.shape}" if rewards.dtype != object else type(got).__name__
+        raise BadInputError(
+            f"compute_reward(achieved_goal {achieved.shape}, desired_goal {goals.shape}, infos) returned {what}; "
+            f"hindsight relabelling calls it on a batch and needs one number per transition, {shape}, that "
+            f"the {goal.reward!r} leaf ({target.dtype}) holds"
+        )
+    target[items] = cast.reshape(shape)
 
 
 @dataclass(frozen=True)
