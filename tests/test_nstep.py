@@ -166,6 +166,21 @@ def test_rewards_of_shape_one_give_returns_and_discounts_of_that_shape(tmp_path)
             np.testing.assert_array_equal(b[key].reshape(a[key].shape), a[key], err_msg=key)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint16", "bool"])
+def test_int_or_bool_rewards_give_float32_returns_as_the_batch_spec_says(tmp_path, dtype):
+    """Int rewards (an Atari score, a success flag) sum to float32 returns, the dtype of
+    the discount and of SB3's rewards: int32 and int64 rewards gave float64 returns, which
+    a float32 Q target then mixes with."""
+    ints = {**SPEC, "reward": mr.ArraySpec((), dtype)}
+    rows = steps_of(0, 30, 2, np.random.default_rng(4))
+    rows["reward"] = (rows["reward"] > 0).astype(dtype)
+    with mr.create(tmp_path / "b", ints, 40, num_envs=2) as store:
+        store.extend(rows)
+        batch, info = store.sample(100, rng=0, transform=mr.NStep(3, 0.9), return_info=True)
+        assert batch["reward"].dtype == np.float32 == batch["discount"].dtype
+        check(store, batch, info.step, info.env, 3, 0.9)
+
+
 def test_a_wrapped_ring_is_never_read_across_its_write_cursor(tmp_path):
     with make(tmp_path, 10, 1, 25, seed=3) as store:  # slots hold steps 15..24; 24 is next to 15
         store.extend({**steps_of(25, 1, 1, np.random.default_rng(4), end=0.0)})

@@ -147,7 +147,7 @@ def _flags(column: np.ndarray) -> np.ndarray:
 def _return_dtype(dtype: Any) -> np.dtype:
     """Returns are float: the reward's own float type, float32 for int or bool rewards."""
     dtype = np.dtype(dtype)
-    return dtype if dtype.kind == "f" else np.dtype(np.result_type(dtype, np.float32))
+    return dtype if dtype.kind == "f" else np.dtype(np.float32)
 
 
 def _replaced(spec: dict[str, Any], path: str, leaf: ArraySpec) -> dict[str, Any]:
