@@ -238,6 +238,15 @@ def test_bad_input_is_refused_with_one_clear_error_and_nothing_written(tmp_path)
         fill(store, range(5))
         with pytest.raises(mr.BadInputError, match="relabels transitions"):
             store.sample(4, num_steps=2, transform=mr.Hindsight(compute_reward))
+    # an int desired goal beside a float achieved one: relabelled goals would be truncated
+    int_goal = {**OBS, "desired_goal": mr.ArraySpec((2,), "int64")}
+    mixed = {**SPEC, "observation": int_goal, "next_observation": int_goal}
+    with mr.create(tmp_path / "d", mixed, capacity=10) as store:
+        for t in range(3):
+            store.add(make_step(mixed, 1, t))
+        store.commit()
+        with pytest.raises(mr.BadInputError, match=r"'next_observation/achieved_goal' \(float32\) into .* \(int64\)"):
+            store.sample(4, transform=mr.Hindsight(compute_reward))
 
 
 def test_a_reward_function_that_is_not_vectorised_or_does_not_fit_the_reward_leaf_is_refused(tmp_path):

@@ -119,7 +119,8 @@ def goal_leaves(spec: Any, roles: Mapping[str, str]) -> GoalLeaves:
     """The goal and reward leaves of a goal-conditioned spec, found through its roles.
 
     Raises:
-        BadInputError: a leaf is missing, or the goals differ in shape.
+        BadInputError: a leaf is missing, the goals differ in shape, or an achieved goal
+            would not fit a desired goal's dtype (a float goal cast to ints, truncated).
     """
     goal = goal_paths(roles)
     paths = leaf_paths(spec)
@@ -134,6 +135,13 @@ def goal_leaves(spec: Any, roles: Mapping[str, str]) -> GoalLeaves:
     shapes = {p: leaves[p].shape for p in goal[:3]}
     if len(set(shapes.values())) != 1:
         raise BadInputError(f"hindsight relabelling needs goals of one shape; got {shapes}")
+    achieved = leaves[goal[2]].dtype
+    for desired in goal[:2]:
+        if not np.can_cast(achieved, leaves[desired].dtype, "same_kind"):
+            raise BadInputError(
+                f"hindsight relabelling writes {goal[2]!r} ({achieved}) into {desired!r} "
+                f"({leaves[desired].dtype}), which would change its values; give both goals one dtype"
+            )
     return goal
 
 
