@@ -369,3 +369,10 @@ def test_a_store_without_what_n_step_needs_is_refused_before_drawing(tmp_path, s
     with mr.open(tmp_path / "b", "a") as store, pytest.raises(mr.BadInputError, match=match):
         store.sample(4, transform=mr.NStep(2, 0.9))
     assert folder_digest(tmp_path / "b") == before
+
+
+def test_a_reward_map_that_does_not_keep_one_number_per_reward_is_refused(tmp_path):
+    with make(tmp_path, 20, 1, 10) as store:
+        for bad, shown in [(lambda r: r.sum(-1), r"float32 \(8,\)"), (lambda r: r.astype(str), r"<U32 \(8, 3\)")]:
+            with pytest.raises(mr.BadInputError, match=r"reward_map must return one number per reward .*\(8, 3\); it returned " + shown):
+                store.sample(8, rng=0, transform=mr.NStep(3, 0.9, reward_map=bad))

@@ -125,7 +125,13 @@ class NStep:
         reward = rows[roles["reward"]]
         rewards = column(roles["reward"])
         if self.reward_map is not None:
-            rewards = np.asarray(self.reward_map(rewards))
+            mapped = np.asarray(self.reward_map(rewards))
+            if mapped.shape != rewards.shape or mapped.dtype.kind not in "biuf":
+                raise BadInputError(
+                    f"NStep: reward_map must return one number per reward it is given, "
+                    f"{rewards.shape}; it returned {mapped.dtype} {mapped.shape}"
+                )
+            rewards = mapped
         dtype = _return_dtype(reward.dtype)
         weights = self._weights if dtype == np.float32 else self.gamma ** self._offsets.astype(dtype)
         returns = (rewards.astype(dtype, copy=False) * weights * (self._offsets <= last[..., None])).sum(-1)
