@@ -150,9 +150,10 @@ class _Writer:
         # the store's checks, before a cast: an observation past a uint8 Box, or a float
         # action for a Discrete one, is refused, never wrapped or truncated
         check = self.validator
-        what = "[num_envs, *shape] ="
-        return [np.asarray(check.coerce(i, v, check.step_shapes[i], what), s.dtype)
-                for i, (v, s) in enumerate(zip(values, self.leaf_specs))]  # fmt: skip
+        return [
+            np.asarray(check.coerce(i, v, check.step_shapes[i], "[num_envs, *shape] ="), s.dtype)
+            for i, (v, s) in enumerate(zip(values, self.leaf_specs))
+        ]
 
     def push(self, leaves: list[np.ndarray], envs: Any = None) -> None:
         """Write the transitions of ``envs`` (None: all), or queue them while other envs lag."""
