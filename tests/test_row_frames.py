@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import spread, verify_cli
+from conftest import run_cli, spread, verify_cli
 
 import mmreplay as mr
 from mmreplay.backends import native_rows, row_frames
@@ -452,11 +452,7 @@ def test_a_picture_leaf_compressed_in_chunks_is_told_the_row_setting_at_creation
     assert advice("scalars", compression={"reward": "zstd"}) == []
     assert advice("zstd", compression="zstd", exist_ok=True) == []  # reopened: said when it was made
     (tmp_path / "spec.json").write_text('{"obs": {"shape": [84, 84, 4], "dtype": "uint8"}}')
-    cli = subprocess.run(
-        [sys.executable, "-m", "mmreplay.cli", "create", str(tmp_path / "c"), "--spec", str(tmp_path / "spec.json"),
-         "--capacity", "100", "--compression", "zstd"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    cli = run_cli("create", tmp_path / "c", "--spec", tmp_path / "spec.json", "--capacity", "100", "--compression", "zstd")
     assert cli.returncode == 0, cli.stderr
     assert cli.stderr.startswith("Warning: leaf 'obs'") and cli.stderr.count("\n") == 1, cli.stderr
 
@@ -473,11 +469,7 @@ def test_creating_an_lz4_row_leaf_warns_nothing_from_python_or_the_cli(tmp_path)
         with mr.open(tmp_path / "b") as reader:
             assert reader.sample(4, rng=0)["obs"].min() == 1
     (tmp_path / "spec.json").write_text('{"obs": {"shape": [16, 16, 3], "dtype": "uint8"}}')
-    cli = subprocess.run(
-        [sys.executable, "-m", "mmreplay.cli", "create", str(tmp_path / "c"), "--spec", str(tmp_path / "spec.json"),
-         "--capacity", "10", "--compression", "rows:lz4"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    cli = run_cli("create", tmp_path / "c", "--spec", tmp_path / "spec.json", "--capacity", "10", "--compression", "rows:lz4")
     assert cli.returncode == 0 and cli.stderr == "", cli.stderr
 
 
