@@ -18,6 +18,7 @@ sb3 = pytest.importorskip(
 gym = pytest.importorskip("gymnasium")
 torch = pytest.importorskip("torch")
 
+from conftest import ONLY_HYPOTHESIS, no_plugins  # noqa: E402
 from stable_baselines3.common import buffers as sb3_buffers  # noqa: E402
 from stable_baselines3.common.logger import Logger  # noqa: E402
 
@@ -746,8 +747,8 @@ def test_sb3s_own_buffer_tests_pass_against_the_drop_in(tmp_path):
     (tmp_path / "test_buffers.py").write_text(_sb3_test_file(os.path.join(tempfile.gettempdir(), "mmreplay-sb3-sdist")))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not this project's configuration
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=report.xml", "test_buffers.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ONLY_HYPOTHESIS, "--junitxml=report.xml", "test_buffers.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, env=no_plugins(),
     )
     suite = ET.parse(tmp_path / "report.xml").getroot().find("testsuite")
     counts = {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")}
