@@ -32,6 +32,19 @@ if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # With PYTHONDONTWRITEBYTECODE set, no interpreter caches bytecode, so each of the
+    # hundreds of processes the tests start (the command line, writers, examples) compiles
+    # this project's ~70 modules again: 0.1 s each. Compiled once here (before the workers
+    # start), they read it from __pycache__ (git-ignored) as a default setup would.
+    if sys.flags.dont_write_bytecode and not hasattr(config, "workerinput"):
+        import compileall
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        for folder in ("mmreplay", "cli", "bench", "examples"):
+            compileall.compile_dir(os.path.join(root, folder), quiet=2)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--long", action="store_true", help="also run long tests (crash torture at scale, big buffers)")
 
@@ -199,6 +212,17 @@ def recover_cli(path) -> CliRecovery:
     return CliRecovery(out.returncode, out.stdout, lost, actions)
 
 
+#: pytest's options to load, of the plugins installed here, only hypothesis' (add them to a
+#: run with :func:`no_plugins`' environment): zarr's takes ~1 s to load, and no other
+#: project's tests use it, xdist's or anyio's
+ONLY_HYPOTHESIS = ["-p", "_hypothesis_pytestplugin"]
+
+
+def no_plugins(env: dict | None = None) -> dict:
+    """``env`` (else this process's) for a pytest run that loads no installed plugin unless named."""
+    return {**(os.environ if env is None else env), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
 def run_their_tests(test, env: dict | None = None) -> tuple[set[str], set[str], str]:
     """Run another project's test file with pytest in a fresh process: (names failed,
     names passed, the output's tail), read from its JUnit report."""
@@ -206,8 +230,8 @@ def run_their_tests(test, env: dict | None = None) -> tuple[set[str], set[str], 
 
     report = test.parent / "report.xml"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(test)],
-        cwd=test.parent, capture_output=True, text=True, timeout=1800, env=env,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ONLY_HYPOTHESIS, f"--junitxml={report}", str(test)],
+        cwd=test.parent, capture_output=True, text=True, timeout=1800, env=no_plugins(env),
     )  # fmt: skip
     outcome = {c.get("name"): {e.tag for e in c} for c in ET.parse(report).getroot().iter("testcase")}
     failed = {name for name, tags in outcome.items() if tags & {"failure", "error"}}

@@ -18,6 +18,7 @@ sb3 = pytest.importorskip(
 gym = pytest.importorskip("gymnasium")
 torch = pytest.importorskip("torch")
 
+from conftest import ONLY_HYPOTHESIS, no_plugins  # noqa: E402
 from stable_baselines3.common import buffers as sb3_buffers  # noqa: E402
 from stable_baselines3.common.logger import Logger  # noqa: E402
 
@@ -584,11 +585,13 @@ def _run_in_own_tmp(args: list[str], tmp: str):
 
 def test_the_prioritized_dqn_example_leaves_nothing_in_the_temporary_folder(tmp_path):
     example = os.path.join(ROOT, "examples", "sb3_prioritized_dqn.py")
-    for buffer in (["--buffer", str(tmp_path / "buf")], []):  # [] keeps the buffer in a temporary folder
-        before, after = _run_in_own_tmp(
-            [sys.executable, example, "--steps", "300", *buffer], str(tmp_path / "tmp")
-        )
-        assert after == before == []
+    # both runs in one process (torch's and SB3's imports take most of a run): with a
+    # buffer folder, then with none ([] keeps the buffer in a temporary folder); the
+    # folder is listed after the process ended, so whatever either run left is seen
+    runs = [["--steps", "300", "--buffer", str(tmp_path / "buf")], ["--steps", "300"]]
+    code = f"import runpy; main = runpy.run_path({example!r})['main']\nfor argv in {runs!r}: main(argv)"
+    before, after = _run_in_own_tmp([sys.executable, "-c", code], str(tmp_path / "tmp"))
+    assert after == before == []
     store = mr.open(tmp_path / "buf")
     assert store.committed_steps == 300
     store.close()
@@ -746,8 +749,8 @@ def test_sb3s_own_buffer_tests_pass_against_the_drop_in(tmp_path):
     (tmp_path / "test_buffers.py").write_text(_sb3_test_file(os.path.join(tempfile.gettempdir(), "mmreplay-sb3-sdist")))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not this project's configuration
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=report.xml", "test_buffers.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ONLY_HYPOTHESIS, "--junitxml=report.xml", "test_buffers.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, env=no_plugins(),
     )
     suite = ET.parse(tmp_path / "report.xml").getroot().find("testsuite")
     counts = {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")}
