@@ -86,7 +86,7 @@ def row_leaf_ab(url: str, leaf: str, batches: int) -> tuple[float, float, float]
         frames = store.leaves[store.leaf_paths.index(leaf)]
         rel = f"data.zarr/{leaf}"
         arr = open_array(store.source, rel, frames.info, store.num_envs, store.capacity, False)
-        chunks = ChunkedLeaf(frames.info, store.capacity, ZarrChunks(store.source, rel, arr), 0)
+        chunks = ChunkedLeaf(frames.info, store.capacity, ZarrChunks(store.source, rel, arr))
         rng, rows = np.random.default_rng(0), [None]
 
         def draw() -> None:
