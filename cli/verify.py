@@ -57,7 +57,8 @@ def command(path: str, quick: bool) -> None:
 def verify_group(path: str, quick: bool) -> None:
     """Every shard of a group checked as a store: a verdict per shard, then the group's;
     exit status 1 when any shard has problems."""
-    from mmreplay.group import shard_folders
+    from mmreplay.errors import SpecMismatchError
+    from mmreplay.group import open_group, shard_folders
 
     shards = shard_folders(path)
     bad = 0
@@ -71,6 +72,12 @@ def verify_group(path: str, quick: bool) -> None:
     if bad:
         click.echo(f"{path}: {bad} of {len(shards)} shards have problems")
         raise SystemExit(1)
+    try:  # healthy shards the group cannot open together: specs, env counts or samplers differ
+        open_group(path).close()
+    except SpecMismatchError as exc:
+        click.echo(f"problem: {exc}")
+        click.echo(f"{path}: its shards are not alike; open_group refuses it")
+        raise SystemExit(1) from None
     click.echo(f"{path}: ok ({len(shards)} shards)")
 
 

@@ -404,6 +404,17 @@ def test_the_cli_inspects_verifies_summarises_and_exports_a_group(tmp_path):
     assert "1 of 2 shards have problems" in out.stdout
 
 
+def test_verify_fails_a_group_whose_healthy_shards_differ(tmp_path):
+    """Each shard is a sound store, but open_group refuses them together: verify says so."""
+    path = tmp_path / "g"
+    mr.create_group(path, SPEC, shards=2, capacity=20).close()
+    shutil.rmtree(path / "shard-001")
+    mr.create(path / "shard-001", {"obs": mr.ArraySpec((4,), "int64")}, 20).close()
+    out = run_cli("verify", str(path))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "shard shard-001 differs from shard-000" in out.stdout and "ok (2 shards)" not in out.stdout
+
+
 @pytest.mark.parametrize(
     "args",
     [
