@@ -105,6 +105,7 @@ class ShardWriter:
     # --- reads ----------------------------------------------------------------------
 
     def _committed(self) -> tuple[int, int]:
+        self.store.check_open()  # a closed writer says so (its sampler's files are gone)
         return self.store.first_step, self.store.committed_steps
 
     def mass(self, request: SampleRequest) -> tuple[float, float]:
@@ -183,7 +184,7 @@ def _gather(refs: list[Any]) -> list[Any]:
         try:
             out.append(ray.get(ref))
         except ray.exceptions.RayActorError as exc:
-            log.warning("a shard actor is down; its shard counts as empty until it answers again: %s", exc)
+            log.warning("a shard actor is down; it draws nothing and misses its priority updates until it answers again: %s", exc)
             out.append(None)
     return out
 
@@ -274,9 +275,12 @@ class RaySampler(OverShards):
         return join_parts(spec, parts, totals / totals.sum(), used, betas[-1], gen, request.return_info)
 
     def update_priorities(self, shard: Any, step: Any, env: Any, priorities: Any) -> int:
-        """Send new priorities to the actors of their shards (``info.shard``...)."""
+        """Send new priorities to the actors of their shards (``info.shard``...); returns
+        how many were applied. An actor that is down (killed, being restarted) misses its
+        part, as a ring that dropped the steps would: the learner carries on."""
         parts = by_shard("RaySampler.update_priorities", len(self.writers), shard, step, env, priorities)
-        return int(sum(ray.get([self.writers[index].update_priorities.remote(*part) for index, part in parts])))
+        applied = _gather([self.writers[index].update_priorities.remote(*part) for index, part in parts])
+        return sum(int(n) for n in applied if n is not None)
 
 
 # --- offline reads -------------------------------------------------------------------

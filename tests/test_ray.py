@@ -73,6 +73,34 @@ def test_actors_write_shards_one_killed_resumes_and_the_learner_samples_and_read
     assert (rows["obs"][:, 0] == rows["shard"]).all() and (rows["obs"][:, 1] == rows["global_step"]).all()
 
 
+def test_a_dead_actor_misses_its_priority_updates_and_a_closed_one_says_it_is_closed(cluster, tmp_path):
+    """The learner's update after a batch carries on when an actor died since (as its
+    sample does); a writer closed on purpose answers with ClosedError naming its store."""
+    ray, mray = cluster
+    writers = mray.start_writers(
+        str(tmp_path), SPEC, shards=2, capacity=30, sampler="prioritized", alpha=1.0, eps=0.0
+    )
+    for shard, writer in enumerate(writers):
+        ray.get(writer.extend.remote(steps_of(shard, 0, 10, 1)))
+        ray.get(writer.commit.remote())
+    sampler = mray.RaySampler(writers, SPEC)
+    ray.kill(writers[1], no_restart=True)
+    deadline = time.monotonic() + 60
+    while True:  # ray.kill returns before the process is gone
+        try:
+            info_of(ray, writers[1])
+        except ray.exceptions.RayActorError:
+            break
+        assert time.monotonic() < deadline, "the actor did not die"
+        time.sleep(0.2)
+    shard, step = np.array([0, 0, 1, 1]), np.array([1, 2, 1, 2])
+    assert sampler.update_priorities(shard, step, np.zeros(4, int), np.full(4, 3.0)) == 2
+    assert sampler.masses()[0].total == 14.0  # shard 0's part was applied
+    ray.get(writers[0].close.remote())
+    with pytest.raises(mr.ClosedError, match="shard-000: store is closed"):
+        sampler.sample(4)
+
+
 @pytest.mark.long
 def test_the_ray_sampler_draws_across_shard_actors_from_their_committed_steps(cluster, tmp_path):
     ray, mray = cluster
