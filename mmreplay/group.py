@@ -337,7 +337,7 @@ def by_shard(
     """Priority updates (``info.shard``, ``info.step``, ``info.env`` of a batch drawn over
     shards) as ``(shard, (step, env, priorities))`` per shard, checked before any is sent."""
     shard = np.asarray(shard)
-    if shard.dtype.kind not in "iu":
+    if shard.dtype.kind not in "iu" and shard.size:  # [] is float to numpy
         raise BadInputError(f"{where}: shard must be an integer array, got {shard.dtype}")
     shard, step, env = np.broadcast_arrays(shard, np.asarray(step), np.asarray(env))
     shard, step, env = shard.reshape(-1), step.reshape(-1), env.reshape(-1)

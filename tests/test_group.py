@@ -192,6 +192,7 @@ def test_bad_priority_updates_change_nothing(tmp_path):
             group.update_priorities([0, 1], [0, 0], [0, 0], [1.0])
         with pytest.raises(mr.BadInputError, match="shard must be an integer array"):
             group.update_priorities([0.5], [0], [0], [1.0])
+        assert group.update_priorities([], [], [], []) == 0  # no items (as a store takes them)
         for store in group.shards:
             np.testing.assert_allclose(store.sampler.priorities(np.arange(3), 0), 1.0)
 
