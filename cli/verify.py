@@ -67,7 +67,8 @@ def verify_group(path: str, quick: bool) -> None:
         problems = verify(shard, deep=not quick)
         for p in problems:
             click.echo(f"problem: {name}: {p}")
-        click.echo(f"{shard}: " + (f"{len(problems)} problem(s); `mmreplay recover {shard}`" if problems else "ok"))
+        remedy = f"`mmreplay recover {shard}`" if os.path.isdir(shard) else "its folder is missing"
+        click.echo(f"{shard}: " + (f"{len(problems)} problem(s); {remedy}" if problems else "ok"))
         bad += bool(problems)
     if bad:
         click.echo(f"{path}: {bad} of {len(shards)} shards have problems")

@@ -405,8 +405,9 @@ def test_the_cli_inspects_verifies_summarises_and_exports_a_group(tmp_path):
     assert "1 of 2 shards have problems" in out.stdout
 
 
-def test_verify_fails_a_group_whose_healthy_shards_differ(tmp_path):
-    """Each shard is a sound store, but open_group refuses them together: verify says so."""
+def test_verify_fails_a_group_whose_shards_differ_or_are_missing(tmp_path):
+    """Each shard is a sound store, but open_group refuses them together: verify says so;
+    a missing shard is not sent to recover."""
     path = tmp_path / "g"
     mr.create_group(path, SPEC, shards=2, capacity=20).close()
     shutil.rmtree(path / "shard-001")
@@ -414,6 +415,10 @@ def test_verify_fails_a_group_whose_healthy_shards_differ(tmp_path):
     out = run_cli("verify", str(path))
     assert out.returncode == 1, out.stdout + out.stderr
     assert "shard shard-001 differs from shard-000" in out.stdout and "ok (2 shards)" not in out.stdout
+    shutil.rmtree(path / "shard-001")  # a missing shard: recover cannot bring it back, so it is not offered
+    out = run_cli("verify", str(path))
+    assert out.returncode == 1 and "shard-001: 1 problem(s); its folder is missing" in out.stdout, out.stdout
+    assert "recover" not in out.stdout
 
 
 @pytest.mark.parametrize(
