@@ -184,7 +184,7 @@ def _gather(refs: list[Any]) -> list[Any]:
         try:
             out.append(ray.get(ref))
         except ray.exceptions.RayActorError as exc:
-            log.warning("a shard actor is down; it draws nothing and misses its priority updates until it answers again: %s", exc)
+            log.warning("a shard actor is down; it draws and updates nothing until it answers again: %s", exc)
             out.append(None)
     return out
 
