@@ -345,8 +345,9 @@ class Roles:
         for role in roles:
             if role not in self.roles:
                 known = ", ".join(f"{r}={p}" for r, p in sorted(self.roles.items())) or "none"
+                a = "an" if role[0] in "aeiou" else "a"
                 raise BadInputError(
-                    f"{fmt} export needs {'an' if role[0] in 'aeiou' else 'a'} {role} leaf, and the store has none (its roles: {known}); "
+                    f"{fmt} export needs {a} {role} leaf, and the store has none (its roles: {known}); "
                     "give roles= when creating the store"
                 )
         return [self.roles[role] for role in roles]
