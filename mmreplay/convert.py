@@ -10,9 +10,8 @@ may keep running (the copy is of the state when it started).
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +119,7 @@ def convert(
             spec = {**spec, **added}
         recorded = dict(store.sampler.state_json() if sampler is None else sampler)
         with AtomicOutput(out, "folder", "converted store") as scratch:
-            with _kept_codecs_named(kept):
+            try:
                 dst = create(
                     scratch.tmp,
                     spec,
@@ -135,6 +134,10 @@ def convert(
                     sampler=recorded.pop("name"),
                     **recorded,
                 )
+            except SpecError as exc:  # a codec the new backend cannot take, kept rather than asked for
+                if not kept or "compression" not in str(exc):
+                    raise
+                raise SpecError(f"{exc} (kept from the source: choose one with compression=, --compression)") from None
             try:
                 if meta.attrs:
                     dst.set_attrs(**meta.attrs)
@@ -164,14 +167,3 @@ def unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Values of rows never written: NaN for floating dtypes, zero otherwise."""
     return np.full(shape, np.nan if dtype.kind in "fc" else 0, dtype)
 
-
-@contextlib.contextmanager
-def _kept_codecs_named(kept: bool) -> Iterator[None]:
-    """A codec the new backend cannot take, which the caller did not ask for but the copy
-    kept from the source: say how to choose another."""
-    try:
-        yield
-    except SpecError as exc:
-        if not kept or "compression" not in str(exc):
-            raise
-        raise SpecError(f"{exc} (kept from the source: choose one with compression=, --compression)") from None

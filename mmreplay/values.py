@@ -252,7 +252,10 @@ class StepValidator:
             out = []
             if _collect(self._fast_nest, value, out):
                 return out
-        vals = self.leaf_values(value)
+        return self.step_leaves(self.leaf_values(value))
+
+    def step_leaves(self, vals: list[Any]) -> list[np.ndarray]:
+        """One step's leaf values (in leaf order) checked as :meth:`step` checks them."""
         what = self._step_what
         return [self.coerce(i, v, self.step_shapes[i], what) for i, v in enumerate(vals)]
 

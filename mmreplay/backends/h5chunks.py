@@ -484,23 +484,26 @@ def leaf_dataset(f: h5py.File, path: str, where: str, unreadable: dict[str, str]
     group whose links do not read is read once, not once per leaf below it (each read
     of damaged metadata takes HDF5's re-reads, about a second).
     """
+    def unread(why: object) -> UnreadableMetadataError:
+        return UnreadableMetadataError(f"{where}: the HDF5 metadata of {path!r} does not read ({why})")
+
     node, group = f, ""
     for part in path.split("/"):
         if not isinstance(node, h5py.Group):
             return None
         if unreadable is not None and group in unreadable:
-            raise UnreadableMetadataError(f"{where}: the HDF5 metadata of {path!r} does not read ({unreadable[group]})")
+            raise unread(unreadable[group])
         try:
             link = node.get(part, getlink=True)
         except (RuntimeError, OSError, KeyError) as exc:
             if unreadable is not None:
                 unreadable[group] = str(exc)
-            raise UnreadableMetadataError(f"{where}: the HDF5 metadata of {path!r} does not read ({exc})") from None
+            raise unread(exc) from None
         try:
             if isinstance(link, h5py.HardLink):
                 node = node[part]  # h5py says KeyError when the object's header does not read
         except (RuntimeError, OSError, KeyError) as exc:
-            raise UnreadableMetadataError(f"{where}: the HDF5 metadata of {path!r} does not read ({exc})") from None
+            raise unread(exc) from None
         group = f"{group}/{part}"
         if link is None:
             return None

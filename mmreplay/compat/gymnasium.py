@@ -149,11 +149,7 @@ class _Writer:
             raise ValueError(f"the transition does not match the spec {self.spec}")
         # the store's checks, before a cast: an observation past a uint8 Box, or a float
         # action for a Discrete one, is refused, never wrapped or truncated
-        check = self.validator
-        return [
-            np.asarray(check.coerce(i, v, check.step_shapes[i], "[num_envs, *shape] ="), s.dtype)
-            for i, (v, s) in enumerate(zip(values, self.leaf_specs))
-        ]
+        return [np.asarray(v, s.dtype) for v, s in zip(self.validator.step_leaves(values), self.leaf_specs)]
 
     def push(self, leaves: list[np.ndarray], envs: Any = None) -> None:
         """Write the transitions of ``envs`` (None: all), or queue them while other envs lag."""

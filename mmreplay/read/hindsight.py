@@ -181,7 +181,7 @@ def relabel(
     rewards = np.asarray(got)
     target = leaves[goal.reward]
     shape = (len(items), *target.shape[1:])
-    cast = rewards.astype(target.dtype) if rewards.dtype.kind in "biuf" else None
+    cast = rewards.astype(target.dtype, copy=False) if rewards.dtype.kind in "biuf" else None
     lossy = cast is not None and target.dtype.kind != "f" and not np.array_equal(cast, rewards)
     if cast is None or cast.size != math.prod(shape) or lossy:  # (an int or bool reward leaf: exactly)
         what = f"{rewards.dtype} {rewards.shape}" if rewards.dtype != object else type(got).__name__
