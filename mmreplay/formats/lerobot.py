@@ -426,7 +426,7 @@ def write(
             c.pad = layout.pad  # the store checked its stacks as they came
     encoder = video_encoder(codec, crf, preset, lossless) if videos else None
     for c in videos:  # SVT-AV1 (PyAV 15.1's) kills the process with SIGFPE on these widths
-        if encoder is not None and encoder.codec == "libsvtav1" and 8 <= c.stacks[2] <= 24:
+        if encoder.codec == "libsvtav1" and 8 <= c.stacks[2] <= 24:  # (videos: an encoder was made)
             raise BadInputError(
                 f"lerobot export: leaf {c.leaf!r} has frames {c.stacks[2]} px wide, on which the AV1 encoder "
                 "(libsvtav1) crashes (widths 8 to 24); give --codec libx264 (codec=) or --lossless"
