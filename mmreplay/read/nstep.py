@@ -22,7 +22,6 @@ bit for bit on the same rows.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ import numpy as np
 from ..errors import BadInputError
 from ..roles import subtree
 from ..spec import ArraySpec
+from .request import number
 from .transform import DrawnBatch
 
 __all__ = ["NStep"]
@@ -70,15 +70,8 @@ class NStep:
         n, gamma = self.n, self.gamma
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
             raise BadInputError(f"NStep: n must be an int >= 1, got {n!r}")
-        if (
-            not isinstance(gamma, (int, float, np.floating, np.integer))
-            or isinstance(gamma, bool)
-            or not 0 <= gamma <= 1
-            or not math.isfinite(gamma)
-        ):
-            raise BadInputError(f"NStep: gamma must be a number in [0, 1], got {gamma!r}")
         object.__setattr__(self, "n", int(n))
-        object.__setattr__(self, "gamma", float(gamma))
+        object.__setattr__(self, "gamma", number("NStep: gamma", gamma, 0, 1, BadInputError))
         object.__setattr__(self, "_offsets", np.arange(self.n, dtype=np.int64))
         object.__setattr__(self, "_weights", self.gamma ** np.arange(self.n, dtype=np.float32))
         object.__setattr__(self, "_discounts", self.gamma ** np.arange(1, self.n + 1, dtype=np.float32))

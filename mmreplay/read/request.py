@@ -9,13 +9,14 @@ actors, and nothing checks it again.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["SampleRequest", "as_generator", "positive", "step_range"]
+__all__ = ["SampleRequest", "as_generator", "number", "positive", "step_range"]
 
 
 def positive(name: str, value: Any, allow_none: bool = False) -> Any:
@@ -25,6 +26,19 @@ def positive(name: str, value: Any, allow_none: bool = False) -> Any:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
     return int(value)
+
+
+def number(name: str, value: Any, lo: float, hi: float = math.inf, error: type[Exception] = ValueError) -> float:
+    """``value`` as a finite float in ``[lo, hi]``; ``error`` naming ``name`` otherwise."""
+    if (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and lo <= value <= hi
+    ):
+        return float(value)
+    bounds = f"a number in [{lo:g}, {hi:g}]" if hi < math.inf else f"a finite number >= {lo:g}"
+    raise error(f"{name} must be {bounds}, got {value!r}")
 
 
 def step_range(name: str, value: Any) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from numpy.random import Generator
 
 from ..errors import BadInputError, NotEnoughDataError, ReadOnlyError
 from ..priorities import PRIORITY_FILE, PriorityFile
-from ..read.request import SampleRequest, positive
+from ..read.request import SampleRequest, number, positive
 from ..statefile import slot_ranges
 from ..sumtree import SumTree
 from .base import Draw, Host, Mass, Sampler, Window
@@ -37,15 +37,6 @@ __all__ = ["PrioritizedSampler"]
 REDUCTIONS = ("start", "max", "mean")
 # the priorities are stored as float32: a larger one would be stored as inf
 LARGEST = float(np.finfo(np.float32).max)
-
-
-def _number(name: str, value: Any, lo: float, hi: float = np.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not (lo <= float(value) <= hi and np.isfinite(value)):
-        bounds = f"in [{lo}, {hi}]" if hi < np.inf else f">= {lo}"
-        raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
-    return float(value)
 
 
 def _check_envs(store: Host, env: np.ndarray) -> None:
@@ -89,9 +80,9 @@ class PrioritizedSampler(Sampler):
         num_steps: int | None = None,
         sequence_priority: str | float = 0.9,
     ) -> None:
-        self.alpha = _number("alpha", alpha, 0.0)
-        self.beta = _number("beta", beta, 0.0)
-        self.eps = _number("eps", eps, 0.0)
+        self.alpha = number("alpha", alpha, 0.0)
+        self.beta = number("beta", beta, 0.0)
+        self.eps = number("eps", eps, 0.0)
         self.num_steps = positive("num_steps", num_steps, allow_none=True)
         if isinstance(sequence_priority, str):
             if sequence_priority not in REDUCTIONS:
@@ -99,7 +90,7 @@ class PrioritizedSampler(Sampler):
                     f"sequence_priority must be one of {REDUCTIONS} or a number in [0, 1], got {sequence_priority!r}"
                 )
         else:
-            sequence_priority = _number("sequence_priority", sequence_priority, 0.0, 1.0)
+            sequence_priority = number("sequence_priority", sequence_priority, 0.0, 1.0)
         self.sequence_priority = sequence_priority
         self.file: PriorityFile | None = None
         self.tree: SumTree | None = None
@@ -251,7 +242,7 @@ class PrioritizedSampler(Sampler):
             raise ValueError("the prioritized sampler draws with replacement; pass replacement=True")
         _across_episodes(request.within_episodes)
         beta = request.options.get("beta")
-        beta = self.beta if beta is None else _number("beta", beta, 0.0)
+        beta = self.beta if beta is None else number("beta", beta, 0.0)
         f, e, capacity, num_envs = window.first, window.end, window.capacity, window.num_envs
         if e - f < steps:
             if e <= f:
