@@ -15,7 +15,7 @@ nest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,7 +29,7 @@ from .advice import PageCache
 from .draws import Draw, Window, check_steps, rows_of
 from .layout import LeafPlan, plans
 from .readable import Drawing, Readable
-from .request import SampleRequest
+from .request import SampleRequest, as_generator
 from .transform import DrawnBatch, Transform
 
 __all__ = [
@@ -72,11 +72,7 @@ class SampleInfo:
 
 def _flat_keys(spec: Any) -> list[str] | None:
     """The sorted keys of a spec that is a flat dict of leaves (the fast paths), else None."""
-    if (
-        isinstance(spec, Mapping)
-        and type(spec) is dict
-        and all(isinstance(v, ArraySpec) for v in spec.values())
-    ):
+    if type(spec) is dict and all(isinstance(v, ArraySpec) for v in spec.values()):
         return sorted(spec)
     return None
 
@@ -252,7 +248,7 @@ def set_rng(store: Readable, rng: Any) -> None:
     as long as the committed window does not change between them.
     """
     reader = reader_for(store)
-    reader.gen = SampleRequest.build(1, rng=rng).rng
+    reader.gen = as_generator(rng)
     reader.pending = None
 
 
@@ -297,9 +293,7 @@ def sample(store: Readable, request: SampleRequest) -> Any:
             reader.pending = None
     prefetched = draw is not None
     if not prefetched:
-        if (
-            request.window is None and request.within_episodes is None and not request.options
-        ):  # the common call
+        if request.window is None:  # the common call
             draw = sampler.draw(store.window, request, batch_size, steps, gen)
         else:
             draw = _draw(store, sampler, request, batch_size, steps, gen)

@@ -66,10 +66,10 @@ class DrawnBatch:
         paths: Sequence[str],
         got: Sequence[np.ndarray],
         takes: Sequence[Any],
-        rng: np.random.Generator | None = None,
+        rng: np.random.Generator,
     ):
         self.store = store
-        self.rng = rng if rng is not None else np.random.default_rng()
+        self.rng = rng
         self.window = window
         step, env = draw.step, draw.env
         if num_steps is not None:
