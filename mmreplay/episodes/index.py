@@ -124,11 +124,13 @@ class EpisodeIndex:
             return None
         return found
 
-    def _write_file(self, origin: int, rec: np.ndarray) -> None:
-        """Replace the file atomically with these records, and reopen the append handle."""
+    def _rewrite(self, origin: int, rec: np.ndarray) -> None:
+        """Replace the file atomically with these records, reopen the append handle, and
+        hold the same records in memory."""
         self.close()
         generation = write_index(self.path, origin, rec, self.fsync)
         self._open_append(IndexFile(origin, generation, rec, HEADER_BYTES + RECORD.itemsize * len(rec)))
+        self._set_memory(rec)
 
     def _open_append(self, file: IndexFile) -> None:
         """Open the file to append after its whole records (a torn last one is cut off)."""
@@ -158,17 +160,14 @@ class EpisodeIndex:
         if found is not None and found.origin > first:
             found = None  # made for a commit that failed before its state (a full disk): rebuild
         if found is None:
-            rec = self._scan(first, end)
-            self._write_file(first, rec)
+            self._rewrite(first, self._scan(first, end))
         else:
-            rec = found.records
-            keep = int(np.searchsorted(rec["step"], end, side="left"))
-            if keep < len(rec):
-                rec = rec[:keep]
-                self._write_file(found.origin, rec)
+            keep = int(np.searchsorted(found.records["step"], end, side="left"))
+            if keep < len(found.records):
+                self._rewrite(found.origin, found.records[:keep])
             else:
                 self._open_append(found)
-        self._set_memory(rec)
+                self._set_memory(found.records)
         if end > first:  # a writer killed after rewriting an end but before the index did
             self._rescan(np.array([end - 1]), first)
 
@@ -187,8 +186,7 @@ class EpisodeIndex:
         if self.n and self.buf["step"][self.n - 1] >= lo:
             # an earlier commit appended these steps, then failed before its state write
             keep = self.records[self.records["step"] < lo]
-            self._write_file(self.origin or 0, keep)
-            self._set_memory(keep)
+            self._rewrite(self.origin or 0, keep)
         elif self.appending:
             # an append cut short (a full disk) or interrupted before the records were
             # counted (Ctrl-C, SIGTERM): cut what it wrote, so it is not there twice
@@ -212,8 +210,7 @@ class EpisodeIndex:
         rec = self.records
         keep = rec[rec["step"] >= first - 1]
         if len(keep) * 2 <= len(rec):
-            self._write_file(max(self.origin or 0, first - 1), keep)
-            self._set_memory(keep)
+            self._rewrite(max(self.origin or 0, first - 1), keep)
         else:
             self.compact_at = 2 * len(rec)
 
@@ -236,8 +233,7 @@ class EpisodeIndex:
         kept = rec[~np.isin(rec["step"], steps)]
         merged = cat_records([kept, fresh])
         merged = merged[np.lexsort((merged["env"], merged["step"]))]
-        self._write_file(self.origin if self.origin is not None else first, merged)
-        self._set_memory(merged)
+        self._rewrite(self.origin if self.origin is not None else first, merged)
 
     # --- readers and queries --------------------------------------------------------
 
