@@ -26,14 +26,10 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
 
 
 def _shipped() -> list[type[Sampler]]:
+    from .prioritized import PrioritizedSampler
     from .uniform import SliceSampler, UniformSampler
 
-    shipped: list[type[Sampler]] = [UniformSampler, SliceSampler]
-    try:  # the prioritized sampler, where it is built
-        from .prioritized import PrioritizedSampler
-    except ImportError:
-        return shipped
-    return [*shipped, PrioritizedSampler]
+    return [UniformSampler, SliceSampler, PrioritizedSampler]
 
 
 def _lookup(name: str) -> type[Sampler]:
