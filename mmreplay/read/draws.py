@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import NotEnoughDataError
 
-__all__ = ["Draw", "Window", "check_steps", "draw_in_spans", "draw_uniform", "rows_of"]
+__all__ = ["Draw", "Window", "check_steps", "draw_in_spans", "draw_uniform", "rows_of", "too_short"]
 
 
 class Window(NamedTuple):
@@ -107,12 +107,7 @@ def draw_uniform(
     first, end, num_envs, capacity = window
     stored = end - first
     if num_steps > stored:
-        if stored <= 0:
-            raise NotEnoughDataError("cannot sample: the store holds no committed steps (it is empty)")
-        raise NotEnoughDataError(
-            f"cannot sample sequences of num_steps={num_steps}: only {stored} committed steps are "
-            f"retained, too short (each env's stream is at most {stored} steps long)"
-        )
+        raise too_short(stored, num_steps)
     n = (stored - num_steps + 1) * num_envs
     # The valid starts are n consecutive rows from the first step's slot, running past
     # the ring's end (the gathers wrap them).
@@ -123,6 +118,16 @@ def draw_uniform(
         k = _pick(n, batch_size, False, gen)
         k += offset
     return Draw(k, num_envs, 1.0 / n, first * num_envs - offset)
+
+
+def too_short(stored: int, num_steps: int) -> NotEnoughDataError:
+    """The error of a draw of ``num_steps`` steps from a window of ``stored`` (fewer) steps."""
+    if stored <= 0:
+        return NotEnoughDataError("cannot sample: the store holds no committed steps (it is empty)")
+    return NotEnoughDataError(
+        f"cannot sample sequences of num_steps={num_steps}: only {stored} committed steps are "
+        f"retained, too short (each env's stream is at most {stored} steps long)"
+    )
 
 
 def draw_in_spans(

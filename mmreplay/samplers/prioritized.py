@@ -27,6 +27,7 @@ from numpy.random import Generator
 
 from ..errors import BadInputError, NotEnoughDataError, ReadOnlyError
 from ..priorities import PRIORITY_FILE, PriorityFile
+from ..read.draws import too_short
 from ..read.request import SampleRequest, number, positive
 from ..statefile import slot_ranges
 from ..sumtree import SumTree
@@ -245,11 +246,7 @@ class PrioritizedSampler(Sampler):
         beta = self.beta if beta is None else number("beta", beta, 0.0)
         f, e, capacity, num_envs = window.first, window.end, window.capacity, window.num_envs
         if e - f < steps:
-            if e <= f:
-                raise NotEnoughDataError("cannot sample: the store holds no committed steps (it is empty)")
-            raise NotEnoughDataError(
-                f"cannot sample sequences of num_steps={steps}: only {e - f} committed steps are retained"
-            )
+            raise too_short(e - f, steps)
         with self._starts(window, steps) as tree:
             total, smallest = tree.total, tree.min
             if not total > 0:
