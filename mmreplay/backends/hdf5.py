@@ -584,15 +584,13 @@ def _journal_decodes(dset: h5py.Dataset, record: Any, where: str) -> bool:
         return False
     try:
         codec = Codec(dset, where)
+        try:
+            codec.decode(*record)
+        finally:
+            codec.close()
     except Exception:
         return False
-    try:
-        codec.decode(*record)
-        return True
-    except Exception:
-        return False
-    finally:
-        codec.close()
+    return True
 
 
 def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, list[tuple[int, int, str]]]:
