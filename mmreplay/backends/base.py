@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import mmap
 import os
 import sys
@@ -45,24 +46,21 @@ _MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
 _MADV_NORMAL = getattr(mmap, "MADV_NORMAL", None)
 _MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
 _MADV_POPULATE_READ = 22  # Linux >= 5.14: fault a range into the page tables, reading it
-_libc_madvise: Any = None
 
 
+@functools.cache
 def _madvise_call() -> Any:
     """libc's ``madvise`` through ctypes (Linux), which drops the GIL while it runs, unlike
     ``mmap.madvise``; None where it cannot be loaded."""
-    global _libc_madvise
-    if _libc_madvise is None:
-        _libc_madvise = False
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).madvise
-            except (OSError, AttributeError):
-                return None
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            fn.restype = ctypes.c_int
-            _libc_madvise = fn
-    return _libc_madvise or None
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 #: what the store backends accept (the zarr and hdf5 backends refine it)
@@ -271,12 +269,9 @@ class MappedLeaf:
         return self.array[slots]
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """Rows by flat id ``slot * num_envs + env`` (any index shape; ids past the ring's
-        end wrap around), as a new array."""
         return self.flat.take(rows, axis=0, mode="wrap")
 
     def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
-        """Rows of the (slot, env) pairs (broadcast together), as a new array."""
         return self.flat.take(np.asarray(slots, np.int64) * self.num_envs + envs, axis=0)
 
     def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
@@ -379,7 +374,8 @@ class MappedLeaf:
 
 class TakenLeaf:
     """``read``, ``read_rows`` and the page-cache calls of a leaf read only through
-    ``take`` (frames decoded, rows fetched by range): there is no mapping of rows to advise."""
+    ``take`` (chunks or frames decoded, rows fetched by range): there is no mapping of
+    rows to advise."""
 
     capacity: int
     num_envs: int
@@ -397,7 +393,7 @@ class TakenLeaf:
         return self.take(np.asarray(slots, np.int64) * self.num_envs + envs)
 
     def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
-        """Rows are read whole by offset: nothing to advise."""
+        """No mapping: nothing to advise."""
 
     def willneed(self, rows: np.ndarray) -> None:
         """Rows are read on demand: nothing to prefetch."""
@@ -432,7 +428,7 @@ class ChunkIO(Protocol):
     def close(self) -> None: ...
 
 
-class ChunkedLeaf:
+class ChunkedLeaf(TakenLeaf):
     """A compressed leaf, read and written as whole chunks along the step axis.
 
     Writes go to decoded chunks staged in RAM; a chunk is encoded once, when the write
@@ -451,6 +447,7 @@ class ChunkedLeaf:
         self.nchunks = -(-capacity // self.cs)
         self.io = io
         self.shape = tuple(io.shape)
+        self.num_envs = self.shape[1]
         self.staged: dict[int, np.ndarray] = {}
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self.set_cache_bytes(CHUNK_CACHE_BYTES)  # until Store.set_chunk_cache says otherwise
@@ -513,14 +510,10 @@ class ChunkedLeaf:
         return out[()] if scalar else out
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """Rows by flat id ``slot * num_envs + env`` (any index shape; ids past the ring's
-        end wrap around), as a new array.
-
-        The rows are grouped by chunk, so each chunk a batch needs is decoded (or found in
-        the LRU) once, however many rows of the batch it holds.
-        """
+        """The rows are grouped by chunk, so each chunk a batch needs is decoded (or found
+        in the LRU) once, however many rows of the batch it holds."""
         rows = np.asarray(rows, np.int64)
-        num_envs = self.shape[1]
+        num_envs = self.num_envs
         flat = rows.reshape(-1) % (self.capacity * num_envs)  # rows past the ring end wrap
         tail = self.shape[2:]
         slots = flat // num_envs
@@ -535,16 +528,6 @@ class ChunkedLeaf:
                 k = int(chunk_of[sel[0]])
                 out[sel] = self._decoded(k)[slots[sel] - k * self.cs, envs[sel]]
         return out.reshape(rows.shape + tail)
-
-    def read_rows(self, slots: Any, envs: Any) -> np.ndarray:
-        """Rows of the (slot, env) pairs (broadcast together), as a new array."""
-        return self.take(np.asarray(slots, np.int64) * self.shape[1] + envs)
-
-    def advise(self, pattern: str, keep: tuple[int, int] | None = None) -> None:
-        """Chunks are read whole through zarr / h5py: there is no mapping to advise."""
-
-    def willneed(self, rows: np.ndarray) -> None:
-        """Chunks are decoded on demand: nothing to prefetch from the page cache."""
 
     def _stage(self, k: int) -> np.ndarray:
         chunk = self.staged.get(k)

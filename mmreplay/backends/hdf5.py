@@ -169,13 +169,6 @@ def _mapped_end(meta: Metadata) -> int:
     return max(ends, default=0)
 
 
-def _file_access() -> Any:
-    fapl = file_access()
-    # no HDF5 chunk cache: chunks are rewritten in place, and the leaves keep their own
-    fapl.set_cache(0, 0, 0, 0.0)
-    return fapl
-
-
 class _SwmrFile:
     """The h5py handle of the compressed leaves, shared by them, and their chunk group.
 
@@ -194,7 +187,10 @@ class _SwmrFile:
                 flags = h5py.h5f.ACC_RDWR | h5py.h5f.ACC_SWMR_WRITE
             else:
                 flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ
-            self.file = h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=_file_access()))
+            fapl = file_access()
+            # no HDF5 chunk cache: chunks are rewritten in place, and the leaves keep their own
+            fapl.set_cache(0, 0, 0, 0.0)
+            self.file = h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=fapl))
         except Error:
             raise  # says what it is (a truncated file, no room to extend it)
         except OSError as exc:
@@ -588,15 +584,13 @@ def _journal_decodes(dset: h5py.Dataset, record: Any, where: str) -> bool:
         return False
     try:
         codec = Codec(dset, where)
+        try:
+            codec.decode(*record)
+        finally:
+            codec.close()
     except Exception:
         return False
-    try:
-        codec.decode(*record)
-        return True
-    except Exception:
-        return False
-    finally:
-        codec.close()
+    return True
 
 
 def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, list[tuple[int, int, str]]]:

@@ -97,28 +97,24 @@ def _create_array(
     in shards of that many chunks instead of one shard of the whole leaf."""
     dtype = leaf.spec.dtype.newbyteorder("<")
     inner = (leaf.chunk_steps, num_envs, *leaf.spec.shape)
-    rows = is_row_compression(leaf.compression)
     layout: dict[str, Any]
-    if rows:
-        with warnings.catch_warnings():  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
-            warnings.simplefilter("ignore")
-            serializer = _row_serializer(leaf)
-        layout = {"chunks": inner, "serializer": serializer, "compressors": None, "filters": None}
-    elif leaf.compression is not None:
-        # a CRC-32C per chunk: a damaged chunk is an error, never other rows
-        layout = {"chunks": inner, "compressors": [_compressor(leaf.compression), Crc32cCodec()]}
-    else:
-        shard_steps = (shard_chunks or -(-capacity // leaf.chunk_steps)) * leaf.chunk_steps
-        sharding = ShardingCodec(chunk_shape=inner, codecs=[BytesCodec()], index_codecs=[BytesCodec()])
-        layout = {
-            "chunks": (shard_steps, *inner[1:]),
-            "serializer": sharding,
-            "compressors": None,
-            "filters": None,
-        }
     with warnings.catch_warnings():
-        if rows:  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
-            warnings.simplefilter("ignore")
+        if is_row_compression(leaf.compression):
+            warnings.simplefilter("ignore")  # numcodecs.lz4 is "not in the zarr v3 spec": zarr reads it
+            serializer = _row_serializer(leaf)
+            layout = {"chunks": inner, "serializer": serializer, "compressors": None, "filters": None}
+        elif leaf.compression is not None:
+            # a CRC-32C per chunk: a damaged chunk is an error, never other rows
+            layout = {"chunks": inner, "compressors": [_compressor(leaf.compression), Crc32cCodec()]}
+        else:
+            shard_steps = (shard_chunks or -(-capacity // leaf.chunk_steps)) * leaf.chunk_steps
+            sharding = ShardingCodec(chunk_shape=inner, codecs=[BytesCodec()], index_codecs=[BytesCodec()])
+            layout = {
+                "chunks": (shard_steps, *inner[1:]),
+                "serializer": sharding,
+                "compressors": None,
+                "filters": None,
+            }
         return root.create_array(
             leaf.path, shape=(capacity, *inner[1:]), dtype=dtype, fill_value=np.zeros((), dtype)[()], **layout
         )
