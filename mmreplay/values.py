@@ -80,8 +80,7 @@ def flatten_value(spec: Any, value: Any, root: str = "the step") -> list[Any]:
     return out
 
 
-def _structure(spec: Any, value: Any, path: str, out: list[Any], root: str = "the step") -> None:
-    """Flatten ``value`` along ``spec``'s nest, naming the first place they differ."""
+def _structure(spec: Any, value: Any, path: str, out: list[Any], root: str) -> None:
     where = path or root
     if isinstance(spec, Mapping):
         if not isinstance(value, Mapping):
@@ -191,9 +190,7 @@ class StepValidator:
                 return [value[k] for k in keys]
             except KeyError:
                 pass
-        out: list[Any] = []
-        _structure(self.spec, value, "", out)
-        return out
+        return flatten_value(self.spec, value)
 
     def coerce(self, i: int, v: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
         dtype = self.dtypes[i]
@@ -222,8 +219,8 @@ class StepValidator:
         if a.dtype not in self._castable[i]:
             if cast_needs_no_values(a.dtype, dtype):
                 self._castable[i][a.dtype] = None
-            elif _squares_limit(a.dtype, dtype) is not None:
-                self._castable[i][a.dtype] = _squares_limit(a.dtype, dtype)
+            elif (limit := _squares_limit(a.dtype, dtype)) is not None:
+                self._castable[i][a.dtype] = limit
         return a
 
     def step(self, value: Any) -> list[np.ndarray]:
