@@ -187,12 +187,8 @@ class Layout:
             raise BadInputError(
                 f"{where}layout {text!r}: expected letters H, W, C, K, e.g. 'HWC', 'CHW', 'KHW', 'HW(KC)'"
             )
-        letters = "".join(parts)
-        if (
-            sorted(set(letters)) != sorted(letters)
-            or not {"H", "W"} <= set(letters)
-            or set(letters) - set("HWCK")
-        ):
+        letters = "".join(parts)  # only H, W, C and K: the pattern matched the whole text
+        if len(set(letters)) != len(letters) or not {"H", "W"} <= set(letters):
             raise BadInputError(f"{where}layout {text!r}: needs H and W once each, and C, K at most once")
         if any(len(p) > 1 and sorted(p) != ["C", "K"] for p in parts):
             raise BadInputError(f"{where}layout {text!r}: only K and C can share an axis, as '(KC)'")
