@@ -197,7 +197,11 @@ class Layout:
                 f"{where}layout {text!r} has {len(parts)} axes, the leaf's shape {shape} has {len(shape)}"
             )
         layout = cls(tuple(parts))
-        layout.check(shape, where)
+        channels = layout.channels(shape)
+        if channels not in (1, 3, 4):
+            raise BadInputError(
+                f"{where}layout {layout}: {channels} channels; expected 1 (gray), 3 (RGB) or 4 (RGBA)"
+            )
         return layout
 
     @classmethod
@@ -210,13 +214,6 @@ class Layout:
                 "(HW, HWC, CHW, KHW, HWK, KHWC, KCHW with H, W >= 8); name it with layout=/--layout"
             )
         return cls.parse(guess, shape, leaf)
-
-    def check(self, shape: tuple[int, ...], where: str) -> None:
-        channels = self.channels(shape)
-        if channels not in (1, 3, 4):
-            raise BadInputError(
-                f"{where}layout {self}: {channels} channels; expected 1 (gray), 3 (RGB) or 4 (RGBA)"
-            )
 
     def channels(self, shape: tuple[int, ...]) -> int:
         for part, n in zip(self.axes, shape):
