@@ -38,7 +38,7 @@ from .spec import ArraySpec, flatten, map_structure
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["PointChase", "DemoConfig", "spec", "pixel_spec", "collect", "reference", "run"]
+__all__ = ["PointChase", "DemoConfig", "spec", "collect", "reference", "run"]
 
 OBS_DIM = 7
 ACT_DIM = 2
@@ -58,10 +58,6 @@ def spec(pixels: bool = False) -> dict[str, Any]:
         "truncated": ArraySpec((), "bool"),
         "next_observation": obs,
     }
-
-
-def pixel_spec() -> dict[str, Any]:
-    return spec(pixels=True)
 
 
 def render(state: np.ndarray) -> np.ndarray:

@@ -31,6 +31,7 @@ __all__ = [
     "named_error",
     "raise_named",
     "remove_dead_scratch",
+    "remove_folders",
     "scratch_path",
 ]
 
@@ -209,11 +210,17 @@ def make_folders(folder: str) -> list[str]:
                 continue
             made.append(folder)
     except BaseException:
-        for folder in reversed(made):
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+        remove_folders(made)
         raise
     return made
+
+
+def remove_folders(made: list[str]) -> None:
+    """Remove the folders :func:`make_folders` made, innermost first (those that are
+    not empty any more stay)."""
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 @contextlib.contextmanager
@@ -225,9 +232,7 @@ def folders_for(out: str) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        for folder in reversed(made):
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+        remove_folders(made)
         raise
 
 
@@ -306,10 +311,7 @@ class AtomicOutput:
                     os.close(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except BaseException as exc:
             self.abort()
-            named = self.named(exc)
-            if named is exc:
-                raise
-            raise named from exc
+            raise_named(exc, self.out, self.what, self.tmp)
         return self
 
     def __exit__(
@@ -319,7 +321,7 @@ class AtomicOutput:
             return
         self.abort()
         if exc is not None:
-            named = self.named(exc)
+            named = named_error(exc, self.out, self.what, self.tmp)
             if named is not exc:
                 raise named from exc
 
@@ -339,10 +341,7 @@ class AtomicOutput:
                 else:
                     os.rename(self.tmp, self.out)
             except OSError as exc:
-                named = self.named(exc)
-                if named is exc:
-                    raise
-                raise named from exc
+                raise_named(exc, self.out, self.what, self.tmp)
             self.committed = True
         return self.out
 
@@ -350,12 +349,7 @@ class AtomicOutput:
         """Remove the scratch output and the parent folders made for it."""
         with interrupts_deferred():
             remove_tree(self.tmp)
-            for folder in reversed(self.made):
-                with contextlib.suppress(OSError):
-                    os.rmdir(folder)
-
-    def named(self, exc: BaseException) -> BaseException:
-        return named_error(exc, self.out, self.what, self.tmp)
+            remove_folders(self.made)
 
 
 def raise_named(exc: BaseException, out: str, what: str, tmp: str) -> NoReturn:

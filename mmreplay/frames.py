@@ -462,8 +462,8 @@ class FrameWriter:
             if derived:
                 nexts.append(values[self.next_index[j]])
         out = [values[i] for i in self.keep_index]
-        for j, i in enumerate(self.obs_index):
-            out[self.keep_index.index(i)] = frames[j]
+        for at, j in self.frame_at:
+            out[at] = frames[j]
         if derived:
             out.append(self.no_side)
         if self.layout.stacked:

@@ -16,7 +16,7 @@ import numpy as np
 from .errors import CorruptBufferError, SpecError
 from .io import ByteSource
 from .roles import subtree
-from .spec import ArraySpec, flatten, leaf_paths
+from .spec import ArraySpec, flatten, leaf_paths, spec_to_json
 from .statefile import State
 
 __all__ = ["Frames", "FramesLayout", "Pair", "SIDE_DIR", "PREFIX", "NEXT_LEAF", "DEPTH_LEAF"]
@@ -28,6 +28,7 @@ PREFIX = "_frames"
 NEXT_LEAF = f"{PREFIX}/next"
 DEPTH_LEAF = f"{PREFIX}/depth"
 PADS = ("repeat", "zeros")
+NEXT_OBSERVATIONS = ("derived", "stored")
 
 
 @dataclass(frozen=True)
@@ -153,9 +154,9 @@ def plan_layout(
     """The layout for a spec and its roles (validated; no I/O)."""
     if not isinstance(frames, Frames):
         raise SpecError(f"frames must be a mmreplay.Frames, got {type(frames).__name__}")
-    if frames.next_observation not in ("derived", "stored"):
+    if frames.next_observation not in NEXT_OBSERVATIONS:
         raise SpecError(
-            f"frames.next_observation must be 'derived' or 'stored', got {frames.next_observation!r}"
+            f"frames.next_observation must be one of {NEXT_OBSERVATIONS}, got {frames.next_observation!r}"
         )
     k = frames.frame_stack
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= 255:
@@ -180,8 +181,6 @@ def plan_layout(
     next_paths: list[str | None] = [None] * len(obs_paths)
     if derived:
         next_node = subtree(spec, next_root)
-        from .spec import spec_to_json
-
         if spec_to_json(obs_node) != spec_to_json(next_node):
             raise SpecError(
                 f"frames: next_observation {next_root!r} must have the observation's structure and leaves; "
@@ -230,7 +229,7 @@ def layout_from_json(obj: Any, spec: Any, parse_leaf: Any, where: str) -> Frames
         slots = obj["final_slots"]
         if not isinstance(k, int) or not 1 <= k <= 255 or not isinstance(slots, int) or slots < 0:
             raise ValueError("bad frame_stack or final_slots")
-        if obj["pad"] not in PADS or obj["next_observation"] not in ("derived", "stored"):
+        if obj["pad"] not in PADS or obj["next_observation"] not in NEXT_OBSERVATIONS:
             raise ValueError("bad pad or next_observation")
         pairs = []
         paths = set(leaf_paths(spec))

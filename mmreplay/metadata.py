@@ -424,19 +424,22 @@ def read_metadata(where: str | os.PathLike | ByteSource) -> Metadata:
     )
 
 
-def read_static(where: str | os.PathLike | ByteSource) -> Metadata:
-    """Read and validate a store's ``mmreplay.json`` alone (format 2: without the state)."""
-    source = open_source(where)
-    path = source.where(METADATA_FILE)
+def _metadata_bytes(source: ByteSource) -> bytes:
+    """The bytes of a store's ``mmreplay.json``; a missing one says there is no store."""
     try:
-        raw = source.read(METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
+        return source.read(METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
     except (FileNotFoundError, NotADirectoryError) as exc:
         if isinstance(exc, Error) and not isinstance(exc, ObjectNotFoundError):
             raise  # the object store's own answer (no bucket...)
         raise source.no_store() from None
     except IsADirectoryError:
-        raise CorruptBufferError(f"{path}: is a folder, expected a JSON file") from None
-    return parse_metadata(raw, path)
+        raise CorruptBufferError(f"{source.where(METADATA_FILE)}: is a folder, expected a JSON file") from None
+
+
+def read_static(where: str | os.PathLike | ByteSource) -> Metadata:
+    """Read and validate a store's ``mmreplay.json`` alone (format 2: without the state)."""
+    source = open_source(where)
+    return parse_metadata(_metadata_bytes(source), source.where(METADATA_FILE))
 
 
 def read_state(where: str | os.PathLike | ByteSource) -> State:
@@ -463,11 +466,7 @@ class JsonState:
     def read(self) -> State:
         if self.file is not None:
             return self.file.read()
-        try:
-            raw = self.source.read(METADATA_FILE, MAX_METADATA_BYTES, "a buffer's metadata")
-        except FileNotFoundError:
-            raise self.source.no_store() from None
-        obj = json_object(raw, self.path)
+        obj = json_object(_metadata_bytes(self.source), self.path)
         if "state" not in obj and _parse_format(obj.get("format"), self.path) >= 2:
             self.file = StateFile(self.source, False)
             return self.file.read()

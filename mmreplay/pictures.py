@@ -12,6 +12,7 @@ MP4 also needs ``imageio-ffmpeg`` (``mmreplay[mp4]``).
 from __future__ import annotations
 
 import base64
+import html
 import io
 import math
 import os
@@ -408,12 +409,8 @@ class FrameView:
         if not len(self) or len(self) > INLINE_MAX_FRAMES:
             return None  # the notebook falls back to the contact sheet
         data = base64.b64encode(self.gif()).decode("ascii")
-        caption = "<br>".join(_escape(t) for t in self.summary())
+        caption = "<br>".join(html.escape(t, quote=False) for t in self.summary())
         return f'<figure><img src="data:image/gif;base64,{data}"/><figcaption><small>{caption}</small></figcaption></figure>'
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _palette_images(pictures: np.ndarray, scale: int) -> Iterator[Any]:

@@ -51,6 +51,11 @@ def _layouts(store: Store) -> dict[int, Layout]:
     return out
 
 
+def _timelines(rr: Any, steps: np.ndarray, first: int, fps: float) -> list[Any]:
+    """The ``step`` and ``time`` timelines of a column of global step ids."""
+    return [rr.TimeColumn("step", sequence=steps), rr.TimeColumn("time", duration=(steps - first) / fps)]
+
+
 def _ranges(store: Store, env: int | None, episode: int | None, steps: Any) -> list[tuple[int, np.ndarray]]:
     """(env, global step ids) to log: one env's episode or steps when asked, else every env's."""
     if episode is not None or steps is not None:
@@ -125,7 +130,7 @@ def _log_env(
     first = int(store.first_step)
     for a in range(0, len(ids), READ_BLOCK_FRAMES):
         block = ids[a : a + READ_BLOCK_FRAMES]
-        times = [rr.TimeColumn("step", sequence=block), rr.TimeColumn("time", duration=(block - first) / fps)]
+        times = _timelines(rr, block, first, fps)
         for i, leaf in enumerate(store.leaves):
             values = read_leaf(store, i, env, block, None)
             entity = f"{root}/{leaf.info.path}"
@@ -161,13 +166,8 @@ def _log_episodes(
         if ended != "running" and span.last_step <= hi:
             ret = ""
             if reward in store.leaf_paths:
-                r = read_leaf(
-                    store,
-                    store.leaf_paths.index(reward),
-                    env,
-                    np.arange(span.first_step, span.last_step + 1),
-                    None,
-                )
+                steps = np.arange(span.first_step, span.last_step + 1)
+                r = read_leaf(store, store.leaf_paths.index(reward), env, steps, None)
                 ret = f", return {float(np.sum(r, dtype=np.float64)):.6g}"
             level = "WARN" if ended == "terminated" else "INFO"
             length = f"length {span.length}" if span.status != "open" else f"its last {span.length} steps"
@@ -176,10 +176,10 @@ def _log_episodes(
         at = np.array([m[0] for m in marks], np.int64)
         rec.send_columns(
             f"{root}/episodes",
-            indexes=[rr.TimeColumn("step", sequence=at), rr.TimeColumn("time", duration=(at - first) / fps)],
+            indexes=_timelines(rr, at, first, fps),
             columns=rr.TextLog.columns(text=[m[2] for m in marks], level=[m[1] for m in marks]),
         )
-    times = [rr.TimeColumn("step", sequence=ids), rr.TimeColumn("time", duration=(ids - first) / fps)]
+    times = _timelines(rr, ids, first, fps)
     rec.send_columns(
         f"{root}/episode", indexes=times, columns=rr.Scalars.columns(scalars=index.astype(np.float64))
     )

@@ -25,10 +25,7 @@ SPACES_ATTR = "gymnasium"
 
 
 def space_to_json(space: Any) -> dict[str, Any]:
-    """A space as the JSON object ``minari.serialization.serialize_space`` writes.
-
-    Minari reads it back with ``deserialize_space``; no pickle is involved.
-    """
+    """A space as the JSON object ``minari.serialization.serialize_space`` writes."""
     from gymnasium import spaces
 
     if isinstance(space, spaces.Box):

@@ -187,12 +187,8 @@ class Layout:
             raise BadInputError(
                 f"{where}layout {text!r}: expected letters H, W, C, K, e.g. 'HWC', 'CHW', 'KHW', 'HW(KC)'"
             )
-        letters = "".join(parts)
-        if (
-            sorted(set(letters)) != sorted(letters)
-            or not {"H", "W"} <= set(letters)
-            or set(letters) - set("HWCK")
-        ):
+        letters = "".join(parts)  # only H, W, C and K: the pattern matched the whole text
+        if len(set(letters)) != len(letters) or not {"H", "W"} <= set(letters):
             raise BadInputError(f"{where}layout {text!r}: needs H and W once each, and C, K at most once")
         if any(len(p) > 1 and sorted(p) != ["C", "K"] for p in parts):
             raise BadInputError(f"{where}layout {text!r}: only K and C can share an axis, as '(KC)'")
@@ -201,7 +197,11 @@ class Layout:
                 f"{where}layout {text!r} has {len(parts)} axes, the leaf's shape {shape} has {len(shape)}"
             )
         layout = cls(tuple(parts))
-        layout.check(shape, where)
+        channels = layout.channels(shape)
+        if channels not in (1, 3, 4):
+            raise BadInputError(
+                f"{where}layout {layout}: {channels} channels; expected 1 (gray), 3 (RGB) or 4 (RGBA)"
+            )
         return layout
 
     @classmethod
@@ -214,13 +214,6 @@ class Layout:
                 "(HW, HWC, CHW, KHW, HWK, KHWC, KCHW with H, W >= 8); name it with layout=/--layout"
             )
         return cls.parse(guess, shape, leaf)
-
-    def check(self, shape: tuple[int, ...], where: str) -> None:
-        channels = self.channels(shape)
-        if channels not in (1, 3, 4):
-            raise BadInputError(
-                f"{where}layout {self}: {channels} channels; expected 1 (gray), 3 (RGB) or 4 (RGBA)"
-            )
 
     def channels(self, shape: tuple[int, ...]) -> int:
         for part, n in zip(self.axes, shape):

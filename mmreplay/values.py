@@ -25,7 +25,7 @@ __all__ = ["StepValidator", "cast_needs_no_values", "cast_refusal", "float_overf
 def cast_refusal(a: np.ndarray, dst: np.dtype) -> str | None:
     """Why ``a`` may not be stored as ``dst``, or None when it may."""
     src = a.dtype
-    if src == dst or np.can_cast(src, dst, "safe"):
+    if cast_needs_no_values(src, dst):
         return None
     if src.kind in "iu" and dst.kind in "iu":
         if a.size == 0:
@@ -44,8 +44,6 @@ def float_overflow(a: np.ndarray, dst: np.dtype) -> str | None:
     """Why ``a`` does not fit the float (or complex) ``dst``: a finite value past its
     range, which the cast would make infinite; None when every value fits."""
     big = float(np.finfo(dst).max)
-    if a.dtype.kind in "iu" and big >= 2.0**64:
-        return None  # every integer fits float32 and wider
     with np.errstate(over="ignore", invalid="ignore"):
         bad = np.isinf(a.astype(dst)) & np.isfinite(a)
     if not bad.any():
@@ -56,7 +54,7 @@ def float_overflow(a: np.ndarray, dst: np.dtype) -> str | None:
 
 def cast_needs_no_values(src: np.dtype, dst: np.dtype) -> bool:
     """Whether :func:`cast_refusal` accepts every array of ``src`` for ``dst`` whatever
-    its values: safe casts, and integers into float32 or wider."""
+    its values: safe casts, and integers into float32 or wider (every integer fits)."""
     if src == dst or np.can_cast(src, dst, "safe"):
         return True
     return src.kind in "iu" and dst.kind in "fc" and float(np.finfo(dst).max) >= 2.0**64
@@ -80,8 +78,7 @@ def flatten_value(spec: Any, value: Any, root: str = "the step") -> list[Any]:
     return out
 
 
-def _structure(spec: Any, value: Any, path: str, out: list[Any], root: str = "the step") -> None:
-    """Flatten ``value`` along ``spec``'s nest, naming the first place they differ."""
+def _structure(spec: Any, value: Any, path: str, out: list[Any], root: str) -> None:
     where = path or root
     if isinstance(spec, Mapping):
         if not isinstance(value, Mapping):
@@ -191,9 +188,7 @@ class StepValidator:
                 return [value[k] for k in keys]
             except KeyError:
                 pass
-        out: list[Any] = []
-        _structure(self.spec, value, "", out)
-        return out
+        return flatten_value(self.spec, value)
 
     def coerce(self, i: int, v: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
         dtype = self.dtypes[i]
@@ -222,8 +217,8 @@ class StepValidator:
         if a.dtype not in self._castable[i]:
             if cast_needs_no_values(a.dtype, dtype):
                 self._castable[i][a.dtype] = None
-            elif _squares_limit(a.dtype, dtype) is not None:
-                self._castable[i][a.dtype] = _squares_limit(a.dtype, dtype)
+            elif (limit := _squares_limit(a.dtype, dtype)) is not None:
+                self._castable[i][a.dtype] = limit
         return a
 
     def step(self, value: Any) -> list[np.ndarray]:
