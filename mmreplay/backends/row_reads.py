@@ -507,15 +507,13 @@ class RowFrameReads(TakenLeaf):
         order = np.lexsort((offsets, segments))
         seg = segments[order]
         first = offsets[order] // page
-        last = (offsets[order] + lengths[order] - 1) // page
-        brk = np.flatnonzero((seg[1:] != seg[:-1]) | (first[1:] > last[:-1] + 1)) + 1
-        starts = np.r_[0, brk]
-        runs = zip(seg[starts].tolist(), first[starts].tolist(), np.maximum.reduceat(last, starts).tolist())
-        for k, a, b in runs:
+        end = (offsets[order] + lengths[order] - 1) // page + 1
+        firsts, run_start, run_end, _ = coalesce(seg, first, end, 1)  # pages that touch: one run
+        for k, a, b in zip(seg[firsts].tolist(), run_start.tolist(), run_end.tolist()):
             shard = self.shards.get(k)
             try:
                 if isinstance(shard, mmap.mmap):
-                    shard.madvise(mmap.MADV_WILLNEED, a * page, min((b + 1 - a) * page, len(shard) - a * page))
+                    shard.madvise(mmap.MADV_WILLNEED, a * page, min((b - a) * page, len(shard) - a * page))
             except (OSError, ValueError, AttributeError):
                 return  # no such advice here, or the mapping went: the decoder faults them in
 
