@@ -130,7 +130,7 @@ class FrameCodec:
     """A leaf's ``rows:`` codec: encode one row, decode a batch of rows into an output array."""
 
     def __init__(
-        self, codec: RowCodec, row_bytes: int, threads: int | None, source: ByteSource | None = None, dictionary_key: str = ""
+        self, codec: RowCodec, row_bytes: int, threads: int | None, source: ByteSource, dictionary_key: str
     ):
         self.codec = codec
         self.row_bytes = row_bytes
@@ -161,7 +161,7 @@ class FrameCodec:
 
     def load_dictionary(self) -> bool:
         """Use the leaf's trained dictionary if there is one yet; True if there is."""
-        if self.dictionary is not None or not self.codec.dictionary or self.source is None:
+        if self.dictionary is not None or not self.codec.dictionary:
             return self.dictionary is not None
         try:
             raw = self.source.read(self.dictionary_key, DICTIONARY_LIMIT, "a zstd dictionary")
@@ -190,7 +190,6 @@ class FrameCodec:
             dictionary = zstd.train_dictionary(DICTIONARY_BYTES, [r.tobytes() for r in rows], level=self.codec.level)
         except zstd.ZstdError:
             return False
-        assert self.source is not None
         self.source.replace(self.dictionary_key, dictionary.as_bytes())
         self.use_dictionary(dictionary)
         return True

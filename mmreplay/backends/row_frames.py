@@ -265,18 +265,12 @@ class _Encoder:
             self.failed = exc
             handed.clear()
         if self.failed is not None:
-            cause = self.failed.cause
-            message = (
-                f"{self.failed.where}: {cause}; the rows since the last commit are lost (reopen the store "
-                "to continue from it)"
-            )
+            where, cause = self.failed.where, self.failed.cause
+            lost = "the rows since the last commit are lost (reopen the store to continue from it)"
             # what happened, by its own class (a full disk is no damage); else the rows are not sound
             if isinstance(cause, Error):
-                raise type(cause)(message) from cause
-            raise CorruptBufferError(
-                f"{self.failed.where}: encoding rows in the background failed: {cause!r}; the rows since "
-                "the last commit are lost (reopen the store to continue from it)"
-            ) from cause
+                raise type(cause)(f"{where}: {cause}; {lost}") from cause
+            raise CorruptBufferError(f"{where}: encoding rows in the background failed: {cause!r}; {lost}") from cause
 
     def leave(self) -> None:
         """A leaf closed; the last one stops the threads."""
@@ -359,7 +353,6 @@ class RowFrameLeaf(RowFrameReads):
         rel: str,
         chunk_key: Callable[[int], str],
         writable: bool,
-        threads: int | None = None,
     ):
         self.info = info
         self.codec = parse_row_compression(info.compression or "")
@@ -373,7 +366,7 @@ class RowFrameLeaf(RowFrameReads):
         self.row_bytes = info.spec.nbytes
         self.seg_rows = self.seg * num_envs
         self.where = f"leaf {info.path!r}"
-        self.frames = FrameCodec(self.codec, self.row_bytes, threads, source, f"{rel}/{DICTIONARY_FILE}")
+        self.frames = FrameCodec(self.codec, self.row_bytes, None, source, f"{rel}/{DICTIONARY_FILE}")
         self.ahead_segment = -1
         self.ahead_filled = 0  # steps of ahead_segment written ahead
         self.ahead: np.ndarray | None = None
@@ -397,12 +390,6 @@ class RowFrameLeaf(RowFrameReads):
         # it goes ahead, and its segment's first slot
         self.next_start, self.next_ahead, self.next_base = -1, False, 0
         self.ahead_frames: list[bytes | None] | None = None
-
-    # --- the staging header -------------------------------------------------------------
-
-    def _header(self) -> tuple[int, int, int, int]:
-        seq, segment, base, filled = (int(x) for x in self.header)
-        return seq, segment, base, filled
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -584,16 +571,14 @@ class RowFrameLeaf(RowFrameReads):
             return
         try:
             future.result()  # (Ctrl-C while waiting leaves the seal to wait for again)
-        except _EncodeFailed as exc:  # a row of segment k did not encode
-            self.sealing = None
-            self.ahead_segment, self.ahead_frames, self.next_start = -1, None, -1
-            self._background().failed = exc
-            self._background().check()  # raises it
         except Exception as exc:
             self.sealing = None
             self.ahead_segment, self.ahead_frames, self.next_start = -1, None, -1
-            self._background().failed = _EncodeFailed(f"{self.where}: sealing segment {k}", exc)
-            raise
+            if not isinstance(exc, _EncodeFailed):  # the shard was not stored
+                self._background().failed = _EncodeFailed(f"{self.where}: sealing segment {k}", exc)
+                raise
+            self._background().failed = exc  # a row of segment k did not encode
+            self._background().check()  # raises it
         self._drop(k)
         self.sealed_since_flush.add(k)
         seq = int(self.header[0])

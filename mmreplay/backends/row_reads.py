@@ -29,7 +29,7 @@ from ..read.advice import DiskReads
 from ..read.layout import gather_rows
 from . import native_rows
 from .base import TakenLeaf
-from .row_codec import is_row_compression
+from .row_codec import DICTIONARY_LIMIT, is_row_compression
 
 __all__ = [
     "HEADER_BYTES",
@@ -39,7 +39,6 @@ __all__ = [
     "RowFrameReads",
     "index_bytes",
     "is_row_compression",
-    "parse_shard_index",
     "read_shard_index",
     "shard_limit",
     "staging_bytes",
@@ -110,12 +109,28 @@ _kept_open = [0]  # shard files kept open now, all leaves together
 
 def read_shard_index(data: Any, rows: int, where: str, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Offsets and lengths (int64; -1 for a missing row) from a shard's index, checked.
-    ``data``: the shard's bytes, or its last ones when ``size`` says the shard's size."""
+    ``data``: the shard's bytes, or its last ones when ``size`` says the shard's size (a
+    reader that fetches only the index)."""
+    import google_crc32c
+
     need = index_bytes(rows)
     size = len(data) if size is None else size
     if size < need:
         raise CorruptBufferError(f"{where}: shard has {size} bytes, less than its index ({need})")
-    return parse_shard_index(data[len(data) - need :], rows, size - need, where)
+    tail = data[len(data) - need :]
+    if len(tail) != need:
+        raise CorruptBufferError(f"{where}: a shard index of {need} bytes expected, got {len(tail)}")
+    raw = bytes(tail[: need - 4])
+    crc = np.frombuffer(bytes(tail[need - 4 :]), "<u4")[0]
+    if np.uint32(google_crc32c.value(raw)) != crc:
+        raise CorruptBufferError(f"{where}: the shard index fails its CRC-32C check")
+    index = np.frombuffer(raw, "<u8").reshape(rows, 2)
+    missing = index[:, 0] == MISSING
+    offsets = np.where(missing, -1, index[:, 0].astype(np.int64))
+    lengths = np.where(missing, 0, index[:, 1].astype(np.int64))
+    if np.any((offsets + lengths > size - need) & ~missing):
+        raise CorruptBufferError(f"{where}: the shard index points past the frames")
+    return offsets, lengths
 
 
 def shard_limit(rows: int, row_bytes: int) -> int:
@@ -127,28 +142,6 @@ def shard_limit(rows: int, row_bytes: int) -> int:
 def index_bytes(rows: int) -> int:
     """Bytes of a shard's index and its CRC: the last bytes of the shard."""
     return rows * 16 + 4
-
-
-def parse_shard_index(tail: Any, rows: int, body: int, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`read_shard_index` from the index bytes alone (``tail``, the shard's last
-    :func:`index_bytes`) and the size of the frames before it (``body``): what a reader
-    that fetches only the index needs."""
-    import google_crc32c
-
-    need = index_bytes(rows)
-    if len(tail) != need:
-        raise CorruptBufferError(f"{where}: a shard index of {need} bytes expected, got {len(tail)}")
-    raw = bytes(tail[: need - 4])
-    crc = np.frombuffer(bytes(tail[need - 4 :]), "<u4")[0]
-    if np.uint32(google_crc32c.value(raw)) != crc:
-        raise CorruptBufferError(f"{where}: the shard index fails its CRC-32C check")
-    index = np.frombuffer(raw, "<u8").reshape(rows, 2)
-    missing = index[:, 0] == MISSING
-    offsets = np.where(missing, -1, index[:, 0].astype(np.int64))
-    lengths = np.where(missing, 0, index[:, 1].astype(np.int64))
-    if np.any((offsets + lengths > body) & ~missing):
-        raise CorruptBufferError(f"{where}: the shard index points past the frames")
-    return offsets, lengths
 
 
 def staging_bytes(segment_steps: int, num_envs: int, row_bytes: int) -> int:
@@ -198,6 +191,10 @@ class RowFrameReads(TakenLeaf):
             raise CorruptBufferError(f"{staging}: not a staging file of {self.where} (bad magic)")
         self.header = np.ndarray(4, "<i8", buffer=self.mm, offset=len(STAGING_MAGIC))
         self.staged = np.ndarray((self.seg_rows, self.row_bytes), np.uint8, buffer=self.mm, offset=HEADER_BYTES)
+
+    def _header(self) -> tuple[int, int, int, int]:
+        seq, segment, base, filled = (int(x) for x in self.header)
+        return seq, segment, base, filled
 
     def shard_key(self, k: int) -> str:
         """Segment ``k``'s shard (zarr's chunk key, worked out once)."""
@@ -347,8 +344,7 @@ class RowFrameReads(TakenLeaf):
     async def _staging_header(self) -> tuple[int, int, int, int, Handle | None]:
         """(seq, segment, base, filled) of staging, and the handle of a staging object."""
         if self.header is not None:
-            seq, segment, base, filled = (int(x) for x in self.header)
-            return seq, segment, base, filled, None
+            return (*self._header(), None)
         handle = self.source.handle(self.staging_key)
         head = np.empty(HEADER_BYTES, np.uint8)
         (got,) = await self.source.read_ranges([(handle, 0, HEADER_BYTES)], head)
@@ -365,10 +361,8 @@ class RowFrameReads(TakenLeaf):
         it since; frames before it decode without it)."""
         if not self.codec.dictionary or self.frames.dictionary is not None:
             return
-        from .row_codec import DICTIONARY_FILE, DICTIONARY_LIMIT
-
         try:
-            handle = self.source.handle(f"{self.rel}/{DICTIONARY_FILE}")
+            handle = self.source.handle(self.frames.dictionary_key)
         except FileNotFoundError:
             return
         try:
@@ -513,15 +507,13 @@ class RowFrameReads(TakenLeaf):
         order = np.lexsort((offsets, segments))
         seg = segments[order]
         first = offsets[order] // page
-        last = (offsets[order] + lengths[order] - 1) // page
-        brk = np.flatnonzero((seg[1:] != seg[:-1]) | (first[1:] > last[:-1] + 1)) + 1
-        starts = np.r_[0, brk]
-        runs = zip(seg[starts].tolist(), first[starts].tolist(), np.maximum.reduceat(last, starts).tolist())
-        for k, a, b in runs:
+        end = (offsets[order] + lengths[order] - 1) // page + 1
+        firsts, run_start, run_end, _ = coalesce(seg, first, end, 1)  # pages that touch: one run
+        for k, a, b in zip(seg[firsts].tolist(), run_start.tolist(), run_end.tolist()):
             shard = self.shards.get(k)
             try:
                 if isinstance(shard, mmap.mmap):
-                    shard.madvise(mmap.MADV_WILLNEED, a * page, min((b + 1 - a) * page, len(shard) - a * page))
+                    shard.madvise(mmap.MADV_WILLNEED, a * page, min((b - a) * page, len(shard) - a * page))
             except (OSError, ValueError, AttributeError):
                 return  # no such advice here, or the mapping went: the decoder faults them in
 

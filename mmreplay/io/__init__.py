@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import SCHEME, ByteSource, Handle, ObjectChanged, coalesce, run_now
+from .base import SCHEME, ByteSource, Handle, ObjectChanged, coalesce
 from .local import LocalFolder
 
-__all__ = ["ByteSource", "Handle", "LocalFolder", "ObjectChanged", "coalesce", "is_url", "open_source", "run_now"]
+__all__ = ["ByteSource", "Handle", "LocalFolder", "ObjectChanged", "coalesce", "is_url", "open_source"]
 
 
 def is_url(path: Any) -> bool:

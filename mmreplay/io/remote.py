@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import contextvars
 import os
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -362,18 +361,6 @@ class ObjectPrefix(ByteSource):
 
     # --- errors -------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _errors(self, key: str = "") -> Iterator[None]:
-        """Requests made inside raise mmreplay errors (:meth:`remote_error`)."""
-        from obstore.exceptions import BaseError, NotModifiedError, PreconditionError
-
-        try:
-            yield
-        except (errors.Error, PreconditionError, NotModifiedError):
-            raise  # ours already; a conditional request's answer (the caller decides)
-        except (BaseError, FileNotFoundError) as exc:
-            raise self.remote_error(exc, key) from exc
-
     def remote_error(self, exc: BaseException, key: str = "") -> errors.Error:
         """What an obstore error means for the user: the mmreplay error that says it."""
         text = str(exc)
@@ -568,9 +555,15 @@ class ObjectPrefix(ByteSource):
 
     async def _request(self, key: str, start: Callable[[], Awaitable[Any]]) -> Any:
         """One async request, awaited to its end (:meth:`_Loop.track`), its failure an
-        mmreplay error."""
-        with self._errors(key):
+        mmreplay error (:meth:`remote_error`)."""
+        from obstore.exceptions import BaseError, NotModifiedError, PreconditionError
+
+        try:
             return await _Loop.track(start())
+        except (errors.Error, PreconditionError, NotModifiedError):
+            raise  # ours already; a conditional request's answer (the caller decides)
+        except (BaseError, FileNotFoundError) as exc:
+            raise self.remote_error(exc, key) from exc
 
     async def _get(self, key: str, options: dict[str, Any] | None = None) -> tuple[bytes, dict[str, Any]]:
         got = await self._request(key, lambda: self.obstore.get_async(self.store, key, options=options))
