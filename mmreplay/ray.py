@@ -38,7 +38,17 @@ except ImportError as exc:  # ray is an install extra
 
 from .creation import create
 from .errors import NotEnoughDataError
-from .group import OverShards, by_shard, is_group, join_parts, open_group, shard_name, split_batch
+from .group import (
+    OverShards,
+    by_shard,
+    draw_beta,
+    is_group,
+    join_parts,
+    open_group,
+    shard_mass,
+    shard_name,
+    split_batch,
+)
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .roles import validate_roles
@@ -111,12 +121,8 @@ class ShardWriter:
     def mass(self, request: SampleRequest) -> tuple[float, float]:
         """The sampler's mass over the committed steps for ``request``'s items (see
         :meth:`Group.masses`)."""
-        store = self.store
         first, end = self._committed()
-        sampler = store.sampler
-        steps = sampler.num_steps if request.num_steps is None else request.num_steps
-        request.check_options(sampler, store.path)
-        return tuple(sampler.mass(store.window._replace(first=first, end=end), request, steps or 1))
+        return tuple(shard_mass(self.store, self.store.window._replace(first=first, end=end), request))
 
     def sample(
         self, request: SampleRequest
@@ -127,8 +133,7 @@ class ShardWriter:
         mass = self.mass(request)
         nest, info = sample_store(self.store, replace(request, window=self._committed(), return_info=True))
         fields = {name: getattr(info, name) for name in ("step", "env", "slot", "probability", "weight")}
-        beta = float(request.options.get("beta", getattr(self.store.sampler, "beta", 0.0)))
-        return flatten(nest), fields, mass, beta
+        return flatten(nest), fields, mass, draw_beta(self.store, request)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
         return self.store.update_priorities(step, env, priorities)
