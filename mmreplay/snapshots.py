@@ -27,7 +27,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 from .backends import zarr_v3
 from .backends.row_reads import STAGING_FILE
 from .errors import BadInputError, CorruptBufferError, SpecMismatchError, TargetError
+from .files import AtomicOutput
 from .io.local import unsafe_entries
 from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
@@ -333,11 +333,8 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     first = meta.state
     if meta.backend != "zarr":
         raise CorruptBufferError(f"{location.url}: {HDF5_REFUSED}")
-    parent = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(folder)}.pulling-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with AtomicOutput(folder, "folder", "pulled store") as scratch:
+        tmp = scratch.tmp
         _download(location, meta, tmp)
         last = read_state(location)
         if last.end < first.end or last.start < first.start:
@@ -350,13 +347,7 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
         )
         write_fresh(tmp, state, fsync=True)
         _check_opens(tmp, location)
-        if os.path.isdir(folder):
-            os.rmdir(folder)
-        os.rename(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
+        return scratch.commit()
 
 
 def _check_opens(tmp: str, location: ObjectPrefix) -> None:
