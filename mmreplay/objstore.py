@@ -11,13 +11,16 @@ sharded array whose shards are C-order blocks of whole steps followed by their i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import pathlib
+import tempfile
 from typing import Any
 
 import numpy as np
 
-from .errors import CorruptBufferError, RemoteError
+from .errors import CorruptBufferError, RemoteError, TargetError
 from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import LeafInfo, Metadata, little_endian, read_metadata
 from .statefile import State
@@ -64,13 +67,7 @@ def shard_key(array_key: str, ndim: int, k: int) -> str:
 def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, Any] | None) -> Any:
     """Run ``write(local_path)`` into a temporary folder, then upload what it wrote under
     ``url``: a file to the URL's key, a folder's files below it. The result names the URL."""
-    import dataclasses
-    import pathlib
-    import tempfile
-
-    from .errors import TargetError
-
-    bucket, key = split_url(url)
+    _, key = split_url(url)
     if not key:
         raise ValueError(f"{url!r}: name the export's key below the bucket (s3://bucket/path)")
     name = key.rsplit("/", 1)[-1]
