@@ -60,8 +60,10 @@ def shard_layout(prefix: ObjectPrefix, leaf: LeafInfo) -> tuple[str, int]:
     return f"data.zarr/{leaf.path}", steps
 
 
-def shard_key(array_key: str, ndim: int, k: int) -> str:
-    return f"{array_key}/c/{k}" + "/0" * (ndim - 1)
+def shard_key(leaf: LeafInfo, k: int) -> str:
+    """The object of shard ``k`` of a mapped leaf (the ``[capacity, num_envs, *shape]``
+    array is cut along its first axis only)."""
+    return f"data.zarr/{leaf.path}/c/{k}" + "/0" * (1 + len(leaf.spec.shape))
 
 
 def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, Any] | None) -> Any:
@@ -173,9 +175,8 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
             m = steps // leaf.chunk_steps
             chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
             index = shard_index(m, chunk_bytes).tobytes()
-            ndim = 2 + len(leaf.spec.shape)
             for k in range(-(-meta.capacity // steps)):
-                key = shard_key(array_key, ndim, k)
+                key = shard_key(leaf, k)
                 size = listing.get(key)
                 if size is None:
                     problems.append(f"{where}: shard object {location.where(key)} is missing")

@@ -72,10 +72,10 @@ def _digest(data: bytes | memoryview) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def shard_chunks(leaf: Any, num_envs: int, capacity: int) -> int:
+def shard_chunks(leaf: Any, meta: Metadata) -> int:
     """Chunks per shard object of a mapped leaf: about :data:`SHARD_TARGET_BYTES`."""
-    nchunks = -(-capacity // leaf.chunk_steps)
-    chunk_bytes = max(1, leaf.chunk_steps * num_envs * leaf.spec.nbytes)
+    nchunks = -(-meta.capacity // leaf.chunk_steps)
+    chunk_bytes = max(1, leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes)
     return max(1, min(nchunks, SHARD_TARGET_BYTES // chunk_bytes))
 
 
@@ -100,7 +100,7 @@ def _objects(folder: str, meta: Metadata) -> Iterator[tuple[str, Any]]:
                 continue
             leaf = arrays.get(key)
             if leaf is not None:  # the sharded array's metadata
-                m = shard_chunks(leaf, meta.num_envs, meta.capacity)
+                m = shard_chunks(leaf, meta)
                 yield key, zarr_v3.array_metadata(leaf, meta.capacity, meta.num_envs, m)
             elif name == STAGING_FILE:
                 # read before its shards are listed: a segment the writer seals later is
@@ -130,12 +130,10 @@ def _largest_file(meta: Metadata) -> int:
 
 def _shards(folder: str, leaf: Any, meta: Metadata) -> Iterator[tuple[str, Any]]:
     """The shard objects of a mapped leaf: its block cut into runs of whole chunks."""
-    m = shard_chunks(leaf, meta.num_envs, meta.capacity)
+    m = shard_chunks(leaf, meta)
     nchunks = -(-meta.capacity // leaf.chunk_steps)
     chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
     index = zarr_v3.shard_index(m, chunk_bytes).tobytes()
-    array_key = f"{zarr_v3.DATA_DIR}/{leaf.path}"
-    ndim = 2 + len(leaf.spec.shape)
     path = os.path.join(folder, leaf.file or "")
 
     def shard(k: int) -> bytes:
@@ -145,7 +143,7 @@ def _shards(folder: str, leaf: Any, meta: Metadata) -> Iterator[tuple[str, Any]]
         return data.ljust(m * chunk_bytes, b"\0") + index
 
     for k in range(-(-nchunks // m)):
-        yield shard_key(array_key, ndim, k), (lambda k=k: shard(k))
+        yield shard_key(leaf, k), (lambda k=k: shard(k))
 
 
 def _static(meta: Metadata) -> Any:
@@ -395,7 +393,6 @@ def _assemble(location: ObjectPrefix, meta: Metadata, leaf: Any, tmp: str) -> No
     chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
     data_bytes = nchunks * chunk_bytes
     shard_bytes = (steps // leaf.chunk_steps) * chunk_bytes
-    ndim = 2 + len(leaf.spec.shape)
     folder = os.path.join(tmp, *array_key.split("/"))
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "zarr.json"), "wb") as f:
@@ -404,7 +401,7 @@ def _assemble(location: ObjectPrefix, meta: Metadata, leaf: Any, tmp: str) -> No
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         for k in range(-(-data_bytes // max(1, shard_bytes)) if data_bytes else 0):
-            key = shard_key(array_key, ndim, k)
+            key = shard_key(leaf, k)
             try:
                 raw = location.read(key, shard_bytes + nchunks * 16, "a shard object")
             except FileNotFoundError:
