@@ -233,8 +233,6 @@ def _row_leaf_problems(location: ObjectPrefix, meta: Metadata, leaf: LeafInfo, l
     """A row-frame leaf's staging object, and the shard object of each segment with
     retained committed rows outside staging (``deep``: those rows read as a reader reads
     them, each frame decoded)."""
-    from dataclasses import replace
-
     from .backends.row_reads import STAGING_FILE
     from .backends.zarr_v3 import STAGING_HEAD_BYTES, open_leaves, segments_outside_staging, staging_segment
 
@@ -247,7 +245,7 @@ def _row_leaf_problems(location: ObjectPrefix, meta: Metadata, leaf: LeafInfo, l
     if why:
         return [f"{where}: {why}"]
     try:
-        (reads,) = open_leaves(location, replace(meta, leaves=(leaf,)), False)
+        (reads,) = open_leaves(location, dataclasses.replace(meta, leaves=(leaf,)), False)
     except CorruptBufferError as exc:
         return [str(exc)]
     problems: list[str] = []

@@ -33,14 +33,18 @@ from typing import Any
 
 from .backends import zarr_v3
 from .backends.row_reads import STAGING_FILE
+from .episodes import index_limit
 from .errors import BadInputError, CorruptBufferError, SpecMismatchError, TargetError
 from .files import AtomicOutput
+from .frames_layout import side_metadata
 from .io.local import unsafe_entries
 from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
 from .objstore import UPLOADS_IN_FLIGHT, shard_key, shard_layout
 from .spec import spec_to_json
 from .statefile import STATE_FILE, State, fresh_bytes, write_fresh
+from .store import Store
+from .store import open as open_store
 
 __all__ = ["push", "pull", "PushReport"]
 
@@ -118,9 +122,6 @@ def _objects(folder: str, meta: Metadata) -> Iterator[tuple[str, Any]]:
 def _largest_file(meta: Metadata) -> int:
     """The most bytes one file of a store can hold: all its rows (the side ring's too),
     each compressed at worst, its episode index and priorities, and room for metadata."""
-    from .episodes import index_limit
-    from .frames_layout import side_metadata
-
     parts = [meta] + ([side_metadata(meta)] if meta.frames is not None and meta.frames.side else [])
     rows = sum(
         m.capacity * m.num_envs * (leaf.spec.nbytes + leaf.spec.nbytes // 128 + 64) for m in parts for leaf in m.leaves
@@ -187,9 +188,6 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     written by another process meanwhile is published at the commit read first, less
     the steps the writer overwrote while they were read.
     """
-    from .store import Store
-    from .store import open as open_store
-
     split_url(url)  # a mistyped URL before anything is read or committed
     if isinstance(source, Store):
         if source.mode == "a":
@@ -351,8 +349,6 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
 def _check_opens(tmp: str, location: ObjectPrefix) -> None:
     """What a pull downloaded opens as a store, before it takes the folder's name; its
     damage is named in object storage."""
-    from .store import open as open_store
-
     try:
         open_store(tmp, "r", populate=False).close()
     except CorruptBufferError as exc:
