@@ -253,17 +253,16 @@ class RaySampler(OverShards):
             raise NotEnoughDataError("cannot sample: no shard actor holds a committed step to draw")
         counts = split_batch(request.batch_size, totals, request.replacement, gen)
         chosen, idle = np.flatnonzero(counts), np.flatnonzero(counts == 0)
-        seeded = request.rng is not None  # then each actor draws with a generator seeded from it
-        seeds = gen.integers(0, 2**63, len(chosen)) if seeded else [None] * len(chosen)
+        rngs = [None] * len(chosen)
+        if request.rng is not None:  # then each actor draws with a generator seeded from it
+            rngs = [np.random.default_rng(seed) for seed in gen.integers(0, 2**63, len(chosen))]
         refs = [
-            self.writers[i].sample.remote(
-                replace(request, batch_size=int(counts[i]), rng=np.random.default_rng(seed) if seeded else None)
-            )
-            for i, seed in zip(chosen, seeds)
+            self.writers[i].sample.remote(replace(request, batch_size=int(counts[i]), rng=rng))
+            for i, rng in zip(chosen, rngs)
         ]
         # the actors that draw nothing are asked their mass in the same round trip
         replies = _gather(refs + [self.writers[i].mass.remote(request) for i in idle])
-        masses, parts, betas = list(used), {}, [0.0]
+        masses, parts, beta = list(used), {}, 0.0
         for index, reply in zip(chosen, replies):
             if reply is None:
                 masses[index] = EMPTY
@@ -271,13 +270,12 @@ class RaySampler(OverShards):
             leaves, fields, mass, beta = reply
             masses[index] = Mass(*mass)
             parts[int(index)] = (unflatten(spec, leaves), SampleInfo(**fields))
-            betas.append(beta)
         for index, mass in zip(idle, replies[len(refs) :]):
             masses[index] = Mass(*mass) if mass is not None else EMPTY
         self._masses = masses  # the next batch splits by what the actors just reported
         if len(parts) < len(chosen):
             return None
-        return join_parts(spec, parts, totals / totals.sum(), used, betas[-1], gen, request.return_info)
+        return join_parts(spec, parts, totals / totals.sum(), used, beta, gen, request.return_info)
 
     def update_priorities(self, shard: Any, step: Any, env: Any, priorities: Any) -> int:
         """Send new priorities to the actors of their shards (``info.shard``...); returns
