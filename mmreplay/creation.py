@@ -308,11 +308,8 @@ def requested(
     settings = {name: options.pop(name, None) for name in SETTINGS}
     given = {name for name, value in settings.items() if value is not None} | ({"sampler"} if options else set())
     chosen = make_sampler(settings.pop("sampler"), **options)
-    if settings["commit_every"] is None:
-        settings["commit_every"] = DEFAULT_COMMIT_EVERY
-    if settings["durability"] is None:
-        settings["durability"] = "process"
-    return plan(spec, capacity, num_envs, sampler=chosen, frames=frames, **settings), given, chosen
+    named = {name: value for name, value in settings.items() if value is not None}  # the others: plan's defaults
+    return plan(spec, capacity, num_envs, sampler=chosen, frames=frames, **named), given, chosen
 
 
 def differences(have: Metadata, want: Metadata, given: set[str]) -> list[str]:

@@ -150,16 +150,12 @@ def _close_parts(cls: type, parts: dict[str, Any]) -> None:
     collecting, _collecting = _collecting, main and not _exiting
     try:
         shell.close()
-    except Error as exc:  # says what happened (a full disk...): no traceback
+    except Exception as exc:
         log.error(
             "%s: closing the store left open failed (%s); steps added since its last commit are lost",
             parts.get("path"),
             exc,
-        )
-    except Exception:
-        log.exception(
-            "%s: closing the store left open failed; steps added since its last commit are lost",
-            parts.get("path"),
+            exc_info=not isinstance(exc, Error),  # an Error says what happened (a full disk...)
         )
     finally:
         _collecting = collecting

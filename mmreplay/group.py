@@ -272,6 +272,19 @@ def _check_alike(path: str, stores: list[Store]) -> None:
 # --- one batch from many shards ------------------------------------------------------
 
 
+def shard_mass(store: Store, window: Any, request: SampleRequest) -> Any:
+    """The :class:`~mmreplay.samplers.Mass` of ``store``'s sampler over ``window`` for
+    ``request``'s items, its options checked first: what a batch is split by."""
+    sampler = store.sampler
+    request.check_options(sampler, store.path)
+    return sampler.mass(window, request, request.num_steps or sampler.num_steps or 1)
+
+
+def draw_beta(store: Store, request: SampleRequest) -> float:
+    """The importance-weight exponent of a draw: the request's ``beta``, else the sampler's."""
+    return float(request.options.get("beta", getattr(store.sampler, "beta", 0.0)))
+
+
 def split_batch(
     batch_size: int, totals: np.ndarray, replacement: bool, gen: np.random.Generator
 ) -> np.ndarray:
@@ -399,7 +412,7 @@ class Group(OverShards):
         self.path = path
         self.mode = mode
         self._shards = tuple(shards)
-        self._gen: np.random.Generator | None = None
+        self._gen = np.random.default_rng()
         self._closed = False
 
     # --- description ---------------------------------------------------------------
@@ -486,39 +499,28 @@ class Group(OverShards):
         return self._masses(SampleRequest.build(1, num_steps, within_episodes=within, options=options))
 
     def _masses(self, request: SampleRequest) -> list[Any]:
-        steps = self._steps(request.num_steps)
-        for store in self._shards:
-            request.check_options(store.sampler, store.path)
-        return [store.sampler.mass(store.window, request, steps) for store in self._shards]
-
-    def _steps(self, num_steps: int | None) -> int:
-        num_steps = self._shards[0].sampler.num_steps if num_steps is None else num_steps
-        return 1 if num_steps is None else num_steps
+        return [shard_mass(store, store.window, request) for store in self._shards]
 
     def _sample(self, request: SampleRequest) -> Any:
         self._check_open()
         transform = request.transform
         spec = self.spec if transform is None else transform.batch_spec(self.spec, self._shards[0].roles)
-        gen = self._own_gen() if request.rng is None else request.rng
+        gen = self._gen if request.rng is None else request.rng
         masses = self._masses(request)
         totals = np.array([m.total for m in masses], np.float64)
         if not totals.sum() > 0:
+            steps = request.num_steps or self._shards[0].sampler.num_steps or 1
             raise NotEnoughDataError(
                 f"{self.path}: cannot sample: no shard holds a committed step to draw "
-                f"({self._steps(request.num_steps)}-step items; call refresh() to see newer commits)"
+                f"({steps}-step items; call refresh() to see newer commits)"
             )
         counts = split_batch(request.batch_size, totals, request.replacement, gen)
         parts = {
             int(i): sample_store(self._shards[i], replace(request, batch_size=int(counts[i]), rng=gen, return_info=True))
             for i in np.flatnonzero(counts)
         }
-        beta = float(request.options.get("beta", getattr(self._shards[0].sampler, "beta", 0.0)))
+        beta = draw_beta(self._shards[0], request)
         return join_parts(spec, parts, totals / totals.sum(), masses, beta, gen, request.return_info)
-
-    def _own_gen(self) -> np.random.Generator:
-        if self._gen is None:
-            self._gen = np.random.default_rng()
-        return self._gen
 
     def update_priorities(self, shard: Any, step: Any, env: Any, priorities: Any) -> int:
         """New priorities for sampled items (``info.shard``, ``info.step``, ``info.env``

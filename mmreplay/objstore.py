@@ -11,13 +11,16 @@ sharded array whose shards are C-order blocks of whole steps followed by their i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import pathlib
+import tempfile
 from typing import Any
 
 import numpy as np
 
-from .errors import CorruptBufferError, RemoteError
+from .errors import CorruptBufferError, RemoteError, TargetError
 from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import LeafInfo, Metadata, little_endian, read_metadata
 from .statefile import State
@@ -57,20 +60,16 @@ def shard_layout(prefix: ObjectPrefix, leaf: LeafInfo) -> tuple[str, int]:
     return f"data.zarr/{leaf.path}", steps
 
 
-def shard_key(array_key: str, ndim: int, k: int) -> str:
-    return f"{array_key}/c/{k}" + "/0" * (ndim - 1)
+def shard_key(leaf: LeafInfo, k: int) -> str:
+    """The object of shard ``k`` of a mapped leaf (the ``[capacity, num_envs, *shape]``
+    array is cut along its first axis only)."""
+    return f"data.zarr/{leaf.path}/c/{k}" + "/0" * (1 + len(leaf.spec.shape))
 
 
 def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, Any] | None) -> Any:
     """Run ``write(local_path)`` into a temporary folder, then upload what it wrote under
     ``url``: a file to the URL's key, a folder's files below it. The result names the URL."""
-    import dataclasses
-    import pathlib
-    import tempfile
-
-    from .errors import TargetError
-
-    bucket, key = split_url(url)
+    _, key = split_url(url)
     if not key:
         raise ValueError(f"{url!r}: name the export's key below the bucket (s3://bucket/path)")
     name = key.rsplit("/", 1)[-1]
@@ -176,9 +175,8 @@ def _verify_leaves(location: ObjectPrefix, meta: Metadata, deep: bool) -> list[s
             m = steps // leaf.chunk_steps
             chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
             index = shard_index(m, chunk_bytes).tobytes()
-            ndim = 2 + len(leaf.spec.shape)
             for k in range(-(-meta.capacity // steps)):
-                key = shard_key(array_key, ndim, k)
+                key = shard_key(leaf, k)
                 size = listing.get(key)
                 if size is None:
                     problems.append(f"{where}: shard object {location.where(key)} is missing")
@@ -235,8 +233,6 @@ def _row_leaf_problems(location: ObjectPrefix, meta: Metadata, leaf: LeafInfo, l
     """A row-frame leaf's staging object, and the shard object of each segment with
     retained committed rows outside staging (``deep``: those rows read as a reader reads
     them, each frame decoded)."""
-    from dataclasses import replace
-
     from .backends.row_reads import STAGING_FILE
     from .backends.zarr_v3 import STAGING_HEAD_BYTES, open_leaves, segments_outside_staging, staging_segment
 
@@ -249,7 +245,7 @@ def _row_leaf_problems(location: ObjectPrefix, meta: Metadata, leaf: LeafInfo, l
     if why:
         return [f"{where}: {why}"]
     try:
-        (reads,) = open_leaves(location, replace(meta, leaves=(leaf,)), False)
+        (reads,) = open_leaves(location, dataclasses.replace(meta, leaves=(leaf,)), False)
     except CorruptBufferError as exc:
         return [str(exc)]
     problems: list[str] = []

@@ -38,7 +38,17 @@ except ImportError as exc:  # ray is an install extra
 
 from .creation import create
 from .errors import NotEnoughDataError
-from .group import OverShards, by_shard, is_group, join_parts, open_group, shard_name, split_batch
+from .group import (
+    OverShards,
+    by_shard,
+    draw_beta,
+    is_group,
+    join_parts,
+    open_group,
+    shard_mass,
+    shard_name,
+    split_batch,
+)
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
 from .roles import validate_roles
@@ -111,12 +121,8 @@ class ShardWriter:
     def mass(self, request: SampleRequest) -> tuple[float, float]:
         """The sampler's mass over the committed steps for ``request``'s items (see
         :meth:`Group.masses`)."""
-        store = self.store
         first, end = self._committed()
-        sampler = store.sampler
-        steps = sampler.num_steps if request.num_steps is None else request.num_steps
-        request.check_options(sampler, store.path)
-        return tuple(sampler.mass(store.window._replace(first=first, end=end), request, steps or 1))
+        return tuple(shard_mass(self.store, self.store.window._replace(first=first, end=end), request))
 
     def sample(
         self, request: SampleRequest
@@ -127,8 +133,7 @@ class ShardWriter:
         mass = self.mass(request)
         nest, info = sample_store(self.store, replace(request, window=self._committed(), return_info=True))
         fields = {name: getattr(info, name) for name in ("step", "env", "slot", "probability", "weight")}
-        beta = float(request.options.get("beta", getattr(self.store.sampler, "beta", 0.0)))
-        return flatten(nest), fields, mass, beta
+        return flatten(nest), fields, mass, draw_beta(self.store, request)
 
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
         return self.store.update_priorities(step, env, priorities)
@@ -248,17 +253,16 @@ class RaySampler(OverShards):
             raise NotEnoughDataError("cannot sample: no shard actor holds a committed step to draw")
         counts = split_batch(request.batch_size, totals, request.replacement, gen)
         chosen, idle = np.flatnonzero(counts), np.flatnonzero(counts == 0)
-        seeded = request.rng is not None  # then each actor draws with a generator seeded from it
-        seeds = gen.integers(0, 2**63, len(chosen)) if seeded else [None] * len(chosen)
+        rngs = [None] * len(chosen)
+        if request.rng is not None:  # then each actor draws with a generator seeded from it
+            rngs = [np.random.default_rng(seed) for seed in gen.integers(0, 2**63, len(chosen))]
         refs = [
-            self.writers[i].sample.remote(
-                replace(request, batch_size=int(counts[i]), rng=np.random.default_rng(seed) if seeded else None)
-            )
-            for i, seed in zip(chosen, seeds)
+            self.writers[i].sample.remote(replace(request, batch_size=int(counts[i]), rng=rng))
+            for i, rng in zip(chosen, rngs)
         ]
         # the actors that draw nothing are asked their mass in the same round trip
         replies = _gather(refs + [self.writers[i].mass.remote(request) for i in idle])
-        masses, parts, betas = list(used), {}, [0.0]
+        masses, parts, beta = list(used), {}, 0.0
         for index, reply in zip(chosen, replies):
             if reply is None:
                 masses[index] = EMPTY
@@ -266,13 +270,12 @@ class RaySampler(OverShards):
             leaves, fields, mass, beta = reply
             masses[index] = Mass(*mass)
             parts[int(index)] = (unflatten(spec, leaves), SampleInfo(**fields))
-            betas.append(beta)
         for index, mass in zip(idle, replies[len(refs) :]):
             masses[index] = Mass(*mass) if mass is not None else EMPTY
         self._masses = masses  # the next batch splits by what the actors just reported
         if len(parts) < len(chosen):
             return None
-        return join_parts(spec, parts, totals / totals.sum(), used, betas[-1], gen, request.return_info)
+        return join_parts(spec, parts, totals / totals.sum(), used, beta, gen, request.return_info)
 
     def update_priorities(self, shard: Any, step: Any, env: Any, priorities: Any) -> int:
         """Send new priorities to the actors of their shards (``info.shard``...); returns

@@ -20,9 +20,8 @@ if TYPE_CHECKING:
 
 Progress = Callable[[int], Any]
 
-#: bytes read per block: bounded memory for long ranges, one progress report per block
+#: frames read per block: bounded memory for long ranges, one progress report per block
 READ_BLOCK_FRAMES = 256
-
 
 
 def to_uint8(x: np.ndarray) -> np.ndarray:

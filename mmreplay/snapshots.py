@@ -27,20 +27,24 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .backends import zarr_v3
 from .backends.row_reads import STAGING_FILE
+from .episodes import index_limit
 from .errors import BadInputError, CorruptBufferError, SpecMismatchError, TargetError
+from .files import AtomicOutput
+from .frames_layout import side_metadata
 from .io.local import unsafe_entries
 from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, parse_metadata, read_metadata, read_state
 from .objstore import UPLOADS_IN_FLIGHT, shard_key, shard_layout
 from .spec import spec_to_json
 from .statefile import STATE_FILE, State, fresh_bytes, write_fresh
+from .store import Store
+from .store import open as open_store
 
 __all__ = ["push", "pull", "PushReport"]
 
@@ -72,10 +76,10 @@ def _digest(data: bytes | memoryview) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def shard_chunks(leaf: Any, num_envs: int, capacity: int) -> int:
+def shard_chunks(leaf: Any, meta: Metadata) -> int:
     """Chunks per shard object of a mapped leaf: about :data:`SHARD_TARGET_BYTES`."""
-    nchunks = -(-capacity // leaf.chunk_steps)
-    chunk_bytes = max(1, leaf.chunk_steps * num_envs * leaf.spec.nbytes)
+    nchunks = -(-meta.capacity // leaf.chunk_steps)
+    chunk_bytes = max(1, leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes)
     return max(1, min(nchunks, SHARD_TARGET_BYTES // chunk_bytes))
 
 
@@ -100,7 +104,7 @@ def _objects(folder: str, meta: Metadata) -> Iterator[tuple[str, Any]]:
                 continue
             leaf = arrays.get(key)
             if leaf is not None:  # the sharded array's metadata
-                m = shard_chunks(leaf, meta.num_envs, meta.capacity)
+                m = shard_chunks(leaf, meta)
                 yield key, zarr_v3.array_metadata(leaf, meta.capacity, meta.num_envs, m)
             elif name == STAGING_FILE:
                 # read before its shards are listed: a segment the writer seals later is
@@ -118,9 +122,6 @@ def _objects(folder: str, meta: Metadata) -> Iterator[tuple[str, Any]]:
 def _largest_file(meta: Metadata) -> int:
     """The most bytes one file of a store can hold: all its rows (the side ring's too),
     each compressed at worst, its episode index and priorities, and room for metadata."""
-    from .episodes import index_limit
-    from .frames_layout import side_metadata
-
     parts = [meta] + ([side_metadata(meta)] if meta.frames is not None and meta.frames.side else [])
     rows = sum(
         m.capacity * m.num_envs * (leaf.spec.nbytes + leaf.spec.nbytes // 128 + 64) for m in parts for leaf in m.leaves
@@ -130,12 +131,10 @@ def _largest_file(meta: Metadata) -> int:
 
 def _shards(folder: str, leaf: Any, meta: Metadata) -> Iterator[tuple[str, Any]]:
     """The shard objects of a mapped leaf: its block cut into runs of whole chunks."""
-    m = shard_chunks(leaf, meta.num_envs, meta.capacity)
+    m = shard_chunks(leaf, meta)
     nchunks = -(-meta.capacity // leaf.chunk_steps)
     chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
     index = zarr_v3.shard_index(m, chunk_bytes).tobytes()
-    array_key = f"{zarr_v3.DATA_DIR}/{leaf.path}"
-    ndim = 2 + len(leaf.spec.shape)
     path = os.path.join(folder, leaf.file or "")
 
     def shard(k: int) -> bytes:
@@ -145,7 +144,7 @@ def _shards(folder: str, leaf: Any, meta: Metadata) -> Iterator[tuple[str, Any]]
         return data.ljust(m * chunk_bytes, b"\0") + index
 
     for k in range(-(-nchunks // m)):
-        yield shard_key(array_key, ndim, k), (lambda k=k: shard(k))
+        yield shard_key(leaf, k), (lambda k=k: shard(k))
 
 
 def _static(meta: Metadata) -> Any:
@@ -189,9 +188,6 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     written by another process meanwhile is published at the commit read first, less
     the steps the writer overwrote while they were read.
     """
-    from .store import Store
-    from .store import open as open_store
-
     split_url(url)  # a mistyped URL before anything is read or committed
     if isinstance(source, Store):
         if source.mode == "a":
@@ -333,11 +329,8 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
     first = meta.state
     if meta.backend != "zarr":
         raise CorruptBufferError(f"{location.url}: {HDF5_REFUSED}")
-    parent = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(folder)}.pulling-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with AtomicOutput(folder, "folder", "pulled store") as scratch:
+        tmp = scratch.tmp
         _download(location, meta, tmp)
         last = read_state(location)
         if last.end < first.end or last.start < first.start:
@@ -350,20 +343,12 @@ def pull(url: str, folder: str | os.PathLike, storage_options: dict[str, Any] | 
         )
         write_fresh(tmp, state, fsync=True)
         _check_opens(tmp, location)
-        if os.path.isdir(folder):
-            os.rmdir(folder)
-        os.rename(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
+        return scratch.commit()
 
 
 def _check_opens(tmp: str, location: ObjectPrefix) -> None:
     """What a pull downloaded opens as a store, before it takes the folder's name; its
     damage is named in object storage."""
-    from .store import open as open_store
-
     try:
         open_store(tmp, "r", populate=False).close()
     except CorruptBufferError as exc:
@@ -404,7 +389,6 @@ def _assemble(location: ObjectPrefix, meta: Metadata, leaf: Any, tmp: str) -> No
     chunk_bytes = leaf.chunk_steps * meta.num_envs * leaf.spec.nbytes
     data_bytes = nchunks * chunk_bytes
     shard_bytes = (steps // leaf.chunk_steps) * chunk_bytes
-    ndim = 2 + len(leaf.spec.shape)
     folder = os.path.join(tmp, *array_key.split("/"))
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "zarr.json"), "wb") as f:
@@ -413,7 +397,7 @@ def _assemble(location: ObjectPrefix, meta: Metadata, leaf: Any, tmp: str) -> No
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         for k in range(-(-data_bytes // max(1, shard_bytes)) if data_bytes else 0):
-            key = shard_key(array_key, ndim, k)
+            key = shard_key(leaf, k)
             try:
                 raw = location.read(key, shard_bytes + nchunks * 16, "a shard object")
             except FileNotFoundError:

@@ -64,68 +64,57 @@ class Store(Ring):
         source: ByteSource | None = None,
     ):
         with exits.opening(path, lock) if mode == "a" else contextlib.nullcontext():
-            self._open(path, meta, mode, lock, sampler, source)
-
-    def _open(
-        self,
-        path: str,
-        meta: Metadata,
-        mode: str,
-        lock: WriterLock | None,
-        sampler: Sampler | None,
-        source: ByteSource | None,
-    ) -> None:
-        self.path = path
-        # where the state and the leaves are read from: the folder ``path``, or an
-        # object-store prefix (:mod:`mmreplay.io`)
-        self._source = source = source if source is not None else LocalFolder(path)
-        self.mode = mode
-        self._meta = meta
-        self._lock = lock
-        self._capacity = meta.capacity
-        self._num_envs = meta.num_envs
-        self._validator = StepValidator(meta.spec, meta.num_envs)
-        self._decode_setting: int | None = None  # set_decode_threads
-        self._closed = False
-        self._close_lock = threading.RLock()  # one close at a time: a thread's and the exit hooks'
-        self._plain_requests: dict[int, SampleRequest] = {}  # (see sample)
-        # one check on the hot path: False once closed, and in a writer that reopened
-        # the store until its first step (see _before_write)
-        self._writable = mode == "a"
-        contents = opening.open_contents(source, meta, mode == "a", lock, sampler)
-        self._state_file = contents.state_file
-        self._closers = contents.closers
-        self._leaves = contents.leaves
-        self._storage = contents.storage
-        self._file_flushes = contents.file_flushes
-        self._read_leaves = contents.read_leaves
-        self._setters = contents.setters
-        self._all_mapped = all(leaf.mappable for leaf in self._storage)
-        # With every leaf mapped, `add` stores into the arrays directly: `a[i] = v` is
-        # cheaper than calling a bound `__setitem__`.
-        self._arrays = [leaf.array for leaf in self._leaves] if self._all_mapped else None
-        self._frames: Any = None  # mmreplay.frames.FrameWriter of a writer of a frames-once store
-        self._shrink = meta.frames.shrink if meta.frames is not None else 0
-        self._start_cursor(meta.state)
-        self._parts: dict[str, Any] = {}  # see part(): the read path, the episode index...
-        self._populator: Any = None  # mmreplay.read.advice.Populator, started by open()
-        self._hooks: list[WriteHook] = []
-        self._on_add: list[Any] = []  # bound on_add of the hooks that override it
-        self._sampler = contents.sampler
-        try:
-            # hooks, the sampler and the parts keep this view, no reference to the store itself
-            me = self._view = opening.attribute_view(self)
-            self.add_write_hook(_episodes.EpisodeHook(me))
-            self._sampler.attach(me)
-            self.add_write_hook(self._sampler)
-            if contents.frame_parts is not None and mode == "a":
-                self._frames = _frames.FrameWriter(me, meta, contents.frame_parts)
-                self._frames.restore()
-        except BaseException:
-            self._closed = True
-            contents.close()
-            raise
-        self._finalizer = exits.close_when_dropped(self, at_exit=mode == "a")
+            self.path = path
+            # where the state and the leaves are read from: the folder ``path``, or an
+            # object-store prefix (:mod:`mmreplay.io`)
+            self._source = source = source if source is not None else LocalFolder(path)
+            self.mode = mode
+            self._meta = meta
+            self._lock = lock
+            self._capacity = meta.capacity
+            self._num_envs = meta.num_envs
+            self._validator = StepValidator(meta.spec, meta.num_envs)
+            self._decode_setting: int | None = None  # set_decode_threads
+            self._closed = False
+            self._close_lock = threading.RLock()  # one close at a time: a thread's and the exit hooks'
+            self._plain_requests: dict[int, SampleRequest] = {}  # (see sample)
+            # one check on the hot path: False once closed, and in a writer that reopened
+            # the store until its first step (see _before_write)
+            self._writable = mode == "a"
+            contents = opening.open_contents(source, meta, mode == "a", lock, sampler)
+            self._state_file = contents.state_file
+            self._closers = contents.closers
+            self._leaves = contents.leaves
+            self._storage = contents.storage
+            self._file_flushes = contents.file_flushes
+            self._read_leaves = contents.read_leaves
+            self._setters = contents.setters
+            self._all_mapped = all(leaf.mappable for leaf in self._storage)
+            # With every leaf mapped, `add` stores into the arrays directly: `a[i] = v` is
+            # cheaper than calling a bound `__setitem__`.
+            self._arrays = [leaf.array for leaf in self._leaves] if self._all_mapped else None
+            self._frames: Any = None  # mmreplay.frames.FrameWriter of a writer of a frames-once store
+            self._shrink = meta.frames.shrink if meta.frames is not None else 0
+            self._start_cursor(meta.state)
+            self._parts: dict[str, Any] = {}  # see part(): the read path, the episode index...
+            self._populator: Any = None  # mmreplay.read.advice.Populator, started by open()
+            self._hooks: list[WriteHook] = []
+            self._on_add: list[Any] = []  # bound on_add of the hooks that override it
+            self._sampler = contents.sampler
+            try:
+                # hooks, the sampler and the parts keep this view, no reference to the store itself
+                me = self._view = opening.attribute_view(self)
+                self.add_write_hook(_episodes.EpisodeHook(me))
+                self._sampler.attach(me)
+                self.add_write_hook(self._sampler)
+                if contents.frame_parts is not None and mode == "a":
+                    self._frames = _frames.FrameWriter(me, meta, contents.frame_parts)
+                    self._frames.restore()
+            except BaseException:
+                self._closed = True
+                contents.close()
+                raise
+            self._finalizer = exits.close_when_dropped(self, at_exit=mode == "a")
 
     # --- description ---------------------------------------------------------------
 
