@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from ..read.request import positive
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
 from ..values import StepValidator
-from ._shared import StoreOptions, StoreShell, attach_store, flatten_like, positive
+from ._shared import StoreOptions, StoreShell, attach_store, flatten_like
 
 __all__ = ["NumpyStorage", "broadcast_leaves"]
 

@@ -19,7 +19,6 @@ from typing import Any
 from ..creation import create, named_differences
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
-from ..read.request import positive
 from ..roles import infer_roles, validate_roles
 from ..spec import flatten, is_namedtuple, leaf_paths
 from ..store import Store, open
@@ -27,7 +26,6 @@ from ..store import Store, open
 __all__ = [
     "StoreShell",
     "StoreOptions",
-    "positive",
     "ring_capacity",
     "create_store",
     "attach_store",
@@ -38,6 +36,7 @@ __all__ = [
     "flatten_like",
     "read_origin",
     "write_origin",
+    "clear_steps",
 ]
 
 
@@ -229,3 +228,13 @@ def read_origin(store: Store) -> int:
 def write_origin(store: Store, origin: int) -> None:
     """Persist the origin in the store's metadata (atomically, with its state)."""
     store.set_attrs(**{ORIGIN_ATTR: int(origin)})
+
+
+def clear_steps(store: Store) -> int:
+    """Drop every step, the origin moving to the store's step count: it is written first,
+    so a crash before the clear still shows no steps. Returns the new origin."""
+    store.commit()
+    origin = store.total_steps
+    write_origin(store, origin)
+    store.clear()
+    return origin

@@ -28,10 +28,11 @@ import numpy as np
 from ..errors import BadInputError, Error, NotEnoughDataError
 from ..read import SampleInfo, SampleRequest
 from ..read import sample as sample_store
+from ..read.request import positive
 from ..spec import ArraySpec, flatten, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
 from ._numpy_storage import NumpyStorage, broadcast_leaves
-from ._shared import StoreOptions, StoreShell, attach_store, positive, read_origin, write_origin
+from ._shared import StoreOptions, StoreShell, attach_store, clear_steps, read_origin
 
 __all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo", "BufferCheckpointError"]
 
@@ -248,11 +249,7 @@ class UniformReplayBuffer(StoreShell):
 
     def _clear(self, clear_all_variables: bool = False) -> None:
         """``clear_all_variables`` (TF-Agents zeroes its tables too) changes nothing here."""
-        self.store.commit()
-        origin = self.store.total_steps
-        write_origin(self.store, origin)  # first: a crash before the clear still shows no frames
-        self._origin = origin
-        self.store.clear()
+        self._origin = clear_steps(self.store)
 
     # --- reads ----------------------------------------------------------------------
 
