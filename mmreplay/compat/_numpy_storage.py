@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BadInputError
+from ..read.request import positive
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
-from ..values import StepValidator
-from ._shared import StoreOptions, StoreShell, attach_store, flatten_like, positive
+from ..values import StepValidator, flatten_value
+from ._shared import StoreOptions, StoreShell, attach_store
 
 __all__ = ["NumpyStorage", "broadcast_leaves"]
 
@@ -30,8 +32,9 @@ def _is_array_spec(x: Any) -> bool:
 
 def broadcast_leaves(spec: Any, value: Any, lead: tuple[int, ...]) -> Any:
     """Broadcast scalar leaves of ``value`` to ``lead + leaf shape`` (as TF's scatter does)."""
-    values = flatten_like(spec, value)
-    if values is None:
+    try:
+        values = flatten_value(spec, value)
+    except BadInputError:
         return value  # the store names the structural mismatch
     scalar = [
         v is not None and np.ndim(v) == 0 and bool(lead or s.shape) for s, v in zip(flatten(spec), values)

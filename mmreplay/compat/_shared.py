@@ -19,15 +19,13 @@ from typing import Any
 from ..creation import create, named_differences
 from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
-from ..read.request import positive
 from ..roles import infer_roles, validate_roles
-from ..spec import flatten, is_namedtuple, leaf_paths
+from ..spec import flatten, leaf_paths
 from ..store import Store, open
 
 __all__ = [
     "StoreShell",
     "StoreOptions",
-    "positive",
     "ring_capacity",
     "create_store",
     "attach_store",
@@ -35,9 +33,9 @@ __all__ = [
     "temporary",
     "lenient_roles",
     "describe",
-    "flatten_like",
     "read_origin",
     "write_origin",
+    "clear_steps",
 ]
 
 
@@ -188,30 +186,6 @@ def check_same(store: Store, spec: Any, window: int, num_envs: int, what: str, w
         raise SpecMismatchError(f"{path}: a different {what} exists there ({'; '.join(diffs)})")
 
 
-def flatten_like(spec: Any, value: Any) -> list[Any] | None:
-    """Leaves of ``value`` walked along ``spec``'s nest (so a list *value* stays one leaf),
-    or None where the structures differ (the store's validator then names the place)."""
-    out: list[Any] = []
-
-    def walk(s: Any, v: Any) -> bool:
-        if isinstance(s, Mapping):
-            if not isinstance(v, Mapping) or set(v) != set(s):
-                return False
-            return all(walk(s[k], v[k]) for k in sorted(s))
-        if is_namedtuple(s) and isinstance(v, Mapping):
-            if set(v) != set(s._fields):
-                return False
-            return all(walk(x, v[f]) for f, x in zip(s._fields, s))
-        if isinstance(s, (tuple, list)):
-            if not isinstance(v, (tuple, list)) or len(v) != len(s):
-                return False
-            return all(walk(x, y) for x, y in zip(s, v))
-        out.append(v)
-        return True
-
-    return out if walk(spec, value) else None
-
-
 #: the store attribute holding the global step id a layer's own cursor counts from
 ORIGIN_ATTR = "compat_origin"
 
@@ -229,3 +203,13 @@ def read_origin(store: Store) -> int:
 def write_origin(store: Store, origin: int) -> None:
     """Persist the origin in the store's metadata (atomically, with its state)."""
     store.set_attrs(**{ORIGIN_ATTR: int(origin)})
+
+
+def clear_steps(store: Store) -> int:
+    """Drop every step, the origin moving to the store's step count: it is written first,
+    so a crash before the clear still shows no steps. Returns the new origin."""
+    store.commit()
+    origin = store.total_steps
+    write_origin(store, origin)
+    store.clear()
+    return origin

@@ -108,26 +108,20 @@ def trackable_class(base: type) -> type:
     return TrackableBuffer
 
 
-def graph_get_next(rb: Any, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool) -> Any:
-    """``rb.get_next(...)`` as an op of the ``tf.function`` being traced: ``(items, (ids,
-    probabilities))``, drawn by ``rb._draw`` each time the function runs."""
+def graph_get_next(rb: Any, sample_batch_size: int | None, num_steps: int | None) -> Any:
+    """``rb.get_next(...)``, time stacked, as an op of the ``tf.function`` being traced:
+    ``(items, (ids, probabilities))``, drawn by ``rb._draw`` each time the function runs."""
     outer = tuple(n for n in (sample_batch_size, num_steps) if n is not None)
     specs = flatten(rb._spec)
 
     def draw() -> list[np.ndarray]:
-        items, info = rb._draw(sample_batch_size, num_steps, time_stacked=True)
+        items, info = rb._draw(sample_batch_size, num_steps)
         return [*flatten(items), info.ids, info.probabilities]
 
     dtypes = [s.dtype for s in specs] + [np.int64, np.float32]
     shapes = [outer + s.shape for s in specs] + [outer, outer[:1] if sample_batch_size else ()]
     out = graph_call(draw, dtypes, shapes)
-    leaves, ids, prob = out[:-2], out[-2], out[-1]
-    if num_steps is None or time_stacked:
-        return unflatten(rb._spec, leaves), (ids, prob)
-    axis = 0 if sample_batch_size is None else 1
-    per_step = [tf.unstack(x, num_steps, axis=axis) for x in leaves]
-    items = tuple(unflatten(rb._spec, [x[t] for x in per_step]) for t in range(num_steps))
-    return items, (tuple(tf.unstack(ids, num_steps, axis=axis)), prob)
+    return unflatten(rb._spec, out[:-2]), (out[-2], out[-1])
 
 
 def dataset(

@@ -33,8 +33,8 @@ from ..spaces import SPACES_ATTR, space_to_json
 from ..spec import ArraySpec, flatten, leaf_paths, to_spec, unflatten
 from ..store import Store
 from ..store import open as open_store
-from ..values import StepValidator
-from ._shared import describe, flatten_like
+from ..values import StepValidator, flatten_value
+from ._shared import describe
 
 __all__ = [
     "spec_from_spaces",
@@ -144,9 +144,7 @@ class _Writer:
 
     def leaves(self, transition: dict[str, Any]) -> list[np.ndarray]:
         """Leaves of a batched transition ``[num_envs, ...]`` in spec order."""
-        values = flatten_like(self.spec, transition)
-        if values is None:
-            raise ValueError(f"the transition does not match the spec {self.spec}")
+        values = flatten_value(self.spec, transition, "the transition")
         # the store's checks, before a cast: an observation past a uint8 Box, or a float
         # action for a Discrete one, is refused, never wrapped or truncated
         return [np.asarray(v, s.dtype) for v, s in zip(self.validator.step_leaves(values), self.leaf_specs)]

@@ -28,6 +28,7 @@ from ..formats import export, import_dataset
 from ..metadata import METADATA_FILE
 from ..read import SampleRequest, read_rows
 from ..read import sample as sample_store
+from ..read.request import positive
 from ..samplers.torch_rule import MemoryEmptyError, PhysicalRows, TorchDrawRule
 from ..spec import ArraySpec
 from ..store import DEFAULT_COMMIT_EVERY, Store
@@ -37,8 +38,8 @@ from ._shared import (
     StoreOptions,
     StoreShell,
     check_same,
+    clear_steps,
     create_store,
-    positive,
     read_origin,
     ring_capacity,
     temporary,
@@ -209,10 +210,7 @@ class Memory(StoreShell):
         """Empty the memory: cursor to 0, not filled; the stored steps are dropped, durably."""
         self._rows.env_index = 0
         if self.store is not None:
-            self.store.commit()
-            self._rows.origin = self.store.total_steps
-            write_origin(self.store, self._rows.origin)  # first: a crash before the clear shows no rows
-            self.store.clear()
+            self._rows.origin = clear_steps(self.store)
 
     def add_samples(self, **tensors: Any) -> None:
         """skrl's ``add_samples``, the kind of add read from ``observations``, ``states`` or the

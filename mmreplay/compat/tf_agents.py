@@ -28,10 +28,11 @@ import numpy as np
 from ..errors import BadInputError, Error, NotEnoughDataError
 from ..read import SampleInfo, SampleRequest
 from ..read import sample as sample_store
+from ..read.request import positive
 from ..spec import ArraySpec, flatten, to_spec, unflatten
 from ..store import DEFAULT_COMMIT_EVERY
 from ._numpy_storage import NumpyStorage, broadcast_leaves
-from ._shared import StoreOptions, StoreShell, attach_store, positive, read_origin, write_origin
+from ._shared import StoreOptions, StoreShell, attach_store, clear_steps, read_origin
 
 __all__ = ["NumpyStorage", "UniformReplayBuffer", "BufferInfo", "BufferCheckpointError"]
 
@@ -248,11 +249,7 @@ class UniformReplayBuffer(StoreShell):
 
     def _clear(self, clear_all_variables: bool = False) -> None:
         """``clear_all_variables`` (TF-Agents zeroes its tables too) changes nothing here."""
-        self.store.commit()
-        origin = self.store.total_steps
-        write_origin(self.store, origin)  # first: a crash before the clear still shows no frames
-        self._origin = origin
-        self.store.clear()
+        self._origin = clear_steps(self.store)
 
     # --- reads ----------------------------------------------------------------------
 
@@ -279,14 +276,20 @@ class UniformReplayBuffer(StoreShell):
     ) -> tuple[Any, BufferInfo]:
         tf_glue = _tensorflow()
         if tf_glue is not None and tf_glue.in_graph():
-            items, info = tf_glue.graph_get_next(self, sample_batch_size, num_steps, time_stacked)
-            return items, BufferInfo(*info)
-        return _as_returned(self._draw(sample_batch_size, num_steps, time_stacked))
+            items, (ids, prob) = tf_glue.graph_get_next(self, sample_batch_size, num_steps)
+        else:
+            items, (ids, prob) = _as_returned(self._draw(sample_batch_size, num_steps))
+        if num_steps is None or time_stacked:
+            return items, BufferInfo(ids, prob)
+        # one item (and id) per step: indexing splits numpy arrays and tensors alike
+        at = (slice(None),) * (0 if sample_batch_size is None else 1)
+        leaves = flatten(items)
+        per_step = [at + (t,) for t in range(num_steps)]
+        items = tuple(unflatten(self._spec, [x[i] for x in leaves]) for i in per_step)
+        return items, BufferInfo(tuple(ids[i] for i in per_step), prob)
 
-    def _draw(
-        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
-    ) -> tuple[Any, BufferInfo]:
-        """:meth:`get_next` in numpy arrays."""
+    def _draw(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Any, BufferInfo]:
+        """:meth:`get_next` in numpy arrays, time stacked."""
         lo, hi = self._window()
         T = 1 if num_steps is None else positive("num_steps", num_steps)
         S = 1 if sample_batch_size is None else positive("sample_batch_size", sample_batch_size)
@@ -303,11 +306,7 @@ class UniformReplayBuffer(StoreShell):
             leaves, ids = [x[:, 0] for x in leaves], ids[:, 0]
         if sample_batch_size is None:
             leaves, ids, prob = [x[0] for x in leaves], ids[0], prob[0]
-        if num_steps is None or time_stacked:
-            return unflatten(self._spec, leaves), BufferInfo(ids, prob)
-        axis = 0 if sample_batch_size is None else 1
-        items = tuple(unflatten(self._spec, [np.take(x, t, axis=axis) for x in leaves]) for t in range(T))
-        return items, BufferInfo(tuple(np.take(ids, t, axis=axis) for t in range(T)), prob)
+        return unflatten(self._spec, leaves), BufferInfo(ids, prob)
 
     def update_priorities(self, ids: Any, segments: Any, priorities: Any) -> int:
         """New priorities for sampled items, for a buffer created with
@@ -389,7 +388,7 @@ class UniformReplayBuffer(StoreShell):
         self, sample_batch_size: int | None, num_steps: int | None
     ) -> Iterator[tuple[Any, BufferInfo]]:
         while True:
-            yield self._draw(sample_batch_size, num_steps, time_stacked=True)
+            yield self._draw(sample_batch_size, num_steps)
 
     def _deterministic_pass(
         self, sample_batch_size: int | None, num_steps: int | None
