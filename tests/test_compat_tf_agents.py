@@ -164,10 +164,12 @@ def test_deterministic_pass_overtaken_by_adds_raises_instead_of_yielding_newer_f
     for t in range(5):
         rb.add_batch(np.array([t]))
     passed = rb.as_dataset(num_steps=2, single_deterministic_pass=True)
-    assert next(passed)[0].tolist() == [0, 1]
+    passed = iter(passed)  # a tf.data.Dataset where TensorFlow is installed
+    assert np.asarray(next(passed)[0]).tolist() == [0, 1]
     for t in range(5, 12):  # the ring wraps over frames 2..4 of the pass
         rb.add_batch(np.array([t]))
-    with pytest.raises(mr.NotEnoughDataError, match="overwritten"):
+    tf = sys.modules.get("tensorflow")  # whose dataset wraps the error in its own
+    with pytest.raises((mr.NotEnoughDataError, *([tf.errors.InvalidArgumentError] if tf else [])), match="overwritten"):
         next(passed)
     rb.close()
 
