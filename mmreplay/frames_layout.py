@@ -17,7 +17,7 @@ from .errors import CorruptBufferError, SpecError
 from .io import ByteSource
 from .roles import subtree
 from .spec import ArraySpec, flatten, leaf_paths, spec_to_json
-from .statefile import State
+from .statefile import State, reserved_ahead
 
 __all__ = ["Frames", "FramesLayout", "Pair", "SIDE_DIR", "PREFIX", "NEXT_LEAF", "DEPTH_LEAF"]
 
@@ -144,8 +144,7 @@ class FramesLayout:
 
 def commit_slots(capacity: int, num_envs: int, commit_every: int) -> int:
     """Side-ring slots the commits of a ring's worth of steps take: one per env each."""
-    ahead = max(1, min(commit_every, capacity // 8))  # steps between a writer's commits at most
-    return num_envs * -(-capacity // ahead)
+    return num_envs * -(-capacity // reserved_ahead(capacity, commit_every))
 
 
 def plan_layout(

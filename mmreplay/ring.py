@@ -28,7 +28,7 @@ from .errors import BadInputError, ClosedError, ReadOnlyError
 from .metadata import State, read_metadata, write_metadata
 from .read.gather import steps_of
 from .samplers.base import Window
-from .statefile import oldest_retained, slot_ranges
+from .statefile import oldest_retained, reserved_ahead, slot_ranges
 
 __all__ = ["Ring"]
 
@@ -55,7 +55,7 @@ class Ring:
         self._busy = False  # a write is under way (see exits._stop_writes)
         self._exiting = False  # the program ends: the exit hooks close this writer
         self._forked = False  # a copy in a forked child: the parent writes (exits._forget_writers_in_child)
-        self._ahead = max(1, min(self._meta.commit_every, self._capacity // 8))
+        self._ahead = reserved_ahead(self._capacity, self._meta.commit_every)
         self._dirty = False
         self._dropped_early = False  # the side ring of next frames dropped steps (warned once)
 

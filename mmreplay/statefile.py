@@ -33,7 +33,7 @@ from .files import atomic_write
 from .io import ByteSource, is_url, open_source
 from .io.local import open_inside
 
-__all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "oldest_retained", "salvage", "slot_ranges", "write_fresh"]
+__all__ = ["STATE_FILE", "State", "StateFile", "decode_slot", "encode_slot", "fresh_bytes", "newest", "oldest_retained", "reserved_ahead", "salvage", "slot_ranges", "write_fresh"]
 
 STATE_FILE = "mmreplay.state"
 SLOT_BYTES = 512  # one sector per slot: a torn sector write damages one slot only
@@ -92,6 +92,12 @@ def oldest_retained(floor: int, end: int, capacity: int) -> int:
     end at ``end`` and those before ``floor`` are gone (cleared, or their slots reserved
     for overwriting): the one rule behind every window of committed or written steps."""
     return min(end, max(floor, end - capacity))
+
+
+def reserved_ahead(capacity: int, commit_every: int) -> int:
+    """How many slots past the steps it wrote a writer may reserve (overwrite) before its
+    next commit: ``commit_every``, at most an eighth of the ring, at least one."""
+    return max(1, min(commit_every, capacity // 8))
 
 
 def slot_ranges(a: int, b: int, capacity: int) -> list[tuple[int, int]]:

@@ -21,6 +21,7 @@ from ..errors import CorruptBufferError, SpecError, SpecMismatchError
 from ..metadata import METADATA_FILE
 from ..roles import infer_roles, validate_roles
 from ..spec import flatten, leaf_paths
+from ..statefile import reserved_ahead
 from ..store import Store, open
 
 __all__ = [
@@ -41,8 +42,8 @@ __all__ = [
 
 def ring_capacity(n: int, commit_every: int) -> int:
     """The capacity that keeps the newest ``n`` steps across a crash and a reopen: a writer
-    reserves up to ``max(1, min(commit_every, capacity // 8))`` slots ahead of what it
-    wrote, and a reopened store counts reserved slots as gone."""
+    reserves slots ahead of what it wrote (:func:`~mmreplay.statefile.reserved_ahead`),
+    and a reopened store counts reserved slots as gone."""
     capacity = n
     while _window(capacity, commit_every) < n:
         capacity += 1
@@ -50,7 +51,7 @@ def ring_capacity(n: int, commit_every: int) -> int:
 
 
 def _window(capacity: int, commit_every: int) -> int:
-    return capacity - max(1, min(commit_every, capacity // 8))
+    return capacity - reserved_ahead(capacity, commit_every)
 
 
 @dataclass

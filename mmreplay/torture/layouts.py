@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..spec import flatten
+from ..statefile import reserved_ahead
 from .rows import FRAMES_SPEC, SPEC, frame_values, step_values
 
 #: codec used for compressed layouts, per backend (both need no plugin)
@@ -74,7 +75,7 @@ class TrialConfig:
     @property
     def ahead(self) -> int:
         """How far past the steps it writes a writer may reserve slots (see Store)."""
-        return max(1, min(self.commit_every, self.capacity // 8))
+        return reserved_ahead(self.capacity, self.commit_every)
 
     def describe(self) -> str:
         return (
