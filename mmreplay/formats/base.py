@@ -158,18 +158,14 @@ def check_compression(fmt: str, compression: str | None, allowed: Sequence[str])
 
 #: HDF5 root attribute (or zip member, JSON key) naming the format an export was written as
 EXPORT_MARK = "mmreplay_export"
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 def _hdf5_attrs(path: str) -> dict[str, Any]:
     """The root attributes of an HDF5 file ({} for anything else), opened read-only."""
-    if not os.path.isfile(path):
-        return {}
-    with open(path, "rb") as f:
-        if f.read(8) != HDF5_MAGIC:
-            return {}
     import h5py
 
+    if not (os.path.isfile(path) and h5py.is_hdf5(path)):
+        return {}
     with h5py.File(path, "r") as f:
         return {k: f.attrs[k] for k in f.attrs} | {"/": set(f)}
 
@@ -230,14 +226,16 @@ def _recognise_minari(path: str) -> bool:
     )
 
 
+def is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
 def _recognise_csv(path: str) -> bool:
     """A csv export, gzipped or not: its first line starts with the step and env columns."""
     if not os.path.isfile(path):
         return False
-    with open(path, "rb") as raw:
-        gz = raw.read(2) == b"\x1f\x8b"
-        raw.seek(0)
-        f = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+    with (gzip.open if is_gzip(path) else open)(path, "rb") as f:
         return f.readline(16).startswith(b"step,env,")
 
 
@@ -268,7 +266,6 @@ class Target(AtomicOutput):
         options: the writer's; with ``force`` an existing target is replaced if it is an
             earlier export of this format (an empty folder also, for a folder format).
         recognise: tells an earlier export of this format; default ``RECOGNISERS[fmt]``.
-        parents: create missing parent folders once the target is found writable.
     """
 
     def __init__(
@@ -280,7 +277,6 @@ class Target(AtomicOutput):
         options: ExportOptions,
         *,
         recognise: Callable[[str], bool] | None = None,
-        parents: bool = True,
     ):
         self.fmt = fmt
         known = recognise or RECOGNISERS.get(fmt)
@@ -292,7 +288,7 @@ class Target(AtomicOutput):
 
         what = f"{fmt} export"
         out = check_target(out, [store.path], what=what, force=options.force, recognise=replaceable)
-        super().__init__(out, kind, what, parents=parents)
+        super().__init__(out, kind, what)
 
     def finish(
         self, episodes: int, steps: int, info: dict[str, Any] | None = None, inside: str = ""

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from .base import Source, StepBlocks, Target, arrays_source
+from .base import Source, StepBlocks, Target, arrays_source, is_gzip
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -103,7 +103,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 
 
 def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> Source:
-    opener = gzip.open if _is_gzip(src) else open
+    opener = gzip.open if is_gzip(src) else open
     with opener(src, "rt", newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         head = next(reader, None)
@@ -159,8 +159,3 @@ def _as_declared(values: np.ndarray, leaf: Any, name: str, src: str) -> np.ndarr
     if leaf.dtype.kind != "f" and not np.array_equal(typed, values):
         raise BadInputError(f"{src}: leaf {name!r} holds values that are not {leaf.dtype}")
     return typed
-
-
-def _is_gzip(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"

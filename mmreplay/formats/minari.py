@@ -260,7 +260,7 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
         return array_options(options.compression, arr)
 
     dataset = os.path.join(root, *parts)
-    with Target(dataset, "folder", "minari", store, options, parents=True) as target:
+    with Target(dataset, "folder", "minari", store, options) as target:
         _check_inside(root, parts)
         folder = target.path("data")
         os.mkdir(folder)
