@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import gzip
 import io
 import math
@@ -24,13 +25,13 @@ import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from .base import Source, StepBlocks, Target, arrays_source, is_gzip
+from .base import StepBlocks, Target, arrays_source, is_gzip
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from contextlib import ExitStack
 
-    from .base import Exportable, ExportOptions, ExportResult
+    from .base import Exportable, ExportOptions, ExportResult, Source
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
@@ -135,10 +136,9 @@ def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> S
             values = values.astype(np.int64)
         vector = len(cols) > 1 or head[cols[0]] != name
         arrays[name] = values.reshape(steps, envs, *((len(cols),) if vector else ()))
-    source = arrays_source(arrays, None, envs, src)
     first = int(rows[0, 0]) if len(rows) else 0
     fresh = None if first == 0 else []  # csv does not say which episodes start whole
-    return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh)
+    return dataclasses.replace(arrays_source(arrays, None, envs, src), first_step=first, fresh=fresh)
 
 
 def _numbers(text: np.ndarray) -> np.ndarray:
