@@ -81,14 +81,8 @@ class Joinable(Protocol):
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """What every writer takes; a format's own options are keywords of its ``write``.
-
-    Attributes:
-        compression: ``CODEC[:LEVEL]``, one the format's ``COMPRESSIONS`` allow, or None.
-        complete_only: leave out episodes still open at the end of an env's stream.
-        force: replace an existing target that is an earlier export of this format.
-        progress: called with the rows (steps x envs) written as the export goes.
-    """
+    """What every writer takes (as :func:`mmreplay.formats.export` says); a format's own
+    options are keywords of its ``write``."""
 
     compression: str | None = None
     complete_only: bool = False
@@ -256,16 +250,8 @@ RECOGNISERS: dict[str, Callable[[str], bool]] = {
 class Target(AtomicOutput):
     """An export's output (:class:`mmreplay.files.AtomicOutput`), checked first: an existing
     target is replaced only with ``force``, and only when it is an earlier export of this
-    format; never the source store.
-
-    Args:
-        out: the final path.
-        kind: ``"file"`` or ``"folder"``.
-        fmt: the format name (for messages and the default ``recognise``).
-        store: the source; the target may not be its folder, lie inside it, or hold it.
-        options: the writer's; with ``force`` an existing target is replaced if it is an
-            earlier export of this format (an empty folder also, for a folder format).
-        recognise: tells an earlier export of this format; default ``RECOGNISERS[fmt]``.
+    format (``recognise`` tells one, default ``RECOGNISERS[fmt]``) or an empty folder, for
+    a folder format; never the source store's folder, one inside it or one holding it.
     """
 
     def __init__(
