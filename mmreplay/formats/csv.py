@@ -56,11 +56,6 @@ def header(paths: list[str], specs: list[Any]) -> list[str]:
     return [p if not s.shape else f"{p}.{i}" for p, s in zip(paths, specs) for i in range(_width(s))]
 
 
-def target_name(out: str, compression: str | None) -> str:
-    """The file a csv export writes: ``out``, with ``.gz`` added when gzipped."""
-    return out + ".gz" if compression and not out.endswith(".gz") else out
-
-
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     comp = options.compression or ("gzip" if out.endswith(".gz") else None)
     specs = flatten(store.spec)
@@ -68,7 +63,9 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     names = io.StringIO()  # (quoted where a leaf name holds a comma, a quote or a line break)
     csv.writer(names, lineterminator="\n").writerow([*INDEX_COLUMNS, *header(paths, specs)])
     cells = [_format(s.dtype, p) for p, s in zip(paths, specs) for _ in range(_width(s))]
-    with Target(target_name(out, comp), "file", "csv", store, options) as target:
+    if comp and not out.endswith(".gz"):
+        out += ".gz"  # (so that pandas.read_csv and zcat recognise it)
+    with Target(out, "file", "csv", store, options) as target:
         blocks = StepBlocks(store, options.progress, block_bytes=4 << 20)
         raw = open(target.path(), "wb")
         inner = os.path.basename(target.out)
