@@ -101,14 +101,10 @@ def check_dataset_id(dataset_id: Any) -> tuple[str, ...]:
 
 def looks_like_image(spec: Any) -> bool:
     """What Minari 0.5 treats as an image (and JPEG-decodes unless told not to)."""
-    if isinstance(spec, ArraySpec):
-        s = spec.shape
-        return spec.dtype == np.uint8 and len(s) in (2, 3) and s[0] >= 32 and s[1] >= 32
-    if isinstance(spec, Mapping):
-        return any(looks_like_image(v) for v in spec.values())
-    if isinstance(spec, (tuple, list)):
-        return any(looks_like_image(v) for v in spec)
-    return False
+    return any(
+        s.dtype == np.uint8 and len(s.shape) in (2, 3) and s.shape[0] >= 32 and s.shape[1] >= 32
+        for s in flatten(spec)
+    )
 
 
 # --- writing ---------------------------------------------------------------------------
