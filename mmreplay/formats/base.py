@@ -150,7 +150,7 @@ def check_compression(fmt: str, compression: str | None, allowed: Sequence[str])
     return text
 
 
-#: HDF5 root attribute (or zip member, JSON key) naming the format an export was written as
+#: HDF5 root attribute (or zip member) naming the format an export was written as
 EXPORT_MARK = "mmreplay_export"
 
 
@@ -215,9 +215,7 @@ def _recognise_parquet(path: str) -> bool:
 
 def _recognise_minari(path: str) -> bool:
     meta = _json_file(os.path.join(path, "data", "metadata.json"))
-    return isinstance(meta, dict) and (
-        meta.get(EXPORT_MARK) == "minari" or meta.get("algorithm_name") == "mmreplay export"
-    )
+    return isinstance(meta, dict) and meta.get("algorithm_name") == "mmreplay export"
 
 
 def is_gzip(path: str) -> bool:
