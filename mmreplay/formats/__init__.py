@@ -38,7 +38,6 @@ from ..files import AtomicOutput, check_target
 from ..metadata import METADATA_FILE
 from ..spec import unflatten
 from .base import (
-    HDF5_MAGIC,
     ExportOptions,
     ExportResult,
     Progress,
@@ -65,29 +64,24 @@ __all__ = [
 
 @dataclass(frozen=True)
 class FormatInfo:
-    """A registered format: its module, what OUT names, and what loads it."""
+    """A registered format (its module in this package has its name): what OUT names,
+    and whether it is written episode by episode or step-major."""
 
-    module: str
     target: str  # "file" or "folder"
     kind: str  # "episodes" or "steps"
-    loads_with: str
 
 
 FORMATS: dict[str, FormatInfo] = {
-    "minari": FormatInfo("minari", "folder", "episodes", "minari.load_dataset (OUT is the datasets root)"),
-    "d4rl": FormatInfo("d4rl", "file", "episodes", "h5py; d3rlpy.dataset.MDPDataset from its arrays"),
-    "d3rlpy": FormatInfo(
-        "d3rlpy", "file", "episodes", "d3rlpy.dataset.ReplayBuffer.load(f, InfiniteBuffer())"
-    ),
-    "parquet": FormatInfo(
-        "parquet", "folder", "episodes", 'pyarrow.parquet, datasets.load_dataset("parquet")'
-    ),
-    "npz": FormatInfo("npz", "file", "steps", "numpy.load (skrl Memory layout)"),
-    "csv": FormatInfo("csv", "file", "steps", "pandas.read_csv, any CSV reader (step, env, leaf / leaf.i)"),
-    "pt": FormatInfo("pt", "file", "steps", "torch.load(weights_only=True) (skrl Memory layout)"),
-    "zarr": FormatInfo("zarr", "folder", "steps", "zarr.open_group, dask.array.from_zarr"),
-    "hdf5": FormatInfo("hdf5", "file", "steps", "h5py.File"),
-    "lerobot": FormatInfo("lerobot", "folder", "episodes", "lerobot LeRobotDataset(repo_id, root=OUT)"),
+    "minari": FormatInfo("folder", "episodes"),
+    "d4rl": FormatInfo("file", "episodes"),
+    "d3rlpy": FormatInfo("file", "episodes"),
+    "parquet": FormatInfo("folder", "episodes"),
+    "npz": FormatInfo("file", "steps"),
+    "csv": FormatInfo("file", "steps"),
+    "pt": FormatInfo("file", "steps"),
+    "zarr": FormatInfo("folder", "steps"),
+    "hdf5": FormatInfo("file", "steps"),
+    "lerobot": FormatInfo("folder", "episodes"),
 }
 
 
@@ -118,11 +112,11 @@ def format_of(out: str | os.PathLike) -> str:
 
 def get(fmt: str, what: str = "export") -> ModuleType:
     """The module of a format name (its writer and its reader)."""
-    info = FORMATS.get(str(fmt).lower())
-    if info is None:
+    name = str(fmt).lower()
+    if name not in FORMATS:
         expected = ", ".join(["auto", *FORMATS] if what == "import" else FORMATS)
         raise UnsupportedFormatError(f"unknown {what} format {fmt!r}; expected one of {expected}")
-    return importlib.import_module(f"{__name__}.{info.module}")
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def compressions() -> dict[str, str]:
@@ -226,6 +220,7 @@ class ImportResult:
 #: what a reader library raises on a file cut short or holding a bad value (zipfile,
 #: numpy, json, gzip, h5py, pyarrow, float())
 DAMAGE = (ValueError, KeyError, TypeError, EOFError, OSError, zipfile.BadZipFile)
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 @contextlib.contextmanager
@@ -382,7 +377,7 @@ def import_dataset(
                     store.commit()
                     done += n
                     if progress is not None:
-                        progress(len(leaves[0]) * source.num_envs)
+                        progress(n * source.num_envs)
             finally:
                 store.close()
             path = scratch.commit()

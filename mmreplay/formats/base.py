@@ -81,14 +81,8 @@ class Joinable(Protocol):
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """What every writer takes; a format's own options are keywords of its ``write``.
-
-    Attributes:
-        compression: ``CODEC[:LEVEL]``, one the format's ``COMPRESSIONS`` allow, or None.
-        complete_only: leave out episodes still open at the end of an env's stream.
-        force: replace an existing target that is an earlier export of this format.
-        progress: called with the rows (steps x envs) written as the export goes.
-    """
+    """What every writer takes (as :func:`mmreplay.formats.export` says); a format's own
+    options are keywords of its ``write``."""
 
     compression: str | None = None
     complete_only: bool = False
@@ -156,20 +150,16 @@ def check_compression(fmt: str, compression: str | None, allowed: Sequence[str])
     return text
 
 
-#: HDF5 root attribute (or zip member, JSON key) naming the format an export was written as
+#: HDF5 root attribute (or zip member) naming the format an export was written as
 EXPORT_MARK = "mmreplay_export"
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 def _hdf5_attrs(path: str) -> dict[str, Any]:
     """The root attributes of an HDF5 file ({} for anything else), opened read-only."""
-    if not os.path.isfile(path):
-        return {}
-    with open(path, "rb") as f:
-        if f.read(8) != HDF5_MAGIC:
-            return {}
     import h5py
 
+    if not (os.path.isfile(path) and h5py.is_hdf5(path)):
+        return {}
     with h5py.File(path, "r") as f:
         return {k: f.attrs[k] for k in f.attrs} | {"/": set(f)}
 
@@ -225,19 +215,19 @@ def _recognise_parquet(path: str) -> bool:
 
 def _recognise_minari(path: str) -> bool:
     meta = _json_file(os.path.join(path, "data", "metadata.json"))
-    return isinstance(meta, dict) and (
-        meta.get(EXPORT_MARK) == "minari" or meta.get("algorithm_name") == "mmreplay export"
-    )
+    return isinstance(meta, dict) and meta.get("algorithm_name") == "mmreplay export"
+
+
+def is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
 
 
 def _recognise_csv(path: str) -> bool:
     """A csv export, gzipped or not: its first line starts with the step and env columns."""
     if not os.path.isfile(path):
         return False
-    with open(path, "rb") as raw:
-        gz = raw.read(2) == b"\x1f\x8b"
-        raw.seek(0)
-        f = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+    with (gzip.open if is_gzip(path) else open)(path, "rb") as f:
         return f.readline(16).startswith(b"step,env,")
 
 
@@ -258,17 +248,8 @@ RECOGNISERS: dict[str, Callable[[str], bool]] = {
 class Target(AtomicOutput):
     """An export's output (:class:`mmreplay.files.AtomicOutput`), checked first: an existing
     target is replaced only with ``force``, and only when it is an earlier export of this
-    format; never the source store.
-
-    Args:
-        out: the final path.
-        kind: ``"file"`` or ``"folder"``.
-        fmt: the format name (for messages and the default ``recognise``).
-        store: the source; the target may not be its folder, lie inside it, or hold it.
-        options: the writer's; with ``force`` an existing target is replaced if it is an
-            earlier export of this format (an empty folder also, for a folder format).
-        recognise: tells an earlier export of this format; default ``RECOGNISERS[fmt]``.
-        parents: create missing parent folders once the target is found writable.
+    format (``recognise`` tells one, default ``RECOGNISERS[fmt]``) or an empty folder, for
+    a folder format; never the source store's folder, one inside it or one holding it.
     """
 
     def __init__(
@@ -280,7 +261,6 @@ class Target(AtomicOutput):
         options: ExportOptions,
         *,
         recognise: Callable[[str], bool] | None = None,
-        parents: bool = True,
     ):
         self.fmt = fmt
         known = recognise or RECOGNISERS.get(fmt)
@@ -292,7 +272,7 @@ class Target(AtomicOutput):
 
         what = f"{fmt} export"
         out = check_target(out, [store.path], what=what, force=options.force, recognise=replaceable)
-        super().__init__(out, kind, what, parents=parents)
+        super().__init__(out, kind, what)
 
     def finish(
         self, episodes: int, steps: int, info: dict[str, Any] | None = None, inside: str = ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import gzip
 import io
 import math
@@ -24,13 +25,13 @@ import numpy as np
 
 from ..errors import BadInputError, UnsupportedFormatError
 from ..spec import flatten
-from .base import Source, StepBlocks, Target, arrays_source
+from .base import StepBlocks, Target, arrays_source, is_gzip
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from contextlib import ExitStack
 
-    from .base import Exportable, ExportOptions, ExportResult
+    from .base import Exportable, ExportOptions, ExportResult, Source
 
 COMPRESSIONS = ("gzip",)
 _FLOAT_FORMAT = {2: "%.5g", 4: "%.9g", 8: "%.17g"}
@@ -55,11 +56,6 @@ def header(paths: list[str], specs: list[Any]) -> list[str]:
     return [p if not s.shape else f"{p}.{i}" for p, s in zip(paths, specs) for i in range(_width(s))]
 
 
-def target_name(out: str, compression: str | None) -> str:
-    """The file a csv export writes: ``out``, with ``.gz`` added when gzipped."""
-    return out + ".gz" if compression and not out.endswith(".gz") else out
-
-
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     comp = options.compression or ("gzip" if out.endswith(".gz") else None)
     specs = flatten(store.spec)
@@ -67,7 +63,9 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     names = io.StringIO()  # (quoted where a leaf name holds a comma, a quote or a line break)
     csv.writer(names, lineterminator="\n").writerow([*INDEX_COLUMNS, *header(paths, specs)])
     cells = [_format(s.dtype, p) for p, s in zip(paths, specs) for _ in range(_width(s))]
-    with Target(target_name(out, comp), "file", "csv", store, options) as target:
+    if comp and not out.endswith(".gz"):
+        out += ".gz"  # (so that pandas.read_csv and zcat recognise it)
+    with Target(out, "file", "csv", store, options) as target:
         blocks = StepBlocks(store, options.progress, block_bytes=4 << 20)
         raw = open(target.path(), "wb")
         inner = os.path.basename(target.out)
@@ -103,7 +101,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 
 
 def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> Source:
-    opener = gzip.open if _is_gzip(src) else open
+    opener = gzip.open if is_gzip(src) else open
     with opener(src, "rt", newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         head = next(reader, None)
@@ -135,10 +133,9 @@ def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> S
             values = values.astype(np.int64)
         vector = len(cols) > 1 or head[cols[0]] != name
         arrays[name] = values.reshape(steps, envs, *((len(cols),) if vector else ()))
-    source = arrays_source(arrays, None, envs, src)
     first = int(rows[0, 0]) if len(rows) else 0
     fresh = None if first == 0 else []  # csv does not say which episodes start whole
-    return Source(source.spec, envs, steps, source.blocks, None, first_step=first, fresh=fresh)
+    return dataclasses.replace(arrays_source(arrays, None, envs, src), first_step=first, fresh=fresh)
 
 
 def _numbers(text: np.ndarray) -> np.ndarray:
@@ -159,8 +156,3 @@ def _as_declared(values: np.ndarray, leaf: Any, name: str, src: str) -> np.ndarr
     if leaf.dtype.kind != "f" and not np.array_equal(typed, values):
         raise BadInputError(f"{src}: leaf {name!r} holds values that are not {leaf.dtype}")
     return typed
-
-
-def _is_gzip(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"

@@ -12,7 +12,7 @@ is needed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from ..errors import BadInputError, CorruptBufferError, NotEnoughDataError
 from ..roles import subtree
 from ..spec import ArraySpec, flatten
 from .base import EXPORT_MARK, Episodes, Roles, Source, Target, episode_flags, episodes_source
-from .hdf5 import array_options, hdf5_output, open_hdf5
+from .hdf5 import hdf5_output, open_hdf5, put_array
 
 if TYPE_CHECKING:
     from contextlib import ExitStack
@@ -54,9 +54,7 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
         complete = "complete " if options.complete_only else ""
         raise NotEnoughDataError(f"{store.path}: no {complete}episodes to export; d3rlpy needs at least one")
 
-    def put(f: Any, name: str, arr: np.ndarray) -> None:
-        f.create_dataset(name, data=arr, **array_options(options.compression, arr))
-
+    comp = options.compression
     with Target(out, "file", "d3rlpy", store, options) as target:
         count = steps = 0
         with hdf5_output(target.path()) as f:
@@ -64,13 +62,14 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
             for ep in episodes:
                 n = ep.length
                 obs = subtree(ep.data, obs_path)
+                rew = np.asarray(subtree(ep.data, rew_path), np.float32).reshape(n, 1)
                 if nested:
                     for j, leaf in enumerate(flatten(obs)):
-                        put(f, f"observations_{count}_{j}", _rows(leaf, n))
+                        put_array(f, f"observations_{count}_{j}", _rows(leaf, n), comp)
                 else:
-                    put(f, f"observations_{count}", _rows(obs, n))
-                put(f, f"actions_{count}", _rows(subtree(ep.data, act_path), n))
-                put(f, f"rewards_{count}", np.asarray(subtree(ep.data, rew_path), np.float32).reshape(n, 1))
+                    put_array(f, f"observations_{count}", _rows(obs, n), comp)
+                put_array(f, f"actions_{count}", _rows(subtree(ep.data, act_path), n), comp)
+                put_array(f, f"rewards_{count}", rew, comp)
                 f.create_dataset(f"terminated_{count}", data=bool(episode_flags(ep)[0][-1]))
                 count += 1
                 steps += n

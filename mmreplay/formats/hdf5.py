@@ -67,10 +67,12 @@ def dataset_options(compression: str | None, chunks: tuple[int, ...] | None) -> 
     return opts
 
 
-def array_options(compression: str | None, arr: np.ndarray) -> dict[str, Any]:
-    """:func:`dataset_options` for a dataset made from ``arr`` (HDF5 filters need a
-    chunked dataset: none for a scalar or an empty array)."""
-    return dataset_options(compression, None) if arr.ndim and arr.size else {}
+def put_array(group: Any, name: str, values: Any, compression: str | None) -> None:
+    """A dataset made from ``values``, compressed unless it is a scalar or empty (HDF5
+    filters need a chunked dataset, and those have no chunks)."""
+    arr = np.ascontiguousarray(values)
+    options = dataset_options(compression, None) if arr.ndim and arr.size else {}
+    group.create_dataset(name, data=arr, **options)
 
 
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:

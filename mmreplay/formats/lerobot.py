@@ -377,11 +377,8 @@ def _arrow_column(pa: Any, values: np.ndarray, feature: dict[str, Any]) -> Any:
 
 
 def _recognise(path: str) -> bool:
-    try:
-        with open(os.path.join(path, *MARK_PATH.split("/")), "rb") as f:
-            return json.loads(f.read(1 << 24)).get("format") == MARK_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+    """(:func:`mmreplay.files.check_target` takes a mark it cannot read for no earlier export.)"""
+    return _read_json(os.path.join(path, *MARK_PATH.split("/")), path).get("format") == MARK_FORMAT
 
 
 def _write_json(path: str, value: Any) -> None:
@@ -645,12 +642,10 @@ def _plan_marked(mark: dict[str, Any], features: dict[str, Any]) -> Plan:
         spec = _without(spec, nxt)
     sources = {r["leaf"]: (name, r) for name, r in mark["features"].items() if name in features}
     for role, name in (("terminated", DONE), ("truncated", TRUNCATED)):
-        path = roles.get(role)
-        if path is None and isinstance(spec, dict) and role not in spec:
-            spec, path = {**spec, role: ArraySpec((), "bool")}, role
-            roles[role] = role
-        if path is not None:
-            sources[path] = (name, {"leaf": path})
+        if role not in roles and isinstance(spec, dict) and role not in spec:
+            spec, roles[role] = {**spec, role: ArraySpec((), "bool")}, role
+        if role in roles:
+            sources[roles[role]] = (name, {"leaf": roles[role]})
     return spec, roles, sources
 
 

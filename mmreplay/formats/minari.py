@@ -63,7 +63,7 @@ from .base import (
     nest,
     source_name,
 )
-from .hdf5 import array_options, datasets, hdf5_output
+from .hdf5 import datasets, hdf5_output, put_array
 
 if TYPE_CHECKING:
     from contextlib import ExitStack
@@ -101,35 +101,30 @@ def check_dataset_id(dataset_id: Any) -> tuple[str, ...]:
 
 def looks_like_image(spec: Any) -> bool:
     """What Minari 0.5 treats as an image (and JPEG-decodes unless told not to)."""
-    if isinstance(spec, ArraySpec):
-        s = spec.shape
-        return spec.dtype == np.uint8 and len(s) in (2, 3) and s[0] >= 32 and s[1] >= 32
-    if isinstance(spec, Mapping):
-        return any(looks_like_image(v) for v in spec.values())
-    if isinstance(spec, (tuple, list)):
-        return any(looks_like_image(v) for v in spec)
-    return False
+    return any(
+        s.dtype == np.uint8 and len(s.shape) in (2, 3) and s.shape[0] >= 32 and s.shape[1] >= 32
+        for s in flatten(spec)
+    )
 
 
 # --- writing ---------------------------------------------------------------------------
 
 
-def _write_nest(group: Any, name: str, spec: Any, value: Any, opts: Any) -> None:
+def _write_nest(group: Any, name: str, spec: Any, value: Any, compression: str | None) -> None:
     """One leaf as a dataset, or a nest as subgroups (dict keys, tuple ``_index_i``)."""
     if isinstance(spec, ArraySpec):
-        arr = np.ascontiguousarray(value)
-        group.create_dataset(name, data=arr, **opts(arr))
+        put_array(group, name, value, compression)
         return
     sub = group.create_group(name)
     if isinstance(spec, Mapping):
         for key in spec:
-            _write_nest(sub, key, spec[key], value[key], opts)
+            _write_nest(sub, key, spec[key], value[key], compression)
     elif is_namedtuple(spec):
         for key, s, v in zip(spec._fields, spec, value):
-            _write_nest(sub, key, s, v, opts)
+            _write_nest(sub, key, s, v, compression)
     else:
         for i, (s, v) in enumerate(zip(spec, value)):
-            _write_nest(sub, f"_index_{i}", s, v, opts)
+            _write_nest(sub, f"_index_{i}", s, v, compression)
 
 
 class _FinalObservation:
@@ -256,11 +251,8 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
     _check_inside(root, parts)
     episodes = Episodes(store, options)
 
-    def opts(arr: np.ndarray) -> dict[str, Any]:
-        return array_options(options.compression, arr)
-
     dataset = os.path.join(root, *parts)
-    with Target(dataset, "folder", "minari", store, options, parents=True) as target:
+    with Target(dataset, "folder", "minari", store, options) as target:
         _check_inside(root, parts)
         folder = target.path("data")
         os.mkdir(folder)
@@ -284,13 +276,14 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
                 g = f.create_group(f"episode_{count}")
                 g.attrs["id"] = count
                 g.attrs["total_steps"] = n
-                _write_nest(g, "observations", obs_spec, _observations(obs_spec, obs, last), opts)
-                _write_nest(g, "actions", act_spec, act, opts)
+                observations = _observations(obs_spec, obs, last)
+                _write_nest(g, "observations", obs_spec, observations, options.compression)
+                _write_nest(g, "actions", act_spec, act, options.compression)
                 g.create_dataset("rewards", data=rew)
                 g.create_dataset("terminations", data=term)
                 g.create_dataset("truncations", data=trunc)
                 for p in extras:
-                    _write_leaf(g, info_key(p), np.asarray(subtree(ep.data, p))[:n], opts)
+                    _write_leaf(g, info_key(p), np.asarray(subtree(ep.data, p))[:n], options.compression)
                 count += 1
                 steps += n
         if count == 0:  # (minari.load_dataset takes it; nothing can be read back from it)
@@ -318,12 +311,12 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
         return target.finish(count, steps, info, inside="data")
 
 
-def _write_leaf(group: Any, path: str, values: np.ndarray, opts: Any) -> None:
+def _write_leaf(group: Any, path: str, values: np.ndarray, compression: str | None) -> None:
     """A leaf under ``group`` at its path (``a/b`` as subgroup ``a``, dataset ``b``)."""
     *folders, name = path.split("/")
     for folder in folders:
         group = group.require_group(folder)
-    group.create_dataset(name, data=np.ascontiguousarray(values), **opts(values))
+    put_array(group, name, values, compression)
 
 
 def _check_inside(root: str, parts: tuple[str, ...]) -> None:

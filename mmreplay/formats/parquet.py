@@ -58,12 +58,9 @@ def role_columns(roles: Roles) -> list[tuple[str, str, ArraySpec]]:
     out: list[tuple[str, str, ArraySpec]] = []
     for role in ROLE_COLUMNS:
         path = roles.get(role)
-        if path is None:
-            continue
-        sub = roles.spec_of(path)
-        for rel in leaf_paths(sub) if not isinstance(sub, ArraySpec) else [""]:
-            leaf = f"{path}/{rel}" if rel else path
-            out.append((role + ("." + rel.replace("/", ".") if rel else ""), leaf, specs[leaf]))
+        for leaf in roles.leaves_of(path) if path else []:
+            rel = leaf[len(path) + 1 :].replace("/", ".")
+            out.append((f"{role}.{rel}" if rel else role, leaf, specs[leaf]))
     reserved = {*INDEX_COLUMNS, *FLAG_COLUMNS, *(name for name, _, _ in out)}
     for leaf in roles.extras():
         name = leaf.replace("/", ".")
