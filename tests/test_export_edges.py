@@ -4,6 +4,7 @@ Each export is loaded by the tool it is for (minari, d3rlpy, h5py, pandas)."""
 
 from __future__ import annotations
 
+import collections
 import gzip
 import json
 import os
@@ -207,6 +208,24 @@ def test_minari_keeps_both_flags_and_puts_leaves_with_no_role_in_infos(tmp_path,
     assert np.array_equal(np.concatenate([e.infos["goal"]["xy"] for e in eps]), data["goal"]["xy"][:, 0])
     with h5py.File(tmp_path / "d4rl.h5") as f:  # d4rl: never both set, termination wins
         assert f["terminals"][4] and not f["timeouts"][4]
+
+
+def test_minari_exports_a_namedtuple_observation_by_its_fields(tmp_path, monkeypatch):
+    Obs = collections.namedtuple("Obs", ["pos", "vel"])
+    s = {**QUICK_START, "obs": Obs(mr.ArraySpec((2,), "float32"), mr.ArraySpec((3,), "float32"))}
+    n = 6
+    pos, vel = np.arange(n * 2, dtype="float32").reshape(n, 1, 2), -np.arange(n * 3, dtype="float32").reshape(n, 1, 3)
+    data = {k: np.zeros((n, 1, *v.shape), v.dtype) for k, v in s.items() if k != "obs"}
+    data["obs"] = Obs(pos, vel)
+    data["terminated"][-1] = True
+    with mr.create(tmp_path / "b", s, capacity=n) as store:
+        store.extend(data)
+        store.commit()
+        export(store, tmp_path / "root", "minari", dataset_id="nt-v0")
+    (episode,) = load_minari(tmp_path / "root", "nt-v0", monkeypatch).iterate_episodes()
+    got_pos, got_vel = episode.observations["pos"], episode.observations["vel"]  # and the final next one
+    assert np.array_equal(got_pos[:n], pos[:, 0]) and np.array_equal(got_vel[:n], vel[:, 0])
+    assert len(got_pos) == len(got_vel) == n + 1
 
 
 def test_d4rl_import_then_export_keeps_infos_at_their_path(tmp_path):

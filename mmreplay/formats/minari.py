@@ -162,11 +162,8 @@ class _FinalObservation:
 
 def _observations(obs_spec: Any, obs: Any, last_next: Any) -> Any:
     """N observations and the final next observation, as N + 1 rows per leaf."""
-    if isinstance(obs_spec, ArraySpec):
-        return np.concatenate([obs, last_next[-1:]], axis=0)
-    if isinstance(obs_spec, Mapping):
-        return {k: _observations(obs_spec[k], obs[k], last_next[k]) for k in obs_spec}
-    return type(obs)(_observations(s, o, n) for s, o, n in zip(obs_spec, obs, last_next))
+    rows = [np.concatenate([o, n[-1:]], axis=0) for o, n in zip(flatten(obs), flatten(last_next))]
+    return unflatten(obs_spec, rows)
 
 
 def _spaces(store: Exportable, obs_spec: Any, act_spec: Any) -> dict[str, str]:
