@@ -282,15 +282,14 @@ class AtomicOutput:
     Args:
         out: the final path; an existing one is replaced at :meth:`commit`.
         kind: ``"file"`` (the scratch file is created empty) or ``"folder"``.
-        what: the output, for messages (``"npz export"``).
-        parents: create missing parent folders (removed again if the output fails).
+        what: the output, for messages (``"npz export"``). Missing parent folders are
+            made (and removed again if the output fails).
     """
 
-    def __init__(self, out: str, kind: str, what: str, parents: bool = True):
+    def __init__(self, out: str, kind: str, what: str):
         self.out = os.path.abspath(out)
         self.kind = kind
         self.what = what
-        self.parents = parents
         self.tmp = scratch_path(self.out, "partial")
         self.made: list[str] = []
         self.committed = False
@@ -299,8 +298,7 @@ class AtomicOutput:
         parent = os.path.dirname(self.out)
         try:
             with interrupts_deferred():  # (the block's exit is not registered yet)
-                if self.parents:
-                    self.made = make_folders(parent)
+                self.made = make_folders(parent)
                 if not os.path.isdir(parent):
                     raise FileNotFoundError(f"{parent}: folder does not exist (where the {self.what} goes)")
                 remove_dead_scratch(self.out)
