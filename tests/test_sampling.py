@@ -234,6 +234,22 @@ def test_bad_arguments_are_refused(tmp_path):
         store.sample(1)
 
 
+def test_a_flag_or_transform_of_the_wrong_kind_is_refused_by_name(tmp_path):
+    """replacement="no" read as true (repeated rows), within_episodes="no" as true, a
+    transform that is not one failed with AttributeError deep in the read path, and a
+    float batch size was told it may be None."""
+    with make(tmp_path, 10, 1, 4) as store:
+        for name in ("replacement", "within_episodes"):
+            with pytest.raises(TypeError, match=f"{name} must be True or False, got str 'no'"):
+                store.sample(2, **{name: "no"})
+        with pytest.raises(TypeError, match="transform must be a transform such as mr.NStep.* got str 'nstep'"):
+            store.sample(2, transform="nstep")
+        with pytest.raises(ValueError, match=r"batch_size must be a positive int, got 2.0$"):
+            store.sample(2.0)
+        _, info = store.sample(4, replacement=np.False_, within_episodes=0, num_steps=1, return_info=True, rng=0)
+        assert sorted(info.step) == [0, 1, 2, 3]  # numpy bools and 0 / 1 still count
+
+
 def test_a_window_must_be_two_step_ids_and_one_outside_the_retained_steps_says_so(tmp_path):
     with make(tmp_path, 10, 2, 14) as store:  # steps 4-13 retained
         for bad in ((5,), (4.5, 9), ("a", 9), (4, 9, 1), 7, (True, 9)):
