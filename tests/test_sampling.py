@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import LAYOUT_IDS, LAYOUTS, make_step, spread
+from conftest import LAYOUT_IDS, LAYOUTS, make_step, run_cli, spread
 
 import mmreplay as mr
 from mmreplay import read
@@ -169,6 +169,20 @@ def test_empty_store_says_empty(tmp_path, layout):
             store.sample(4)
         with pytest.raises(mr.NotEnoughDataError, match="empty"):
             store.sample(4, num_steps=2, within_episodes=True)
+
+
+def test_too_little_data_names_the_store(tmp_path):
+    """The draws' errors said "cannot sample: ..." without the store: a learner over
+    several stores (or `mmreplay sample`) could not tell which one was short."""
+    with make(tmp_path, 10, 2, 0, name="empty") as empty, make(tmp_path, 10, 2, 4, name="short") as short:
+        asks = [{"num_steps": 5}, {"num_steps": 5, "within_episodes": True}, {"num_steps": 5, "window": (0, 9)}]
+        for store, kw in [(empty, {}), *((short, ask) for ask in asks)]:
+            with pytest.raises(mr.NotEnoughDataError) as err:
+                store.sample(4, **kw)
+            assert str(err.value).startswith(f"{store.path}: cannot sample"), kw
+    out = run_cli("sample", str(tmp_path / "empty"))
+    said = f"Error: {tmp_path / 'empty'}: cannot sample: the store holds no committed steps (it is empty)"
+    assert (out.returncode, out.stderr.strip()) == (2, said)
 
 
 def test_a_writer_samples_its_uncommitted_steps(tmp_path):

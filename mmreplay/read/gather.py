@@ -293,10 +293,15 @@ def sample(store: Readable, request: SampleRequest) -> Any:
             reader.pending = None
     prefetched = draw is not None
     if not prefetched:
-        if request.window is None:  # the common call
-            draw = sampler.draw(store.window, request, batch_size, steps, gen)
-        else:
-            draw = _draw(store, sampler, request, batch_size, steps, gen)
+        try:
+            if request.window is None:  # the common call
+                draw = sampler.draw(store.window, request, batch_size, steps, gen)
+            else:
+                draw = _draw(store, sampler, request, batch_size, steps, gen)
+        except NotEnoughDataError as exc:  # the draws know the window, not the store: say which
+            if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(store.path):
+                exc.args = (f"{store.path}: {exc.args[0]}", *exc.args[1:])
+            raise
     rows = draw.start if num_steps is None else rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
         pattern = "random" if num_steps is None else "normal"
