@@ -462,10 +462,17 @@ def read_rows(store: Readable, steps: Any, envs: Any) -> Any:
     return reader.pack(out)
 
 
-def check_retained(store: Readable, lowest: int) -> None:
+def check_retained(store: Readable, lowest: int, own_adds: bool = False) -> None:
     """The seqlock check of a reader: were the rows read, from step ``lowest`` on, still
-    retained after the read?"""
+    retained after the read? ``own_adds``: a writer's too, for reads made lazily (an
+    episode of :func:`~mmreplay.episodes.episodes`), between which it may have added."""
     if store.mode != "r":
+        if own_adds and lowest < store.first_step:
+            raise OverwrittenError(
+                f"{store.path}: step {lowest} was overwritten by this writer's own adds before it was "
+                f"read (the oldest retained is now {store.first_step}); read it before adding more",
+                store.path, lowest, store.first_step,
+            )
         return
     first = store.live_first()
     if lowest < first:
