@@ -9,6 +9,9 @@ import click
 import numpy as np
 
 import mmreplay as mr
+from mmreplay.read.gather import sample
+from mmreplay.read.request import SampleRequest
+from mmreplay.samplers.uniform import UniformSampler
 from mmreplay.spec import flatten
 
 #: arrays with more elements than this are summarised (shape, dtype, min, max, mean)
@@ -50,7 +53,9 @@ def _plain(value: np.ndarray) -> Any:
 def command(path: str, count: int, seed: int, as_json: bool) -> None:
     """Print N rows drawn uniformly from the committed rows of the buffer at PATH."""
     with mr.open(path, mode="r") as store:
-        batch, info = store.sample(count, rng=seed, return_info=True)
+        # rows, uniformly: not the store's sampler's sequences (slices) or priorities
+        request = SampleRequest.build(count, rng=seed, return_info=True, sampler=UniformSampler())
+        batch, info = sample(store, request)
         paths = store.leaf_paths
         leaves = flatten(batch)
     rows = []

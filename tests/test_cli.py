@@ -256,6 +256,21 @@ def test_sample_prints_rows_readably_and_as_json():
             assert np.allclose(r["values"]["observation"], obs)
 
 
+@pytest.mark.parametrize("sampler", [{"sampler": "slices", "num_steps": 8}, {"sampler": "prioritized"}], ids=str)
+def test_sample_draws_rows_uniformly_whatever_the_store_samples(tmp_path, sampler):
+    """A slices store's sampler draws sequences and a prioritized one by priority: the
+    command printed 8-step sequences as "rows", and the top-priority row over and over."""
+    spec = {"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}
+    with mr.create(tmp_path / "b", spec, capacity=50, num_envs=2, **sampler) as store:
+        store.extend({"x": np.arange(40).reshape(20, 2), "terminated": np.zeros((20, 2), bool)})
+        if sampler["sampler"] == "prioritized":  # every row but (step 3, env 1) nearly never drawn
+            store.update_priorities(np.repeat(np.arange(20), 2), np.tile([0, 1], 20), np.zeros(40))
+            store.update_priorities([3], [1], [1.0])
+    rows = json.loads(run("sample", str(tmp_path / "b"), "-n", "200", "--json").stdout)
+    assert all(r["values"]["x"] == 2 * r["step"] + r["env"] for r in rows)  # one row each, not a sequence
+    assert len({(r["step"], r["env"]) for r in rows}) > 30  # uniform over the 40 rows
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -315,6 +315,19 @@ def test_a_reader_reading_episodes_the_writer_overwrote_is_told(tmp_path):
                 next(it)
 
 
+def test_a_writer_whose_own_adds_overwrote_an_episode_before_it_was_read_is_told(tmp_path):
+    """episodes() reads each episode when it is yielded: a writer that added between two
+    got the second episode's rows from the steps that replaced them, without a word."""
+    with make(tmp_path, 10, 2, 15, {}) as writer:  # steps [5, 15): one open episode per env
+        it = writer.episodes()
+        first = next(it)
+        np.testing.assert_array_equal(first.data["extra"], np.arange(5, 15) * 100)
+        writer.extend(steps(15, 3, 2, {}))  # steps 5..7 are overwritten
+        with pytest.raises(mr.NotEnoughDataError, match="step 5 was overwritten by this writer's own adds"):
+            next(it)
+        assert [e.data["extra"][0] for e in writer.episodes()] == [800, 801]  # read again: the retained steps
+
+
 # --- to_arrays ---------------------------------------------------------------------------
 
 

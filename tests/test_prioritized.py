@@ -330,6 +330,27 @@ def test_the_tree_follows_the_window_through_adds_wraps_clears_and_updates(tmp_p
         writer.close()
 
 
+@pytest.mark.parametrize("num_steps", [None, 3])
+def test_a_window_ending_before_the_last_draws_draws_only_inside_it(tmp_path, num_steps):
+    """After a draw over every step, window=(first, end) with an earlier end left the
+    steps from end on in the tree: items came from outside the window asked for."""
+    store = filled(tmp_path / "b", capacity=30, num_envs=2, steps=77, alpha=1.0, eps=0.0)
+    step, env = all_rows(store)  # steps [47, 77)
+    p = (step - 46.0) * (env + 1)
+    store.update_priorities(step, env, p)
+    store.sample(4, num_steps=num_steps, rng=0)  # the tree holds [47, 77)
+    n = num_steps or 1
+    for window in [(40, 55), (47, 60), (0, 52)]:
+        lo, hi = max(47, window[0]), window[1]
+        _, info = store.sample(4000, num_steps=num_steps, window=window, rng=1, return_info=True)
+        assert lo <= info.step.min() and info.step.max() + n <= hi, window
+        inside = (step >= lo) & (step + n <= hi)
+        expected = np.where(inside, p, 0) / p[inside].sum()
+        np.testing.assert_allclose(info.probability, expected[(info.step - 47) * 2 + info.env], rtol=1e-6)
+    _, info = store.sample(4000, num_steps=num_steps, rng=2, return_info=True)  # the whole window again
+    assert info.step.max() + n == 77
+
+
 # --- verify and recover ---------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import LAYOUT_IDS, LAYOUTS, make_step, spread
+from conftest import LAYOUT_IDS, LAYOUTS, make_step, run_cli, spread
 
 import mmreplay as mr
 from mmreplay import read
@@ -171,6 +171,20 @@ def test_empty_store_says_empty(tmp_path, layout):
             store.sample(4, num_steps=2, within_episodes=True)
 
 
+def test_too_little_data_names_the_store(tmp_path):
+    """The draws' errors said "cannot sample: ..." without the store: a learner over
+    several stores (or `mmreplay sample`) could not tell which one was short."""
+    with make(tmp_path, 10, 2, 0, name="empty") as empty, make(tmp_path, 10, 2, 4, name="short") as short:
+        asks = [{"num_steps": 5}, {"num_steps": 5, "within_episodes": True}, {"num_steps": 5, "window": (0, 9)}]
+        for store, kw in [(empty, {}), *((short, ask) for ask in asks)]:
+            with pytest.raises(mr.NotEnoughDataError) as err:
+                store.sample(4, **kw)
+            assert str(err.value).startswith(f"{store.path}: cannot sample"), kw
+    out = run_cli("sample", str(tmp_path / "empty"))
+    said = f"Error: {tmp_path / 'empty'}: cannot sample: the store holds no committed steps (it is empty)"
+    assert (out.returncode, out.stderr.strip()) == (2, said)
+
+
 def test_a_writer_samples_its_uncommitted_steps(tmp_path):
     with make(tmp_path, 10, 1, 0, commit_every=100) as store:
         store.extend(steps_of(0, 3, 1))
@@ -232,6 +246,22 @@ def test_bad_arguments_are_refused(tmp_path):
             store.sample(2, rng="x")
     with pytest.raises(mr.ClosedError):
         store.sample(1)
+
+
+def test_a_flag_or_transform_of_the_wrong_kind_is_refused_by_name(tmp_path):
+    """replacement="no" read as true (repeated rows), within_episodes="no" as true, a
+    transform that is not one failed with AttributeError deep in the read path, and a
+    float batch size was told it may be None."""
+    with make(tmp_path, 10, 1, 4) as store:
+        for name in ("replacement", "within_episodes"):
+            with pytest.raises(TypeError, match=f"{name} must be True or False, got str 'no'"):
+                store.sample(2, **{name: "no"})
+        with pytest.raises(TypeError, match="transform must be a transform such as mr.NStep.* got str 'nstep'"):
+            store.sample(2, transform="nstep")
+        with pytest.raises(ValueError, match=r"batch_size must be a positive int, got 2.0$"):
+            store.sample(2.0)
+        _, info = store.sample(4, replacement=np.False_, within_episodes=0, num_steps=1, return_info=True, rng=0)
+        assert sorted(info.step) == [0, 1, 2, 3]  # numpy bools and 0 / 1 still count
 
 
 def test_a_window_must_be_two_step_ids_and_one_outside_the_retained_steps_says_so(tmp_path):

@@ -162,7 +162,7 @@ def episodes(store: EpisodeSource, env: int | None = None, complete_only: bool =
             rows = (np.arange(a, b + 1, dtype=np.int64) % capacity) * num_envs + e
             store.check_open()
             data = [leaf.take(rows) for leaf in store.leaves]
-            check_retained(store, a)
+            check_retained(store, a, own_adds=True)  # the writer may have added since the spans
             yield Episode(e, a, b, spans.status(i), unflatten(store.spec, data), spans.ended(i))
 
     return gen()

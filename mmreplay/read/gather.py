@@ -293,10 +293,15 @@ def sample(store: Readable, request: SampleRequest) -> Any:
             reader.pending = None
     prefetched = draw is not None
     if not prefetched:
-        if request.window is None:  # the common call
-            draw = sampler.draw(store.window, request, batch_size, steps, gen)
-        else:
-            draw = _draw(store, sampler, request, batch_size, steps, gen)
+        try:
+            if request.window is None:  # the common call
+                draw = sampler.draw(store.window, request, batch_size, steps, gen)
+            else:
+                draw = _draw(store, sampler, request, batch_size, steps, gen)
+        except NotEnoughDataError as exc:  # the draws know the window, not the store: say which
+            if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(store.path):
+                exc.args = (f"{store.path}: {exc.args[0]}", *exc.args[1:])
+            raise
     rows = draw.start if num_steps is None else rows_of(draw.start, num_steps, reader.num_envs)
     if reader.advising:
         pattern = "random" if num_steps is None else "normal"
@@ -457,10 +462,17 @@ def read_rows(store: Readable, steps: Any, envs: Any) -> Any:
     return reader.pack(out)
 
 
-def check_retained(store: Readable, lowest: int) -> None:
+def check_retained(store: Readable, lowest: int, own_adds: bool = False) -> None:
     """The seqlock check of a reader: were the rows read, from step ``lowest`` on, still
-    retained after the read?"""
+    retained after the read? ``own_adds``: a writer's too, for reads made lazily (an
+    episode of :func:`~mmreplay.episodes.episodes`), between which it may have added."""
     if store.mode != "r":
+        if own_adds and lowest < store.first_step:
+            raise OverwrittenError(
+                f"{store.path}: step {lowest} was overwritten by this writer's own adds before it was "
+                f"read (the oldest retained is now {store.first_step}); read it before adding more",
+                store.path, lowest, store.first_step,
+            )
         return
     first = store.live_first()
     if lowest < first:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SampleRequest", "as_generator", "number", "positive", "step_range"]
+__all__ = ["SampleRequest", "as_generator", "flag", "number", "positive", "step_range"]
 
 
 def positive(name: str, value: Any, allow_none: bool = False) -> Any:
@@ -26,6 +26,14 @@ def positive(name: str, value: Any, allow_none: bool = False) -> Any:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
     return int(value)
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a bool (a numpy bool too); TypeError naming ``name`` otherwise (a string such
+    as ``"no"`` would read as true)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r:.60}")
 
 
 def number(name: str, value: Any, lo: float, hi: float = math.inf, error: type[Exception] = ValueError) -> float:
@@ -111,8 +119,7 @@ class SampleRequest:
         or None (TypeError), ``layout`` one of :data:`~mmreplay.read.layout.LAYOUTS` or
         None (ValueError)."""
         if type(batch_size) is not int or batch_size < 1:  # (the common call skips the checks)
-            # (None says "a positive int", other values "a positive int or None", as ever)
-            batch_size = positive("batch_size", batch_size, allow_none=batch_size is not None)
+            batch_size = positive("batch_size", batch_size)
         if num_steps is not None:
             num_steps = positive("num_steps", num_steps, allow_none=True)
         if rng is not None and type(rng) is not np.random.Generator:
@@ -121,6 +128,15 @@ class SampleRequest:
             type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int
         ):
             window = step_range("window", window)
+        if type(replacement) is not bool:
+            replacement = flag("replacement", replacement)
+        if within_episodes is not None and type(within_episodes) is not bool:
+            within_episodes = flag("within_episodes", within_episodes)
+        if transform is not None and not (callable(transform) and hasattr(transform, "batch_spec")):
+            raise TypeError(
+                f"transform must be a transform such as mr.NStep(n, gamma) or mr.Hindsight(env) (callable, "
+                f"with batch_spec), got {type(transform).__name__} {transform!r:.60}"
+            )
         if layout is not None:
             from .layout import check_layout
 

@@ -208,6 +208,8 @@ class PrioritizedSampler(Sampler):
             self.tree.build(weights)
         else:
             self._set_steps(self.tree_first, min(f, self.tree_end), load=False)
+            if e < self.tree_end:  # a narrower window= than the last draw's: its newer steps leave
+                self._set_steps(e, self.tree_end, load=False)
             self._set_steps(max(self.tree_end, f), e, load=True)
         self.tree_first, self.tree_end = f, e
 
