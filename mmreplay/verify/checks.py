@@ -13,7 +13,14 @@ import numpy as np
 from .. import backends
 from ..backends.row_codec import is_row_compression
 from ..episodes.ends import EndRule
-from ..episodes.index_file import INDEX_FILE, TRUNCATED, index_limit, index_problems, parse_index, same_records
+from ..episodes.index_file import (
+    INDEX_FILE,
+    TRUNCATED,
+    index_limit,
+    index_problems,
+    parse_index,
+    same_records,
+)
 from ..errors import CorruptBufferError, Error
 from ..io.local import read_inside, require_readable, unsafe_entries
 from ..lock import holder_pid
