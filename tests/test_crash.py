@@ -187,6 +187,29 @@ def _kill_a_writer(writers, path: str, steps: int) -> None:
     writers.run_killed(textwrap.dedent(KILLED_WRITER.format(path=path, steps=steps)))
 
 
+def test_sigkill_in_an_extend_loses_all_of_it_and_nothing_committed_before(tmp_path, writers):
+    """docs/reliability.md: a SIGKILL loses at most ``commit_every`` steps, and all of an
+    ``extend`` under way, however many more steps it holds."""
+    path = str(tmp_path / "b")
+    writers.run_killed(textwrap.dedent(f"""
+        import os, signal, numpy as np, mmreplay as mr
+        from mmreplay.hooks import WriteHook
+        class Kill(WriteHook):
+            def on_add(self, first_step, count):
+                if count > 1:  # every row of the extend written, none committed
+                    os.kill(os.getpid(), signal.SIGKILL)
+        s = mr.create({path!r}, {{"x": mr.ArraySpec((), "int64")}}, 100, commit_every=5)
+        s.add_write_hook(Kill())
+        for i in range(7):
+            s.add({{"x": np.array([i])}})
+        s.extend({{"x": np.arange(7, 47).reshape(40, 1)}})
+    """))
+    with mr.open(path) as reader:
+        assert reader.committed_steps == 7  # the steps before the extend: committed as it began
+        assert reader.get(slice(None))["x"][:, 0].tolist() == list(range(7))
+    assert verify_cli(path) == (0, [])
+
+
 def test_hdf5_next_writer_keeps_what_a_dead_writer_wrote_past_its_recorded_end(tmp_path, writers):
     """A writer killed mid-flush can leave chunks (and an index pointing at them) past the
     end-of-file address in its superblock; HDF5 would cut them off at the next flush."""

@@ -525,6 +525,42 @@ def test_ctrl_c_in_the_middle_of_a_write_commits_no_torn_step(tmp_path, cut):
     assert verify_cli(path) == (0, [])
 
 
+CTRL_C_IN_EXTEND = """
+import os, signal, numpy as np, mmreplay as mr
+from mmreplay.hooks import WriteHook
+class CtrlC(WriteHook):
+    def on_add(self, first_step, count):
+        if first_step == 13:  # a frames-once store adds an extend's steps one by one
+            os.kill(os.getpid(), signal.SIGINT)
+spec = {{"obs": mr.ArraySpec((4, 4, 2), "uint8"), "next_obs": mr.ArraySpec((4, 4, 2), "uint8"),
+        "terminated": mr.ArraySpec((), "bool"), "truncated": mr.ArraySpec((), "bool")}}
+store = mr.create({path!r}, spec, 200, frames=mr.Frames(frame_stack=2))
+store.add_write_hook(CtrlC())
+def steps(t0, n):  # frame t at step t; the episode starts at step 0 (repeat padding)
+    t = np.arange(t0, t0 + n)
+    frame = lambda x: np.broadcast_to(x.astype("uint8")[:, None, None, None, None], (n, 1, 4, 4, 1))
+    return {{"obs": np.concatenate([frame(np.maximum(t - 1, 0)), frame(t)], -1),
+            "next_obs": np.concatenate([frame(t), frame(t + 1)], -1),
+            "terminated": np.zeros((n, 1), bool), "truncated": np.zeros((n, 1), bool)}}
+store.extend(steps(0, 10))
+store.extend(steps(10, 40))
+"""
+
+
+def test_ctrl_c_in_an_extend_of_a_frames_once_store_commits_the_steps_it_added(tmp_path):
+    """docs/reliability.md: Ctrl-C in an `extend` commits none of its steps, but in a
+    store keeping each frame once, which adds them one by one, those added before it."""
+    path = str(tmp_path / "b")
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_EXTEND.format(path=path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGINT and "KeyboardInterrupt" in done.stderr, done.stderr
+    with mr.open(path) as store:
+        assert store.committed_steps == 14
+        newest = store.get(slice(None))["obs"][:, 0, 0, 0, -1]
+        assert newest.tolist() == list(range(store.first_step, 14))
+
+
 # SIGTERM lands in a commit just after the episode index appended its ends (before the
 # index took note of them); the commit is cut short and close() commits again
 STOP_AFTER_INDEX_APPEND = """

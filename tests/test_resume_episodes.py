@@ -13,7 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import folder_digest
+from conftest import folder_digest, verify_cli
 
 import mmreplay as mr
 
@@ -157,6 +157,26 @@ def test_an_end_marked_but_not_yet_indexed_is_indexed_by_the_next_writer(tmp_pat
         assert spans(writer) == [(0, 0, 2, "terminated"), (0, 3, 5, "truncated"), (1, 0, 5, "truncated")]
     with mr.open(tmp_path / "b") as reader:
         assert spans(reader)[-1] == (1, 0, 5, "truncated")
+
+
+def test_a_writer_killed_after_its_mark_but_before_its_commit_leaves_a_healthy_store(tmp_path, writers):
+    """A resumed writer marks the open episodes truncated in place, then commits and
+    indexes the mark: SIGKILL in between leaves a store `verify` passes, whose next writer
+    indexes the mark."""
+    path = str(tmp_path / "b")
+    with mr.create(path, SPEC, 50, num_envs=2) as store:
+        store.extend(steps(0, 6, {2: [0]}))
+    writers.run_killed(
+        "import os, signal, numpy as np, mmreplay as mr\n"
+        f"w = mr.open({path!r}, 'a')\n"
+        "w.leaves[w.leaf_paths.index('truncated')].write_slots(np.array([5]), np.ones((1, 2), bool))  # as the mark\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    assert verify_cli(path) == (0, [])
+    with mr.open(path, "a") as writer:
+        writer.add({k: v[0] for k, v in steps(6, 1).items()})
+        assert spans(writer) == RESUMED
+    assert verify_cli(path) == (0, [])
 
 
 def test_end_episodes_marks_the_newest_step_of_the_envs_still_in_an_episode(tmp_path, layout):

@@ -167,6 +167,22 @@ def test_both_slots_damaged_is_refused_then_rebuilt_empty(tmp_path):
         assert len(reader) == 4
 
 
+@pytest.mark.parametrize("size", [SLOT_BYTES, SLOT_BYTES + 100, FILE_BYTES + 76])
+def test_a_state_file_cut_short_or_grown_is_recovered_whole_losing_nothing(tmp_path, size):
+    path = make(tmp_path / "b", 10)
+    with open(os.path.join(path, STATE_FILE), "r+b") as f:
+        f.truncate(size)  # zeros past the end when it grows
+    with mr.open(path) as reader:
+        committed = reader.committed_steps
+    assert any(f"a state file has {FILE_BYTES}" in p for p in verify(path))
+    report = recover(path)
+    assert report.ok and report.lost is None, str(report)
+    assert os.path.getsize(os.path.join(path, STATE_FILE)) == FILE_BYTES
+    assert all(isinstance(s, State) for s in slots(path)) and verify(path) == []
+    with mr.open(path) as reader:
+        assert reader.committed_steps == committed  # (cut at one slot: the other slot's commit)
+
+
 def test_a_missing_state_file_is_refused_and_rebuilt(tmp_path):
     path = make(tmp_path / "b", 10)
     os.remove(os.path.join(path, STATE_FILE))

@@ -247,8 +247,15 @@ def _write_state(folder: str, state: State) -> None:
 
 def _rewrite_damaged_slot(folder: str, meta: Metadata, out: Recovery) -> Metadata:
     """A state slot that fails its check while the other holds the committed state gets
-    that state again, one generation on: nothing is lost."""
-    with open(os.path.join(folder, STATE_FILE), "rb") as f:
+    that state again, one generation on: nothing is lost. A file cut short or grown gets
+    its size back first (in place: a reader's descriptor keeps naming it)."""
+    path = os.path.join(folder, STATE_FILE)
+    with open(path, "rb") as f:
+        size = len(f.read(FILE_BYTES + 1))
+    if size != FILE_BYTES:
+        os.truncate(path, FILE_BYTES)
+        out.actions.append(f"brought {STATE_FILE} back to its {FILE_BYTES} bytes (it had {size})")
+    with open(path, "rb") as f:
         raw = f.read(FILE_BYTES)
     bad = [i for i in (0, 1) if isinstance(decode_slot(raw, i), str)]
     if not bad:
