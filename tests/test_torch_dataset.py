@@ -203,3 +203,17 @@ def test_workers_reach_an_object_store_with_the_storage_options_it_was_opened_wi
         assert len(batches) == 4
         for batch in batches:
             np.testing.assert_array_equal(batch["obs"][:, 2].numpy(), (batch["step"] * 10 + batch["env"]).numpy())
+
+
+def test_forked_workers_of_an_object_store_say_to_spawn_them_instead_of_waiting_forever(tmp_path, s3_server):
+    """obstore's runtime does not survive a fork: a forked DataLoader worker (Linux's
+    default) waited forever for its first request to an s3:// store."""
+    import uuid
+
+    with make(tmp_path, 64, 4, 50):
+        pass
+    url = f"s3://replays/{uuid.uuid4().hex[:12]}/b"
+    mr.push(str(tmp_path / "b"), url)
+    loader = DataLoader(StoreDataset(url), batch_size=16, num_workers=1, multiprocessing_context="fork", timeout=120)
+    with pytest.raises(mr.RemoteError, match="forked.*spawn"):
+        next(iter(loader))
