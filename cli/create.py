@@ -161,7 +161,7 @@ def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **opti
 
 
 def _estimate_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    keys = ("num_envs", "backend", "compression", "chunk_steps", "commit_every", "frames")
+    keys = ("num_envs", "backend", "compression", "chunk_steps", "commit_every", "roles", "frames")
     return {k: settings[k] for k in keys if k in settings}
 
 

@@ -137,6 +137,7 @@ def estimate(
     compression: str | Mapping[str, str | None] | None = None,
     chunk_steps: int | Mapping[str, int] | None = None,
     commit_every: int | None = None,
+    roles: Mapping[str, str] | None = None,
     frames: Frames | None = None,
     sample: Any = None,
 ) -> SizeEstimate:
@@ -144,7 +145,7 @@ def estimate(
     when full.
 
     Args:
-        spec, capacity, num_envs, backend, compression, chunk_steps, commit_every, frames:
+        spec, capacity, num_envs, backend, compression, chunk_steps, commit_every, roles, frames:
             as for :func:`mmreplay.create` (a frames store's side ring is counted as
             ``frames/...`` leaves).
         sample: values of the compressed leaves to estimate their ratio from: the spec's
@@ -160,7 +161,7 @@ def estimate(
         True
     """
     every = DEFAULT_COMMIT_EVERY if commit_every is None else commit_every
-    meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression, every, frames=frames)
+    meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression, every, roles=roles, frames=frames)
     samples = _sample_by_path(meta, sample)
     out, placed, data_meta = _leaf_sizes(meta, samples)
     if meta.frames is not None and meta.frames.side:  # the side ring: its own folder, one env

@@ -359,3 +359,18 @@ def test_create_asks_for_frames_and_its_dry_run_counts_them(tmp_path):
     bad = shell("create", tmp_path / "b2", "--spec", tmp_path / "spec.json", "--frames", "stack=4")
     assert bad.returncode == 2 and "'stack'" in bad.stderr and "frame_stack" in bad.stderr
     assert not (tmp_path / "b2").exists()
+
+
+def test_a_dry_run_of_a_frames_store_takes_the_roles_of_the_spec_file(tmp_path):
+    """Leaves named other than obs / next_obs need roles=, which the estimate did not take."""
+    spec = {"pixels": mr.ArraySpec((84, 84, 4), "uint8"), "after": mr.ArraySpec((84, 84, 4), "uint8"),
+            "done": mr.ArraySpec((), "bool")}  # fmt: skip
+    roles = {"observation": "pixels", "next_observation": "after", "terminated": "done"}
+    obj = {"spec": mr.spec.spec_to_json(spec), "capacity": 50, "roles": roles, "frames": {"frame_stack": 4}}
+    (tmp_path / "spec.json").write_text(json.dumps(obj))
+    dry = shell("create", tmp_path / "b", "--spec", tmp_path / "spec.json", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    printed = int(re.search(r"\(([\d,]+) bytes, exact\)", dry.stdout).group(1).replace(",", ""))
+    made = shell("create", tmp_path / "b", "--spec", tmp_path / "spec.json")
+    assert made.returncode == 0, made.stderr
+    assert abs(disk_usage(tmp_path / "b") - printed) < 64
