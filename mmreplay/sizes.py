@@ -84,7 +84,8 @@ class SizeEstimate:
 
     @property
     def data_bytes(self) -> int | None:
-        """The data folder or file when full (``data.zarr`` / ``data.h5``)."""
+        """The data folder or file when full (``data.zarr`` / ``data.h5``, and a frames
+        store's side ring, ``frames/``)."""
         total = self.total
         return None if total is None else total - self.metadata_file
 
