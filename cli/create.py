@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -26,8 +27,8 @@ SAMPLE_STEPS = 512
 SPEC_HELP = """A spec file maps leaf names to {"shape": [...], "dtype": "..."}; nest dicts for
 nested leaves, e.g. {"obs": {"shape": [17], "dtype": "float32"}, "reward": {"shape": [],
 "dtype": "float32"}}. The file may also give "capacity", "num_envs", "backend",
-"compression", "chunk_steps", "commit_every", "durability" and "roles" beside a "spec"
-key; options on the command line win. A compression codec alone applies to the image
+"compression", "chunk_steps", "commit_every", "durability", "roles" and "frames" (a
+mapping of mmreplay.Frames' settings) beside a "spec" key; options on the command line win. A compression codec alone applies to the image
 leaves (pictures such as [84, 84, 3]); LEAF=CODEC, or a mapping in the file, names a leaf
 (e.g. --compression obs/pixels=rows:lz4 --compression reward=none)."""
 
@@ -100,6 +101,12 @@ def load_spec_file(path: str) -> dict[str, Any]:
 @count_option("--commit-every")
 @click.option("--durability", type=click.Choice(["process", "power"]), default=None)
 @click.option(
+    "--frames",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Store each frame once, with this mmreplay.Frames setting (e.g. frame_stack=4); repeat for several.",
+)
+@click.option(
     "--dry-run", is_flag=True, help="Only report the bytes the buffer will take when full; create nothing."
 )
 @click.option(
@@ -123,6 +130,7 @@ def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **opti
         "commit_every",
         "durability",
         "roles",
+        "frames",
     }
     unknown = sorted(set(settings) - known)
     if unknown:
@@ -130,6 +138,8 @@ def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **opti
     settings.update({k: v for k, v in options.items() if v is not None and v != ()})
     if "compression" in settings:
         settings["compression"] = compression_by_leaf(settings["compression"], spec)
+    if "frames" in settings:
+        settings["frames"] = _frames(settings["frames"])
     if "capacity" not in settings:
         raise click.UsageError("give --capacity (or 'capacity' in the spec file)")
     capacity = settings.pop("capacity")
@@ -151,8 +161,28 @@ def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **opti
 
 
 def _estimate_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    keys = ("num_envs", "backend", "compression", "chunk_steps")
+    keys = ("num_envs", "backend", "compression", "chunk_steps", "commit_every", "roles", "frames")
     return {k: settings[k] for k in keys if k in settings}
+
+
+def _frames(given: Any) -> mr.Frames:
+    """The spec file's mapping, or the command line's KEY=VALUE settings (values read as
+    JSON: frame_stack=4, stack_axis=0, pad=zeros), as an mmreplay.Frames."""
+    if isinstance(given, (list, tuple)):
+        given = dict(text.partition("=")[::2] for text in given)
+        given = {key: _json_or_text(value) for key, value in given.items()}
+    keys = [f.name for f in dataclasses.fields(mr.Frames)]
+    if not isinstance(given, dict) or set(given) - set(keys):
+        unknown = sorted(set(given) - set(keys)) if isinstance(given, dict) else given
+        raise mr.BadInputError(f"frames: expected settings among {keys}, got {unknown!r}")
+    return mr.Frames(**given)
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def load_sample(path: str | None) -> Any:

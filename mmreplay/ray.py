@@ -182,14 +182,20 @@ def start_writers(
 EMPTY = Mass(0.0, np.inf)
 
 
-def _gather(refs: list[Any]) -> list[Any]:
-    """Each call's result, or None for an actor that is down."""
+def _gather(refs: list[Any], failed: set[str]) -> list[Any]:
+    """Each call's result, or None for an actor that is down. An actor whose creation
+    failed never answers: said once (its id added to ``failed``), with the error it raised."""
     out = []
     for ref in refs:
         try:
             out.append(ray.get(ref))
         except ray.exceptions.RayActorError as exc:
-            log.warning("a shard actor is down; it draws and updates nothing until it answers again: %s", exc)
+            if not exc.actor_init_failed:
+                log.warning("a shard actor is down; it draws and updates nothing until it answers again: %s", exc)
+            elif exc.actor_id not in failed:
+                failed.add(exc.actor_id)
+                cause = str(exc).strip().splitlines()[-1]  # the traceback's last line: the error raised
+                log.warning("shard actor %s failed to start; it draws and updates nothing: %s", exc.actor_id, cause)
             out.append(None)
     return out
 
@@ -218,6 +224,7 @@ class RaySampler(OverShards):
         self._masses: list[Mass] | None = None
         self._key: tuple | None = None
         self._gen = np.random.default_rng()
+        self._failed: set[str] = set()  # the actors whose creation failed, said once
 
     def masses(self, num_steps: int | None = None, **options: Any) -> list[Mass]:
         """Ask every actor for its mass now (an actor that is down counts as empty)."""
@@ -225,7 +232,7 @@ class RaySampler(OverShards):
         return self._masses_of(SampleRequest.build(1, num_steps, within_episodes=within, options=options))
 
     def _masses_of(self, request: SampleRequest) -> list[Mass]:
-        replies = _gather([w.mass.remote(request) for w in self.writers])
+        replies = _gather([w.mass.remote(request) for w in self.writers], self._failed)
         return [Mass(*m) if m is not None else EMPTY for m in replies]
 
     def _sample(self, request: SampleRequest) -> Any:
@@ -261,7 +268,7 @@ class RaySampler(OverShards):
             for i, rng in zip(chosen, rngs)
         ]
         # the actors that draw nothing are asked their mass in the same round trip
-        replies = _gather(refs + [self.writers[i].mass.remote(request) for i in idle])
+        replies = _gather(refs + [self.writers[i].mass.remote(request) for i in idle], self._failed)
         masses, parts, beta = list(used), {}, 0.0
         for index, reply in zip(chosen, replies):
             if reply is None:
@@ -282,7 +289,9 @@ class RaySampler(OverShards):
         how many were applied. An actor that is down (killed, being restarted) misses its
         part, as a ring that dropped the steps would: the learner carries on."""
         parts = by_shard("RaySampler.update_priorities", len(self.writers), shard, step, env, priorities)
-        applied = _gather([self.writers[index].update_priorities.remote(*part) for index, part in parts])
+        applied = _gather(
+            [self.writers[index].update_priorities.remote(*part) for index, part in parts], self._failed
+        )
         return sum(int(n) for n in applied if n is not None)
 
 

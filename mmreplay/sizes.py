@@ -24,9 +24,11 @@ from . import backends
 from .creation import create, plan
 from .errors import BadInputError
 from .files import disk_usage
+from .frames_layout import SIDE_DIR, Frames, side_metadata
 from .metadata import Metadata, render
 from .spec import ArraySpec, flatten, leaf_paths
 from .statefile import FILE_BYTES as STATE_BYTES
+from .store import DEFAULT_COMMIT_EVERY
 
 __all__ = ["LeafSize", "SizeEstimate", "estimate"]
 
@@ -82,7 +84,8 @@ class SizeEstimate:
 
     @property
     def data_bytes(self) -> int | None:
-        """The data folder or file when full (``data.zarr`` / ``data.h5``)."""
+        """The data folder or file when full (``data.zarr`` / ``data.h5``, and a frames
+        store's side ring, ``frames/``)."""
         total = self.total
         return None if total is None else total - self.metadata_file
 
@@ -134,14 +137,18 @@ def estimate(
     backend: str | None = None,
     compression: str | Mapping[str, str | None] | None = None,
     chunk_steps: int | Mapping[str, int] | None = None,
+    commit_every: int | None = None,
+    roles: Mapping[str, str] | None = None,
+    frames: Frames | None = None,
     sample: Any = None,
 ) -> SizeEstimate:
     """The bytes a buffer made by ``mmreplay.create`` with these arguments takes on disk
     when full.
 
     Args:
-        spec, capacity, num_envs, backend, compression, chunk_steps: as for
-            :func:`mmreplay.create`.
+        spec, capacity, num_envs, backend, compression, chunk_steps, commit_every, roles, frames:
+            as for :func:`mmreplay.create` (a frames store's side ring is counted as
+            ``frames/...`` leaves).
         sample: values of the compressed leaves to estimate their ratio from: the spec's
             nest (or a dict leaf path -> array) of rows ``[n, *shape]`` or
             ``[n, num_envs, *shape]``, e.g. a few hundred steps of real observations.
@@ -154,10 +161,25 @@ def estimate(
         >>> size.leaves[0].bytes >= 1000 * 2 * 84 * 84
         True
     """
-    meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression)
+    every = DEFAULT_COMMIT_EVERY if commit_every is None else commit_every
+    meta = plan(spec, capacity, num_envs, backend, chunk_steps, compression, every, roles=roles, frames=frames)
+    samples = _sample_by_path(meta, sample)
+    out, placed, data_meta = _leaf_sizes(meta, samples)
+    if meta.frames is not None and meta.frames.side:  # the side ring: its own folder, one env
+        side_samples = {f"frame{i}": samples[p.obs] for i, p in enumerate(meta.frames.pairs) if p.obs in samples}
+        side, side_placed, side_meta = _leaf_sizes(side_metadata(meta), side_samples)
+        out += [replace(leaf, path=f"{SIDE_DIR}/{leaf.path}") for leaf in side]
+        data_meta += side_meta
+        meta = replace(meta, frames=replace(meta.frames, side=tuple(side_placed)))
+    metadata_file = len(render(replace(meta, leaves=tuple(placed)))) + STATE_BYTES
+    return SizeEstimate(meta.backend, meta.capacity, meta.num_envs, tuple(out), data_meta, metadata_file)
+
+
+def _leaf_sizes(meta: Metadata, samples: dict[str, np.ndarray]) -> tuple[list[LeafSize], list[Any], int]:
+    """Each leaf's size when full, the leaves as the backend places them, and the bytes
+    of the backend's own metadata."""
     module = backends.get(meta.backend)
     placed, shards, data_meta = module.planned_bytes(list(meta.leaves), meta.capacity, meta.num_envs)
-    samples = _sample_by_path(meta, sample)
     out = []
     for leaf in meta.leaves:
         raw = meta.capacity * meta.num_envs * leaf.spec.nbytes
@@ -172,8 +194,7 @@ def estimate(
         ratio, fixed = _trial_ratio(meta, leaf, rows)
         stored = int(round(raw / ratio)) + fixed + shards.get(leaf.path, 0)
         out.append(LeafSize(leaf.path, raw, stored, leaf.compression, round(raw / stored, 3), most))
-    metadata_file = len(render(replace(meta, leaves=tuple(placed)))) + STATE_BYTES
-    return SizeEstimate(meta.backend, meta.capacity, meta.num_envs, tuple(out), data_meta, metadata_file)
+    return out, placed, data_meta
 
 
 def _most_bytes(meta: Metadata, leaf: Any) -> int:
@@ -197,30 +218,31 @@ def _most_bytes(meta: Metadata, leaf: Any) -> int:
 
 
 def _sample_by_path(meta: Metadata, sample: Any) -> dict[str, np.ndarray]:
-    """Rows ``[n, *shape]`` of each sampled leaf."""
+    """Rows ``[n, *shape]`` of each sampled leaf as stored (a frames store's newest
+    frame of each observation stack; its derived next observations are not stored)."""
     if sample is None:
         return {}
-    paths = [leaf.path for leaf in meta.leaves]
+    paths = leaf_paths(meta.spec)
     by_path = dict(zip(leaf_paths(sample), flatten(sample)))  # a nest, or a dict keyed by leaf path
+    stored = {leaf.path for leaf in meta.leaves}
+    stacks = {p.obs: p.axis for p in meta.frames.pairs if p.axis is not None} if meta.frames else {}
     out = {}
-    for leaf in meta.leaves:
-        if leaf.path not in by_path or by_path[leaf.path] is None:
+    for path, spec in zip(paths, flatten(meta.spec)):
+        if path not in stored or by_path.get(path) is None:
             continue
-        x = np.asarray(by_path[leaf.path])
-        shape = leaf.spec.shape
+        x = np.asarray(by_path[path])
+        shape = spec.shape
         if x.shape[x.ndim - len(shape) :] != shape or x.ndim - len(shape) not in (1, 2):
             dims = "".join(f", {n}" for n in shape)
             raise BadInputError(
-                f"sample for leaf {leaf.path!r}: expected rows shaped (n{dims}) or (n, num_envs{dims}), got {x.shape}"
+                f"sample for leaf {path!r}: expected rows shaped (n{dims}) or (n, num_envs{dims}), got {x.shape}"
             )
-        if not np.can_cast(x.dtype, leaf.spec.dtype, "same_kind"):
-            raise BadInputError(
-                f"sample for leaf {leaf.path!r}: dtype {x.dtype} does not cast to {leaf.spec.dtype}"
-            )
-        rows = x.reshape(-1, *shape).astype(leaf.spec.dtype, copy=False)
+        if not np.can_cast(x.dtype, spec.dtype, "same_kind"):
+            raise BadInputError(f"sample for leaf {path!r}: dtype {x.dtype} does not cast to {spec.dtype}")
+        rows = x.reshape(-1, *shape).astype(spec.dtype, copy=False)
         if not len(rows):
-            raise BadInputError(f"sample for leaf {leaf.path!r} holds no rows")
-        out[leaf.path] = rows
+            raise BadInputError(f"sample for leaf {path!r} holds no rows")
+        out[path] = np.take(rows, -1, axis=1 + stacks[path]) if path in stacks else rows
     unknown = sorted(set(by_path) - set(paths))
     if unknown:
         raise BadInputError(f"sample names leaves not in the spec: {unknown}")

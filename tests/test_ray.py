@@ -101,6 +101,28 @@ def test_a_dead_actor_misses_its_priority_updates_and_a_closed_one_says_it_is_cl
         sampler.sample(4)
 
 
+def test_an_actor_that_failed_to_start_is_said_once_with_its_error(cluster, tmp_path, caplog):
+    """A shard actor whose store could not be made never answers (Ray does not restart a
+    failed creation): the sampler said it was down, with Ray's whole traceback, at every
+    batch, as if it would come back."""
+    ray, mray = cluster
+    (tmp_path / "shard-001").write_text("not a folder")  # where shard 1's store goes
+    writers = mray.start_writers(str(tmp_path), SPEC, shards=2, capacity=30)
+    ray.get(writers[0].extend.remote(steps_of(0, 0, 10, 1)))
+    ray.get(writers[0].commit.remote())
+    sampler = mray.RaySampler(writers, SPEC)
+    caplog.set_level("WARNING", logger="mmreplay.ray")
+    for seed in range(3):
+        batch, info = sampler.sample(8, rng=seed, return_info=True)
+        check_rows(batch, info)
+        assert (info.shard == 0).all()
+    assert sampler.update_priorities(np.array([1]), np.array([1]), np.array([0]), np.array([2.0])) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "mmreplay.ray"]
+    assert len(said) == 1, said
+    assert "failed to start" in said[0] and "shard-001: already exists and is not a buffer" in said[0]
+    assert len(said[0].splitlines()) == 1
+
+
 @pytest.mark.long
 def test_the_ray_sampler_draws_across_shard_actors_from_their_committed_steps(cluster, tmp_path):
     ray, mray = cluster

@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 import pytest
+from frames_episodes import Episodes
+from frames_episodes import spec as frames_spec
 
 import mmreplay as mr
 from mmreplay.files import disk_usage
@@ -292,3 +294,83 @@ def test_dry_run_compresses_the_image_leaves_and_is_within_a_fifth_of_the_filled
         store.extend(values)
     real = disk_usage(tmp_path / "b")
     assert abs(estimated - real) / real < 0.2, (estimated, real)
+
+
+def fill_frames_store(store, steps: int, seed: int) -> None:
+    episodes = Episodes(store.num_envs, (84, 84), 4, -1, "repeat", 0.05, seed)
+    for _ in range(steps):
+        store.add(episodes.step())
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_a_frames_store_estimate_counts_its_side_ring_and_is_exact(tmp_path, backend):
+    """A frames store keeps next frames in a side ring of its own folder: estimate did
+    not take frames=, nor count that ring."""
+    spec = frames_spec((84, 84), 4, -1)
+    options = {"backend": backend, "commit_every": 10, "frames": mr.Frames(frame_stack=4)}
+    size = mr.estimate(spec, 60, 2, **options)
+    assert size.exact and {"obs", "_frames/next", "frames/frame0", "frames/ref"} <= {s.path for s in size.leaves}
+    with mr.create(tmp_path / "b", spec, 60, 2, **options) as store:
+        fill_frames_store(store, 90, 0)  # past a full ring, with episode ends
+    index = os.path.getsize(tmp_path / "b" / "episodes.idx")  # 16 bytes an episode end: not counted
+    assert abs(disk_usage(tmp_path / "b") - index - size.total) < 16  # the json's timestamps' digits
+    assert size.preallocated == size.total
+
+
+def test_a_frames_store_estimate_takes_a_sample_of_stacks(tmp_path):
+    """A sample gives the observation stacks the spec names (as a frames store reads
+    them): only their newest frames are stored, in the store's leaf and its side ring."""
+    pytest.importorskip("cramjam")
+    spec = frames_spec((84, 84), 4, -1)
+    options = {"compression": {"obs": "rows:lz4"}, "frames": mr.Frames(frame_stack=4)}
+    with mr.create(tmp_path / "sample", spec, 100, 2, **options) as store:
+        fill_frames_store(store, 100, 1)
+        sample = dict(zip(store.leaf_paths, store.read_steps(store.first_step + np.arange(len(store)))))
+    size = mr.estimate(spec, 300, 2, **options, sample=sample)
+    assert size.total is not None and not size.exact
+    with mr.create(tmp_path / "b", spec, 300, 2, **options) as store:
+        fill_frames_store(store, 300, 2)
+    real = disk_usage(tmp_path / "b")
+    assert abs(size.total - real) / real < 0.2, (size.total, real)
+
+
+def test_create_asks_for_frames_and_its_dry_run_counts_them(tmp_path):
+    spec = frames_spec((84, 84), 4, -1)
+    (tmp_path / "spec.json").write_text(json.dumps({"spec": mr.spec.spec_to_json(spec), "capacity": 60}))
+    args = ["create", tmp_path / "b", "--spec", tmp_path / "spec.json", "--num-envs", 2]
+    dry = shell(*args, "--frames", "frame_stack=4", "--frames", "pad=zeros", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    want = mr.estimate(spec, 60, 2, frames=mr.Frames(frame_stack=4, pad="zeros"))
+    printed = int(re.search(r"\(([\d,]+) bytes, exact\)", dry.stdout).group(1).replace(",", ""))
+    assert abs(printed - want.total) < 64 and "frames/frame0" in dry.stdout
+    made = shell(*args, "--frames", "frame_stack=4", "--frames", "pad=zeros")
+    assert made.returncode == 0, made.stderr
+    with mr.open(tmp_path / "b") as store:
+        assert (store.metadata.frames.frame_stack, store.metadata.frames.pad) == (4, "zeros")
+    assert abs(disk_usage(tmp_path / "b") - printed) < 64
+    # the spec file's "frames", and a setting Frames does not have
+    (tmp_path / "spec.json").write_text(
+        json.dumps({"spec": mr.spec.spec_to_json(spec), "capacity": 60, "frames": {"frame_stack": 4}})
+    )
+    from_file = shell("create", tmp_path / "c", "--spec", tmp_path / "spec.json")
+    assert from_file.returncode == 0, from_file.stderr
+    with mr.open(tmp_path / "c") as store:
+        assert store.metadata.frames.frame_stack == 4
+    bad = shell("create", tmp_path / "b2", "--spec", tmp_path / "spec.json", "--frames", "stack=4")
+    assert bad.returncode == 2 and "'stack'" in bad.stderr and "frame_stack" in bad.stderr
+    assert not (tmp_path / "b2").exists()
+
+
+def test_a_dry_run_of_a_frames_store_takes_the_roles_of_the_spec_file(tmp_path):
+    """Leaves named other than obs / next_obs need roles=, which the estimate did not take."""
+    spec = {"pixels": mr.ArraySpec((84, 84, 4), "uint8"), "after": mr.ArraySpec((84, 84, 4), "uint8"),
+            "done": mr.ArraySpec((), "bool")}  # fmt: skip
+    roles = {"observation": "pixels", "next_observation": "after", "terminated": "done"}
+    obj = {"spec": mr.spec.spec_to_json(spec), "capacity": 50, "roles": roles, "frames": {"frame_stack": 4}}
+    (tmp_path / "spec.json").write_text(json.dumps(obj))
+    dry = shell("create", tmp_path / "b", "--spec", tmp_path / "spec.json", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    printed = int(re.search(r"\(([\d,]+) bytes, exact\)", dry.stdout).group(1).replace(",", ""))
+    made = shell("create", tmp_path / "b", "--spec", tmp_path / "spec.json")
+    assert made.returncode == 0, made.stderr
+    assert abs(disk_usage(tmp_path / "b") - printed) < 64

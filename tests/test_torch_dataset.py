@@ -173,3 +173,47 @@ def test_workers_find_a_relative_path_after_the_working_directory_changed(tmp_pa
     steps, samples = (list(DataLoader(ds, batch_size=bs, num_workers=1)) for ds, bs in zip(datasets, [6, None]))
     assert steps[0]["step"].tolist() == list(range(6))
     assert samples[0]["step"].shape == (4,) and torch.all(samples[0]["obs"][:, 2] == samples[0]["step"] * 10)
+
+
+def test_workers_reach_an_object_store_with_the_storage_options_it_was_opened_with(
+    tmp_path, s3_server, monkeypatch
+):
+    """The datasets reopened an s3:// store by its URL alone: in the DataLoader's workers
+    (and in the dataset itself) the storage_options it was opened with were lost. (Workers
+    are spawned: object storage is not reachable from a fork of a process that used it.)"""
+    import socket
+    import uuid
+
+    with make(tmp_path, 64, 4, 50):
+        pass
+    url = f"s3://replays/{uuid.uuid4().hex[:12]}/b"
+    mr.push(str(tmp_path / "b"), url)
+    with socket.socket() as s:  # the environment's endpoint refuses: only the options reach the store
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{s.getsockname()[1]}")
+    with mr.open(url, storage_options={"endpoint": s3_server, "timeout": 20}) as store:
+        ds = StoreDataset(store)
+        loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2, multiprocessing_context="spawn")
+        seen = [s for batch in loader for s in (batch["step"] * 4 + batch["env"]).tolist()]
+        assert sorted(seen) == list(range(200))
+        sampled = DataLoader(
+            SampleDataset(store, 8, num_batches=4, seed=0), batch_size=None, num_workers=2, multiprocessing_context="spawn"
+        )
+        batches = list(sampled)
+        assert len(batches) == 4
+        for batch in batches:
+            np.testing.assert_array_equal(batch["obs"][:, 2].numpy(), (batch["step"] * 10 + batch["env"]).numpy())
+
+
+def test_forked_workers_of_an_object_store_say_to_spawn_them_instead_of_waiting_forever(tmp_path, s3_server):
+    """obstore's runtime does not survive a fork: a forked DataLoader worker (Linux's
+    default) waited forever for its first request to an s3:// store."""
+    import uuid
+
+    with make(tmp_path, 64, 4, 50):
+        pass
+    url = f"s3://replays/{uuid.uuid4().hex[:12]}/b"
+    mr.push(str(tmp_path / "b"), url)
+    loader = DataLoader(StoreDataset(url), batch_size=16, num_workers=1, multiprocessing_context="fork", timeout=120)
+    with pytest.raises(mr.RemoteError, match="forked.*spawn"):
+        next(iter(loader))

@@ -9,9 +9,9 @@
   for a learner reading a store that is still being collected. Use it with
   ``DataLoader(..., batch_size=None)``.
 
-Both hold only the buffer's (absolute) path and the window they were made for: every process (each
-``DataLoader`` worker, with fork or spawn) opens its own read-only store on first use,
-mapping the files itself.
+Both hold only the buffer's (absolute) path, the ``storage_options`` of an ``s3://`` store
+opened with them, and the window they were made for: every process (each ``DataLoader``
+worker, with fork or spawn; spawn for ``s3://``) opens its own read-only store on first use.
 
 Example:
     >>> import mmreplay as mr, numpy as np, tempfile, torch
@@ -58,14 +58,14 @@ def _tensors(nest: Any) -> Any:
 class _Opened:
     """A read-only store opened lazily in the process that uses it (never pickled)."""
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, storage_options: dict[str, Any] | None = None):
+        self.path, self.storage_options = path, storage_options
         self.store: Store | None = None
         self.pid: int | None = None
 
     def get(self) -> Store:
         if self.store is None or self.pid != os.getpid():
-            self.store = open_store(self.path, "r")
+            self.store = open_store(self.path, "r", storage_options=self.storage_options)
             self.pid = os.getpid()
         return self.store
 
@@ -75,16 +75,18 @@ class _Opened:
         self.store = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path}
+        return {"path": self.path, "storage_options": self.storage_options}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+        self.__init__(state["path"], state["storage_options"])
 
 
-def _path_of(store: str | os.PathLike | Store) -> str:
-    """The buffer's path as every process finds it, whatever its working directory then."""
+def _opened(store: str | os.PathLike | Store) -> _Opened:
+    """The buffer's path as every process finds it, whatever its working directory then,
+    and the storage_options an ``s3://`` store was opened with."""
     path = store.path if isinstance(store, Store) else os.fspath(store)
-    return path if is_url(path) else os.path.abspath(path)
+    location = store.location if isinstance(store, Store) else None
+    return _Opened(path if is_url(path) else os.path.abspath(path), location and location.storage_options)
 
 
 class StoreDataset(Dataset):
@@ -109,7 +111,7 @@ class StoreDataset(Dataset):
         self, store: str | os.PathLike | Store, num_steps: int | None = None, within_episodes: bool = False
     ):
         self.num_steps = positive("num_steps", num_steps, allow_none=True)
-        self._opened = _Opened(_path_of(store))
+        self._opened = _opened(store)
         # The window as a reader sees it: a writer may count steps whose slots it has
         # already reserved for overwriting, which a reader must treat as gone.
         src = self._opened.get()
@@ -206,7 +208,7 @@ class SampleDataset(IterableDataset):
         self.request = SampleRequest.build(batch_size, num_steps, within_episodes=within_episodes)
         if num_batches is not None and (not isinstance(num_batches, int) or num_batches < 0):
             raise ValueError(f"num_batches must be a non-negative int or None, got {num_batches!r}")
-        self._opened = _Opened(_path_of(store))
+        self._opened = _opened(store)
         self.num_batches = num_batches
         self.seed = seed
         self.refresh = refresh

@@ -120,7 +120,13 @@ class _Loop:
     def running(cls) -> asyncio.AbstractEventLoop:
         with cls.guard:
             if not (cls.exiting and threading.current_thread().daemon):
-                if cls.loop is None or cls.pid != os.getpid():  # none yet, or lost in a fork
+                if cls.loop is not None and cls.pid != os.getpid():  # a fork of a process that made requests
+                    raise errors.RemoteError(
+                        f"process {os.getpid()} was forked from one that used object storage, whose client "
+                        "(obstore's runtime) does not survive a fork: its requests would wait forever; start "
+                        "such processes with spawn or forkserver (DataLoader(multiprocessing_context='spawn'))"
+                    )
+                if cls.loop is None:
                     cls.loop = _EventLoop()
                     cls.pid = os.getpid()
                     cls.inflight = set()
