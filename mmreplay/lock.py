@@ -36,15 +36,15 @@ class WriterLock:
         self.path = os.path.join(folder, LOCK_FILE)
         self.fd: int | None = None
 
-    def acquire(self) -> None:
+    def acquire(self, instead: str = "open it with mode='r' to read") -> None:
+        """Take the lock, or say what the caller can do ``instead`` of writing."""
         try:  # (never through a link: the file is truncated below)
             fd = open_inside(os.path.dirname(self.path), LOCK_FILE, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise
             raise ReadOnlyError(
-                f"{os.path.dirname(self.path)}: cannot open for writing ({exc.strerror}); "
-                "open it with mode='r' to read"
+                f"{os.path.dirname(self.path)}: cannot open for writing ({exc.strerror}); {instead}"
             ) from exc
         deadline, pause = time.monotonic() + LOCK_WAIT_S, 0.0005
         while True:
@@ -61,7 +61,7 @@ class WriterLock:
                 who = f"process {holder}" if holder else "another writer"
                 raise LockedError(
                     f"{os.path.dirname(self.path)}: buffer is open for writing by {who}; "
-                    "open it with mode='r' to read, or stop that writer first"
+                    f"{instead}, or stop that writer first"
                 ) from None
         with contextlib.suppress(OSError):  # the pid is for messages only: a full disk does not stop a writer
             os.ftruncate(fd, 0)

@@ -554,3 +554,11 @@ def test_the_installed_command_runs_a_full_session(tmp_path):
     assert stats["leaves"]["observation/pixels"]["max"] == 255
     sample = shell("sample", tmp_path / "copy", "-n", "1")
     assert sample.returncode == 0 and sample.stdout.startswith("row 0: step ")
+
+
+def test_recover_of_a_buffer_a_live_writer_holds_says_what_works_from_the_shell(tmp_path):
+    with mr.create(tmp_path / "b", {"x": mr.ArraySpec((), "int64")}, 10) as store:
+        store.add({"x": np.array([1])})
+        store.commit()
+        line = one_line_error(run_cli("recover", tmp_path / "b"), 5, f"by process {os.getpid()}", "verify checks it")
+    assert "mode=" not in line  # the API's advice means nothing on the command line

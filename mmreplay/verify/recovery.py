@@ -119,7 +119,7 @@ def recover(path: str | os.PathLike) -> Recovery:
         raise CorruptBufferError(f"{unsafe[0]}{more}; recover changes nothing in a folder holding such files")
     require_readable(folder)
     lock = WriterLock(folder)
-    lock.acquire()
+    lock.acquire(instead="verify checks it without writing")
     try:
         return _recover(folder)
     finally:
