@@ -144,6 +144,34 @@ def test_values_the_store_refuses_are_refused_by_the_recorder_not_cast(tmp_path)
     env.close()
 
 
+class _TupleEnv(gymnasium.Env):
+    """Tuple observations and actions; gymnasium's Tuple spaces take lists for them too."""
+
+    observation_space = spaces.Tuple((spaces.Discrete(5), spaces.Box(-1, 1, (2,), np.float32)))
+    action_space = spaces.Tuple((spaces.Discrete(3), spaces.Box(-1, 1, (2,), np.float32)))
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return [0, np.zeros(2, np.float32)], {}
+
+    def step(self, action):
+        assert self.action_space.contains(action)
+        self.t += 1
+        return [self.t, np.full(2, self.t / 10, np.float32)], 1.0, False, False, {}
+
+
+def test_lists_for_tuple_spaces_are_recorded_as_gymnasium_takes_them(tmp_path):
+    env = RecordTransitions(_TupleEnv(), tmp_path / "buf", capacity=8)
+    env.reset()
+    env.step([2, np.array([0.5, -0.5], np.float32)])
+    env.step((1, np.zeros(2, np.float32)))
+    got = env.store.get(slice(None))
+    assert got["action"][0].tolist() == [[2], [1]]
+    assert got["action"][1][:, 0].tolist() == [[0.5, -0.5], [0.0, 0.0]]
+    assert got["observation"][0].tolist() == [[0], [1]] and got["next_observation"][0].tolist() == [[1], [2]]
+    env.close()
+
+
 # --- a single env ---------------------------------------------------------------------
 
 

@@ -195,6 +195,16 @@ def test_reset_forgets_every_step_as_sb3_does(tmp_path):
 
 
 
+def test_a_closed_buffer_says_it_is_closed_when_read(tmp_path):
+    ours = ReplayBuffer(14, BOX, spaces.Discrete(3), "cpu", path=tmp_path / "buf")
+    _add_both(sb3_buffers.ReplayBuffer(14, BOX, spaces.Discrete(3), "cpu"), ours, 5, seed=1)
+    ours.close()
+    for read in (lambda: ours.sample(2), lambda: ours.observations, lambda: ours.dones, ours.size):
+        with pytest.raises(mr.ClosedError, match="buf: store is closed"):
+            read()
+    ours.close()  # a second close is still fine
+
+
 def test_pos_and_full_set_by_hand_as_sb3_code_does(tmp_path):
     theirs, ours = _pair(tmp_path, BOX, spaces.Discrete(3), 1, size=10)
     _add_both(theirs, ours, 4, seed=6)

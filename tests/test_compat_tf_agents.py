@@ -131,6 +131,16 @@ def test_numpy_storage_indexing_like_numpy(tmp_path):  # 3
             s.set(7, {"x": [1, 1]})
 
 
+def test_numpy_storage_says_why_an_index_is_refused(tmp_path):
+    with NumpyStorage({"x": ArraySpec((2,), np.int32)}, 5, path=tmp_path / "s") as s:
+        with pytest.raises(IndexError, match=r"index 7 of a NumpyStorage of capacity 5: .*out of bounds"):
+            s.get(7)
+        for idx in (1.0, "1", np.array([0.5])):  # no index at all: numpy's reason, not "out of range"
+            with pytest.raises(IndexError, match=r"capacity 5: (only integers|arrays used as indices)") as refused:
+                s.set(idx, {"x": [1, 1]})
+            assert "out of" not in str(refused.value)
+        assert s.store.total_steps == 0
+
 def test_numpy_storage_set_broadcasts_scalars_and_checks_structure(tmp_path):
     spec = {"a": ArraySpec((3,), np.uint8), "b": ArraySpec((), np.float32)}
     with NumpyStorage(spec, 4, path=tmp_path / "s") as s:

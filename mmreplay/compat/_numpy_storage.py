@@ -112,12 +112,10 @@ class NumpyStorage(StoreShell):
         scalar = isinstance(idx, (int, np.integer)) and not isinstance(idx, bool)
         try:
             if isinstance(idx, (bool, np.bool_)):  # numpy would read it as a new axis over every slot
-                raise IndexError
+                raise IndexError("a bool is not an index")
             slots = np.arange(self._capacity)[idx]
-        except IndexError as exc:
-            raise IndexError(
-                f"index {idx!r} is out of range for a NumpyStorage of capacity {self._capacity}"
-            ) from exc
+        except IndexError as exc:  # out of range, or no index at all (a float...): numpy's reason
+            raise IndexError(f"index {idx!r} of a NumpyStorage of capacity {self._capacity}: {exc}") from exc
         return np.asarray(slots, np.int64), scalar
 
     def get(self, idx: Any) -> Any:

@@ -216,12 +216,12 @@ class RecordTransitions(gymnasium.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         one = lambda x: np.asarray(x)[None]  # noqa: E731 - the env axis of one env
         transition = {
-            "observation": _map(one, self._obs),
-            "action": _map(one, action),
+            "observation": _map(one, _as_nest(self.observation_space, self._obs)),
+            "action": _map(one, _as_nest(self.action_space, action)),
             "reward": one(reward),
             "terminated": one(terminated),
             "truncated": one(truncated),
-            "next_observation": _map(one, obs),
+            "next_observation": _map(one, _as_nest(self.observation_space, obs)),
         }
         self._writer.push(self._writer.leaves(transition))
         self._obs, self._open[0] = obs, not (terminated or truncated)
@@ -343,6 +343,17 @@ def _with_final_obs(obs: Any, infos: dict, done: np.ndarray) -> Any:
         for leaf, value in zip(flatten(out), flatten(final[i])):
             leaf[i] = value
     return out
+
+
+def _as_nest(space: Any, value: Any) -> Any:
+    """``value`` with the lists that gymnasium's ``Tuple`` spaces accept (``contains``) as tuples."""
+    if isinstance(space, gymnasium.spaces.Tuple) and isinstance(value, list):
+        value = tuple(value)
+    if isinstance(space, gymnasium.spaces.Tuple) and isinstance(value, tuple):
+        return tuple(_as_nest(s, v) for s, v in zip(space.spaces, value))
+    if isinstance(space, gymnasium.spaces.Dict) and isinstance(value, Mapping):
+        return {k: _as_nest(space.spaces.get(k), v) for k, v in value.items()}
+    return value
 
 
 def _map(fn: Any, nest: Any) -> Any:

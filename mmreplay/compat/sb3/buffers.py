@@ -190,6 +190,7 @@ class ReplayBuffer(Manifested, StoreShell, sb3_buffers.ReplayBuffer):
     def _live(self) -> Store:
         if self.store is None:
             raise BadInputError("the store was closed: another replay buffer of this process took its folder")
+        self.store.check_open()  # a closed store's leaves are gone: say so, not IndexError
         return self.store
 
     # --- SB3's cursor, derived from the store ----------------------------------------
