@@ -144,6 +144,61 @@ def test_values_the_store_refuses_are_refused_by_the_recorder_not_cast(tmp_path)
     env.close()
 
 
+class CountEnv(gymnasium.Env):
+    """Observations [t, t], past the uint8 Box at the steps in ``bad`` (as a buggy env gives)."""
+
+    observation_space = spaces.Box(0, 255, (2,), np.uint8)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, bad=()):
+        self.t, self.bad = 0, bad
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.array([0, 0], np.uint8), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([300 if self.t in self.bad else self.t] * 2), 1.0, False, False, {}
+
+
+class CountEnvs(gymnasium.vector.VectorEnv):
+    """Two CountEnvs stepped together."""
+
+    metadata = {"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP}
+
+    def __init__(self, bad=()):
+        self.envs, self.num_envs = [CountEnv(bad), CountEnv(bad)], 2
+        self.single_observation_space, self.single_action_space = CountEnv.observation_space, CountEnv.action_space
+        self.observation_space = gymnasium.vector.utils.batch_space(self.single_observation_space, 2)
+        self.action_space = gymnasium.vector.utils.batch_space(self.single_action_space, 2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.stack([e.reset()[0] for e in self.envs]), {}
+
+    def step(self, actions):
+        obs = np.stack([e.step(a)[0] for e, a in zip(self.envs, actions)])
+        return obs, np.ones(2), np.zeros(2, bool), np.zeros(2, bool), {}
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_a_refused_step_ends_the_episode_and_the_recorder_follows_the_env(tmp_path, vector):
+    """A caller that catches the refusal and steps on records no transition joined across it."""
+    recorder, made = (RecordVectorTransitions, CountEnvs) if vector else (RecordTransitions, CountEnv)
+    env = recorder(made(bad=(3,)), tmp_path / "b", capacity=10)
+    env.reset()
+    action = [0, 0] if vector else 0
+    for t in range(1, 6):
+        try:
+            env.step(action)
+        except mr.BadInputError:
+            assert t in (3, 4)  # the step to [300, 300], then the one from it
+    got = rows(env.store)
+    assert got["observation"][:, 0].tolist() == [0, 1, 4] and got["next_observation"][:, 0].tolist() == [1, 2, 5]
+    assert got["truncated"].tolist() == [False, True, False]
+    env.close()
+
+
 class _TupleEnv(gymnasium.Env):
     """Tuple observations and actions; gymnasium's Tuple spaces take lists for them too."""
 

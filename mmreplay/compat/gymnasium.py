@@ -223,7 +223,14 @@ class RecordTransitions(gymnasium.Wrapper):
             "truncated": one(truncated),
             "next_observation": _map(one, _as_nest(self.observation_space, obs)),
         }
-        self._writer.push(self._writer.leaves(transition))
+        try:
+            self._writer.push(self._writer.leaves(transition))
+        except Exception:
+            # the env stepped all the same: follow it, ending the episode recorded so far,
+            # so that no transition joins across the one refused
+            self._writer.end_open_episodes([0], self._open)
+            self._obs, self._open[0] = obs, False
+            raise
         self._obs, self._open[0] = obs, not (terminated or truncated)
         return obs, reward, terminated, truncated, info
 
@@ -281,16 +288,23 @@ class RecordVectorTransitions(gymnasium.vector.VectorWrapper):
             "truncated": truncations,
             "next_observation": next_obs,
         }
-        leaves = self._writer.leaves(transition)
-        if self.autoreset_mode == "nextstep" and self._autoreset.any():
-            self._writer.push(leaves, np.flatnonzero(~self._autoreset))  # resetting envs made no transition
-        else:
-            self._writer.push(leaves)
+        refused = None
+        try:
+            leaves = self._writer.leaves(transition)
+            if self.autoreset_mode == "nextstep" and self._autoreset.any():
+                self._writer.push(leaves, np.flatnonzero(~self._autoreset))  # resetting envs made no transition
+            else:
+                self._writer.push(leaves)
+        except Exception as exc:  # the envs stepped all the same: as RecordTransitions.step
+            self._writer.end_open_episodes(range(self.num_envs), self._open)
+            refused = exc
         self._obs = _map(np.array, obs)
-        self._open = ~done
+        self._open = ~done if refused is None else np.zeros_like(done)
         if self.autoreset_mode == "nextstep":
             self._open &= ~self._autoreset
             self._autoreset = done
+        if refused is not None:
+            raise refused
         return obs, rewards, terminations, truncations, infos
 
     @property
