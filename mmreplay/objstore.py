@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptBufferError, RemoteError, TargetError
+from .errors import BadInputError, CorruptBufferError, RemoteError, TargetError
 from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import LeafInfo, Metadata, little_endian, read_metadata
 from .statefile import State
@@ -71,7 +71,7 @@ def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, 
     ``url``: a file to the URL's key, a folder's files below it. The result names the URL."""
     _, key = split_url(url)
     if not key:
-        raise ValueError(f"{url!r}: name the export's key below the bucket (s3://bucket/path)")
+        raise BadInputError(f"{url!r}: name the export's key below the bucket (s3://bucket/path)")
     name = key.rsplit("/", 1)[-1]
     with tempfile.TemporaryDirectory(prefix="mmreplay-export-") as tmp:
         local = os.path.join(tmp, name)

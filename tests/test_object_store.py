@@ -13,7 +13,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import S3_BUCKET
+from conftest import S3_BUCKET, one_line_error, run_cli
 
 import mmreplay as mr
 
@@ -263,6 +263,14 @@ def test_exports_target_object_storage(tmp_path, s3_server, url):
 
     group = zarr.open_group(store=zarr.storage.ObjectStore(Location(zarr_out.path).store, read_only=True), mode="r")
     assert group["obs"].shape == (20, NUM_ENVS, 3)
+
+
+def test_an_export_to_a_bare_bucket_is_one_line_naming_the_url(tmp_path, s3_server):
+    local = make(tmp_path / "buf", 5)
+    with mr.open(local) as s, pytest.raises(mr.BadInputError, match="s3://replays"):
+        mr.export(s, f"s3://{BUCKET}", format="npz")
+    out = run_cli("export", local, f"s3://{BUCKET}/", "-f", "npz", "-q")
+    one_line_error(out, 2, f"s3://{BUCKET}/", "below the bucket")
 
 
 def cli(*args: str) -> subprocess.Popen:
