@@ -324,6 +324,26 @@ def test_verify_finds_missing_and_damaged_objects(tmp_path, url):
     assert any("pixels" in p and "does not decode" in p for p in problems), problems
 
 
+def test_verify_finds_a_damaged_episode_index_and_group_metadata_that_readers_and_pull_use(tmp_path, url):
+    """A pushed episode index that lost its last records still parses: readers in place and
+    a pulled copy list fewer episodes, so verify compares it with the role leaves, as it
+    does locally; zarr readers need the group metadata."""
+    from mmreplay.io.remote import ObjectPrefix as Location
+    from mmreplay.objstore import verify_url
+
+    mr.push(make(tmp_path / "buf", 33), url)
+    location = Location(url)
+    index = location.get("episodes.idx")
+    location.put("episodes.idx", index[: len(index) - 32])
+    with mr.open(url) as s, mr.open(tmp_path / "buf") as local:
+        assert len(list(s.episodes())) < len(list(local.episodes()))
+    code, out = finished(cli("verify", url))
+    assert code == 1 and f"problem: episode index {url}/episodes.idx: its episode ends" in out, out
+    location.put("episodes.idx", index)
+    location.delete(["data.zarr/zarr.json"])
+    assert verify_url(url) == [f"{url}/data.zarr/zarr.json: zarr group metadata is missing or damaged"]
+
+
 def test_without_obstore_the_error_names_the_extra(tmp_path):
     code = "import sys; sys.modules['obstore'] = None\nimport mmreplay as mr\nmr.open('s3://bucket/x')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
