@@ -344,6 +344,27 @@ def test_verify_finds_a_damaged_episode_index_and_group_metadata_that_readers_an
     assert verify_url(url) == [f"{url}/data.zarr/zarr.json: zarr group metadata is missing or damaged"]
 
 
+def test_a_push_to_a_prefix_of_other_objects_is_refused_and_sends_nothing(tmp_path, url):
+    """An export there (or any other data): the store's objects would mix with them, and a
+    pull bring them all back into the store's folder. The objects a first push cut short
+    left are the store's own: the next push completes it."""
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    local = make(tmp_path / "buf", 12)
+    with mr.open(local) as s:
+        mr.export(s, url, format="parquet")
+    before = Location(url).list()
+    with pytest.raises(mr.TargetError, match="part-00000.parquet"):
+        mr.push(local, url)
+    out = run_cli("push", local, url)
+    one_line_error(out, 2, url, "no mmreplay store", "new prefix")
+    assert Location(url).list() == before
+    cut = url + "-cut"
+    mr.push(local, cut)
+    Location(cut).delete(["mmreplay.json", "mmreplay.state", "mmreplay.push.json"])
+    assert mr.push(local, cut).steps == 12
+
+
 def test_without_obstore_the_error_names_the_extra(tmp_path):
     code = "import sys; sys.modules['obstore'] = None\nimport mmreplay as mr\nmr.open('s3://bucket/x')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
