@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptBufferError, RemoteError, TargetError
+from .errors import BadInputError, CorruptBufferError, RemoteError, TargetError
 from .io.remote import HDF5_REFUSED, ObjectPrefix, gather_bounded, split_url
 from .metadata import LeafInfo, Metadata, little_endian, read_metadata
 from .statefile import State
@@ -71,7 +71,7 @@ def export_to_url(write: Any, url: str, force: bool, storage_options: dict[str, 
     ``url``: a file to the URL's key, a folder's files below it. The result names the URL."""
     _, key = split_url(url)
     if not key:
-        raise ValueError(f"{url!r}: name the export's key below the bucket (s3://bucket/path)")
+        raise BadInputError(f"{url!r}: name the export's key below the bucket (s3://bucket/path)")
     name = key.rsplit("/", 1)[-1]
     with tempfile.TemporaryDirectory(prefix="mmreplay-export-") as tmp:
         local = os.path.join(tmp, name)
@@ -122,6 +122,7 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
     the slots written so far."""
     from . import frames_layout as frames
     from .backends import zarr_v3
+    from .verify.checks import check_episode_index
 
     location = ObjectPrefix(url, storage_options)
     try:
@@ -130,7 +131,13 @@ def verify_url(url: str, deep: bool = True, storage_options: dict[str, Any] | No
         return [str(exc)]
     if meta.backend != "zarr":
         return [f"{location.url}: {HDF5_REFUSED}"]
-    problems = _verify_leaves(location, meta, deep)
+    problems = [
+        f"{location.where('/'.join(filter(None, (zarr_v3.DATA_DIR, group, 'zarr.json'))))}: "
+        "zarr group metadata is missing or damaged"
+        for group in zarr_v3.bad_groups(location, meta)
+    ]
+    problems.extend(_verify_leaves(location, meta, deep))
+    check_episode_index(location, meta, deep, problems)
     if meta.frames is not None and meta.frames.side:
         side_location = location.child(frames.SIDE_DIR)
         side = frames.side_metadata(meta)

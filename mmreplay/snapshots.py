@@ -222,7 +222,15 @@ def push(source: Any, url: str, storage_options: dict[str, Any] | None = None) -
     except FileNotFoundError:
         remote_meta_raw = None
     old_state: State | None = None
-    if remote_meta_raw is not None:
+    if remote_meta_raw is None:  # no store there yet, or a first push cut short: nothing else may be
+        ours = set(os.listdir(folder)) | {MANIFEST}
+        foreign = sorted(k for k in location.list() if k.split("/", 1)[0] not in ours)
+        if foreign:
+            raise TargetError(
+                f"{location.url}: holds objects of no mmreplay store ({location.where(foreign[0])}"
+                f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); push to a new prefix"
+            )
+    else:
         remote = parse_metadata(remote_meta_raw, location.where(METADATA_FILE))
         if _static(remote) != _static(meta):
             raise SpecMismatchError(

@@ -13,7 +13,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import S3_BUCKET
+from conftest import S3_BUCKET, one_line_error, run_cli
 
 import mmreplay as mr
 
@@ -265,6 +265,14 @@ def test_exports_target_object_storage(tmp_path, s3_server, url):
     assert group["obs"].shape == (20, NUM_ENVS, 3)
 
 
+def test_an_export_to_a_bare_bucket_is_one_line_naming_the_url(tmp_path, s3_server):
+    local = make(tmp_path / "buf", 5)
+    with mr.open(local) as s, pytest.raises(mr.BadInputError, match="s3://replays"):
+        mr.export(s, f"s3://{BUCKET}", format="npz")
+    out = run_cli("export", local, f"s3://{BUCKET}/", "-f", "npz", "-q")
+    one_line_error(out, 2, f"s3://{BUCKET}/", "below the bucket")
+
+
 def cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "mmreplay.cli", *args],
@@ -314,6 +322,47 @@ def test_verify_finds_missing_and_damaged_objects(tmp_path, url):
     assert len(problems) == 2, problems
     assert any("reward" in p and "missing" in p for p in problems), problems
     assert any("pixels" in p and "does not decode" in p for p in problems), problems
+
+
+def test_verify_finds_a_damaged_episode_index_and_group_metadata_that_readers_and_pull_use(tmp_path, url):
+    """A pushed episode index that lost its last records still parses: readers in place and
+    a pulled copy list fewer episodes, so verify compares it with the role leaves, as it
+    does locally; zarr readers need the group metadata."""
+    from mmreplay.io.remote import ObjectPrefix as Location
+    from mmreplay.objstore import verify_url
+
+    mr.push(make(tmp_path / "buf", 33), url)
+    location = Location(url)
+    index = location.get("episodes.idx")
+    location.put("episodes.idx", index[: len(index) - 32])
+    with mr.open(url) as s, mr.open(tmp_path / "buf") as local:
+        assert len(list(s.episodes())) < len(list(local.episodes()))
+    code, out = finished(cli("verify", url))
+    assert code == 1 and f"problem: episode index {url}/episodes.idx: its episode ends" in out, out
+    location.put("episodes.idx", index)
+    location.delete(["data.zarr/zarr.json"])
+    assert verify_url(url) == [f"{url}/data.zarr/zarr.json: zarr group metadata is missing or damaged"]
+
+
+def test_a_push_to_a_prefix_of_other_objects_is_refused_and_sends_nothing(tmp_path, url):
+    """An export there (or any other data): the store's objects would mix with them, and a
+    pull bring them all back into the store's folder. The objects a first push cut short
+    left are the store's own: the next push completes it."""
+    from mmreplay.io.remote import ObjectPrefix as Location
+
+    local = make(tmp_path / "buf", 12)
+    with mr.open(local) as s:
+        mr.export(s, url, format="parquet")
+    before = Location(url).list()
+    with pytest.raises(mr.TargetError, match="part-00000.parquet"):
+        mr.push(local, url)
+    out = run_cli("push", local, url)
+    one_line_error(out, 2, url, "no mmreplay store", "new prefix")
+    assert Location(url).list() == before
+    cut = url + "-cut"
+    mr.push(local, cut)
+    Location(cut).delete(["mmreplay.json", "mmreplay.state", "mmreplay.push.json"])
+    assert mr.push(local, cut).steps == 12
 
 
 def test_without_obstore_the_error_names_the_extra(tmp_path):

@@ -26,7 +26,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, BloscShuffle, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
-from ..errors import CorruptBufferError, SpecError
+from ..errors import CorruptBufferError, RemoteError, SpecError
 from ..files import interrupts_deferred
 from ..io import ByteSource, LocalFolder
 from ..io.local import read_inside
@@ -586,15 +586,19 @@ def _groups(meta: Metadata) -> list[str]:
     return sorted(groups, key=lambda g: (g.count("/"), g))
 
 
-def _bad_groups(folder: str, meta: Metadata) -> list[str]:
-    """Groups whose zarr.json is missing or not a zarr v3 group (zarr readers need them)."""
+def bad_groups(where: str | ByteSource, meta: Metadata) -> list[str]:
+    """Groups whose zarr.json is missing or not a zarr v3 group (zarr readers need them),
+    in a folder or an object-store prefix."""
+    source = where if isinstance(where, ByteSource) else LocalFolder(where)
     bad = []
     for group in _groups(meta):
-        path = os.path.join(folder, DATA_DIR, group, "zarr.json")
         try:
-            with open(path, "rb") as f:
-                doc = json.loads(f.read(1 << 20))
+            doc = json.loads(source.read("/".join(filter(None, (DATA_DIR, group, "zarr.json"))), 1 << 20))
             ok = isinstance(doc, dict) and doc.get("node_type") == "group" and doc.get("zarr_format") == 3
+        except FileNotFoundError:
+            ok = False
+        except RemoteError:
+            raise  # the object store failed, not the group
         except (OSError, ValueError, RecursionError):
             ok = False
         if not ok:
@@ -610,7 +614,7 @@ def verify_leaves(folder: str, meta: Metadata, deep: bool, problems: list[str]) 
     if not os.path.isdir(root):
         problems.append(f"{root}: the data folder is missing")
         return {leaf.path: _ZarrLeafState(unusable="data folder missing") for leaf in meta.leaves}
-    for group in _bad_groups(folder, meta):
+    for group in bad_groups(folder, meta):
         problems.append(
             f"{os.path.join(root, group, 'zarr.json')}: zarr group metadata is missing or damaged"
         )
@@ -629,10 +633,10 @@ def repair(folder: str, meta: Metadata, repairs: Repairs) -> tuple[Metadata, lis
             os.replace(os.path.join(fresh, DATA_DIR), os.path.join(folder, DATA_DIR))
             repairs.actions.append(f"recreated the missing {DATA_DIR} folder, empty")
             return meta, [(0, meta.capacity, f"{DATA_DIR} was missing")]
-        bad_groups = _bad_groups(folder, meta)
-        if bad_groups or any(s.meta_bad for s in found.values()):
+        missing_groups = bad_groups(folder, meta)
+        if missing_groups or any(s.meta_bad for s in found.values()):
             fresh, _ = repairs.fresh_layout(meta, create)
-        for group in bad_groups:  # the same layout makes the same group metadata
+        for group in missing_groups:  # the same layout makes the same group metadata
             target = os.path.join(folder, DATA_DIR, group, "zarr.json")
             repairs.move_aside(target)
             os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -22,7 +22,8 @@ from ..episodes.index_file import (
     same_records,
 )
 from ..errors import CorruptBufferError, Error
-from ..io.local import read_inside, require_readable, unsafe_entries
+from ..io import ByteSource, open_source
+from ..io.local import require_readable, unsafe_entries
 from ..lock import holder_pid
 from ..metadata import METADATA_FILE, STATE_FILE, Metadata, read_metadata
 from ..priorities import check_priority_file
@@ -144,17 +145,20 @@ def _check_opens(folder: str) -> list[str]:
     return []
 
 
-def check_episode_index(folder: str, meta: Metadata, deep: bool, problems: list[str]) -> None:
+def check_episode_index(folder: str | ByteSource, meta: Metadata, deep: bool, problems: list[str]) -> None:
     """The episode index file, where there is one, must be well formed and (``deep``)
     hold exactly the episode ends the role leaves give for the committed steps it covers.
+    ``folder`` may be an object-store prefix (a push sends the file, and readers and
+    pulls there use it).
 
     Records at or past the committed cursor are a killed writer's and are ignored (the
     next writer cuts them off); a damaged index is rebuilt from the role leaves once it
     is removed, which :func:`~mmreplay.verify.recover` does.
     """
-    path = os.path.join(folder, INDEX_FILE)
+    source = open_source(folder)
+    path = source.where(INDEX_FILE)
     try:
-        raw = read_inside(folder, INDEX_FILE, index_limit(meta.capacity, meta.num_envs), "an episode index")
+        raw = source.read(INDEX_FILE, index_limit(meta.capacity, meta.num_envs), "an episode index")
     except FileNotFoundError:
         return
     except CorruptBufferError as exc:
@@ -170,10 +174,10 @@ def check_episode_index(folder: str, meta: Metadata, deep: bool, problems: list[
     if bad:
         problems.append(f"{where}: " + "; ".join(bad))
         return
-    if not deep or problems or holder_pid(folder) not in (None, os.getpid()):
+    if not deep or problems or (source.local and holder_pid(folder) not in (None, os.getpid())):
         return  # (a live writer may overwrite the rows being compared)
     try:
-        store = open_store(folder, "r")
+        store = open_store(folder, "r") if source.local else open_store(source.url, "r", storage_options=source.storage_options)
     except Error:
         return  # the other checks say why
     try:
