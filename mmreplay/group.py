@@ -352,7 +352,13 @@ def by_shard(
     shard = np.asarray(shard)
     if shard.dtype.kind not in "iu" and shard.size:  # [] is float to numpy
         raise BadInputError(f"{where}: shard must be an integer array, got {shard.dtype}")
-    shard, step, env = np.broadcast_arrays(shard, np.asarray(step), np.asarray(env))
+    try:
+        shard, step, env = np.broadcast_arrays(shard, np.asarray(step), np.asarray(env))
+    except ValueError:
+        raise BadInputError(
+            f"{where}: shard, step and env must have one shape (one item each), got "
+            f"{np.shape(shard)}, {np.shape(step)} and {np.shape(env)}"
+        ) from None
     shard, step, env = shard.reshape(-1), step.reshape(-1), env.reshape(-1)
     p = np.asarray(priorities)
     if p.shape[:1] != shard.shape:
@@ -528,6 +534,8 @@ class Group(OverShards):
         applied (updates for steps a shard's ring has dropped since are skipped)."""
         self._check_open()
         parts = by_shard(self.path, self.num_shards, shard, step, env, priorities)
+        for index, part in parts:  # a part one shard refuses changes no other shard
+            self._shards[index].sampler.check_update(*part)
         return sum(self._shards[index].update_priorities(*part) for index, part in parts)
 
     # --- passes -----------------------------------------------------------------------

@@ -192,9 +192,24 @@ def test_bad_priority_updates_change_nothing(tmp_path):
             group.update_priorities([0, 1], [0, 0], [0, 0], [1.0])
         with pytest.raises(mr.BadInputError, match="shard must be an integer array"):
             group.update_priorities([0.5], [0], [0], [1.0])
+        with pytest.raises(mr.BadInputError, match=r"shard, step and env .* got \(2,\), \(3,\) and \(2,\)"):
+            group.update_priorities([0, 1], [0, 1, 2], [0, 0], [1.0, 1.0])
         assert group.update_priorities([], [], [], []) == 0  # no items (as a store takes them)
+        # shard 1 refuses its part (NaN, a step not committed, an env out of range):
+        # shard 0's sound part is not applied either
+        for step, env, p, refusal in (
+            ([0, 0], [0, 0], [5.0, np.nan], "shard-001: priorities must be finite"),
+            ([0, 9], [0, 0], [5.0, 1.0], "shard-001: step 9 is not committed yet"),
+            ([0, 0], [0, 3], [5.0, 1.0], "shard-001: env index out of range"),
+        ):
+            with pytest.raises(mr.BadInputError, match=refusal):
+                group.update_priorities([0, 1], step, env, p)
         for store in group.shards:
             np.testing.assert_allclose(store.sampler.priorities(np.arange(3), 0), 1.0)
+    with mr.open_group(path, "a") as group:  # the writers check the same way
+        with pytest.raises(mr.BadInputError, match="shard-001: step 3 is not committed yet"):
+            group.update_priorities([0, 1], [0, 3], [0, 0], [5.0, 1.0])
+        np.testing.assert_allclose(group.shards[0].sampler.priorities(np.arange(3), 0), 1.0)
 
 
 def test_passes_over_a_group(tmp_path):
