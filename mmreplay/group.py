@@ -196,7 +196,10 @@ def create_group(
         group = open_group(path)
         want, given, _ = requested(spec, capacity, num_envs, options)
         diffs = [] if group.num_shards == shards else [f"shards: existing {group.num_shards} vs new {shards}"]
-        diffs += differences(group._shards[0].metadata, want, given)
+        for store in group.shards:  # each shard as create(exist_ok=True) would check it
+            diffs += [f"{os.path.basename(store.path)} {d}" for d in differences(store.metadata, want, given)]
+            if diffs:
+                break
         if diffs:
             group.close()
             raise SpecMismatchError(f"{path}: a different group exists there ({'; '.join(diffs)})")

@@ -69,13 +69,18 @@ def test_create_and_open_refuse_what_is_not_a_group(tmp_path):
     before = folder_digest(path)
     for kwargs, match in [
         ({"shards": 3}, "shards: existing 2 vs new 3"),
-        ({"capacity": 11}, "capacity: existing 10 vs new 11"),
+        ({"capacity": 11}, "shard-000 capacity: existing 10 vs new 11"),
         ({"spec": {"other": mr.ArraySpec(())}}, "spec: existing"),
         ({"sampler": "prioritized"}, "sampler: existing {'name': 'uniform'} vs new {'name': 'prioritized'"),
     ]:
         with pytest.raises(mr.SpecMismatchError, match=match):
             mr.create_group(path, **{"spec": SPEC, "shards": 2, "capacity": 10, **kwargs}, exist_ok=True)
     assert folder_digest(path) == before
+    # a shard made apart with another capacity: the group asked for is not the one there
+    shutil.rmtree(path / "shard-001")
+    mr.create(path / "shard-001", SPEC, 50).close()
+    with pytest.raises(mr.SpecMismatchError, match="shard-001 capacity: existing 50 vs new 10"):
+        mr.create_group(path, SPEC, shards=2, capacity=10, exist_ok=True)
     with pytest.raises(IndexError, match=r"shard must be an int in \[0, 2\), got 2"):
         mr.open_shard(path, 2)
     with pytest.raises(mr.NotABufferError, match=GROUP_FILE):
