@@ -56,6 +56,7 @@ __all__ = [
     "GroupSampleInfo",
     "OverShards",
     "by_shard",
+    "check_count",
     "create_group",
     "is_group",
     "open_group",
@@ -137,7 +138,7 @@ def write_manifest(path: str | os.PathLike, shards: int, fsync: bool = False) ->
     a group (replacing its manifest atomically): for shards written apart, such as by
     actors on different nodes, then brought into one folder."""
     path = os.fspath(path)
-    names = [shard_name(i) for i in range(_check_count(shards))]
+    names = [shard_name(i) for i in range(check_count(shards))]
     missing = [name for name in names if not os.path.isdir(os.path.join(path, name))]
     if missing:
         raise NotABufferError(f"{path}: no shard folder {missing[0]} for a group of {shards} shards")
@@ -145,7 +146,7 @@ def write_manifest(path: str | os.PathLike, shards: int, fsync: bool = False) ->
     atomic_write(_manifest_path(path), body, fsync=fsync)
 
 
-def _check_count(shards: Any) -> int:
+def check_count(shards: Any) -> int:
     if not isinstance(shards, (int, np.integer)) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
         raise ValueError(f"shards must be an int in [1, {MAX_SHARDS}], got {shards!r}")
     return int(shards)
@@ -189,7 +190,7 @@ def create_group(
         2
     """
     path = os.fspath(path)
-    shards = _check_count(shards)
+    shards = check_count(shards)
     if os.path.exists(_manifest_path(path)):
         if not exist_ok:
             raise BufferExistsError(f"{path}: a group already exists there; pass exist_ok=True to open it")

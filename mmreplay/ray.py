@@ -41,6 +41,7 @@ from .errors import NotEnoughDataError
 from .group import (
     OverShards,
     by_shard,
+    check_count,
     draw_beta,
     is_group,
     join_parts,
@@ -51,6 +52,7 @@ from .group import (
 )
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
+from .read.request import positive
 from .roles import validate_roles
 from .samplers import Mass
 from .spec import flatten, unflatten
@@ -165,6 +167,7 @@ def start_writers(
             actor, which reopens its store).
         create_options: the other arguments of :func:`mmreplay.create`.
     """
+    shards = check_count(shards)
     per_actor = actor_options if isinstance(actor_options, Sequence) else [actor_options] * shards
     if len(per_actor) != shards:
         raise ValueError(f"actor_options: expected {shards} dicts (one per shard), got {len(per_actor)}")
@@ -308,7 +311,7 @@ class StoreDatasource(Datasource):
     def __init__(self, path: str | os.PathLike, steps_per_task: int | None = None):
         super().__init__()
         self.path = os.fspath(path)
-        self.steps_per_task = steps_per_task
+        self.steps_per_task = positive("steps_per_task", steps_per_task, allow_none=True)
         # (store path, shard index or None, first step, end step, num_envs, bytes per row)
         self.parts: list[tuple[str, int | None, int, int, int, int]] = []
         if is_group(self.path):

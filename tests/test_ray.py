@@ -209,6 +209,23 @@ def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster
     assert set(info.shard) == {0, 1}
 
 
+def test_bad_counts_are_refused_before_any_actor_starts_or_any_row_is_read(tmp_path):
+    """A count below one is refused by name: no dataset that silently holds no row, no
+    empty list of writers (no cluster needed: nothing is started)."""
+    mray = pytest.importorskip("mmreplay.ray")
+    with mr.create(tmp_path / "b", SPEC, capacity=8) as store:
+        store.extend(steps_of(0, 0, 5, 1))
+    for bad in (-1, 0, 2.5, True):
+        with pytest.raises(ValueError, match=f"steps_per_task must be a positive int or None, got {bad!r}"):
+            mray.StoreDatasource(tmp_path / "b", steps_per_task=bad)
+    tasks = mray.StoreDatasource(tmp_path / "b", steps_per_task=2).get_read_tasks(1)
+    assert sum(task.metadata.num_rows for task in tasks) == 5
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match=f"shards must be an int in \\[1, 4096\\], got {bad}"):
+            mray.start_writers(str(tmp_path / "w"), SPEC, shards=bad, capacity=10)
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.long
 def test_read_store_gives_a_dataset_of_rows(cluster, tmp_path):
     ray, mray = cluster
