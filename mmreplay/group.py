@@ -373,6 +373,12 @@ def by_shard(
         raise BadInputError(
             f"{where}: shard index out of range for {num_shards} shards (got {shard.min()}..{shard.max()})"
         )
+    bad = ~(p >= 0) | ~np.isfinite(p) if p.dtype.kind in "iuf" else np.zeros(p.shape, bool)
+    if bad.any():  # NaN TD errors: refused here, or shard actors would apply their sound parts
+        raise BadInputError(
+            f"{where}: priorities must be finite and >= 0; {int(bad.sum())} are not "
+            f"(the first is {float(p[bad][0])!r} at position {np.argwhere(bad)[0].tolist()})"
+        )
     return [(int(i), (step[shard == i], env[shard == i], p[shard == i])) for i in np.unique(shard)]
 
 

@@ -181,6 +181,25 @@ def test_priorities_go_back_to_the_actor_of_each_item(cluster, tmp_path):
 
 
 @pytest.mark.long
+def test_nan_priorities_reach_no_actor(cluster, tmp_path):
+    """A learner's NaN TD errors for a few items: the update is refused before it is sent,
+    so no actor applies its sound part while another refuses its own."""
+    ray, mray = cluster
+    writers = mray.start_writers(str(tmp_path), SPEC, shards=2, capacity=20, sampler="prioritized")
+    for shard, writer in enumerate(writers):
+        ray.get(writer.extend.remote(steps_of(shard, 0, 5, 1)))
+        ray.get(writer.commit.remote())
+    sampler = mray.RaySampler(writers, SPEC)
+    with pytest.raises(mr.BadInputError, match=r"priorities must be finite .* nan at position \[1\]"):
+        sampler.update_priorities([0, 1], [0, 0], [0, 0], [5.0, np.nan])
+    for writer in writers:
+        ray.get(writer.close.remote())
+    for shard in range(2):
+        with mr.open(tmp_path / f"shard-00{shard}") as store:
+            np.testing.assert_allclose(store.sampler.priorities(np.arange(5), 0), 1.0)
+
+
+@pytest.mark.long
 def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster, tmp_path):
     ray, mray = cluster
     writers = mray.start_writers(str(tmp_path), SPEC, shards=2, capacity=100, num_envs=2, commit_every=1000)
