@@ -304,7 +304,8 @@ class RaySampler(OverShards):
 class StoreDatasource(Datasource):
     """A store's (or a group's) committed rows for ``ray.data``: one row per (step,
     env) with columns ``global_step``, ``env`` (and ``shard`` for a group), then every
-    leaf by its path with ``.`` for ``/``. The committed window is taken when the
+    leaf by its path with ``.`` for ``/`` (``leaf.env`` for a leaf named as one of those
+    three, as the parquet export names it). The committed window is taken when the
     datasource is made; each read task opens the store itself and reads a range of
     steps (a task fails if the writer overwrote its rows meanwhile)."""
 
@@ -353,6 +354,9 @@ class StoreDatasource(Datasource):
         return tasks
 
 
+INDEX_COLUMNS = ("global_step", "env", "shard")
+
+
 def _read_block(path: str, shard: int | None, first: int, end: int) -> Any:
     with open_store(path) as store:
         steps = np.arange(first, end)
@@ -365,7 +369,9 @@ def _read_block(path: str, shard: int | None, first: int, end: int) -> Any:
         if shard is not None:
             batch["shard"] = np.full(len(steps) * envs, shard, np.int64)
         for name, leaf in zip(store.leaf_paths, leaves):
-            batch[name.replace("/", ".")] = leaf.reshape(len(steps) * envs, *leaf.shape[2:])
+            name = name.replace("/", ".")
+            name = f"leaf.{name}" if name in INDEX_COLUMNS else name  # the row's place stays
+            batch[name] = leaf.reshape(len(steps) * envs, *leaf.shape[2:])
     return BlockAccessor.batch_to_block(batch)
 
 

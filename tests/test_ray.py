@@ -245,6 +245,21 @@ def test_bad_counts_are_refused_before_any_actor_starts_or_any_row_is_read(tmp_p
     assert not (tmp_path / "w").exists()
 
 
+def test_a_leaf_named_as_a_row_index_column_does_not_replace_it(tmp_path):
+    """Leaves named ``env`` or ``shard`` are read as ``leaf.env``, ``leaf.shard``: each row
+    still says which env (and shard) it is (read tasks run here, without a cluster)."""
+    mray = pytest.importorskip("mmreplay.ray")
+    spec = {"env": mr.ArraySpec((), "int64"), "obs": {"shard": mr.ArraySpec((), "int64")}}
+    path = tmp_path / "g"
+    mr.create_group(path, spec, shards=2, capacity=10, num_envs=2).close()
+    with mr.open_shard(path, 1) as store:
+        store.extend({"env": np.full((3, 2), 7), "obs": {"shard": np.full((3, 2), 9)}})
+    (task,) = mray.StoreDatasource(path).get_read_tasks(1)
+    rows = next(iter(task())).to_pydict()
+    assert rows["env"] == [0, 1] * 3 and rows["shard"] == [1] * 6 and rows["global_step"] == [0, 0, 1, 1, 2, 2]
+    assert rows["leaf.env"] == [7] * 6 and rows["obs.shard"] == [9] * 6
+
+
 @pytest.mark.long
 def test_read_store_gives_a_dataset_of_rows(cluster, tmp_path):
     ray, mray = cluster
