@@ -254,7 +254,8 @@ def open_shard(path: str | os.PathLike, shard: int, mode: str = "a") -> Store:
 
 
 def _check_alike(path: str, stores: list[Store]) -> None:
-    """Every shard has the first one's spec, env count and sampler."""
+    """Every shard has the first one's spec, env count, roles and sampler (a shard with
+    other roles would be read, sampled and exported by the first one's)."""
     first = stores[0]
     for store in stores[1:]:
         diffs = [
@@ -262,6 +263,7 @@ def _check_alike(path: str, stores: list[Store]) -> None:
             for name, a, b in (
                 ("spec", spec_to_json(first.spec), spec_to_json(store.spec)),
                 ("num_envs", first.num_envs, store.num_envs),
+                ("roles", first.roles, store.roles),
                 ("sampler", first.sampler.state_json(), store.sampler.state_json()),
             )
             if a != b

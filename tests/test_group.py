@@ -104,6 +104,15 @@ def test_shards_that_differ_are_refused(tmp_path):
     mr.create(path / "shard-001", {"obs": mr.ArraySpec((4,), "int64")}, 10).close()
     with pytest.raises(mr.SpecMismatchError, match="shard-001 differs from shard-000"):
         mr.open_group(path)
+    # the same spec, but another leaf is its reward: exports would take shard 0's leaf
+    spec = {**SPEC, "r1": mr.ArraySpec(()), "r2": mr.ArraySpec(())}
+    for index, reward in enumerate(("r1", "r2")):
+        shutil.rmtree(path / f"shard-00{index}")
+        mr.create(path / f"shard-00{index}", spec, 10, roles={"reward": reward}).close()
+    with pytest.raises(mr.SpecMismatchError, match=r"shard-001 differs .*roles: .*'reward': 'r1'.* vs .*'reward': 'r2'"):
+        mr.open_group(path)
+    out = run_cli("verify", str(path))
+    assert out.returncode == 1 and "its shards are not alike" in out.stdout, out.stdout + out.stderr
 
 
 def test_batches_are_split_in_proportion_to_retained_rows(tmp_path):
