@@ -21,6 +21,7 @@ uncommitted tail.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends.base import fsync_path
 from .creation import create as create_store
 from .creation import differences, requested
 from .errors import (
@@ -41,7 +43,7 @@ from .errors import (
     NotEnoughDataError,
     SpecMismatchError,
 )
-from .files import atomic_write
+from .files import atomic_write, make_folders, raise_named, remove_dead_scratch, remove_folders, scratch_path
 from .io.local import GROUP_FILE, folder_inside, read_inside
 from .opening import MODES
 from .read import SampleInfo, SampleRequest
@@ -194,33 +196,54 @@ def create_group(
     if os.path.exists(_manifest_path(path)):
         if not exist_ok:
             raise BufferExistsError(f"{path}: a group already exists there; pass exist_ok=True to open it")
-        group = open_group(path)
-        want, given, _ = requested(spec, capacity, num_envs, options)
-        diffs = [] if group.num_shards == shards else [f"shards: existing {group.num_shards} vs new {shards}"]
-        for store in group.shards:  # each shard as create(exist_ok=True) would check it
-            diffs += [f"{os.path.basename(store.path)} {d}" for d in differences(store.metadata, want, given)]
-            if diffs:
-                break
-        if diffs:
-            group.close()
-            raise SpecMismatchError(f"{path}: a different group exists there ({'; '.join(diffs)})")
-        return group
+        return _reopen(path, spec, shards, capacity, num_envs, options)
     if os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path)):
         raise BufferExistsError(f"{path}: already exists and is not an empty folder")
-    made = not os.path.lexists(path)
-    os.makedirs(path, exist_ok=True)
-    names = [shard_name(i) for i in range(shards)]
+    requested(spec, capacity, num_envs, options)  # a bad argument: refused before anything is made
+    # made whole beside ``path``, then renamed into place: of processes creating the same
+    # group at once, one wins and the others remove only their own scratch folder
+    made = make_folders(os.path.dirname(os.path.abspath(path)))
+    remove_dead_scratch(path)
+    tmp = scratch_path(path, "creating")
     try:
-        for name in names:
-            create_store(os.path.join(path, name), spec, capacity, num_envs, **options).close()
-        write_manifest(path, shards, fsync=options.get("durability") == "power")
-    except BaseException:
-        for name in names:  # a failed create leaves no shard behind
-            shutil.rmtree(os.path.join(path, name), ignore_errors=True)
-        if made:
-            shutil.rmtree(path, ignore_errors=True)
-        raise
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp)
+        os.mkdir(tmp)
+        for index in range(shards):
+            create_store(os.path.join(tmp, shard_name(index)), spec, capacity, num_envs, **options).close()
+        write_manifest(tmp, shards, fsync=options.get("durability") == "power")
+        try:
+            os.rename(tmp, path)  # onto an empty folder too
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise BufferExistsError(
+                f"{path}: another process created a group there meanwhile; pass exist_ok=True to open it"
+            ) from None
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        remove_folders(made)
+        if exist_ok and isinstance(exc, BufferExistsError) and os.path.exists(_manifest_path(path)):
+            return _reopen(path, spec, shards, capacity, num_envs, options)
+        raise_named(exc, path, "group", tmp)
+    if options.get("durability") == "power":
+        fsync_path(os.path.dirname(os.path.abspath(path)))
     return open_group(path)
+
+
+def _reopen(path: str, spec: Any, shards: int, capacity: int, num_envs: int, options: dict) -> Group:
+    """The group at ``path`` opened, if it is the one ``create_group`` was asked for."""
+    group = open_group(path)
+    want, given, _ = requested(spec, capacity, num_envs, options)
+    diffs = [] if group.num_shards == shards else [f"shards: existing {group.num_shards} vs new {shards}"]
+    for store in group.shards:  # each shard as create(exist_ok=True) would check it
+        diffs += [f"{os.path.basename(store.path)} {d}" for d in differences(store.metadata, want, given)]
+        if diffs:
+            break
+    if diffs:
+        group.close()
+        raise SpecMismatchError(f"{path}: a different group exists there ({'; '.join(diffs)})")
+    return group
 
 
 def open_group(path: str | os.PathLike, mode: str = "r") -> Group:

@@ -109,10 +109,46 @@ def test_shards_that_differ_are_refused(tmp_path):
     for index, reward in enumerate(("r1", "r2")):
         shutil.rmtree(path / f"shard-00{index}")
         mr.create(path / f"shard-00{index}", spec, 10, roles={"reward": reward}).close()
-    with pytest.raises(mr.SpecMismatchError, match=r"shard-001 differs .*roles: .*'reward': 'r1'.* vs .*'reward': 'r2'"):
+    with pytest.raises(mr.SpecMismatchError, match=r"shard-001 differs .*roles: .*'r1'.* vs .*: 'r2'"):
         mr.open_group(path)
     out = run_cli("verify", str(path))
     assert out.returncode == 1 and "its shards are not alike" in out.stdout, out.stdout + out.stderr
+
+
+CREATOR = textwrap.dedent(
+    """
+    import os, sys, time
+    import mmreplay as mr
+    sys.path.insert(0, {tests!r})
+    from test_group import SPEC
+    while not os.path.exists(sys.argv[2]):  # the start line: every process is ready to create
+        time.sleep(0.001)
+    with mr.create_group(sys.argv[1], SPEC, shards=4, capacity=50, num_envs=2, exist_ok=True) as group:
+        print(len(group.shards))
+    """
+).format(tests=os.path.dirname(__file__))
+
+
+def test_processes_creating_the_same_group_at_once_all_open_it(tmp_path):
+    """Every actor and the learner may call create_group(exist_ok=True) as they start: one
+    makes the group, the others open it; none removes what another made."""
+    for attempt in range(2):
+        path, go = tmp_path / f"g{attempt}", tmp_path / f"go{attempt}"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CREATOR, str(path), str(go)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        go.touch()
+        outs = [proc.communicate(timeout=300) for proc in procs]
+        assert [(proc.returncode, out) for proc, (out, _) in zip(procs, outs)] == [(0, "4\n")] * 4, outs
+        assert run_cli("verify", str(path)).returncode == 0
+        made = sorted(f"{kind}{i}" for i in range(attempt + 1) for kind in ("g", "go"))
+        assert sorted(os.listdir(tmp_path)) == made  # no scratch folder left behind
 
 
 def test_batches_are_split_in_proportion_to_retained_rows(tmp_path):
@@ -206,7 +242,7 @@ def test_bad_priority_updates_change_nothing(tmp_path):
             group.update_priorities([0, 1], [0, 0], [0, 0], [1.0])
         with pytest.raises(mr.BadInputError, match="shard must be an integer array"):
             group.update_priorities([0.5], [0], [0], [1.0])
-        with pytest.raises(mr.BadInputError, match=r"shard, step and env .* got \(2,\), \(3,\) and \(2,\)"):
+        with pytest.raises(mr.BadInputError, match=r"shard, step and env .* \(2,\), \(3,\) and \(2,\)"):
             group.update_priorities([0, 1], [0, 1, 2], [0, 0], [1.0, 1.0])
         assert group.update_priorities([], [], [], []) == 0  # no items (as a store takes them)
         # shard 1 refuses its part (NaN, a step not committed, an env out of range):
