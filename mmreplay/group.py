@@ -138,12 +138,21 @@ def _shard_folder(path: str, name: str) -> str:
 def write_manifest(path: str | os.PathLike, shards: int, fsync: bool = False) -> None:
     """Make the folder ``path``, which holds the stores ``shard-000`` ... ``shard-<N-1>``,
     a group (replacing its manifest atomically): for shards written apart, such as by
-    actors on different nodes, then brought into one folder."""
+    actors on different nodes, then brought into one folder. Shards that are no stores,
+    or not alike (see :func:`open_group`), are refused and no manifest is written."""
     path = os.fspath(path)
     names = [shard_name(i) for i in range(check_count(shards))]
     missing = [name for name in names if not os.path.isdir(os.path.join(path, name))]
     if missing:
         raise NotABufferError(f"{path}: no shard folder {missing[0]} for a group of {shards} shards")
+    stores: list[Store] = []
+    try:  # a manifest never makes a group that open_group refuses
+        for name in names:
+            stores.append(open_store(_shard_folder(path, name), "r"))
+        _check_alike(path, stores)
+    finally:
+        for store in stores:
+            store.close()
     body = json.dumps({"format": GROUP_FORMAT, "shards": names}, indent=1).encode() + b"\n"
     atomic_write(_manifest_path(path), body, fsync=fsync)
 

@@ -378,6 +378,16 @@ def test_shards_written_apart_become_a_group(tmp_path):
             store.extend(steps_of(shard, 0, 3 + shard, 1))
     with pytest.raises(mr.NotABufferError, match="no shard folder shard-002"):
         write_manifest(tmp_path / "g", 3)
+    # a shard copied in half (no metadata yet), or of another spec: no manifest is written
+    (tmp_path / "g" / "shard-002").mkdir()
+    with pytest.raises(mr.NotABufferError, match="shard-002"):
+        write_manifest(tmp_path / "g", 3)
+    mr.create(tmp_path / "g" / "shard-003", {"obs": mr.ArraySpec((4,), "int64")}, capacity=10).close()
+    shutil.rmtree(tmp_path / "g" / "shard-002")
+    os.rename(tmp_path / "g" / "shard-003", tmp_path / "g" / "shard-002")
+    with pytest.raises(mr.SpecMismatchError, match="shard shard-002 differs from shard-000"):
+        write_manifest(tmp_path / "g", 3)
+    assert not (tmp_path / "g" / GROUP_FILE).exists()
     write_manifest(tmp_path / "g", 2)
     with mr.open_group(tmp_path / "g") as group:
         assert [len(s) for s in group.shards] == [3, 4]
