@@ -21,6 +21,7 @@ uncommitted tail.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends.base import fsync_path
 from .creation import create as create_store
 from .creation import differences, requested
 from .errors import (
@@ -41,7 +43,7 @@ from .errors import (
     NotEnoughDataError,
     SpecMismatchError,
 )
-from .files import atomic_write
+from .files import atomic_write, make_folders, raise_named, remove_dead_scratch, remove_folders, scratch_path
 from .io.local import GROUP_FILE, folder_inside, read_inside
 from .opening import MODES
 from .read import SampleInfo, SampleRequest
@@ -56,6 +58,7 @@ __all__ = [
     "GroupSampleInfo",
     "OverShards",
     "by_shard",
+    "check_count",
     "create_group",
     "is_group",
     "open_group",
@@ -135,17 +138,26 @@ def _shard_folder(path: str, name: str) -> str:
 def write_manifest(path: str | os.PathLike, shards: int, fsync: bool = False) -> None:
     """Make the folder ``path``, which holds the stores ``shard-000`` ... ``shard-<N-1>``,
     a group (replacing its manifest atomically): for shards written apart, such as by
-    actors on different nodes, then brought into one folder."""
+    actors on different nodes, then brought into one folder. Shards that are no stores,
+    or not alike (see :func:`open_group`), are refused and no manifest is written."""
     path = os.fspath(path)
-    names = [shard_name(i) for i in range(_check_count(shards))]
+    names = [shard_name(i) for i in range(check_count(shards))]
     missing = [name for name in names if not os.path.isdir(os.path.join(path, name))]
     if missing:
         raise NotABufferError(f"{path}: no shard folder {missing[0]} for a group of {shards} shards")
+    stores: list[Store] = []
+    try:  # a manifest never makes a group that open_group refuses
+        for name in names:
+            stores.append(open_store(_shard_folder(path, name), "r"))
+        _check_alike(path, stores)
+    finally:
+        for store in stores:
+            store.close()
     body = json.dumps({"format": GROUP_FORMAT, "shards": names}, indent=1).encode() + b"\n"
     atomic_write(_manifest_path(path), body, fsync=fsync)
 
 
-def _check_count(shards: Any) -> int:
+def check_count(shards: Any) -> int:
     if not isinstance(shards, (int, np.integer)) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
         raise ValueError(f"shards must be an int in [1, {MAX_SHARDS}], got {shards!r}")
     return int(shards)
@@ -189,34 +201,58 @@ def create_group(
         2
     """
     path = os.fspath(path)
-    shards = _check_count(shards)
+    shards = check_count(shards)
     if os.path.exists(_manifest_path(path)):
         if not exist_ok:
             raise BufferExistsError(f"{path}: a group already exists there; pass exist_ok=True to open it")
-        group = open_group(path)
-        want, given, _ = requested(spec, capacity, num_envs, options)
-        diffs = [] if group.num_shards == shards else [f"shards: existing {group.num_shards} vs new {shards}"]
-        diffs += differences(group._shards[0].metadata, want, given)
-        if diffs:
-            group.close()
-            raise SpecMismatchError(f"{path}: a different group exists there ({'; '.join(diffs)})")
-        return group
+        return _reopen(path, spec, shards, capacity, num_envs, options)
     if os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path)):
         raise BufferExistsError(f"{path}: already exists and is not an empty folder")
-    made = not os.path.lexists(path)
-    os.makedirs(path, exist_ok=True)
-    names = [shard_name(i) for i in range(shards)]
+    requested(spec, capacity, num_envs, options)  # a bad argument: refused before anything is made
+    # made whole beside ``path``, then renamed into place: of processes creating the same
+    # group at once, one wins and the others remove only their own scratch folder
+    made = make_folders(os.path.dirname(os.path.abspath(path)))
+    remove_dead_scratch(path)
+    tmp = scratch_path(path, "creating")
     try:
-        for name in names:
-            create_store(os.path.join(path, name), spec, capacity, num_envs, **options).close()
-        write_manifest(path, shards, fsync=options.get("durability") == "power")
-    except BaseException:
-        for name in names:  # a failed create leaves no shard behind
-            shutil.rmtree(os.path.join(path, name), ignore_errors=True)
-        if made:
-            shutil.rmtree(path, ignore_errors=True)
-        raise
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp)
+        os.mkdir(tmp)
+        for index in range(shards):
+            create_store(os.path.join(tmp, shard_name(index)), spec, capacity, num_envs, **options).close()
+        write_manifest(tmp, shards, fsync=options.get("durability") == "power")
+        try:
+            os.rename(tmp, path)  # onto an empty folder too
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise BufferExistsError(
+                f"{path}: another process created a group there meanwhile; pass exist_ok=True to open it"
+            ) from None
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        remove_folders(made)
+        if exist_ok and isinstance(exc, BufferExistsError) and os.path.exists(_manifest_path(path)):
+            return _reopen(path, spec, shards, capacity, num_envs, options)
+        raise_named(exc, path, "group", tmp)
+    if options.get("durability") == "power":
+        fsync_path(os.path.dirname(os.path.abspath(path)))
     return open_group(path)
+
+
+def _reopen(path: str, spec: Any, shards: int, capacity: int, num_envs: int, options: dict) -> Group:
+    """The group at ``path`` opened, if it is the one ``create_group`` was asked for."""
+    group = open_group(path)
+    want, given, _ = requested(spec, capacity, num_envs, options)
+    diffs = [] if group.num_shards == shards else [f"shards: existing {group.num_shards} vs new {shards}"]
+    for store in group.shards:  # each shard as create(exist_ok=True) would check it
+        diffs += [f"{os.path.basename(store.path)} {d}" for d in differences(store.metadata, want, given)]
+        if diffs:
+            break
+    if diffs:
+        group.close()
+        raise SpecMismatchError(f"{path}: a different group exists there ({'; '.join(diffs)})")
+    return group
 
 
 def open_group(path: str | os.PathLike, mode: str = "r") -> Group:
@@ -250,7 +286,8 @@ def open_shard(path: str | os.PathLike, shard: int, mode: str = "a") -> Store:
 
 
 def _check_alike(path: str, stores: list[Store]) -> None:
-    """Every shard has the first one's spec, env count and sampler."""
+    """Every shard has the first one's spec, env count, roles and sampler (a shard with
+    other roles would be read, sampled and exported by the first one's)."""
     first = stores[0]
     for store in stores[1:]:
         diffs = [
@@ -258,6 +295,7 @@ def _check_alike(path: str, stores: list[Store]) -> None:
             for name, a, b in (
                 ("spec", spec_to_json(first.spec), spec_to_json(store.spec)),
                 ("num_envs", first.num_envs, store.num_envs),
+                ("roles", first.roles, store.roles),
                 ("sampler", first.sampler.state_json(), store.sampler.state_json()),
             )
             if a != b
@@ -352,7 +390,13 @@ def by_shard(
     shard = np.asarray(shard)
     if shard.dtype.kind not in "iu" and shard.size:  # [] is float to numpy
         raise BadInputError(f"{where}: shard must be an integer array, got {shard.dtype}")
-    shard, step, env = np.broadcast_arrays(shard, np.asarray(step), np.asarray(env))
+    try:
+        shard, step, env = np.broadcast_arrays(shard, np.asarray(step), np.asarray(env))
+    except ValueError:
+        raise BadInputError(
+            f"{where}: shard, step and env must have one shape (one item each), got "
+            f"{np.shape(shard)}, {np.shape(step)} and {np.shape(env)}"
+        ) from None
     shard, step, env = shard.reshape(-1), step.reshape(-1), env.reshape(-1)
     p = np.asarray(priorities)
     if p.shape[:1] != shard.shape:
@@ -362,6 +406,12 @@ def by_shard(
     if shard.size and (shard.min() < 0 or shard.max() >= num_shards):
         raise BadInputError(
             f"{where}: shard index out of range for {num_shards} shards (got {shard.min()}..{shard.max()})"
+        )
+    bad = ~(p >= 0) | ~np.isfinite(p) if p.dtype.kind in "iuf" else np.zeros(p.shape, bool)
+    if bad.any():  # NaN TD errors: refused here, or shard actors would apply their sound parts
+        raise BadInputError(
+            f"{where}: priorities must be finite and >= 0; {int(bad.sum())} are not "
+            f"(the first is {float(p[bad][0])!r} at position {np.argwhere(bad)[0].tolist()})"
         )
     return [(int(i), (step[shard == i], env[shard == i], p[shard == i])) for i in np.unique(shard)]
 
@@ -528,6 +578,8 @@ class Group(OverShards):
         applied (updates for steps a shard's ring has dropped since are skipped)."""
         self._check_open()
         parts = by_shard(self.path, self.num_shards, shard, step, env, priorities)
+        for index, part in parts:  # a part one shard refuses changes no other shard
+            self._shards[index].sampler.check_update(*part)
         return sum(self._shards[index].update_priorities(*part) for index, part in parts)
 
     # --- passes -----------------------------------------------------------------------

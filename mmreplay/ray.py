@@ -41,6 +41,7 @@ from .errors import NotEnoughDataError
 from .group import (
     OverShards,
     by_shard,
+    check_count,
     draw_beta,
     is_group,
     join_parts,
@@ -51,6 +52,7 @@ from .group import (
 )
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
+from .read.request import positive
 from .roles import validate_roles
 from .samplers import Mass
 from .spec import flatten, unflatten
@@ -165,6 +167,7 @@ def start_writers(
             actor, which reopens its store).
         create_options: the other arguments of :func:`mmreplay.create`.
     """
+    shards = check_count(shards)
     per_actor = actor_options if isinstance(actor_options, Sequence) else [actor_options] * shards
     if len(per_actor) != shards:
         raise ValueError(f"actor_options: expected {shards} dicts (one per shard), got {len(per_actor)}")
@@ -301,14 +304,15 @@ class RaySampler(OverShards):
 class StoreDatasource(Datasource):
     """A store's (or a group's) committed rows for ``ray.data``: one row per (step,
     env) with columns ``global_step``, ``env`` (and ``shard`` for a group), then every
-    leaf by its path with ``.`` for ``/``. The committed window is taken when the
+    leaf by its path with ``.`` for ``/`` (``leaf.env`` for a leaf named as one of those
+    three, as the parquet export names it). The committed window is taken when the
     datasource is made; each read task opens the store itself and reads a range of
     steps (a task fails if the writer overwrote its rows meanwhile)."""
 
     def __init__(self, path: str | os.PathLike, steps_per_task: int | None = None):
         super().__init__()
         self.path = os.fspath(path)
-        self.steps_per_task = steps_per_task
+        self.steps_per_task = positive("steps_per_task", steps_per_task, allow_none=True)
         # (store path, shard index or None, first step, end step, num_envs, bytes per row)
         self.parts: list[tuple[str, int | None, int, int, int, int]] = []
         if is_group(self.path):
@@ -350,6 +354,9 @@ class StoreDatasource(Datasource):
         return tasks
 
 
+INDEX_COLUMNS = ("global_step", "env", "shard")
+
+
 def _read_block(path: str, shard: int | None, first: int, end: int) -> Any:
     with open_store(path) as store:
         steps = np.arange(first, end)
@@ -362,7 +369,9 @@ def _read_block(path: str, shard: int | None, first: int, end: int) -> Any:
         if shard is not None:
             batch["shard"] = np.full(len(steps) * envs, shard, np.int64)
         for name, leaf in zip(store.leaf_paths, leaves):
-            batch[name.replace("/", ".")] = leaf.reshape(len(steps) * envs, *leaf.shape[2:])
+            name = name.replace("/", ".")
+            name = f"leaf.{name}" if name in INDEX_COLUMNS else name  # the row's place stays
+            batch[name] = leaf.reshape(len(steps) * envs, *leaf.shape[2:])
     return BlockAccessor.batch_to_block(batch)
 
 

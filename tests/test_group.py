@@ -69,13 +69,18 @@ def test_create_and_open_refuse_what_is_not_a_group(tmp_path):
     before = folder_digest(path)
     for kwargs, match in [
         ({"shards": 3}, "shards: existing 2 vs new 3"),
-        ({"capacity": 11}, "capacity: existing 10 vs new 11"),
+        ({"capacity": 11}, "shard-000 capacity: existing 10 vs new 11"),
         ({"spec": {"other": mr.ArraySpec(())}}, "spec: existing"),
         ({"sampler": "prioritized"}, "sampler: existing {'name': 'uniform'} vs new {'name': 'prioritized'"),
     ]:
         with pytest.raises(mr.SpecMismatchError, match=match):
             mr.create_group(path, **{"spec": SPEC, "shards": 2, "capacity": 10, **kwargs}, exist_ok=True)
     assert folder_digest(path) == before
+    # a shard made apart with another capacity: the group asked for is not the one there
+    shutil.rmtree(path / "shard-001")
+    mr.create(path / "shard-001", SPEC, 50).close()
+    with pytest.raises(mr.SpecMismatchError, match="shard-001 capacity: existing 50 vs new 10"):
+        mr.create_group(path, SPEC, shards=2, capacity=10, exist_ok=True)
     with pytest.raises(IndexError, match=r"shard must be an int in \[0, 2\), got 2"):
         mr.open_shard(path, 2)
     with pytest.raises(mr.NotABufferError, match=GROUP_FILE):
@@ -99,6 +104,51 @@ def test_shards_that_differ_are_refused(tmp_path):
     mr.create(path / "shard-001", {"obs": mr.ArraySpec((4,), "int64")}, 10).close()
     with pytest.raises(mr.SpecMismatchError, match="shard-001 differs from shard-000"):
         mr.open_group(path)
+    # the same spec, but another leaf is its reward: exports would take shard 0's leaf
+    spec = {**SPEC, "r1": mr.ArraySpec(()), "r2": mr.ArraySpec(())}
+    for index, reward in enumerate(("r1", "r2")):
+        shutil.rmtree(path / f"shard-00{index}")
+        mr.create(path / f"shard-00{index}", spec, 10, roles={"reward": reward}).close()
+    with pytest.raises(mr.SpecMismatchError, match=r"shard-001 differs .*roles: .*'r1'.* vs .*: 'r2'"):
+        mr.open_group(path)
+    out = run_cli("verify", str(path))
+    assert out.returncode == 1 and "its shards are not alike" in out.stdout, out.stdout + out.stderr
+
+
+CREATOR = textwrap.dedent(
+    """
+    import os, sys, time
+    import mmreplay as mr
+    sys.path.insert(0, {tests!r})
+    from test_group import SPEC
+    while not os.path.exists(sys.argv[2]):  # the start line: every process is ready to create
+        time.sleep(0.001)
+    with mr.create_group(sys.argv[1], SPEC, shards=4, capacity=50, num_envs=2, exist_ok=True) as group:
+        print(len(group.shards))
+    """
+).format(tests=os.path.dirname(__file__))
+
+
+def test_processes_creating_the_same_group_at_once_all_open_it(tmp_path):
+    """Every actor and the learner may call create_group(exist_ok=True) as they start: one
+    makes the group, the others open it; none removes what another made."""
+    for attempt in range(2):
+        path, go = tmp_path / f"g{attempt}", tmp_path / f"go{attempt}"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CREATOR, str(path), str(go)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        go.touch()
+        outs = [proc.communicate(timeout=300) for proc in procs]
+        assert [(proc.returncode, out) for proc, (out, _) in zip(procs, outs)] == [(0, "4\n")] * 4, outs
+        assert run_cli("verify", str(path)).returncode == 0
+        made = sorted(f"{kind}{i}" for i in range(attempt + 1) for kind in ("g", "go"))
+        assert sorted(os.listdir(tmp_path)) == made  # no scratch folder left behind
 
 
 def test_batches_are_split_in_proportion_to_retained_rows(tmp_path):
@@ -192,9 +242,25 @@ def test_bad_priority_updates_change_nothing(tmp_path):
             group.update_priorities([0, 1], [0, 0], [0, 0], [1.0])
         with pytest.raises(mr.BadInputError, match="shard must be an integer array"):
             group.update_priorities([0.5], [0], [0], [1.0])
+        with pytest.raises(mr.BadInputError, match=r"shard, step and env .* \(2,\), \(3,\) and \(2,\)"):
+            group.update_priorities([0, 1], [0, 1, 2], [0, 0], [1.0, 1.0])
         assert group.update_priorities([], [], [], []) == 0  # no items (as a store takes them)
+        # shard 1 refuses its part (NaN, a step not committed, an env out of range):
+        # shard 0's sound part is not applied either
+        for step, env, p, refusal in (
+            ([0, 0], [0, 0], [5.0, np.nan], r"g: priorities must be finite .* nan at position \[1\]"),
+            ([0, 0], [0, 0], [5.0, 1e39], "shard-001: priorities must be finite .*at most"),
+            ([0, 9], [0, 0], [5.0, 1.0], "shard-001: step 9 is not committed yet"),
+            ([0, 0], [0, 3], [5.0, 1.0], "shard-001: env index out of range"),
+        ):
+            with pytest.raises(mr.BadInputError, match=refusal):
+                group.update_priorities([0, 1], step, env, p)
         for store in group.shards:
             np.testing.assert_allclose(store.sampler.priorities(np.arange(3), 0), 1.0)
+    with mr.open_group(path, "a") as group:  # the writers check the same way
+        with pytest.raises(mr.BadInputError, match="shard-001: step 3 is not committed yet"):
+            group.update_priorities([0, 1], [0, 3], [0, 0], [5.0, 1.0])
+        np.testing.assert_allclose(group.shards[0].sampler.priorities(np.arange(3), 0), 1.0)
 
 
 def test_passes_over_a_group(tmp_path):
@@ -312,6 +378,16 @@ def test_shards_written_apart_become_a_group(tmp_path):
             store.extend(steps_of(shard, 0, 3 + shard, 1))
     with pytest.raises(mr.NotABufferError, match="no shard folder shard-002"):
         write_manifest(tmp_path / "g", 3)
+    # a shard copied in half (no metadata yet), or of another spec: no manifest is written
+    (tmp_path / "g" / "shard-002").mkdir()
+    with pytest.raises(mr.NotABufferError, match="shard-002"):
+        write_manifest(tmp_path / "g", 3)
+    mr.create(tmp_path / "g" / "shard-003", {"obs": mr.ArraySpec((4,), "int64")}, capacity=10).close()
+    shutil.rmtree(tmp_path / "g" / "shard-002")
+    os.rename(tmp_path / "g" / "shard-003", tmp_path / "g" / "shard-002")
+    with pytest.raises(mr.SpecMismatchError, match="shard shard-002 differs from shard-000"):
+        write_manifest(tmp_path / "g", 3)
+    assert not (tmp_path / "g" / GROUP_FILE).exists()
     write_manifest(tmp_path / "g", 2)
     with mr.open_group(tmp_path / "g") as group:
         assert [len(s) for s in group.shards] == [3, 4]

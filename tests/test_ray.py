@@ -181,6 +181,25 @@ def test_priorities_go_back_to_the_actor_of_each_item(cluster, tmp_path):
 
 
 @pytest.mark.long
+def test_nan_priorities_reach_no_actor(cluster, tmp_path):
+    """A learner's NaN TD errors for a few items: the update is refused before it is sent,
+    so no actor applies its sound part while another refuses its own."""
+    ray, mray = cluster
+    writers = mray.start_writers(str(tmp_path), SPEC, shards=2, capacity=20, sampler="prioritized")
+    for shard, writer in enumerate(writers):
+        ray.get(writer.extend.remote(steps_of(shard, 0, 5, 1)))
+        ray.get(writer.commit.remote())
+    sampler = mray.RaySampler(writers, SPEC)
+    with pytest.raises(mr.BadInputError, match=r"priorities must be finite .* nan at position \[1\]"):
+        sampler.update_priorities([0, 1], [0, 0], [0, 0], [5.0, np.nan])
+    for writer in writers:
+        ray.get(writer.close.remote())
+    for shard in range(2):
+        with mr.open(tmp_path / f"shard-00{shard}") as store:
+            np.testing.assert_allclose(store.sampler.priorities(np.arange(5), 0), 1.0)
+
+
+@pytest.mark.long
 def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster, tmp_path):
     ray, mray = cluster
     writers = mray.start_writers(str(tmp_path), SPEC, shards=2, capacity=100, num_envs=2, commit_every=1000)
@@ -207,6 +226,38 @@ def test_a_killed_actor_loses_its_uncommitted_tail_and_resumes_its_store(cluster
     batch, info = mray.RaySampler(writers, SPEC).sample(500, num_steps=3, rng=0, return_info=True)
     check_rows(batch, info)
     assert set(info.shard) == {0, 1}
+
+
+def test_bad_counts_are_refused_before_any_actor_starts_or_any_row_is_read(tmp_path):
+    """A count below one is refused by name: no dataset that silently holds no row, no
+    empty list of writers (no cluster needed: nothing is started)."""
+    mray = pytest.importorskip("mmreplay.ray")
+    with mr.create(tmp_path / "b", SPEC, capacity=8) as store:
+        store.extend(steps_of(0, 0, 5, 1))
+    for bad in (-1, 0, 2.5, True):
+        with pytest.raises(ValueError, match=f"steps_per_task must be a positive int or None, got {bad!r}"):
+            mray.StoreDatasource(tmp_path / "b", steps_per_task=bad)
+    tasks = mray.StoreDatasource(tmp_path / "b", steps_per_task=2).get_read_tasks(1)
+    assert sum(task.metadata.num_rows for task in tasks) == 5
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match=f"shards must be an int in \\[1, 4096\\], got {bad}"):
+            mray.start_writers(str(tmp_path / "w"), SPEC, shards=bad, capacity=10)
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_leaf_named_as_a_row_index_column_does_not_replace_it(tmp_path):
+    """Leaves named ``env`` or ``shard`` are read as ``leaf.env``, ``leaf.shard``: each row
+    still says which env (and shard) it is (read tasks run here, without a cluster)."""
+    mray = pytest.importorskip("mmreplay.ray")
+    spec = {"env": mr.ArraySpec((), "int64"), "obs": {"shard": mr.ArraySpec((), "int64")}}
+    path = tmp_path / "g"
+    mr.create_group(path, spec, shards=2, capacity=10, num_envs=2).close()
+    with mr.open_shard(path, 1) as store:
+        store.extend({"env": np.full((3, 2), 7), "obs": {"shard": np.full((3, 2), 9)}})
+    (task,) = mray.StoreDatasource(path).get_read_tasks(1)
+    rows = next(iter(task())).to_pydict()
+    assert rows["env"] == [0, 1] * 3 and rows["shard"] == [1] * 6 and rows["global_step"] == [0, 0, 1, 1, 2, 2]
+    assert rows["leaf.env"] == [7] * 6 and rows["obs.shard"] == [9] * 6
 
 
 @pytest.mark.long

@@ -136,6 +136,10 @@ class Sampler(WriteHook, ABC):
     def update_priorities(self, step: Any, env: Any, priorities: Any) -> None:
         raise TypeError(f"the {self.name or type(self).__name__!r} sampler keeps no priorities")
 
+    def check_update(self, step: Any, env: Any, priorities: Any) -> Any:
+        """Raise for what :meth:`update_priorities` would refuse, writing nothing: how a
+        group checks every shard's part of an update before it applies any."""
+
     def state_json(self) -> dict[str, Any]:
         """``{"name": ..., **parameters}``: what :meth:`from_json` takes back."""
         return {"name": self.name}

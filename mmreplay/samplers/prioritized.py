@@ -265,10 +265,10 @@ class PrioritizedSampler(Sampler):
 
     # --- priorities ---------------------------------------------------------------------
 
-    def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
-        """Set the priorities of sampled items (global step ids and envs, as in
-        ``SampleInfo``); returns how many were applied. Items whose step the ring has
-        dropped since it was sampled are skipped."""
+    def check_update(self, step: Any, env: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(step, env, priorities)`` of :meth:`update_priorities` checked, as flat arrays
+        (``[items]``, ``[items]``, ``[items]`` or ``[items, num_steps]``); raises
+        :class:`BadInputError` for what it would refuse, writing nothing."""
         store = self.store
         step, env = np.asarray(step), np.asarray(env)
         if step.shape != env.shape:
@@ -292,9 +292,22 @@ class PrioritizedSampler(Sampler):
                 f"float32); {int(bad.sum())} are not "
                 f"(the first is {float(p[bad][0])!r} at position {np.argwhere(bad)[0].tolist()})"
             )
+        _check_envs(store, env)
+        end = store.total_steps if store.mode == "a" else store.committed_steps
+        if step.size and step.max() >= end:
+            raise BadInputError(
+                f"{store.path}: step {int(step.max())} is not committed yet (committed steps end at {end})"
+            )
+        return step, env, p
+
+    def update_priorities(self, step: Any, env: Any, priorities: Any) -> int:
+        """Set the priorities of sampled items (global step ids and envs, as in
+        ``SampleInfo``); returns how many were applied. Items whose step the ring has
+        dropped since it was sampled are skipped."""
+        store = self.store
+        step, env, p = self.check_update(step, env, priorities)
         if p.ndim == 2:
             p = self._reduce(p)
-        _check_envs(store, env)
         p = (p + self.eps).astype(np.float32)
         file = self._file()
         if not file.writable:
@@ -309,10 +322,6 @@ class PrioritizedSampler(Sampler):
                 # the writer's oldest retained step now (a stat when the state is
                 # unchanged); no step this reader sampled is past its own committed end
                 first, end = store.live_first(), store.committed_steps
-            if step.size and step.max() >= end:
-                raise BadInputError(
-                    f"{store.path}: step {int(step.max())} is not committed yet (committed steps end at {end})"
-                )
             if step.size and step.min() < first:
                 keep = step >= first
                 step, env, p = step[keep], env[keep], p[keep]
