@@ -361,6 +361,23 @@ def test_create_asks_for_frames_and_its_dry_run_counts_them(tmp_path):
     assert not (tmp_path / "b2").exists()
 
 
+def test_create_frames_on_the_command_line_add_to_the_spec_files(tmp_path):
+    """--frames pad=zeros beside a file's {"frame_stack": 4} replaced the file's mapping:
+    the store kept whole stacks (frame_stack 1) without a word."""
+    spec = frames_spec((84, 84), 4, -1)
+    obj = {"spec": mr.spec.spec_to_json(spec), "capacity": 60, "frames": {"frame_stack": 4, "pad": "zeros"}}
+    (tmp_path / "spec.json").write_text(json.dumps(obj))
+    args = ["create", tmp_path / "b", "--spec", tmp_path / "spec.json"]
+    made = shell(*args, "--frames", "final_slots=50", "--frames", "pad=repeat")
+    assert made.returncode == 0, made.stderr
+    with mr.open(tmp_path / "b") as store:
+        layout = store.metadata.frames
+        assert (layout.frame_stack, layout.pad, layout.final_slots) == (4, "repeat", 50)
+    bad = shell("create", tmp_path / "c", "--spec", tmp_path / "spec.json", "--frames", "final_slots")
+    assert bad.returncode == 2 and "--frames 'final_slots': expected KEY=VALUE" in bad.stderr, bad.stderr
+    assert not (tmp_path / "c").exists()
+
+
 def test_a_dry_run_of_a_frames_store_takes_the_roles_of_the_spec_file(tmp_path):
     """Leaves named other than obs / next_obs need roles=, which the estimate did not take."""
     spec = {"pixels": mr.ArraySpec((84, 84, 4), "uint8"), "after": mr.ArraySpec((84, 84, 4), "uint8"),
