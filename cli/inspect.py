@@ -90,14 +90,17 @@ def describe(store: mr.Store) -> dict[str, Any]:
     sizes = object_sizes(store)
     on_disk = leaf_bytes(store, sizes)
     leaves = []
+    # slots holding rows: more than the steps retained where a frames store's side ring
+    # dropped steps (or its oldest stacks lost their earlier frames)
+    written = min(state.end, meta.capacity)
     for leaf in meta.leaves:
-        raw = n * meta.num_envs * leaf.spec.nbytes
+        raw = written * meta.num_envs * leaf.spec.nbytes
         disk = on_disk.get(leaf.path)
         ratio = None
         if leaf.compression is not None and disk and raw:
             ratio = round(raw / disk, 2)
         fixed = _fixed_bytes(store, leaf) if sizes is None else sizes.get(f"data.zarr/{leaf.path}/zarr.json", 0)
-        per_step, when_full = _projection(leaf, meta, disk, n, fixed)
+        per_step, when_full = _projection(leaf, meta, disk, written, fixed)
         leaves.append(
             {
                 "path": leaf.path,

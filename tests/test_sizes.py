@@ -246,6 +246,25 @@ def test_inspect_projects_the_size_when_full(tmp_path):
     assert "per step" in table and "when full" in table
 
 
+def test_inspect_projects_a_frames_store_from_the_rows_written_not_those_retained(tmp_path):
+    """A frames store whose side ring dropped steps keeps fewer steps than its leaves hold
+    rows: inspect divided the rows' bytes by the retained steps, and said a full store
+    would take several times what it takes once full."""
+    pytest.importorskip("cramjam")
+    spec = frames_spec((84, 84), 4, -1)
+    options = {"compression": {"obs": "rows:lz4"}, "frames": mr.Frames(frame_stack=4, final_slots=6)}
+    with mr.create(tmp_path / "b", spec, 200, 2, **options) as store:
+        episodes = Episodes(2, (84, 84), 4, -1, "repeat", 0.2, 0)  # short episodes: steps dropped
+        for _ in range(200):
+            store.add(episodes.step())
+        assert len(store) < 100
+    r = shell("inspect", tmp_path / "b", "--json")
+    assert r.returncode == 0, r.stderr
+    obs = next(leaf for leaf in json.loads(r.stdout)["leaves"] if leaf["path"] == "obs")
+    assert obs["bytes_stored"] == 200 * 2 * 84 * 84  # every slot holds a frame
+    assert obs["projected_bytes_when_full"] == pytest.approx(obs["bytes_on_disk"], rel=0.01)
+
+
 def test_create_dry_run_takes_its_sample_from_a_store(tmp_path):
     zstd = os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets", "pointchase-pixels-zstd"
