@@ -470,6 +470,24 @@ class FrameWriter:
             out.append(depth)
         return out, (frames, nexts, depth, values, continued, newest_same)
 
+    def check_batch(self, values: list[np.ndarray], n: int) -> None:
+        """Refuse a batch of ``n`` steps (leaves ``[n, num_envs, ...]``) whose stacks do not
+        follow one another, before any is written: each step after the first is checked
+        by :meth:`prepare` against the one before it (the first, against the newest step,
+        by its add). Nothing kept changes."""
+        if n < 2 or not self.layout.stacked:
+            return
+        index = self.next_index if self.layout.derived else self.obs_index
+        kept, self.stacks = self.stacks, None
+        try:
+            for t in range(1, n):
+                self.stacks = [np.ascontiguousarray(values[i][t - 1], d) for i, d in zip(index, self.dtypes)]
+                self.prepare([v[t] for v in values])
+        except BadInputError as exc:
+            raise BadInputError(f"step {t} of the {n} given: {exc}") from None
+        finally:
+            self.stacks = kept
+
     def _prepare_common(self, values: list[np.ndarray]) -> tuple[list[np.ndarray], Any] | None:
         """:meth:`prepare` of the common step, in a few calls: derived next observations,
         every observation leaf stacked, the native check, stacks of the leaves' dtypes in

@@ -272,6 +272,28 @@ def test_a_stack_that_does_not_follow_is_refused_and_changes_nothing(tmp_path):
         assert store.get(0)["truncated"].all() and not store.get(1)["truncated"].any()
 
 
+@pytest.mark.parametrize("next_observation", ["derived", "stored"])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_an_extend_whose_later_stack_does_not_follow_adds_none_of_its_steps(tmp_path, next_observation, axis):
+    """extend wrote the steps before the one refused, though a refused batch changes nothing."""
+    sp = spec(FRAME, 3, axis)
+    if next_observation == "stored":
+        del sp["next_obs"]
+    frames = mr.Frames(frame_stack=3, next_observation=next_observation)
+    with mr.create(tmp_path / "b", sp, 20, num_envs=2, frames=frames) as store:
+        episodes = Episodes(2, FRAME, 3, axis, "repeat", 0.0, 0)
+        steps = [{k: v for k, v in episodes.step().items() if k in sp} for _ in range(6)]
+        store.add(steps[0])
+        batch = {k: np.stack([s[k] for s in steps[1:]]) for k in sp}
+        bad = dict(batch, obs=batch["obs"].copy())
+        bad["obs"][3, 1].flat[0] += 1  # env 1's stack of the batch's step 3 follows nothing
+        with pytest.raises(mr.BadInputError, match=r"step 3 of the 5.*env 1: a frame stack must be"):
+            store.extend(bad)
+        assert store.total_steps == 1
+        store.extend(batch)
+        _same(store.read_steps(np.arange(6))[store.leaf_paths.index("obs")], np.stack([s["obs"] for s in steps]), "obs")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_depth_stacks_with_nan_pixels_are_taken_and_read_back_bit_for_bit(tmp_path, dtype):
     """A depth camera's missing returns are NaN: a repeated first frame, a stack that
