@@ -14,6 +14,7 @@ import os
 import h5py
 import numpy as np
 import pytest
+from conftest import run_cli
 from frames_episodes import Episodes, spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -513,6 +514,22 @@ def test_row_frame_leaves_store_frames_once_across_seals_wraps_and_reopening(tmp
         _compare_window(full, reader, "reader after reopening")
     full.close()
     once.close()
+
+
+def test_inspect_says_how_a_frames_store_keeps_its_observations(tmp_path):
+    """inspect listed obs as one (5, 6) frame, without a word of the stack of 3 the
+    store returns, nor of the next observations it derives."""
+    frames = mr.Frames(frame_stack=3, pad="zeros", final_slots=40)
+    mr.create(tmp_path / "b", spec(FRAME, 3, 0), 20, num_envs=2, frames=frames).close()
+    r = run_cli("inspect", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("  frames once"))
+    assert line.split(None, 2)[2] == (
+        "obs (3, 5, 6): a stack of 3 frames (axis 0, zeros padding) of which each row stores the newest; "
+        "next_obs derived from the next step, final ones in a side ring of 40 frames"
+    )
+    info = json.loads(run_cli("inspect", tmp_path / "b", "--json").stdout)
+    assert info["frames"]["frame_stack"] == 3 and info["frames"]["final_slots"] == 40
 
 
 @pytest.mark.parametrize("compression", [None, "rows:zstd:1"])
