@@ -91,9 +91,9 @@ def describe(store: mr.Store) -> dict[str, Any]:
     sizes = object_sizes(store)
     on_disk = leaf_bytes(store, sizes)
     leaves = []
-    # slots holding rows: more than the steps retained where a frames store's side ring
-    # dropped steps (or its oldest stacks lost their earlier frames)
-    written = min(state.end, meta.capacity)
+    # slots holding rows: in a frames store (whose steps start at 0) more than the steps
+    # retained where its side ring dropped steps (or its oldest stacks lost earlier frames)
+    written = min(state.end, meta.capacity) if meta.frames is not None else n
     for leaf in meta.leaves:
         raw = written * meta.num_envs * leaf.spec.nbytes
         disk = on_disk.get(leaf.path)

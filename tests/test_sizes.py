@@ -276,6 +276,13 @@ def test_inspect_projects_a_frames_store_from_the_rows_written_not_those_retaine
     obs = next(leaf for leaf in json.loads(r.stdout)["leaves"] if leaf["path"] == "obs")
     assert obs["bytes_stored"] == 200 * 2 * 84 * 84  # every slot holds a frame
     assert obs["projected_bytes_when_full"] == pytest.approx(obs["bytes_on_disk"], rel=0.01)
+    # a copy that keeps the step ids holds rows of its retained steps only
+    r = shell("convert", tmp_path / "b", tmp_path / "c", "-q")
+    assert r.returncode == 0, r.stderr
+    r = shell("inspect", tmp_path / "c", "--json")
+    copy = json.loads(r.stdout)
+    obs = next(leaf for leaf in copy["leaves"] if leaf["path"] == "obs")
+    assert copy["first_step"] > 0 and obs["bytes_stored"] == copy["steps"] * 2 * 84 * 84 * 4
 
 
 def test_create_dry_run_takes_its_sample_from_a_store(tmp_path):
