@@ -135,11 +135,12 @@ def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **opti
     unknown = sorted(set(settings) - known)
     if unknown:
         raise mr.BadInputError(f"{spec_file}: unknown settings {unknown}; expected some of {sorted(known)}")
+    given_frames = options.pop("frames")
     settings.update({k: v for k, v in options.items() if v is not None and v != ()})
     if "compression" in settings:
         settings["compression"] = compression_by_leaf(settings["compression"], spec)
-    if "frames" in settings:
-        settings["frames"] = _frames(settings["frames"])
+    if settings.get("frames") is not None or given_frames:  # (the file's null: no frames)
+        settings["frames"] = _frames(settings.get("frames") or {}, given_frames)
     if "capacity" not in settings:
         raise click.UsageError("give --capacity (or 'capacity' in the spec file)")
     capacity = settings.pop("capacity")
@@ -165,13 +166,16 @@ def _estimate_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: settings[k] for k in keys if k in settings}
 
 
-def _frames(given: Any) -> mr.Frames:
-    """The spec file's mapping, or the command line's KEY=VALUE settings (values read as
-    JSON: frame_stack=4, stack_axis=0, pad=zeros), as an mmreplay.Frames."""
-    if isinstance(given, (list, tuple)):
-        given = dict(text.partition("=")[::2] for text in given)
-        given = {key: _json_or_text(value) for key, value in given.items()}
+def _frames(given: Any, items: tuple[str, ...]) -> mr.Frames:
+    """The spec file's mapping with the command line's KEY=VALUE settings over it (values
+    read as JSON: frame_stack=4, stack_axis=0, pad=zeros), as an mmreplay.Frames."""
     keys = [f.name for f in dataclasses.fields(mr.Frames)]
+    if isinstance(given, dict):
+        for text in items:
+            key, eq, value = text.partition("=")
+            if not eq:
+                raise mr.BadInputError(f"--frames {text!r}: expected KEY=VALUE, e.g. frame_stack=4")
+            given = {**given, key: _json_or_text(value)}
     if not isinstance(given, dict) or set(given) - set(keys):
         unknown = sorted(set(given) - set(keys)) if isinstance(given, dict) else given
         raise mr.BadInputError(f"frames: expected settings among {keys}, got {unknown!r}")

@@ -20,6 +20,7 @@ import mmreplay as mr
 from mmreplay.files import disk_usage
 from mmreplay.metadata import FORMAT_NAME
 from mmreplay.pictures import png_bytes, thumbnails
+from mmreplay.roles import subtree
 from mmreplay.selection import frame_leaves
 from mmreplay.terminal_images import image_protocol, terminal_image
 
@@ -90,14 +91,17 @@ def describe(store: mr.Store) -> dict[str, Any]:
     sizes = object_sizes(store)
     on_disk = leaf_bytes(store, sizes)
     leaves = []
+    # slots holding rows: in a frames store (whose steps start at 0) more than the steps
+    # retained where its side ring dropped steps (or its oldest stacks lost earlier frames)
+    written = min(state.end, meta.capacity) if meta.frames is not None else n
     for leaf in meta.leaves:
-        raw = n * meta.num_envs * leaf.spec.nbytes
+        raw = written * meta.num_envs * leaf.spec.nbytes
         disk = on_disk.get(leaf.path)
         ratio = None
         if leaf.compression is not None and disk and raw:
             ratio = round(raw / disk, 2)
         fixed = _fixed_bytes(store, leaf) if sizes is None else sizes.get(f"data.zarr/{leaf.path}/zarr.json", 0)
-        per_step, when_full = _projection(leaf, meta, disk, n, fixed)
+        per_step, when_full = _projection(leaf, meta, disk, written, fixed)
         leaves.append(
             {
                 "path": leaf.path,
@@ -147,8 +151,41 @@ def describe(store: mr.Store) -> dict[str, Any]:
         "bytes_per_step": None if None in known else sum(leaf["bytes_per_step"] for leaf in leaves),
         "projected_bytes_when_full": None if None in known else sum(known) + other,
         "frame_leaves": frame_leaves(store),
+        "frames": _frames_layout(store),
         "decode_threads": _decode_threads(store, meta),
     }
+
+
+def _frames_layout(store: mr.Store) -> dict[str, Any] | None:
+    """How a store that keeps each frame once keeps its observations (None: as given),
+    each observation leaf with the shape it is read with."""
+    layout = store.metadata.frames
+    if layout is None:
+        return None
+    out = {k: v for k, v in layout.to_json().items() if k != "side"}
+    for pair in out["pairs"]:
+        pair["shape"] = list(subtree(store.spec, pair["observation"]).shape)
+    return out
+
+
+def _frames_text(f: dict[str, Any]) -> str:
+    texts = []
+    for p in f["pairs"]:
+        text = f"{p['observation']} {tuple(p['shape'])}"
+        if f["frame_stack"] > 1:
+            text += (
+                f": a stack of {f['frame_stack']} frames (axis {p['stack_axis']}, {f['pad']} padding) "
+                "of which each row stores the newest"
+            )
+        if p["next_observation"] is not None:
+            text += "; " if f["frame_stack"] > 1 else ": "
+            text += p["next_observation"] + (
+                f" derived from the next step, final ones in a side ring of {f['final_slots']} frames"
+                if f["next_observation"] == "derived"
+                else " stored"
+            )
+        texts.append(text)
+    return "; ".join(texts)
 
 
 def _decode_threads(store: mr.Store, meta: Any) -> dict[str, Any] | None:
@@ -227,6 +264,8 @@ def render(info: dict[str, Any]) -> str:
             else "? (no compressed data yet)"
         ),
     ]
+    if info["frames"] is not None:
+        lines.append(f"  frames once   {_frames_text(info['frames'])}")
     if info["decode_threads"] is not None:
         lines.append(f"  decoding      row frames on {info['decode_threads']['text']}")
     lines.append("")

@@ -29,8 +29,7 @@ The side ring holds ``final_slots`` frames. Overwriting a side slot that a retai
 still needs drops the steps up to that row from the retained window (committed before
 the slot is overwritten, so readers never read a torn frame). With frame stacks, once
 steps have been dropped the oldest ``k - 1`` retained steps are not readable (their
-earlier frames may be gone): the readable window starts ``k - 1`` steps later.
-"""
+earlier frames may be gone): the readable window starts ``k - 1`` steps later."""
 
 from __future__ import annotations
 
@@ -409,14 +408,11 @@ class FrameWriter:
     def prepare(self, values: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
         """The stored leaves' values of one validated step, and what :meth:`apply` needs;
         raises :class:`~mmreplay.BadInputError` (nothing changed) on stacks that do not
-        follow from the previous ones.
-
-        Per step and pair one pass (:func:`check_pair`) compares the observation stacks
-        with the previous step's next stacks (equal unless an episode ended: then they
-        follow, and their newest frame is the pending next frame) and the next stacks
-        with the observation stacks shifted by one frame. Envs whose stacks do not follow
-        are looked at one by one.
-        """
+        follow from the previous ones. Per pair one pass (:func:`check_pair`) compares the
+        observation stacks with the previous step's next stacks (equal unless an episode
+        ended: then they follow, and their newest frame is the pending next frame) and the
+        next stacks with the observation stacks shifted by one frame; envs whose stacks do
+        not follow are looked at one by one."""
         if self.common is not None and self.stacks is not None:
             got = self._prepare_common(values)
             if got is not None:
@@ -469,6 +465,19 @@ class FrameWriter:
         if self.layout.stacked:
             out.append(depth)
         return out, (frames, nexts, depth, values, continued, newest_same)
+
+    def check_batch(self, values: list[np.ndarray], n: int) -> None:
+        """Each step of a batch after the first through :meth:`prepare` against the one
+        before it, before any is written (the first is checked by its add)."""
+        kept, index = self.stacks, self.next_index if self.layout.derived else self.obs_index
+        try:
+            for t in range(1, n if self.layout.stacked else 0):
+                self.stacks = [np.ascontiguousarray(values[i][t - 1], d) for i, d in zip(index, self.dtypes)]
+                self.prepare([v[t] for v in values])
+        except BadInputError as exc:
+            raise BadInputError(f"step {t} of the {n} given: {exc}") from None
+        finally:
+            self.stacks = kept
 
     def _prepare_common(self, values: list[np.ndarray]) -> tuple[list[np.ndarray], Any] | None:
         """:meth:`prepare` of the common step, in a few calls: derived next observations,

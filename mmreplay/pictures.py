@@ -252,6 +252,8 @@ class FrameView:
             line2.append(f"return {self.episode_return:.6g}")
         if self.status in ("terminated", "truncated"):
             line2.append(f"{self.status} at step {self.steps[-1]}")
+        elif self.status == "open" and self.ends[-1]:
+            line2.append(f"{self.ends[-1]} at step {self.steps[-1]} (its start left the ring)")
         elif self.status == "open":
             line2.append(f"open at step {self.steps[-1]} (still running, or its start left the ring)")
         else:

@@ -169,6 +169,7 @@ class Ring:
         if not self._writable:
             self._before_write()
         if self._frames is not None:  # each step's frames follow from the one before
+            self._frames.check_batch(values, n)
             for t in range(n):
                 self.add_leaves([v[t] for v in values])  # (validated above, with the batch)
             return

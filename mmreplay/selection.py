@@ -161,9 +161,9 @@ def step_ends(store: Store, env: int, steps: np.ndarray) -> list[str]:
     if not len(steps):
         return []
     lo, hi = int(steps[0]), int(steps[-1])
-    ends = {
-        s.last_step: s.status
+    ends = {  # (also of an episode whose start the ring overwrote: its status is "open")
+        s.last_step: s.ended
         for s in store.episode_index(env=env)
-        if lo <= s.last_step <= hi and s.status != "open"
+        if lo <= s.last_step <= hi and s.ended in ("terminated", "truncated")
     }
     return [ends.get(int(t), "") for t in steps]

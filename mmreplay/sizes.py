@@ -46,6 +46,8 @@ class LeafSize:
         ratio: raw / stored for a compressed leaf with a sample.
         most_bytes: the most a compressed leaf can take when full, whatever its values
             (values that do not compress); None for an uncompressed one (``bytes`` is exact).
+        staging_bytes: a row-frame leaf's raw staging segment, allocated at creation
+            (counted in ``bytes`` and ``most_bytes``).
     """
 
     path: str
@@ -54,6 +56,7 @@ class LeafSize:
     compression: str | None
     ratio: float | None = None
     most_bytes: int | None = None
+    staging_bytes: int = 0
 
     @property
     def exact(self) -> bool:
@@ -65,7 +68,7 @@ class SizeEstimate:
     """A buffer's size on disk when full, leaf by leaf.
 
     ``preallocated`` is what :func:`mmreplay.create` allocates at once (the uncompressed
-    leaves and the metadata files); ``total`` is the size when full (None when a
+    leaves, the row-frame leaves' staging segments and the metadata files); ``total`` is the size when full (None when a
     compressed leaf has no sample); ``exact`` says whether ``total`` is exact. The
     episode index (16 bytes per episode end) is not counted.
     """
@@ -91,7 +94,9 @@ class SizeEstimate:
 
     @property
     def preallocated(self) -> int:
-        return self.overhead + sum(leaf.bytes or 0 for leaf in self.leaves if leaf.compression is None)
+        return self.overhead + sum(
+            leaf.bytes or 0 if leaf.compression is None else leaf.staging_bytes for leaf in self.leaves
+        )
 
     @property
     def total(self) -> int | None:
@@ -186,14 +191,15 @@ def _leaf_sizes(meta: Metadata, samples: dict[str, np.ndarray]) -> tuple[list[Le
         if leaf.compression is None:
             out.append(LeafSize(leaf.path, raw, shards[leaf.path], None))
             continue
-        most = _most_bytes(meta, leaf) + shards.get(leaf.path, 0)  # (row frames: the staging file)
+        staging = shards.get(leaf.path, 0)  # (row frames: the staging file)
+        most = _most_bytes(meta, leaf) + staging
         rows = samples.get(leaf.path)
         if rows is None:
-            out.append(LeafSize(leaf.path, raw, None, leaf.compression, most_bytes=most))
+            out.append(LeafSize(leaf.path, raw, None, leaf.compression, None, most, staging))
             continue
         ratio, fixed = _trial_ratio(meta, leaf, rows)
-        stored = int(round(raw / ratio)) + fixed + shards.get(leaf.path, 0)
-        out.append(LeafSize(leaf.path, raw, stored, leaf.compression, round(raw / stored, 3), most))
+        stored = int(round(raw / ratio)) + fixed + staging
+        out.append(LeafSize(leaf.path, raw, stored, leaf.compression, round(raw / stored, 3), most, staging))
     return out, placed, data_meta
 
 

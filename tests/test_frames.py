@@ -14,6 +14,7 @@ import os
 import h5py
 import numpy as np
 import pytest
+from conftest import run_cli
 from frames_episodes import Episodes, spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -272,6 +273,28 @@ def test_a_stack_that_does_not_follow_is_refused_and_changes_nothing(tmp_path):
         assert store.get(0)["truncated"].all() and not store.get(1)["truncated"].any()
 
 
+@pytest.mark.parametrize("next_observation", ["derived", "stored"])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_an_extend_whose_later_stack_does_not_follow_adds_none_of_its_steps(tmp_path, next_observation, axis):
+    """extend wrote the steps before the one refused, though a refused batch changes nothing."""
+    sp = spec(FRAME, 3, axis)
+    if next_observation == "stored":
+        del sp["next_obs"]
+    frames = mr.Frames(frame_stack=3, next_observation=next_observation)
+    with mr.create(tmp_path / "b", sp, 20, num_envs=2, frames=frames) as store:
+        episodes = Episodes(2, FRAME, 3, axis, "repeat", 0.0, 0)
+        steps = [{k: v for k, v in episodes.step().items() if k in sp} for _ in range(6)]
+        store.add(steps[0])
+        batch = {k: np.stack([s[k] for s in steps[1:]]) for k in sp}
+        bad = dict(batch, obs=batch["obs"].copy())
+        bad["obs"][3, 1].flat[0] += 1  # env 1's stack of the batch's step 3 follows nothing
+        with pytest.raises(mr.BadInputError, match=r"step 3 of the 5.*env 1: a frame stack must be"):
+            store.extend(bad)
+        assert store.total_steps == 1
+        store.extend(batch)
+        _same(store.read_steps(np.arange(6))[store.leaf_paths.index("obs")], np.stack([s["obs"] for s in steps]), "obs")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_depth_stacks_with_nan_pixels_are_taken_and_read_back_bit_for_bit(tmp_path, dtype):
     """A depth camera's missing returns are NaN: a repeated first frame, a stack that
@@ -491,6 +514,22 @@ def test_row_frame_leaves_store_frames_once_across_seals_wraps_and_reopening(tmp
         _compare_window(full, reader, "reader after reopening")
     full.close()
     once.close()
+
+
+def test_inspect_says_how_a_frames_store_keeps_its_observations(tmp_path):
+    """inspect listed obs as one (5, 6) frame, without a word of the stack of 3 the
+    store returns, nor of the next observations it derives."""
+    frames = mr.Frames(frame_stack=3, pad="zeros", final_slots=40)
+    mr.create(tmp_path / "b", spec(FRAME, 3, 0), 20, num_envs=2, frames=frames).close()
+    r = run_cli("inspect", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("  frames once"))
+    assert line.split(None, 2)[2] == (
+        "obs (3, 5, 6): a stack of 3 frames (axis 0, zeros padding) of which each row stores the newest; "
+        "next_obs derived from the next step, final ones in a side ring of 40 frames"
+    )
+    info = json.loads(run_cli("inspect", tmp_path / "b", "--json").stdout)
+    assert info["frames"]["frame_stack"] == 3 and info["frames"]["final_slots"] == 40
 
 
 @pytest.mark.parametrize("compression", [None, "rows:zstd:1"])

@@ -273,6 +273,25 @@ def test_frames_of_a_store_the_ring_wrapped_come_from_their_slots(tmp_path):
     assert np.array_equal(fv.pictures[..., 0], x[18:, 0])
 
 
+def test_an_episode_whose_start_the_ring_overwrote_shows_how_it_ended(tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 256, (30, 1, 8, 8), dtype=np.uint8)
+    term = np.zeros((30, 1), bool)
+    term[[5, 20], 0] = True  # retained 18..29: the episode ending at 20 lost its start
+    spec = {"obs": mr.ArraySpec((8, 8), "uint8"), "terminated": mr.ArraySpec((), "bool")}
+    with mr.create(tmp_path / "b", spec, capacity=12) as store:
+        store.extend({"obs": x, "terminated": term})
+    store = mr.open(tmp_path / "b")
+    fv = mr.view(store, steps="18:30", scale=1)
+    assert fv.ends[2] == "terminated" and not any(fv.ends[:2] + fv.ends[3:])
+    first = mr.view(store, episode=0, scale=1)
+    assert list(first.steps) == [18, 19, 20] and first.ends == ["", "", "terminated"]
+    assert first.summary()[2] == "terminated at step 20 (its start left the ring)"
+    sheet = np.asarray(first.sheet().convert("RGB"))
+    x0, y0, _, _ = first.geometry().frame_box(2)
+    assert tuple(sheet[y0 - 1, x0 + 3]) == (220, 60, 60)  # framed as an end
+
+
 # --- command line ----------------------------------------------------------------------------
 
 
