@@ -73,7 +73,7 @@ def command(
 ) -> None:
     """Export the buffer at PATH to OUT in an offline RL format.
 
-    Episode formats (minari, d4rl, d3rlpy, parquet) write episode after episode; an
+    Episode formats (minari, d4rl, d3rlpy, parquet, lerobot) write episode after episode; an
     episode still open at the end of an env's stream is written as truncated unless
     --complete-only. Step-major formats (npz, csv, pt, zarr, hdf5) write every retained
     step as [steps, num_envs, ...] arrays keyed by leaf path. For minari, OUT is the

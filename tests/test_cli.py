@@ -207,7 +207,7 @@ def test_export_complete_only_and_force(tmp_path):
     assert again.returncode != 0 and "--force" in again.stderr
     run("export", WRAPPED, tmp_path / "a.h5", "-f", "d4rl", "-q", "--force")
     bad = run("export", WRAPPED, tmp_path / "x.npz", "-f", "npz", "--complete-only", ok=False)
-    assert bad.returncode != 0 and "complete-only" in bad.stderr
+    assert bad.returncode != 0 and "--complete-only applies to minari, d4rl, d3rlpy, parquet and lerobot" in bad.stderr
 
 
 def test_convert_to_hdf5_with_compression(tmp_path):
