@@ -200,6 +200,19 @@ def test_import_plain_npz_with_and_without_envs(tmp_path):
         assert np.array_equal(store.get(slice(None))["obs"], x[-4:])  # the newest steps
 
 
+def test_num_envs_that_contradicts_an_npz_export_is_refused(tmp_path):
+    """--num-envs 2 on an export of 3 envs was ignored: the store came with 3, silently."""
+    with mr.create(tmp_path / "s", {"x": mr.ArraySpec((), "int64")}, 5, num_envs=3) as store:
+        store.extend({"x": np.arange(12).reshape(4, 3)})
+    export(mr.open(tmp_path / "s"), tmp_path / "s.npz")
+    out = run_cli("import", tmp_path / "s.npz", tmp_path / "two", "--num-envs", "2")
+    one_line_error(out, 2, str(tmp_path / "s.npz"), "export of 3 envs", "num_envs=2")
+    assert not (tmp_path / "two").exists()
+    import_dataset(tmp_path / "s.npz", tmp_path / "three", num_envs=3)  # what it records is fine
+    with mr.open(tmp_path / "three") as store:
+        assert store.num_envs == 3 and np.array_equal(store.get(slice(None))["x"], np.arange(12).reshape(4, 3))
+
+
 def test_npz_with_objects_is_refused_without_unpickling(tmp_path):
     np.savez(tmp_path / "evil.npz", obs=np.array([{"a": 1}, None], dtype=object))
     with pytest.raises(mr.BadInputError, match="unpickle"):

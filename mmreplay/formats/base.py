@@ -543,6 +543,11 @@ def arrays_source(
         if missing:
             raise CorruptBufferError(f"{where}: arrays missing for leaves {missing}")
         envs = int(meta["num_envs"])
+        if num_envs is not None and num_envs != envs:
+            raise BadInputError(
+                f"{where}: an mmreplay export of {envs} envs, which it records; num_envs={num_envs} "
+                "applies to a plain npz only (leave it out)"
+            )
         roles = meta.get("roles")
         first_step = int(meta.get("first_step", 0))
         # older exports do not say which episodes start whole: only from step 0 on
