@@ -344,6 +344,16 @@ def test_every_export_imports_back(tmp_path, fmt):
         ]
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_an_export_of_a_closed_store_says_it_is_closed_and_writes_nothing(tmp_path, fmt):
+    """pt blamed the PyTorch version ("torch.save laid out 0 records") for a closed store."""
+    with mr.create(tmp_path / "src", spec(), capacity=10) as store:
+        collect(store, 5, seed=0)
+    with pytest.raises(mr.ClosedError, match="closed"):
+        export(store, tmp_path / "out", fmt)
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "d4rl", "npz"])
 def test_an_export_of_an_empty_store_imports_back_empty(tmp_path, fmt):
     with mr.create(tmp_path / "src", spec(), capacity=10, num_envs=2) as store:

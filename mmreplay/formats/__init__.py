@@ -176,6 +176,8 @@ def export(
     """
     if format is None:
         format = format_of(out)  # noqa: A001
+    if getattr(store, "closed", False):  # (a closed store's leaves are gone: a pt export saw none)
+        store.check_open()
     joined = getattr(store, "joined", None)
     if callable(joined):  # a group: its shards' steps one after another, as one dataset
         store = joined()
