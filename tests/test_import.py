@@ -213,6 +213,19 @@ def test_num_envs_that_contradicts_an_npz_export_is_refused(tmp_path):
         assert store.num_envs == 3 and np.array_equal(store.get(slice(None))["x"], np.arange(12).reshape(4, 3))
 
 
+@pytest.mark.parametrize("fmt", ["zarr", "lerobot"])
+def test_import_format_named_for_a_folder_of_another_format_says_what_it_is_not(tmp_path, fmt):
+    """zarr's own "No group found in store" and a bare "meta/info.json: No such file or
+    directory" (exit 3, as for a missing SRC) came instead."""
+    pytest.importorskip("pyarrow")
+    with mr.create(tmp_path / "s", {"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}, 5) as s:
+        s.extend({"x": np.arange(4)[:, None], "terminated": np.array([[0], [1], [0], [1]], bool)})
+    export(mr.open(tmp_path / "s"), tmp_path / "pq", "parquet")
+    out = run_cli("import", tmp_path / "pq", tmp_path / "back", "--format", fmt)
+    one_line_error(out, 4, str(tmp_path / "pq"), f"not a {'zarr export' if fmt == 'zarr' else 'LeRobot dataset'}")
+    assert not (tmp_path / "back").exists()
+
+
 def test_npz_with_objects_is_refused_without_unpickling(tmp_path):
     np.savez(tmp_path / "evil.npz", obs=np.array([{"a": 1}, None], dtype=object))
     with pytest.raises(mr.BadInputError, match="unpickle"):
