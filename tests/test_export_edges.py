@@ -354,6 +354,28 @@ def test_an_export_of_a_closed_store_says_it_is_closed_and_writes_nothing(tmp_pa
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
+@pytest.mark.parametrize("fmt", ["pt", "csv", "npz"])
+def test_leaves_named_with_two_underscores_come_back(tmp_path, fmt):
+    """pt and csv imports dropped every leaf whose name began with "__", saying nothing;
+    an npz export wrote a leaf named __mmreplay__ beside its spec member of that name, and
+    its import then failed as damaged."""
+    pytest.importorskip("torch" if fmt == "pt" else "numpy")
+    spec = {"__private": mr.ArraySpec((2,), "int16"), "x": mr.ArraySpec((), "int64")}
+    with mr.create(tmp_path / "src", spec, capacity=5, num_envs=2) as store:
+        store.extend({"__private": np.arange(12, dtype="int16").reshape(3, 2, 2), "x": np.ones((3, 2), "int64")})
+    with mr.open(tmp_path / "src") as store:
+        out = export(store, tmp_path / f"out.{fmt}", fmt).path
+    import_dataset(out, tmp_path / "back")
+    with mr.open(tmp_path / "back") as back:
+        assert back.leaf_paths == ["__private", "x"]
+        assert np.array_equal(back.get(slice(None))["__private"], np.arange(12).reshape(3, 2, 2))
+    with mr.create(tmp_path / "clash", {"__mmreplay__": mr.ArraySpec((), "int64")}, capacity=5) as store:
+        store.extend({"__mmreplay__": np.ones((2, 1), "int64")})
+        with pytest.raises(mr.BadInputError, match="__mmreplay__"):
+            export(store, tmp_path / "clash.npz", "npz")
+    assert not (tmp_path / "clash.npz").exists()
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "d4rl", "npz"])
 def test_an_export_of_an_empty_store_imports_back_empty(tmp_path, fmt):
     with mr.create(tmp_path / "src", spec(), capacity=10, num_envs=2) as store:

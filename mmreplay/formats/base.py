@@ -555,7 +555,7 @@ def arrays_source(
         # a group's export: no episode runs on from one shard into the next
         breaks = tuple(int(shard["first_step"]) for shard in meta.get("shards", [])[1:])
     else:
-        paths = sorted(k for k in arrays if not k.startswith("__"))
+        paths = sorted(arrays)
         if not paths:
             raise BadInputError(f"{where}: holds no arrays")
         envs = num_envs or 1

@@ -31,6 +31,8 @@ COMPRESSIONS = ("deflate", "zip")
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     method = zipfile.ZIP_DEFLATED if options.compression is not None else zipfile.ZIP_STORED
     specs = flatten(store.spec)
+    if META_KEY in store.leaf_paths:
+        raise BadInputError(f"npz export: leaf {META_KEY!r} has the name of the member holding the spec; rename it")
     with Target(out, "file", "npz", store, options) as target:
         rows = StepBlocks(store).rows
         ticker = Ticker(options.progress, rows, sum(rows * s.nbytes for s in specs))
