@@ -447,6 +447,25 @@ def test_csv_gzip_is_a_csv_gz_that_pandas_reads_with_step_and_env_columns(tmp_pa
     assert json.dumps(list(pd.read_csv(again.path).columns)) == json.dumps(list(table.columns))
 
 
+def test_csv_leaves_whose_names_end_in_a_dot_and_digits_come_back_as_themselves(tmp_path):
+    """A scalar leaf "a.0" beside a scalar "a" was read as the second element of a vector
+    "a" (its own leaf gone), and a lone "v.1" came back as a one-element vector "v"."""
+    spec = {"a": mr.ArraySpec((), "int64"), "a.0": mr.ArraySpec((), "int64"), "v.1": mr.ArraySpec((), "int64"),
+            "w": mr.ArraySpec((3,), "int64")}  # fmt: skip
+    with mr.create(tmp_path / "src", spec, capacity=5) as store:
+        store.extend({"a": np.full((2, 1), 1), "a.0": np.full((2, 1), 2), "v.1": np.full((2, 1), 3),
+                      "w": np.arange(6).reshape(2, 1, 3)})  # fmt: skip
+        export(store, tmp_path / "out.csv", "csv")
+    import_dataset(tmp_path / "out.csv", tmp_path / "back")
+    with mr.open(tmp_path / "back") as back:
+        assert {p: s.shape for p, s in zip(back.leaf_paths, mr.spec.flatten(back.spec))} == {
+            "a": (), "a.0": (), "v.1": (), "w": (3,)
+        }
+        rows = {p: v[:, 0] for p, v in back.get(slice(None)).items()}  # (one env)
+        assert rows["a"].tolist() == [1, 1] and rows["a.0"].tolist() == [2, 2] and rows["v.1"].tolist() == [3, 3]
+        assert np.array_equal(rows["w"], np.arange(6).reshape(2, 3))
+
+
 def test_csv_quotes_leaf_names_a_csv_reader_would_split(tmp_path):
     import csv as pycsv
 
