@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 
 import click
@@ -117,6 +118,6 @@ def command(
     click.echo(f"wrote {what} to {result.path} ({human_bytes(result.nbytes)} {speed(result.nbytes, seconds)})")
     if result.format == "minari":
         click.echo(
-            f"load with: MINARI_DATASETS_PATH={result.info['root']} "
+            f"load with: MINARI_DATASETS_PATH={shlex.quote(result.info['root'])} "
             f"python -c \"import minari; print(minari.load_dataset('{result.info['dataset_id']}'))\""
         )
