@@ -59,24 +59,25 @@ def hdf5_output(path: str, **options: Any) -> Iterator[Any]:
 RESERVE_AHEAD = 4 << 20
 
 
-def reserve(f: Any, ahead: int = 0) -> None:
+def reserve(f: Any, ahead: int = 0, claimed: int = 0) -> int:
     """Claims the disk space of every byte the HDF5 file ``f`` has allocated (and ``ahead``
     more): a full disk is then an ``OSError`` here, not a failed write inside libhdf5.
     libhdf5 writes metadata it holds when an object is released (an error Python only
     prints) and on flush, and after such a failure on a full disk it dies of a
     segmentation fault. A writer of many small objects calls this as it goes, with
-    room ``ahead`` for what it allocates before the next call; the close gives back
-    what was claimed beyond the end."""
+    room ``ahead`` for what it allocates before the next call, and passes back the end
+    of what is ``claimed`` (the return value): only what lies past it is claimed, once
+    half the room is used. The close gives back what was claimed beyond the end."""
     claim = getattr(os, "posix_fallocate", None)  # (not on macOS)
     end = int(f.id.get_filesize()) + ahead
-    fd = f.id.get_vfd_handle()
-    if claim is None or os.fstat(fd).st_blocks * 512 >= end:
-        return
+    if claim is None or end - ahead // 2 <= claimed:
+        return claimed
     try:
-        claim(fd, 0, end)
+        claim(f.id.get_vfd_handle(), claimed, end - claimed)
     except OSError as exc:  # a file system that cannot claim space ahead writes as before
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise
+    return end
 
 
 def dataset_options(compression: str | None, chunks: tuple[int, ...] | None) -> dict[str, Any]:
