@@ -226,6 +226,21 @@ def test_import_format_named_for_a_folder_of_another_format_says_what_it_is_not(
     assert not (tmp_path / "back").exists()
 
 
+def test_plain_npz_of_a_transposed_array_imports_and_one_of_strings_names_its_array(tmp_path):
+    """np.savez keeps a transposed array Fortran-ordered, and the import refused it; an
+    array of strings failed with "ArraySpec: dtype <U1 cannot be stored", naming neither
+    the array nor the file."""
+    obs = np.arange(60.0).reshape(6, 10).T  # [10 steps, 6]
+    np.savez(tmp_path / "a.npz", obs=obs, act=np.arange(10))
+    import_dataset(tmp_path / "a.npz", tmp_path / "one")
+    with mr.open(tmp_path / "one") as store:
+        assert store.spec["obs"].shape == (6,) and np.array_equal(store.get(slice(None))["obs"][:, 0], obs)
+    np.savez(tmp_path / "s.npz", obs=obs, name=np.array(list("abcdefghij")))
+    out = run_cli("import", tmp_path / "s.npz", tmp_path / "two")
+    one_line_error(out, 2, f"{tmp_path / 's.npz'}: array 'name'", "<U1")
+    assert not (tmp_path / "two").exists()
+
+
 def test_npz_with_objects_is_refused_without_unpickling(tmp_path):
     np.savez(tmp_path / "evil.npz", obs=np.array([{"a": 1}, None], dtype=object))
     with pytest.raises(mr.BadInputError, match="unpickle"):

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..codecs import LEVELS, parse
 from ..episodes import fresh_envs
-from ..errors import BadInputError, CorruptBufferError, OverwrittenError, UnsupportedFormatError
+from ..errors import BadInputError, CorruptBufferError, OverwrittenError, SpecError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target, disk_usage
 from ..io import is_url
 from ..roles import subtree
@@ -566,7 +566,10 @@ def arrays_source(
             if len(a.shape) < lead or (num_envs and a.shape[1] != num_envs):
                 want = "[T, num_envs, ...]" if num_envs else "[T, ...]"
                 raise BadInputError(f"{where}: array {p!r} has shape {tuple(a.shape)}, expected {want}")
-            specs.append(ArraySpec(a.shape[lead:], a.dtype))
+            try:
+                specs.append(ArraySpec(a.shape[lead:], a.dtype))
+            except SpecError as exc:
+                raise SpecError(f"{where}: array {p!r}: {exc}") from None
         spec = nest(paths, specs)
         paths = leaf_paths(spec)
         roles = None
