@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 
 import click
@@ -73,7 +74,7 @@ def command(
 ) -> None:
     """Export the buffer at PATH to OUT in an offline RL format.
 
-    Episode formats (minari, d4rl, d3rlpy, parquet) write episode after episode; an
+    Episode formats (minari, d4rl, d3rlpy, parquet, lerobot) write episode after episode; an
     episode still open at the end of an env's stream is written as truncated unless
     --complete-only. Step-major formats (npz, csv, pt, zarr, hdf5) write every retained
     step as [steps, num_envs, ...] arrays keyed by leaf path. For minari, OUT is the
@@ -117,6 +118,6 @@ def command(
     click.echo(f"wrote {what} to {result.path} ({human_bytes(result.nbytes)} {speed(result.nbytes, seconds)})")
     if result.format == "minari":
         click.echo(
-            f"load with: MINARI_DATASETS_PATH={result.info['root']} "
+            f"load with: MINARI_DATASETS_PATH={shlex.quote(result.info['root'])} "
             f"python -c \"import minari; print(minari.load_dataset('{result.info['dataset_id']}'))\""
         )

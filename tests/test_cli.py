@@ -201,13 +201,24 @@ def test_export_takes_the_format_from_the_name_of_out(tmp_path):
     assert sorted(os.listdir(tmp_path)) == before
 
 
+def test_the_minari_load_command_export_prints_runs_in_a_folder_with_a_space(tmp_path):
+    """The datasets root went unquoted into the printed command: the shell ran the word
+    after the space as the command."""
+    pytest.importorskip("minari")
+    root = tmp_path / "my datasets"
+    out = run("export", WRAPPED, root, "-f", "minari", "--dataset-id", "ns/w-v0", "-q").stdout
+    command = out.splitlines()[-1].removeprefix("load with: ").replace("python ", f"{sys.executable} ", 1)
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "MinariDataset" in done.stdout, (command, done.stderr[-2000:])
+
+
 def test_export_complete_only_and_force(tmp_path):
     run("export", WRAPPED, tmp_path / "a.h5", "-f", "d4rl", "--complete-only", "-q")
     again = run("export", WRAPPED, tmp_path / "a.h5", "-f", "d4rl", "-q", ok=False)
     assert again.returncode != 0 and "--force" in again.stderr
     run("export", WRAPPED, tmp_path / "a.h5", "-f", "d4rl", "-q", "--force")
     bad = run("export", WRAPPED, tmp_path / "x.npz", "-f", "npz", "--complete-only", ok=False)
-    assert bad.returncode != 0 and "complete-only" in bad.stderr
+    assert bad.returncode != 0 and "--complete-only applies to minari, d4rl, d3rlpy, parquet and lerobot" in bad.stderr
 
 
 def test_convert_to_hdf5_with_compression(tmp_path):

@@ -344,6 +344,38 @@ def test_every_export_imports_back(tmp_path, fmt):
         ]
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_an_export_of_a_closed_store_says_it_is_closed_and_writes_nothing(tmp_path, fmt):
+    """pt blamed the PyTorch version ("torch.save laid out 0 records") for a closed store."""
+    with mr.create(tmp_path / "src", spec(), capacity=10) as store:
+        collect(store, 5, seed=0)
+    with pytest.raises(mr.ClosedError, match="closed"):
+        export(store, tmp_path / "out", fmt)
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+@pytest.mark.parametrize("fmt", ["pt", "csv", "npz"])
+def test_leaves_named_with_two_underscores_come_back(tmp_path, fmt):
+    """pt and csv imports dropped every leaf whose name began with "__", saying nothing;
+    an npz export wrote a leaf named __mmreplay__ beside its spec member of that name, and
+    its import then failed as damaged."""
+    pytest.importorskip("torch" if fmt == "pt" else "numpy")
+    spec = {"__private": mr.ArraySpec((2,), "int16"), "x": mr.ArraySpec((), "int64")}
+    with mr.create(tmp_path / "src", spec, capacity=5, num_envs=2) as store:
+        store.extend({"__private": np.arange(12, dtype="int16").reshape(3, 2, 2), "x": np.ones((3, 2), "int64")})
+    with mr.open(tmp_path / "src") as store:
+        out = export(store, tmp_path / f"out.{fmt}", fmt).path
+    import_dataset(out, tmp_path / "back")
+    with mr.open(tmp_path / "back") as back:
+        assert back.leaf_paths == ["__private", "x"]
+        assert np.array_equal(back.get(slice(None))["__private"], np.arange(12).reshape(3, 2, 2))
+    with mr.create(tmp_path / "clash", {"__mmreplay__": mr.ArraySpec((), "int64")}, capacity=5) as store:
+        store.extend({"__mmreplay__": np.ones((2, 1), "int64")})
+        with pytest.raises(mr.BadInputError, match="__mmreplay__"):
+            export(store, tmp_path / "clash.npz", "npz")
+    assert not (tmp_path / "clash.npz").exists()
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "d4rl", "npz"])
 def test_an_export_of_an_empty_store_imports_back_empty(tmp_path, fmt):
     with mr.create(tmp_path / "src", spec(), capacity=10, num_envs=2) as store:
@@ -413,6 +445,25 @@ def test_csv_gzip_is_a_csv_gz_that_pandas_reads_with_step_and_env_columns(tmp_pa
         again = export(store, tmp_path / "named.csv.gz", "csv", compression="gzip")
     assert again.path == str(tmp_path / "named.csv.gz")
     assert json.dumps(list(pd.read_csv(again.path).columns)) == json.dumps(list(table.columns))
+
+
+def test_csv_leaves_whose_names_end_in_a_dot_and_digits_come_back_as_themselves(tmp_path):
+    """A scalar leaf "a.0" beside a scalar "a" was read as the second element of a vector
+    "a" (its own leaf gone), and a lone "v.1" came back as a one-element vector "v"."""
+    spec = {"a": mr.ArraySpec((), "int64"), "a.0": mr.ArraySpec((), "int64"), "v.1": mr.ArraySpec((), "int64"),
+            "w": mr.ArraySpec((3,), "int64")}  # fmt: skip
+    with mr.create(tmp_path / "src", spec, capacity=5) as store:
+        store.extend({"a": np.full((2, 1), 1), "a.0": np.full((2, 1), 2), "v.1": np.full((2, 1), 3),
+                      "w": np.arange(6).reshape(2, 1, 3)})  # fmt: skip
+        export(store, tmp_path / "out.csv", "csv")
+    import_dataset(tmp_path / "out.csv", tmp_path / "back")
+    with mr.open(tmp_path / "back") as back:
+        assert {p: s.shape for p, s in zip(back.leaf_paths, mr.spec.flatten(back.spec))} == {
+            "a": (), "a.0": (), "v.1": (), "w": (3,)
+        }
+        rows = {p: v[:, 0] for p, v in back.get(slice(None)).items()}  # (one env)
+        assert rows["a"].tolist() == [1, 1] and rows["a.0"].tolist() == [2, 2] and rows["v.1"].tolist() == [3, 3]
+        assert np.array_equal(rows["w"], np.arange(6).reshape(2, 3))
 
 
 def test_csv_quotes_leaf_names_a_csv_reader_would_split(tmp_path):

@@ -200,6 +200,47 @@ def test_import_plain_npz_with_and_without_envs(tmp_path):
         assert np.array_equal(store.get(slice(None))["obs"], x[-4:])  # the newest steps
 
 
+def test_num_envs_that_contradicts_an_npz_export_is_refused(tmp_path):
+    """--num-envs 2 on an export of 3 envs was ignored: the store came with 3, silently."""
+    with mr.create(tmp_path / "s", {"x": mr.ArraySpec((), "int64")}, 5, num_envs=3) as store:
+        store.extend({"x": np.arange(12).reshape(4, 3)})
+    export(mr.open(tmp_path / "s"), tmp_path / "s.npz")
+    out = run_cli("import", tmp_path / "s.npz", tmp_path / "two", "--num-envs", "2")
+    one_line_error(out, 2, str(tmp_path / "s.npz"), "export of 3 envs", "num_envs=2")
+    assert not (tmp_path / "two").exists()
+    import_dataset(tmp_path / "s.npz", tmp_path / "three", num_envs=3)  # what it records is fine
+    with mr.open(tmp_path / "three") as store:
+        assert store.num_envs == 3 and np.array_equal(store.get(slice(None))["x"], np.arange(12).reshape(4, 3))
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "lerobot"])
+def test_import_format_named_for_a_folder_of_another_format_says_what_it_is_not(tmp_path, fmt):
+    """zarr's own "No group found in store" and a bare "meta/info.json: No such file or
+    directory" (exit 3, as for a missing SRC) came instead."""
+    pytest.importorskip("pyarrow")
+    with mr.create(tmp_path / "s", {"x": mr.ArraySpec((), "int64"), "terminated": mr.ArraySpec((), "bool")}, 5) as s:
+        s.extend({"x": np.arange(4)[:, None], "terminated": np.array([[0], [1], [0], [1]], bool)})
+    export(mr.open(tmp_path / "s"), tmp_path / "pq", "parquet")
+    out = run_cli("import", tmp_path / "pq", tmp_path / "back", "--format", fmt)
+    one_line_error(out, 4, str(tmp_path / "pq"), f"not a {'zarr export' if fmt == 'zarr' else 'LeRobot dataset'}")
+    assert not (tmp_path / "back").exists()
+
+
+def test_plain_npz_of_a_transposed_array_imports_and_one_of_strings_names_its_array(tmp_path):
+    """np.savez keeps a transposed array Fortran-ordered, and the import refused it; an
+    array of strings failed with "ArraySpec: dtype <U1 cannot be stored", naming neither
+    the array nor the file."""
+    obs = np.arange(60.0).reshape(6, 10).T  # [10 steps, 6]
+    np.savez(tmp_path / "a.npz", obs=obs, act=np.arange(10))
+    import_dataset(tmp_path / "a.npz", tmp_path / "one")
+    with mr.open(tmp_path / "one") as store:
+        assert store.spec["obs"].shape == (6,) and np.array_equal(store.get(slice(None))["obs"][:, 0], obs)
+    np.savez(tmp_path / "s.npz", obs=obs, name=np.array(list("abcdefghij")))
+    out = run_cli("import", tmp_path / "s.npz", tmp_path / "two")
+    one_line_error(out, 2, f"{tmp_path / 's.npz'}: array 'name'", "<U1")
+    assert not (tmp_path / "two").exists()
+
+
 def test_npz_with_objects_is_refused_without_unpickling(tmp_path):
     np.savez(tmp_path / "evil.npz", obs=np.array([{"a": 1}, None], dtype=object))
     with pytest.raises(mr.BadInputError, match="unpickle"):

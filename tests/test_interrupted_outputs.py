@@ -309,6 +309,21 @@ def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmpfs, noise):  
             assert ".partial" not in r["error"] and r["entries"] == [], r
 
 
+def test_minari_export_of_many_short_episodes_onto_a_full_disk_is_one_line(tmpfs, tmp_path):  # noqa: F811
+    """Many small episodes fill the disk inside libhdf5's own writes (objects released,
+    the final flush), which Python only printed, and the export died of SIGSEGV."""
+    spec = {"obs": mr.ArraySpec((3,), "float32"), "action": mr.ArraySpec((), "float32"),
+            "reward": mr.ArraySpec((), "float32"), "terminated": mr.ArraySpec((), "bool")}  # fmt: skip
+    with mr.create(tmp_path / "short", spec, capacity=5000, num_envs=2) as store:
+        store.extend({"obs": np.ones((5000, 2, 3), "float32"), "action": np.zeros((5000, 2), "float32"),
+                      "reward": np.zeros((5000, 2), "float32"),
+                      "terminated": np.arange(10000).reshape(5000, 2) % 7 == 6})  # fmt: skip
+    fs = tmpfs("300k")
+    out = run_cli("export", tmp_path / "short", os.path.join(fs, "out"), "-f", "minari", "-q")
+    one_line_error(out, 2, os.path.join(fs, "out"), "no space left", "minari export")
+    assert os.listdir(fs) == []
+
+
 def test_export_to_a_read_only_place_names_the_target(tmpfs):  # noqa: F811
     """The error named the scratch file (.out.partial-PID) instead of OUT."""
     fs = tmpfs("4m")

@@ -1,7 +1,7 @@
 """Offline datasets: one module per format, holding its writer and its reader, imported
 only when used.
 
-Episode formats (``minari``, ``d4rl``, ``d3rlpy``, ``parquet``) walk the store episode by
+Episode formats (``minari``, ``d4rl``, ``d3rlpy``, ``parquet``, ``lerobot``) walk the store episode by
 episode; an episode still running at the end of an env's stream is written as
 truncated, or left out with ``complete_only`` (as is an episode whose start the ring
 overwrote); an episode's last step keeps its terminal flag either way. Step-major
@@ -176,6 +176,8 @@ def export(
     """
     if format is None:
         format = format_of(out)  # noqa: A001
+    if getattr(store, "closed", False):  # (a closed store's leaves are gone: a pt export saw none)
+        store.check_open()
     joined = getattr(store, "joined", None)
     if callable(joined):  # a group: its shards' steps one after another, as one dataset
         store = joined()
@@ -189,9 +191,10 @@ def export(
         takes = ", ".join(accepted) or "no options"
         raise TypeError(f"{name} export: unexpected options {unknown}; it takes {takes}")
     if complete_only and FORMATS[name].kind == "steps":
+        *rest, last = [f for f, info in FORMATS.items() if info.kind == "episodes"]
         raise BadInputError(
             f"{name} export writes every retained step as [steps, num_envs, ...] arrays, so it cannot "
-            "leave out open episodes; --complete-only applies to minari, d4rl, d3rlpy and parquet"
+            f"leave out open episodes; --complete-only applies to {', '.join(rest)} and {last}"
         )
     compression = check_compression(name, compression, module.COMPRESSIONS)
     options = ExportOptions(compression, complete_only, force, progress or (lambda rows: None))

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..codecs import LEVELS, parse
 from ..episodes import fresh_envs
-from ..errors import BadInputError, CorruptBufferError, OverwrittenError, UnsupportedFormatError
+from ..errors import BadInputError, CorruptBufferError, OverwrittenError, SpecError, UnsupportedFormatError
 from ..files import AtomicOutput, check_target, disk_usage
 from ..io import is_url
 from ..roles import subtree
@@ -543,6 +543,11 @@ def arrays_source(
         if missing:
             raise CorruptBufferError(f"{where}: arrays missing for leaves {missing}")
         envs = int(meta["num_envs"])
+        if num_envs is not None and num_envs != envs:
+            raise BadInputError(
+                f"{where}: an mmreplay export of {envs} envs, which it records; num_envs={num_envs} "
+                "applies to a plain npz only (leave it out)"
+            )
         roles = meta.get("roles")
         first_step = int(meta.get("first_step", 0))
         # older exports do not say which episodes start whole: only from step 0 on
@@ -550,7 +555,7 @@ def arrays_source(
         # a group's export: no episode runs on from one shard into the next
         breaks = tuple(int(shard["first_step"]) for shard in meta.get("shards", [])[1:])
     else:
-        paths = sorted(k for k in arrays if not k.startswith("__"))
+        paths = sorted(arrays)
         if not paths:
             raise BadInputError(f"{where}: holds no arrays")
         envs = num_envs or 1
@@ -561,7 +566,10 @@ def arrays_source(
             if len(a.shape) < lead or (num_envs and a.shape[1] != num_envs):
                 want = "[T, num_envs, ...]" if num_envs else "[T, ...]"
                 raise BadInputError(f"{where}: array {p!r} has shape {tuple(a.shape)}, expected {want}")
-            specs.append(ArraySpec(a.shape[lead:], a.dtype))
+            try:
+                specs.append(ArraySpec(a.shape[lead:], a.dtype))
+            except SpecError as exc:
+                raise SpecError(f"{where}: array {p!r}: {exc}") from None
         spec = nest(paths, specs)
         paths = leaf_paths(spec)
         roles = None

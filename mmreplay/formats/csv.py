@@ -114,10 +114,15 @@ def read(src: str, files: ExitStack, spec: Mapping[str, Any] | None = None) -> S
     if steps * envs != len(rows) or not np.array_equal(rows[:, 1], np.tile(np.arange(envs), steps)):
         raise BadInputError(f"{src}: rows are not one per (step, env), step-major")
     groups: dict[str, list[int]] = {}
+    scalars = set(head[2:])
     for i, name in enumerate(head[2:], start=2):
         leaf, dot, idx = name.rpartition(".")
-        key = leaf if dot and idx.isdigit() else name
+        key = leaf if dot and idx.isdigit() and leaf not in scalars else name
         groups.setdefault(key, []).append(i)
+    for key, cols in list(groups.items()):  # a vector's columns are <leaf>.0, <leaf>.1, ...
+        if head[cols[0]] != key and [head[c] for c in cols] != [f"{key}.{j}" for j in range(len(cols))]:
+            del groups[key]
+            groups.update({head[c]: [c] for c in cols})
     arrays = {}
     for name, cols in groups.items():
         values = _numbers(text[:, cols])

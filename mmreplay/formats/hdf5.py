@@ -8,6 +8,7 @@ to rebuild the store. Read it with plain ``h5py.File(path)``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ def hdf5_output(path: str, **options: Any) -> Iterator[Any]:
     f = h5py.File(path, "w", **options)
     try:
         yield f
+        reserve(f)
         f.flush()
         f.close()
     except BaseException:
@@ -51,6 +53,31 @@ def hdf5_output(path: str, **options: Any) -> Iterator[Any]:
         with contextlib.suppress(Exception):
             f.close()
         raise
+
+
+#: disk space :func:`reserve` claims beyond what the file has allocated
+RESERVE_AHEAD = 4 << 20
+
+
+def reserve(f: Any, ahead: int = 0, claimed: int = 0) -> int:
+    """Claims the disk space of every byte the HDF5 file ``f`` has allocated (and ``ahead``
+    more): a full disk is then an ``OSError`` here, not a failed write inside libhdf5.
+    libhdf5 writes metadata it holds when an object is released (an error Python only
+    prints) and on flush, and after such a failure on a full disk it dies of a
+    segmentation fault. A writer of many small objects calls this as it goes, with
+    room ``ahead`` for what it allocates before the next call, and passes back the end
+    of what is ``claimed`` (the return value): only what lies past it is claimed, once
+    half the room is used. The close gives back what was claimed beyond the end."""
+    claim = getattr(os, "posix_fallocate", None)  # (not on macOS)
+    end = int(f.id.get_filesize()) + ahead
+    if claim is None or end - ahead // 2 <= claimed:
+        return claimed
+    try:
+        claim(f.id.get_vfd_handle(), claimed, end - claimed)
+    except OSError as exc:  # a file system that cannot claim space ahead writes as before
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+    return end
 
 
 def dataset_options(compression: str | None, chunks: tuple[int, ...] | None) -> dict[str, Any]:

@@ -698,6 +698,8 @@ def _column(table: Any, name: str, spec: ArraySpec, image: bool) -> np.ndarray:
 def read(src: str, files: ExitStack) -> Source:
     """The importer's source over a LeRobot v3.0 folder: one env, episode after episode."""
     pa, pq = _pyarrow()
+    if not os.path.isfile(os.path.join(src, "meta", "info.json")):
+        raise UnsupportedFormatError(f"{src}: no meta/info.json; not a LeRobot dataset folder")
     info = _read_json(os.path.join(src, "meta", "info.json"), src)
     version = str(info.get("codebase_version"))
     if not version.startswith("v3."):

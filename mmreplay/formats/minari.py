@@ -63,7 +63,7 @@ from .base import (
     nest,
     source_name,
 )
-from .hdf5 import datasets, hdf5_output, put_array
+from .hdf5 import RESERVE_AHEAD, datasets, hdf5_output, put_array, reserve
 
 if TYPE_CHECKING:
     from contextlib import ExitStack
@@ -253,7 +253,7 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
         _check_inside(root, parts)
         folder = target.path("data")
         os.mkdir(folder)
-        count = steps = 0
+        count = steps = claimed = 0
         with hdf5_output(os.path.join(folder, "main_data.hdf5"), track_order=True) as f:
             for ep in episodes:
                 n = ep.length
@@ -283,6 +283,7 @@ def write(store: Exportable, out: str, options: ExportOptions, dataset_id: str |
                     _write_leaf(g, info_key(p), np.asarray(subtree(ep.data, p))[:n], options.compression)
                 count += 1
                 steps += n
+                claimed = reserve(f, RESERVE_AHEAD, claimed)
         if count == 0:  # (minari.load_dataset takes it; nothing can be read back from it)
             complete = "complete " if options.complete_only else ""
             raise NotEnoughDataError(

@@ -31,6 +31,8 @@ COMPRESSIONS = ("deflate", "zip")
 def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
     method = zipfile.ZIP_DEFLATED if options.compression is not None else zipfile.ZIP_STORED
     specs = flatten(store.spec)
+    if META_KEY in store.leaf_paths:
+        raise BadInputError(f"npz export: leaf {META_KEY!r} has the name of the member holding the spec; rename it")
     with Target(out, "file", "npz", store, options) as target:
         rows = StepBlocks(store).rows
         ticker = Ticker(options.progress, rows, sum(rows * s.nbytes for s in specs))
@@ -82,15 +84,20 @@ class _NpyMember:
             self.offset = f.tell()
         if dtype.hasobject:
             raise BadInputError(f"npz member {name!r} holds Python objects; refusing to unpickle")
-        if fortran and len(shape) > 1:
-            raise UnsupportedFormatError(f"npz member {name!r} is Fortran-ordered")
         self.shape, self.dtype = tuple(shape), dtype
+        # a Fortran-ordered array (np.savez of a transposed one) has no rows to stream: read whole
+        self._whole = None
+        if fortran and len(shape) > 1:
+            with zf.open(name) as f:
+                self._whole = np.ascontiguousarray(np.lib.format.read_array(f, allow_pickle=False))
         self.row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
         self._f: Any = None
         self._pos = 0
 
     def __getitem__(self, sl: slice) -> np.ndarray:
         a, b, _ = sl.indices(self.shape[0])
+        if self._whole is not None:
+            return self._whole[a:b]
         if self._f is None or a < self._pos:
             if self._f is not None:
                 self._f.close()

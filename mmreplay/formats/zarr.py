@@ -134,6 +134,8 @@ def write(store: Exportable, out: str, options: ExportOptions) -> ExportResult:
 
 
 def read(src: str, files: ExitStack) -> Source:
+    if not os.path.isfile(os.path.join(src, "zarr.json")):
+        raise UnsupportedFormatError(f"{src}: no zarr.json; not a zarr export of mmreplay")
     g = need("zarr", "the zarr format", "zarr").open_group(src, mode="r")
     meta = dict(g.attrs).get("mmreplay")
     if not isinstance(meta, dict):
