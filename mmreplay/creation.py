@@ -5,7 +5,6 @@ appears (:func:`create`)."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import shutil
@@ -18,7 +17,14 @@ import numpy as np
 
 from . import backends, frames_layout
 from .errors import DiskFullError, SpecError, SpecMismatchError
-from .files import interrupts_deferred, make_folders, raise_named, remove_dead_scratch, scratch_path
+from .files import (
+    interrupts_deferred,
+    make_folders,
+    raise_named,
+    remove_dead_scratch,
+    rename_made,
+    scratch_path,
+)
 from .lock import WriterLock
 from .metadata import (
     DURABILITIES,
@@ -245,14 +251,7 @@ def create(
                 side = frames_layout.create_side(module, tmp, meta, list(meta.frames.side))
                 meta = replace(meta, frames=replace(meta.frames, side=tuple(side)))
             meta = write_buffer(tmp, replace(meta, leaves=tuple(created)), fsync=durability == "power")
-            try:
-                os.rename(tmp, path)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-                raise BufferExistsError(
-                    f"{path}: another process created a buffer there meanwhile; pass exist_ok=True to reopen it"
-                ) from None
+            rename_made(tmp, path, "buffer")
         except BaseException as exc:
             lock.release()
             shutil.rmtree(tmp, ignore_errors=True)

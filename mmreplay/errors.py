@@ -79,6 +79,10 @@ class ShutdownError(Error, RuntimeError):
     after the main thread returned)."""
 
 
+class BufferExistsError(Error, FileExistsError):
+    """``create`` found something at the path and ``exist_ok`` was not set."""
+
+
 class TargetError(Error, FileExistsError):
     """A path an export, convert or import must not write: an existing file or folder that
     is not an earlier export of the same format, or a path inside (or holding) its source."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import NoReturn
 
-from .errors import DiskFullError, Error, ReadOnlyError, TargetError
+from .errors import BufferExistsError, DiskFullError, Error, ReadOnlyError, TargetError
 from .io.local import NO_FOLLOW
 
 __all__ = [
@@ -213,6 +213,20 @@ def make_folders(folder: str) -> list[str]:
         remove_folders(made)
         raise
     return made
+
+
+def rename_made(tmp: str, path: str, what: str) -> None:
+    """Rename the scratch folder ``tmp``, made whole, to ``path`` (onto an empty folder
+    too): of processes making the same ``what`` at once, the first wins and the others get
+    a :class:`BufferExistsError`."""
+    try:
+        os.rename(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        raise BufferExistsError(
+            f"{path}: another process created a {what} there meanwhile; pass exist_ok=True to open it"
+        ) from None
 
 
 def remove_folders(made: list[str]) -> None:

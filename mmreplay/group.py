@@ -21,7 +21,6 @@ uncommitted tail.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -43,7 +42,15 @@ from .errors import (
     NotEnoughDataError,
     SpecMismatchError,
 )
-from .files import atomic_write, make_folders, raise_named, remove_dead_scratch, remove_folders, scratch_path
+from .files import (
+    atomic_write,
+    make_folders,
+    raise_named,
+    remove_dead_scratch,
+    remove_folders,
+    rename_made,
+    scratch_path,
+)
 from .io.local import GROUP_FILE, folder_inside, read_inside
 from .opening import MODES
 from .read import SampleInfo, SampleRequest
@@ -221,14 +228,7 @@ def create_group(
         for index in range(shards):
             create_store(os.path.join(tmp, shard_name(index)), spec, capacity, num_envs, **options).close()
         write_manifest(tmp, shards, fsync=options.get("durability") == "power")
-        try:
-            os.rename(tmp, path)  # onto an empty folder too
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-            raise BufferExistsError(
-                f"{path}: another process created a group there meanwhile; pass exist_ok=True to open it"
-            ) from None
+        rename_made(tmp, path, "group")
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         remove_folders(made)

@@ -20,7 +20,7 @@ from . import episodes as _episodes
 from . import exits, opening
 from . import frames as _frames
 from .backends import native_rows
-from .errors import ClosedError, Error
+from .errors import BufferExistsError, ClosedError
 from .hooks import WriteHook, overrides
 from .io import ByteSource, LocalFolder
 from .lock import WriterLock
@@ -36,10 +36,6 @@ from .values import StepValidator
 __all__ = ["Store", "open", "BufferExistsError"]
 
 DEFAULT_COMMIT_EVERY = 1000
-
-
-class BufferExistsError(Error, FileExistsError):
-    """``create`` found something at the path and ``exist_ok`` was not set."""
 
 
 class Store(Ring):
