@@ -26,6 +26,7 @@ from .metadata import (
     LeafInfo,
     Metadata,
     chunk_too_large,
+    read_metadata,
     write_buffer,
 )
 from .roles import validate_roles
@@ -349,10 +350,20 @@ def _setting(meta: Metadata, name: str) -> Any:
 def _reopen(path: str, meta: Metadata, given: set[str]) -> Store:
     """The buffer at ``path`` opened for writing, if it has ``meta``'s layout and the
     settings ``given`` (those a caller named; the others take the buffer's): otherwise a
-    SpecMismatchError naming each difference, as a setting silently ignored would mislead."""
+    SpecMismatchError naming each difference, as a setting silently ignored would mislead.
+    Compared before the writer opens it too: a writer's close commits (a dead writer's
+    reservation dropped), and a refusal changes nothing on disk."""
+    _refuse_differences(path, read_metadata(path), meta, given)
     store = open(path, "a")
-    diffs = differences(store.metadata, meta, given)
-    if diffs:
+    try:
+        _refuse_differences(store.path, store.metadata, meta, given)  # (as the last writer left it)
+    except SpecMismatchError:
         store.close()
-        raise SpecMismatchError(f"{store.path}: a different buffer exists there ({'; '.join(diffs)})")
+        raise
     return store
+
+
+def _refuse_differences(path: str, have: Metadata, want: Metadata, given: set[str]) -> None:
+    diffs = differences(have, want, given)
+    if diffs:
+        raise SpecMismatchError(f"{path}: a different buffer exists there ({'; '.join(diffs)})")

@@ -342,6 +342,27 @@ def test_exist_ok_refuses_a_setting_named_that_differs_from_the_buffers(tmp_path
     assert folder_digest(path) == before
 
 
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_exist_ok_refused_after_a_kill_changes_nothing_on_disk(tmp_path, writers, backend):
+    """A writer killed mid-run leaves its reservation in the state file; a reopen refused
+    for a different layout must not commit over it (as opening a writer, then closing it,
+    would): the folder is as the dead writer left it."""
+    path = tmp_path / "b"
+    code = textwrap.dedent(f"""
+        import sys, numpy as np, mmreplay as mr
+        store = mr.create(sys.argv[1], {{"x": mr.ArraySpec((), "int64")}}, 10, backend={backend!r}, commit_every=3)
+        for i in range(5):
+            store.add({{"x": np.array([i])}})
+        print("added", flush=True)
+        sys.stdin.read()
+    """)
+    writers.kill_when(writers.start(code, path, stdin=subprocess.PIPE), lambda line: line == "added\n")
+    before = folder_digest(path)
+    with pytest.raises(mr.SpecMismatchError, match="capacity: existing 10 vs new 11"):
+        mr.create(path, {"x": mr.ArraySpec((), "int64")}, 11, exist_ok=True)
+    assert folder_digest(path) == before
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
