@@ -379,6 +379,9 @@ def test_exist_ok_refused_after_a_kill_changes_nothing_on_disk(tmp_path, writers
         ({"capacity": 4, "roles": ["reward"]}, "roles must map a role to a leaf path"),
         ({"capacity": 2**62}, "leaf 'x': 4611686018427387904 steps .* past the"),
         ({"capacity": 2**62, "backend": "hdf5"}, "leaf 'x': 4611686018427387904 steps .* past the"),
+        # a misspelt keyword is a sampler option: named as such, not as the sampler's TypeError
+        ({"capacity": 4, "num_env": 2}, r"\['num_env'\]: not create's, nor options of the 'uniform' sampler"),
+        ({"capacity": 4, "sampler": "prioritized", "alfa": 0.5}, r"\['alfa'\]: .*\(alpha, beta, eps,"),
     ],
 )
 def test_create_validates_arguments_before_touching_disk(tmp_path, kwargs, match):
