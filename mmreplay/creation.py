@@ -324,7 +324,7 @@ def differences(have: Metadata, want: Metadata, given: set[str]) -> list[str]:
             diffs.append(f"{name}: existing {_setting(have, name)} vs new {_setting(want, name)}")
     frames_have = None if have.frames is None else {**have.frames.to_json(), "side": None}
     frames_want = None if want.frames is None else {**want.frames.to_json(), "side": None}
-    if frames_have != frames_want:
+    if want.frames is not None and frames_have != frames_want:  # (frames not named: the buffer's)
         diffs.append(f"frames: existing {frames_have} vs new {frames_want}")
     return diffs
 
@@ -334,8 +334,6 @@ def named_differences(store: Store, options: Mapping[str, Any]) -> list[str]:
     from the open ``store``'s: what ``create(exist_ok=True)`` refuses, for the layers
     that reopen a buffer themselves."""
     asked, given, _ = requested(store.spec, store.capacity, store.num_envs, options)
-    if options.get("frames") is None:
-        asked = replace(asked, frames=store.metadata.frames)
     return differences(store.metadata, asked, given)
 
 
