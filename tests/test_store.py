@@ -104,6 +104,18 @@ def stack(spec, steps):
     return {k: stack(v, [s[k] for s in steps]) if isinstance(v, dict) else np.stack([s[k] for s in steps]) for k, v in spec.items()}
 
 
+def test_an_index_out_of_range_in_a_writer_counts_the_steps_it_holds(tmp_path):
+    """A writer reads every step it added, committed or not: the refusal counts those
+    (it said "for 3 committed steps" with none committed)."""
+    with mr.create(tmp_path / "b", {"x": mr.ArraySpec((), "int64")}, capacity=8, commit_every=100) as store:
+        store.extend({"x": np.zeros((3, 1), "int64")})
+        assert store.committed_steps == 0
+        with pytest.raises(IndexError, match="index 5 out of range for 3 retained steps"):
+            store.get(5)
+        with pytest.raises(IndexError, match="index out of range for 3 retained steps"):
+            store.set([0, 7], {"x": np.zeros((2, 1), "int64")})
+
+
 def test_get_and_set_follow_numpy_storage_indexing(tmp_path, layout):
     spec = {"a": mr.ArraySpec((2,), "int64"), "b": mr.ArraySpec((), "float32")}
     with mr.create(tmp_path / "b", spec, capacity=4, commit_every=1, **layout) as store:
