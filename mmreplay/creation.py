@@ -32,6 +32,7 @@ from .metadata import (
     LeafInfo,
     Metadata,
     chunk_too_large,
+    read_metadata,
     write_buffer,
 )
 from .roles import validate_roles
@@ -322,7 +323,7 @@ def differences(have: Metadata, want: Metadata, given: set[str]) -> list[str]:
             diffs.append(f"{name}: existing {_setting(have, name)} vs new {_setting(want, name)}")
     frames_have = None if have.frames is None else {**have.frames.to_json(), "side": None}
     frames_want = None if want.frames is None else {**want.frames.to_json(), "side": None}
-    if frames_have != frames_want:
+    if want.frames is not None and frames_have != frames_want:  # (frames not named: the buffer's)
         diffs.append(f"frames: existing {frames_have} vs new {frames_want}")
     return diffs
 
@@ -332,8 +333,6 @@ def named_differences(store: Store, options: Mapping[str, Any]) -> list[str]:
     from the open ``store``'s: what ``create(exist_ok=True)`` refuses, for the layers
     that reopen a buffer themselves."""
     asked, given, _ = requested(store.spec, store.capacity, store.num_envs, options)
-    if options.get("frames") is None:
-        asked = replace(asked, frames=store.metadata.frames)
     return differences(store.metadata, asked, given)
 
 
@@ -348,10 +347,20 @@ def _setting(meta: Metadata, name: str) -> Any:
 def _reopen(path: str, meta: Metadata, given: set[str]) -> Store:
     """The buffer at ``path`` opened for writing, if it has ``meta``'s layout and the
     settings ``given`` (those a caller named; the others take the buffer's): otherwise a
-    SpecMismatchError naming each difference, as a setting silently ignored would mislead."""
+    SpecMismatchError naming each difference, as a setting silently ignored would mislead.
+    Compared before the writer opens it too: a writer's close commits (a dead writer's
+    reservation dropped), and a refusal changes nothing on disk."""
+    _refuse_differences(path, read_metadata(path), meta, given)
     store = open(path, "a")
-    diffs = differences(store.metadata, meta, given)
-    if diffs:
+    try:
+        _refuse_differences(store.path, store.metadata, meta, given)  # (as the last writer left it)
+    except SpecMismatchError:
         store.close()
-        raise SpecMismatchError(f"{store.path}: a different buffer exists there ({'; '.join(diffs)})")
+        raise
     return store
+
+
+def _refuse_differences(path: str, have: Metadata, want: Metadata, given: set[str]) -> None:
+    diffs = differences(have, want, given)
+    if diffs:
+        raise SpecMismatchError(f"{path}: a different buffer exists there ({'; '.join(diffs)})")

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptBufferError, Error, ObjectNotFoundError, UnsupportedFormatError
+from .errors import BadInputError, CorruptBufferError, Error, ObjectNotFoundError, UnsupportedFormatError
 from .files import atomic_write
 from .frames_layout import FramesLayout, layout_from_json
 from .io import ByteSource, open_source
@@ -181,8 +181,16 @@ def check_checksum(raw: bytes, obj: dict, where: str) -> None:
 def write_metadata(
     folder: str, meta: Metadata, fsync: bool = False, previous: tuple[int, dict[str, Any]] | None = None
 ) -> None:
-    """Replace the JSON file (static description and attributes; the state is not in it)."""
-    atomic_write(os.path.join(folder, METADATA_FILE), render(meta, previous), fsync)
+    """Replace the JSON file (static description and attributes; the state is not in it).
+    A file past what :func:`read_metadata` reads is refused unwritten: the buffer would no
+    longer open."""
+    data = render(meta, previous)
+    if len(data) > MAX_METADATA_BYTES:
+        raise BadInputError(
+            f"{os.path.join(folder, METADATA_FILE)}: the attributes (new and previous) would make it {len(data)} "
+            f"bytes, past the {MAX_METADATA_BYTES} a buffer's metadata may take; keep large data in a file"
+        )
+    atomic_write(os.path.join(folder, METADATA_FILE), data, fsync)
 
 
 def write_buffer(folder: str, meta: Metadata, fsync: bool = False) -> Metadata:

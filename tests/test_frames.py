@@ -882,3 +882,21 @@ def test_a_writer_reopens_after_recover_dropped_every_step_and_its_rows(tmp_path
     with mr.open(path) as reader:
         assert reader.window[:2] == (11, 13)  # the oldest stack's earlier frame is before it
         _same(reader.get(slice(None)), {k: np.stack([s[k] for s in added[1:]]) for k in added[0]}, "after")
+
+
+def test_exist_ok_reopens_a_frames_store_with_frames_left_out(tmp_path):
+    """``frames`` is a setting like the others: left out of ``create(exist_ok=True)`` it
+    takes the buffer's (it was refused, "frames: existing {...} vs new None"); named, it
+    must match, and a buffer without frames is not reopened as one."""
+    sp = spec((6, 6), 4, -1)
+    path = tmp_path / "b"
+    mr.create(path, sp, 16, frames=mr.Frames(frame_stack=4)).close()
+    with mr.create(path, sp, 16, exist_ok=True) as store:
+        assert store.frames is not None and store.frames.frame_stack == 4
+    with mr.create(path, sp, 16, exist_ok=True, frames=mr.Frames(frame_stack=4)) as store:
+        assert store.frames.frame_stack == 4
+    with pytest.raises(mr.SpecMismatchError, match="'final_slots': 12, .* vs new .*'final_slots': 5"):
+        mr.create(path, sp, 16, exist_ok=True, frames=mr.Frames(frame_stack=4, final_slots=5))
+    mr.create(tmp_path / "plain", sp, 16).close()
+    with pytest.raises(mr.SpecMismatchError, match="frames: existing None vs new"):
+        mr.create(tmp_path / "plain", sp, 16, exist_ok=True, frames=mr.Frames(frame_stack=4))

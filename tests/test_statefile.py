@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import folder_digest
 from v1format import to_v1
 
 import mmreplay as mr
@@ -354,6 +355,22 @@ def test_a_reader_sees_new_attrs_after_refresh(tmp_path, layout):
         writer.commit()
         assert reader.refresh() and reader.attrs == {"step": 2}
         assert reader.committed_steps == writer.committed_steps == 7
+
+
+def test_attrs_that_would_make_the_metadata_unreadable_are_refused(tmp_path):
+    """The metadata file holds the new and the previous attributes; one past what a reader
+    reads (64 MiB) left a buffer that no longer opened ("larger than a buffer's metadata
+    can be"): it is refused, the buffer as it was."""
+    path = make(tmp_path / "b", 3)
+    with mr.open(path, "a") as writer:
+        writer.set_attrs(a="x" * (22 << 20))
+        before = folder_digest(path)
+        with pytest.raises(mr.BadInputError, match="past the 67108864 a buffer's metadata may take"):
+            writer.set_attrs(b="y" * (22 << 20))
+        assert folder_digest(path) == before
+        writer.set_attrs(c=1)  # (the previous attributes are 22 MiB, the new ones too)
+    with mr.open(path) as reader:
+        assert sorted(reader.attrs) == ["a", "c"] and len(reader.attrs["a"]) == 22 << 20
 
 
 def test_attrs_written_but_not_committed_are_not_read(tmp_path, writers):

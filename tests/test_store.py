@@ -104,6 +104,18 @@ def stack(spec, steps):
     return {k: stack(v, [s[k] for s in steps]) if isinstance(v, dict) else np.stack([s[k] for s in steps]) for k, v in spec.items()}
 
 
+def test_an_index_out_of_range_in_a_writer_counts_the_steps_it_holds(tmp_path):
+    """A writer reads every step it added, committed or not: the refusal counts those
+    (it said "for 3 committed steps" with none committed)."""
+    with mr.create(tmp_path / "b", {"x": mr.ArraySpec((), "int64")}, capacity=8, commit_every=100) as store:
+        store.extend({"x": np.zeros((3, 1), "int64")})
+        assert store.committed_steps == 0
+        with pytest.raises(IndexError, match="index 5 out of range for 3 retained steps"):
+            store.get(5)
+        with pytest.raises(IndexError, match="index out of range for 3 retained steps"):
+            store.set([0, 7], {"x": np.zeros((2, 1), "int64")})
+
+
 def test_get_and_set_follow_numpy_storage_indexing(tmp_path, layout):
     spec = {"a": mr.ArraySpec((2,), "int64"), "b": mr.ArraySpec((), "float32")}
     with mr.create(tmp_path / "b", spec, capacity=4, commit_every=1, **layout) as store:
@@ -342,6 +354,27 @@ def test_exist_ok_refuses_a_setting_named_that_differs_from_the_buffers(tmp_path
     assert folder_digest(path) == before
 
 
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_exist_ok_refused_after_a_kill_changes_nothing_on_disk(tmp_path, writers, backend):
+    """A writer killed mid-run leaves its reservation in the state file; a reopen refused
+    for a different layout must not commit over it (as opening a writer, then closing it,
+    would): the folder is as the dead writer left it."""
+    path = tmp_path / "b"
+    code = textwrap.dedent(f"""
+        import sys, numpy as np, mmreplay as mr
+        store = mr.create(sys.argv[1], {{"x": mr.ArraySpec((), "int64")}}, 10, backend={backend!r}, commit_every=3)
+        for i in range(5):
+            store.add({{"x": np.array([i])}})
+        print("added", flush=True)
+        sys.stdin.read()
+    """)
+    writers.kill_when(writers.start(code, path, stdin=subprocess.PIPE), lambda line: line == "added\n")
+    before = folder_digest(path)
+    with pytest.raises(mr.SpecMismatchError, match="capacity: existing 10 vs new 11"):
+        mr.create(path, {"x": mr.ArraySpec((), "int64")}, 11, exist_ok=True)
+    assert folder_digest(path) == before
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -358,6 +391,9 @@ def test_exist_ok_refuses_a_setting_named_that_differs_from_the_buffers(tmp_path
         ({"capacity": 4, "roles": ["reward"]}, "roles must map a role to a leaf path"),
         ({"capacity": 2**62}, "leaf 'x': 4611686018427387904 steps .* past the"),
         ({"capacity": 2**62, "backend": "hdf5"}, "leaf 'x': 4611686018427387904 steps .* past the"),
+        # a misspelt keyword is a sampler option: named as such, not as the sampler's TypeError
+        ({"capacity": 4, "num_env": 2}, r"\['num_env'\]: not create's, nor options of the 'uniform' sampler"),
+        ({"capacity": 4, "sampler": "prioritized", "alfa": 0.5}, r"\['alfa'\]: .*\(alpha, beta, eps,"),
     ],
 )
 def test_create_validates_arguments_before_touching_disk(tmp_path, kwargs, match):

@@ -490,7 +490,7 @@ def steps_of(store: Readable, index: Any) -> tuple[np.ndarray | int, bool]:
     if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
         i = int(index)
         if not -n <= i < n:
-            raise IndexError(f"{store.path}: index {i} out of range for {n} committed steps")
+            raise IndexError(f"{store.path}: index {i} out of range for {n} retained steps")
         return first + (i % n), True
     if isinstance(index, slice):
         return first + np.arange(n)[index], False
@@ -500,7 +500,7 @@ def steps_of(store: Readable, index: Any) -> tuple[np.ndarray | int, bool]:
     if idx.dtype.kind not in "iu":
         raise IndexError(f"{store.path}: expected an int, a slice or an integer array, got {idx.dtype}")
     if idx.size and (idx.min() < -n or idx.max() >= n):
-        raise IndexError(f"{store.path}: index out of range for {n} committed steps")
+        raise IndexError(f"{store.path}: index out of range for {n} retained steps")
     return first + (idx % max(n, 1)), False
 
 

@@ -7,8 +7,10 @@ the store that names it is created or opened.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+from ..errors import SpecError
 from .base import Sampler
 
 __all__ = ["make_sampler", "register_sampler", "sampler_from_json"]
@@ -65,5 +67,15 @@ def make_sampler(sampler: str | Sampler | None, **options: Any) -> Sampler:
             raise TypeError(f"sampler options {sorted(options)} given with a sampler instance")
         return sampler
     if isinstance(sampler, str):
-        return _lookup(sampler).from_json({"name": sampler, **options})
+        cls = _lookup(sampler)
+        params = inspect.signature(cls).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params):  # a misspelt keyword of create lands here
+            takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            unknown = sorted(set(options) - set(takes))
+            if unknown:
+                raise SpecError(
+                    f"unexpected keyword arguments {unknown}: not create's, nor options of the {sampler!r} "
+                    f"sampler ({', '.join(takes) if takes else 'it takes none'})"
+                )
+        return cls.from_json({"name": sampler, **options})
     raise TypeError(f"sampler must be a name or a mmreplay.samplers.Sampler, got {type(sampler).__name__}")
