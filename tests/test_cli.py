@@ -267,6 +267,15 @@ def test_sample_prints_rows_readably_and_as_json():
             assert np.allclose(r["values"]["observation"], obs)
 
 
+def test_sample_json_of_odd_dtypes_is_json(tmp_path):
+    """A complex leaf ended `sample --json` in a traceback (complex is no JSON number)."""
+    spec = {"c": mr.ArraySpec((2,), "complex64"), "h": mr.ArraySpec((2,), "float16"), "b": mr.ArraySpec((), "bool")}
+    with mr.create(tmp_path / "b", spec, capacity=5) as store:
+        store.add({"c": [[1 + 2j, np.inf]], "h": [[np.nan, 0.5]], "b": [True]})
+    (row,) = json.loads(run("sample", str(tmp_path / "b"), "-n", "1", "--json").stdout)
+    assert row["values"] == {"c": [[1.0, 2.0], [None, 0.0]], "h": [None, 0.5], "b": True}
+
+
 @pytest.mark.parametrize("sampler", [{"sampler": "slices", "num_steps": 8}, {"sampler": "prioritized"}], ids=str)
 def test_sample_draws_rows_uniformly_whatever_the_store_samples(tmp_path, sampler):
     """A slices store's sampler draws sequences and a prioritized one by priority: the
