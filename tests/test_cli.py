@@ -340,6 +340,19 @@ def test_stats_counts_nans(tmp_path):
     assert (leaf["nan"], leaf["inf"], leaf["min"], leaf["max"]) == (2, 1, -3.0, 2.0)
 
 
+def test_stats_table_keeps_its_columns_apart_for_large_integers(tmp_path):
+    """An int64 leaf's 19 digits ran into the next column: "int6446116860184273879044611686018427387904"."""
+    spec = {"i": mr.ArraySpec((), "int64"), "u": mr.ArraySpec((), "uint64"), "x": mr.ArraySpec((), "float64")}
+    with mr.create(tmp_path / "b", spec, 10) as store:
+        i, u = np.array([[-(2**62)], [2**62]]), np.array([[2**64 - 1], [0]], np.uint64)
+        store.extend({"i": i, "u": u, "x": np.array([[-1.5e308], [1e-300]])})
+    lines = run("stats", tmp_path / "b").stdout.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[lines.index("leaves:") + 1 :]}
+    assert rows["i"] == ["i", "int64", "-4.612e+18", "4.612e+18", "0", "0", "0"]
+    assert rows["u"][:4] == ["u", "uint64", "0", "1.845e+19"]
+    assert rows["x"][:4] == ["x", "float64", "-1.5e+308", "1e-300"]
+
+
 def test_stats_json_stays_json_when_returns_are_not_finite(tmp_path):
     spec = {"reward": mr.ArraySpec((), "float64"), "terminated": mr.ArraySpec((), "bool")}
     with mr.create(tmp_path / "r", spec, 10, num_envs=2) as store:  # env 0: return inf, env 1: nan
