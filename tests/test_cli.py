@@ -509,6 +509,22 @@ def test_user_mistakes_are_one_line_errors(tmp_path, args, needle, code):
     assert sorted(os.listdir(tmp_path)) == before  # a refusal writes nothing
 
 
+@pytest.mark.parametrize("target", ["store", "file", "folder"])
+def test_create_over_an_existing_path_gives_advice_the_command_line_can_follow(tmp_path, target):
+    """It said "pass exist_ok=True to reopen a buffer": a Python argument no option gives."""
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"x": {"shape": [], "dtype": "int64"}}')
+    path = tmp_path / target
+    if target == "store":
+        mr.create(path, {"x": mr.ArraySpec((), "int64")}, 3).close()
+    else:
+        path.write_text("") if target == "file" else path.mkdir()
+    before = sorted(os.listdir(tmp_path))
+    out = shell("create", path, "--spec", spec, "--capacity", "5")
+    one_line_error(out, 2, f"{path}: already exists; choose a new path")
+    assert "exist_ok" not in out.stderr and sorted(os.listdir(tmp_path)) == before
+
+
 LEAF = {"shape": [3], "dtype": "float32"}
 HUGE = {"shape": [2**40, 2**40], "dtype": "float32"}
 
