@@ -150,6 +150,8 @@ def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **opti
         return
     if sample is not None:
         raise click.UsageError("--sample applies to --dry-run only")
+    if os.path.lexists(path):  # (the library's advice, exist_ok=True, is no option here)
+        raise FileExistsError(f"{path}: already exists; choose a new path for the store")
     with mr.create(path, spec, capacity, **settings) as store:
         leaves = ", ".join(
             f"{p} {leaf.spec.shape} {leaf.spec.dtype}"
@@ -198,13 +200,17 @@ def load_sample(path: str | None) -> Any:
         with mr.open(path, mode="r") as store:
             newest = store.first_step + np.arange(max(0, len(store) - SAMPLE_STEPS), len(store))
             return dict(zip(store.leaf_paths, store.read_steps(newest)))
+    expected = f"{path}: expected an .npz of arrays keyed by leaf path, or a store"
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"PK\x03\x04":  # (np.load reads an .npy as one array and anything else as a pickle)
+        found = "an .npy of one array" if magic == b"\x93NUM" else f"a file starting {magic!r}"
+        raise mr.BadInputError(f"{expected}; got {found}")
     try:
         with np.load(path, allow_pickle=False) as f:
             return {k: f[k] for k in f.files}
     except (OSError, ValueError) as exc:
-        raise mr.BadInputError(
-            f"{path}: not an .npz of arrays keyed by leaf path, nor a store ({exc})"
-        ) from None
+        raise mr.BadInputError(f"{expected} ({exc})") from None
 
 
 def render_estimate(size: SizeEstimate, path: str) -> str:

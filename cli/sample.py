@@ -39,6 +39,8 @@ def show(value: np.ndarray) -> str:
 
 def _plain(value: np.ndarray) -> Any:
     a = np.asarray(value)
+    if a.dtype.kind == "c":  # JSON has no complex number: [real, imag] pairs
+        a = np.stack([a.real, a.imag], axis=-1)
     if a.dtype.kind == "f":
         a = np.where(np.isfinite(a), a, np.nan).astype(np.float64)
         return json.loads(json.dumps(a.tolist()).replace("NaN", "null"))
@@ -49,7 +51,7 @@ def _plain(value: np.ndarray) -> Any:
 @click.argument("path", type=click.Path())
 @click.option("-n", "count", type=click.IntRange(min=1), default=4, show_default=True, help="Rows to draw.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (full values) for scripts.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (full values; complex ones as [real, imag]) for scripts.")
 def command(path: str, count: int, seed: int, as_json: bool) -> None:
     """Print N rows drawn uniformly from the committed rows of the buffer at PATH."""
     with mr.open(path, mode="r") as store:

@@ -107,9 +107,14 @@ def _json_safe(x: Any) -> Any:
 def _fmt(x: Any) -> str:
     if x is None:
         return "-"
-    if isinstance(x, float):
+    if isinstance(x, float) or (type(x) is int and abs(x) >= 10**10):  # (an int64's 19 digits: 1.845e+19)
         return f"{x:.4g}"
     return str(x)
+
+
+def _cells(texts: Any) -> str:
+    """Right-aligned columns, a space between any two however long a value is."""
+    return "".join(" " + str(t).rjust(10) for t in texts)
 
 
 @click.command("stats")
@@ -139,13 +144,13 @@ def command(path: str, as_json: bool) -> None:
         f"{ep['open']:,} open); statistics over the {ep['complete']:,} complete ones"
     )
     keys = ("count", "mean", "std", "min", "median", "max")
-    click.echo("  " + "".ljust(8) + "".join(k.rjust(11) for k in keys))
+    click.echo("  " + "".ljust(8) + _cells(keys))
     for name in ("return", "length"):
         if name in ep:
-            click.echo("  " + name.ljust(8) + "".join(_fmt(ep[name][k]).rjust(11) for k in keys))
+            click.echo("  " + name.ljust(8) + _cells(_fmt(ep[name][k]) for k in keys))
     click.echo("leaves:")
     width = max(len(p) for p in info["leaves"])
     cols = ("dtype", "min", "max", "mean", "nan", "inf")
-    click.echo("  " + "leaf".ljust(width) + "".join(c.rjust(11) for c in cols))
+    click.echo("  " + "leaf".ljust(width) + _cells(cols))
     for p, s in info["leaves"].items():
-        click.echo("  " + p.ljust(width) + "".join(_fmt(s[c]).rjust(11) for c in cols))
+        click.echo("  " + p.ljust(width) + _cells(_fmt(s[c]) for c in cols))

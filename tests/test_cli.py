@@ -267,6 +267,15 @@ def test_sample_prints_rows_readably_and_as_json():
             assert np.allclose(r["values"]["observation"], obs)
 
 
+def test_sample_json_of_odd_dtypes_is_json(tmp_path):
+    """A complex leaf ended `sample --json` in a traceback (complex is no JSON number)."""
+    spec = {"c": mr.ArraySpec((2,), "complex64"), "h": mr.ArraySpec((2,), "float16"), "b": mr.ArraySpec((), "bool")}
+    with mr.create(tmp_path / "b", spec, capacity=5) as store:
+        store.add({"c": [[1 + 2j, np.inf]], "h": [[np.nan, 0.5]], "b": [True]})
+    (row,) = json.loads(run("sample", str(tmp_path / "b"), "-n", "1", "--json").stdout)
+    assert row["values"] == {"c": [[1.0, 2.0], [None, 0.0]], "h": [None, 0.5], "b": True}
+
+
 @pytest.mark.parametrize("sampler", [{"sampler": "slices", "num_steps": 8}, {"sampler": "prioritized"}], ids=str)
 def test_sample_draws_rows_uniformly_whatever_the_store_samples(tmp_path, sampler):
     """A slices store's sampler draws sequences and a prioritized one by priority: the
@@ -329,6 +338,19 @@ def test_stats_counts_nans(tmp_path):
         store.extend({"x": np.array([[[np.nan, 1.0]], [[2.0, np.inf]], [[-3.0, np.nan]]], np.float32)})
     leaf = json.loads(run("stats", tmp_path / "n", "--json").stdout)["leaves"]["x"]
     assert (leaf["nan"], leaf["inf"], leaf["min"], leaf["max"]) == (2, 1, -3.0, 2.0)
+
+
+def test_stats_table_keeps_its_columns_apart_for_large_integers(tmp_path):
+    """An int64 leaf's 19 digits ran into the next column: "int6446116860184273879044611686018427387904"."""
+    spec = {"i": mr.ArraySpec((), "int64"), "u": mr.ArraySpec((), "uint64"), "x": mr.ArraySpec((), "float64")}
+    with mr.create(tmp_path / "b", spec, 10) as store:
+        i, u = np.array([[-(2**62)], [2**62]]), np.array([[2**64 - 1], [0]], np.uint64)
+        store.extend({"i": i, "u": u, "x": np.array([[-1.5e308], [1e-300]])})
+    lines = run("stats", tmp_path / "b").stdout.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[lines.index("leaves:") + 1 :]}
+    assert rows["i"] == ["i", "int64", "-4.612e+18", "4.612e+18", "0", "0", "0"]
+    assert rows["u"][:4] == ["u", "uint64", "0", "1.845e+19"]
+    assert rows["x"][:4] == ["x", "float64", "-1.5e+308", "1e-300"]
 
 
 def test_stats_json_stays_json_when_returns_are_not_finite(tmp_path):
@@ -485,6 +507,22 @@ def test_user_mistakes_are_one_line_errors(tmp_path, args, needle, code):
     out = shell(*[a.replace("{tmp}", str(tmp_path)) for a in args])
     one_line_error(out, code, needle)
     assert sorted(os.listdir(tmp_path)) == before  # a refusal writes nothing
+
+
+@pytest.mark.parametrize("target", ["store", "file", "folder"])
+def test_create_over_an_existing_path_gives_advice_the_command_line_can_follow(tmp_path, target):
+    """It said "pass exist_ok=True to reopen a buffer": a Python argument no option gives."""
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"x": {"shape": [], "dtype": "int64"}}')
+    path = tmp_path / target
+    if target == "store":
+        mr.create(path, {"x": mr.ArraySpec((), "int64")}, 3).close()
+    else:
+        path.write_text("") if target == "file" else path.mkdir()
+    before = sorted(os.listdir(tmp_path))
+    out = shell("create", path, "--spec", spec, "--capacity", "5")
+    one_line_error(out, 2, f"{path}: already exists; choose a new path")
+    assert "exist_ok" not in out.stderr and sorted(os.listdir(tmp_path)) == before
 
 
 LEAF = {"shape": [3], "dtype": "float32"}

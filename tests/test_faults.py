@@ -673,7 +673,8 @@ def test_format_from_the_future_is_refused_and_left_alone(tmp_path, backend, com
     for mode in ("r", "a"):
         with pytest.raises(mr.UnsupportedFormatError, match="newer.*upgrade mmreplay"):
             mr.open(path, mode)
-    assert_detected(path, "mmreplay/3")
+    # no damage: verify refuses as recover does, not "problems; recover repairs them"
+    one_line_error(run_cli("verify", path), 4, "upgrade mmreplay")
     one_line_error(run_cli("recover", path), 4, "upgrade mmreplay")
     assert open(os.path.join(path, METADATA_FILE), "rb").read() == raw
     one_line_error(run_cli("inspect", path), 4, "upgrade mmreplay")

@@ -212,6 +212,19 @@ def test_create_dry_run_with_a_sample_estimates_compressed_leaves(tmp_path):
     assert bad.returncode == 2 and "--dry-run" in bad.stderr
 
 
+@pytest.mark.parametrize("kind", ["npy", "text"])
+def test_create_dry_run_with_a_sample_that_is_no_npz_says_what_it_got(tmp_path, kind):
+    """An .npy ended in a traceback (np.load gives one array, no archive); a text file
+    was refused as "pickled (object) data"."""
+    spec = spec_file(tmp_path, 500)
+    sample = tmp_path / f"s.{kind}"
+    np.save(sample, np.zeros(3)) if kind == "npy" else sample.write_text("obs: 1\n")
+    r = shell("create", tmp_path / "b", "--spec", spec, "--dry-run", "--sample", sample)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert f"{sample}: expected an .npz of arrays keyed by leaf path, or a store; got " in r.stderr
+    assert ("an .npy of one array" if kind == "npy" else "b'obs:'") in r.stderr and "pickle" not in r.stderr
+
+
 def test_create_refuses_a_buffer_the_disk_cannot_hold(tmp_path):
     spec = spec_file(tmp_path, 10**9)  # 28 TB of frames
     r = shell("create", tmp_path / "b", "--spec", spec)

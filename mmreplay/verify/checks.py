@@ -21,7 +21,7 @@ from ..episodes.index_file import (
     parse_index,
     same_records,
 )
-from ..errors import CorruptBufferError, Error
+from ..errors import CorruptBufferError, Error, UnsupportedFormatError
 from ..io import ByteSource, open_source
 from ..io.local import require_readable, unsafe_entries
 from ..lock import holder_pid
@@ -44,6 +44,7 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
         ImportError: a codec the data needs is missing (chunks that cannot be decoded
             for that reason are not damage), naming the extra to install.
         PermissionError: a file this process may not read (no damage either).
+        UnsupportedFormatError: a newer mmreplay wrote it (no damage: upgrade to check it).
 
     Example:
         >>> import mmreplay as mr, tempfile
@@ -60,6 +61,8 @@ def verify(path: str | os.PathLike, deep: bool = True) -> list[str]:
     require_readable(folder)
     try:
         meta = read_metadata(folder)
+    except UnsupportedFormatError:
+        raise
     except Error as exc:
         return [str(exc)]
     problems: list[str] = []
