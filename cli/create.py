@@ -150,9 +150,11 @@ def command(path: str, spec_file: str, dry_run: bool, sample: str | None, **opti
         return
     if sample is not None:
         raise click.UsageError("--sample applies to --dry-run only")
-    if os.path.lexists(path):  # (the library's advice, exist_ok=True, is no option here)
-        raise FileExistsError(f"{path}: already exists; choose a new path for the store")
-    with mr.create(path, spec, capacity, **settings) as store:
+    try:
+        store = mr.create(path, spec, capacity, **settings)
+    except mr.BufferExistsError:  # (the library's advice, exist_ok=True, is no option here)
+        raise FileExistsError(f"{path}: already exists; choose a new path for the store") from None
+    with store:
         leaves = ", ".join(
             f"{p} {leaf.spec.shape} {leaf.spec.dtype}"
             for p, leaf in zip(store.leaf_paths, (leaf.info for leaf in store.leaves))

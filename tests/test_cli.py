@@ -518,7 +518,9 @@ def test_create_over_an_existing_path_gives_advice_the_command_line_can_follow(t
     if target == "store":
         mr.create(path, {"x": mr.ArraySpec((), "int64")}, 3).close()
     else:
-        path.write_text("") if target == "file" else path.mkdir()
+        path.write_text("") if target == "file" else path.mkdir()  # (an empty folder becomes the store)
+        if target == "folder":
+            (path / "notes.txt").write_text("")
     before = sorted(os.listdir(tmp_path))
     out = shell("create", path, "--spec", spec, "--capacity", "5")
     one_line_error(out, 2, f"{path}: already exists; choose a new path")
