@@ -64,6 +64,8 @@ def _is_shape(value: Any) -> bool:
 
 def load_spec_file(path: str) -> dict[str, Any]:
     """The spec file's content as a dict (YAML for a .yaml / .yml file, else JSON)."""
+    if os.path.isdir(path):
+        raise mr.BadInputError(f"{path}: is a folder; expected a spec file of JSON or YAML")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: spec file not found")
     try:

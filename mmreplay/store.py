@@ -288,6 +288,7 @@ class Store(Ring):
         registration; the episode index and the sampler are the first two."""
         if not isinstance(hook, WriteHook):
             raise TypeError(f"a write hook must be a mmreplay.hooks.WriteHook, got {type(hook).__name__}")
+        self.check_open()  # (a closed store calls no hook again)
         self._hooks.append(hook)
         if overrides(hook, "on_add"):
             self._on_add.append(hook.on_add)

@@ -450,6 +450,7 @@ def test_create_from_json_and_yaml(tmp_path):
             3,
         ),
         (["create", "{tmp}/new", "--spec", "{tmp}/bad.json", "--capacity", "5"], "not valid JSON", 2),
+        (["create", "{tmp}/new", "--spec", "{tmp}", "--capacity", "5"], "is a folder; expected a spec file", 2),
         (["sample", "{tmp}/missing"], "no such folder", 3),
         (["stats", "{tmp}"], "not an mmreplay buffer", 3),
         # a missing path, or a file where a buffer folder goes, is "no buffer there" (3)

@@ -54,6 +54,8 @@ def test_a_hook_must_be_a_write_hook(tmp_path):
     with mr.create(tmp_path / "b", SPEC, 10) as store:
         with pytest.raises(TypeError, match="WriteHook"):
             store.add_write_hook(object())
+    with pytest.raises(mr.ClosedError, match="closed"):  # it would never be called
+        store.add_write_hook(mr.hooks.WriteHook())
 
 
 def test_a_failing_hook_leaves_the_steps_uncommitted(tmp_path):
