@@ -45,3 +45,18 @@ def test_skrl_dqn_example_survives_sigkill_and_resumes(tmp_path):
         assert set(memory.get_tensor_names()) >= {"observations", "actions", "rewards", "terminated"}
         actions = memory.get_tensor_by_name("actions")[:300].flatten()
         assert set(actions.tolist()) == {0, 1}  # random actions vary (see the example's random_act)
+
+
+def test_skrl_dqn_demo_in_a_folder_that_holds_a_run_says_so(tmp_path):
+    # a second --demo with the same --run (the command of docs/skrl.md, run again) would resume the
+    # finished run in its first child, which then is not killed: say what is in the way instead
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "progress.json").write_text(json.dumps({"timestep": 300, "returns": [], "agent": "agent-300.pt"}))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "skrl_dqn.py"), "--demo", "--steps", "300", "--run", str(run)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{run} holds one (progress.json)" in proc.stderr and "leave out --demo" in proc.stderr, proc.stderr
+    assert sorted(os.listdir(run)) == ["progress.json"]  # nothing started, nothing written
