@@ -513,6 +513,21 @@ def test_a_temporary_buffer_loaded_in_the_process_that_saved_it_keeps_its_folder
     assert not os.path.exists(folder)  # removed with the buffer that holds it now
 
 
+def test_a_manifest_loaded_after_its_buffer_was_closed_reopens_the_folder(tmp_path):
+    # save_replay_buffer, close the buffer, load_replay_buffer in the same process: the closed
+    # buffer still named the folder, and its closed store was taken over (ClosedError)
+    rb = ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu", path=tmp_path / "buf")
+    theirs = sb3_buffers.ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu")
+    _add_both(theirs, rb, 4, seed=0)
+    blob = pickle.dumps(rb)
+    rb.close()
+    with pickle.loads(blob) as loaded:
+        assert (loaded.size(), loaded.pos) == (4, 4)
+        np.testing.assert_array_equal(loaded.observations[:4], theirs.observations[:4])
+        _add_both(theirs, loaded, 2, seed=1)
+        assert loaded.size() == 6
+
+
 def test_a_manifest_whose_folder_is_gone_is_refused_and_nothing_is_made(tmp_path):
     rb = ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu", path=tmp_path / "buf")
     _add_both(sb3_buffers.ReplayBuffer(10, BOX, spaces.Discrete(3), "cpu"), rb, 4, seed=0)

@@ -47,7 +47,7 @@ class Manifested:
         episodes as in SB3's buffer, and its temporary folder, now removed with this
         buffer. Else it is closed (committing it), to be reopened."""
         other = _open_buffers.get(folder)
-        if other is None or other is self or other.store is None:
+        if other is None or other is self or other.store is None or other.store.closed:
             return None
         store, other.store = other.store, None
         if keep and all(getattr(other, k) == getattr(self, k) for k in _SAME_LAYOUT):
