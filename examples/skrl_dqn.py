@@ -172,8 +172,10 @@ def demo(args: argparse.Namespace) -> None:
     """Run in a child process killed with SIGKILL halfway, then resume in another."""
     run = args.run or os.path.join(tempfile.mkdtemp(), "skrl-dqn")
     if os.path.exists(os.path.join(run, "progress.json")):  # the first child would resume, not be killed
-        sys.exit(f"--demo starts a new run, but {run} holds one (progress.json): give another --run, "
-                 "or leave out --demo to resume it")
+        sys.exit(
+            f"--demo starts a new run, but {run} holds one (progress.json): give another --run, "
+            "or leave out --demo to resume it"
+        )
     kill_at = args.kill_at or args.steps // 2
     command = [sys.executable, os.path.abspath(__file__), "--steps", str(args.steps), "--run", run,
                "--seed", str(args.seed), "--checkpoint-every", str(args.checkpoint_every)]  # fmt: skip
