@@ -346,6 +346,28 @@ def test_optimize_memory_usage_with_frame_stacks_stores_one_frame_per_step(tmp_p
     ours.close()
 
 
+def test_resuming_with_another_optimize_memory_usage_or_frame_stack_is_refused(tmp_path):
+    """docs/sb3.md: both ways, and the folder is left as it was (without optimize_memory_usage the
+    store took the folder's frames layout, its dropped steps included, as if asked for)."""
+    pixels = spaces.Box(0, 255, (4, 6, 5), np.uint8)
+    kw = dict(device="cpu", n_envs=2, path=tmp_path / "buf")
+    ReplayBuffer(20, pixels, spaces.Discrete(3), optimize_memory_usage=True, frame_stack=4, **kw).close()
+    before = _tree(tmp_path / "buf")
+    with pytest.raises(mr.SpecMismatchError, match="optimize_memory_usage=True .*frame_stack=4"):
+        ReplayBuffer(20, pixels, spaces.Discrete(3), **kw)
+    with pytest.raises(mr.SpecMismatchError, match="frame_stack"):
+        ReplayBuffer(20, pixels, spaces.Discrete(3), optimize_memory_usage=True, **kw)
+    assert _tree(tmp_path / "buf") == before
+    ReplayBuffer(20, pixels, spaces.Discrete(3), optimize_memory_usage=True, frame_stack=4, **kw).close()
+    ReplayBuffer(20, pixels, spaces.Discrete(3), path=tmp_path / "plain", device="cpu", n_envs=2).close()
+    with pytest.raises(mr.SpecMismatchError, match="frames: existing None"):
+        ReplayBuffer(20, pixels, spaces.Discrete(3), optimize_memory_usage=True, path=tmp_path / "plain", n_envs=2)
+
+
+def _tree(folder) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def _assert_same_rows(theirs, ours, inds, seed: int) -> None:
     """``_get_samples(inds)`` of both, with the same envs drawn."""
     np.random.seed(seed)

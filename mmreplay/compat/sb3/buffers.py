@@ -147,11 +147,16 @@ class ReplayBuffer(Manifested, StoreShell, sb3_buffers.ReplayBuffer):
             "truncated": ArraySpec((), "bool"),
         }
         frames = None
+        recorded = read_static(folder).frames if os.path.exists(os.path.join(folder, METADATA_FILE)) else None
+        if recorded is not None and not self.optimize_memory_usage:  # create() would take the folder's frames
+            raise SpecMismatchError(
+                f"{folder}: a replay buffer made with optimize_memory_usage=True exists there "
+                f"(frame_stack={recorded.frame_stack}), resumed with optimize_memory_usage=False"
+            )
         if self.optimize_memory_usage:  # the store's frames-once layout
             slots = self._final_slots
-            if slots is None and os.path.exists(os.path.join(folder, METADATA_FILE)):
-                recorded = read_static(folder).frames  # (whatever default made it)
-                slots = None if recorded is None else recorded.final_slots
+            if slots is None and recorded is not None:  # (whatever default made it)
+                slots = recorded.final_slots
             if slots is None:  # one per 16 rows for episode ends, plus what commits take
                 every = options["commit_every"] or DEFAULT_COMMIT_EVERY
                 ends = max(4 * self.n_envs, self.buffer_size * self.n_envs // 16)
