@@ -5,7 +5,8 @@ global step ids, with the same spec, roles, attrs and env count, and each episod
 its status: an episode whose start the ring overwrote is ``"open"`` in the copy too
 (:func:`begin_at`, which imports share). It streams in bounded blocks, so a store larger
 than RAM converts in bounded memory, and it reads the source as a reader, so a writer
-may keep running (the copy is of the state when it started).
+may keep running (the copy is of the state when it started, less the oldest steps such
+a writer overwrote before they were read: :func:`first_block`).
 """
 
 from __future__ import annotations
@@ -141,13 +142,14 @@ def convert(
             try:
                 if meta.attrs:
                     dst.set_attrs(**meta.attrs)
-                dst = begin_at(dst, first, fresh_envs(store, first))
                 step_bytes = max(1, meta.num_envs * sum(s.nbytes for s in flatten(spec)))
                 k = max(1, BLOCK_BYTES // step_bytes)
+                first, values = first_block(store, first, end, k)
+                dst = begin_at(dst, first, fresh_envs(store, first))
                 for a in range(first, end, k):
                     b = min(end, a + k)
                     try:
-                        values = store.read_steps(np.arange(a, b))
+                        values = values if a == first else store.read_steps(np.arange(a, b))
                     except OverwrittenError as exc:
                         raise exc.by("the copy") from None
                     steps = unflatten(store.spec, values)
@@ -161,6 +163,21 @@ def convert(
             finally:
                 dst.close()
             return ConvertResult(scratch.commit(), end - first, dst.backend, cap)
+
+
+def first_block(store: Store, first: int, end: int, k: int) -> tuple[int, list[np.ndarray]]:
+    """The copy's first step and its first block's values. A writer still running on a
+    full ring overwrites its oldest steps first, those the copy reads first: the copy
+    then starts past them, ahead by twice as many steps as were lost during the read."""
+    for _ in range(5):
+        try:
+            return first, store.read_steps(np.arange(first, min(end, first + k)))
+        except OverwrittenError as exc:
+            error = exc.by("the copy")
+            if exc.oldest >= end - 1:
+                break
+            first = min(end - 1, exc.oldest + 2 * (exc.oldest - first))
+    raise error from None
 
 
 def unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

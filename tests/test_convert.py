@@ -111,3 +111,45 @@ def test_a_copy_keeps_growing_like_the_source(tmp_path):
     assert all(kept.get(s[:2], s[3]) == s[3] or s[3] == "open" for s in before)
     verdict = subprocess.run([MMREPLAY, "verify", str(out)], capture_output=True, text=True)
     assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+
+
+WRITER = """
+import sys, time
+import numpy as np
+import mmreplay as mr
+spec = {"obs": mr.ArraySpec((64,), "float32"), "terminated": mr.ArraySpec((), "bool")}
+with mr.create(sys.argv[1], spec, capacity=20_000, num_envs=4, backend=sys.argv[2], commit_every=50) as store:
+    t = 0
+    while True:
+        store.add({"obs": np.full((4, 64), t, np.float32), "terminated": np.full(4, t % 13 == 12)})
+        t += 1
+        if t == 20_050:
+            print("full", flush=True)
+        if t > 20_050:
+            time.sleep(0.0002)  # a collector: steps keep coming while the copy reads
+"""
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_convert_of_a_full_ring_a_writer_keeps_filling(tmp_path, backend):
+    """A running writer overwrites a full ring's oldest steps first, the ones the copy
+    reads first: the copy failed (the writer overwrote step ...) however large the ring.
+    It starts past the steps it lost, and holds every later committed step as written."""
+    src, out = tmp_path / "src", tmp_path / "copy"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(src), backend], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "full\n"
+        cli("convert", src, out, "-q")
+    finally:
+        writer.kill()
+        writer.wait()
+    with mr.open(out) as copy:
+        assert copy.capacity == 20_000 and copy.total_steps >= 20_000
+        ids = np.arange(copy.first_step, copy.total_steps)
+        obs = copy.read_steps(ids)[0]
+        assert np.array_equal(obs, np.broadcast_to(ids[:, None, None], obs.shape).astype(np.float32))
+        for span in copy.episode_index():  # whole episodes end terminated, the first and last open
+            whole = span.first_step % 13 == 0 and span.last_step % 13 == 12
+            assert span.status == ("terminated" if whole else "open"), span
+    verdict = subprocess.run([MMREPLAY, "verify", str(out)], capture_output=True, text=True)
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
