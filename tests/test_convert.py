@@ -153,3 +153,15 @@ def test_convert_of_a_full_ring_a_writer_keeps_filling(tmp_path, backend):
             assert span.status == ("terminated" if whole else "open"), span
     verdict = subprocess.run([MMREPLAY, "verify", str(out)], capture_output=True, text=True)
     assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+
+
+def test_convert_compression_of_an_unknown_leaf_names_the_leaves(tmp_path):
+    """A nested leaf is named by its path: ``img=zstd`` for ``obs/img`` was refused
+    without the paths to choose from, and nothing is made."""
+    src, out = tmp_path / "src", tmp_path / "copy"
+    nested = {"obs": {"img": mr.ArraySpec((8, 8, 3), "uint8")}, "reward": mr.ArraySpec((), "float32")}
+    mr.create(src, nested, capacity=4).close()
+    refused = subprocess.run([MMREPLAY, "convert", src, out, "--compression", "img=zstd"], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "['img']" in refused.stderr and "obs/img, reward" in refused.stderr, refused.stderr
+    assert not out.exists()
