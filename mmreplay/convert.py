@@ -110,7 +110,7 @@ def convert(
             compression = {path: leaf.compression for path, leaf in leaves if leaf.compression}
         if chunk_steps is None and backend in (None, meta.backend) and capacity in (None, meta.capacity):
             chunk_steps = {path: leaf.chunk_steps for path, leaf in leaves}
-        cap = capacity or meta.capacity
+        cap = meta.capacity if capacity is None else capacity  # 0 is create's to refuse
         first, end = store.first_step, store.committed_steps
         first = max(first, end - cap)
         spec, added = store.spec, dict(new_leaves or {})
@@ -129,7 +129,7 @@ def convert(
                     backend=backend or meta.backend,
                     chunk_steps=chunk_steps,
                     compression=compression,
-                    commit_every=commit_every or meta.commit_every,
+                    commit_every=meta.commit_every if commit_every is None else commit_every,
                     durability=meta.durability,
                     roles=meta.roles,
                     sampler=recorded.pop("name"),

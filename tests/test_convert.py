@@ -165,3 +165,12 @@ def test_convert_compression_of_an_unknown_leaf_names_the_leaves(tmp_path):
     assert refused.returncode == 2
     assert "['img']" in refused.stderr and "obs/img, reward" in refused.stderr, refused.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("option", ["capacity", "commit_every"])
+def test_convert_refuses_a_zero_capacity_or_commit_every(tmp_path, option):
+    """0 was taken as "the source's", silently: create refuses it, and so does a copy."""
+    out = tmp_path / "copy"
+    with pytest.raises(mr.SpecError, match=rf"{option} must be an int >= 1, got 0"):
+        convert(WRAPPED, out, **{option: 0})
+    assert not out.exists() and os.listdir(tmp_path) == []
