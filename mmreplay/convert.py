@@ -20,9 +20,9 @@ import numpy as np
 
 from .creation import create
 from .episodes import continue_index, fresh_envs
-from .errors import OverwrittenError, SpecError
+from .errors import BadInputError, OverwrittenError, SpecError
 from .files import AtomicOutput, check_target
-from .spec import ArraySpec, flatten, unflatten
+from .spec import ArraySpec, flatten, to_spec, unflatten
 from .statefile import StateFile
 from .store import Store
 from .store import open as open_store
@@ -113,12 +113,17 @@ def convert(
         cap = meta.capacity if capacity is None else capacity  # 0 is create's to refuse
         first, end = store.first_step, store.committed_steps
         first = max(first, end - cap)
-        spec, added = store.spec, dict(new_leaves or {})
+        spec, added = store.spec, to_spec(dict(new_leaves or {}), "new_leaves")
+        nests = {p: new_leaves[p] for p, v in added.items() if not isinstance(v, ArraySpec)}
+        if nests:
+            raise SpecError(f"new_leaves {nests}: expected an array spec for each leaf, such as ArraySpec((), 'float32')")
         if added:
             if not isinstance(spec, dict) or set(spec) & set(added):
                 raise ValueError(f"{src}: new leaves {sorted(added)} need a dict spec without them")
             spec = {**spec, **added}
         recorded = dict(store.sampler.state_json() if sampler is None else sampler)
+        if "name" not in recorded:
+            raise BadInputError(f"sampler {sampler!r}: expected its name and options, as Sampler.state_json() gives")
         with AtomicOutput(out, "folder", "converted store") as scratch:
             try:
                 dst = create(

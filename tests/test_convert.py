@@ -174,3 +174,19 @@ def test_convert_refuses_a_zero_capacity_or_commit_every(tmp_path, option):
     with pytest.raises(mr.SpecError, match=rf"{option} must be an int >= 1, got 0"):
         convert(WRAPPED, out, **{option: 0})
     assert not out.exists() and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"new_leaves": {"extra": (3,)}}, r"new_leaves \{'extra': \(3,\)\}: expected an array spec"),
+        ({"sampler": {"alpha": 0.5}}, r"sampler \{'alpha': 0.5\}: expected its name and options"),
+    ],
+)
+def test_convert_refuses_a_bad_new_leaf_or_sampler_by_name(tmp_path, option, message):
+    """A new leaf given as a shape, or a sampler without its name, ended in an
+    AttributeError or a KeyError from inside the copy."""
+    out = tmp_path / "copy"
+    with pytest.raises(mr.Error, match=message):
+        convert(WRAPPED, out, **option)
+    assert not out.exists() and os.listdir(tmp_path) == []
