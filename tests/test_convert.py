@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -190,3 +191,30 @@ def test_convert_refuses_a_bad_new_leaf_or_sampler_by_name(tmp_path, option, mes
     with pytest.raises(mr.Error, match=message):
         convert(WRAPPED, out, **option)
     assert not out.exists() and os.listdir(tmp_path) == []
+
+
+def test_convert_progress_to_a_smaller_ring_ends_at_100_percent(tmp_path):
+    """The bar counted every retained row while a smaller ring copies only the newest:
+    on a terminal it stopped at 16%."""
+    import pty
+
+    master, terminal = pty.openpty()
+    try:
+        done = subprocess.run(
+            [MMREPLAY, "convert", WRAPPED, tmp_path / "copy", "--capacity", "50"],
+            stderr=terminal, stdout=subprocess.PIPE, timeout=300,
+        )
+        os.close(terminal)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end is closed: all was read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+    assert done.returncode == 0
+    assert re.findall(rb"(\d+)%", shown)[-1] == b"100", shown[-200:]
