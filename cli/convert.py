@@ -47,7 +47,7 @@ def command(
     """
     t = time.perf_counter()
     with mr.open(path, mode="r") as store:
-        rows = len(store) * store.num_envs
+        rows = min(len(store), capacity or len(store)) * store.num_envs  # a smaller ring keeps the newest
         spec = store.spec
     words = [c.lower() for c in compression]
     if len(words) > 1 and ({"same", "none", "off"} & set(words)):

@@ -5,7 +5,8 @@ global step ids, with the same spec, roles, attrs and env count, and each episod
 its status: an episode whose start the ring overwrote is ``"open"`` in the copy too
 (:func:`begin_at`, which imports share). It streams in bounded blocks, so a store larger
 than RAM converts in bounded memory, and it reads the source as a reader, so a writer
-may keep running (the copy is of the state when it started).
+may keep running (the copy is of the state when it started, less the oldest steps such
+a writer overwrote before they were read: :func:`first_block`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import numpy as np
 
 from .creation import create
 from .episodes import continue_index, fresh_envs
-from .errors import OverwrittenError, SpecError
+from .errors import BadInputError, OverwrittenError, SpecError
 from .files import AtomicOutput, check_target
-from .spec import ArraySpec, flatten, unflatten
+from .spec import ArraySpec, flatten, to_spec, unflatten
 from .statefile import StateFile
 from .store import Store
 from .store import open as open_store
@@ -109,15 +110,20 @@ def convert(
             compression = {path: leaf.compression for path, leaf in leaves if leaf.compression}
         if chunk_steps is None and backend in (None, meta.backend) and capacity in (None, meta.capacity):
             chunk_steps = {path: leaf.chunk_steps for path, leaf in leaves}
-        cap = capacity or meta.capacity
+        cap = meta.capacity if capacity is None else capacity  # 0 is create's to refuse
         first, end = store.first_step, store.committed_steps
         first = max(first, end - cap)
-        spec, added = store.spec, dict(new_leaves or {})
+        spec, added = store.spec, to_spec(dict(new_leaves or {}), "new_leaves")
+        nests = {p: new_leaves[p] for p, v in added.items() if not isinstance(v, ArraySpec)}
+        if nests:
+            raise SpecError(f"new_leaves {nests}: expected an array spec for each leaf, such as ArraySpec((), 'float32')")
         if added:
             if not isinstance(spec, dict) or set(spec) & set(added):
                 raise ValueError(f"{src}: new leaves {sorted(added)} need a dict spec without them")
             spec = {**spec, **added}
         recorded = dict(store.sampler.state_json() if sampler is None else sampler)
+        if "name" not in recorded:
+            raise BadInputError(f"sampler {sampler!r}: expected its name and options, as Sampler.state_json() gives")
         with AtomicOutput(out, "folder", "converted store") as scratch:
             try:
                 dst = create(
@@ -128,7 +134,7 @@ def convert(
                     backend=backend or meta.backend,
                     chunk_steps=chunk_steps,
                     compression=compression,
-                    commit_every=commit_every or meta.commit_every,
+                    commit_every=meta.commit_every if commit_every is None else commit_every,
                     durability=meta.durability,
                     roles=meta.roles,
                     sampler=recorded.pop("name"),
@@ -141,13 +147,14 @@ def convert(
             try:
                 if meta.attrs:
                     dst.set_attrs(**meta.attrs)
-                dst = begin_at(dst, first, fresh_envs(store, first))
                 step_bytes = max(1, meta.num_envs * sum(s.nbytes for s in flatten(spec)))
                 k = max(1, BLOCK_BYTES // step_bytes)
+                first, values = first_block(store, first, end, k)
+                dst = begin_at(dst, first, fresh_envs(store, first))
                 for a in range(first, end, k):
                     b = min(end, a + k)
                     try:
-                        values = store.read_steps(np.arange(a, b))
+                        values = values if a == first else store.read_steps(np.arange(a, b))
                     except OverwrittenError as exc:
                         raise exc.by("the copy") from None
                     steps = unflatten(store.spec, values)
@@ -161,6 +168,21 @@ def convert(
             finally:
                 dst.close()
             return ConvertResult(scratch.commit(), end - first, dst.backend, cap)
+
+
+def first_block(store: Store, first: int, end: int, k: int) -> tuple[int, list[np.ndarray]]:
+    """The copy's first step and its first block's values. A writer still running on a
+    full ring overwrites its oldest steps first, those the copy reads first: the copy
+    then starts past them, ahead by twice as many steps as were lost during the read."""
+    for _ in range(5):
+        try:
+            return first, store.read_steps(np.arange(first, min(end, first + k)))
+        except OverwrittenError as exc:
+            error = exc.by("the copy")
+            if exc.oldest >= end - 1:
+                break
+            first = min(end - 1, exc.oldest + 2 * (exc.oldest - first))
+    raise error from None
 
 
 def unwritten(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -108,7 +108,7 @@ def plan(
     for name, given in (("compression", compression), ("chunk_steps", chunk_steps)):
         unknown = sorted(set(given) - set(paths), key=str) if isinstance(given, Mapping) else []
         if unknown:
-            raise SpecError(f"{name} names leaves not in the spec: {unknown}")
+            raise SpecError(f"{name} names leaves not in the spec: {unknown} (its leaves: {', '.join(paths)})")
     full = {p: (capacity * num_envs * s.nbytes, s) for p, s in zip(paths, leaves_spec)}
     if sum(n for n, _ in full.values()) > MAX_BUFFER_BYTES:
         big = max(full, key=lambda p: full[p][0])

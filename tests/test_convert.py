@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,3 +112,109 @@ def test_a_copy_keeps_growing_like_the_source(tmp_path):
     assert all(kept.get(s[:2], s[3]) == s[3] or s[3] == "open" for s in before)
     verdict = subprocess.run([MMREPLAY, "verify", str(out)], capture_output=True, text=True)
     assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+
+
+WRITER = """
+import sys, time
+import numpy as np
+import mmreplay as mr
+spec = {"obs": mr.ArraySpec((64,), "float32"), "terminated": mr.ArraySpec((), "bool")}
+with mr.create(sys.argv[1], spec, capacity=20_000, num_envs=4, backend=sys.argv[2], commit_every=50) as store:
+    t = 0
+    while True:
+        store.add({"obs": np.full((4, 64), t, np.float32), "terminated": np.full(4, t % 13 == 12)})
+        t += 1
+        if t == 20_050:
+            print("full", flush=True)
+        if t > 20_050:
+            time.sleep(0.0002)  # a collector: steps keep coming while the copy reads
+"""
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5"])
+def test_convert_of_a_full_ring_a_writer_keeps_filling(tmp_path, backend):
+    """A running writer overwrites a full ring's oldest steps first, the ones the copy
+    reads first: the copy failed (the writer overwrote step ...) however large the ring.
+    It starts past the steps it lost, and holds every later committed step as written."""
+    src, out = tmp_path / "src", tmp_path / "copy"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(src), backend], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "full\n"
+        cli("convert", src, out, "-q")
+    finally:
+        writer.kill()
+        writer.wait()
+    with mr.open(out) as copy:
+        assert copy.capacity == 20_000 and copy.total_steps >= 20_000
+        ids = np.arange(copy.first_step, copy.total_steps)
+        obs = copy.read_steps(ids)[0]
+        assert np.array_equal(obs, np.broadcast_to(ids[:, None, None], obs.shape).astype(np.float32))
+        for span in copy.episode_index():  # whole episodes end terminated, the first and last open
+            whole = span.first_step % 13 == 0 and span.last_step % 13 == 12
+            assert span.status == ("terminated" if whole else "open"), span
+    verdict = subprocess.run([MMREPLAY, "verify", str(out)], capture_output=True, text=True)
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+
+
+def test_convert_compression_of_an_unknown_leaf_names_the_leaves(tmp_path):
+    """A nested leaf is named by its path: ``img=zstd`` for ``obs/img`` was refused
+    without the paths to choose from, and nothing is made."""
+    src, out = tmp_path / "src", tmp_path / "copy"
+    nested = {"obs": {"img": mr.ArraySpec((8, 8, 3), "uint8")}, "reward": mr.ArraySpec((), "float32")}
+    mr.create(src, nested, capacity=4).close()
+    refused = subprocess.run([MMREPLAY, "convert", src, out, "--compression", "img=zstd"], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "['img']" in refused.stderr and "obs/img, reward" in refused.stderr, refused.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", ["capacity", "commit_every"])
+def test_convert_refuses_a_zero_capacity_or_commit_every(tmp_path, option):
+    """0 was taken as "the source's", silently: create refuses it, and so does a copy."""
+    out = tmp_path / "copy"
+    with pytest.raises(mr.SpecError, match=rf"{option} must be an int >= 1, got 0"):
+        convert(WRAPPED, out, **{option: 0})
+    assert not out.exists() and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"new_leaves": {"extra": (3,)}}, r"new_leaves \{'extra': \(3,\)\}: expected an array spec"),
+        ({"sampler": {"alpha": 0.5}}, r"sampler \{'alpha': 0.5\}: expected its name and options"),
+    ],
+)
+def test_convert_refuses_a_bad_new_leaf_or_sampler_by_name(tmp_path, option, message):
+    """A new leaf given as a shape, or a sampler without its name, ended in an
+    AttributeError or a KeyError from inside the copy."""
+    out = tmp_path / "copy"
+    with pytest.raises(mr.Error, match=message):
+        convert(WRAPPED, out, **option)
+    assert not out.exists() and os.listdir(tmp_path) == []
+
+
+def test_convert_progress_to_a_smaller_ring_ends_at_100_percent(tmp_path):
+    """The bar counted every retained row while a smaller ring copies only the newest:
+    on a terminal it stopped at 16%."""
+    import pty
+
+    master, terminal = pty.openpty()
+    try:
+        done = subprocess.run(
+            [MMREPLAY, "convert", WRAPPED, tmp_path / "copy", "--capacity", "50"],
+            stderr=terminal, stdout=subprocess.PIPE, timeout=300,
+        )
+        os.close(terminal)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end is closed: all was read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+    assert done.returncode == 0
+    assert re.findall(rb"(\d+)%", shown)[-1] == b"100", shown[-200:]

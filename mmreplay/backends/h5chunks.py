@@ -425,17 +425,22 @@ class H5Chunks:
         self.group.carried.get(self.path, {}).pop(k, None)  # superseded
         mask, body = self.codec.encode(chunk)
         old = self.slot(k)
-        compressor = self.codec.compressor
-        padded = _pad(compressor, body, old - 4) if old is not None and mask == 0 else None
+        compressor, raw = self.codec.compressor, self.codec.raw_len
+        # HDF5 rewrites a chunk of unchanged size in place and keeps its old filter mask,
+        # and a chunk whose filter was skipped is stored raw (``raw`` bytes): so a
+        # compressed chunk's slot never has that size, or a chunk switching between the
+        # two would be decoded the other way
+        padded = _pad(compressor, body, old - 4) if old not in (None, raw) and mask == 0 else None
         if padded is None and mask == 0:  # a new, larger slot (a skipped filter: exact size)
             # room to spare, so later encodings of this chunk fit: as large as the
             # previous chunk's slot, or half again the old slot, up to the raw chunk
             need = len(body) + 4
             before = self.slot(k - 1) if k > 0 else None
             want = max(need + need // 8, (old or 0) * 3 // 2, before or 0)
-            padded = _pad(compressor, body, max(need, min(want, self.codec.raw_len)) - 4)
+            size = max(need, min(want, raw - 1))
+            padded = _pad(compressor, body, size - 4) if size != raw else None
             if padded is None:  # zstd cannot pad fewer than 8 bytes
-                padded = _pad(compressor, body, len(body) + 8)
+                padded = _pad(compressor, body, len(body) + (9 if need + 8 == raw else 8))
         if padded is None:
             padded = body
         payload = padded + struct.pack("<I", fletcher32(padded))
