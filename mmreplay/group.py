@@ -55,6 +55,7 @@ from .io.local import GROUP_FILE, folder_inside, read_inside
 from .opening import MODES
 from .read import SampleInfo, SampleRequest
 from .read import sample as sample_store
+from .samplers.prioritized import priority_refusal
 from .spec import flatten, spec_to_json, unflatten
 from .store import BufferExistsError, Store
 from .store import open as open_store
@@ -409,10 +410,7 @@ def by_shard(
         )
     bad = ~(p >= 0) | ~np.isfinite(p) if p.dtype.kind in "iuf" else np.zeros(p.shape, bool)
     if bad.any():  # NaN TD errors: refused here, or shard actors would apply their sound parts
-        raise BadInputError(
-            f"{where}: priorities must be finite and >= 0; {int(bad.sum())} are not "
-            f"(the first is {float(p[bad][0])!r} at position {np.argwhere(bad)[0].tolist()})"
-        )
+        raise priority_refusal(where, p, bad)
     return [(int(i), (step[shard == i], env[shard == i], p[shard == i])) for i in np.unique(shard)]
 
 

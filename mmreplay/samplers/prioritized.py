@@ -33,11 +33,19 @@ from ..statefile import slot_ranges
 from ..sumtree import SumTree
 from .base import Draw, Host, Mass, Sampler, Window
 
-__all__ = ["PrioritizedSampler"]
+__all__ = ["PrioritizedSampler", "priority_refusal"]
 
 REDUCTIONS = ("start", "max", "mean")
 # the priorities are stored as float32: a larger one would be stored as inf
 LARGEST = float(np.finfo(np.float32).max)
+
+
+def priority_refusal(where: str, p: np.ndarray, bad: np.ndarray, bound: str = "") -> BadInputError:
+    """The error of priorities ``p`` where ``bad`` marks those refused (negative, NaN...)."""
+    return BadInputError(
+        f"{where}: priorities must be finite and >= 0{bound}; {int(bad.sum())} are not "
+        f"(the first is {float(p[bad][0])!r} at position {np.argwhere(bad)[0].tolist()})"
+    )
 
 
 def _check_envs(store: Host, env: np.ndarray) -> None:
@@ -287,11 +295,7 @@ class PrioritizedSampler(Sampler):
             )
         if p.size and not (0.0 <= p.min() and p.max() + self.eps <= LARGEST):  # NaN fails both
             bad = ~(p >= 0) | ~(p + self.eps <= LARGEST)
-            raise BadInputError(
-                f"{store.path}: priorities must be finite and >= 0 (at most {LARGEST:.4g}, stored as "
-                f"float32); {int(bad.sum())} are not "
-                f"(the first is {float(p[bad][0])!r} at position {np.argwhere(bad)[0].tolist()})"
-            )
+            raise priority_refusal(store.path, p, bad, f" (at most {LARGEST:.4g}, stored as float32)")
         _check_envs(store, env)
         end = store.total_steps if store.mode == "a" else store.committed_steps
         if step.size and step.max() >= end:
